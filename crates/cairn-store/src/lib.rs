@@ -1,0 +1,181 @@
+//! Chunk storage for Cairn.
+//!
+//! This crate owns the two things every higher layer persists:
+//!
+//! - **chunks** ([`ChunkStore`]): immutable byte strings named by their hash (cid), stored
+//!   once however often they are written, and verified against their cid on every read;
+//! - **refs** ([`RefStore`]): a small set of named, mutable values (the branch tables of
+//!   `cairn-object`) updated by atomic batches. A [`RefStore::commit`] is the durability
+//!   point: when it returns, the batch *and every chunk put before it* survive a crash at
+//!   the store's [`Durability`] level.
+//!
+//! Backends: [`MemoryStore`] (tests, benchmarks of upper layers) and [`LogStore`], the
+//! embedded default: append-only segment files with an in-memory index (see `log.rs` and
+//! `docs/architecture.md` for the on-disk format and why).
+
+pub mod log;
+pub mod memory;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use bytes::Bytes;
+pub use cairn_core::{Error, Hash, HashAlgo, Result};
+pub use log::{LogStore, LogStoreOptions};
+pub use memory::MemoryStore;
+
+/// A chunk's name: the hash of its bytes.
+pub type Cid = Hash;
+
+/// How much a store promises about acknowledged writes when the process or machine dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every commit is written and `fdatasync`ed before it returns, one sync per commit.
+    /// Survives kill -9 and power loss.
+    PerWrite,
+    /// Group commit: a commit returns only after an `fdatasync` that covers it, but
+    /// concurrent commits share one sync (leader/follower, no added delay for a lone
+    /// writer). Same guarantee as [`Durability::PerWrite`]; higher throughput under
+    /// concurrency. The default.
+    #[default]
+    Group,
+    /// A commit returns once its bytes are handed to the operating system (`write(2)`), with
+    /// no sync. Survives kill -9 of the process, not power loss or a kernel crash.
+    Buffered,
+}
+
+impl Durability {
+    /// All levels, strongest first.
+    pub const ALL: [Durability; 3] = [
+        Durability::PerWrite,
+        Durability::Group,
+        Durability::Buffered,
+    ];
+
+    /// The name used in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::PerWrite => "fsync",
+            Durability::Group => "group",
+            Durability::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "fsync" | "per-write" => Ok(Durability::PerWrite),
+            "group" | "group-commit" => Ok(Durability::Group),
+            "buffered" | "none" => Ok(Durability::Buffered),
+            other => Err(Error::invalid(format!(
+                "unknown durability {other:?} (expected fsync, group or buffered)"
+            ))),
+        }
+    }
+}
+
+/// Counters describing a store's contents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Distinct live chunks.
+    pub chunks: u64,
+    /// Sum of the lengths of the distinct live chunks (what dedup leaves to store).
+    pub chunk_bytes: u64,
+    /// Bytes the backend occupies, framing and not-yet-compacted garbage included.
+    pub bytes_on_disk: u64,
+}
+
+/// Immutable, content-addressed, deduplicated chunk storage.
+///
+/// Implementations verify every chunk they return against its cid and report a mismatch as
+/// [`Error::Corrupt`] naming the cid; they never hand out unverified bytes.
+pub trait ChunkStore: Send + Sync {
+    /// The hash algorithm that names this store's chunks.
+    fn algo(&self) -> HashAlgo;
+
+    /// Stores `chunk` (if not already present) and returns its cid.
+    fn put(&self, chunk: &[u8]) -> Result<Cid> {
+        let cid = self.algo().digest(chunk);
+        self.put_hashed(cid, chunk)?;
+        Ok(cid)
+    }
+
+    /// Stores `chunk` under `cid`, which the caller has already computed as the hash of
+    /// `chunk` with [`ChunkStore::algo`] (saves hashing twice on the write path). Returns
+    /// true when the chunk was new. A wrong cid is a caller bug: reads would report the
+    /// chunk corrupt.
+    fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool>;
+
+    /// Stores several chunks; returns their cids in order.
+    fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
+        chunks.iter().map(|c| self.put(c)).collect()
+    }
+
+    /// Fetches a chunk, verified against `cid`. `Ok(None)` when absent.
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>>;
+
+    /// True when the chunk is present (no verification).
+    fn has(&self, cid: &Cid) -> Result<bool>;
+
+    /// Every live cid, in no particular order (for GC and verification).
+    fn cids(&self) -> Result<Vec<Cid>>;
+
+    /// Forgets the given chunks (GC sweep). Space is reclaimed by the backend in its own
+    /// time (see [`ChunkStore::compact`]). Absent cids are ignored.
+    fn remove(&self, cids: &[Cid]) -> Result<()>;
+
+    /// Reclaims space held by removed chunks, where the backend needs a separate step.
+    /// Returns the bytes reclaimed.
+    fn compact(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Current counters.
+    fn stats(&self) -> Result<StoreStats>;
+}
+
+/// One change in a [`RefStore::commit`] batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefUpdate {
+    /// Sets `name` to `value`.
+    Set {
+        /// Ref name.
+        name: Vec<u8>,
+        /// New value.
+        value: Vec<u8>,
+    },
+    /// Deletes `name` (no-op when absent).
+    Delete {
+        /// Ref name.
+        name: Vec<u8>,
+    },
+}
+
+/// Small named mutable values, changed by atomic, durable batches.
+pub trait RefStore: Send + Sync {
+    /// Reads a ref.
+    fn get_ref(&self, name: &[u8]) -> Result<Option<Bytes>>;
+
+    /// All refs whose name starts with `prefix`, sorted by name.
+    fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>>;
+
+    /// Applies `updates` atomically: after a crash either all or none are visible. When it
+    /// returns, the batch and every chunk put before the call are durable at the store's
+    /// [`Durability`].
+    fn commit(&self, updates: &[RefUpdate]) -> Result<()>;
+
+    /// The durability level commits get.
+    fn durability(&self) -> Durability;
+}
+
+/// A complete backend: chunks plus refs.
+pub trait Store: ChunkStore + RefStore {}
+impl<T: ChunkStore + RefStore> Store for T {}
