@@ -1,0 +1,1 @@
+//! POS-tree (being written).
