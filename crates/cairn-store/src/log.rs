@@ -1,26 +1,1205 @@
-//! The embedded, crash-safe default backend (placeholder: being written).
+//! The embedded, crash-safe default backend: [`LogStore`].
+//!
+//! A Bitcask-style log-structured store: chunks are appended to segment files and found
+//! through an in-memory hash index; refs live in memory and are persisted by an append-only
+//! log of commit batches. Nothing is ever overwritten in place.
+//!
+//! # Directory layout
+//!
+//! | file | contents |
+//! | --- | --- |
+//! | `MANIFEST` | `"CAIRNMAN"`, format version (1), hash algorithm code, 2 zero bytes, CRC32 of the first 12 bytes. Written once, atomically (temporary file, fsync, rename, fsync directory). An existing store keeps its algorithm whatever [`LogStoreOptions::algo`] asks for. |
+//! | `LOCK` | Held with an exclusive `flock` while the store is open; a second opener gets [`Error::Unavailable`]. |
+//! | `seg-NNNNNN.log` | Append-only segments of chunk and tombstone records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
+//! | `seg-NNNNNN.hint` | For a sealed segment: the list of its records (kind, cid, offset, length) without payloads, so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it. |
+//! | `refs.log` | Append-only log of ref commit batches. |
+//! | `refs.snap` | Snapshot of the whole refs map, written atomically when `refs.log` grows past [`LogStoreOptions::refs_log_max`]; `refs.log` is then truncated. |
+//!
+//! # Segment records
+//!
+//! A segment starts with a 16-byte header (`"CAIRNSEG"`, segment id u32, format version,
+//! hash algorithm code, 2 zero bytes). Records follow back to back; integers are
+//! little-endian:
+//!
+//! ```text
+//! 0   u32  crc    CRC32 of bytes 4.. of the record (rest of header + payload)
+//! 4   u32  hcrc   CRC32 of header bytes 8..50 (tells a damaged payload from a damaged header)
+//! 8   u8   kind   1 = chunk, 2 = tombstone (the chunk named by cid was removed)
+//! 9   3    zero
+//! 12  u32  len    payload length (0 for a tombstone)
+//! 16  34   cid    multihash of the chunk
+//! 50  len  payload
+//! ```
+//!
+//! # Refs log
+//!
+//! A 16-byte header (`"CAIRNREF"`, format version, 7 zero bytes), then one frame per
+//! [`RefStore::commit`]: `crc u32` (CRC32 of the rest of the frame), `len u32`, and a body
+//! in the canonical encoding of `cairn-core`: version byte, commit sequence number,
+//! *watermark* (segment id, offset), update count, then per update `1, name, value` (set)
+//! or `2, name` (delete). A frame is the unit of atomicity: it is either wholly valid or
+//! ignored, so a batch is all-or-nothing. The watermark is the segment position that was
+//! on stable storage when the frame was written; under [`Durability::PerWrite`] and
+//! [`Durability::Group`] it covers every chunk put before the commit.
+//!
+//! # Recovery (open)
+//!
+//! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files.
+//! 2. Read `refs.snap` (if any) and the frames of `refs.log` up to the first torn or
+//!    damaged frame.
+//! 3. Sealed segments: load the hint file, or scan the records (a damaged sealed segment is
+//!    reported as [`Error::Corrupt`]: it was synced before it was sealed). Replay records
+//!    into the index in segment order: a chunk record (re)points the cid to itself, a
+//!    tombstone removes it.
+//! 4. The active segment is scanned record by record. Past the highest watermark in the
+//!    refs (the part never acknowledged as durable) the first record that is incomplete,
+//!    fails a checksum, or whose payload does not hash to its cid ends the log: the file is
+//!    truncated there. Before the watermark, a record with a sound header and a bad payload
+//!    is bit rot, not a torn write: it is kept, and reads of it fail with
+//!    [`Error::Corrupt`].
+//! 5. Refs: the snapshot, then each log record with a higher sequence number, in order. A
+//!    record whose watermark lies beyond the recovered end of the segments (its chunks were
+//!    lost) ends the log, which is truncated there with everything after it, so refs never
+//!    point at chunks that did not survive.
+//!
+//! What recovery did is reported by [`LogStore::recovery`].
+//!
+//! # Writes and durability
+//!
+//! Chunk puts are appended to an in-memory write buffer ([`LogStoreOptions::write_buffer`],
+//! 1 MiB by default) that is written with one `pwrite` when full: no system call per put.
+//! Reads use `pread`, and serve records still in the buffer from memory. Every read is
+//! verified against its cid.
+//!
+//! A commit is queued, and a *leader* (the first committer to find no leader active) takes
+//! the queue, then: writes the write buffer to the active segment and (unless
+//! [`Durability::Buffered`]) `fdatasync`s it; appends one frame per queued batch to
+//! `refs.log` with a single `pwrite`; `fdatasync`s `refs.log`; applies the batches to the
+//! in-memory map in order; and wakes the followers. Chunks are thus always at least as
+//! durable as the commits that follow them, and a commit is visible only after its bytes
+//! are written (and synced, where the level asks for it).
+//!
+//! - [`Durability::PerWrite`]: the leader takes one batch at a time, so each commit gets its
+//!   own sync of the segment (if it has unsynced data) and of `refs.log`.
+//! - [`Durability::Group`]: the leader takes every queued batch; commits that arrive during
+//!   a sync form the next group. A lone committer never waits for company.
+//! - [`Durability::Buffered`]: as `Group`, with no syncs: a commit returns once its bytes
+//!   (and the chunks before it) were handed to the kernel. Survives kill -9, not power
+//!   loss.
+//!
+//! When the active segment fills up it is written out, `fdatasync`ed, sealed and its hint
+//! written; the next segment is created with its header and its directory entry synced.
+//! After a failed `fdatasync` the store refuses further writes (the kernel may have dropped
+//! the dirty pages) until it is reopened.
+//!
+//! # Removal and compaction
+//!
+//! [`ChunkStore::remove`] appends a tombstone per removed chunk and drops it from the index
+//! (synced like a commit under `PerWrite`/`Group`). [`ChunkStore::compact`] seals the
+//! active segment if it is mostly garbage, then rewrites every sealed segment whose
+//! garbage (bytes not referenced by the index) is at least half its data: live chunks are
+//! verified and appended again to the active segment, tombstones are carried forward only
+//! while an older segment still holds a record they must suppress; the active segment is
+//! synced, and only then are the old segments deleted, oldest first, and the directory
+//! synced. A crash at any point leaves either the old or the new copy findable.
 
-use std::path::Path;
+mod format;
+mod refs;
+mod segment;
 
-use crate::{Durability, HashAlgo, Result};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque, btree_map};
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cairn_core::error::IoContext;
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use crate::{
+    Bytes, ChunkStore, Cid, Durability, Error, HashAlgo, RefStore, RefUpdate, Result, StoreStats,
+};
+use format::{
+    FRAME_HEADER_LEN, HintEntry, KIND_CHUNK, KIND_TOMBSTONE, MAX_CHUNK_LEN, REFS_HEADER_LEN,
+    SEG_HEADER_LEN,
+};
+use refs::{Op, Watermark};
+use segment::Segment;
 
 /// Options for opening a [`LogStore`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LogStoreOptions {
     /// Durability of commits.
     pub durability: Durability,
     /// Hash algorithm for a new store (an existing store keeps its own).
     pub algo: HashAlgo,
+    /// Size at which the active segment is sealed and a new one started (default 256 MiB).
+    pub segment_size: u64,
+    /// Size of the in-memory write buffer for chunk records (default 1 MiB).
+    pub write_buffer: usize,
+    /// Size of `refs.log` past which it is folded into `refs.snap` (default 64 MiB; the
+    /// log must also be twice the size of the last snapshot).
+    pub refs_log_max: u64,
 }
 
-/// The embedded log-structured store.
-pub struct LogStore {}
-
-impl LogStore {
-    /// Opens or creates a store in `dir`.
-    pub fn open(_dir: &Path, _opts: LogStoreOptions) -> Result<Self> {
-        Err(cairn_core::Error::Unavailable(
-            "LogStore not yet written".into(),
-        ))
+impl Default for LogStoreOptions {
+    fn default() -> Self {
+        LogStoreOptions {
+            durability: Durability::default(),
+            algo: HashAlgo::default(),
+            segment_size: 256 << 20,
+            write_buffer: 1 << 20,
+            refs_log_max: 64 << 20,
+        }
     }
 }
+
+/// What [`LogStore::open`] found and repaired.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Bytes cut from the end of the active segment (a torn or damaged tail).
+    pub segment_bytes_truncated: u64,
+    /// Bytes cut from the end of `refs.log`.
+    pub refs_bytes_truncated: u64,
+    /// Complete commit records dropped because the chunks they follow did not survive.
+    pub commits_dropped: u64,
+    /// Records kept although their payload checksum fails (reads of them report corruption).
+    pub damaged_records: u64,
+    /// Why the active segment's scan stopped early, if it did.
+    pub segment_stop: Option<String>,
+}
+
+/// Where a chunk record lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Loc {
+    seg: u32,
+    /// Offset of the record header.
+    off: u64,
+    /// Payload length.
+    len: u32,
+}
+
+impl Loc {
+    fn frame_len(&self) -> u64 {
+        FRAME_HEADER_LEN as u64 + self.len as u64
+    }
+}
+
+const SHARDS: usize = 16;
+
+/// The cid → location index, sharded to keep readers and the writer off each other.
+struct Index {
+    shards: Vec<RwLock<HashMap<Cid, Loc>>>,
+}
+
+impl Index {
+    fn new() -> Self {
+        Index {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, cid: &Cid) -> &RwLock<HashMap<Cid, Loc>> {
+        &self.shards[cid.digest()[31] as usize % SHARDS]
+    }
+
+    fn get(&self, cid: &Cid) -> Option<Loc> {
+        self.shard(cid).read().get(cid).copied()
+    }
+
+    fn contains(&self, cid: &Cid) -> bool {
+        self.shard(cid).read().contains_key(cid)
+    }
+
+    fn insert(&self, cid: Cid, loc: Loc) {
+        self.shard(&cid).write().insert(cid, loc);
+    }
+
+    fn remove(&self, cid: &Cid) -> Option<Loc> {
+        self.shard(cid).write().remove(cid)
+    }
+
+    fn replay(&self, seg: u32, records: &[HintEntry]) {
+        for r in records {
+            match r.kind {
+                KIND_CHUNK => self.insert(
+                    r.cid,
+                    Loc {
+                        seg,
+                        off: r.off,
+                        len: r.len,
+                    },
+                ),
+                _ => {
+                    self.remove(&r.cid);
+                }
+            }
+        }
+    }
+}
+
+/// The single appender to the active segment.
+struct Writer {
+    seg: Arc<Segment>,
+    /// Records not yet written to the file; they start at `seg.flushed`.
+    buf: Vec<u8>,
+    cap: usize,
+    /// Every record of the active segment, for its hint file when it is sealed.
+    hints: Vec<HintEntry>,
+}
+
+impl Writer {
+    fn end(&self) -> u64 {
+        self.seg.flushed.load(Ordering::Acquire) + self.buf.len() as u64
+    }
+
+    fn append(
+        &mut self,
+        header: &[u8; FRAME_HEADER_LEN],
+        kind: u8,
+        cid: Cid,
+        payload: &[u8],
+    ) -> Loc {
+        let off = self.end();
+        self.buf.extend_from_slice(header);
+        self.buf.extend_from_slice(payload);
+        let len = payload.len() as u32;
+        self.hints.push(HintEntry {
+            kind,
+            cid,
+            off,
+            len,
+        });
+        Loc {
+            seg: self.seg.id,
+            off,
+            len,
+        }
+    }
+
+    /// Writes the buffer to the file (no sync).
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let at = self.seg.flushed.load(Ordering::Acquire);
+        self.seg
+            .file
+            .write_all_at(&self.buf, at)
+            .ctx(|| format!("writing {}", self.seg.path.display()))?;
+        self.seg
+            .flushed
+            .store(at + self.buf.len() as u64, Ordering::Release);
+        self.buf.clear();
+        if self.buf.capacity() > 4 * self.cap {
+            self.buf = Vec::with_capacity(self.cap);
+        }
+        Ok(())
+    }
+}
+
+/// The refs log file, owned by the group-commit leader.
+struct RefsLog {
+    file: File,
+    path: PathBuf,
+    len: u64,
+    last_seq: u64,
+    wm: Watermark,
+    snap_len: u64,
+}
+
+/// A commit waiting for a leader.
+struct Pending {
+    seq: u64,
+    ops_bytes: Vec<u8>,
+    ops: Vec<Op>,
+}
+
+/// Group-commit state.
+struct Queue {
+    next_seq: u64,
+    /// Every commit with a sequence number up to this one has finished.
+    done_seq: u64,
+    leader: bool,
+    pending: VecDeque<Pending>,
+    failed: HashMap<u64, String>,
+}
+
+/// The embedded log-structured store (see the module documentation for the format).
+pub struct LogStore {
+    dir: PathBuf,
+    algo: HashAlgo,
+    opts: LogStoreOptions,
+    _lock: File,
+    index: Index,
+    segments: RwLock<BTreeMap<u32, Arc<Segment>>>,
+    writer: Mutex<Writer>,
+    refs: RwLock<BTreeMap<Vec<u8>, Bytes>>,
+    log: Mutex<RefsLog>,
+    queue: Mutex<Queue>,
+    queue_cv: Condvar,
+    compact_lock: Mutex<()>,
+    failed: Mutex<Option<String>>,
+    failed_flag: AtomicBool,
+    recovery: RecoveryReport,
+}
+
+fn garbage_heavy(data: u64, live: u64) -> bool {
+    data == 0 || (data > live && (data - live) * 2 >= data)
+}
+
+impl LogStore {
+    /// Opens or creates a store in `dir`, recovering from any crash (see the module
+    /// documentation). Fails with [`Error::Unavailable`] when another process (or another
+    /// `LogStore` in this one) has it open.
+    pub fn open(dir: &Path, opts: LogStoreOptions) -> Result<Self> {
+        fs::create_dir_all(dir).ctx(|| format!("creating store directory {}", dir.display()))?;
+        let dir = dir.to_path_buf();
+        let lock_path = dir.join(format::LOCK);
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .ctx(|| format!("opening {}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(Error::Unavailable(format!(
+                    "store {} is in use by another process",
+                    dir.display()
+                )));
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(Error::io(format!("locking {}", lock_path.display()), e));
+            }
+        }
+
+        // Directory listing.
+        let mut seg_ids = Vec::new();
+        let mut hint_ids = Vec::new();
+        for entry in fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+            let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(id) = format::parse_segment_name(name, ".log") {
+                seg_ids.push(id);
+            } else if let Some(id) = format::parse_segment_name(name, ".hint") {
+                hint_ids.push(id);
+            } else if name.ends_with(".tmp") {
+                let p = entry.path();
+                fs::remove_file(&p).ctx(|| format!("removing {}", p.display()))?;
+            }
+        }
+        seg_ids.sort_unstable();
+
+        // Manifest.
+        let mpath = dir.join(format::MANIFEST);
+        let algo = match fs::read(&mpath) {
+            Ok(b) => format::parse_manifest(&b, &mpath)?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if !seg_ids.is_empty() {
+                    return Err(Error::corrupt(format!(
+                        "{} is missing but the directory holds segments",
+                        mpath.display()
+                    )));
+                }
+                format::write_atomic(&dir, &mpath, &format::manifest_bytes(opts.algo), true)?;
+                opts.algo
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", mpath.display()), e)),
+        };
+        for id in hint_ids {
+            if seg_ids.binary_search(&id).is_err() {
+                let p = format::hint_path(&dir, id);
+                fs::remove_file(&p).ctx(|| format!("removing {}", p.display()))?;
+            }
+        }
+
+        let mut report = RecoveryReport::default();
+
+        // Refs: snapshot and log frames (applied after the segments are recovered).
+        let snap_path = dir.join(format::REFS_SNAP);
+        let (snap, snap_len) = match fs::read(&snap_path) {
+            Ok(b) => {
+                let body = format::parse_snapshot(&b, &snap_path)?;
+                let s = refs::decode_snapshot(body)
+                    .map_err(|e| Error::corrupt(format!("{}: {e}", snap_path.display())))?;
+                (Some(s), b.len() as u64)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => (None, 0),
+            Err(e) => return Err(Error::io(format!("reading {}", snap_path.display()), e)),
+        };
+        let log_path = dir.join(format::REFS_LOG);
+        let log_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&log_path)
+            .ctx(|| format!("opening {}", log_path.display()))?;
+        let log_bytes = fs::read(&log_path).ctx(|| format!("reading {}", log_path.display()))?;
+        if log_bytes.len() < REFS_HEADER_LEN as usize {
+            // New, or torn while being created: nothing was ever committed to it.
+            log_file
+                .set_len(0)
+                .and_then(|_| log_file.write_all_at(&format::refs_header(), 0))
+                .and_then(|_| log_file.sync_all())
+                .ctx(|| format!("initialising {}", log_path.display()))?;
+            format::sync_dir(&dir)?;
+        } else if log_bytes[..8] != *format::REFS_MAGIC || log_bytes[8] != format::FORMAT_VERSION {
+            return Err(Error::corrupt(format!(
+                "{}: not a Cairn refs log of format version {}",
+                log_path.display(),
+                format::FORMAT_VERSION
+            )));
+        }
+        let log_bytes_len = log_bytes.len().max(REFS_HEADER_LEN as usize) as u64;
+        let (frames, mut log_end) = if log_bytes.len() >= REFS_HEADER_LEN as usize {
+            format::split_refs_frames(&log_bytes[REFS_HEADER_LEN as usize..], REFS_HEADER_LEN)
+        } else {
+            (Vec::new(), REFS_HEADER_LEN)
+        };
+        let snap_seq = snap.as_ref().map_or(0, |s| s.seq);
+        let mut records = Vec::new();
+        let mut prev_seq = snap_seq;
+        for (off, body) in frames {
+            let r = refs::decode_record(body, off).map_err(|e| {
+                Error::corrupt(format!("{} at offset {off}: {e}", log_path.display()))
+            })?;
+            if r.seq <= snap_seq {
+                continue;
+            }
+            if r.seq <= prev_seq {
+                return Err(Error::corrupt(format!(
+                    "{} at offset {off}: commit sequence {} after {prev_seq}",
+                    log_path.display(),
+                    r.seq
+                )));
+            }
+            prev_seq = r.seq;
+            records.push(r);
+        }
+        drop(log_bytes);
+        let max_wm = records
+            .iter()
+            .map(|r| r.wm)
+            .chain(snap.as_ref().map(|s| s.wm))
+            .max()
+            .unwrap_or_default();
+
+        // Sealed segments.
+        let index = Index::new();
+        let mut segments = BTreeMap::new();
+        let last = seg_ids.last().copied();
+        for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
+            let (file, path, len) = Segment::open(&dir, id)?;
+            let seg = Segment::from_parts(id, path, file, len);
+            let records = sealed_records(&dir, &seg, algo, true)?;
+            index.replay(id, &records);
+            segments.insert(id, seg);
+        }
+
+        // The active segment.
+        let (active, hints) = match last {
+            None => (Segment::create(&dir, 1, algo)?, Vec::new()),
+            Some(id) => {
+                let (file, path, len) = Segment::open(&dir, id)?;
+                if len < SEG_HEADER_LEN {
+                    // Torn while being created: it never held a record.
+                    file.set_len(0)
+                        .and_then(|_| file.write_all_at(&format::segment_header(id, algo), 0))
+                        .and_then(|_| file.sync_all())
+                        .ctx(|| format!("initialising {}", path.display()))?;
+                    report.segment_bytes_truncated = len;
+                    (
+                        Segment::from_parts(id, path, file, SEG_HEADER_LEN),
+                        Vec::new(),
+                    )
+                } else {
+                    let mut h = [0u8; SEG_HEADER_LEN as usize];
+                    file.read_exact_at(&mut h, 0)
+                        .ctx(|| format!("reading {}", path.display()))?;
+                    format::check_segment_header(&h, id, algo)
+                        .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
+                    let strict_from = if max_wm.seg == id {
+                        max_wm.off
+                    } else {
+                        SEG_HEADER_LEN
+                    };
+                    let scan = segment::scan(&file, &path, len, strict_from)?;
+                    if scan.end < len {
+                        file.set_len(scan.end)
+                            .and_then(|_| file.sync_all())
+                            .ctx(|| format!("truncating torn tail of {}", path.display()))?;
+                        report.segment_bytes_truncated = len - scan.end;
+                    }
+                    report.segment_stop = scan.stop;
+                    report.damaged_records += scan.damaged;
+                    index.replay(id, &scan.records);
+                    (Segment::from_parts(id, path, file, scan.end), scan.records)
+                }
+            }
+        };
+        segments.insert(active.id, active.clone());
+        let active_end = active.flushed.load(Ordering::Acquire);
+
+        // Refs: drop commits whose chunks did not survive, then replay.
+        let cut = records
+            .iter()
+            .position(|r| r.wm.seg > active.id || (r.wm.seg == active.id && r.wm.off > active_end));
+        if let Some(i) = cut {
+            report.commits_dropped = (records.len() - i) as u64;
+            log_end = records[i].off;
+            records.truncate(i);
+        }
+        if log_end < log_bytes_len {
+            log_file
+                .set_len(log_end)
+                .and_then(|_| log_file.sync_all())
+                .ctx(|| format!("truncating torn tail of {}", log_path.display()))?;
+            report.refs_bytes_truncated = log_bytes_len - log_end;
+        }
+        let (mut map, mut last_seq, mut wm) = match snap {
+            Some(s) => (s.map, s.seq, s.wm),
+            None => (BTreeMap::new(), 0, Watermark::default()),
+        };
+        for r in records {
+            last_seq = r.seq;
+            wm = r.wm;
+            refs::apply(&mut map, r.ops);
+        }
+
+        let cap = opts.write_buffer.max(4096);
+        Ok(LogStore {
+            algo,
+            index,
+            segments: RwLock::new(segments),
+            writer: Mutex::new(Writer {
+                seg: active,
+                buf: Vec::with_capacity(cap),
+                cap,
+                hints,
+            }),
+            refs: RwLock::new(map),
+            log: Mutex::new(RefsLog {
+                file: log_file,
+                path: log_path,
+                len: log_end,
+                last_seq,
+                wm,
+                snap_len,
+            }),
+            queue: Mutex::new(Queue {
+                next_seq: last_seq + 1,
+                done_seq: last_seq,
+                leader: false,
+                pending: VecDeque::new(),
+                failed: HashMap::new(),
+            }),
+            queue_cv: Condvar::new(),
+            compact_lock: Mutex::new(()),
+            failed: Mutex::new(None),
+            failed_flag: AtomicBool::new(false),
+            recovery: report,
+            _lock: lock,
+            dir,
+            opts,
+        })
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What opening the store found and repaired.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Paths of the segment files, oldest first (the last is the active one).
+    pub fn segment_paths(&self) -> Vec<PathBuf> {
+        self.segments
+            .read()
+            .values()
+            .map(|s| s.path.clone())
+            .collect()
+    }
+
+    /// Writes buffered chunks and `fdatasync`s the active segment and the refs log, whatever
+    /// the durability level.
+    pub fn sync(&self) -> Result<()> {
+        self.check_failed()?;
+        self.flush_segment(true)?;
+        let log = self.log.lock();
+        log.file
+            .sync_data()
+            .map_err(|e| self.fail(Error::io(format!("syncing {}", log.path.display()), e)))
+    }
+
+    /// Records a fatal write error: further writes are refused until the store is reopened.
+    fn fail(&self, e: Error) -> Error {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            *f = Some(e.to_string());
+        }
+        self.failed_flag.store(true, Ordering::Release);
+        e
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        if !self.failed_flag.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let msg = self.failed.lock().clone().unwrap_or_default();
+        Err(Error::Unavailable(format!(
+            "store {} refuses writes after an earlier error ({msg}); reopen it",
+            self.dir.display()
+        )))
+    }
+
+    /// After an append: writes the buffer out when full and rolls the segment when full.
+    fn after_append(&self, w: &mut Writer) -> Result<()> {
+        if w.buf.len() >= w.cap {
+            w.flush()?;
+        }
+        if w.end() >= self.opts.segment_size {
+            self.roll(w)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment (written, synced, hint written) and starts the next one.
+    fn roll(&self, w: &mut Writer) -> Result<()> {
+        w.flush()?;
+        let old = w.seg.clone();
+        let end = old.flushed.load(Ordering::Acquire);
+        old.file
+            .sync_data()
+            .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
+        old.synced.fetch_max(end, Ordering::AcqRel);
+        let id = old
+            .id
+            .checked_add(1)
+            .ok_or_else(|| Error::invalid("segment ids exhausted"))?;
+        let new = Segment::create(&self.dir, id, self.algo)?;
+        self.segments.write().insert(id, new.clone());
+        w.seg = new;
+        let hints = std::mem::take(&mut w.hints);
+        // The hint is an optimisation: if it is lost, open rescans the segment.
+        let _ = format::write_atomic(
+            &self.dir,
+            &format::hint_path(&self.dir, old.id),
+            &format::hint_bytes(end, &hints),
+            false,
+        );
+        Ok(())
+    }
+
+    /// Writes the buffer out and, when `durable`, `fdatasync`s the active segment. Returns
+    /// the durable watermark.
+    fn flush_segment(&self, durable: bool) -> Result<Watermark> {
+        let seg = {
+            let mut w = self.writer.lock();
+            w.flush()?;
+            w.seg.clone()
+        };
+        let pos = seg.flushed.load(Ordering::Acquire);
+        if durable && seg.synced.load(Ordering::Acquire) < pos {
+            seg.file
+                .sync_data()
+                .map_err(|e| self.fail(Error::io(format!("syncing {}", seg.path.display()), e)))?;
+            seg.synced.fetch_max(pos, Ordering::AcqRel);
+        }
+        Ok(Watermark {
+            seg: seg.id,
+            off: seg.synced.load(Ordering::Acquire),
+        })
+    }
+
+    /// Reads the record at `loc` (from the file, or from the write buffer).
+    fn read_frame(&self, seg: &Segment, loc: Loc) -> Result<Vec<u8>> {
+        let total = loc.frame_len();
+        if loc.off + total > seg.flushed.load(Ordering::Acquire) {
+            let w = self.writer.lock();
+            let flushed = w.seg.flushed.load(Ordering::Acquire);
+            if w.seg.id == seg.id && loc.off >= flushed {
+                let start = (loc.off - flushed) as usize;
+                return match w.buf.get(start..start + total as usize) {
+                    Some(b) => Ok(b.to_vec()),
+                    None => Err(Error::corrupt(format!(
+                        "index points past the end of {} (offset {})",
+                        seg.path.display(),
+                        loc.off
+                    ))),
+                };
+            }
+        }
+        let mut frame = vec![0u8; total as usize];
+        match seg.file.read_exact_at(&mut frame, loc.off) {
+            Ok(()) => Ok(frame),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(Error::corrupt(format!(
+                "{} ends inside the record at offset {}",
+                seg.path.display(),
+                loc.off
+            ))),
+            Err(e) => Err(Error::io(
+                format!("reading {} at offset {}", seg.path.display(), loc.off),
+                e,
+            )),
+        }
+    }
+
+    /// Reads and verifies the chunk `cid` stored at `loc` of `seg`.
+    fn read_chunk(&self, cid: &Cid, seg: &Segment, loc: Loc) -> Result<Bytes> {
+        let where_ = || format!("{} at offset {}", seg.path.display(), loc.off);
+        let frame = self
+            .read_frame(seg, loc)
+            .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
+        let h = format::parse_frame_header(&frame)
+            .map_err(|why| Error::corrupt(format!("chunk {cid} in {}: {why}", where_())))?;
+        if h.kind != KIND_CHUNK || h.cid != *cid || h.len != loc.len {
+            return Err(Error::corrupt(format!(
+                "chunk {cid} in {}: the record there is not this chunk",
+                where_()
+            )));
+        }
+        let payload = Bytes::from(frame).slice(FRAME_HEADER_LEN..);
+        if !cid.matches(&payload) {
+            return Err(Error::corrupt(format!(
+                "chunk {cid} in {} does not match its hash",
+                where_()
+            )));
+        }
+        Ok(payload)
+    }
+
+    /// Writes one group of commits (the caller is the leader).
+    fn write_group(&self, group: Vec<Pending>) -> Result<()> {
+        self.check_failed()?;
+        let durable = self.opts.durability != Durability::Buffered;
+        let wm = self.flush_segment(durable)?;
+        let size: usize = group.iter().map(|p| p.ops_bytes.len() + 32).sum();
+        let mut out = Vec::with_capacity(size);
+        for p in &group {
+            format::refs_frame(&mut out, &refs::record_prefix(p.seq, wm), &p.ops_bytes);
+        }
+        let mut log = self.log.lock();
+        let at = log.len;
+        if let Err(e) = log.file.write_all_at(&out, at) {
+            let e = Error::io(format!("writing {}", log.path.display()), e);
+            // Cut off any partial frame; if that fails the log can no longer be trusted.
+            if log.file.set_len(at).is_err() {
+                return Err(self.fail(e));
+            }
+            return Err(e);
+        }
+        log.len += out.len() as u64;
+        if durable {
+            log.file
+                .sync_data()
+                .map_err(|e| self.fail(Error::io(format!("syncing {}", log.path.display()), e)))?;
+        }
+        let last = group.last().map_or(log.last_seq, |p| p.seq);
+        {
+            let mut map = self.refs.write();
+            for p in group {
+                refs::apply(&mut map, p.ops);
+            }
+        }
+        log.last_seq = last;
+        log.wm = wm;
+        if log.len > self.opts.refs_log_max && log.len > 2 * log.snap_len {
+            self.snapshot(&mut log)?;
+        }
+        Ok(())
+    }
+
+    /// Folds the refs log into `refs.snap` (the caller is the leader: the map is exactly
+    /// the state after `log.last_seq`).
+    fn snapshot(&self, log: &mut RefsLog) -> Result<()> {
+        let body = refs::snapshot_body(log.last_seq, log.wm, &self.refs.read());
+        let bytes = format::snapshot_bytes(&body);
+        let snap_path = self.dir.join(format::REFS_SNAP);
+        if format::write_atomic(&self.dir, &snap_path, &bytes, true).is_err() {
+            // The log is still complete; try again when it has doubled.
+            log.snap_len = log.len;
+            return Ok(());
+        }
+        log.snap_len = bytes.len() as u64;
+        // Records up to last_seq are now in the snapshot and skipped at open, so a crash
+        // before this truncation is durable is harmless.
+        log.file
+            .set_len(REFS_HEADER_LEN)
+            .and_then(|_| log.file.sync_data())
+            .map_err(|e| self.fail(Error::io(format!("truncating {}", log.path.display()), e)))?;
+        log.len = REFS_HEADER_LEN;
+        Ok(())
+    }
+
+    /// Records of a sealed segment (hint, or a scan).
+    fn sealed_records(&self, seg: &Segment) -> Result<Vec<HintEntry>> {
+        sealed_records(&self.dir, seg, self.algo, false)
+    }
+
+    /// Bytes of live records per segment.
+    fn live_bytes(&self) -> HashMap<u32, u64> {
+        let mut live = HashMap::new();
+        for shard in &self.index.shards {
+            for loc in shard.read().values() {
+                *live.entry(loc.seg).or_insert(0) += loc.frame_len();
+            }
+        }
+        live
+    }
+}
+
+/// Records of a sealed segment: from its hint file when valid, else by scanning it (and
+/// then, when `write_hint`, writing the hint).
+fn sealed_records(
+    dir: &Path,
+    seg: &Segment,
+    algo: HashAlgo,
+    write_hint: bool,
+) -> Result<Vec<HintEntry>> {
+    let len = seg.flushed.load(Ordering::Acquire);
+    let hpath = format::hint_path(dir, seg.id);
+    if let Ok(b) = fs::read(&hpath)
+        && let Some(records) = format::parse_hint(&b, len)
+    {
+        return Ok(records);
+    }
+    let damaged =
+        |why: String| Error::corrupt(format!("sealed segment {}: {why}", seg.path.display()));
+    let mut h = [0u8; SEG_HEADER_LEN as usize];
+    seg.file
+        .read_exact_at(&mut h, 0)
+        .map_err(|e| damaged(format!("unreadable header: {e}")))?;
+    format::check_segment_header(&h, seg.id, algo).map_err(damaged)?;
+    let scan = segment::scan(&seg.file, &seg.path, len, u64::MAX)?;
+    if let Some(why) = scan.stop {
+        return Err(damaged(why));
+    }
+    if write_hint {
+        let _ = format::write_atomic(dir, &hpath, &format::hint_bytes(len, &scan.records), false);
+    }
+    Ok(scan.records)
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        let mut w = self.writer.lock();
+        if w.flush().is_ok()
+            && self.opts.durability != Durability::Buffered
+            && !self.failed_flag.load(Ordering::Acquire)
+        {
+            let _ = w.seg.file.sync_data();
+        }
+    }
+}
+
+impl ChunkStore for LogStore {
+    fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
+        if cid.algo() != self.algo {
+            return Err(Error::invalid(format!(
+                "cid {cid:?} uses {} but this store uses {}",
+                cid.algo(),
+                self.algo
+            )));
+        }
+        if chunk.len() > MAX_CHUNK_LEN {
+            return Err(Error::invalid(format!(
+                "chunk of {} bytes exceeds the limit of {MAX_CHUNK_LEN}",
+                chunk.len()
+            )));
+        }
+        if self.index.contains(&cid) {
+            return Ok(false);
+        }
+        self.check_failed()?;
+        let header = format::frame_header(KIND_CHUNK, &cid, chunk);
+        let mut w = self.writer.lock();
+        if self.index.contains(&cid) {
+            return Ok(false);
+        }
+        let loc = w.append(&header, KIND_CHUNK, cid, chunk);
+        self.index.insert(cid, loc);
+        self.after_append(&mut w)?;
+        Ok(true)
+    }
+
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
+        // A location can go stale when compaction moves the chunk and deletes the old
+        // segment between our index lookup and the read; look it up again then.
+        for _ in 0..8 {
+            let Some(loc) = self.index.get(cid) else {
+                return Ok(None);
+            };
+            let Some(seg) = self.segments.read().get(&loc.seg).cloned() else {
+                continue;
+            };
+            return self.read_chunk(cid, &seg, loc).map(Some);
+        }
+        Err(Error::corrupt(format!(
+            "chunk {cid}: the index points at a segment that no longer exists"
+        )))
+    }
+
+    fn has(&self, cid: &Cid) -> Result<bool> {
+        Ok(self.index.contains(cid))
+    }
+
+    fn cids(&self) -> Result<Vec<Cid>> {
+        let mut out = Vec::new();
+        for shard in &self.index.shards {
+            out.extend(shard.read().keys().copied());
+        }
+        Ok(out)
+    }
+
+    fn remove(&self, cids: &[Cid]) -> Result<()> {
+        self.check_failed()?;
+        let mut any = false;
+        {
+            let mut w = self.writer.lock();
+            for cid in cids {
+                if !self.index.contains(cid) {
+                    continue;
+                }
+                let header = format::frame_header(KIND_TOMBSTONE, cid, &[]);
+                w.append(&header, KIND_TOMBSTONE, *cid, &[]);
+                self.index.remove(cid);
+                any = true;
+                self.after_append(&mut w)?;
+            }
+        }
+        if any {
+            self.flush_segment(self.opts.durability != Durability::Buffered)?;
+        }
+        Ok(())
+    }
+
+    fn compact(&self) -> Result<u64> {
+        self.check_failed()?;
+        let _guard = self.compact_lock.lock();
+        let live = self.live_bytes();
+        {
+            let mut w = self.writer.lock();
+            let data = w.end() - SEG_HEADER_LEN;
+            let l = live.get(&w.seg.id).copied().unwrap_or(0);
+            if data > 0 && garbage_heavy(data, l) {
+                self.roll(&mut w)?;
+            }
+        }
+        let active = self.writer.lock().seg.id;
+        let sealed: Vec<Arc<Segment>> = self
+            .segments
+            .read()
+            .values()
+            .filter(|s| s.id < active)
+            .cloned()
+            .collect();
+        let (cands, keep): (Vec<_>, Vec<_>) = sealed.into_iter().partition(|s| {
+            let data = s.flushed.load(Ordering::Acquire) - SEG_HEADER_LEN;
+            garbage_heavy(data, live.get(&s.id).copied().unwrap_or(0))
+        });
+        if cands.is_empty() {
+            return Ok(0);
+        }
+        // Chunk cids of the segments that stay, loaded when a tombstone needs them.
+        let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
+        let mut written = 0u64;
+        let mut unsafe_to_delete = BTreeSet::new();
+        for s in &cands {
+            for r in self.sealed_records(s)? {
+                if r.kind == KIND_CHUNK {
+                    let loc = Loc {
+                        seg: s.id,
+                        off: r.off,
+                        len: r.len,
+                    };
+                    if self.index.get(&r.cid) != Some(loc) {
+                        continue;
+                    }
+                    let chunk = match self.read_chunk(&r.cid, s, loc) {
+                        Ok(c) => c,
+                        Err(Error::Corrupt(_)) => {
+                            // Leave damaged data where it is, for reads to report.
+                            unsafe_to_delete.insert(s.id);
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
+                    let mut w = self.writer.lock();
+                    if self.index.get(&r.cid) != Some(loc) {
+                        continue;
+                    }
+                    let new = w.append(&header, KIND_CHUNK, r.cid, &chunk);
+                    self.index.insert(r.cid, new);
+                    written += new.frame_len();
+                    self.after_append(&mut w)?;
+                } else {
+                    if self.index.contains(&r.cid) {
+                        continue;
+                    }
+                    let mut needed = false;
+                    for k in keep.iter().filter(|k| k.id < s.id) {
+                        let set = match kept_cids.entry(k.id) {
+                            btree_map::Entry::Occupied(e) => e.into_mut(),
+                            btree_map::Entry::Vacant(v) => v.insert(
+                                self.sealed_records(k)?
+                                    .into_iter()
+                                    .filter(|e| e.kind == KIND_CHUNK)
+                                    .map(|e| e.cid)
+                                    .collect(),
+                            ),
+                        };
+                        if set.contains(&r.cid) {
+                            needed = true;
+                            break;
+                        }
+                    }
+                    if !needed {
+                        continue;
+                    }
+                    let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
+                    let mut w = self.writer.lock();
+                    if self.index.contains(&r.cid) {
+                        continue;
+                    }
+                    w.append(&header, KIND_TOMBSTONE, r.cid, &[]);
+                    written += FRAME_HEADER_LEN as u64;
+                    self.after_append(&mut w)?;
+                }
+            }
+        }
+        // The copies must be durable before the originals go.
+        self.flush_segment(true)?;
+        let mut freed = 0u64;
+        for s in cands.iter().filter(|s| !unsafe_to_delete.contains(&s.id)) {
+            self.segments.write().remove(&s.id);
+            fs::remove_file(&s.path).ctx(|| format!("removing {}", s.path.display()))?;
+            let hint = format::hint_path(&self.dir, s.id);
+            match fs::remove_file(&hint) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", hint.display()), e)),
+            }
+            freed += s.flushed.load(Ordering::Acquire);
+        }
+        format::sync_dir(&self.dir)?;
+        Ok(freed.saturating_sub(written))
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        let mut chunks = 0u64;
+        let mut chunk_bytes = 0u64;
+        for shard in &self.index.shards {
+            let s = shard.read();
+            chunks += s.len() as u64;
+            chunk_bytes += s.values().map(|l| l.len as u64).sum::<u64>();
+        }
+        let mut bytes_on_disk = self.writer.lock().buf.len() as u64;
+        for entry in fs::read_dir(&self.dir).ctx(|| format!("listing {}", self.dir.display()))? {
+            let entry = entry.ctx(|| format!("listing {}", self.dir.display()))?;
+            // Files can vanish under a concurrent compaction; skip them.
+            if let Ok(m) = entry.metadata()
+                && m.is_file()
+            {
+                bytes_on_disk += m.len();
+            }
+        }
+        Ok(StoreStats {
+            chunks,
+            chunk_bytes,
+            bytes_on_disk,
+        })
+    }
+}
+
+impl RefStore for LogStore {
+    fn get_ref(&self, name: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self.refs.read().get(name).cloned())
+    }
+
+    fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
+        Ok(self
+            .refs
+            .read()
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
+            .collect())
+    }
+
+    fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
+        self.check_failed()?;
+        let (ops_bytes, ops) = refs::encode_ops(updates);
+        let mut q = self.queue.lock();
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        q.pending.push_back(Pending {
+            seq,
+            ops_bytes,
+            ops,
+        });
+        loop {
+            if q.done_seq >= seq {
+                return match q.failed.remove(&seq) {
+                    None => Ok(()),
+                    Some(msg) => Err(Error::Unavailable(format!(
+                        "commit failed in {}: {msg}",
+                        self.dir.display()
+                    ))),
+                };
+            }
+            if q.leader {
+                self.queue_cv.wait(&mut q);
+                continue;
+            }
+            // Lead: take the queue (one batch under PerWrite), write it without the lock.
+            q.leader = true;
+            let take = match self.opts.durability {
+                Durability::PerWrite => 1,
+                _ => q.pending.len(),
+            };
+            let group: Vec<Pending> = q.pending.drain(..take).collect();
+            let seqs: Vec<u64> = group.iter().map(|p| p.seq).collect();
+            let res = MutexGuard::unlocked(&mut q, || self.write_group(group));
+            q.leader = false;
+            if let Some(&last) = seqs.last() {
+                q.done_seq = last;
+            }
+            let result = match res {
+                Ok(()) => None,
+                Err(e) => {
+                    let msg = e.to_string();
+                    for &s in seqs.iter().filter(|&&s| s != seq) {
+                        q.failed.insert(s, msg.clone());
+                    }
+                    seqs.contains(&seq).then_some(e)
+                }
+            };
+            self.queue_cv.notify_all();
+            if let Some(e) = result {
+                return Err(e);
+            }
+        }
+    }
+
+    fn durability(&self) -> Durability {
+        self.opts.durability
+    }
+}
+
+#[cfg(test)]
+mod tests;

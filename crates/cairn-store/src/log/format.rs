@@ -1,0 +1,453 @@
+//! Byte layouts of the files in a [`LogStore`](super::LogStore) directory, and the small
+//! helpers that write and check them. Every layout is described in the module doc of
+//! `log.rs`; this file is the single place that knows the offsets.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cairn_core::error::IoContext;
+use cairn_core::hash::ENCODED_LEN;
+
+use crate::{Cid, Error, HashAlgo, Result};
+
+/// Version of every file format in this module (segment, hint, refs log, snapshot,
+/// manifest). Bumped on any incompatible change.
+pub(crate) const FORMAT_VERSION: u8 = 1;
+
+/// Magic of a segment file.
+pub(crate) const SEG_MAGIC: &[u8; 8] = b"CAIRNSEG";
+/// Bytes before the first record of a segment.
+pub(crate) const SEG_HEADER_LEN: u64 = 16;
+
+/// Bytes of a record header in a segment (`crc, hcrc, kind, 0, 0, 0, len, cid`).
+pub(crate) const FRAME_HEADER_LEN: usize = 16 + ENCODED_LEN;
+/// Record kind: a chunk (header + payload).
+pub(crate) const KIND_CHUNK: u8 = 1;
+/// Record kind: a tombstone (header only; the chunk named by the cid is removed).
+pub(crate) const KIND_TOMBSTONE: u8 = 2;
+/// Largest chunk a segment record can hold.
+pub(crate) const MAX_CHUNK_LEN: usize = (u32::MAX as usize) - FRAME_HEADER_LEN;
+
+/// Magic of the manifest.
+pub(crate) const MANIFEST_MAGIC: &[u8; 8] = b"CAIRNMAN";
+/// Size of the manifest.
+pub(crate) const MANIFEST_LEN: usize = 16;
+
+/// Magic of the refs log.
+pub(crate) const REFS_MAGIC: &[u8; 8] = b"CAIRNREF";
+/// Bytes before the first frame of the refs log.
+pub(crate) const REFS_HEADER_LEN: u64 = 16;
+/// Bytes of a refs log frame header (`crc, len`).
+pub(crate) const REFS_FRAME_HEADER_LEN: usize = 8;
+
+/// Magic of the refs snapshot.
+pub(crate) const SNAP_MAGIC: &[u8; 8] = b"CAIRNSNP";
+/// Magic of a hint file.
+pub(crate) const HINT_MAGIC: &[u8; 8] = b"CAIRNHNT";
+/// Bytes of one hint entry (`kind, cid, offset u64, len u32`).
+pub(crate) const HINT_ENTRY_LEN: usize = 1 + ENCODED_LEN + 8 + 4;
+
+/// File names.
+pub(crate) const MANIFEST: &str = "MANIFEST";
+/// Lock file name.
+pub(crate) const LOCK: &str = "LOCK";
+/// Refs log file name.
+pub(crate) const REFS_LOG: &str = "refs.log";
+/// Refs snapshot file name.
+pub(crate) const REFS_SNAP: &str = "refs.snap";
+
+/// Path of segment `id`.
+pub(crate) fn segment_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("seg-{id:06}.log"))
+}
+
+/// Path of the hint file of segment `id`.
+pub(crate) fn hint_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("seg-{id:06}.hint"))
+}
+
+/// Parses `seg-NNNNNN.<ext>` file names.
+pub(crate) fn parse_segment_name(name: &str, ext: &str) -> Option<u32> {
+    let rest = name.strip_prefix("seg-")?.strip_suffix(ext)?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+// ---------------------------------------------------------------------------------------
+// Segments
+
+/// The 16-byte segment header.
+pub(crate) fn segment_header(id: u32, algo: HashAlgo) -> [u8; SEG_HEADER_LEN as usize] {
+    let mut h = [0u8; SEG_HEADER_LEN as usize];
+    h[..8].copy_from_slice(SEG_MAGIC);
+    h[8..12].copy_from_slice(&id.to_le_bytes());
+    h[12] = FORMAT_VERSION;
+    h[13] = algo.code();
+    h
+}
+
+/// Checks a segment header read from disk.
+pub(crate) fn check_segment_header(h: &[u8], id: u32, algo: HashAlgo) -> Result<(), String> {
+    if h.len() < SEG_HEADER_LEN as usize || &h[..8] != SEG_MAGIC {
+        return Err("not a Cairn segment (bad magic)".into());
+    }
+    if le_u32(&h[8..12]) != id {
+        return Err(format!(
+            "header names segment {} but the file name says {id}",
+            le_u32(&h[8..12])
+        ));
+    }
+    if h[12] != FORMAT_VERSION {
+        return Err(format!("unsupported segment format version {}", h[12]));
+    }
+    if h[13] != algo.code() {
+        return Err(format!(
+            "segment uses hash code 0x{:02x}, the store uses {algo}",
+            h[13]
+        ));
+    }
+    Ok(())
+}
+
+/// Builds a record header: `crc` covers bytes 4.. of the header plus the payload, `hcrc`
+/// covers the header fields after it (so a damaged payload can be told from a damaged
+/// header).
+pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    h[8] = kind;
+    h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    h[16..].copy_from_slice(&cid.to_bytes());
+    let hcrc = crc32fast::hash(&h[8..]);
+    h[4..8].copy_from_slice(&hcrc.to_le_bytes());
+    let mut c = crc32fast::Hasher::new();
+    c.update(&h[4..]);
+    c.update(payload);
+    h[..4].copy_from_slice(&c.finalize().to_le_bytes());
+    h
+}
+
+/// A record header that passed its header checksum.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FrameHeader {
+    pub crc: u32,
+    pub kind: u8,
+    pub len: u32,
+    pub cid: Cid,
+}
+
+/// Parses and checks a record header (not the payload).
+pub(crate) fn parse_frame_header(h: &[u8]) -> Result<FrameHeader, String> {
+    if h.len() < FRAME_HEADER_LEN {
+        return Err("incomplete record header".into());
+    }
+    let hcrc = le_u32(&h[4..8]);
+    if crc32fast::hash(&h[8..FRAME_HEADER_LEN]) != hcrc {
+        return Err("record header checksum mismatch".into());
+    }
+    let kind = h[8];
+    if h[9..12] != [0, 0, 0] {
+        return Err("nonzero reserved bytes in record header".into());
+    }
+    let len = le_u32(&h[12..16]);
+    match kind {
+        KIND_CHUNK => {}
+        KIND_TOMBSTONE if len == 0 => {}
+        KIND_TOMBSTONE => return Err("tombstone with a payload".into()),
+        other => return Err(format!("unknown record kind {other}")),
+    }
+    let cid = Cid::from_bytes(&h[16..FRAME_HEADER_LEN]).map_err(|e| e.to_string())?;
+    Ok(FrameHeader {
+        crc: le_u32(&h[..4]),
+        kind,
+        len,
+        cid,
+    })
+}
+
+/// True when the record's whole-frame checksum matches `payload`.
+pub(crate) fn frame_crc_ok(h: &[u8], hdr: &FrameHeader, payload: &[u8]) -> bool {
+    let mut c = crc32fast::Hasher::new();
+    c.update(&h[4..FRAME_HEADER_LEN]);
+    c.update(payload);
+    c.finalize() == hdr.crc
+}
+
+// ---------------------------------------------------------------------------------------
+// Manifest
+
+/// The manifest: magic, format version, hash algorithm code, CRC.
+pub(crate) fn manifest_bytes(algo: HashAlgo) -> [u8; MANIFEST_LEN] {
+    let mut m = [0u8; MANIFEST_LEN];
+    m[..8].copy_from_slice(MANIFEST_MAGIC);
+    m[8] = FORMAT_VERSION;
+    m[9] = algo.code();
+    let crc = crc32fast::hash(&m[..12]);
+    m[12..].copy_from_slice(&crc.to_le_bytes());
+    m
+}
+
+/// Parses the manifest; returns the store's hash algorithm.
+pub(crate) fn parse_manifest(m: &[u8], path: &Path) -> Result<HashAlgo> {
+    let bad = |why: &str| Error::corrupt(format!("{}: {why}", path.display()));
+    if m.len() != MANIFEST_LEN || &m[..8] != MANIFEST_MAGIC {
+        return Err(bad("not a Cairn log store manifest"));
+    }
+    if crc32fast::hash(&m[..12]) != le_u32(&m[12..]) {
+        return Err(bad("manifest checksum mismatch"));
+    }
+    if m[8] != FORMAT_VERSION {
+        return Err(bad(&format!(
+            "unsupported store format version {} (this build reads {FORMAT_VERSION})",
+            m[8]
+        )));
+    }
+    HashAlgo::from_code(m[9]).map_err(|e| bad(&e.to_string()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Hints
+
+/// One record of a sealed segment, as listed in its hint file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HintEntry {
+    pub kind: u8,
+    pub cid: Cid,
+    /// Offset of the record header in the segment.
+    pub off: u64,
+    /// Payload length.
+    pub len: u32,
+}
+
+/// Serialises a hint file: magic, version, 3 zero bytes, segment length (u64), entry count
+/// (u32), entries, CRC of everything before it.
+pub(crate) fn hint_bytes(seg_len: u64, entries: &[HintEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + entries.len() * HINT_ENTRY_LEN + 4);
+    out.extend_from_slice(HINT_MAGIC);
+    out.extend_from_slice(&[FORMAT_VERSION, 0, 0, 0]);
+    out.extend_from_slice(&seg_len.to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for e in entries {
+        out.push(e.kind);
+        out.extend_from_slice(&e.cid.to_bytes());
+        out.extend_from_slice(&e.off.to_le_bytes());
+        out.extend_from_slice(&e.len.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Parses a hint file; `None` when it is damaged or does not describe a segment of
+/// `seg_len` bytes (the caller then rescans the segment).
+pub(crate) fn parse_hint(b: &[u8], seg_len: u64) -> Option<Vec<HintEntry>> {
+    if b.len() < 28 || &b[..8] != HINT_MAGIC || b[8] != FORMAT_VERSION {
+        return None;
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    if crc32fast::hash(body) != le_u32(crc) || le_u64(&body[12..20]) != seg_len {
+        return None;
+    }
+    let n = le_u32(&body[20..24]) as usize;
+    let entries = &body[24..];
+    if entries.len() != n.checked_mul(HINT_ENTRY_LEN)? {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut end = SEG_HEADER_LEN;
+    for e in entries.chunks_exact(HINT_ENTRY_LEN) {
+        let kind = e[0];
+        let cid = Cid::from_bytes(&e[1..1 + ENCODED_LEN]).ok()?;
+        let off = le_u64(&e[1 + ENCODED_LEN..]);
+        let len = le_u32(&e[1 + ENCODED_LEN + 8..]);
+        // Entries must tile the segment exactly, in order.
+        if off != end || !(kind == KIND_CHUNK || (kind == KIND_TOMBSTONE && len == 0)) {
+            return None;
+        }
+        end = off + FRAME_HEADER_LEN as u64 + len as u64;
+        out.push(HintEntry {
+            kind,
+            cid,
+            off,
+            len,
+        });
+    }
+    (end == seg_len).then_some(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Refs log and snapshot
+
+/// The 16-byte refs log header.
+pub(crate) fn refs_header() -> [u8; REFS_HEADER_LEN as usize] {
+    let mut h = [0u8; REFS_HEADER_LEN as usize];
+    h[..8].copy_from_slice(REFS_MAGIC);
+    h[8] = FORMAT_VERSION;
+    h
+}
+
+/// Frames one refs log record: `crc32(len ‖ body), len, body`.
+pub(crate) fn refs_frame(out: &mut Vec<u8>, prefix: &[u8], ops: &[u8]) {
+    let len = (prefix.len() + ops.len()) as u32;
+    let mut c = crc32fast::Hasher::new();
+    c.update(&len.to_le_bytes());
+    c.update(prefix);
+    c.update(ops);
+    out.extend_from_slice(&c.finalize().to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(ops);
+}
+
+/// Splits a refs log (after its header) into frame bodies; stops at the first torn or
+/// damaged frame. Returns `(offset, body)` pairs and the end of the last good frame.
+pub(crate) fn split_refs_frames(b: &[u8], base: u64) -> (Vec<(u64, &[u8])>, u64) {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while b.len() - pos >= REFS_FRAME_HEADER_LEN {
+        let crc = le_u32(&b[pos..]);
+        let len = le_u32(&b[pos + 4..]) as usize;
+        let Some(end) = (pos + REFS_FRAME_HEADER_LEN).checked_add(len) else {
+            break;
+        };
+        if end > b.len() {
+            break;
+        }
+        if crc32fast::hash(&b[pos + 4..end]) != crc {
+            break;
+        }
+        out.push((base + pos as u64, &b[pos + REFS_FRAME_HEADER_LEN..end]));
+        pos = end;
+    }
+    (out, base + pos as u64)
+}
+
+/// Wraps a snapshot body: magic, body, CRC of both.
+pub(crate) fn snapshot_bytes(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 12);
+    out.extend_from_slice(SNAP_MAGIC);
+    out.extend_from_slice(body);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Unwraps a snapshot; errors name the file.
+pub(crate) fn parse_snapshot<'a>(b: &'a [u8], path: &Path) -> Result<&'a [u8]> {
+    if b.len() < 12 || &b[..8] != SNAP_MAGIC {
+        return Err(Error::corrupt(format!(
+            "{}: not a Cairn refs snapshot",
+            path.display()
+        )));
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    if crc32fast::hash(body) != le_u32(crc) {
+        return Err(Error::corrupt(format!(
+            "{}: refs snapshot checksum mismatch",
+            path.display()
+        )));
+    }
+    Ok(&body[8..])
+}
+
+// ---------------------------------------------------------------------------------------
+// Files
+
+/// Fsyncs a directory so that creates, renames and deletes in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .ctx(|| format!("syncing directory {}", dir.display()))
+}
+
+/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync directory.
+pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .ctx(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes)
+        .ctx(|| format!("writing {}", tmp.display()))?;
+    if durable {
+        f.sync_all().ctx(|| format!("syncing {}", tmp.display()))?;
+    }
+    drop(f);
+    fs::rename(&tmp, path).ctx(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_header_round_trip_and_damage() {
+        let payload = b"hello world";
+        let cid = HashAlgo::Blake3.digest(payload);
+        let h = frame_header(KIND_CHUNK, &cid, payload);
+        let p = parse_frame_header(&h).unwrap();
+        assert_eq!(p.cid, cid);
+        assert_eq!(p.len as usize, payload.len());
+        assert!(frame_crc_ok(&h, &p, payload));
+        assert!(!frame_crc_ok(&h, &p, b"hello worle"));
+        for i in 4..FRAME_HEADER_LEN {
+            let mut bad = h;
+            bad[i] ^= 0x40;
+            assert!(parse_frame_header(&bad).is_err(), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn hints_round_trip() {
+        let cid = HashAlgo::Sha256.digest(b"x");
+        let e = vec![
+            HintEntry {
+                kind: KIND_CHUNK,
+                cid,
+                off: SEG_HEADER_LEN,
+                len: 1,
+            },
+            HintEntry {
+                kind: KIND_TOMBSTONE,
+                cid,
+                off: SEG_HEADER_LEN + FRAME_HEADER_LEN as u64 + 1,
+                len: 0,
+            },
+        ];
+        let len = SEG_HEADER_LEN + 2 * FRAME_HEADER_LEN as u64 + 1;
+        let b = hint_bytes(len, &e);
+        assert_eq!(parse_hint(&b, len).unwrap(), e);
+        assert!(parse_hint(&b, len + 1).is_none());
+        let mut bad = b.clone();
+        bad[30] ^= 1;
+        assert!(parse_hint(&bad, len).is_none());
+    }
+
+    #[test]
+    fn segment_names() {
+        assert_eq!(parse_segment_name("seg-000012.log", ".log"), Some(12));
+        assert_eq!(parse_segment_name("seg-.log", ".log"), None);
+        assert_eq!(parse_segment_name("seg-0001.hint", ".log"), None);
+        assert_eq!(parse_segment_name("seg-+1.log", ".log"), None);
+    }
+}

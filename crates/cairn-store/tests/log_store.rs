@@ -1,0 +1,742 @@
+//! Behaviour of the embedded log backend: chunks, refs, reopen, removal, compaction, torn
+//! tails, tampering, locking, group commit, and a model-based property test.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cairn_store::{
+    Bytes, ChunkStore, Cid, Durability, Error, HashAlgo, LogStore, LogStoreOptions, RefStore,
+    RefUpdate,
+};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn opts(durability: Durability) -> LogStoreOptions {
+    LogStoreOptions {
+        durability,
+        ..Default::default()
+    }
+}
+
+/// Tiny segments and buffers, so rolls, hints, snapshots and compaction all happen.
+fn small(durability: Durability) -> LogStoreOptions {
+    LogStoreOptions {
+        durability,
+        segment_size: 8 << 10,
+        write_buffer: 4096,
+        refs_log_max: 4096,
+        ..Default::default()
+    }
+}
+
+fn set(name: &str, value: &[u8]) -> RefUpdate {
+    RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: value.to_vec(),
+    }
+}
+
+fn del(name: &str) -> RefUpdate {
+    RefUpdate::Delete {
+        name: name.as_bytes().to_vec(),
+    }
+}
+
+fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random()).collect()
+}
+
+fn all_refs(s: &LogStore) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    s.list_refs(b"")
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "LOCK" {
+            fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn file_len(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().len()
+}
+
+#[test]
+fn put_get_has_dedup_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(s.path(), dir.path());
+    let mut cids = Vec::new();
+    let mut total = 0u64;
+    for i in 0..100u64 {
+        let data = payload(i, (i as usize * 37) % 5000);
+        total += data.len() as u64;
+        let cid = s.put(&data).unwrap();
+        // Readable while still in the write buffer.
+        assert_eq!(&s.get(&cid).unwrap().unwrap()[..], &data[..]);
+        cids.push((cid, data));
+    }
+    for (cid, data) in &cids {
+        assert!(!s.put_hashed(*cid, data).unwrap(), "dedup");
+        assert!(s.has(cid).unwrap());
+    }
+    s.sync().unwrap();
+    for (cid, data) in &cids {
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    let absent = HashAlgo::Blake3.digest(b"absent");
+    assert!(s.get(&absent).unwrap().is_none());
+    assert!(!s.has(&absent).unwrap());
+    let st = s.stats().unwrap();
+    assert_eq!(st.chunks, 100);
+    assert_eq!(st.chunk_bytes, total);
+    assert!(st.bytes_on_disk > total);
+    let listed: HashSet<Cid> = s.cids().unwrap().into_iter().collect();
+    assert_eq!(listed, cids.iter().map(|(c, _)| *c).collect());
+    // A cid of the other algorithm is refused.
+    let wrong = HashAlgo::Sha256.digest(b"x");
+    assert!(matches!(
+        s.put_hashed(wrong, b"x"),
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(s.durability(), Durability::Group);
+}
+
+#[test]
+fn reopen_keeps_chunks_and_refs_for_both_algos() {
+    for algo in [HashAlgo::Blake3, HashAlgo::Sha256] {
+        for d in Durability::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = small(d);
+            o.algo = algo;
+            let s = LogStore::open(dir.path(), o.clone()).unwrap();
+            assert_eq!(s.algo(), algo);
+            let mut chunks = Vec::new();
+            for i in 0..60u64 {
+                let data = payload(i + 1000, 300 + i as usize * 11);
+                chunks.push((s.put(&data).unwrap(), data));
+                s.commit(&[set(&format!("k/{i:03}"), &i.to_le_bytes())])
+                    .unwrap();
+            }
+            s.commit(&[del("k/000"), set("other", b"x")]).unwrap();
+            let refs = all_refs(&s);
+            assert_eq!(refs.len(), 60);
+            drop(s);
+            // The stored algorithm wins over the requested one.
+            let mut o2 = o.clone();
+            o2.algo = match algo {
+                HashAlgo::Blake3 => HashAlgo::Sha256,
+                HashAlgo::Sha256 => HashAlgo::Blake3,
+            };
+            let s = LogStore::open(dir.path(), o2).unwrap();
+            assert_eq!(s.algo(), algo);
+            assert_eq!(*s.recovery(), Default::default(), "clean reopen");
+            assert!(s.segment_paths().len() > 1, "segments rolled");
+            for (cid, data) in &chunks {
+                assert_eq!(cid.algo(), algo);
+                assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+            }
+            assert_eq!(all_refs(&s), refs);
+            assert_eq!(s.list_refs(b"k/").unwrap().len(), 59);
+            assert_eq!(
+                &s.get_ref(b"k/059").unwrap().unwrap()[..],
+                &59u64.to_le_bytes()
+            );
+            assert!(s.get_ref(b"k/000").unwrap().is_none());
+            // And keeps working.
+            let c = s.put(b"after reopen").unwrap();
+            s.commit(&[set("after", c.to_bytes().as_slice())]).unwrap();
+            drop(s);
+            let s = LogStore::open(dir.path(), o).unwrap();
+            assert!(s.has(&c).unwrap());
+            assert!(s.get_ref(b"after").unwrap().is_some());
+        }
+    }
+}
+
+#[test]
+fn remove_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    let a = s.put(b"a").unwrap();
+    let b = s.put(b"b").unwrap();
+    s.remove(&[a, HashAlgo::Blake3.digest(b"never stored")])
+        .unwrap();
+    assert!(!s.has(&a).unwrap());
+    assert!(s.get(&a).unwrap().is_none());
+    assert_eq!(s.stats().unwrap().chunks, 1);
+    drop(s);
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    assert!(!s.has(&a).unwrap());
+    assert!(s.has(&b).unwrap());
+    // Put again after removal: present again, also after reopen.
+    assert!(s.put_hashed(a, b"a").unwrap());
+    drop(s);
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(&s.get(&a).unwrap().unwrap()[..], b"a");
+}
+
+#[test]
+fn compact_reclaims_space_and_keeps_live_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let mut chunks = Vec::new();
+    for i in 0..200u64 {
+        let data = payload(i, 1000);
+        chunks.push((s.put(&data).unwrap(), data));
+    }
+    s.commit(&[set("root", b"r")]).unwrap();
+    let (dead, live): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 4 != 0);
+    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
+    let live: Vec<(Cid, Vec<u8>)> = live.into_iter().map(|(_, x)| x).collect();
+    s.remove(&dead).unwrap();
+    let before = s.stats().unwrap().bytes_on_disk;
+    let segs_before = s.segment_paths().len();
+    let reclaimed = s.compact().unwrap();
+    let after = s.stats().unwrap();
+    assert!(reclaimed > 0, "reclaimed {reclaimed}");
+    assert!(
+        after.bytes_on_disk < before,
+        "{before} -> {}",
+        after.bytes_on_disk
+    );
+    assert!(s.segment_paths().len() < segs_before);
+    assert_eq!(after.chunks, live.len() as u64);
+    for (cid, data) in &live {
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    for (cid, data) in &live {
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    for cid in &dead {
+        assert!(!s.has(cid).unwrap());
+    }
+    assert_eq!(s.get_ref(b"root").unwrap().as_deref(), Some(&b"r"[..]));
+    // Nothing left to do.
+    assert_eq!(s.compact().unwrap(), 0);
+}
+
+/// A tombstone in a compacted segment must be carried forward while an older, kept segment
+/// still holds the chunk it removed; otherwise the chunk would come back at the next open.
+#[test]
+fn compaction_keeps_needed_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let x = s.put(&payload(9999, 100)).unwrap();
+    let mut keep = Vec::new();
+    while s.segment_paths().len() < 2 {
+        keep.push(s.put(&payload(keep.len() as u64, 700)).unwrap());
+    }
+    // Segment 2 onwards: filler, then the tombstone of x.
+    let mut filler = Vec::new();
+    while s.segment_paths().len() < 3 {
+        filler.push(s.put(&payload(50_000 + filler.len() as u64, 700)).unwrap());
+    }
+    s.remove(&[x]).unwrap();
+    s.remove(&filler).unwrap();
+    assert!(s.compact().unwrap() > 0);
+    assert!(
+        s.segment_paths()[0].ends_with("seg-000001.log"),
+        "segment 1 kept"
+    );
+    drop(s);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    assert!(!s.has(&x).unwrap(), "removed chunk resurrected");
+    for c in &keep {
+        assert!(s.get(c).unwrap().is_some());
+    }
+    // Compacting again (also removing the rest) keeps it removed.
+    s.remove(&keep).unwrap();
+    s.compact().unwrap();
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    assert!(!s.has(&x).unwrap());
+    assert_eq!(s.stats().unwrap().chunks, 0);
+}
+
+#[test]
+fn refs_log_is_snapshotted() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    for i in 0..500u32 {
+        s.commit(&[set(&format!("r/{}", i % 37), &i.to_le_bytes()), del("r/3")])
+            .unwrap();
+    }
+    let refs = all_refs(&s);
+    assert!(dir.path().join("refs.snap").exists());
+    assert!(file_len(&dir.path().join("refs.log")) < 16 << 10);
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    assert_eq!(all_refs(&s), refs);
+    s.commit(&[set("r/3", b"back")]).unwrap();
+    assert_eq!(s.get_ref(b"r/3").unwrap().as_deref(), Some(&b"back"[..]));
+}
+
+#[test]
+fn hints_are_optional() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Buffered);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let mut chunks = Vec::new();
+    for i in 0..100u64 {
+        let data = payload(i, 500);
+        chunks.push((s.put(&data).unwrap(), data));
+    }
+    drop(s);
+    let hints: Vec<PathBuf> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "hint"))
+        .collect();
+    assert!(hints.len() >= 2);
+    fs::remove_file(&hints[0]).unwrap();
+    fs::write(&hints[1], b"garbage").unwrap();
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    for (cid, data) in &chunks {
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    drop(s);
+    // Rewritten by the open above.
+    assert!(hints[0].exists());
+}
+
+#[test]
+fn damaged_sealed_segment_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    for i in 0..40u64 {
+        s.put(&payload(i, 600)).unwrap();
+    }
+    let first = s.segment_paths()[0].clone();
+    drop(s);
+    fs::remove_file(first.with_extension("hint")).unwrap();
+    let f = OpenOptions::new().write(true).open(&first).unwrap();
+    f.write_all_at(&[0xff], 16 + 12).unwrap(); // length field of the first record
+    assert!(matches!(
+        LogStore::open(dir.path(), o),
+        Err(Error::Corrupt(m)) if m.contains("seg-000001.log")
+    ));
+}
+
+type Refs = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// One committed history with the file sizes after each commit, to cut files at random
+/// points and check what recovery keeps.
+struct History {
+    dir: tempfile::TempDir,
+    seg: PathBuf,
+    /// (segment length, refs.log length, refs, chunks referenced by the refs)
+    states: Vec<(u64, u64, Refs)>,
+    chunks: HashMap<Cid, Vec<u8>>,
+}
+
+fn history(commits: u64) -> History {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    let seg = s.segment_paths()[0].clone();
+    let log = dir.path().join("refs.log");
+    let mut states = vec![(file_len(&seg), file_len(&log), BTreeMap::new())];
+    let mut chunks = HashMap::new();
+    for i in 0..commits {
+        let a = payload(i * 2, 200 + (i as usize * 71) % 3000);
+        let b = payload(i * 2 + 1, 50);
+        let (ca, cb) = (s.put(&a).unwrap(), s.put(&b).unwrap());
+        chunks.insert(ca, a);
+        chunks.insert(cb, b);
+        let mut batch = vec![
+            set(
+                &format!("c/{i:04}"),
+                &[ca.to_bytes(), cb.to_bytes()].concat(),
+            ),
+            set("head", &i.to_le_bytes()),
+        ];
+        if i > 0 {
+            batch.push(del(&format!("c/{:04}", i - 1)));
+        }
+        s.commit(&batch).unwrap();
+        states.push((file_len(&seg), file_len(&log), all_refs(&s)));
+    }
+    // Chunks put after the last commit: never acknowledged.
+    s.put(&payload(1 << 40, 5000)).unwrap();
+    drop(s);
+    History {
+        dir,
+        seg,
+        states,
+        chunks,
+    }
+}
+
+/// Opens a damaged copy and checks it recovered exactly state `k`, with every chunk the
+/// refs name readable.
+fn check_recovers(h: &History, copy: &Path, k: usize, what: &str) {
+    let s = LogStore::open(copy, opts(Durability::Group)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        all_refs(&s),
+        h.states[k].2,
+        "{what}: expected state after {k} commits"
+    );
+    for (name, v) in all_refs(&s) {
+        if name.starts_with(b"c/") {
+            for c in v.chunks(34) {
+                let cid = Cid::from_bytes(c).unwrap();
+                let got = s
+                    .get(&cid)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{what}: lost chunk"));
+                assert_eq!(&got[..], &h.chunks[&cid][..]);
+            }
+        }
+    }
+    // The store accepts writes after recovery and keeps them.
+    let c = s.put(b"after recovery").unwrap();
+    s.commit(&[set("z", &c.to_bytes())]).unwrap();
+    drop(s);
+    let s = LogStore::open(copy, opts(Durability::Group)).unwrap();
+    assert!(s.get(&c).unwrap().is_some(), "{what}");
+    assert!(s.get_ref(b"z").unwrap().is_some(), "{what}");
+}
+
+#[test]
+fn torn_tails_recover_to_a_committed_prefix() {
+    let h = history(40);
+    let mut rng = StdRng::seed_from_u64(7);
+    let seg_len = file_len(&h.seg);
+    let log_len = file_len(&h.dir.path().join("refs.log"));
+    let mut cases = 0;
+    for round in 0..60 {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(h.dir.path(), copy.path());
+        let seg = copy.path().join(h.seg.file_name().unwrap());
+        let log = copy.path().join("refs.log");
+        let (mut seg_cut, mut log_cut) = (seg_len, log_len);
+        match round % 4 {
+            0 => seg_cut = rng.random_range(0..=seg_len),
+            1 => log_cut = rng.random_range(0..=log_len),
+            2 => {
+                seg_cut = rng.random_range(0..=seg_len);
+                log_cut = rng.random_range(0..=log_len);
+            }
+            _ => {}
+        }
+        OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .set_len(seg_cut)
+            .unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&log)
+            .unwrap()
+            .set_len(log_cut)
+            .unwrap();
+        if round % 2 == 1 {
+            // Garbage after the cut, as a torn write can leave.
+            let junk: Vec<u8> = (0..rng.random_range(1..200))
+                .map(|_| rng.random())
+                .collect();
+            for p in [&seg, &log] {
+                let f = OpenOptions::new().append(true).open(p).unwrap();
+                f.write_all_at(&junk, file_len(p)).unwrap();
+            }
+        }
+        // Survivors: commits whose chunks and frame both lie before the cuts.
+        let k = h
+            .states
+            .iter()
+            .rposition(|(s, l, _)| *s <= seg_cut && *l <= log_cut)
+            .unwrap();
+        check_recovers(
+            &h,
+            copy.path(),
+            k,
+            &format!("round {round}: seg {seg_cut} log {log_cut}"),
+        );
+        cases += 1;
+    }
+    assert_eq!(cases, 60);
+}
+
+#[test]
+fn tampered_payload_is_reported_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    let a = s.put(&payload(1, 4000)).unwrap();
+    let b = s.put(&payload(2, 4000)).unwrap();
+    s.commit(&[set("a", &a.to_bytes())]).unwrap();
+    let seg = s.segment_paths()[0].clone();
+    // Flip a payload byte of `a` (header 16 bytes, record header 50 bytes).
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let mut byte = [0u8];
+    f.read_exact_at(&mut byte, 16 + 50 + 100).unwrap();
+    f.write_all_at(&[byte[0] ^ 1], 16 + 50 + 100).unwrap();
+    match s.get(&a) {
+        Err(Error::Corrupt(m)) => {
+            assert!(m.contains(&a.to_string()), "{m}");
+            assert!(m.contains("seg-000001.log"), "{m}");
+        }
+        other => panic!("expected corrupt, got {other:?}"),
+    }
+    assert!(s.get(&b).unwrap().is_some());
+    drop(s);
+    // After reopen the damaged record is acknowledged data, kept and still reported.
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(s.recovery().damaged_records, 1);
+    assert!(matches!(s.get(&a), Err(Error::Corrupt(m)) if m.contains(&a.to_string())));
+    assert!(s.get(&b).unwrap().is_some());
+    // Header damage too.
+    f.write_all_at(&[0xAA], 16 + 20).unwrap();
+    assert!(matches!(s.get(&a), Err(Error::Corrupt(m)) if m.contains(&a.to_string())));
+}
+
+#[test]
+fn second_open_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    match LogStore::open(dir.path(), opts(Durability::Group)) {
+        Err(Error::Unavailable(m)) => assert!(m.contains("in use by another process"), "{m}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("second open succeeded"),
+    }
+    drop(s);
+    LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+}
+
+#[test]
+fn group_commit_from_32_threads() {
+    for d in [Durability::Group, Durability::PerWrite] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(LogStore::open(dir.path(), opts(d)).unwrap());
+        let per_thread = if d == Durability::Group { 100 } else { 20 };
+        let start = Instant::now();
+        std::thread::scope(|sc| {
+            for t in 0..32u64 {
+                let s = s.clone();
+                sc.spawn(move || {
+                    for i in 0..per_thread {
+                        let c = s.put(&payload(t << 32 | i, 256)).unwrap();
+                        s.commit(&[set(&format!("t{t}/{i}"), &c.to_bytes())])
+                            .unwrap();
+                        assert!(s.get_ref(format!("t{t}/{i}").as_bytes()).unwrap().is_some());
+                    }
+                });
+            }
+        });
+        eprintln!(
+            "{d}: {} commits from 32 threads in {:?}",
+            32 * per_thread,
+            start.elapsed()
+        );
+        drop(s);
+        let s = LogStore::open(dir.path(), opts(d)).unwrap();
+        assert_eq!(s.list_refs(b"t").unwrap().len() as u64, 32 * per_thread);
+        for t in 0..32u64 {
+            for i in 0..per_thread {
+                let v = s.get_ref(format!("t{t}/{i}").as_bytes()).unwrap().unwrap();
+                let c = Cid::from_bytes(&v).unwrap();
+                assert_eq!(
+                    &s.get(&c).unwrap().unwrap()[..],
+                    &payload(t << 32 | i, 256)[..]
+                );
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u8),
+    Remove(Vec<u8>),
+    Commit(Vec<(u8, Option<u8>)>),
+    Reopen,
+    Compact,
+    Sync,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => any::<u8>().prop_map(|i| Op::Put(i % 48)),
+        2 => prop::collection::vec(any::<u8>().prop_map(|i| i % 48), 1..6).prop_map(Op::Remove),
+        3 => prop::collection::vec((any::<u8>().prop_map(|k| k % 12), any::<Option<u8>>()), 0..4)
+            .prop_map(Op::Commit),
+        1 => Just(Op::Reopen),
+        1 => Just(Op::Compact),
+        1 => Just(Op::Sync),
+    ]
+}
+
+fn pool(i: u8) -> Vec<u8> {
+    payload(i as u64 + 77, (i as usize * 97) % 1500)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_a_model(ops in prop::collection::vec(op(), 1..60), d in 0usize..3) {
+        let dir = tempfile::tempdir().unwrap();
+        let o = LogStoreOptions { segment_size: 4 << 10, ..small(Durability::ALL[d]) };
+        let mut s = LogStore::open(dir.path(), o.clone()).unwrap();
+        let mut chunks: HashMap<Cid, Vec<u8>> = HashMap::new();
+        let mut refs: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let cid = |i: u8| HashAlgo::Blake3.digest(&pool(i));
+        for op in ops {
+            match op {
+                Op::Put(i) => {
+                    let data = pool(i);
+                    let new = s.put_hashed(cid(i), &data).unwrap();
+                    prop_assert_eq!(new, chunks.insert(cid(i), data).is_none());
+                }
+                Op::Remove(is) => {
+                    let cids: Vec<Cid> = is.iter().map(|&i| cid(i)).collect();
+                    s.remove(&cids).unwrap();
+                    for c in cids {
+                        chunks.remove(&c);
+                    }
+                }
+                Op::Commit(ups) => {
+                    let batch: Vec<RefUpdate> = ups.iter().map(|(k, v)| match v {
+                        Some(v) => set(&format!("ref{k}"), &[*v; 3]),
+                        None => del(&format!("ref{k}")),
+                    }).collect();
+                    s.commit(&batch).unwrap();
+                    for (k, v) in ups {
+                        let name = format!("ref{k}").into_bytes();
+                        match v {
+                            Some(v) => { refs.insert(name, vec![v; 3]); }
+                            None => { refs.remove(&name); }
+                        }
+                    }
+                }
+                Op::Reopen => {
+                    drop(s);
+                    s = LogStore::open(dir.path(), o.clone()).unwrap();
+                    prop_assert_eq!(s.recovery().clone(), Default::default());
+                }
+                Op::Compact => { s.compact().unwrap(); }
+                Op::Sync => s.sync().unwrap(),
+            }
+            prop_assert_eq!(s.stats().unwrap().chunks, chunks.len() as u64);
+        }
+        let got: HashSet<Cid> = s.cids().unwrap().into_iter().collect();
+        prop_assert_eq!(got, chunks.keys().copied().collect::<HashSet<_>>());
+        for (c, data) in &chunks {
+            prop_assert_eq!(&s.get(c).unwrap().unwrap()[..], &data[..]);
+        }
+        prop_assert_eq!(all_refs(&s), refs.clone());
+        let live: u64 = chunks.values().map(|d| d.len() as u64).sum();
+        prop_assert_eq!(s.stats().unwrap().chunk_bytes, live);
+        drop(s);
+        let s = LogStore::open(dir.path(), o).unwrap();
+        let got: HashSet<Cid> = s.cids().unwrap().into_iter().collect();
+        prop_assert_eq!(got, chunks.keys().copied().collect::<HashSet<_>>());
+        prop_assert_eq!(all_refs(&s), refs);
+    }
+}
+
+/// Throughput sanity check; run with
+/// `cargo test --release -p cairn-store --test log_store -- --ignored --nocapture throughput`.
+#[test]
+#[ignore]
+fn throughput() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(LogStore::open(dir.path(), opts(Durability::Group)).unwrap());
+    // Ingest: 4 KiB chunks, cids computed up front (put_hashed).
+    let n = 250_000u64;
+    let mut data = Vec::with_capacity(n as usize);
+    let mut rng = StdRng::seed_from_u64(1);
+    for _ in 0..n {
+        let mut c = vec![0u8; 4096];
+        rng.fill(&mut c[..]);
+        data.push((HashAlgo::Blake3.digest(&c), c));
+    }
+    let t = Instant::now();
+    for (cid, c) in &data {
+        s.put_hashed(*cid, c).unwrap();
+    }
+    s.sync().unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "ingest: {n} x 4 KiB put_hashed + sync in {secs:.2}s = {:.0} puts/s, {:.2} GB/s",
+        n as f64 / secs,
+        (n * 4096) as f64 / secs / 1e9
+    );
+    drop(data);
+    for threads in [1u64, 32, 64] {
+        for d in [
+            Durability::Group,
+            Durability::PerWrite,
+            Durability::Buffered,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = Arc::new(LogStore::open(dir.path(), opts(d)).unwrap());
+            let per = if d == Durability::PerWrite { 200 } else { 4000 } / threads.min(8);
+            let t = Instant::now();
+            std::thread::scope(|sc| {
+                for th in 0..threads {
+                    let s = s.clone();
+                    sc.spawn(move || {
+                        for i in 0..per {
+                            s.commit(&[set(&format!("b/{th}"), &i.to_le_bytes())])
+                                .unwrap();
+                        }
+                    });
+                }
+            });
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "commits: {d:>8}, {threads:2} threads: {:.0} commits/s",
+                (threads * per) as f64 / secs
+            );
+        }
+    }
+    // Commits that each follow a chunk put (both files synced per group).
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(LogStore::open(dir.path(), opts(Durability::Group)).unwrap());
+    let t = Instant::now();
+    let per = 1000u64;
+    std::thread::scope(|sc| {
+        for th in 0..32u64 {
+            let s = s.clone();
+            sc.spawn(move || {
+                for i in 0..per {
+                    let c = s.put(&payload(th << 32 | i, 1024)).unwrap();
+                    s.commit(&[set(&format!("b/{th}"), &c.to_bytes())]).unwrap();
+                }
+            });
+        }
+    });
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "put 1 KiB + commit, group, 32 threads: {:.0} commits/s",
+        (32 * per) as f64 / secs
+    );
+    let _ = Bytes::new();
+}
