@@ -1,1 +1,0 @@
-//! POS-tree (being written).

@@ -1,0 +1,501 @@
+//! Bottom-up construction (ForkBase Algorithm 1), streaming: leaves are cut as content
+//! arrives and every level's chunker runs at once, so memory stays bounded by a few nodes
+//! per level.
+
+use std::io;
+
+use bytes::Bytes;
+use cairn_core::{Error, Result};
+use cairn_store::ChunkStore;
+
+use super::node::{
+    Elem, Entry, MAX_HEIGHT, Params, empty_leaf, encode_elem, encode_elem_leaf, encode_index,
+    key_hash, pattern, put_chunk,
+};
+use super::{TreeConfig, TreeKind, TreeRef};
+use crate::chunk::{CHUNK_HEADER_LEN, ChunkKind};
+
+/// A chunker for one level: items go in, finished nodes come out as index entries.
+pub(crate) trait NodeBuilder {
+    /// What the level is made of (elements or child entries).
+    type Item;
+    /// Adds an item; returns the node it completed, if the item ended one.
+    fn push(&mut self, item: Self::Item) -> Result<Option<Entry>>;
+    /// Closes the pending node, if any (end of the level).
+    fn flush(&mut self) -> Result<Option<Entry>>;
+    /// True when no items are pending.
+    fn is_empty(&self) -> bool;
+}
+
+/// Cuts List/Set/Map leaves.
+pub(crate) struct ElemBuilder<'a> {
+    store: &'a dyn ChunkStore,
+    kind: TreeKind,
+    p: Params,
+    body: Vec<u8>,
+    n: u64,
+    last_key: (usize, usize),
+}
+
+impl<'a> ElemBuilder<'a> {
+    pub fn new(store: &'a dyn ChunkStore, kind: TreeKind, p: Params) -> Self {
+        ElemBuilder {
+            store,
+            kind,
+            p,
+            body: Vec::with_capacity((p.leaf_target * 2) as usize),
+            n: 0,
+            last_key: (0, 0),
+        }
+    }
+
+    /// Adds one element given as slices.
+    pub fn push_raw(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<Option<Entry>> {
+        let before = self.body.len();
+        encode_elem(&mut self.body, key, value);
+        self.n += 1;
+        let size = self.body.len() - before;
+        let kstart = before + super::node::varint_len(key.len() as u64);
+        self.last_key = (kstart, kstart + key.len());
+        if pattern(key_hash(key), size, self.p.leaf_target)
+            || self.body.len() as u64 >= self.p.leaf_max
+        {
+            self.emit().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn emit(&mut self) -> Result<Entry> {
+        let framed = encode_elem_leaf(self.kind, self.n, &self.body);
+        let cid = put_chunk(self.store, &framed)?;
+        let key = self
+            .kind
+            .is_sorted()
+            .then(|| Bytes::copy_from_slice(&self.body[self.last_key.0..self.last_key.1]));
+        let e = Entry {
+            cid,
+            count: self.n,
+            key,
+        };
+        self.body.clear();
+        self.n = 0;
+        Ok(e)
+    }
+}
+
+impl NodeBuilder for ElemBuilder<'_> {
+    type Item = Elem;
+    fn push(&mut self, item: Elem) -> Result<Option<Entry>> {
+        self.push_raw(&item.key, item.value.as_deref())
+    }
+    fn flush(&mut self) -> Result<Option<Entry>> {
+        if self.n == 0 {
+            Ok(None)
+        } else {
+            self.emit().map(Some)
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// Cuts index nodes at one level.
+pub(crate) struct IndexBuilder<'a> {
+    store: &'a dyn ChunkStore,
+    kind: TreeKind,
+    level: u8,
+    p: Params,
+    entries: Vec<Entry>,
+    size: u64,
+}
+
+impl<'a> IndexBuilder<'a> {
+    pub fn new(store: &'a dyn ChunkStore, kind: TreeKind, level: u8, p: Params) -> Result<Self> {
+        if level == 0 || level > MAX_HEIGHT {
+            return Err(Error::invalid(format!(
+                "a POS-tree cannot grow past {MAX_HEIGHT} levels"
+            )));
+        }
+        Ok(IndexBuilder {
+            store,
+            kind,
+            level,
+            p,
+            entries: Vec::new(),
+            size: 0,
+        })
+    }
+
+    fn emit(&mut self) -> Result<Entry> {
+        let framed = encode_index(self.kind, self.level, &self.entries);
+        let cid = put_chunk(self.store, &framed)?;
+        let mut count = 0u64;
+        for e in &self.entries {
+            count = count
+                .checked_add(e.count)
+                .ok_or_else(|| Error::invalid("POS-tree count overflows 64 bits"))?;
+        }
+        let key = self.entries.last().and_then(|e| e.key.clone());
+        self.entries.clear();
+        self.size = 0;
+        Ok(Entry { cid, count, key })
+    }
+}
+
+impl NodeBuilder for IndexBuilder<'_> {
+    type Item = Entry;
+    fn push(&mut self, e: Entry) -> Result<Option<Entry>> {
+        let esize = e.encoded_len();
+        self.size += esize as u64;
+        let split = !self.entries.is_empty()
+            && (pattern(e.cid.low_u64(), esize, self.p.index_target)
+                || self.size >= self.p.index_max);
+        self.entries.push(e);
+        if split {
+            self.emit().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    fn flush(&mut self) -> Result<Option<Entry>> {
+        if self.entries.is_empty() {
+            Ok(None)
+        } else {
+            self.emit().map(Some)
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+struct LevelState<'a> {
+    held: Option<Entry>,
+    seen: u64,
+    builder: IndexBuilder<'a>,
+}
+
+/// The index levels above a stream of nodes at level `base`. A level's first node is held
+/// back until a second arrives, so no parent is built for a level that turns out to be the
+/// root's.
+pub(crate) struct Levels<'a> {
+    store: &'a dyn ChunkStore,
+    kind: TreeKind,
+    p: Params,
+    base: u8,
+    levels: Vec<LevelState<'a>>,
+}
+
+impl<'a> Levels<'a> {
+    pub fn new(store: &'a dyn ChunkStore, kind: TreeKind, p: Params, base: u8) -> Self {
+        Levels {
+            store,
+            kind,
+            p,
+            base,
+            levels: Vec::new(),
+        }
+    }
+
+    /// Adds the next node at level `base`.
+    pub fn push(&mut self, e: Entry) -> Result<()> {
+        self.push_at(0, e)
+    }
+
+    fn push_at(&mut self, i: usize, e: Entry) -> Result<()> {
+        if i == self.levels.len() {
+            let level = self.base as usize + i + 1;
+            let level = u8::try_from(level).unwrap_or(u8::MAX);
+            self.levels.push(LevelState {
+                held: None,
+                seen: 0,
+                builder: IndexBuilder::new(self.store, self.kind, level, self.p)?,
+            });
+        }
+        let st = &mut self.levels[i];
+        st.seen += 1;
+        if st.seen == 1 {
+            st.held = Some(e);
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        if let Some(h) = st.held.take()
+            && let Some(x) = st.builder.push(h)?
+        {
+            out.push(x);
+        }
+        if let Some(x) = st.builder.push(e)? {
+            out.push(x);
+        }
+        for x in out {
+            self.push_at(i + 1, x)?;
+        }
+        Ok(())
+    }
+
+    /// Closes every level; returns the root and its level, or `None` if nothing was pushed.
+    pub fn finish(mut self) -> Result<Option<(Entry, u8)>> {
+        let mut i = 0;
+        while i < self.levels.len() {
+            let st = &mut self.levels[i];
+            if st.seen == 1 {
+                let root = st.held.take();
+                return Ok(root.map(|r| (r, self.base + i as u8)));
+            }
+            if let Some(x) = st.builder.flush()? {
+                self.push_at(i + 1, x)?;
+            }
+            i += 1;
+        }
+        Ok(None)
+    }
+}
+
+/// Turns the result of [`Levels::finish`] into a [`TreeRef`] (the empty leaf when nothing
+/// was built).
+pub(crate) fn finish_tree(
+    store: &dyn ChunkStore,
+    kind: TreeKind,
+    levels: Levels<'_>,
+) -> Result<TreeRef> {
+    match levels.finish()? {
+        Some((root, height)) => Ok(TreeRef {
+            kind,
+            root: root.cid,
+            count: root.count,
+            height,
+        }),
+        None => empty(store, kind),
+    }
+}
+
+/// Stores the empty tree of `kind` (a single empty leaf) and returns it.
+pub fn empty(store: &dyn ChunkStore, kind: TreeKind) -> Result<TreeRef> {
+    let cid = put_chunk(store, &empty_leaf(kind))?;
+    Ok(TreeRef {
+        kind,
+        root: cid,
+        count: 0,
+        height: 0,
+    })
+}
+
+/// A sliding window of blob bytes in which FastCDC finds leaf boundaries. Two bytes before
+/// the window's head are always free, so a leaf is framed in place (header written over
+/// bytes already stored) and hashed and stored without copying.
+pub(crate) struct CdcWindow {
+    buf: Vec<u8>,
+    head: usize,
+    cap: usize,
+}
+
+impl CdcWindow {
+    pub fn new(p: &Params) -> Self {
+        let cap = CHUNK_HEADER_LEN + (4 * p.cdc_max).max(1 << 20);
+        let mut buf = Vec::with_capacity(cap);
+        buf.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
+        CdcWindow {
+            buf,
+            head: CHUNK_HEADER_LEN,
+            cap,
+        }
+    }
+
+    /// Bytes waiting to be cut.
+    pub fn avail(&self) -> usize {
+        self.buf.len() - self.head
+    }
+
+    /// Appends as much of `data` as fits; returns how much was taken.
+    pub fn push(&mut self, data: &[u8]) -> usize {
+        if self.buf.len() == self.cap {
+            let n = self.avail();
+            self.buf.copy_within(self.head.., CHUNK_HEADER_LEN);
+            self.buf.truncate(CHUNK_HEADER_LEN + n);
+            self.head = CHUNK_HEADER_LEN;
+        }
+        let take = (self.cap - self.buf.len()).min(data.len());
+        self.buf.extend_from_slice(&data[..take]);
+        take
+    }
+
+    /// Drops everything pending.
+    pub fn clear(&mut self) {
+        self.buf.truncate(CHUNK_HEADER_LEN);
+        self.head = CHUNK_HEADER_LEN;
+    }
+
+    /// Cuts and stores the next leaf if its boundary is decided: the window holds a full
+    /// maximum-size span, or `eof` says no more bytes will come.
+    pub fn emit(&mut self, store: &dyn ChunkStore, p: &Params, eof: bool) -> Result<Option<Entry>> {
+        let avail = self.avail();
+        if avail == 0 || (!eof && avail < p.cdc_max) {
+            return Ok(None);
+        }
+        let n = p.cut(&self.buf[self.head..]).clamp(1, avail);
+        let start = self.head - CHUNK_HEADER_LEN;
+        self.buf[start..self.head].copy_from_slice(&ChunkKind::Blob.header());
+        let cid = put_chunk(store, &self.buf[start..self.head + n])?;
+        self.head += n;
+        Ok(Some(Entry {
+            cid,
+            count: n as u64,
+            key: None,
+        }))
+    }
+}
+
+/// Streams a blob into a POS-tree: implements [`io::Write`], stores each leaf as soon as its
+/// content-defined boundary is known, and keeps only a bounded window in memory.
+pub struct BlobWriter<'a> {
+    store: &'a dyn ChunkStore,
+    p: Params,
+    win: CdcWindow,
+    levels: Levels<'a>,
+    written: u64,
+}
+
+impl<'a> BlobWriter<'a> {
+    /// A writer storing chunks in `store` with the node sizes of `cfg`.
+    pub fn new(store: &'a dyn ChunkStore, cfg: &TreeConfig) -> Self {
+        let p = Params::new(cfg);
+        BlobWriter {
+            store,
+            p,
+            win: CdcWindow::new(&p),
+            levels: Levels::new(store, TreeKind::Blob, p, 0),
+            written: 0,
+        }
+    }
+
+    /// Bytes accepted so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written
+    }
+
+    /// Appends `data` (the [`io::Write`] path without the error conversion).
+    pub fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            while self.win.avail() >= self.p.cdc_max {
+                if let Some(e) = self.win.emit(self.store, &self.p, false)? {
+                    self.levels.push(e)?;
+                }
+            }
+            let n = self.win.push(rest);
+            rest = &rest[n..];
+        }
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Cuts the last leaves, builds the index levels and returns the tree.
+    pub fn finish(mut self) -> Result<TreeRef> {
+        while let Some(e) = self.win.emit(self.store, &self.p, true)? {
+            self.levels.push(e)?;
+        }
+        finish_tree(self.store, TreeKind::Blob, self.levels)
+    }
+}
+
+impl io::Write for BlobWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_bytes(buf).map_err(io::Error::other)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Builds a Blob tree from `data`.
+pub fn build_blob(store: &dyn ChunkStore, cfg: &TreeConfig, data: &[u8]) -> Result<TreeRef> {
+    let mut w = BlobWriter::new(store, cfg);
+    w.write_bytes(data)?;
+    w.finish()
+}
+
+fn build_elems<'a>(
+    store: &'a dyn ChunkStore,
+    cfg: &TreeConfig,
+    kind: TreeKind,
+    each: impl FnOnce(&mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>) -> Result<()>,
+) -> Result<TreeRef> {
+    let p = Params::new(cfg);
+    let mut leaves = ElemBuilder::new(store, kind, p);
+    let mut levels = Levels::new(store, kind, p, 0);
+    let mut prev: Option<Vec<u8>> = None;
+    let mut index = 0u64;
+    each(&mut |k, v| {
+        if kind.is_sorted() {
+            match &mut prev {
+                Some(pk) if pk.as_slice() >= k => {
+                    return Err(Error::invalid(format!(
+                        "{kind:?} keys must be strictly increasing: key #{index} is not greater than the one before"
+                    )));
+                }
+                Some(pk) => {
+                    pk.clear();
+                    pk.extend_from_slice(k);
+                }
+                None => prev = Some(k.to_vec()),
+            }
+        }
+        index += 1;
+        if let Some(e) = leaves.push_raw(k, v)? {
+            levels.push(e)?;
+        }
+        Ok(())
+    })?;
+    if let Some(e) = leaves.flush()? {
+        levels.push(e)?;
+    }
+    finish_tree(store, kind, levels)
+}
+
+/// Builds a List tree from its elements.
+pub fn build_list<I, B>(store: &dyn ChunkStore, cfg: &TreeConfig, elems: I) -> Result<TreeRef>
+where
+    I: IntoIterator<Item = B>,
+    B: AsRef<[u8]>,
+{
+    build_elems(store, cfg, TreeKind::List, |f| {
+        for e in elems {
+            f(e.as_ref(), None)?;
+        }
+        Ok(())
+    })
+}
+
+/// Builds a Map tree from entries in strictly increasing key order
+/// ([`Error::InvalidInput`] otherwise).
+pub fn build_map<I, K, V>(store: &dyn ChunkStore, cfg: &TreeConfig, entries: I) -> Result<TreeRef>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    build_elems(store, cfg, TreeKind::Map, |f| {
+        for (k, v) in entries {
+            f(k.as_ref(), Some(v.as_ref()))?;
+        }
+        Ok(())
+    })
+}
+
+/// Builds a Set tree from keys in strictly increasing order ([`Error::InvalidInput`]
+/// otherwise).
+pub fn build_set<I, K>(store: &dyn ChunkStore, cfg: &TreeConfig, keys: I) -> Result<TreeRef>
+where
+    I: IntoIterator<Item = K>,
+    K: AsRef<[u8]>,
+{
+    build_elems(store, cfg, TreeKind::Set, |f| {
+        for k in keys {
+            f(k.as_ref(), None)?;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,379 @@
+//! Diffs that descend only where cids differ.
+//!
+//! Each side is a frontier: the not-yet-compared rest of the tree as a sequence of whole
+//! subtrees (and, once a leaf is opened, its elements), in order. When both fronts are the
+//! same subtree (equal cids) it is skipped unopened; otherwise the taller one is opened.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use cairn_core::{Error, Result};
+use cairn_store::{ChunkStore, Cid};
+
+use super::TreeRef;
+use super::node::{Elem, Node, corrupt_err, load_node};
+
+/// One key whose presence or value differs between two Map or Set trees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyChange {
+    /// The key.
+    pub key: Bytes,
+    /// Its value on the left (`a`) side; for a Set, `Some(empty)` means present.
+    pub left: Option<Bytes>,
+    /// Its value on the right (`b`) side; for a Set, `Some(empty)` means present.
+    pub right: Option<Bytes>,
+}
+
+/// A region where two Blob or List trees differ: units `a_start..a_end` of `a` correspond
+/// to units `b_start..b_end` of `b` (half-open; units are bytes or elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqChange {
+    /// Start of the region in `a`.
+    pub a_start: u64,
+    /// End of the region in `a`.
+    pub a_end: u64,
+    /// Start of the region in `b`.
+    pub b_start: u64,
+    /// End of the region in `b`.
+    pub b_end: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Item {
+    Node { cid: Cid, level: u8, count: u64 },
+    Elem(Elem),
+}
+
+struct Frontier<'a> {
+    store: &'a dyn ChunkStore,
+    tree: TreeRef,
+    /// Reversed: the front is the last item.
+    stack: Vec<Item>,
+}
+
+impl<'a> Frontier<'a> {
+    fn new(store: &'a dyn ChunkStore, t: &TreeRef) -> Self {
+        Frontier {
+            store,
+            tree: *t,
+            stack: vec![Item::Node {
+                cid: t.root,
+                level: t.height,
+                count: t.count,
+            }],
+        }
+    }
+
+    fn front(&self) -> Option<&Item> {
+        self.stack.last()
+    }
+
+    /// Replaces the front node by its children (or its elements for a leaf).
+    fn open(&mut self, leaves_too: bool) -> Result<()> {
+        let Some(Item::Node { cid, level, count }) = self.stack.pop() else {
+            return Ok(());
+        };
+        match load_node(self.store, self.tree.kind, &cid, level)? {
+            Node::Index { entries, .. } => {
+                let mut sum = 0u64;
+                for e in entries.iter().rev() {
+                    sum = sum.saturating_add(e.count);
+                    self.stack.push(Item::Node {
+                        cid: e.cid,
+                        level: level - 1,
+                        count: e.count,
+                    });
+                }
+                if sum != count {
+                    return Err(corrupt_err(&cid, "index counts disagree with the parent"));
+                }
+            }
+            Node::Elems(elems) if leaves_too => {
+                if elems.len() as u64 != count {
+                    return Err(corrupt_err(&cid, "leaf count disagrees with the parent"));
+                }
+                self.stack.extend(elems.into_iter().rev().map(Item::Elem));
+            }
+            _ => {
+                return Err(corrupt_err(&cid, "cannot open a leaf here"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pops the next leaf (opening index nodes on the way): `(cid, count)`.
+    fn next_leaf(&mut self) -> Result<Option<(Cid, u64)>> {
+        loop {
+            match self.stack.last() {
+                None => return Ok(None),
+                Some(Item::Node {
+                    level: 0,
+                    cid,
+                    count,
+                }) => {
+                    let r = (*cid, *count);
+                    self.stack.pop();
+                    return Ok(Some(r));
+                }
+                Some(Item::Node { .. }) => self.open(false)?,
+                Some(Item::Elem(_)) => {
+                    return Err(Error::invalid("sequence diff met an element"));
+                }
+            }
+        }
+    }
+
+    /// Rebuilds the frontier so its front is the leaf starting at unit `offset`.
+    fn seek_leaf(&mut self, offset: u64) -> Result<()> {
+        self.stack.clear();
+        self.stack.push(Item::Node {
+            cid: self.tree.root,
+            level: self.tree.height,
+            count: self.tree.count,
+        });
+        let mut pos = 0u64;
+        loop {
+            match self.stack.last() {
+                Some(Item::Node { count, level, .. }) => {
+                    let (count, level) = (*count, *level);
+                    if pos + count <= offset && count > 0 {
+                        pos += count;
+                        self.stack.pop();
+                    } else if pos == offset && level == 0 {
+                        return Ok(());
+                    } else if level > 0 {
+                        self.open(false)?;
+                    } else {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        if pos == offset && self.stack.is_empty() {
+            return Ok(());
+        }
+        Err(corrupt_err(
+            &self.tree.root,
+            format!("no leaf starts at unit {offset}"),
+        ))
+    }
+}
+
+fn present(e: &Elem) -> Bytes {
+    e.value.clone().unwrap_or_default()
+}
+
+/// The keys whose presence or value differ between Map (or Set) trees `a` and `b`, sorted
+/// by key. Subtrees with equal cids on both sides are skipped without being read.
+pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<KeyChange>> {
+    if a.kind != b.kind || !a.kind.is_sorted() {
+        return Err(Error::TypeMismatch(format!(
+            "diff_sorted compares two Map or two Set trees, not {:?} and {:?}",
+            a.kind, b.kind
+        )));
+    }
+    let mut fa = Frontier::new(store, a);
+    let mut fb = Frontier::new(store, b);
+    let mut out = Vec::new();
+    loop {
+        match (fa.front(), fb.front()) {
+            (None, None) => break,
+            (Some(Item::Node { .. }), None) => fa.open(true)?,
+            (None, Some(Item::Node { .. })) => fb.open(true)?,
+            (Some(Item::Elem(e)), None) => {
+                out.push(KeyChange {
+                    key: e.key.clone(),
+                    left: Some(present(e)),
+                    right: None,
+                });
+                fa.stack.pop();
+            }
+            (None, Some(Item::Elem(e))) => {
+                out.push(KeyChange {
+                    key: e.key.clone(),
+                    left: None,
+                    right: Some(present(e)),
+                });
+                fb.stack.pop();
+            }
+            (
+                Some(Item::Node {
+                    cid: ca, level: la, ..
+                }),
+                Some(Item::Node {
+                    cid: cb, level: lb, ..
+                }),
+            ) => {
+                if ca == cb {
+                    fa.stack.pop();
+                    fb.stack.pop();
+                } else {
+                    let (la, lb) = (*la, *lb);
+                    if la >= lb {
+                        fa.open(true)?;
+                    }
+                    if lb >= la {
+                        fb.open(true)?;
+                    }
+                }
+            }
+            (Some(Item::Node { .. }), Some(Item::Elem(_))) => fa.open(true)?,
+            (Some(Item::Elem(_)), Some(Item::Node { .. })) => fb.open(true)?,
+            (Some(Item::Elem(x)), Some(Item::Elem(y))) => match x.key.cmp(&y.key) {
+                std::cmp::Ordering::Less => {
+                    out.push(KeyChange {
+                        key: x.key.clone(),
+                        left: Some(present(x)),
+                        right: None,
+                    });
+                    fa.stack.pop();
+                }
+                std::cmp::Ordering::Greater => {
+                    out.push(KeyChange {
+                        key: y.key.clone(),
+                        left: None,
+                        right: Some(present(y)),
+                    });
+                    fb.stack.pop();
+                }
+                std::cmp::Ordering::Equal => {
+                    if x.value != y.value {
+                        out.push(KeyChange {
+                            key: x.key.clone(),
+                            left: Some(present(x)),
+                            right: Some(present(y)),
+                        });
+                    }
+                    fa.stack.pop();
+                    fb.stack.pop();
+                }
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// The regions where Blob (or List) trees `a` and `b` differ, at leaf granularity, sorted
+/// and disjoint. Outside them the content is identical (matched by equal cids), so
+/// replacing each `a[a_start..a_end]` with `b[b_start..b_end]` turns `a` into `b`.
+/// Identical subtrees are skipped unread; inside a changed region both sides are walked
+/// leaf by leaf until a leaf of one side reappears on the other (resynchronisation).
+pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<SeqChange>> {
+    if a.kind != b.kind || a.kind.is_sorted() {
+        return Err(Error::TypeMismatch(format!(
+            "diff_seq compares two Blob or two List trees, not {:?} and {:?}",
+            a.kind, b.kind
+        )));
+    }
+    let mut fa = Frontier::new(store, a);
+    let mut fb = Frontier::new(store, b);
+    let (mut pa, mut pb) = (0u64, 0u64);
+    let mut out = Vec::new();
+    loop {
+        let (ha, hb) = match (fa.front(), fb.front()) {
+            (None, None) => break,
+            (
+                Some(Item::Node {
+                    cid: ca,
+                    level: la,
+                    count: na,
+                }),
+                Some(Item::Node {
+                    cid: cb,
+                    level: lb,
+                    count: nb,
+                }),
+            ) => ((*ca, *la, *na), (*cb, *lb, *nb)),
+            (None, _) | (_, None) => {
+                out.push(SeqChange {
+                    a_start: pa,
+                    a_end: a.count,
+                    b_start: pb,
+                    b_end: b.count,
+                });
+                break;
+            }
+            _ => return Err(Error::invalid("sequence diff met an element")),
+        };
+        if ha.0 == hb.0 {
+            pa += ha.2;
+            pb += hb.2;
+            fa.stack.pop();
+            fb.stack.pop();
+            continue;
+        }
+        if ha.1 > 0 || hb.1 > 0 {
+            if ha.1 >= hb.1 {
+                fa.open(false)?;
+            }
+            if hb.1 >= ha.1 {
+                fb.open(false)?;
+            }
+            continue;
+        }
+        // Two different leaves: a changed region starts here.
+        let (ra, rb) = (pa, pb);
+        let mut seen_a: HashMap<Cid, u64> = HashMap::new();
+        let mut seen_b: HashMap<Cid, u64> = HashMap::new();
+        let mut done_a = false;
+        let mut done_b = false;
+        loop {
+            let take_a = !done_a && (done_b || pa - ra <= pb - rb);
+            if !take_a && done_b {
+                out.push(SeqChange {
+                    a_start: ra,
+                    a_end: pa,
+                    b_start: rb,
+                    b_end: pb,
+                });
+                return Ok(out);
+            }
+            let (f, p, done, seen, other_seen, other, po) = if take_a {
+                (
+                    &mut fa,
+                    &mut pa,
+                    &mut done_a,
+                    &mut seen_a,
+                    &seen_b,
+                    &mut fb,
+                    &mut pb,
+                )
+            } else {
+                (
+                    &mut fb,
+                    &mut pb,
+                    &mut done_b,
+                    &mut seen_b,
+                    &seen_a,
+                    &mut fa,
+                    &mut pa,
+                )
+            };
+            match f.next_leaf()? {
+                None => *done = true,
+                Some((cid, count)) => {
+                    if let Some(&q) = other_seen.get(&cid) {
+                        f.stack.push(Item::Node {
+                            cid,
+                            level: 0,
+                            count,
+                        });
+                        other.seek_leaf(q)?;
+                        *po = q;
+                        break;
+                    }
+                    seen.entry(cid).or_insert(*p);
+                    *p += count;
+                }
+            }
+        }
+        out.push(SeqChange {
+            a_start: ra,
+            a_end: pa,
+            b_start: rb,
+            b_end: pb,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,332 @@
+//! Lazy reads: point look-ups, ranges and streaming, fetching only the nodes on the way.
+
+use std::io::{self, Read, Seek, SeekFrom};
+use std::ops::Bound;
+
+use bytes::Bytes;
+use cairn_core::{Error, Result};
+use cairn_store::ChunkStore;
+
+use super::cursor::{ElemCursor, NodeCursor};
+use super::node::{corrupt_err, load_blob_leaf};
+use super::{TreeKind, TreeRef, expect_kind};
+
+/// Reads `len` bytes of a Blob tree from `offset` (fewer at the end of the blob). An
+/// `offset` past the end is [`Error::InvalidInput`].
+pub fn blob_read(store: &dyn ChunkStore, t: &TreeRef, offset: u64, len: u64) -> Result<Vec<u8>> {
+    expect_kind(t, &[TreeKind::Blob], "blob_read")?;
+    if offset > t.count {
+        return Err(Error::invalid(format!(
+            "offset {offset} is past the end of a {}-byte blob",
+            t.count
+        )));
+    }
+    let end = offset.saturating_add(len).min(t.count);
+    let mut out = Vec::with_capacity((end - offset) as usize);
+    if end == offset {
+        return Ok(out);
+    }
+    let mut c = NodeCursor::new(store, t, 0);
+    let mut pos = c.seek(offset, false)?;
+    while pos < end {
+        let e = c
+            .next()?
+            .ok_or_else(|| corrupt_err(&t.root, "blob tree ends before its count"))?;
+        let leaf = load_blob_leaf(store, &e.cid, e.count)?;
+        let s = (offset.max(pos) - pos) as usize;
+        let x = (end.min(pos + e.count) - pos) as usize;
+        out.extend_from_slice(&leaf[s..x]);
+        pos += e.count;
+    }
+    Ok(out)
+}
+
+/// Streams a Blob tree (or a slice of one) with [`Read`] and [`Seek`], holding one leaf and
+/// the path to it. Positions are relative to the start of the slice. Errors from the store
+/// surface as [`io::Error`]s wrapping the [`Error`].
+pub struct BlobReader<'a> {
+    tree: TreeRef,
+    cursor: NodeCursor<'a>,
+    leaf: Bytes,
+    leaf_start: u64,
+    /// The cursor's next leaf starts right after `leaf`.
+    in_sequence: bool,
+    start: u64,
+    end: u64,
+    pos: u64,
+}
+
+impl<'a> BlobReader<'a> {
+    /// A reader over the whole blob.
+    pub fn new(store: &'a dyn ChunkStore, t: &TreeRef) -> Self {
+        Self::range(store, t, 0, u64::MAX)
+    }
+
+    /// A reader over `len` bytes from `offset` (clamped to the blob).
+    pub fn range(store: &'a dyn ChunkStore, t: &TreeRef, offset: u64, len: u64) -> Self {
+        let start = offset.min(t.count);
+        BlobReader {
+            tree: *t,
+            cursor: NodeCursor::new(store, t, 0),
+            leaf: Bytes::new(),
+            leaf_start: 0,
+            in_sequence: false,
+            start,
+            end: start.saturating_add(len).min(t.count),
+            pos: start,
+        }
+    }
+
+    /// Length of the slice being read.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// True when the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+
+    fn fill(&mut self) -> Result<()> {
+        expect_kind(&self.tree, &[TreeKind::Blob], "BlobReader")?;
+        let leaf_end = self.leaf_start + self.leaf.len() as u64;
+        if !(self.in_sequence && self.pos == leaf_end) {
+            self.leaf_start = self.cursor.seek(self.pos, false)?;
+        } else {
+            self.leaf_start = leaf_end;
+        }
+        let e = self
+            .cursor
+            .next()?
+            .ok_or_else(|| corrupt_err(&self.tree.root, "blob tree ends before its count"))?;
+        self.leaf = load_blob_leaf(self.cursor.store(), &e.cid, e.count)?;
+        self.in_sequence = true;
+        if self.leaf.is_empty() || self.pos < self.leaf_start {
+            self.in_sequence = false;
+            return Err(corrupt_err(
+                &self.tree.root,
+                "blob leaf not where the index says",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Read for BlobReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.end || buf.is_empty() {
+            return Ok(0);
+        }
+        let leaf_end = self.leaf_start + self.leaf.len() as u64;
+        if self.pos < self.leaf_start || self.pos >= leaf_end {
+            self.fill().map_err(io::Error::other)?;
+        }
+        let off = (self.pos - self.leaf_start) as usize;
+        let n = (self.leaf.len() - off)
+            .min(buf.len())
+            .min((self.end - self.pos) as usize);
+        buf[..n].copy_from_slice(&self.leaf[off..off + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for BlobReader<'_> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let len = self.len() as i128;
+        let rel = (self.pos - self.start) as i128;
+        let new = match to {
+            SeekFrom::Start(n) => n as i128,
+            SeekFrom::End(d) => len + d as i128,
+            SeekFrom::Current(d) => rel + d as i128,
+        };
+        if new < 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the blob",
+            ));
+        }
+        let new = u64::try_from(new).unwrap_or(u64::MAX);
+        self.pos = self.start.saturating_add(new);
+        Ok(new)
+    }
+}
+
+/// One element yielded by [`Iter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Element {
+    /// The Set/Map key, or the List element.
+    pub key: Bytes,
+    /// The Map value (`None` for List and Set).
+    pub value: Option<Bytes>,
+}
+
+enum Start {
+    Index(u64),
+    Key(Bytes, bool),
+    Failed(Error),
+}
+
+enum Stop {
+    Count(u64),
+    Key(Bound<Bytes>),
+}
+
+/// A lazy iterator over the elements of a List, Set or Map tree (or a range of one),
+/// loading one leaf at a time. Stops after the first error.
+pub struct Iter<'a> {
+    cursor: ElemCursor<'a>,
+    start: Option<Start>,
+    stop: Stop,
+    done: bool,
+}
+
+impl<'a> Iter<'a> {
+    fn new(store: &'a dyn ChunkStore, t: &TreeRef, start: Start, stop: Stop) -> Self {
+        let start = match expect_kind(t, &[TreeKind::List, TreeKind::Set, TreeKind::Map], "iter") {
+            Ok(()) => start,
+            Err(e) => Start::Failed(e),
+        };
+        Iter {
+            cursor: ElemCursor::new(store, t),
+            start: Some(start),
+            stop,
+            done: false,
+        }
+    }
+
+    fn step(&mut self) -> Result<Option<Element>> {
+        match self.start.take() {
+            Some(Start::Index(i)) => self.cursor.seek_item(i)?,
+            Some(Start::Key(k, after)) => self.cursor.seek_key(&k, after)?,
+            Some(Start::Failed(e)) => return Err(e),
+            None => {}
+        }
+        if let Stop::Count(n) = self.stop
+            && self.cursor.pos() >= n
+        {
+            return Ok(None);
+        }
+        let Some(e) = self.cursor.next()? else {
+            return Ok(None);
+        };
+        if let Stop::Key(b) = &self.stop {
+            let inside = match b {
+                Bound::Included(k) => e.key <= *k,
+                Bound::Excluded(k) => e.key < *k,
+                Bound::Unbounded => true,
+            };
+            if !inside {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Element {
+            key: e.key,
+            value: e.value,
+        }))
+    }
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Result<Element>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.step() {
+            Ok(Some(e)) => Some(Ok(e)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Iterates every element of a List, Set or Map tree.
+pub fn iter<'a>(store: &'a dyn ChunkStore, t: &TreeRef) -> Iter<'a> {
+    Iter::new(store, t, Start::Index(0), Stop::Count(t.count))
+}
+
+/// Iterates List elements `start..end` (`end` clamped to the length). `start` past the end
+/// or after `end` yields one [`Error::InvalidInput`].
+pub fn list_range<'a>(store: &'a dyn ChunkStore, t: &TreeRef, start: u64, end: u64) -> Iter<'a> {
+    let end = end.min(t.count);
+    let s = if t.kind != TreeKind::List {
+        Start::Failed(Error::TypeMismatch(format!(
+            "list_range works on List trees, this one is a {:?}",
+            t.kind
+        )))
+    } else if start > end {
+        Start::Failed(Error::invalid(format!(
+            "list range {start}..{end} is invalid for a list of {}",
+            t.count
+        )))
+    } else {
+        Start::Index(start)
+    };
+    Iter::new(store, t, s, Stop::Count(end))
+}
+
+/// Iterates the Map entries (or Set keys) with keys between `from` and `to`.
+pub fn map_range<'a>(
+    store: &'a dyn ChunkStore,
+    t: &TreeRef,
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+) -> Iter<'a> {
+    let s = if !t.kind.is_sorted() {
+        Start::Failed(Error::TypeMismatch(format!(
+            "map_range works on Map and Set trees, this one is a {:?}",
+            t.kind
+        )))
+    } else {
+        match from {
+            Bound::Included(k) => Start::Key(Bytes::copy_from_slice(k), false),
+            Bound::Excluded(k) => Start::Key(Bytes::copy_from_slice(k), true),
+            Bound::Unbounded => Start::Index(0),
+        }
+    };
+    let stop = Stop::Key(match to {
+        Bound::Included(k) => Bound::Included(Bytes::copy_from_slice(k)),
+        Bound::Excluded(k) => Bound::Excluded(Bytes::copy_from_slice(k)),
+        Bound::Unbounded => Bound::Unbounded,
+    });
+    Iter::new(store, t, s, stop)
+}
+
+/// Element `index` of a List tree (`None` past the end).
+pub fn list_get(store: &dyn ChunkStore, t: &TreeRef, index: u64) -> Result<Option<Bytes>> {
+    expect_kind(t, &[TreeKind::List], "list_get")?;
+    if index >= t.count {
+        return Ok(None);
+    }
+    let mut c = ElemCursor::new(store, t);
+    c.seek_item(index)?;
+    Ok(c.next()?.map(|e| e.key))
+}
+
+fn find(store: &dyn ChunkStore, t: &TreeRef, key: &[u8]) -> Result<Option<Option<Bytes>>> {
+    let mut c = ElemCursor::new(store, t);
+    c.seek_key(key, false)?;
+    Ok(match c.next()? {
+        Some(e) if e.key.as_ref() == key => Some(e.value),
+        _ => None,
+    })
+}
+
+/// The value stored under `key` in a Map tree.
+pub fn map_get(store: &dyn ChunkStore, t: &TreeRef, key: &[u8]) -> Result<Option<Bytes>> {
+    expect_kind(t, &[TreeKind::Map], "map_get")?;
+    Ok(find(store, t, key)?.flatten())
+}
+
+/// True when `key` is in a Set tree.
+pub fn set_contains(store: &dyn ChunkStore, t: &TreeRef, key: &[u8]) -> Result<bool> {
+    expect_kind(t, &[TreeKind::Set], "set_contains")?;
+    Ok(find(store, t, key)?.is_some())
+}

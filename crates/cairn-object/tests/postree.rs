@@ -1,0 +1,587 @@
+//! POS-tree properties checked against simple models (Vec<u8>, Vec<Vec<u8>>, BTreeMap,
+//! BTreeSet) with small node sizes so trees have several levels.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Bound;
+
+use bytes::Bytes;
+use cairn_core::Error;
+use cairn_object::postree::{self, BlobReader, BlobWriter, TreeConfig, TreeKind, TreeRef};
+use cairn_store::{ChunkStore, MemoryStore};
+use proptest::prelude::*;
+
+fn cfg(leaf: u32, index: u32) -> TreeConfig {
+    TreeConfig {
+        leaf_target: leaf,
+        index_target: index,
+    }
+}
+
+fn small() -> impl Strategy<Value = TreeConfig> {
+    (
+        prop_oneof![Just(64u32), Just(128), Just(256)],
+        prop_oneof![Just(64u32), Just(128), Just(256)],
+    )
+        .prop_map(|(l, i)| cfg(l, i))
+}
+
+/// Blob content mixing random bytes and runs (runs force max-size cuts).
+fn blob_data(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => prop::collection::vec(any::<u8>(), 0..2000),
+            1 => (any::<u8>(), 0..3000usize).prop_map(|(b, n)| vec![b; n]),
+        ],
+        0..(max / 1000).max(1),
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+fn walk_ok(s: &MemoryStore, t: &TreeRef) {
+    let mut n = 0;
+    postree::walk(s, t, &mut |_, _| {
+        n += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert!(n >= 1);
+}
+
+fn list_model(s: &MemoryStore, t: &TreeRef) -> Vec<Vec<u8>> {
+    postree::iter(s, t)
+        .map(|e| e.unwrap().key.to_vec())
+        .collect()
+}
+
+fn map_model(s: &MemoryStore, t: &TreeRef) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    postree::iter(s, t)
+        .map(|e| {
+            let e = e.unwrap();
+            (e.key.to_vec(), e.value.unwrap().to_vec())
+        })
+        .collect()
+}
+
+fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(0u8..4, 1..4),
+        prop::collection::vec(any::<u8>(), 0..12),
+    ]
+}
+
+fn apply_seq(a: &[u8], changes: &[postree::SeqChange], b_full: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for c in changes {
+        out.extend_from_slice(&a[at..c.a_start as usize]);
+        out.extend_from_slice(&b_full[c.b_start as usize..c.b_end as usize]);
+        at = c.a_end as usize;
+    }
+    out.extend_from_slice(&a[at..]);
+    out
+}
+
+#[derive(Debug, Clone)]
+enum BlobEdit {
+    Splice { at: f64, del: usize, ins: Vec<u8> },
+}
+
+fn blob_edit() -> impl Strategy<Value = BlobEdit> {
+    (
+        0.0..=1.0f64,
+        prop_oneof![Just(0usize), 0..8usize, 0..3000usize],
+        prop_oneof![
+            Just(Vec::new()),
+            prop::collection::vec(any::<u8>(), 0..8),
+            prop::collection::vec(any::<u8>(), 0..3000),
+            (any::<u8>(), 0..2000usize).prop_map(|(b, n)| vec![b; n]),
+        ],
+    )
+        .prop_map(|(at, del, ins)| BlobEdit::Splice { at, del, ins })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn blob_build_and_read(c in small(), data in blob_data(30_000), cuts in prop::collection::vec((0.0..=1.0f64, 0..5000u64), 1..8), wsize in 1..5000usize) {
+        let s = MemoryStore::new();
+        let t = postree::build_blob(&s, &c, &data).unwrap();
+        prop_assert_eq!(t.count, data.len() as u64);
+        walk_ok(&s, &t);
+        prop_assert_eq!(postree::blob_read(&s, &t, 0, u64::MAX).unwrap(), data.clone());
+        // The streaming writer gives the same tree whatever the write sizes.
+        let mut w = BlobWriter::new(&s, &c);
+        for part in data.chunks(wsize) {
+            w.write_all(part).unwrap();
+        }
+        prop_assert_eq!(w.bytes_written(), data.len() as u64);
+        prop_assert_eq!(w.finish().unwrap(), t);
+        let mut r = BlobReader::new(&s, &t);
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).unwrap();
+        prop_assert_eq!(&all, &data);
+        for (f, len) in cuts {
+            let off = (f * data.len() as f64) as u64;
+            let end = (off + len).min(data.len() as u64);
+            prop_assert_eq!(postree::blob_read(&s, &t, off, len).unwrap(), data[off as usize..end as usize].to_vec());
+            let mut r = BlobReader::range(&s, &t, off, len);
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).unwrap();
+            prop_assert_eq!(&got[..], &data[off as usize..end as usize]);
+            let mut r = BlobReader::new(&s, &t);
+            r.seek(SeekFrom::Start(off)).unwrap();
+            let mut got = vec![0u8; (end - off) as usize];
+            r.read_exact(&mut got).unwrap();
+            prop_assert_eq!(&got[..], &data[off as usize..end as usize]);
+        }
+        prop_assert!(matches!(postree::blob_read(&s, &t, data.len() as u64 + 1, 1), Err(Error::InvalidInput(_))));
+    }
+
+    #[test]
+    fn blob_edits_are_history_independent(c in small(), data in blob_data(20_000), edits in prop::collection::vec(blob_edit(), 1..6)) {
+        let s = MemoryStore::new();
+        let mut model = data;
+        let mut t = postree::build_blob(&s, &c, &model).unwrap();
+        for BlobEdit::Splice { at, del, ins } in edits {
+            let off = (at * model.len() as f64) as usize;
+            let del = del.min(model.len() - off);
+            let before = t;
+            t = postree::blob_splice(&s, &c, &t, off as u64, del as u64, &ins).unwrap();
+            let before_model = model.clone();
+            model.splice(off..off + del, ins.iter().copied());
+            let fresh = postree::build_blob(&s, &c, &model).unwrap();
+            prop_assert_eq!(t, fresh);
+            prop_assert_eq!(postree::blob_read(&s, &t, 0, u64::MAX).unwrap(), model.clone());
+            walk_ok(&s, &t);
+            // diff_seq applied to the old version gives the new one.
+            let ch = postree::diff_seq(&s, &before, &t).unwrap();
+            prop_assert_eq!(apply_seq(&before_model, &ch, &model), model.clone());
+            for w in ch.windows(2) {
+                prop_assert!(w[0].a_end <= w[1].a_start && w[0].b_end <= w[1].b_start);
+            }
+        }
+    }
+
+    #[test]
+    fn list_build_read_and_splice(c in small(), elems in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..600),
+                                  edits in prop::collection::vec((0.0..=1.0f64, 0..30usize, prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..40)), 1..6),
+                                  probes in prop::collection::vec((0.0..=1.0f64, 0..100u64), 1..6)) {
+        let s = MemoryStore::new();
+        let mut model = elems;
+        let mut t = postree::build_list(&s, &c, &model).unwrap();
+        prop_assert_eq!(t.count, model.len() as u64);
+        prop_assert_eq!(list_model(&s, &t), model.clone());
+        walk_ok(&s, &t);
+        for (f, len) in &probes {
+            let i = (f * model.len() as f64) as u64;
+            prop_assert_eq!(postree::list_get(&s, &t, i).unwrap().map(|b| b.to_vec()), model.get(i as usize).cloned());
+            let end = (i + len).min(model.len() as u64);
+            let got: Vec<Vec<u8>> = postree::list_range(&s, &t, i, i + len).map(|e| e.unwrap().key.to_vec()).collect();
+            prop_assert_eq!(got, model[i as usize..end as usize].to_vec());
+        }
+        for (f, del, ins) in edits {
+            let i = (f * model.len() as f64) as usize;
+            let del = del.min(model.len() - i);
+            let before = t;
+            let before_model = model.clone();
+            let insb: Vec<Bytes> = ins.iter().map(|x| Bytes::copy_from_slice(x)).collect();
+            t = postree::list_splice(&s, &c, &t, i as u64, del as u64, &insb).unwrap();
+            model.splice(i..i + del, ins);
+            prop_assert_eq!(t, postree::build_list(&s, &c, &model).unwrap());
+            prop_assert_eq!(list_model(&s, &t), model.clone());
+            walk_ok(&s, &t);
+            let ch = postree::diff_seq(&s, &before, &t).unwrap();
+            let mut rebuilt = Vec::new();
+            let mut at = 0;
+            for x in &ch {
+                rebuilt.extend_from_slice(&before_model[at..x.a_start as usize]);
+                rebuilt.extend_from_slice(&model[x.b_start as usize..x.b_end as usize]);
+                at = x.a_end as usize;
+            }
+            rebuilt.extend_from_slice(&before_model[at..]);
+            prop_assert_eq!(rebuilt, model.clone());
+        }
+    }
+
+    #[test]
+    fn map_build_update_diff(c in small(),
+                             init in prop::collection::btree_map(key_strategy(), prop::collection::vec(any::<u8>(), 0..30), 0..500),
+                             batches in prop::collection::vec(prop::collection::vec((key_strategy(), prop::option::of(prop::collection::vec(any::<u8>(), 0..30))), 0..40), 1..5),
+                             probes in prop::collection::vec((key_strategy(), key_strategy()), 1..6)) {
+        let s = MemoryStore::new();
+        let mut model = init;
+        let mut t = postree::build_map(&s, &c, &model).unwrap();
+        prop_assert_eq!(map_model(&s, &t), model.clone());
+        walk_ok(&s, &t);
+        for batch in batches {
+            let before = t;
+            let before_model = model.clone();
+            for (k, v) in &batch {
+                match v {
+                    Some(v) => { model.insert(k.clone(), v.clone()); }
+                    None => { model.remove(k); }
+                }
+            }
+            t = postree::map_update(&s, &c, &t, batch).unwrap();
+            prop_assert_eq!(t, postree::build_map(&s, &c, &model).unwrap());
+            prop_assert_eq!(map_model(&s, &t), model.clone());
+            walk_ok(&s, &t);
+            // diff against the model diff
+            let got = postree::diff_sorted(&s, &before, &t).unwrap();
+            let keys: BTreeSet<&Vec<u8>> = before_model.keys().chain(model.keys()).collect();
+            let want: Vec<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)> = keys.into_iter()
+                .filter(|k| before_model.get(*k) != model.get(*k))
+                .map(|k| (k.clone(), before_model.get(k).cloned(), model.get(k).cloned()))
+                .collect();
+            let got: Vec<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)> = got.into_iter()
+                .map(|x| (x.key.to_vec(), x.left.map(|v| v.to_vec()), x.right.map(|v| v.to_vec())))
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+        for (a, b) in probes {
+            prop_assert_eq!(postree::map_get(&s, &t, &a).unwrap().map(|v| v.to_vec()), model.get(&a).cloned());
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let got: Vec<Vec<u8>> = postree::map_range(&s, &t, Bound::Included(&lo), Bound::Excluded(&hi)).map(|e| e.unwrap().key.to_vec()).collect();
+            let want: Vec<Vec<u8>> = model.range(lo.clone()..hi.clone()).map(|(k, _)| k.clone()).collect();
+            prop_assert_eq!(got, want);
+            let got: Vec<Vec<u8>> = postree::map_range(&s, &t, Bound::Excluded(&lo), Bound::Included(&hi)).map(|e| e.unwrap().key.to_vec()).collect();
+            let want: Vec<Vec<u8>> = model.range((Bound::Excluded(lo.clone()), Bound::Included(hi.clone()))).map(|(k, _)| k.clone()).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn set_build_update_diff(c in small(),
+                             init in prop::collection::btree_set(key_strategy(), 0..700),
+                             batches in prop::collection::vec(prop::collection::vec((key_strategy(), any::<bool>()), 0..60), 1..5),
+                             probes in prop::collection::vec(key_strategy(), 1..8)) {
+        let s = MemoryStore::new();
+        let mut model = init;
+        let mut t = postree::build_set(&s, &c, &model).unwrap();
+        walk_ok(&s, &t);
+        for batch in batches {
+            let before = t;
+            let before_model = model.clone();
+            for (k, on) in &batch {
+                if *on { model.insert(k.clone()); } else { model.remove(k); }
+            }
+            t = postree::set_update(&s, &c, &t, batch).unwrap();
+            prop_assert_eq!(t, postree::build_set(&s, &c, &model).unwrap());
+            walk_ok(&s, &t);
+            let got: Vec<(Vec<u8>, bool, bool)> = postree::diff_sorted(&s, &before, &t).unwrap().into_iter()
+                .map(|x| (x.key.to_vec(), x.left.is_some(), x.right.is_some())).collect();
+            let want: Vec<(Vec<u8>, bool, bool)> = before_model.symmetric_difference(&model)
+                .map(|k| (k.clone(), before_model.contains(k), model.contains(k))).collect();
+            prop_assert_eq!(got, want);
+        }
+        let all: Vec<Vec<u8>> = postree::iter(&s, &t).map(|e| e.unwrap().key.to_vec()).collect();
+        prop_assert_eq!(all, model.iter().cloned().collect::<Vec<_>>());
+        for k in probes {
+            prop_assert_eq!(postree::set_contains(&s, &t, &k).unwrap(), model.contains(&k));
+            let got: Vec<Vec<u8>> = postree::map_range(&s, &t, Bound::Included(&k), Bound::Unbounded).map(|e| e.unwrap().key.to_vec()).collect();
+            let want: Vec<Vec<u8>> = model.range(k.clone()..).cloned().collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn diff_seq_of_unrelated_blobs(c in small(), a in blob_data(8000), b in blob_data(8000)) {
+        let s = MemoryStore::new();
+        let ta = postree::build_blob(&s, &c, &a).unwrap();
+        let tb = postree::build_blob(&s, &c, &b).unwrap();
+        let ch = postree::diff_seq(&s, &ta, &tb).unwrap();
+        prop_assert_eq!(apply_seq(&a, &ch, &b), b.clone());
+        if a == b {
+            prop_assert!(ch.is_empty());
+        }
+    }
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; n];
+    r.fill_bytes(&mut v);
+    v
+}
+
+#[test]
+fn small_edit_in_large_blob_writes_few_chunks() {
+    let s = MemoryStore::new();
+    let c = cfg(256, 256);
+    let data = random_bytes(2 << 20, 7);
+    let t = postree::build_blob(&s, &c, &data).unwrap();
+    assert!(t.height >= 3, "height {}", t.height);
+    for (i, off) in [0u64, 1, 777_777, 1 << 20, (2 << 20) - 1]
+        .into_iter()
+        .enumerate()
+    {
+        let before = s.stats().unwrap().chunks;
+        let t2 = postree::blob_splice(&s, &c, &t, off, 1, &[i as u8 ^ 0x5a, 1, 2]).unwrap();
+        let written = s.stats().unwrap().chunks - before;
+        assert!(
+            written <= 4 * (t.height as u64 + 1),
+            "edit at {off} wrote {written} chunks (height {})",
+            t.height
+        );
+        let ch = postree::diff_seq(&s, &t, &t2).unwrap();
+        assert_eq!(ch.len(), 1);
+        let span = ch[0].a_end - ch[0].a_start;
+        assert!(span <= 8 * 256 * 4, "change region of {span} bytes");
+    }
+    // Appending keeps all but the last leaves and the right spine.
+    let before = s.stats().unwrap().chunks;
+    postree::blob_splice(&s, &c, &t, t.count, 0, b"tail").unwrap();
+    assert!(s.stats().unwrap().chunks - before <= 4 * (t.height as u64 + 1));
+}
+
+#[test]
+fn small_edit_in_large_map_writes_few_chunks() {
+    let s = MemoryStore::new();
+    let c = cfg(256, 256);
+    let m: BTreeMap<Vec<u8>, Vec<u8>> = (0..20_000u32)
+        .map(|i| (format!("key{i:08}").into_bytes(), i.to_le_bytes().to_vec()))
+        .collect();
+    let t = postree::build_map(&s, &c, &m).unwrap();
+    let before = s.stats().unwrap().chunks;
+    let t2 = postree::map_update(
+        &s,
+        &c,
+        &t,
+        vec![(b"key00012345".to_vec(), Some(b"x".to_vec()))],
+    )
+    .unwrap();
+    let written = s.stats().unwrap().chunks - before;
+    assert!(written <= 3 * (t.height as u64 + 1), "wrote {written}");
+    let d = postree::diff_sorted(&s, &t, &t2).unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(&d[0].right.as_deref().unwrap()[..], b"x");
+}
+
+fn err_names(e: &Error, cid: &cairn_store::Cid) -> bool {
+    e.to_string().contains(&cid.to_hex())
+}
+
+#[test]
+fn walk_detects_tampering_and_missing_chunks() {
+    let c = cfg(64, 64);
+    let data = random_bytes(50_000, 3);
+    for kind in [TreeKind::Blob, TreeKind::Map] {
+        let s = MemoryStore::new();
+        let t = match kind {
+            TreeKind::Blob => postree::build_blob(&s, &c, &data).unwrap(),
+            _ => postree::build_map(
+                &s,
+                &c,
+                data.chunks(10)
+                    .enumerate()
+                    .map(|(i, ch)| (format!("{i:06}"), ch.to_vec())),
+            )
+            .unwrap(),
+        };
+        assert!(t.height >= 2);
+        let mut cids = Vec::new();
+        postree::walk(&s, &t, &mut |cid, bytes| {
+            assert_eq!(
+                postree::child_cids(bytes).unwrap().is_empty(),
+                bytes[1] != 2 && bytes[1] != 3
+            );
+            cids.push(*cid);
+            Ok(())
+        })
+        .unwrap();
+        // Every chunk is reachable and distinct chunks are visited once.
+        assert_eq!(cids.len(), s.stats().unwrap().chunks as usize);
+        let leaf = *cids.last().unwrap();
+        let index = cids[1];
+        for victim in [leaf, index, t.root] {
+            let good = s.get(&victim).unwrap().unwrap();
+            let mut bad = good.to_vec();
+            let n = bad.len();
+            bad[n - 1] ^= 1;
+            s.tamper(&victim, bad);
+            let e = postree::walk(&s, &t, &mut |_, _| Ok(())).unwrap_err();
+            assert!(
+                matches!(e, Error::Corrupt(_)) && err_names(&e, &victim),
+                "{e}"
+            );
+            s.tamper(&victim, good.to_vec());
+            s.remove(&[victim]).unwrap();
+            let e = postree::walk(&s, &t, &mut |_, _| Ok(())).unwrap_err();
+            assert!(
+                matches!(e, Error::NotFound(_)) && err_names(&e, &victim),
+                "{e}"
+            );
+            s.put(&good).unwrap();
+        }
+        postree::walk(&s, &t, &mut |_, _| Ok(())).unwrap();
+        // A structurally wrong tree whose chunks all verify: wrong count in the TreeRef.
+        let wrong = TreeRef {
+            count: t.count + 1,
+            ..t
+        };
+        let e = postree::walk(&s, &wrong, &mut |_, _| Ok(())).unwrap_err();
+        assert!(
+            matches!(e, Error::Corrupt(_)) && err_names(&e, &t.root),
+            "{e}"
+        );
+        let wrong = TreeRef {
+            height: t.height + 1,
+            ..t
+        };
+        assert!(matches!(
+            postree::walk(&s, &wrong, &mut |_, _| Ok(())),
+            Err(Error::Corrupt(_))
+        ));
+        // A lookup through a damaged chunk fails cleanly instead of panicking.
+        let good = s.get(&t.root).unwrap().unwrap();
+        s.tamper(&t.root, b"garbage".to_vec());
+        assert!(
+            matches!(postree::iter(&s, &t).next(), Some(Err(_)) | None) || kind == TreeKind::Blob
+        );
+        assert!(postree::diff_sorted(&s, &t, &t).is_ok() || kind == TreeKind::Blob);
+        s.tamper(&t.root, good.to_vec());
+    }
+}
+
+#[test]
+fn structurally_inconsistent_chunks_are_corrupt() {
+    // Valid, correctly hashed chunks that lie: an index entry claims the wrong count.
+    let s = MemoryStore::new();
+    let c = cfg(64, 64);
+    let t = postree::build_list(&s, &c, (0..2000u32).map(|i| i.to_be_bytes())).unwrap();
+    let root = s.get(&t.root).unwrap().unwrap();
+    let kids = postree::child_cids(&root).unwrap();
+    // Rebuild a root whose entries swap two children: counts stay summed but keys/levels hold;
+    // then claim a wrong count for the first child.
+    let mut bytes = root.to_vec();
+    // Entry layout after the 2-byte frame, level byte and varint n: cid (34) then varint count.
+    let n_len = 1 + usize::from(kids.len() >= 128);
+    let first_count_at = 2 + 1 + n_len + 34;
+    bytes[first_count_at] ^= 1;
+    let fake = s.put(&bytes).unwrap();
+    let bad = TreeRef { root: fake, ..t };
+    let e = postree::walk(&s, &bad, &mut |_, _| Ok(())).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let mut any_err = false;
+    for i in [0u64, 1, 500, 1999] {
+        any_err |= postree::list_get(&s, &bad, i).is_err();
+    }
+    let _ = any_err;
+    let r: Vec<_> = postree::iter(&s, &bad).collect();
+    assert!(r.iter().any(|x| x.is_err()));
+}
+
+#[test]
+fn input_validation() {
+    let s = MemoryStore::new();
+    let c = TreeConfig::default();
+    let bad = |r: cairn_core::Result<TreeRef>| matches!(r, Err(Error::InvalidInput(_)));
+    assert!(bad(postree::build_map(
+        &s,
+        &c,
+        vec![(b"b", b"1"), (b"a", b"2")]
+    )));
+    assert!(bad(postree::build_map(
+        &s,
+        &c,
+        vec![(b"a", b"1"), (b"a", b"2")]
+    )));
+    assert!(bad(postree::build_set(&s, &c, vec![b"x", b"x"])));
+    let t = postree::build_blob(&s, &c, b"hello").unwrap();
+    assert!(bad(postree::blob_splice(&s, &c, &t, 6, 0, b"")));
+    assert!(bad(postree::blob_splice(&s, &c, &t, 3, 3, b"")));
+    assert!(matches!(
+        postree::blob_read(&s, &t, 6, 1),
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(postree::blob_read(&s, &t, 5, 10).unwrap(), b"");
+    assert_eq!(postree::blob_read(&s, &t, 3, 10).unwrap(), b"lo");
+    let l = postree::build_list(&s, &c, [b"a", b"b"]).unwrap();
+    assert!(bad(postree::list_splice(&s, &c, &l, 3, 0, &[])));
+    assert!(bad(postree::list_splice(&s, &c, &l, 1, 2, &[])));
+    assert!(postree::list_range(&s, &l, 3, 4).next().unwrap().is_err());
+    assert_eq!(postree::list_get(&s, &l, 2).unwrap(), None);
+    // Wrong kinds are type mismatches.
+    assert!(matches!(
+        postree::map_get(&s, &l, b"a"),
+        Err(Error::TypeMismatch(_))
+    ));
+    assert!(matches!(
+        postree::diff_sorted(&s, &l, &l),
+        Err(Error::TypeMismatch(_))
+    ));
+    // TreeRef round trip.
+    let mut e = cairn_core::Encoder::new();
+    l.encode(&mut e);
+    let b = e.finish();
+    let mut d = cairn_core::Decoder::new(&b, "t");
+    assert_eq!(TreeRef::decode(&mut d).unwrap(), l);
+    d.finish().unwrap();
+}
+
+#[test]
+fn empty_trees() {
+    let s = MemoryStore::new();
+    let c = cfg(64, 64);
+    for kind in [TreeKind::Blob, TreeKind::List, TreeKind::Set, TreeKind::Map] {
+        let e = postree::empty(&s, kind).unwrap();
+        assert_eq!((e.count, e.height), (0, 0));
+        walk_ok(&s, &e);
+        let built = match kind {
+            TreeKind::Blob => postree::build_blob(&s, &c, b"").unwrap(),
+            TreeKind::List => postree::build_list(&s, &c, Vec::<Vec<u8>>::new()).unwrap(),
+            TreeKind::Set => postree::build_set(&s, &c, Vec::<Vec<u8>>::new()).unwrap(),
+            TreeKind::Map => postree::build_map(&s, &c, Vec::<(Vec<u8>, Vec<u8>)>::new()).unwrap(),
+        };
+        assert_eq!(built, e);
+    }
+    // Filling and emptying a tree returns to the empty tree.
+    let e = postree::empty(&s, TreeKind::Blob).unwrap();
+    let data = random_bytes(5000, 1);
+    let t = postree::blob_splice(&s, &c, &e, 0, 0, &data).unwrap();
+    assert_eq!(t, postree::build_blob(&s, &c, &data).unwrap());
+    assert_eq!(postree::blob_splice(&s, &c, &t, 0, 5000, b"").unwrap(), e);
+    let m = postree::empty(&s, TreeKind::Map).unwrap();
+    let edits: Vec<(Vec<u8>, Option<Vec<u8>>)> = (0..300u32)
+        .map(|i| (i.to_be_bytes().to_vec(), Some(vec![1; 9])))
+        .collect();
+    let t = postree::map_update(&s, &c, &m, edits.clone()).unwrap();
+    assert_eq!(t.count, 300);
+    let dels = edits.into_iter().map(|(k, _)| (k, None)).collect();
+    assert_eq!(postree::map_update(&s, &c, &t, dels).unwrap(), m);
+}
+
+#[test]
+#[ignore = "throughput measurement; run with --release -- --ignored --nocapture"]
+fn blob_build_throughput() {
+    let data = random_bytes(512 << 20, 42);
+    let c = TreeConfig::default();
+    for round in 0..3 {
+        let s = MemoryStore::new();
+        let t0 = std::time::Instant::now();
+        let t = postree::build_blob(&s, &c, &data).unwrap();
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "round {round}: build_blob {} MiB in {dt:.3}s = {:.0} MB/s ({} chunks, height {})",
+            data.len() >> 20,
+            data.len() as f64 / dt / 1e6,
+            s.stats().unwrap().chunks,
+            t.height
+        );
+    }
+    let s = MemoryStore::new();
+    let t0 = std::time::Instant::now();
+    let mut w = BlobWriter::new(&s, &c);
+    for part in data.chunks(1 << 20) {
+        w.write_all(part).unwrap();
+    }
+    w.finish().unwrap();
+    let dt = t0.elapsed().as_secs_f64();
+    println!(
+        "BlobWriter (1 MiB writes): {:.0} MB/s",
+        data.len() as f64 / dt / 1e6
+    );
+}
