@@ -11,6 +11,8 @@ use cairn_object::postree::{self, BlobReader, BlobWriter, TreeConfig, TreeKind, 
 use cairn_store::{ChunkStore, MemoryStore};
 use proptest::prelude::*;
 
+type Change = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
 fn cfg(leaf: u32, index: u32) -> TreeConfig {
     TreeConfig {
         leaf_target: leaf,
@@ -231,11 +233,11 @@ proptest! {
             // diff against the model diff
             let got = postree::diff_sorted(&s, &before, &t).unwrap();
             let keys: BTreeSet<&Vec<u8>> = before_model.keys().chain(model.keys()).collect();
-            let want: Vec<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)> = keys.into_iter()
+            let want: Vec<Change> = keys.into_iter()
                 .filter(|k| before_model.get(*k) != model.get(*k))
                 .map(|k| (k.clone(), before_model.get(k).cloned(), model.get(k).cloned()))
                 .collect();
-            let got: Vec<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)> = got.into_iter()
+            let got: Vec<Change> = got.into_iter()
                 .map(|x| (x.key.to_vec(), x.left.map(|v| v.to_vec()), x.right.map(|v| v.to_vec())))
                 .collect();
             prop_assert_eq!(got, want);
@@ -357,7 +359,7 @@ fn small_edit_in_large_map_writes_few_chunks() {
     assert!(written <= 3 * (t.height as u64 + 1), "wrote {written}");
     let d = postree::diff_sorted(&s, &t, &t2).unwrap();
     assert_eq!(d.len(), 1);
-    assert_eq!(&d[0].right.as_deref().unwrap()[..], b"x");
+    assert_eq!(d[0].right.as_deref().unwrap(), b"x");
 }
 
 fn err_names(e: &Error, cid: &cairn_store::Cid) -> bool {
@@ -554,6 +556,33 @@ fn empty_trees() {
     assert_eq!(postree::map_update(&s, &c, &t, dels).unwrap(), m);
 }
 
+/// Hashes nothing itself and keeps nothing: isolates the chunking + hashing cost.
+struct NullStore;
+
+impl ChunkStore for NullStore {
+    fn algo(&self) -> cairn_core::HashAlgo {
+        cairn_core::HashAlgo::Blake3
+    }
+    fn put_hashed(&self, _: cairn_store::Cid, _: &[u8]) -> cairn_core::Result<bool> {
+        Ok(true)
+    }
+    fn get(&self, _: &cairn_store::Cid) -> cairn_core::Result<Option<Bytes>> {
+        Ok(None)
+    }
+    fn has(&self, _: &cairn_store::Cid) -> cairn_core::Result<bool> {
+        Ok(false)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Cid>> {
+        Ok(Vec::new())
+    }
+    fn remove(&self, _: &[cairn_store::Cid]) -> cairn_core::Result<()> {
+        Ok(())
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        Ok(Default::default())
+    }
+}
+
 #[test]
 #[ignore = "throughput measurement; run with --release -- --ignored --nocapture"]
 fn blob_build_throughput() {
@@ -572,6 +601,14 @@ fn blob_build_throughput() {
             t.height
         );
     }
+    let s = NullStore;
+    let t0 = std::time::Instant::now();
+    postree::build_blob(&s, &c, &data).unwrap();
+    let dt = t0.elapsed().as_secs_f64();
+    println!(
+        "build_blob into a discarding store: {:.0} MB/s",
+        data.len() as f64 / dt / 1e6
+    );
     let s = MemoryStore::new();
     let t0 = std::time::Instant::now();
     let mut w = BlobWriter::new(&s, &c);
@@ -584,4 +621,117 @@ fn blob_build_throughput() {
         "BlobWriter (1 MiB writes): {:.0} MB/s",
         data.len() as f64 / dt / 1e6
     );
+}
+
+#[test]
+#[ignore = "component timing"]
+fn blob_components_timing() {
+    let data = random_bytes(256 << 20, 42);
+    let p = 4096usize;
+    let (ms, ml) = fastcdc::v2020::select_masks(p, fastcdc::v2020::Normalization::Level1);
+    let t0 = std::time::Instant::now();
+    let mut cuts = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let (_, n) = fastcdc::v2020::cut(&data[at..], p / 4, p, p * 8, ms, ml, ms << 1, ml << 1);
+        cuts.push((at, n));
+        at += n;
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    println!("cdc: {:.0} MB/s", data.len() as f64 / dt / 1e6);
+    let t0 = std::time::Instant::now();
+    let mut x = 0u8;
+    for &(a, n) in &cuts {
+        x ^= blake3::hash(&data[a..a + n]).as_bytes()[0];
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    println!(
+        "blake3 per chunk: {:.0} MB/s {x}",
+        data.len() as f64 / dt / 1e6
+    );
+    let s = MemoryStore::new();
+    let cids: Vec<_> = cuts
+        .iter()
+        .map(|&(a, n)| s.algo().digest(&data[a..a + n]))
+        .collect();
+    let s = MemoryStore::new();
+    let t0 = std::time::Instant::now();
+    for (c, &(a, n)) in cids.iter().zip(&cuts) {
+        s.put_hashed(*c, &data[a..a + n]).unwrap();
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    println!("store put: {:.0} MB/s", data.len() as f64 / dt / 1e6);
+}
+
+/// Leaf lengths of a tree in order (walk visits chunks depth-first, left to right).
+fn leaf_units(s: &MemoryStore, t: &TreeRef) -> Vec<u64> {
+    let mut out = Vec::new();
+    postree::walk(s, t, &mut |_, bytes| {
+        match bytes[1] {
+            4 => out.push(bytes.len() as u64 - 2),
+            5..=7 => {
+                let mut d = cairn_core::Decoder::new(&bytes[2..], "t");
+                out.push(d.varint().unwrap());
+            }
+            _ => {}
+        }
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn insert_ending_on_a_boundary_before_the_first_leaf() {
+    // An insertion at offset 0 whose last new leaf ends exactly where the old content
+    // starts: the old tree is kept whole and the new leaves go in front of it.
+    let c = cfg(64, 64);
+    let mut hits = 0;
+    for seed in 0..3000u64 {
+        let s = MemoryStore::new();
+        let r = random_bytes(400, seed);
+        let d = &r[..10 + (seed % 200) as usize];
+        let x = &r[200..200 + 1 + (seed % 190) as usize];
+        let td = postree::build_blob(&s, &c, d).unwrap();
+        let whole = [x, d].concat();
+        let tw = postree::build_blob(&s, &c, &whole).unwrap();
+        let mut at = 0;
+        let on_boundary = leaf_units(&s, &tw).iter().any(|n| {
+            at += n;
+            at == x.len() as u64
+        });
+        hits += on_boundary as u32;
+        assert_eq!(
+            postree::blob_splice(&s, &c, &td, 0, 0, x).unwrap(),
+            tw,
+            "seed {seed}"
+        );
+    }
+    assert!(hits > 5, "only {hits} boundary hits");
+    let mut hits = 0;
+    for seed in 0..3000u64 {
+        let s = MemoryStore::new();
+        let r = random_bytes(64, seed);
+        let d: Vec<&[u8]> = r[..8 * (1 + seed as usize % 6)].chunks(4).collect();
+        let x: Vec<Bytes> = r[48..]
+            .chunks(2)
+            .take(1 + seed as usize % 8)
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let td = postree::build_list(&s, &c, &d).unwrap();
+        let mut whole: Vec<&[u8]> = x.iter().map(|b| b.as_ref()).collect();
+        whole.extend(d.iter().copied());
+        let tw = postree::build_list(&s, &c, &whole).unwrap();
+        let mut at = 0;
+        hits += leaf_units(&s, &tw).iter().any(|n| {
+            at += n;
+            at == x.len() as u64
+        }) as u32;
+        assert_eq!(
+            postree::list_splice(&s, &c, &td, 0, 0, &x).unwrap(),
+            tw,
+            "seed {seed}"
+        );
+    }
+    assert!(hits > 5, "only {hits} boundary hits");
 }

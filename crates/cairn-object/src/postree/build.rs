@@ -293,7 +293,7 @@ pub(crate) struct CdcWindow {
 
 impl CdcWindow {
     pub fn new(p: &Params) -> Self {
-        let cap = CHUNK_HEADER_LEN + (4 * p.cdc_max).max(1 << 20);
+        let cap = CHUNK_HEADER_LEN + 4 * p.cdc_max;
         let mut buf = Vec::with_capacity(cap);
         buf.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
         CdcWindow {
@@ -410,15 +410,32 @@ impl io::Write for BlobWriter<'_> {
     }
 }
 
-/// Builds a Blob tree from `data`.
+/// Builds a Blob tree from `data` (the same tree a [`BlobWriter`] builds from the same
+/// bytes, cut directly from the input: each leaf is copied once, into a reused framing
+/// buffer, then hashed and stored).
 pub fn build_blob(store: &dyn ChunkStore, cfg: &TreeConfig, data: &[u8]) -> Result<TreeRef> {
-    let mut w = BlobWriter::new(store, cfg);
-    w.write_bytes(data)?;
-    w.finish()
+    let p = Params::new(cfg);
+    let mut levels = Levels::new(store, TreeKind::Blob, p, 0);
+    let mut framed = Vec::with_capacity(CHUNK_HEADER_LEN + p.cdc_max);
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = p.cut(rest).clamp(1, rest.len());
+        framed.clear();
+        framed.extend_from_slice(&ChunkKind::Blob.header());
+        framed.extend_from_slice(&rest[..n]);
+        let cid = put_chunk(store, &framed)?;
+        levels.push(Entry {
+            cid,
+            count: n as u64,
+            key: None,
+        })?;
+        rest = &rest[n..];
+    }
+    finish_tree(store, TreeKind::Blob, levels)
 }
 
-fn build_elems<'a>(
-    store: &'a dyn ChunkStore,
+fn build_elems(
+    store: &dyn ChunkStore,
     cfg: &TreeConfig,
     kind: TreeKind,
     each: impl FnOnce(&mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>) -> Result<()>,

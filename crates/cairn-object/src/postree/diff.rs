@@ -132,22 +132,17 @@ impl<'a> Frontier<'a> {
             count: self.tree.count,
         });
         let mut pos = 0u64;
-        loop {
-            match self.stack.last() {
-                Some(Item::Node { count, level, .. }) => {
-                    let (count, level) = (*count, *level);
-                    if pos + count <= offset && count > 0 {
-                        pos += count;
-                        self.stack.pop();
-                    } else if pos == offset && level == 0 {
-                        return Ok(());
-                    } else if level > 0 {
-                        self.open(false)?;
-                    } else {
-                        break;
-                    }
-                }
-                _ => break,
+        while let Some(Item::Node { count, level, .. }) = self.stack.last() {
+            let (count, level) = (*count, *level);
+            if pos + count <= offset && count > 0 {
+                pos += count;
+                self.stack.pop();
+            } else if pos == offset && level == 0 {
+                return Ok(());
+            } else if level > 0 {
+                self.open(false)?;
+            } else {
+                break;
             }
         }
         if pos == offset && self.stack.is_empty() {

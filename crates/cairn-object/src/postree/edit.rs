@@ -230,10 +230,23 @@ fn apply_levels(
     loop {
         let covers_all = reps.len() == 1 && reps[0].old_start == 0 && reps[0].old_end == t.count;
         if level >= t.height || covers_all {
-            if !covers_all {
-                return Err(inconsistent(t));
+            // The old level is the root alone (or entirely replaced): the new level is the
+            // replacements' nodes around the root, if the root survives.
+            let mut nodes = Vec::new();
+            let mut root = Some(t.root_entry());
+            for r in reps {
+                if r.old_start == 0 && r.old_end == t.count && root.is_some() {
+                    root = None;
+                } else if r.old_end == 0 {
+                    // a pure insertion in front of the root
+                } else if r.old_start == t.count && r.old_end == t.count {
+                    nodes.extend(root.take());
+                } else {
+                    return Err(inconsistent(t));
+                }
+                nodes.extend(r.new);
             }
-            let nodes = reps.into_iter().flat_map(|r| r.new).collect();
+            nodes.extend(root);
             return tree_from_level(store, p, kind, nodes, level);
         }
         if reps.iter().all(|r| r.new.is_empty())
