@@ -21,7 +21,7 @@ use std::str::FromStr;
 
 pub use bytes::Bytes;
 pub use cairn_core::{Error, Hash, HashAlgo, Result};
-pub use log::{LogStore, LogStoreOptions};
+pub use log::{CommitCounters, LogStore, LogStoreOptions, RecoveryReport};
 pub use memory::MemoryStore;
 
 /// A chunk's name: the hash of its bytes.
