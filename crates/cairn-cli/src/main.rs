@@ -1,1 +1,44 @@
-fn main() {}
+//! The `cairn` command: a local, embedded Cairn store driven from the shell.
+//!
+//! Every command opens the store at `--data` (default `./cairn-data`), does one thing and
+//! exits. Errors print one line on stderr and exit non-zero (see [`exit_code`]); results
+//! go to stdout, so `uid=$(cairn put k --value v)` works.
+
+mod bench;
+mod cli;
+mod demo;
+mod format;
+
+use std::process::ExitCode;
+
+use cairn_core::Error;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            let code = match e.downcast_ref::<Error>() {
+                Some(err) => exit_code(err),
+                None => 1,
+            };
+            eprintln!("error: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Exit status for each kind of error, so scripts can tell them apart.
+fn exit_code(e: &Error) -> u8 {
+    match e {
+        Error::NotFound(_) => 3,
+        Error::GuardMismatch(_) => 4,
+        Error::Conflict(_) => 5,
+        Error::Corrupt(_) | Error::Decode(_) => 6,
+        Error::TypeMismatch(_) => 7,
+        Error::InvalidInput(_) | Error::AlreadyExists(_) => 8,
+        Error::Unavailable(_) => 9,
+        Error::Io { .. } => 10,
+    }
+}

@@ -1,8 +1,30 @@
 //! ForkBase's object engine for Cairn.
 //!
 //! This crate owns versioned objects: chunk framing ([`chunk`]), the Pattern-Oriented-Split
-//! tree that stores Blob, List, Map and Set values ([`postree`]), and (in later modules)
-//! FObjects, branch tables, fork, merge, diff, LCA, track, verification and GC.
+//! tree that stores Blob, List, Map and Set values ([`postree`]), value types and type
+//! operations ([`value`]), FObjects and uids ([`fobject`]), branch tables ([`branch`]), and
+//! the [`Db`] that implements every ForkBase API of Table 1: Get, Put (guarded), Merge with
+//! resolvers ([`merge`]), ListKeys, ListTaggedBranches, ListUntaggedBranches, Fork, Rename,
+//! Remove, Track, LCA and Diff ([`history`]), plus verification ([`verify`]) and garbage
+//! collection ([`gc`]).
 
+pub mod branch;
 pub mod chunk;
+pub mod db;
+pub mod fobject;
+pub mod gc;
+pub mod history;
+pub mod merge;
 pub mod postree;
+pub mod value;
+pub mod verify;
+
+pub use branch::BranchTable;
+pub use db::{At, DEFAULT_BRANCH, Db, PutOptions, Target, Version};
+pub use fobject::{FObject, Uid};
+pub use gc::GcReport;
+pub use history::{Diff, TrackEntry};
+pub use merge::{BuiltinResolver, Conflict, ConflictAt, MergeOutcome, Resolution, Resolver};
+pub use postree::{TreeConfig, TreeKind, TreeRef};
+pub use value::{NewValue, Op, Value, ValueType};
+pub use verify::{Damage, VerifyReport};

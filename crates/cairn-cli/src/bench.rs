@@ -1,0 +1,590 @@
+//! `cairn bench`: benchmarks that anyone can re-run; their results, with the anchors they
+//! are measured against, are recorded in `docs/benchmarks.md`.
+//!
+//! `cairn bench forkbase` runs the ForkBase micro-benchmark (paper Table 3: Put-String,
+//! Put-Blob, Put-Map, Get-String, Get-Blob-Meta, Get-Blob-Full, Get-Map-Full, Track, Fork)
+//! at each request size, on the embedded store at each durability level, with N concurrent
+//! client threads (the paper used 32 clients against one servlet). Every operation checks
+//! what it gets back; every put writes fresh random content (no accidental dedup). It then
+//! measures dedup (100 successive edited versions of a 10 MB blob against the ideal) and
+//! single-core Blob put throughput (chunking + hashing + store).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use cairn_object::postree::{self, TreeConfig};
+use cairn_object::{At, Db, NewValue, Op, PutOptions, Target, Value};
+use cairn_store::{
+    ChunkStore, Durability, HashAlgo, LogStore, LogStoreOptions, MemoryStore, Store,
+};
+use clap::{Args, ValueEnum};
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+/// Which benchmark to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    /// ForkBase Table 3 operations, dedup and blob throughput.
+    Forkbase,
+}
+
+/// Arguments of `cairn bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[arg(value_enum)]
+    pub which: Which,
+    /// Concurrent client threads.
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Seconds each operation runs for.
+    #[arg(long, default_value_t = 1.5)]
+    pub seconds: f64,
+    /// Durability levels to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "fsync,group,buffered")]
+    pub durability: Vec<Durability>,
+    /// Request sizes in bytes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1024,20480")]
+    pub sizes: Vec<usize>,
+    /// Operations to run (comma-separated names from Table 3; default all).
+    #[arg(long, value_delimiter = ',')]
+    pub ops: Vec<String>,
+    /// Directory for the benchmark stores (default: a new directory under the system
+    /// temporary directory, removed afterwards).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Skip the dedup and blob-throughput parts.
+    #[arg(long)]
+    pub no_dedup: bool,
+    /// Size of the blob for the throughput measurement, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub throughput_mib: usize,
+}
+
+const OPS: [&str; 9] = [
+    "Put-String",
+    "Put-Blob",
+    "Put-Map",
+    "Get-String",
+    "Get-Blob-Meta",
+    "Get-Blob-Full",
+    "Get-Map-Full",
+    "Track",
+    "Fork",
+];
+
+/// The ForkBase paper's Table 3 (32 clients, one servlet, E5-1650 3.5 GHz, HDD), as
+/// (ops/s at 1 KB, ops/s at 20 KB).
+fn paper(op: &str) -> (f64, f64) {
+    match op {
+        "Put-String" => (75.0e3, 8.3e3),
+        "Put-Blob" => (37.5e3, 5.7e3),
+        "Put-Map" => (35.8e3, 4.7e3),
+        "Get-String" => (78.3e3, 56.9e3),
+        "Get-Blob-Meta" => (99.7e3, 100.4e3),
+        "Get-Blob-Full" => (38.4e3, 4.9e3),
+        "Get-Map-Full" => (38.2e3, 5.0e3),
+        "Track" => (97.8e3, 96.0e3),
+        "Fork" => (113.6e3, 109.4e3),
+        _ => (f64::NAN, f64::NAN),
+    }
+}
+
+/// Runs a benchmark.
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    match args.which {
+        Which::Forkbase => forkbase(args)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct TempDir(PathBuf, bool);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn forkbase(args: &BenchArgs) -> Result<()> {
+    let ops: Vec<&str> = if args.ops.is_empty() {
+        OPS.to_vec()
+    } else {
+        for o in &args.ops {
+            ensure!(
+                OPS.contains(&o.as_str()),
+                "unknown op {o:?}; ops: {}",
+                OPS.join(", ")
+            );
+        }
+        OPS.iter()
+            .copied()
+            .filter(|o| args.ops.iter().any(|a| a == o))
+            .collect()
+    };
+    ensure!(args.clients >= 1, "--clients must be at least 1");
+    let root = match &args.dir {
+        Some(d) => TempDir(d.clone(), false),
+        None => TempDir(
+            std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&root.0).with_context(|| format!("creating {}", root.0.display()))?;
+    println!(
+        "# cairn bench forkbase: {} clients, {:.1} s per cell, {} cores, store in {}",
+        args.clients,
+        args.seconds,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        root.0.display()
+    );
+    println!();
+    // results[(durability, op, size)] = (ops/s, mean latency ms)
+    let mut results: BTreeMap<(usize, &str, usize), (f64, f64)> = BTreeMap::new();
+    for (di, d) in args.durability.iter().enumerate() {
+        let dir = root.0.join(format!("store-{}", d.name()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store: Arc<dyn Store> = Arc::new(LogStore::open(
+            &dir,
+            LogStoreOptions {
+                durability: *d,
+                algo: HashAlgo::Blake3,
+                ..Default::default()
+            },
+        )?);
+        let db = Db::new(store);
+        for &size in &args.sizes {
+            let fixture = Fixture::prepare(&db, args.clients, size)?;
+            for op in &ops {
+                let r = run_op(&db, &fixture, op, size, args)?;
+                eprintln!(
+                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms",
+                    d.name(),
+                    op,
+                    size,
+                    r.0,
+                    r.1
+                );
+                results.insert((di, op, size), r);
+            }
+        }
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    print_table(args, &ops, &results);
+    if !args.no_dedup {
+        dedup(&root.0)?;
+        throughput(&root.0, args.throughput_mib)?;
+    }
+    Ok(())
+}
+
+fn print_table(
+    args: &BenchArgs,
+    ops: &[&str],
+    results: &BTreeMap<(usize, &str, usize), (f64, f64)>,
+) {
+    for (di, d) in args.durability.iter().enumerate() {
+        println!("## durability: {d}");
+        println!();
+        let mut head = String::from("| operation |");
+        let mut rule = String::from("| --- |");
+        for s in &args.sizes {
+            head += &format!(" {} ops/s | paper | ratio | mean ms |", human(*s));
+            rule += " ---: | ---: | ---: | ---: |";
+        }
+        println!("{head}");
+        println!("{rule}");
+        for op in ops {
+            let mut row = format!("| {op} |");
+            for &s in &args.sizes {
+                let (tput, lat) = results
+                    .get(&(di, op, s))
+                    .copied()
+                    .unwrap_or((f64::NAN, f64::NAN));
+                let p = match s {
+                    1024 => paper(op).0,
+                    20480 => paper(op).1,
+                    _ => f64::NAN,
+                };
+                row += &format!(
+                    " {} | {} | {:.2}× | {:.3} |",
+                    kilo(tput),
+                    kilo(p),
+                    tput / p,
+                    lat
+                );
+            }
+            println!("{row}");
+        }
+        println!();
+    }
+}
+
+fn human(n: usize) -> String {
+    if n.is_multiple_of(1024) {
+        format!("{} KB", n / 1024)
+    } else {
+        format!("{n} B")
+    }
+}
+
+fn kilo(x: f64) -> String {
+    if x.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{:.1}K", x / 1000.0)
+    }
+}
+
+/// Keys prepared before the read operations run.
+struct Fixture {
+    keys_per_client: usize,
+    size: usize,
+    map_entries: usize,
+}
+
+fn map_value(rng: &mut SmallRng, size: usize) -> (NewValue, usize) {
+    // Entries of 100 bytes: a 16-byte key and an 84-byte value.
+    let n = (size / 100).max(1);
+    let mut m = BTreeMap::new();
+    while m.len() < n {
+        let mut k = [0u8; 16];
+        rng.fill_bytes(&mut k);
+        let mut v = vec![0u8; 84];
+        rng.fill_bytes(&mut v);
+        m.insert(k.to_vec(), v);
+    }
+    (NewValue::Map(m), n)
+}
+
+fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+fn read_key(kind: &str, size: usize, client: usize, i: usize) -> String {
+    format!("read-{kind}-{size}-{client}-{i}")
+}
+
+impl Fixture {
+    fn prepare(db: &Db, clients: usize, size: usize) -> Result<Fixture> {
+        let keys_per_client = 32;
+        let mut rng = SmallRng::seed_from_u64(size as u64);
+        let opts = PutOptions::default();
+        let mut map_entries = 0;
+        for c in 0..clients {
+            for i in 0..keys_per_client {
+                for kind in ["string", "blob", "map"] {
+                    let key = read_key(kind, size, c, i);
+                    // Two versions each, so Track has a base to find.
+                    for _ in 0..2 {
+                        let v = match kind {
+                            "string" => NewValue::String(random_bytes(&mut rng, size)),
+                            "blob" => NewValue::Blob(random_bytes(&mut rng, size)),
+                            _ => {
+                                let (v, n) = map_value(&mut rng, size);
+                                map_entries = n;
+                                v
+                            }
+                        };
+                        db.put(key.as_bytes(), Target::Branch("master"), v, &opts)?;
+                    }
+                }
+            }
+        }
+        Ok(Fixture {
+            keys_per_client,
+            size,
+            map_entries,
+        })
+    }
+}
+
+/// Runs one operation with all clients for the configured time; returns (ops/s, mean ms).
+fn run_op(db: &Db, fx: &Fixture, op: &str, size: usize, args: &BenchArgs) -> Result<(f64, f64)> {
+    let total_ops = AtomicU64::new(0);
+    let total_ns = AtomicU64::new(0);
+    let deadline = Duration::from_secs_f64(args.seconds);
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let mut handles = Vec::new();
+        for c in 0..args.clients {
+            let total_ops = &total_ops;
+            let total_ns = &total_ns;
+            handles.push(s.spawn(move || -> Result<()> {
+                let mut rng = SmallRng::seed_from_u64((c as u64) << 32 | size as u64);
+                let opts = PutOptions::default();
+                let mut n = 0u64;
+                let mut busy = Duration::ZERO;
+                while start.elapsed() < deadline {
+                    let i = n as usize;
+                    let k = i % fx.keys_per_client;
+                    // Inputs are made before the clock starts: only the store's work is timed.
+                    let input = match op {
+                        "Put-String" => Some(NewValue::String(random_bytes(&mut rng, size))),
+                        "Put-Blob" => Some(NewValue::Blob(random_bytes(&mut rng, size))),
+                        "Put-Map" => Some(map_value(&mut rng, size).0),
+                        _ => None,
+                    };
+                    let t0 = Instant::now();
+                    one_op(db, fx, op, c, k, i, input, &opts, &mut rng)?;
+                    busy += t0.elapsed();
+                    n += 1;
+                }
+                total_ops.fetch_add(n, Ordering::Relaxed);
+                total_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+                Ok(())
+            }));
+        }
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => bail!("a benchmark client panicked"),
+            }
+        }
+        Ok(())
+    })?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = total_ops.load(Ordering::Relaxed) as f64;
+    let mean_ms = total_ns.load(Ordering::Relaxed) as f64 / n.max(1.0) / 1e6;
+    Ok((n / elapsed, mean_ms))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_op(
+    db: &Db,
+    fx: &Fixture,
+    op: &str,
+    c: usize,
+    k: usize,
+    i: usize,
+    input: Option<NewValue>,
+    opts: &PutOptions,
+    rng: &mut SmallRng,
+) -> Result<()> {
+    let size = fx.size;
+    let master = At::Branch("master".into());
+    match op {
+        "Put-String" | "Put-Blob" | "Put-Map" => {
+            let key = format!("{op}-{size}-{c}-{k}");
+            let v = input.context("missing input")?;
+            db.put(key.as_bytes(), Target::Branch("master"), v, opts)?;
+        }
+        "Get-String" => {
+            let v = db.get(read_key("string", size, c, k).as_bytes(), &master)?;
+            match &v.object.value {
+                Value::String(b) => {
+                    ensure!(b.len() == size, "Get-String returned {} bytes", b.len())
+                }
+                other => bail!("Get-String returned a {}", other.value_type()),
+            }
+        }
+        "Get-Blob-Meta" => {
+            let v = db.get(read_key("blob", size, c, k).as_bytes(), &master)?;
+            let t = v.object.value.tree().context("Get-Blob-Meta: not a blob")?;
+            ensure!(t.count == size as u64, "Get-Blob-Meta: size {}", t.count);
+        }
+        "Get-Blob-Full" => {
+            let v = db.get(read_key("blob", size, c, k).as_bytes(), &master)?;
+            let t = v.object.value.tree().context("Get-Blob-Full: not a blob")?;
+            let bytes = postree::blob_read(db.chunks(), t, 0, t.count)?;
+            ensure!(
+                bytes.len() == size,
+                "Get-Blob-Full returned {} bytes",
+                bytes.len()
+            );
+        }
+        "Get-Map-Full" => {
+            let v = db.get(read_key("map", size, c, k).as_bytes(), &master)?;
+            let t = v.object.value.tree().context("Get-Map-Full: not a map")?;
+            let mut n = 0;
+            for e in postree::iter(db.chunks(), t) {
+                let e = e?;
+                ensure!(
+                    e.value.as_ref().is_some_and(|v| v.len() == 84),
+                    "bad map entry"
+                );
+                n += 1;
+            }
+            ensure!(n == fx.map_entries, "Get-Map-Full returned {n} entries");
+        }
+        "Track" => {
+            let key = read_key("blob", size, c, k);
+            let t = db.track(key.as_bytes(), &master, 1, 1)?;
+            ensure!(
+                t.len() == 1 && t[0].distance == 1,
+                "Track found {} versions",
+                t.len()
+            );
+        }
+        "Fork" => {
+            let key = read_key("string", size, c, k);
+            let name = format!("f{i}-{}", rng.random::<u32>());
+            db.fork(key.as_bytes(), &master, &name)?;
+        }
+        other => bail!("unknown op {other}"),
+    }
+    Ok(())
+}
+
+/// 100 successive versions of a 10 MB blob, each with a small random insert, delete or
+/// overwrite, against the ideal: one version plus the bytes each edit adds.
+fn dedup(root: &Path) -> Result<()> {
+    let dir = root.join("dedup");
+    let _ = std::fs::remove_dir_all(&dir);
+    let store: Arc<dyn Store> = Arc::new(LogStore::open(
+        &dir,
+        LogStoreOptions {
+            durability: Durability::Buffered,
+            ..Default::default()
+        },
+    )?);
+    let db = Db::new(store.clone());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let size = 10_000_000usize;
+    let mut model = random_bytes(&mut rng, size);
+    let opts = PutOptions::default();
+    db.put(
+        b"dedup",
+        Target::Branch("master"),
+        NewValue::Blob(model.clone()),
+        &opts,
+    )?;
+    let first = store.stats()?.chunk_bytes;
+    let mut ideal = first as f64;
+    let mut edits = [0usize; 3];
+    for _ in 1..100 {
+        let at = rng.random_range(0..model.len() - 100) as u64;
+        let len = rng.random_range(1..=64usize);
+        let op = match rng.random_range(0..3) {
+            0 => {
+                let ins = random_bytes(&mut rng, len);
+                model.splice(at as usize..at as usize, ins.iter().copied());
+                ideal += len as f64;
+                edits[0] += 1;
+                Op::BlobSplice {
+                    offset: at,
+                    delete: 0,
+                    insert: ins,
+                }
+            }
+            1 => {
+                model.drain(at as usize..at as usize + len);
+                edits[1] += 1;
+                Op::BlobSplice {
+                    offset: at,
+                    delete: len as u64,
+                    insert: Vec::new(),
+                }
+            }
+            _ => {
+                let ins = random_bytes(&mut rng, len);
+                model.splice(at as usize..at as usize + len, ins.iter().copied());
+                ideal += len as f64;
+                edits[2] += 1;
+                Op::BlobSplice {
+                    offset: at,
+                    delete: len as u64,
+                    insert: ins,
+                }
+            }
+        };
+        db.update(b"dedup", Target::Branch("master"), op, &opts)?;
+    }
+    let head = db.get(b"dedup", &At::Branch("master".into()))?;
+    let t = head.object.value.tree().context("not a blob")?;
+    ensure!(
+        postree::blob_read(db.chunks(), t, 0, t.count)? == model,
+        "final version differs from the model"
+    );
+    let stored = store.stats()?.chunk_bytes as f64;
+    let naive = 100.0 * size as f64;
+    println!(
+        "## dedup: 100 versions of a 10 MB blob ({} inserts, {} deletes, {} overwrites of 1-64 bytes)",
+        edits[0], edits[1], edits[2]
+    );
+    println!();
+    println!("| measure | bytes | × ideal |");
+    println!("| --- | ---: | ---: |");
+    println!(
+        "| ideal: first version's chunks + bytes the edits add | {:.0} | 1.00 |",
+        ideal
+    );
+    println!(
+        "| Cairn: distinct chunk bytes stored (data + index + meta) | {:.0} | {:.3} |",
+        stored,
+        stored / ideal
+    );
+    println!(
+        "| no dedup: 100 full copies | {:.0} | {:.1} |",
+        naive,
+        naive / ideal
+    );
+    println!();
+    drop(db);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Single-thread Blob put throughput: content-defined chunking + hashing + store.
+fn throughput(root: &Path, mib: usize) -> Result<()> {
+    let mut rng = SmallRng::seed_from_u64(11);
+    let data = random_bytes(&mut rng, mib << 20);
+    let cfg = TreeConfig::default();
+    println!("## Blob put throughput, one thread, {mib} MiB of random bytes");
+    println!();
+    println!("| store | MB/s |");
+    println!("| --- | ---: |");
+    let mem = MemoryStore::new();
+    let t0 = Instant::now();
+    let t = postree::build_blob(&mem as &dyn ChunkStore, &cfg, &data)?;
+    let secs = t0.elapsed().as_secs_f64();
+    ensure!(
+        t.count == data.len() as u64,
+        "built blob has the wrong size"
+    );
+    println!(
+        "| memory (chunking + BLAKE3 + hash map insert) | {:.0} |",
+        data.len() as f64 / secs / 1e6
+    );
+    drop(mem);
+    let dir = root.join("throughput");
+    let _ = std::fs::remove_dir_all(&dir);
+    for d in [Durability::Buffered, Durability::Group] {
+        let store = LogStore::open(
+            &dir.join(d.name()),
+            LogStoreOptions {
+                durability: d,
+                ..Default::default()
+            },
+        )?;
+        let db = Db::new(Arc::new(store));
+        let t0 = Instant::now();
+        db.put_blob_stream(
+            b"big",
+            Target::Branch("master"),
+            &mut &data[..],
+            &PutOptions::default(),
+            &mut |_| {},
+        )?;
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "| embedded, {} (streamed put, committed) | {:.0} |",
+            d.name(),
+            data.len() as f64 / secs / 1e6
+        );
+    }
+    println!();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

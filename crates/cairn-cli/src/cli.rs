@@ -1,0 +1,690 @@
+//! Command-line definitions and the local (embedded-store) implementation of each command.
+
+use std::fs::File;
+use std::io::{self, BufWriter, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use cairn_core::{Error, HashAlgo};
+use cairn_object::postree::{self, BlobReader};
+use cairn_object::{
+    At, BuiltinResolver, DEFAULT_BRANCH, Db, Diff, MergeOutcome, PutOptions, Target, Uid, Value,
+    ValueType,
+};
+use cairn_store::{Durability, LogStore, LogStoreOptions, Store};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::format;
+
+/// Cairn: versioned, forkable, deduplicated, tamper-evident storage for off-chain data.
+#[derive(Parser, Debug)]
+#[command(name = "cairn", version, about, long_about = None)]
+pub struct Cli {
+    /// Data directory of the embedded store (created on first use).
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_DATA",
+        default_value = "./cairn-data"
+    )]
+    pub data: PathBuf,
+    /// Durability of writes: fsync (sync each write), group (group commit, the default:
+    /// same guarantee, syncs shared by concurrent writers), buffered (no sync: survives a
+    /// process crash, not power loss).
+    #[arg(long, global = true, env = "CAIRN_DURABILITY", default_value = "group")]
+    pub durability: Durability,
+    /// Hash algorithm for a new store (blake3 or sha256); an existing store keeps its own.
+    #[arg(long, global = true, default_value = "blake3")]
+    pub hash: HashAlgo,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Write a new version of KEY; prints the new uid alone on stdout.
+    Put(PutArgs),
+    /// Read a version of KEY (the head of master by default).
+    Get(GetArgs),
+    /// Apply a type operation to the head of a branch (append, insert, add, multiply,
+    /// map/set edits); prints the new uid.
+    Update(UpdateArgs),
+    /// Create branch NEW at a branch head or a version.
+    Fork {
+        /// The key.
+        key: String,
+        /// Branch name or uid to fork from.
+        #[arg(long)]
+        from: String,
+        /// Name of the new branch.
+        #[arg(long)]
+        to: String,
+    },
+    /// Three-way merge of a branch or version into a branch, or of untagged heads.
+    Merge(MergeArgs),
+    /// Rename a branch.
+    Rename {
+        /// The key.
+        key: String,
+        /// Current name.
+        from: String,
+        /// New name.
+        to: String,
+    },
+    /// Remove a branch (its versions stay until GC finds nothing reaching them).
+    Remove {
+        /// The key.
+        key: String,
+        /// Branch to remove.
+        branch: String,
+    },
+    /// List a key's tagged branches (or untagged heads).
+    Branches {
+        /// The key.
+        key: String,
+        /// List untagged heads instead (more than one: concurrent writes forked the key).
+        #[arg(long)]
+        untagged: bool,
+    },
+    /// List keys.
+    Keys,
+    /// Show a key's history from a branch head or version, newest first.
+    Log {
+        /// The key.
+        key: String,
+        /// Branch name or uid to start from.
+        #[arg(long, default_value = DEFAULT_BRANCH)]
+        branch: String,
+        /// Most versions to show.
+        #[arg(long, default_value_t = 20)]
+        limit: u64,
+    },
+    /// Show what differs between two versions.
+    Diff {
+        /// The key.
+        key: String,
+        /// First version (uid or branch).
+        a: String,
+        /// Second version (uid or branch).
+        b: String,
+    },
+    /// Print the least common ancestor of two versions.
+    Lca {
+        /// The key.
+        key: String,
+        /// First version (uid or branch).
+        a: String,
+        /// Second version (uid or branch).
+        b: String,
+    },
+    /// Re-hash everything reachable; exit 0 when intact, 6 naming the damage otherwise.
+    Verify {
+        /// Verify only this key.
+        key: Option<String>,
+    },
+    /// Reclaim chunks no branch head reaches.
+    Gc,
+    /// Store statistics.
+    Stats,
+    /// A guided tour: writes, forks, edits, merges and verifies a few objects.
+    Demo,
+    /// Benchmarks (see docs/benchmarks.md).
+    Bench(crate::bench::BenchArgs),
+}
+
+/// `cairn put`.
+#[derive(Args, Debug)]
+pub struct PutArgs {
+    /// The key.
+    pub key: String,
+    /// The value, inline (default type string).
+    #[arg(long, conflicts_with = "file")]
+    pub value: Option<String>,
+    /// Read the value from this file (default type blob, streamed). Without --value or
+    /// --file the value is read from stdin.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Value type: string, integer, tuple, blob, list, map or set.
+    #[arg(long = "type")]
+    pub ty: Option<ValueType>,
+    /// Branch to write (default master).
+    #[arg(long, conflicts_with = "base")]
+    pub branch: Option<String>,
+    /// Derive from this version instead of a branch head (the new version is an untagged
+    /// head; two puts on one base fork on conflict).
+    #[arg(long)]
+    pub base: Option<Uid>,
+    /// Write only if the branch head is this version.
+    #[arg(long)]
+    pub guard: Option<Uid>,
+    /// Application context stored with the version (e.g. a commit message).
+    #[arg(long, default_value = "")]
+    pub context: String,
+}
+
+/// `cairn get`.
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    /// The key.
+    pub key: String,
+    /// Branch to read.
+    #[arg(long, conflicts_with = "uid")]
+    pub branch: Option<String>,
+    /// Version to read.
+    #[arg(long)]
+    pub uid: Option<Uid>,
+    /// Write the value to this file instead of stdout (streamed).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the version's metadata instead of its value.
+    #[arg(long)]
+    pub meta: bool,
+}
+
+/// `cairn update`.
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    /// The key.
+    pub key: String,
+    /// Branch whose head is updated.
+    #[arg(long, default_value = DEFAULT_BRANCH)]
+    pub branch: String,
+    /// String: append text. Tuple: append an element.
+    #[arg(long)]
+    pub append: Option<String>,
+    /// String/Tuple: insert at this offset/index (with --text).
+    #[arg(long, requires = "text")]
+    pub insert_at: Option<u64>,
+    /// Text inserted by --insert-at or --splice-at.
+    #[arg(long)]
+    pub text: Option<String>,
+    /// Integer: add.
+    #[arg(long, allow_hyphen_values = true)]
+    pub add: Option<i64>,
+    /// Integer: multiply.
+    #[arg(long, allow_hyphen_values = true)]
+    pub multiply: Option<i64>,
+    /// Blob/List: replace --delete bytes/elements at this offset/index with --text
+    /// (List: one element per line).
+    #[arg(long)]
+    pub splice_at: Option<u64>,
+    /// Bytes/elements removed by --splice-at.
+    #[arg(long, default_value_t = 0)]
+    pub delete: u64,
+    /// Map: set key=value (repeatable). Set: add a member (repeatable).
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    /// Map: remove a key (repeatable). Set: remove a member (repeatable).
+    #[arg(long = "unset")]
+    pub unset: Vec<String>,
+    /// Write only if the branch head is this version.
+    #[arg(long)]
+    pub guard: Option<Uid>,
+}
+
+/// `cairn merge`.
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// The key.
+    pub key: String,
+    /// Target branch (its head becomes the merge).
+    #[arg(
+        long,
+        required_unless_present = "untagged",
+        conflicts_with = "untagged"
+    )]
+    pub into: Option<String>,
+    /// Branch or uid merged in.
+    #[arg(long, requires = "into")]
+    pub from: Option<String>,
+    /// Merge untagged heads instead (all of them, or the uids given).
+    #[arg(long)]
+    pub untagged: bool,
+    /// Uids of untagged heads to merge (with --untagged).
+    pub uids: Vec<Uid>,
+    /// Conflict resolver: ours, theirs, append, sum or union (default: fail on conflict).
+    #[arg(long, default_value = "manual")]
+    pub resolve: BuiltinResolver,
+}
+
+/// Opens (or creates) the embedded store at `dir`.
+pub fn open_store(dir: &Path, durability: Durability, algo: HashAlgo) -> Result<Arc<dyn Store>> {
+    let store = LogStore::open(
+        dir,
+        LogStoreOptions {
+            durability,
+            algo,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening store {}", dir.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise.
+pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::no_length(),
+    };
+    let tmpl = if len.is_some() {
+        "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}"
+    } else {
+        "{msg} {bytes} {bytes_per_sec}"
+    };
+    if let Ok(style) = ProgressStyle::with_template(tmpl) {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Runs one parsed command.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    if let Command::Bench(args) = &cli.command {
+        return crate::bench::run(args);
+    }
+    let store = open_store(&cli.data, cli.durability, cli.hash)?;
+    let db = Db::new(store);
+    let out = io::stdout();
+    let mut out = out.lock();
+    match cli.command {
+        Command::Put(a) => put(&db, a, &mut out)?,
+        Command::Get(a) => get(&db, a, &mut out)?,
+        Command::Update(a) => update(&db, a, &mut out)?,
+        Command::Fork { key, from, to } => {
+            let uid = db.fork(key.as_bytes(), &At::parse(&from), &to)?;
+            writeln!(out, "{uid}")?;
+        }
+        Command::Merge(a) => return merge(&db, a, &mut out),
+        Command::Rename { key, from, to } => db.rename(key.as_bytes(), &from, &to)?,
+        Command::Remove { key, branch } => db.remove(key.as_bytes(), &branch)?,
+        Command::Branches { key, untagged } => {
+            if untagged {
+                for u in db.list_untagged(key.as_bytes())? {
+                    writeln!(out, "{u}")?;
+                }
+            } else {
+                for (name, u) in db.list_tagged(key.as_bytes())? {
+                    writeln!(out, "{name}\t{u}")?;
+                }
+            }
+        }
+        Command::Keys => {
+            for k in db.list_keys()? {
+                out.write_all(&k)?;
+                writeln!(out)?;
+            }
+        }
+        Command::Log { key, branch, limit } => {
+            if limit == 0 {
+                bail!(Error::invalid("--limit must be at least 1"));
+            }
+            for e in db.track(key.as_bytes(), &At::parse(&branch), 0, limit - 1)? {
+                let o = &e.object;
+                write!(
+                    out,
+                    "{}  depth {}  {} ({})",
+                    e.uid,
+                    o.depth,
+                    o.value_type(),
+                    size_of(&o.value)
+                )?;
+                if o.bases.len() > 1 {
+                    let b: Vec<String> = o.bases.iter().map(|b| b.short()).collect();
+                    write!(out, "  merge of {}", b.join(" "))?;
+                }
+                if !o.context.is_empty() {
+                    write!(out, "  {}", format::show(&o.context))?;
+                }
+                writeln!(out)?;
+            }
+        }
+        Command::Diff { key, a, b } => {
+            let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;
+            let ub = db.resolve(key.as_bytes(), &At::parse(&b))?;
+            db.load_for_key(key.as_bytes(), &ua)?;
+            db.load_for_key(key.as_bytes(), &ub)?;
+            print_diff(&db.diff(&ua, &ub)?, &mut out)?;
+        }
+        Command::Lca { key, a, b } => {
+            let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;
+            let ub = db.resolve(key.as_bytes(), &At::parse(&b))?;
+            match db.lca(key.as_bytes(), &ua, &ub)? {
+                Some(u) => writeln!(out, "{u}")?,
+                None => bail!(Error::not_found(
+                    "common ancestor (the histories are disjoint)"
+                )),
+            }
+        }
+        Command::Verify { key } => {
+            let pb = progress_bar(None, "verifying");
+            let report = db.verify(key.as_deref().map(str::as_bytes), &mut |done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            })?;
+            pb.finish_and_clear();
+            if report.is_intact() {
+                writeln!(
+                    out,
+                    "intact: {} keys, {} versions, {} chunks re-hashed",
+                    report.keys, report.versions, report.chunks
+                )?;
+            } else {
+                for d in &report.damage {
+                    eprintln!("damaged: {d}");
+                }
+                bail!(Error::corrupt(format!(
+                    "{} damaged item(s) found in {} keys",
+                    report.damage.len(),
+                    report.keys
+                )));
+            }
+        }
+        Command::Gc => {
+            let r = db.gc()?;
+            writeln!(
+                out,
+                "gc: {} chunks examined, {} live, {} removed, {} bytes reclaimed",
+                r.candidates, r.live, r.removed, r.bytes_reclaimed
+            )?;
+        }
+        Command::Stats => {
+            let s = db.store().stats()?;
+            writeln!(out, "hash: {}", db.algo())?;
+            writeln!(out, "durability: {}", db.store().durability())?;
+            writeln!(out, "keys: {}", db.list_keys()?.len())?;
+            writeln!(out, "chunks: {}", s.chunks)?;
+            writeln!(out, "chunk bytes: {}", s.chunk_bytes)?;
+            writeln!(out, "bytes on disk: {}", s.bytes_on_disk)?;
+        }
+        Command::Demo => crate::demo::run(&db, &mut out)?,
+        Command::Bench(_) => unreachable!("handled above"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn size_of(v: &Value) -> String {
+    match v.value_type() {
+        ValueType::String | ValueType::Blob => format!("{} bytes", v.len()),
+        ValueType::Integer => match v {
+            Value::Integer(i) => format!("= {i}"),
+            _ => String::new(),
+        },
+        _ => format!("{} elements", v.len()),
+    }
+}
+
+fn put(db: &Db, a: PutArgs, out: &mut impl Write) -> Result<()> {
+    let target = match (&a.branch, &a.base) {
+        (_, Some(b)) => Target::Base(*b),
+        (Some(b), None) => Target::Branch(b),
+        (None, None) => Target::Branch(DEFAULT_BRANCH),
+    };
+    let opts = PutOptions {
+        guard: a.guard,
+        context: a.context.into_bytes(),
+    };
+    let key = a.key.as_bytes();
+    let uid = match (a.value, a.file) {
+        (Some(v), _) => {
+            let ty = a.ty.unwrap_or(ValueType::String);
+            db.put(key, target, format::parse_value(ty, v.into_bytes())?, &opts)?
+        }
+        (None, file) => {
+            let ty = a.ty.unwrap_or(ValueType::Blob);
+            let (mut reader, len): (Box<dyn Read>, Option<u64>) = match &file {
+                Some(p) => {
+                    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                    let len = f.metadata().ok().map(|m| m.len());
+                    (Box::new(f), len)
+                }
+                None => (Box::new(io::stdin().lock()), None),
+            };
+            if ty == ValueType::Blob {
+                let pb = progress_bar(len, "put");
+                let uid = db.put_blob_stream(key, target, &mut reader, &opts, &mut |n| {
+                    pb.set_position(n)
+                })?;
+                pb.finish_and_clear();
+                uid
+            } else {
+                let mut buf = Vec::new();
+                reader.read_to_end(&mut buf).context("reading the input")?;
+                db.put(key, target, format::parse_value(ty, buf)?, &opts)?
+            }
+        }
+    };
+    writeln!(out, "{uid}")?;
+    Ok(())
+}
+
+fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
+    let at = match (a.uid, a.branch) {
+        (Some(u), _) => At::Uid(u),
+        (None, Some(b)) => At::Branch(b),
+        (None, None) => At::default_branch(),
+    };
+    let v = db.get(a.key.as_bytes(), &at)?;
+    if a.meta {
+        let o = &v.object;
+        writeln!(out, "uid: {}", v.uid)?;
+        writeln!(out, "key: {}", String::from_utf8_lossy(&o.key))?;
+        writeln!(out, "type: {}", o.value_type())?;
+        writeln!(out, "size: {}", size_of(&o.value))?;
+        writeln!(out, "depth: {}", o.depth)?;
+        for b in &o.bases {
+            writeln!(out, "base: {b}")?;
+        }
+        if let Some(t) = o.value.tree() {
+            writeln!(out, "root: {}", t.root)?;
+            writeln!(out, "height: {}", t.height)?;
+        }
+        if !o.context.is_empty() {
+            writeln!(out, "context: {}", format::show(&o.context))?;
+        }
+        return Ok(());
+    }
+    let mut sink: Box<dyn Write> = match &a.out {
+        Some(p) => Box::new(BufWriter::with_capacity(
+            1 << 20,
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(BufWriter::with_capacity(1 << 20, &mut *out)),
+    };
+    write_value(db, &v.object.value, &mut sink)?;
+    sink.flush().context("writing the output")?;
+    Ok(())
+}
+
+/// Writes a value in its command-line text form (blobs streamed with a progress bar).
+pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
+    match v {
+        Value::String(b) => sink.write_all(b)?,
+        Value::Integer(i) => writeln!(sink, "{i}")?,
+        Value::Tuple(items) => {
+            for it in items {
+                sink.write_all(it)?;
+                sink.write_all(b"\n")?;
+            }
+        }
+        Value::Tree(t) => match v.value_type() {
+            ValueType::Blob => {
+                let pb = progress_bar(Some(t.count), "get");
+                let mut r = pb.wrap_read(BlobReader::new(db.chunks(), t));
+                io::copy(&mut r, sink).map_err(|e| match e.into_inner() {
+                    Some(inner) => match inner.downcast::<Error>() {
+                        Ok(err) => anyhow::Error::from(*err),
+                        Err(other) => anyhow::anyhow!(other),
+                    },
+                    None => anyhow::anyhow!("reading the blob failed"),
+                })?;
+                pb.finish_and_clear();
+            }
+            ty => {
+                for el in postree::iter(db.chunks(), t) {
+                    let el = el?;
+                    sink.write_all(&el.key)?;
+                    if ty == ValueType::Map {
+                        sink.write_all(b"=")?;
+                        sink.write_all(el.value.as_deref().unwrap_or_default())?;
+                    }
+                    sink.write_all(b"\n")?;
+                }
+            }
+        },
+    }
+    Ok(())
+}
+
+fn update(db: &Db, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
+    use cairn_object::Op;
+    let head = db.get(a.key.as_bytes(), &At::Branch(a.branch.clone()))?;
+    let ty = head.object.value_type();
+    let text = a.text.clone().unwrap_or_default().into_bytes();
+    let op = if let Some(x) = a.append {
+        Op::Append(x.into_bytes())
+    } else if let Some(pos) = a.insert_at {
+        Op::Insert(pos, text)
+    } else if let Some(x) = a.add {
+        Op::Add(x)
+    } else if let Some(x) = a.multiply {
+        Op::Multiply(x)
+    } else if let Some(at) = a.splice_at {
+        match ty {
+            ValueType::List => Op::ListSplice {
+                index: at,
+                delete: a.delete,
+                insert: format::lines(&text),
+            },
+            _ => Op::BlobSplice {
+                offset: at,
+                delete: a.delete,
+                insert: text,
+            },
+        }
+    } else if !a.set.is_empty() || !a.unset.is_empty() {
+        match ty {
+            ValueType::Set => Op::SetUpdate(
+                a.set
+                    .into_iter()
+                    .map(|k| (k.into_bytes(), true))
+                    .chain(a.unset.into_iter().map(|k| (k.into_bytes(), false)))
+                    .collect(),
+            ),
+            _ => {
+                let mut edits = Vec::new();
+                for kv in a.set {
+                    let (k, v) = kv.split_once('=').ok_or_else(|| {
+                        Error::invalid(format!("--set {kv:?}: expected key=value"))
+                    })?;
+                    edits.push((k.as_bytes().to_vec(), Some(v.as_bytes().to_vec())));
+                }
+                edits.extend(a.unset.into_iter().map(|k| (k.into_bytes(), None)));
+                Op::MapUpdate(edits)
+            }
+        }
+    } else {
+        bail!(Error::invalid(
+            "nothing to do: give --append, --insert-at, --add, --multiply, --splice-at, --set or --unset"
+        ));
+    };
+    let opts = PutOptions {
+        guard: a.guard,
+        context: Vec::new(),
+    };
+    let uid = db.update(a.key.as_bytes(), Target::Branch(&a.branch), op, &opts)?;
+    writeln!(out, "{uid}")?;
+    Ok(())
+}
+
+fn merge(db: &Db, a: MergeArgs, out: &mut impl Write) -> Result<ExitCode> {
+    let key = a.key.as_bytes();
+    let opts = PutOptions::default();
+    let outcome = if a.untagged {
+        db.merge_untagged(key, &a.uids, &a.resolve, &opts)?
+    } else {
+        let into = a.into.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+        let from = a
+            .from
+            .ok_or_else(|| Error::invalid("--from BRANCH_OR_UID is required with --into"))?;
+        db.merge_into(key, &into, &At::parse(&from), &a.resolve, &opts)?
+    };
+    match outcome {
+        MergeOutcome::Merged(u) => writeln!(out, "{u}")?,
+        MergeOutcome::FastForward(u) => {
+            eprintln!("fast-forward");
+            writeln!(out, "{u}")?;
+        }
+        MergeOutcome::UpToDate(u) => {
+            eprintln!("already up to date");
+            writeln!(out, "{u}")?;
+        }
+        MergeOutcome::Conflicts(cs) => {
+            for c in &cs {
+                eprintln!("conflict: {c}");
+            }
+            bail!(Error::Conflict(format!(
+                "{} unresolved conflict(s); nothing was written (try --resolve ours|theirs|append|sum|union)",
+                cs.len()
+            )));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_diff(d: &Diff, out: &mut impl Write) -> Result<()> {
+    match d {
+        Diff::Same => writeln!(out, "identical")?,
+        Diff::Primitive(a, b) => {
+            writeln!(out, "- {}", show_value(a))?;
+            writeln!(out, "+ {}", show_value(b))?;
+        }
+        Diff::Sorted(changes) => {
+            for c in changes {
+                let k = format::show(&c.key);
+                match (&c.left, &c.right) {
+                    (None, Some(v)) if v.is_empty() => writeln!(out, "+ {k}")?,
+                    (Some(v), None) if v.is_empty() => writeln!(out, "- {k}")?,
+                    (None, Some(v)) => writeln!(out, "+ {k}={}", format::show(v))?,
+                    (Some(v), None) => writeln!(out, "- {k}={}", format::show(v))?,
+                    (Some(a), Some(b)) => {
+                        writeln!(out, "~ {k}: {} -> {}", format::show(a), format::show(b))?
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        Diff::Seq(changes) => {
+            for c in changes {
+                writeln!(
+                    out,
+                    "@ {}..{} -> {}..{}",
+                    c.a_start, c.a_end, c.b_start, c.b_end
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn show_value(v: &Value) -> String {
+    match v {
+        Value::String(b) => format::show(b),
+        Value::Integer(i) => i.to_string(),
+        Value::Tuple(items) => items
+            .iter()
+            .map(|i| format::show(i))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Value::Tree(t) => format!("{} root {}", v.value_type(), t.root),
+    }
+}

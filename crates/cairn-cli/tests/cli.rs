@@ -1,0 +1,324 @@
+//! End-to-end tests of the `cairn` binary: outputs, exit codes, tamper detection, crash
+//! safety under kill -9, and constant-memory streaming of a 2 GiB blob.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn cairn(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run cairn")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = cairn(dir, args);
+    assert!(
+        out.status.success(),
+        "cairn {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8 stdout")
+}
+
+fn fails(dir: &Path, args: &[&str], code: i32) -> String {
+    let out = cairn(dir, args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "cairn {args:?}: {err}");
+    // One error line, last; merge conflicts are listed above it.
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "stderr: {err}");
+    assert_eq!(err.matches("error: ").count(), 1, "stderr: {err}");
+    assert!(!err.contains("panicked"), "stderr: {err}");
+    err
+}
+
+#[test]
+fn typed_values_round_trip() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let uid = ok(dir, &["put", "s", "--value", "hello"]);
+    assert_eq!(uid.trim().len(), 68);
+    assert_eq!(ok(dir, &["get", "s"]), "hello");
+    assert_eq!(ok(dir, &["get", "s", "--uid", uid.trim()]), "hello");
+    ok(dir, &["put", "n", "--type", "integer", "--value", "40"]);
+    ok(dir, &["update", "n", "--add", "2"]);
+    assert_eq!(ok(dir, &["get", "n"]), "42\n");
+    ok(dir, &["put", "m", "--type", "map", "--value", "b=2\na=1\n"]);
+    ok(dir, &["update", "m", "--set", "c=3", "--unset", "a"]);
+    assert_eq!(ok(dir, &["get", "m"]), "b=2\nc=3\n");
+    ok(dir, &["put", "l", "--type", "list", "--value", "x\ny\n"]);
+    assert_eq!(ok(dir, &["get", "l"]), "x\ny\n");
+    ok(dir, &["put", "st", "--type", "set", "--value", "q\np\nq"]);
+    assert_eq!(ok(dir, &["get", "st"]), "p\nq\n");
+    ok(dir, &["put", "t", "--type", "tuple", "--value", "1\n2"]);
+    assert_eq!(ok(dir, &["get", "t"]), "1\n2\n");
+    let keys = ok(dir, &["keys"]);
+    assert_eq!(keys, "l\nm\nn\ns\nst\nt\n");
+    let meta = ok(dir, &["get", "m", "--meta"]);
+    assert!(
+        meta.contains("type: map") && meta.contains("depth: 1"),
+        "{meta}"
+    );
+}
+
+#[test]
+fn branches_merge_log_diff_lca() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let v1 = ok(dir, &["put", "doc", "--value", "base"])
+        .trim()
+        .to_string();
+    ok(dir, &["fork", "doc", "--from", "master", "--to", "dev"]);
+    let v2 = ok(
+        dir,
+        &["put", "doc", "--branch", "dev", "--value", "dev edit"],
+    )
+    .trim()
+    .to_string();
+    let v3 = ok(
+        dir,
+        &["put", "doc", "--value", "main edit", "--context", "second"],
+    )
+    .trim()
+    .to_string();
+    assert_eq!(ok(dir, &["lca", "doc", &v2, &v3]).trim(), v1);
+    let branches = ok(dir, &["branches", "doc"]);
+    assert!(
+        branches.contains(&format!("dev\t{v2}")) && branches.contains(&format!("master\t{v3}"))
+    );
+    let err = fails(
+        dir,
+        &["merge", "doc", "--into", "master", "--from", "dev"],
+        5,
+    );
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(ok(dir, &["get", "doc"]), "main edit");
+    ok(
+        dir,
+        &[
+            "merge",
+            "doc",
+            "--into",
+            "master",
+            "--from",
+            "dev",
+            "--resolve",
+            "theirs",
+        ],
+    );
+    assert_eq!(ok(dir, &["get", "doc"]), "dev edit");
+    let log = ok(dir, &["log", "doc"]);
+    assert_eq!(log.lines().count(), 4, "{log}");
+    assert!(log.lines().next().unwrap().contains("merge of"), "{log}");
+    assert!(log.contains("second"));
+    let diff = ok(dir, &["diff", "doc", &v1, &v3]);
+    assert_eq!(diff, "- base\n+ main edit\n");
+    // Fork on conflict through the CLI.
+    ok(dir, &["put", "doc", "--base", &v1, "--value", "a"]);
+    ok(dir, &["put", "doc", "--base", &v1, "--value", "b"]);
+    assert_eq!(
+        ok(dir, &["branches", "doc", "--untagged"]).lines().count(),
+        2
+    );
+    ok(dir, &["merge", "doc", "--untagged", "--resolve", "append"]);
+    assert_eq!(
+        ok(dir, &["branches", "doc", "--untagged"]).lines().count(),
+        1
+    );
+    ok(dir, &["rename", "doc", "dev", "wip"]);
+    ok(dir, &["remove", "doc", "wip"]);
+    assert_eq!(ok(dir, &["branches", "doc"]).lines().count(), 1);
+}
+
+#[test]
+fn errors_are_one_clear_line_and_change_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let v1 = ok(dir, &["put", "k", "--value", "v"]).trim().to_string();
+    fails(dir, &["get", "nope"], 3);
+    fails(dir, &["get", "k", "--branch", "nope"], 3);
+    fails(dir, &["put", "k", "--value", "w", "--branch", "typo"], 3);
+    let other = ok(dir, &["put", "k2", "--value", "x"]).trim().to_string();
+    fails(dir, &["put", "k", "--value", "w", "--guard", &other], 4);
+    fails(dir, &["put", "k", "--value", "1", "--type", "integer"], 7);
+    fails(dir, &["update", "k", "--add", "1"], 7);
+    fails(dir, &["put", "n", "--value", "x1", "--type", "integer"], 8);
+    fails(dir, &["put", "m", "--value", "novalue", "--type", "map"], 8);
+    fails(dir, &["fork", "k", "--from", "master", "--to", "master"], 8);
+    fails(dir, &["get", "k", "--uid", &"1e20".repeat(17)], 3);
+    fails(dir, &["lca", "k", &v1, &other], 8);
+    // A malformed uid is a usage error from the argument parser.
+    let out = cairn(dir, &["get", "k", "--uid", "zz"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(ok(dir, &["get", "k"]), "v");
+    assert_eq!(ok(dir, &["log", "k"]).lines().count(), 1);
+}
+
+#[test]
+fn verify_detects_flipped_bytes_in_the_data_dir() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let mut x = 0x2545F4914F6CDD1Du64;
+    let data: Vec<u8> = (0..400_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let f = dir.join("input.bin");
+    std::fs::write(&f, &data).unwrap();
+    let store = dir.join("store");
+    let uid = ok(&store, &["put", "doc", "--file", f.to_str().unwrap()])
+        .trim()
+        .to_string();
+    assert!(ok(&store, &["verify"]).starts_with("intact"));
+    // Flip one byte in the middle of the largest file in the store (the chunk log).
+    let mut files: Vec<_> = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let seg = files.last().unwrap();
+    let mut bytes = std::fs::read(seg).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(seg, &bytes).unwrap();
+    let err = fails(&store, &["verify"], 6);
+    assert!(err.contains("\"doc\""), "{err}");
+    assert!(err.contains(&uid), "{err}");
+    // Reading the damaged blob fails loudly rather than returning wrong bytes.
+    let out = cairn(
+        &store,
+        &["get", "doc", "--out", dir.join("out.bin").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+}
+
+/// Kills a writer with SIGKILL in the middle of a streamed put; every acknowledged
+/// version must read back intact and verify must pass.
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let v = format!("version {i}");
+        let uid = ok(dir, &["put", "k", "--value", &v]).trim().to_string();
+        acked.push((uid, v));
+    }
+    for round in 0..3 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(dir)
+            .args(["put", &format!("big{round}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let block: Vec<u8> = (0..1u32 << 20)
+            .map(|i| (i.wrapping_mul(31 + round) >> 3) as u8)
+            .collect();
+        for _ in 0..(8 + round * 5) {
+            if stdin.write_all(&block).is_err() {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        let _ = child.wait();
+        drop(stdin);
+        let uid = ok(
+            dir,
+            &["put", "k", "--value", &format!("after crash {round}")],
+        )
+        .trim()
+        .to_string();
+        acked.push((uid, format!("after crash {round}")));
+    }
+    for (uid, v) in &acked {
+        assert_eq!(&ok(dir, &["get", "k", "--uid", uid]), v);
+    }
+    assert!(ok(dir, &["verify"]).starts_with("intact"));
+    assert_eq!(ok(dir, &["keys"]), "k\n");
+}
+
+fn max_child_rss_kib() -> i64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a rusage struct into the pointer it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    // SAFETY: initialised by the successful call above.
+    unsafe { usage.assume_init() }.ru_maxrss
+}
+
+/// A 2 GiB blob streams through `put` (stdin) and `get` (--out) in bounded memory.
+#[test]
+fn two_gib_blob_streams_in_constant_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    const SIZE: u64 = 2 << 30;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .args(["--durability", "buffered", "put", "huge"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut block = vec![0u8; 1 << 20];
+        let mut x = 0x9E3779B97F4A7C15u64;
+        for _ in 0..(SIZE >> 20) {
+            for b in block.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+            }
+            stdin.write_all(&block).unwrap();
+        }
+    });
+    writer.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let put_rss = max_child_rss_kib();
+    assert!(put_rss < 256 * 1024, "put peak RSS {put_rss} KiB");
+    let meta = ok(dir, &["get", "huge", "--meta"]);
+    assert!(meta.contains(&format!("size: {SIZE} bytes")), "{meta}");
+    // Stream it back out and count the bytes.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .args(["get", "huge"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = stdout.read(&mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+    }
+    assert!(child.wait().unwrap().success());
+    assert_eq!(n, SIZE);
+    let get_rss = max_child_rss_kib();
+    assert!(get_rss < 256 * 1024, "peak RSS {get_rss} KiB");
+}

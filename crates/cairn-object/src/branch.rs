@@ -1,0 +1,128 @@
+//! Branch tables (ForkBase §4.5): per key, the TB-table of tagged branches (name → head
+//! uid) and the UB-table of untagged heads (leaves of the derivation graph left by puts on
+//! a base version and by merges of untagged heads). Persisted as one ref per key.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cairn_core::{Decoder, Encoder, Error, Result};
+
+use crate::fobject::Uid;
+
+/// Format version of the branch table encoding.
+pub const BRANCH_TABLE_FORMAT: u8 = 1;
+/// Longest branch name accepted.
+pub const MAX_BRANCH_LEN: usize = 255;
+
+/// The heads of one key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BranchTable {
+    /// Tagged branches: name → head uid.
+    pub tagged: BTreeMap<String, Uid>,
+    /// Untagged heads.
+    pub untagged: BTreeSet<Uid>,
+}
+
+impl BranchTable {
+    /// True when the key has no heads at all (it no longer exists).
+    pub fn is_empty(&self) -> bool {
+        self.tagged.is_empty() && self.untagged.is_empty()
+    }
+
+    /// Every head, tagged and untagged, without duplicates.
+    pub fn heads(&self) -> BTreeSet<Uid> {
+        self.tagged
+            .values()
+            .copied()
+            .chain(self.untagged.iter().copied())
+            .collect()
+    }
+
+    /// Canonical encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::versioned(BRANCH_TABLE_FORMAT);
+        e.varint(self.tagged.len() as u64);
+        for (name, uid) in &self.tagged {
+            e.bytes(name.as_bytes());
+            e.hash(uid);
+        }
+        e.varint(self.untagged.len() as u64);
+        for uid in &self.untagged {
+            e.hash(uid);
+        }
+        e.finish()
+    }
+
+    /// Parses [`BranchTable::encode`]'s output strictly.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, "branch table");
+        d.version(&[BRANCH_TABLE_FORMAT])?;
+        let mut t = BranchTable::default();
+        let n = d.count(1 + cairn_core::hash::ENCODED_LEN)?;
+        for _ in 0..n {
+            let name = d.str()?.to_string();
+            let uid = d.hash()?;
+            if t.tagged.insert(name, uid).is_some() {
+                return Err(Error::decode("branch table names a branch twice"));
+            }
+        }
+        let n = d.count(cairn_core::hash::ENCODED_LEN)?;
+        for _ in 0..n {
+            t.untagged.insert(d.hash()?);
+        }
+        d.finish()?;
+        Ok(t)
+    }
+}
+
+/// Checks a branch name: 1 to 255 bytes of printable ASCII other than space, not a uid.
+pub fn check_branch_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_BRANCH_LEN {
+        return Err(Error::invalid(format!(
+            "branch name must be 1 to {MAX_BRANCH_LEN} characters"
+        )));
+    }
+    if !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid(format!(
+            "branch name {name:?} may contain only printable ASCII without spaces"
+        )));
+    }
+    if name.parse::<Uid>().is_ok() {
+        return Err(Error::invalid(format!(
+            "branch name {name:?} would be read as a version id"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::HashAlgo;
+
+    #[test]
+    fn round_trip_and_strictness() {
+        let mut t = BranchTable::default();
+        t.tagged
+            .insert("master".into(), HashAlgo::Blake3.digest(b"a"));
+        t.tagged.insert("dev".into(), HashAlgo::Blake3.digest(b"b"));
+        t.untagged.insert(HashAlgo::Blake3.digest(b"c"));
+        let bytes = t.encode();
+        assert_eq!(BranchTable::decode(&bytes).unwrap(), t);
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(BranchTable::decode(&longer).is_err());
+        assert!(BranchTable::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert_eq!(t.heads().len(), 3);
+    }
+
+    #[test]
+    fn branch_names() {
+        assert!(check_branch_name("master").is_ok());
+        assert!(check_branch_name("feature/x-1").is_ok());
+        assert!(check_branch_name("").is_err());
+        assert!(check_branch_name("a b").is_err());
+        assert!(check_branch_name(&"x".repeat(256)).is_err());
+        let uid = HashAlgo::Blake3.digest(b"x").to_hex();
+        assert!(check_branch_name(&uid).is_err());
+    }
+}

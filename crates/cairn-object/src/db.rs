@@ -1,0 +1,599 @@
+//! [`Db`]: the ForkBase servlet for one bucket, embedded. It owns the branch tables and
+//! every operation of ForkBase Table 1 that creates or names versions: Get (M1, M2),
+//! Put (M3, M4, guarded), type operations, ListKeys (M8), ListTaggedBranches (M9),
+//! ListUntaggedBranches (M10), Fork (M11, M12), Rename (M13) and Remove (M14). Merge,
+//! Track, LCA and Diff live in [`crate::merge`] and [`crate::history`]; verification and GC
+//! in [`crate::verify`] and [`crate::gc`].
+//!
+//! Concurrency: updates of one key are serialised by a striped per-key lock (the paper's
+//! "concurrent updates on a tagged branch are serialized by the servlet"); expensive work
+//! (building POS-trees) happens before the lock is taken. Every mutation ends in one
+//! [`RefStore::commit`] of the key's branch table, the durability point: when a put returns,
+//! its chunks and its new head survive a crash at the store's durability level.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_core::{Error, HashAlgo, Result};
+use cairn_store::{ChunkStore, RefUpdate, Store};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use crate::branch::{BranchTable, check_branch_name};
+use crate::fobject::{FObject, Uid, check_key, show_key};
+use crate::postree::{self, BlobWriter, TreeConfig};
+use crate::value::{NewValue, Op, Value, ValueType};
+
+/// The branch every command uses when none is named.
+pub const DEFAULT_BRANCH: &str = "master";
+/// Largest inline (String or Tuple) value, encoded; larger data belongs in a Blob or List.
+pub const MAX_INLINE_BYTES: usize = 16 << 20;
+
+const KEY_LOCK_STRIPES: usize = 256;
+
+/// Where a Put goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// M3: the head of a tagged branch (created when the key is new).
+    Branch(&'a str),
+    /// M4: a new version derived from this uid; becomes an untagged head. Two puts on the
+    /// same base fork on conflict.
+    Base(Uid),
+}
+
+/// A version named by branch or by uid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum At {
+    /// The head of a tagged branch.
+    Branch(String),
+    /// A specific version.
+    Uid(Uid),
+}
+
+impl At {
+    /// Reads a command-line `BRANCH_OR_UID`: a 68-hex-digit version id, else a branch name.
+    pub fn parse(s: &str) -> Self {
+        match s.parse::<Uid>() {
+            Ok(uid) => At::Uid(uid),
+            Err(_) => At::Branch(s.to_string()),
+        }
+    }
+
+    /// The default branch.
+    pub fn default_branch() -> Self {
+        At::Branch(DEFAULT_BRANCH.to_string())
+    }
+}
+
+/// Options of a Put.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Succeed only if the target branch's head is this uid (ForkBase's guarded Put).
+    pub guard: Option<Uid>,
+    /// Application metadata stored in the FObject (hashed into the uid).
+    pub context: Vec<u8>,
+}
+
+/// A version and its uid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// The version id.
+    pub uid: Uid,
+    /// The decoded FObject.
+    pub object: FObject,
+}
+
+/// One bucket of versioned objects over a [`Store`].
+pub struct Db {
+    store: Arc<dyn Store>,
+    algo: HashAlgo,
+    cfg: TreeConfig,
+    prefix: Vec<u8>,
+    key_locks: Box<[Mutex<()>]>,
+    /// Writers hold it shared from their first chunk write to their commit; GC takes it
+    /// exclusively for its short final mark-and-sweep (see [`crate::gc`]).
+    pub(crate) gc_lock: RwLock<()>,
+}
+
+impl Db {
+    /// A Db over `store` with the default POS-tree configuration and the default bucket.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self::with_config(store, TreeConfig::default())
+    }
+
+    /// A Db with a chosen POS-tree configuration.
+    pub fn with_config(store: Arc<dyn Store>, cfg: TreeConfig) -> Self {
+        let algo = store.algo();
+        Db {
+            store,
+            algo,
+            cfg,
+            prefix: b"bucket/default/".to_vec(),
+            key_locks: (0..KEY_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            gc_lock: RwLock::new(()),
+        }
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The store as a chunk store (for [`postree`] reads).
+    pub fn chunks(&self) -> &dyn ChunkStore {
+        &*self.store
+    }
+
+    /// The hash algorithm naming this Db's chunks and versions.
+    pub fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    /// The POS-tree configuration used for new values.
+    pub fn tree_config(&self) -> &TreeConfig {
+        &self.cfg
+    }
+
+    fn ref_name(&self, key: &[u8]) -> Vec<u8> {
+        let mut n = Vec::with_capacity(self.prefix.len() + key.len());
+        n.extend_from_slice(&self.prefix);
+        n.extend_from_slice(key);
+        n
+    }
+
+    pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, ()> {
+        let i = (xxhash_rust::xxh3::xxh3_64(key) as usize) % self.key_locks.len();
+        self.key_locks[i].lock()
+    }
+
+    pub(crate) fn writer_guard(&self) -> RwLockReadGuard<'_, ()> {
+        self.gc_lock.read_recursive()
+    }
+
+    // ----- reads -----
+
+    /// The branch table of `key`, or an empty one when the key does not exist.
+    pub fn table(&self, key: &[u8]) -> Result<BranchTable> {
+        match self.store.get_ref(&self.ref_name(key))? {
+            Some(b) => BranchTable::decode(&b).map_err(|e| {
+                Error::corrupt(format!(
+                    "branch table of key {} is damaged: {e}",
+                    show_key(key)
+                ))
+            }),
+            None => Ok(BranchTable::default()),
+        }
+    }
+
+    /// The branch table of `key`; [`Error::NotFound`] when the key does not exist.
+    pub fn existing_table(&self, key: &[u8]) -> Result<BranchTable> {
+        let t = self.table(key)?;
+        if t.is_empty() {
+            return Err(Error::not_found(format!("key {}", show_key(key))));
+        }
+        Ok(t)
+    }
+
+    /// Loads and decodes a version (the store verifies the chunk against the uid).
+    pub fn load(&self, uid: &Uid) -> Result<FObject> {
+        let chunk = self
+            .store
+            .get(uid)?
+            .ok_or_else(|| Error::not_found(format!("version {uid}")))?;
+        FObject::from_chunk(&chunk)
+            .map_err(|e| Error::corrupt(format!("version {uid} does not decode: {e}")))
+    }
+
+    /// Loads a version and checks it belongs to `key`.
+    pub fn load_for_key(&self, key: &[u8], uid: &Uid) -> Result<FObject> {
+        let o = self.load(uid)?;
+        if o.key != key {
+            return Err(Error::invalid(format!(
+                "version {uid} belongs to key {}, not {}",
+                show_key(&o.key),
+                show_key(key)
+            )));
+        }
+        Ok(o)
+    }
+
+    /// Resolves a branch name or uid of `key` to a uid.
+    pub fn resolve(&self, key: &[u8], at: &At) -> Result<Uid> {
+        match at {
+            At::Uid(u) => Ok(*u),
+            At::Branch(b) => {
+                let t = self.existing_table(key)?;
+                t.tagged.get(b.as_str()).copied().ok_or_else(|| {
+                    Error::not_found(format!(
+                        "branch {b:?} of key {} (branches: {})",
+                        show_key(key),
+                        t.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })
+            }
+        }
+    }
+
+    /// M1 / M2: the version at a branch head or uid.
+    pub fn get(&self, key: &[u8], at: &At) -> Result<Version> {
+        let uid = self.resolve(key, at)?;
+        let object = self.load_for_key(key, &uid)?;
+        Ok(Version { uid, object })
+    }
+
+    /// M8: every key with at least one head, sorted.
+    pub fn list_keys(&self) -> Result<Vec<Bytes>> {
+        Ok(self
+            .store
+            .list_refs(&self.prefix)?
+            .into_iter()
+            .map(|(name, _)| name.slice(self.prefix.len()..))
+            .collect())
+    }
+
+    /// M9: tagged branches of `key` with their heads, sorted by name.
+    pub fn list_tagged(&self, key: &[u8]) -> Result<Vec<(String, Uid)>> {
+        Ok(self.existing_table(key)?.tagged.into_iter().collect())
+    }
+
+    /// M10: untagged heads of `key` (more than one means concurrent puts forked it).
+    pub fn list_untagged(&self, key: &[u8]) -> Result<Vec<Uid>> {
+        Ok(self.existing_table(key)?.untagged.into_iter().collect())
+    }
+
+    // ----- writes -----
+
+    pub(crate) fn store_object(&self, o: &FObject) -> Result<Uid> {
+        let chunk = o.to_chunk();
+        let uid = self.algo.digest(&chunk);
+        self.store.put_hashed(uid, &chunk)?;
+        Ok(uid)
+    }
+
+    pub(crate) fn commit_table(&self, key: &[u8], t: &BranchTable) -> Result<()> {
+        let name = self.ref_name(key);
+        let upd = if t.is_empty() {
+            RefUpdate::Delete { name }
+        } else {
+            RefUpdate::Set {
+                name,
+                value: t.encode(),
+            }
+        };
+        self.store.commit(&[upd])
+    }
+
+    /// Stores a whole new value's chunks (POS-tree for chunkable types).
+    pub fn store_value(&self, v: NewValue) -> Result<Value> {
+        let s = self.chunks();
+        Ok(match v {
+            NewValue::String(b) => {
+                check_inline(b.len())?;
+                Value::String(b.into())
+            }
+            NewValue::Integer(i) => Value::Integer(i),
+            NewValue::Tuple(items) => {
+                check_inline(items.iter().map(|i| i.len() + 4).sum())?;
+                Value::Tuple(items.into_iter().map(Bytes::from).collect())
+            }
+            NewValue::Blob(b) => Value::Tree(postree::build_blob(s, &self.cfg, &b)?),
+            NewValue::List(items) => Value::Tree(postree::build_list(s, &self.cfg, items)?),
+            NewValue::Map(m) => Value::Tree(postree::build_map(s, &self.cfg, m)?),
+            NewValue::Set(m) => Value::Tree(postree::build_set(s, &self.cfg, m)?),
+            NewValue::Tree(t) => {
+                if !s.has(&t.root)? {
+                    return Err(Error::not_found(format!("POS-tree root {}", t.root)));
+                }
+                Value::Tree(t)
+            }
+        })
+    }
+
+    /// M3 / M4: writes a whole new value. Returns the new uid.
+    pub fn put(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        value: NewValue,
+        opts: &PutOptions,
+    ) -> Result<Uid> {
+        check_key(key)?;
+        let _w = self.writer_guard();
+        let value = self.store_value(value)?;
+        self.put_value(key, target, opts, |base| {
+            if let Some(b) = base {
+                same_type(key, b.value_type(), value.value_type())?;
+            }
+            Ok(value)
+        })
+    }
+
+    /// Streams a Blob from `reader` in constant memory, then puts it like [`Db::put`].
+    /// `progress` is called with the bytes read so far.
+    pub fn put_blob_stream(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        reader: &mut dyn Read,
+        opts: &PutOptions,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Uid> {
+        check_key(key)?;
+        let _w = self.writer_guard();
+        let mut w = BlobWriter::new(self.chunks(), &self.cfg);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io("reading the input", e)),
+            };
+            std::io::Write::write_all(&mut w, &buf[..n])
+                .map_err(|e| Error::io("storing blob chunks", e))?;
+            total += n as u64;
+            progress(total);
+        }
+        let tree = w.finish()?;
+        self.put_value(key, target, opts, |base| {
+            if let Some(b) = base {
+                same_type(key, b.value_type(), ValueType::Blob)?;
+            }
+            Ok(Value::Tree(tree))
+        })
+    }
+
+    /// Applies a type operation to the version at `target` (a branch head or a base uid)
+    /// and stores the result as a new version, atomically with respect to other writers.
+    pub fn update(&self, key: &[u8], target: Target<'_>, op: Op, opts: &PutOptions) -> Result<Uid> {
+        check_key(key)?;
+        let _w = self.writer_guard();
+        self.put_value(key, target, opts, |base| {
+            let base = base.ok_or_else(|| {
+                Error::not_found(format!(
+                    "key {} (nothing to apply {} to)",
+                    show_key(key),
+                    op.name()
+                ))
+            })?;
+            self.apply_op(&base.value, op)
+        })
+    }
+
+    /// The common path of every Put: under the key lock, resolve the base, check the guard,
+    /// make the value, store the FObject and commit the branch table.
+    fn put_value(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        opts: &PutOptions,
+        make: impl FnOnce(Option<&FObject>) -> Result<Value>,
+    ) -> Result<Uid> {
+        let _k = self.lock_key(key);
+        let mut table = self.table(key)?;
+        let base = match target {
+            Target::Branch(b) => {
+                check_branch_name(b)?;
+                let head = table.tagged.get(b).copied();
+                if let Some(g) = opts.guard
+                    && head != Some(g)
+                {
+                    return Err(Error::GuardMismatch(format!(
+                        "branch {b:?} of key {} is at {}, not {g}",
+                        show_key(key),
+                        head.map(|h| h.to_string())
+                            .unwrap_or_else(|| "nothing".into())
+                    )));
+                }
+                if head.is_none() && !table.is_empty() {
+                    return Err(Error::not_found(format!(
+                        "branch {b:?} of key {} (branches: {}); use fork to create it",
+                        show_key(key),
+                        table.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                head
+            }
+            Target::Base(u) => {
+                if opts.guard.is_some() {
+                    return Err(Error::invalid(
+                        "a guard applies to a branch put, not to a put on a base version",
+                    ));
+                }
+                Some(u)
+            }
+        };
+        let base_obj = match &base {
+            Some(b) => Some(self.load_for_key(key, b)?),
+            None => None,
+        };
+        let value = make(base_obj.as_ref())?;
+        let object = FObject {
+            key: Bytes::copy_from_slice(key),
+            value,
+            depth: base_obj.as_ref().map_or(0, |b| b.depth + 1),
+            bases: base.into_iter().collect(),
+            context: Bytes::copy_from_slice(&opts.context),
+        };
+        let uid = self.store_object(&object)?;
+        match target {
+            Target::Branch(b) => {
+                if let Some(h) = base {
+                    table.untagged.remove(&h);
+                }
+                table.tagged.insert(b.to_string(), uid);
+            }
+            Target::Base(u) => {
+                table.untagged.remove(&u);
+                table.untagged.insert(uid);
+            }
+        }
+        self.commit_table(key, &table)?;
+        Ok(uid)
+    }
+
+    fn apply_op(&self, v: &Value, op: Op) -> Result<Value> {
+        let s = self.chunks();
+        let mismatch = |v: &Value| {
+            Error::TypeMismatch(format!(
+                "{} does not apply to a {}",
+                op.name(),
+                v.value_type()
+            ))
+        };
+        Ok(match (v, &op) {
+            (Value::String(b), Op::Append(x)) => {
+                check_inline(b.len() + x.len())?;
+                let mut n = b.to_vec();
+                n.extend_from_slice(x);
+                Value::String(n.into())
+            }
+            (Value::String(b), Op::Insert(pos, x)) => {
+                let pos = usize::try_from(*pos)
+                    .ok()
+                    .filter(|p| *p <= b.len())
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "insert at {pos} is past the end ({} bytes)",
+                            b.len()
+                        ))
+                    })?;
+                check_inline(b.len() + x.len())?;
+                let mut n = Vec::with_capacity(b.len() + x.len());
+                n.extend_from_slice(&b[..pos]);
+                n.extend_from_slice(x);
+                n.extend_from_slice(&b[pos..]);
+                Value::String(n.into())
+            }
+            (Value::Tuple(t), Op::Append(x)) => {
+                let mut n = t.clone();
+                n.push(Bytes::copy_from_slice(x));
+                Value::Tuple(n)
+            }
+            (Value::Tuple(t), Op::Insert(pos, x)) => {
+                let pos = usize::try_from(*pos)
+                    .ok()
+                    .filter(|p| *p <= t.len())
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "insert at {pos} is past the end ({} elements)",
+                            t.len()
+                        ))
+                    })?;
+                let mut n = t.clone();
+                n.insert(pos, Bytes::copy_from_slice(x));
+                Value::Tuple(n)
+            }
+            (Value::Integer(i), Op::Add(x)) => {
+                Value::Integer(i.checked_add(*x).ok_or_else(|| {
+                    Error::invalid(format!("{i} + {x} overflows a 64-bit integer"))
+                })?)
+            }
+            (Value::Integer(i), Op::Multiply(x)) => {
+                Value::Integer(i.checked_mul(*x).ok_or_else(|| {
+                    Error::invalid(format!("{i} * {x} overflows a 64-bit integer"))
+                })?)
+            }
+            (
+                Value::Tree(t),
+                Op::BlobSplice {
+                    offset,
+                    delete,
+                    insert,
+                },
+            ) if v.value_type() == ValueType::Blob => Value::Tree(postree::blob_splice(
+                s, &self.cfg, t, *offset, *delete, insert,
+            )?),
+            (
+                Value::Tree(t),
+                Op::ListSplice {
+                    index,
+                    delete,
+                    insert,
+                },
+            ) if v.value_type() == ValueType::List => {
+                let ins: Vec<Bytes> = insert.iter().map(|x| Bytes::copy_from_slice(x)).collect();
+                Value::Tree(postree::list_splice(
+                    s, &self.cfg, t, *index, *delete, &ins,
+                )?)
+            }
+            (Value::Tree(t), Op::MapUpdate(edits)) if v.value_type() == ValueType::Map => {
+                Value::Tree(postree::map_update(s, &self.cfg, t, edits.clone())?)
+            }
+            (Value::Tree(t), Op::SetUpdate(edits)) if v.value_type() == ValueType::Set => {
+                Value::Tree(postree::set_update(s, &self.cfg, t, edits.clone())?)
+            }
+            _ => return Err(mismatch(v)),
+        })
+    }
+
+    /// M11 / M12: creates tagged branch `new_branch` at a branch head or a version.
+    pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
+        check_branch_name(new_branch)?;
+        let _w = self.writer_guard();
+        let _k = self.lock_key(key);
+        let uid = self.resolve(key, from)?;
+        self.load_for_key(key, &uid)?;
+        let mut t = self.existing_table(key)?;
+        if t.tagged.contains_key(new_branch) {
+            return Err(Error::AlreadyExists(format!(
+                "branch {new_branch:?} of key {}",
+                show_key(key)
+            )));
+        }
+        t.tagged.insert(new_branch.to_string(), uid);
+        self.commit_table(key, &t)?;
+        Ok(uid)
+    }
+
+    /// M13: renames a tagged branch.
+    pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<()> {
+        check_branch_name(to)?;
+        let _k = self.lock_key(key);
+        let mut t = self.existing_table(key)?;
+        if t.tagged.contains_key(to) {
+            return Err(Error::AlreadyExists(format!(
+                "branch {to:?} of key {}",
+                show_key(key)
+            )));
+        }
+        let uid = t
+            .tagged
+            .remove(from)
+            .ok_or_else(|| Error::not_found(format!("branch {from:?} of key {}", show_key(key))))?;
+        t.tagged.insert(to.to_string(), uid);
+        self.commit_table(key, &t)
+    }
+
+    /// M14: removes a tagged branch (its versions stay until no head reaches them and GC
+    /// runs). Removing a key's last head removes the key.
+    pub fn remove(&self, key: &[u8], branch: &str) -> Result<()> {
+        let _k = self.lock_key(key);
+        let mut t = self.existing_table(key)?;
+        t.tagged.remove(branch).ok_or_else(|| {
+            Error::not_found(format!("branch {branch:?} of key {}", show_key(key)))
+        })?;
+        self.commit_table(key, &t)
+    }
+}
+
+fn check_inline(n: usize) -> Result<()> {
+    if n > MAX_INLINE_BYTES {
+        return Err(Error::invalid(format!(
+            "inline values are limited to {} MiB; store large data as a blob or list",
+            MAX_INLINE_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
+fn same_type(key: &[u8], old: ValueType, new: ValueType) -> Result<()> {
+    if old != new {
+        return Err(Error::TypeMismatch(format!(
+            "key {} holds a {old}; a {new} cannot be put on it (use another key)",
+            show_key(key)
+        )));
+    }
+    Ok(())
+}

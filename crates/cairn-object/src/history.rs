@@ -1,0 +1,167 @@
+//! Version history queries (ForkBase Table 1 M15 to M17, §3.2): Track (versions within a
+//! distance range of a version), LCA (least common ancestor, the base of a three-way merge)
+//! and Diff (between two versions of the same type, descending only into the parts of
+//! their POS-trees that differ).
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+
+use cairn_core::{Error, Result};
+
+use crate::db::{At, Db};
+use crate::fobject::{FObject, Uid};
+use crate::postree::{self, KeyChange, SeqChange};
+use crate::value::{Value, ValueType};
+
+/// One version found by [`Db::track`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrackEntry {
+    /// Number of derivation steps from the starting version (0 = the start).
+    pub distance: u64,
+    /// The version id.
+    pub uid: Uid,
+    /// The version.
+    pub object: FObject,
+}
+
+/// What differs between two versions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Diff {
+    /// The values are identical.
+    Same,
+    /// Primitive values that differ: left then right.
+    Primitive(Value, Value),
+    /// Map or Set: the keys whose entries differ.
+    Sorted(Vec<KeyChange>),
+    /// Blob or List: the regions that differ.
+    Seq(Vec<SeqChange>),
+}
+
+impl Db {
+    /// M15 / M16: the versions whose distance from `from` lies in `min..=max`, nearest
+    /// first, following every base (a merge's history includes both sides).
+    pub fn track(&self, key: &[u8], from: &At, min: u64, max: u64) -> Result<Vec<TrackEntry>> {
+        let start = self.resolve(key, from)?;
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut queue = VecDeque::from([(start, 0u64)]);
+        seen.insert(start);
+        while let Some((uid, dist)) = queue.pop_front() {
+            if dist > max {
+                break;
+            }
+            let object = self.load_for_key(key, &uid)?;
+            if dist < max {
+                for b in &object.bases {
+                    if seen.insert(*b) {
+                        queue.push_back((*b, dist + 1));
+                    }
+                }
+            }
+            if dist >= min {
+                out.push(TrackEntry {
+                    distance: dist,
+                    uid,
+                    object,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// M17: the least common ancestor of two versions of `key` (the deepest version both
+    /// derive from), or `None` when their histories are disjoint. Walks only down to the
+    /// answer's depth, newest first, using each FObject's depth.
+    pub fn lca(&self, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
+        const A: u8 = 1;
+        const B: u8 = 2;
+        let mut flags: HashMap<Uid, u8> = HashMap::new();
+        let mut heap = BinaryHeap::new();
+        let mut cache: HashMap<Uid, FObject> = HashMap::new();
+        for (u, f) in [(*a, A), (*b, B)] {
+            let o = self.load_for_key(key, &u)?;
+            *flags.entry(u).or_default() |= f;
+            heap.push((o.depth, u));
+            cache.insert(u, o);
+        }
+        let mut done = HashSet::new();
+        while let Some((_, uid)) = heap.pop() {
+            if !done.insert(uid) {
+                continue;
+            }
+            let f = flags.get(&uid).copied().unwrap_or(0);
+            if f == A | B {
+                return Ok(Some(uid));
+            }
+            let o = match cache.remove(&uid) {
+                Some(o) => o,
+                None => self.load_for_key(key, &uid)?,
+            };
+            for base in &o.bases {
+                let entry = flags.entry(*base).or_default();
+                let before = *entry;
+                *entry |= f;
+                if before == 0 {
+                    let bo = self.load_for_key(key, base)?;
+                    if bo.depth >= o.depth {
+                        return Err(Error::corrupt(format!(
+                            "version {uid} has depth {} but its base {base} has depth {}",
+                            o.depth, bo.depth
+                        )));
+                    }
+                    heap.push((bo.depth, *base));
+                    cache.insert(*base, bo);
+                } else if done.contains(base) && *entry != before {
+                    return Err(Error::corrupt(format!(
+                        "history of version {uid} is not ordered by depth"
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Diff between two versions of the same type (they may belong to different keys).
+    pub fn diff(&self, a: &Uid, b: &Uid) -> Result<Diff> {
+        let (oa, ob) = (self.load(a)?, self.load(b)?);
+        self.diff_values(&oa.value, &ob.value)
+    }
+
+    /// Diff between two values of the same type.
+    pub fn diff_values(&self, a: &Value, b: &Value) -> Result<Diff> {
+        if a.value_type() != b.value_type() {
+            return Err(Error::TypeMismatch(format!(
+                "cannot diff a {} with a {}",
+                a.value_type(),
+                b.value_type()
+            )));
+        }
+        if a == b {
+            return Ok(Diff::Same);
+        }
+        Ok(match (a, b) {
+            (Value::Tree(ta), Value::Tree(tb)) => match a.value_type() {
+                ValueType::Map | ValueType::Set => {
+                    Diff::Sorted(postree::diff_sorted(self.chunks(), ta, tb)?)
+                }
+                _ => Diff::Seq(postree::diff_seq(self.chunks(), ta, tb)?),
+            },
+            _ => Diff::Primitive(a.clone(), b.clone()),
+        })
+    }
+
+    /// Every version reachable from `key`'s heads, by uid (for tools and tests).
+    pub fn all_versions(&self, key: &[u8]) -> Result<BTreeMap<Uid, FObject>> {
+        let t = self.existing_table(key)?;
+        let mut out = BTreeMap::new();
+        let mut stack: Vec<Uid> = t.heads().into_iter().collect();
+        while let Some(u) = stack.pop() {
+            if out.contains_key(&u) {
+                continue;
+            }
+            let o = self.load_for_key(key, &u)?;
+            stack.extend(o.bases.iter().copied());
+            out.insert(u, o);
+        }
+        Ok(out)
+    }
+}

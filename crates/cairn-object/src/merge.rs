@@ -1,0 +1,599 @@
+//! Three-way merge (ForkBase §3.3.3, §4.5.2): Merge(key, tgt_brh, ref_brh) (M5),
+//! Merge(key, tgt_brh, ref_uid) (M6) and Merge(key, uid1, ...) of untagged heads (M7).
+//!
+//! The base of the merge is the LCA of the two versions. Each side's changes against the
+//! base are found by POS-tree diff (only differing subtrees are read); changes that do not
+//! overlap are combined, and overlapping ones are conflicts handed to a [`Resolver`]:
+//! built-ins `ours`, `theirs`, `append`, `sum` (Integer, or Map values holding decimal
+//! integers), `union` (Set, Tuple), or a custom hook. A merge with an unresolved conflict
+//! returns the conflicts and changes no branch.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use cairn_core::{Error, Result};
+
+use crate::db::{Db, PutOptions};
+use crate::fobject::{FObject, Uid, show_key};
+use crate::postree::{self, SeqChange, TreeKind, TreeRef};
+use crate::value::{Value, ValueType};
+
+/// Where a conflict is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConflictAt {
+    /// The whole value (String, Integer, Tuple).
+    Value,
+    /// One key of a Map.
+    MapKey(Bytes),
+    /// A region of a Blob (bytes) or List (elements), in the base version's coordinates.
+    Range {
+        /// Start in the base.
+        start: u64,
+        /// End (exclusive) in the base.
+        end: u64,
+    },
+}
+
+/// Both sides changed the same thing differently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// What the conflict is about.
+    pub at: ConflictAt,
+    /// The base's content there (`None`: absent). For Lists, elements are joined by `\n`.
+    pub base: Option<Bytes>,
+    /// Our side's content.
+    pub ours: Option<Bytes>,
+    /// Their side's content.
+    pub theirs: Option<Bytes>,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |b: &Option<Bytes>| match b {
+            None => "(absent)".to_string(),
+            Some(b) => {
+                let s = String::from_utf8_lossy(&b[..b.len().min(60)]).into_owned();
+                if b.len() > 60 {
+                    format!("{s:?}…")
+                } else {
+                    format!("{s:?}")
+                }
+            }
+        };
+        match &self.at {
+            ConflictAt::Value => write!(f, "value")?,
+            ConflictAt::MapKey(k) => write!(f, "map key {}", show_key(k))?,
+            ConflictAt::Range { start, end } => write!(f, "range {start}..{end} of the base")?,
+        }
+        write!(
+            f,
+            ": base {}, ours {}, theirs {}",
+            show(&self.base),
+            show(&self.ours),
+            show(&self.theirs)
+        )
+    }
+}
+
+/// How a resolver settles one conflict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Keep our side.
+    Ours,
+    /// Take their side.
+    Theirs,
+    /// Use this content (`None` deletes a Map key).
+    Value(Option<Bytes>),
+}
+
+/// A conflict resolution strategy: returns `None` to leave a conflict unresolved.
+pub trait Resolver: Send + Sync {
+    /// Settles one conflict of a value of type `ty`, or declines.
+    fn resolve(&self, ty: ValueType, c: &Conflict) -> Option<Resolution>;
+
+    /// The built-in resolver this is, if any (lets Tuple merges act on elements).
+    fn builtin(&self) -> Option<BuiltinResolver> {
+        None
+    }
+}
+
+/// The built-in resolvers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BuiltinResolver {
+    /// Resolve nothing: any conflict fails the merge.
+    #[default]
+    Manual,
+    /// Keep our side of every conflict.
+    Ours,
+    /// Take their side of every conflict.
+    Theirs,
+    /// Our content followed by theirs (String, Blob, List, Tuple, Map values).
+    Append,
+    /// ours + theirs - base, as integers (Integer; Map values holding decimal integers).
+    Sum,
+    /// Elements of ours, then those of theirs not in ours (Tuple, List regions); Sets always
+    /// merge as a union of both sides' changes.
+    Union,
+}
+
+impl FromStr for BuiltinResolver {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "manual" | "none" => BuiltinResolver::Manual,
+            "ours" => BuiltinResolver::Ours,
+            "theirs" => BuiltinResolver::Theirs,
+            "append" => BuiltinResolver::Append,
+            "sum" => BuiltinResolver::Sum,
+            "union" => BuiltinResolver::Union,
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown resolver {other:?} (expected ours, theirs, append, sum or union)"
+                )));
+            }
+        })
+    }
+}
+
+fn parse_int(b: &Option<Bytes>) -> Option<i64> {
+    match b {
+        None => Some(0),
+        Some(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+    }
+}
+
+impl Resolver for BuiltinResolver {
+    fn builtin(&self) -> Option<BuiltinResolver> {
+        Some(*self)
+    }
+
+    fn resolve(&self, ty: ValueType, c: &Conflict) -> Option<Resolution> {
+        let cat = |a: &Option<Bytes>, b: &Option<Bytes>, sep: &[u8]| {
+            let mut v = a.as_ref().map(|x| x.to_vec()).unwrap_or_default();
+            if let Some(b) = b {
+                if !v.is_empty() && !b.is_empty() {
+                    v.extend_from_slice(sep);
+                }
+                v.extend_from_slice(b);
+            }
+            Resolution::Value(Some(v.into()))
+        };
+        let list_sep: &[u8] = if ty == ValueType::List { b"\n" } else { b"" };
+        match self {
+            BuiltinResolver::Manual => None,
+            BuiltinResolver::Ours => Some(Resolution::Ours),
+            BuiltinResolver::Theirs => Some(Resolution::Theirs),
+            BuiltinResolver::Append => match ty {
+                ValueType::Integer | ValueType::Set | ValueType::Tuple => None,
+                _ => Some(cat(&c.ours, &c.theirs, list_sep)),
+            },
+            BuiltinResolver::Sum => match ty {
+                ValueType::Integer | ValueType::Map => {
+                    let s = parse_int(&c.ours)?
+                        .checked_add(parse_int(&c.theirs)?)?
+                        .checked_sub(parse_int(&c.base)?)?;
+                    Some(Resolution::Value(Some(s.to_string().into())))
+                }
+                _ => None,
+            },
+            BuiltinResolver::Union => match ty {
+                ValueType::List => {
+                    let ours: Vec<&[u8]> = c.ours.as_deref().map(split_lines).unwrap_or_default();
+                    let mut out: Vec<&[u8]> = ours.clone();
+                    for t in c.theirs.as_deref().map(split_lines).unwrap_or_default() {
+                        if !ours.contains(&t) {
+                            out.push(t);
+                        }
+                    }
+                    Some(Resolution::Value(Some(out.join(&b"\n"[..]).into())))
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+fn split_lines(b: &[u8]) -> Vec<&[u8]> {
+    if b.is_empty() {
+        Vec::new()
+    } else {
+        b.split(|x| *x == b'\n').collect()
+    }
+}
+
+/// What a merge did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// A new merged version was made and became the head.
+    Merged(Uid),
+    /// The target was an ancestor of the other side; the head moved forward to it.
+    FastForward(Uid),
+    /// The other side was already contained in the target; nothing changed.
+    UpToDate(Uid),
+    /// Unresolved conflicts; nothing was written.
+    Conflicts(Vec<Conflict>),
+}
+
+impl Db {
+    /// M5 / M6: merges the version `from` into tagged branch `into` of `key`.
+    pub fn merge_into(
+        &self,
+        key: &[u8],
+        into: &str,
+        from: &crate::db::At,
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+    ) -> Result<MergeOutcome> {
+        let _w = self.writer_guard();
+        let _k = self.lock_key(key);
+        let mut table = self.existing_table(key)?;
+        let ours = *table
+            .tagged
+            .get(into)
+            .ok_or_else(|| Error::not_found(format!("branch {into:?} of key {}", show_key(key))))?;
+        let theirs = self.resolve(key, from)?;
+        let outcome = self.merge_pair(key, ours, theirs, resolver, opts)?;
+        match &outcome {
+            MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
+                table.tagged.insert(into.to_string(), *u);
+                table.untagged.remove(&theirs);
+                self.commit_table(key, &table)?;
+            }
+            MergeOutcome::UpToDate(_) | MergeOutcome::Conflicts(_) => {}
+        }
+        Ok(outcome)
+    }
+
+    /// M7: merges untagged heads of `key` (all of them when `uids` is empty) into one new
+    /// untagged head that replaces them.
+    pub fn merge_untagged(
+        &self,
+        key: &[u8],
+        uids: &[Uid],
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+    ) -> Result<MergeOutcome> {
+        let _w = self.writer_guard();
+        let _k = self.lock_key(key);
+        let mut table = self.existing_table(key)?;
+        let inputs: Vec<Uid> = if uids.is_empty() {
+            table.untagged.iter().copied().collect()
+        } else {
+            uids.to_vec()
+        };
+        if inputs.len() < 2 {
+            return Err(Error::invalid(format!(
+                "key {} has {} untagged head(s); a merge needs at least two",
+                show_key(key),
+                inputs.len()
+            )));
+        }
+        let mut acc = inputs[0];
+        for next in &inputs[1..] {
+            match self.merge_pair(key, acc, *next, resolver, opts)? {
+                MergeOutcome::Merged(u)
+                | MergeOutcome::FastForward(u)
+                | MergeOutcome::UpToDate(u) => acc = u,
+                c @ MergeOutcome::Conflicts(_) => return Ok(c),
+            }
+        }
+        for u in &inputs {
+            table.untagged.remove(u);
+        }
+        table.untagged.insert(acc);
+        self.commit_table(key, &table)?;
+        Ok(MergeOutcome::Merged(acc))
+    }
+
+    /// Merges `theirs` into `ours`, storing the merged FObject (but committing no branch).
+    fn merge_pair(
+        &self,
+        key: &[u8],
+        ours: Uid,
+        theirs: Uid,
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+    ) -> Result<MergeOutcome> {
+        if ours == theirs {
+            return Ok(MergeOutcome::UpToDate(ours));
+        }
+        let lca = self.lca(key, &ours, &theirs)?;
+        if lca == Some(theirs) {
+            return Ok(MergeOutcome::UpToDate(ours));
+        }
+        if lca == Some(ours) {
+            return Ok(MergeOutcome::FastForward(theirs));
+        }
+        let o = self.load_for_key(key, &ours)?;
+        let t = self.load_for_key(key, &theirs)?;
+        if o.value_type() != t.value_type() {
+            return Err(Error::TypeMismatch(format!(
+                "cannot merge a {} with a {}",
+                o.value_type(),
+                t.value_type()
+            )));
+        }
+        let base = match lca {
+            Some(b) => self.load_for_key(key, &b)?.value,
+            None => self.empty_value(o.value_type())?,
+        };
+        let merged = match self.merge_values(&base, &o.value, &t.value, resolver)? {
+            Ok(v) => v,
+            Err(conflicts) => return Ok(MergeOutcome::Conflicts(conflicts)),
+        };
+        let object = FObject {
+            key: o.key.clone(),
+            value: merged,
+            depth: o.depth.max(t.depth) + 1,
+            bases: vec![ours, theirs],
+            context: Bytes::copy_from_slice(&opts.context),
+        };
+        Ok(MergeOutcome::Merged(self.store_object(&object)?))
+    }
+
+    fn empty_value(&self, ty: ValueType) -> Result<Value> {
+        Ok(match ty {
+            ValueType::String => Value::String(Bytes::new()),
+            ValueType::Integer => Value::Integer(0),
+            ValueType::Tuple => Value::Tuple(Vec::new()),
+            _ => {
+                let kind = ty
+                    .tree_kind()
+                    .ok_or_else(|| Error::invalid(format!("no empty {ty}")))?;
+                Value::Tree(postree::empty(self.chunks(), kind)?)
+            }
+        })
+    }
+
+    /// Three-way merge of values; `Ok(Err(conflicts))` when some stay unresolved.
+    pub fn merge_values(
+        &self,
+        base: &Value,
+        ours: &Value,
+        theirs: &Value,
+        resolver: &dyn Resolver,
+    ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
+        if ours == theirs || base == theirs {
+            return Ok(Ok(ours.clone()));
+        }
+        if base == ours {
+            return Ok(Ok(theirs.clone()));
+        }
+        let ty = ours.value_type();
+        match (base, ours, theirs) {
+            (Value::Tree(b), Value::Tree(o), Value::Tree(t)) => match o.kind {
+                TreeKind::Map | TreeKind::Set => self.merge_sorted(ty, b, o, t, resolver),
+                TreeKind::Blob | TreeKind::List => self.merge_seq(ty, b, o, t, resolver),
+            },
+            _ => Ok(merge_primitive(ty, base, ours, theirs, resolver)),
+        }
+    }
+
+    fn merge_sorted(
+        &self,
+        ty: ValueType,
+        b: &TreeRef,
+        o: &TreeRef,
+        t: &TreeRef,
+        resolver: &dyn Resolver,
+    ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
+        let s = self.chunks();
+        let ours: BTreeMap<Bytes, Option<Bytes>> = postree::diff_sorted(s, b, o)?
+            .into_iter()
+            .map(|c| (c.key, c.right))
+            .collect();
+        let mut edits: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut conflicts = Vec::new();
+        for c in postree::diff_sorted(s, b, t)? {
+            let theirs = c.right.clone();
+            match ours.get(&c.key) {
+                None => edits.push((c.key.to_vec(), theirs.map(|v| v.to_vec()))),
+                Some(our) if *our == theirs => {}
+                Some(our) => {
+                    let conflict = Conflict {
+                        at: ConflictAt::MapKey(c.key.clone()),
+                        base: c.left.clone(),
+                        ours: our.clone(),
+                        theirs,
+                    };
+                    match resolver.resolve(ty, &conflict) {
+                        Some(Resolution::Ours) => {}
+                        Some(Resolution::Theirs) => {
+                            edits.push((c.key.to_vec(), conflict.theirs.map(|v| v.to_vec())))
+                        }
+                        Some(Resolution::Value(v)) => {
+                            edits.push((c.key.to_vec(), v.map(|v| v.to_vec())))
+                        }
+                        None => conflicts.push(conflict),
+                    }
+                }
+            }
+        }
+        if !conflicts.is_empty() {
+            return Ok(Err(conflicts));
+        }
+        let tree = if ty == ValueType::Set {
+            let set_edits = edits.into_iter().map(|(k, v)| (k, v.is_some())).collect();
+            postree::set_update(s, self.tree_config(), o, set_edits)?
+        } else {
+            postree::map_update(s, self.tree_config(), o, edits)?
+        };
+        Ok(Ok(Value::Tree(tree)))
+    }
+
+    fn merge_seq(
+        &self,
+        ty: ValueType,
+        b: &TreeRef,
+        o: &TreeRef,
+        t: &TreeRef,
+        resolver: &dyn Resolver,
+    ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
+        let s = self.chunks();
+        let co = postree::diff_seq(s, b, o)?;
+        let ct = postree::diff_seq(s, b, t)?;
+        // Cluster changes of both sides whose base ranges overlap or touch.
+        let mut all: Vec<(u64, u64, bool)> = co
+            .iter()
+            .map(|c| (c.a_start, c.a_end, true))
+            .chain(ct.iter().map(|c| (c.a_start, c.a_end, false)))
+            .collect();
+        all.sort_by_key(|x| (x.0, x.1));
+        let mut clusters: Vec<(u64, u64, bool, bool)> = Vec::new();
+        for (s0, e0, is_ours) in all {
+            match clusters.last_mut() {
+                Some(last) if s0 <= last.1 => {
+                    last.1 = last.1.max(e0);
+                    if is_ours {
+                        last.2 = true
+                    } else {
+                        last.3 = true
+                    }
+                }
+                _ => clusters.push((s0, e0, is_ours, !is_ours)),
+            }
+        }
+        let map = |changes: &[SeqChange], p: u64| -> u64 {
+            let mut shift: i128 = 0;
+            for c in changes {
+                if c.a_end <= p {
+                    shift += (c.b_end - c.b_start) as i128 - (c.a_end - c.a_start) as i128;
+                }
+            }
+            (p as i128 + shift) as u64
+        };
+        let read = |tree: &TreeRef, start: u64, end: u64| -> Result<Vec<u8>> {
+            if ty == ValueType::Blob {
+                postree::blob_read(s, tree, start, end - start)
+            } else {
+                let mut out = Vec::new();
+                for (i, el) in postree::list_range(s, tree, start, end).enumerate() {
+                    if i > 0 {
+                        out.push(b'\n');
+                    }
+                    out.extend_from_slice(&el?.key);
+                }
+                Ok(out)
+            }
+        };
+        let mut plan: Vec<(u64, u64, Vec<u8>)> = Vec::new(); // (ours start, ours end, content)
+        let mut conflicts = Vec::new();
+        for &(cs, ce, has_o, has_t) in &clusters {
+            if !has_t {
+                continue;
+            }
+            let (os, oe) = (map(&co, cs), map(&co, ce));
+            let (ts, te) = (map(&ct, cs), map(&ct, ce));
+            let theirs_content = read(t, ts, te)?;
+            if !has_o {
+                plan.push((os, oe, theirs_content));
+                continue;
+            }
+            let ours_content = read(o, os, oe)?;
+            if ours_content == theirs_content {
+                continue;
+            }
+            let conflict = Conflict {
+                at: ConflictAt::Range { start: cs, end: ce },
+                base: Some(read(b, cs, ce)?.into()),
+                ours: Some(ours_content.into()),
+                theirs: Some(theirs_content.clone().into()),
+            };
+            match resolver.resolve(ty, &conflict) {
+                Some(Resolution::Ours) => {}
+                Some(Resolution::Theirs) => plan.push((os, oe, theirs_content)),
+                Some(Resolution::Value(v)) => {
+                    plan.push((os, oe, v.map(|v| v.to_vec()).unwrap_or_default()))
+                }
+                None => conflicts.push(conflict),
+            }
+        }
+        if !conflicts.is_empty() {
+            return Ok(Err(conflicts));
+        }
+        let mut tree = *o;
+        for (os, oe, content) in plan.into_iter().rev() {
+            tree = if ty == ValueType::Blob {
+                postree::blob_splice(s, self.tree_config(), &tree, os, oe - os, &content)?
+            } else {
+                let elems: Vec<Bytes> = split_lines(&content)
+                    .into_iter()
+                    .map(Bytes::copy_from_slice)
+                    .collect();
+                postree::list_splice(s, self.tree_config(), &tree, os, oe - os, &elems)?
+            };
+        }
+        Ok(Ok(Value::Tree(tree)))
+    }
+}
+
+fn merge_primitive(
+    ty: ValueType,
+    base: &Value,
+    ours: &Value,
+    theirs: &Value,
+    resolver: &dyn Resolver,
+) -> std::result::Result<Value, Vec<Conflict>> {
+    let as_bytes = |v: &Value| -> Bytes {
+        match v {
+            Value::String(b) => b.clone(),
+            Value::Integer(i) => i.to_string().into(),
+            Value::Tuple(items) => items
+                .iter()
+                .map(|b| b.to_vec())
+                .collect::<Vec<_>>()
+                .join(&b"\n"[..])
+                .into(),
+            Value::Tree(t) => t.root.to_hex().into(),
+        }
+    };
+    let conflict = Conflict {
+        at: ConflictAt::Value,
+        base: Some(as_bytes(base)),
+        ours: Some(as_bytes(ours)),
+        theirs: Some(as_bytes(theirs)),
+    };
+    // Tuple append and union work on elements, not on their joined text.
+    if let (Value::Tuple(o), Value::Tuple(t)) = (ours, theirs) {
+        match resolver.builtin() {
+            Some(BuiltinResolver::Append) => {
+                return Ok(Value::Tuple(o.iter().chain(t.iter()).cloned().collect()));
+            }
+            Some(BuiltinResolver::Union) => {
+                let mut out = o.clone();
+                for x in t {
+                    if !o.contains(x) {
+                        out.push(x.clone());
+                    }
+                }
+                return Ok(Value::Tuple(out));
+            }
+            _ => {}
+        }
+    }
+    match resolver.resolve(ty, &conflict) {
+        Some(Resolution::Ours) => Ok(ours.clone()),
+        Some(Resolution::Theirs) => Ok(theirs.clone()),
+        Some(Resolution::Value(v)) => {
+            let v = v.unwrap_or_default();
+            match ty {
+                ValueType::String => Ok(Value::String(v)),
+                ValueType::Integer => std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .map(Value::Integer)
+                    .ok_or_else(|| vec![conflict.clone()]),
+                ValueType::Tuple => Ok(Value::Tuple(
+                    split_lines(&v)
+                        .into_iter()
+                        .map(Bytes::copy_from_slice)
+                        .collect(),
+                )),
+                _ => Err(vec![conflict]),
+            }
+        }
+        None => Err(vec![conflict]),
+    }
+}

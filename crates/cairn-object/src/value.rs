@@ -1,0 +1,301 @@
+//! Value types (ForkBase §3.4): primitive types stored inline in the FObject (String,
+//! Integer, Tuple) and chunkable types stored as POS-trees (Blob, List, Map, Set), plus the
+//! type operations (Append, Insert, Add, Multiply, splices and batched updates).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use cairn_core::{Decoder, Encoder, Error, Result};
+
+use crate::postree::{TreeKind, TreeRef};
+
+/// The type of a value, as recorded in an FObject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ValueType {
+    /// Bytes stored inline.
+    String = 1,
+    /// A signed 64-bit integer.
+    Integer = 2,
+    /// A short sequence of byte strings stored inline.
+    Tuple = 3,
+    /// Bytes stored as a POS-tree (content-defined chunks, deduplicated).
+    Blob = 4,
+    /// A sequence of elements stored as a POS-tree.
+    List = 5,
+    /// A sorted key-value map stored as a POS-tree.
+    Map = 6,
+    /// A sorted set stored as a POS-tree.
+    Set = 7,
+}
+
+impl ValueType {
+    /// Every type, in code order.
+    pub const ALL: [ValueType; 7] = [
+        ValueType::String,
+        ValueType::Integer,
+        ValueType::Tuple,
+        ValueType::Blob,
+        ValueType::List,
+        ValueType::Map,
+        ValueType::Set,
+    ];
+
+    /// Parses the type code byte.
+    pub fn from_code(b: u8) -> Result<Self> {
+        ValueType::ALL
+            .into_iter()
+            .find(|t| *t as u8 == b)
+            .ok_or_else(|| Error::decode(format!("unknown value type code {b}")))
+    }
+
+    /// Lowercase name used by the CLI and the HTTP API.
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueType::String => "string",
+            ValueType::Integer => "integer",
+            ValueType::Tuple => "tuple",
+            ValueType::Blob => "blob",
+            ValueType::List => "list",
+            ValueType::Map => "map",
+            ValueType::Set => "set",
+        }
+    }
+
+    /// True for types stored as POS-trees.
+    pub fn is_chunkable(self) -> bool {
+        matches!(
+            self,
+            ValueType::Blob | ValueType::List | ValueType::Map | ValueType::Set
+        )
+    }
+
+    /// The POS-tree kind of a chunkable type.
+    pub fn tree_kind(self) -> Option<TreeKind> {
+        match self {
+            ValueType::Blob => Some(TreeKind::Blob),
+            ValueType::List => Some(TreeKind::List),
+            ValueType::Map => Some(TreeKind::Map),
+            ValueType::Set => Some(TreeKind::Set),
+            _ => None,
+        }
+    }
+
+    /// The value type stored as a POS-tree of `kind`.
+    pub fn of_tree(kind: TreeKind) -> Self {
+        match kind {
+            TreeKind::Blob => ValueType::Blob,
+            TreeKind::List => ValueType::List,
+            TreeKind::Map => ValueType::Map,
+            TreeKind::Set => ValueType::Set,
+        }
+    }
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ValueType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        ValueType::ALL
+            .into_iter()
+            .find(|t| t.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown type {s:?} (expected string, integer, tuple, blob, list, map or set)"
+                ))
+            })
+    }
+}
+
+/// A stored value: primitives inline, chunkable types by POS-tree root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    /// String bytes.
+    String(Bytes),
+    /// Integer.
+    Integer(i64),
+    /// Tuple elements.
+    Tuple(Vec<Bytes>),
+    /// Blob, List, Map or Set: the root of its POS-tree.
+    Tree(TreeRef),
+}
+
+impl Value {
+    /// The value's type.
+    pub fn value_type(&self) -> ValueType {
+        match self {
+            Value::String(_) => ValueType::String,
+            Value::Integer(_) => ValueType::Integer,
+            Value::Tuple(_) => ValueType::Tuple,
+            Value::Tree(t) => ValueType::of_tree(t.kind),
+        }
+    }
+
+    /// The POS-tree root, for chunkable values.
+    pub fn tree(&self) -> Option<&TreeRef> {
+        match self {
+            Value::Tree(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Size in the value's natural unit: bytes for String and Blob, elements for Tuple, List,
+    /// Map and Set, 8 for Integer.
+    pub fn len(&self) -> u64 {
+        match self {
+            Value::String(b) => b.len() as u64,
+            Value::Integer(_) => 8,
+            Value::Tuple(t) => t.len() as u64,
+            Value::Tree(t) => t.count,
+        }
+    }
+
+    /// True when [`Value::len`] is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes the value's type byte and payload.
+    pub(crate) fn encode(&self, e: &mut Encoder) {
+        e.u8(self.value_type() as u8);
+        match self {
+            Value::String(b) => {
+                e.bytes(b);
+            }
+            Value::Integer(i) => {
+                e.ivarint(*i);
+            }
+            Value::Tuple(items) => {
+                e.varint(items.len() as u64);
+                for it in items {
+                    e.bytes(it);
+                }
+            }
+            Value::Tree(t) => t.encode(e),
+        }
+    }
+
+    /// Reads what [`Value::encode`] wrote.
+    pub(crate) fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        let ty = ValueType::from_code(d.u8()?)?;
+        Ok(match ty {
+            ValueType::String => Value::String(Bytes::copy_from_slice(d.bytes()?)),
+            ValueType::Integer => Value::Integer(d.ivarint()?),
+            ValueType::Tuple => {
+                let n = d.count(1)?;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(Bytes::copy_from_slice(d.bytes()?));
+                }
+                Value::Tuple(items)
+            }
+            _ => {
+                let t = TreeRef::decode(d)?;
+                if ValueType::of_tree(t.kind) != ty {
+                    return Err(Error::decode(format!(
+                        "value typed {ty} holds a {:?} tree",
+                        t.kind
+                    )));
+                }
+                Value::Tree(t)
+            }
+        })
+    }
+}
+
+/// A whole new value for a Put, before it is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewValue {
+    /// String bytes.
+    String(Vec<u8>),
+    /// Integer.
+    Integer(i64),
+    /// Tuple elements.
+    Tuple(Vec<Vec<u8>>),
+    /// Blob bytes (for large inputs use the streaming put).
+    Blob(Vec<u8>),
+    /// List elements.
+    List(Vec<Vec<u8>>),
+    /// Map entries.
+    Map(BTreeMap<Vec<u8>, Vec<u8>>),
+    /// Set members.
+    Set(BTreeSet<Vec<u8>>),
+    /// An already-built POS-tree (from a streaming writer or another version).
+    Tree(TreeRef),
+}
+
+impl NewValue {
+    /// The type this value will be stored as.
+    pub fn value_type(&self) -> ValueType {
+        match self {
+            NewValue::String(_) => ValueType::String,
+            NewValue::Integer(_) => ValueType::Integer,
+            NewValue::Tuple(_) => ValueType::Tuple,
+            NewValue::Blob(_) => ValueType::Blob,
+            NewValue::List(_) => ValueType::List,
+            NewValue::Map(_) => ValueType::Map,
+            NewValue::Set(_) => ValueType::Set,
+            NewValue::Tree(t) => ValueType::of_tree(t.kind),
+        }
+    }
+}
+
+/// A type operation applied to the head of a branch to make a new version (ForkBase §3.4:
+/// Append and Insert for String and Tuple, Add and Multiply for Integer; splices and batched
+/// updates for chunkable types, which rewrite only the affected POS-tree path).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// String: append bytes. Tuple: append one element.
+    Append(Vec<u8>),
+    /// String: insert bytes at a byte offset. Tuple: insert one element at an index.
+    Insert(u64, Vec<u8>),
+    /// Integer: add (checked).
+    Add(i64),
+    /// Integer: multiply (checked).
+    Multiply(i64),
+    /// Blob: replace `delete` bytes at `offset` with `insert`.
+    BlobSplice {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes removed.
+        delete: u64,
+        /// Bytes inserted.
+        insert: Vec<u8>,
+    },
+    /// List: replace `delete` elements at `index` with `insert`.
+    ListSplice {
+        /// Element index.
+        index: u64,
+        /// Elements removed.
+        delete: u64,
+        /// Elements inserted.
+        insert: Vec<Vec<u8>>,
+    },
+    /// Map: upsert (`Some`) or delete (`None`) keys.
+    MapUpdate(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+    /// Set: insert (`true`) or remove (`false`) members.
+    SetUpdate(Vec<(Vec<u8>, bool)>),
+}
+
+impl Op {
+    /// Short name for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Append(_) => "append",
+            Op::Insert(..) => "insert",
+            Op::Add(_) => "add",
+            Op::Multiply(_) => "multiply",
+            Op::BlobSplice { .. } => "blob splice",
+            Op::ListSplice { .. } => "list splice",
+            Op::MapUpdate(_) => "map update",
+            Op::SetUpdate(_) => "set update",
+        }
+    }
+}

@@ -1,0 +1,702 @@
+//! Object-layer tests: ForkBase Table 1 semantics against simple models.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use cairn_core::Error;
+use cairn_object::postree::{self, TreeConfig};
+use cairn_object::{
+    At, BuiltinResolver, Db, Diff, MergeOutcome, NewValue, Op, PutOptions, Target, Value,
+};
+use cairn_store::{ChunkStore, MemoryStore};
+use proptest::prelude::*;
+
+fn db() -> (Db, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    let cfg = TreeConfig {
+        leaf_target: 128,
+        index_target: 256,
+    };
+    (Db::with_config(store.clone(), cfg), store)
+}
+
+/// Pseudo-random bytes (xorshift): content-defined chunking needs non-repeating input.
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn master() -> At {
+    At::Branch("master".into())
+}
+
+fn put_str(db: &Db, key: &str, target: Target<'_>, v: &str) -> cairn_object::Uid {
+    db.put(
+        key.as_bytes(),
+        target,
+        NewValue::String(v.into()),
+        &PutOptions::default(),
+    )
+    .unwrap()
+}
+
+fn string_at(db: &Db, key: &str, at: &At) -> String {
+    match db.get(key.as_bytes(), at).unwrap().object.value {
+        Value::String(b) => String::from_utf8(b.to_vec()).unwrap(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+fn blob_of(db: &Db, v: &Value) -> Vec<u8> {
+    let t = v.tree().unwrap();
+    postree::blob_read(db.chunks(), t, 0, t.count).unwrap()
+}
+
+#[test]
+fn figure3a_fork_on_demand() {
+    let (db, _) = db();
+    let s1 = put_str(&db, "k", Target::Branch("master"), "S1");
+    db.fork(b"k", &master(), "new").unwrap();
+    let s2 = put_str(&db, "k", Target::Branch("new"), "S2");
+    assert_eq!(string_at(&db, "k", &master()), "S1");
+    assert_eq!(string_at(&db, "k", &At::Branch("new".into())), "S2");
+    let tagged = db.list_tagged(b"k").unwrap();
+    assert_eq!(
+        tagged,
+        vec![("master".to_string(), s1), ("new".to_string(), s2)]
+    );
+    assert!(db.list_untagged(b"k").unwrap().is_empty());
+    // Fork from a non-head uid (M12).
+    put_str(&db, "k", Target::Branch("master"), "S3");
+    db.fork(b"k", &At::Uid(s1), "old").unwrap();
+    assert_eq!(string_at(&db, "k", &At::Branch("old".into())), "S1");
+    assert!(matches!(
+        db.fork(b"k", &master(), "old"),
+        Err(Error::AlreadyExists(_))
+    ));
+}
+
+#[test]
+fn figure3b_fork_on_conflict_and_merge_untagged() {
+    let (db, _) = db();
+    let s1 = put_str(&db, "k", Target::Branch("master"), "S1");
+    let s2 = put_str(&db, "k", Target::Base(s1), "S1+W1");
+    let s3 = put_str(&db, "k", Target::Base(s1), "S1+W2");
+    let heads: BTreeSet<_> = db.list_untagged(b"k").unwrap().into_iter().collect();
+    assert_eq!(heads, BTreeSet::from([s2, s3]));
+    // Same put again is idempotent (same value and history, same uid).
+    assert_eq!(put_str(&db, "k", Target::Base(s1), "S1+W2"), s3);
+    assert_eq!(db.list_untagged(b"k").unwrap().len(), 2);
+    assert_eq!(db.lca(b"k", &s2, &s3).unwrap(), Some(s1));
+    // Unresolved merge writes nothing.
+    match db
+        .merge_untagged(b"k", &[], &BuiltinResolver::Manual, &PutOptions::default())
+        .unwrap()
+    {
+        MergeOutcome::Conflicts(c) => assert_eq!(c.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(db.list_untagged(b"k").unwrap().len(), 2);
+    let MergeOutcome::Merged(m) = db
+        .merge_untagged(b"k", &[], &BuiltinResolver::Append, &PutOptions::default())
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(db.list_untagged(b"k").unwrap(), vec![m]);
+    let v = db.get(b"k", &At::Uid(m)).unwrap().object;
+    assert_eq!(v.bases.len(), 2);
+    assert!(matches!(v.value, Value::String(ref b) if b.len() == 10));
+}
+
+#[test]
+fn guarded_put() {
+    let (db, _) = db();
+    let a = put_str(&db, "k", Target::Branch("master"), "a");
+    let opts = PutOptions {
+        guard: Some(a),
+        ..Default::default()
+    };
+    let b = db
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String("b".into()),
+            &opts,
+        )
+        .unwrap();
+    // The guard is stale now: rejected, nothing changes.
+    let err = db.put(
+        b"k",
+        Target::Branch("master"),
+        NewValue::String("c".into()),
+        &opts,
+    );
+    assert!(matches!(err, Err(Error::GuardMismatch(_))));
+    assert_eq!(db.resolve(b"k", &master()).unwrap(), b);
+}
+
+#[test]
+fn errors_change_nothing() {
+    let (db, store) = db();
+    put_str(&db, "k", Target::Branch("master"), "a");
+    let before = store.stats().unwrap();
+    assert!(matches!(
+        db.get(b"nope", &master()),
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        db.get(b"k", &At::Branch("dev".into())),
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        db.put(
+            b"k",
+            Target::Branch("typo"),
+            NewValue::String("x".into()),
+            &PutOptions::default()
+        ),
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        db.put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::Integer(1),
+            &PutOptions::default()
+        ),
+        Err(Error::TypeMismatch(_))
+    ));
+    assert!(matches!(
+        db.update(
+            b"k",
+            Target::Branch("master"),
+            Op::Add(1),
+            &PutOptions::default()
+        ),
+        Err(Error::TypeMismatch(_))
+    ));
+    assert!(matches!(
+        db.put(
+            b"",
+            Target::Branch("master"),
+            NewValue::Integer(1),
+            &PutOptions::default()
+        ),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(db.fork(b"k", &master(), "bad name").is_err());
+    assert_eq!(store.stats().unwrap(), before);
+}
+
+#[test]
+fn primitive_type_operations() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let m = Target::Branch("master");
+    db.put(b"s", m, NewValue::String("hello".into()), &o)
+        .unwrap();
+    db.update(b"s", m, Op::Append(b" world".to_vec()), &o)
+        .unwrap();
+    db.update(b"s", m, Op::Insert(0, b">> ".to_vec()), &o)
+        .unwrap();
+    assert_eq!(string_at(&db, "s", &master()), ">> hello world");
+    db.put(b"i", m, NewValue::Integer(6), &o).unwrap();
+    db.update(b"i", m, Op::Add(1), &o).unwrap();
+    db.update(b"i", m, Op::Multiply(6), &o).unwrap();
+    assert_eq!(
+        db.get(b"i", &master()).unwrap().object.value,
+        Value::Integer(42)
+    );
+    assert!(db.update(b"i", m, Op::Multiply(i64::MAX), &o).is_err());
+    db.put(b"t", m, NewValue::Tuple(vec![b"a".to_vec()]), &o)
+        .unwrap();
+    db.update(b"t", m, Op::Append(b"c".to_vec()), &o).unwrap();
+    db.update(b"t", m, Op::Insert(1, b"b".to_vec()), &o)
+        .unwrap();
+    assert_eq!(
+        db.get(b"t", &master()).unwrap().object.value,
+        Value::Tuple(vec!["a".into(), "b".into(), "c".into()])
+    );
+}
+
+#[test]
+fn rename_remove_list_keys_track() {
+    let (db, _) = db();
+    let v: Vec<_> = (0..5)
+        .map(|i| put_str(&db, "k", Target::Branch("master"), &i.to_string()))
+        .collect();
+    put_str(&db, "other", Target::Branch("master"), "x");
+    assert_eq!(
+        db.list_keys().unwrap(),
+        vec![bytes::Bytes::from("k"), bytes::Bytes::from("other")]
+    );
+    let t = db.track(b"k", &master(), 1, 3).unwrap();
+    assert_eq!(
+        t.iter().map(|e| e.uid).collect::<Vec<_>>(),
+        vec![v[3], v[2], v[1]]
+    );
+    assert_eq!(
+        t.iter().map(|e| e.distance).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let t = db.track(b"k", &At::Uid(v[2]), 0, 10).unwrap();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[2].object.depth, 0);
+    db.rename(b"k", "master", "main").unwrap();
+    assert!(db.get(b"k", &master()).is_err());
+    assert_eq!(db.resolve(b"k", &At::Branch("main".into())).unwrap(), v[4]);
+    db.remove(b"k", "main").unwrap();
+    assert_eq!(db.list_keys().unwrap(), vec![bytes::Bytes::from("other")]);
+    assert!(db.remove(b"other", "nope").is_err());
+}
+
+#[test]
+fn map_merge_per_key_and_resolvers() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let m = |pairs: &[(&str, &str)]| {
+        NewValue::Map(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        )
+    };
+    db.put(
+        b"m",
+        Target::Branch("master"),
+        m(&[("a", "1"), ("b", "2"), ("c", "3")]),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"m", &master(), "dev").unwrap();
+    db.update(
+        b"m",
+        Target::Branch("master"),
+        Op::MapUpdate(vec![
+            (b"a".to_vec(), Some(b"10".to_vec())),
+            (b"d".to_vec(), Some(b"4".to_vec())),
+        ]),
+        &o,
+    )
+    .unwrap();
+    db.update(
+        b"m",
+        Target::Branch("dev"),
+        Op::MapUpdate(vec![
+            (b"b".to_vec(), None),
+            (b"a".to_vec(), Some(b"5".to_vec())),
+        ]),
+        &o,
+    )
+    .unwrap();
+    // a conflicts (10 vs 5); b and d merge cleanly.
+    let r = db
+        .merge_into(
+            b"m",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Manual,
+            &o,
+        )
+        .unwrap();
+    let MergeOutcome::Conflicts(c) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c.len(), 1);
+    let MergeOutcome::Merged(u) = db
+        .merge_into(
+            b"m",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Sum,
+            &o,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    let t = *db
+        .get(b"m", &At::Uid(u))
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = postree::iter(db.chunks(), &t)
+        .map(|e| e.unwrap())
+        .map(|e| (e.key.to_vec(), e.value.unwrap().to_vec()))
+        .collect();
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = [("a", "14"), ("c", "3"), ("d", "4")]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(got, want);
+    // Merging again is a no-op.
+    assert!(matches!(
+        db.merge_into(
+            b"m",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Manual,
+            &o
+        )
+        .unwrap(),
+        MergeOutcome::UpToDate(_)
+    ));
+}
+
+#[test]
+fn fast_forward_merge() {
+    let (db, _) = db();
+    put_str(&db, "k", Target::Branch("master"), "a");
+    db.fork(b"k", &master(), "dev").unwrap();
+    let b = put_str(&db, "k", Target::Branch("dev"), "b");
+    assert_eq!(
+        db.merge_into(
+            b"k",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Manual,
+            &PutOptions::default()
+        )
+        .unwrap(),
+        MergeOutcome::FastForward(b)
+    );
+    assert_eq!(db.resolve(b"k", &master()).unwrap(), b);
+}
+
+#[test]
+fn diff_between_versions() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let data = noise(50_000, 1);
+    let a = db
+        .put(
+            b"b",
+            Target::Branch("master"),
+            NewValue::Blob(data.clone()),
+            &o,
+        )
+        .unwrap();
+    let b = db
+        .update(
+            b"b",
+            Target::Branch("master"),
+            Op::BlobSplice {
+                offset: 25_000,
+                delete: 3,
+                insert: b"xyz!".to_vec(),
+            },
+            &o,
+        )
+        .unwrap();
+    match db.diff(&a, &b).unwrap() {
+        Diff::Seq(changes) => {
+            assert!(!changes.is_empty());
+            let changed: u64 = changes.iter().map(|c| c.a_end - c.a_start).sum();
+            assert!(
+                changed < 5_000,
+                "diff touched {changed} bytes for a 3-byte edit"
+            );
+            assert!(
+                changes
+                    .iter()
+                    .all(|c| c.a_start <= 25_000 + 3 && c.a_end >= 25_000)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(db.diff(&a, &a).unwrap(), Diff::Same);
+}
+
+#[derive(Debug, Clone)]
+enum Edit {
+    Insert(usize, Vec<u8>),
+    Delete(usize, usize),
+}
+
+fn apply(model: &mut Vec<u8>, e: &Edit) -> Op {
+    match e {
+        Edit::Insert(at, b) => {
+            let at = at % (model.len() + 1);
+            model.splice(at..at, b.iter().copied());
+            Op::BlobSplice {
+                offset: at as u64,
+                delete: 0,
+                insert: b.clone(),
+            }
+        }
+        Edit::Delete(at, n) => {
+            let at = at % (model.len() + 1);
+            let n = (*n).min(model.len() - at);
+            model.drain(at..at + n);
+            Op::BlobSplice {
+                offset: at as u64,
+                delete: n as u64,
+                insert: vec![],
+            }
+        }
+    }
+}
+
+fn arb_edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..40)
+        )
+            .prop_map(|(a, b)| Edit::Insert(a, b)),
+        (any::<usize>(), 1usize..40).prop_map(|(a, n)| Edit::Delete(a, n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Blob three-way merge: when the two sides edit regions 2 KB apart (many leaves at
+    /// this test's 128-byte leaf target), the merge equals applying both edits to the base.
+    #[test]
+    fn blob_merge_matches_model(seed in any::<u64>(), e1 in arb_edit(), e2 in arb_edit()) {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        let base = noise(20_000, seed);
+        db.put(b"b", Target::Branch("master"), NewValue::Blob(base.clone()), &o).unwrap();
+        db.fork(b"b", &master(), "dev").unwrap();
+        // Ours edits the first half, theirs the second half: never overlapping.
+        let mut ours = base.clone();
+        let e1 = match e1 { Edit::Insert(a, b) => Edit::Insert(a % 9_000, b), Edit::Delete(a, n) => Edit::Delete(a % 9_000, n) };
+        let e2 = match e2 { Edit::Insert(a, b) => Edit::Insert(11_000 + a % 9_000, b), Edit::Delete(a, n) => Edit::Delete(11_000 + a % 8_900, n) };
+        let op1 = apply(&mut ours, &e1);
+        let mut theirs = base.clone();
+        let op2 = apply(&mut theirs, &e2);
+        db.update(b"b", Target::Branch("master"), op1, &o).unwrap();
+        db.update(b"b", Target::Branch("dev"), op2, &o).unwrap();
+        let out = db.merge_into(b"b", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let mut expect = base.clone();
+        apply(&mut expect, &e2);
+        apply(&mut expect, &e1);
+        match out {
+            MergeOutcome::Merged(u) => {
+                let v = db.get(b"b", &At::Uid(u)).unwrap().object.value;
+                prop_assert_eq!(blob_of(&db, &v), expect);
+            }
+            other => prop_assert!(false, "unexpected {:?}", other),
+        }
+    }
+
+    /// Set merges always succeed and equal the model three-way merge.
+    #[test]
+    fn set_merge_matches_model(
+        base in proptest::collection::btree_set(0u16..200, 0..60),
+        add1 in proptest::collection::btree_set(0u16..200, 0..20),
+        del1 in proptest::collection::btree_set(0u16..200, 0..20),
+        add2 in proptest::collection::btree_set(0u16..200, 0..20),
+        del2 in proptest::collection::btree_set(0u16..200, 0..20),
+    ) {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        let enc = |x: &u16| x.to_be_bytes().to_vec();
+        db.put(b"s", Target::Branch("master"), NewValue::Set(base.iter().map(enc).collect()), &o).unwrap();
+        db.fork(b"s", &master(), "dev").unwrap();
+        let edits = |add: &BTreeSet<u16>, del: &BTreeSet<u16>| -> Vec<(Vec<u8>, bool)> {
+            add.iter().map(|x| (enc(x), true)).chain(del.iter().filter(|x| !add.contains(x)).map(|x| (enc(x), false))).collect()
+        };
+        db.update(b"s", Target::Branch("master"), Op::SetUpdate(edits(&add1, &del1)), &o).unwrap();
+        db.update(b"s", Target::Branch("dev"), Op::SetUpdate(edits(&add2, &del2)), &o).unwrap();
+        let side = |add: &BTreeSet<u16>, del: &BTreeSet<u16>| -> BTreeSet<u16> {
+            base.iter().copied().filter(|x| !del.contains(x) || add.contains(x)).chain(add.iter().copied()).collect()
+        };
+        let (s1, s2) = (side(&add1, &del1), side(&add2, &del2));
+        // Three-way: keep x if (in s1 and in s2) or (changed on one side to present).
+        let all: BTreeSet<u16> = base.iter().chain(s1.iter()).chain(s2.iter()).copied().collect();
+        let want: BTreeSet<u16> = all.into_iter().filter(|x| {
+            let b = base.contains(x);
+            let (a1, a2) = (s1.contains(x), s2.contains(x));
+            if a1 == b { a2 } else { a1 }
+        }).collect();
+        let out = db.merge_into(b"s", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let uid = match out { MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => u, c => panic!("{c:?}") };
+        let t = *db.get(b"s", &At::Uid(uid)).unwrap().object.value.tree().unwrap();
+        let got: BTreeSet<u16> = postree::iter(db.chunks(), &t).map(|e| { let k = e.unwrap().key; u16::from_be_bytes([k[0], k[1]]) }).collect();
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn verify_names_damage_and_gc_keeps_history() {
+    let (db, store) = db();
+    let o = PutOptions::default();
+    let data = noise(30_000, 3);
+    let v1 = db
+        .put(
+            b"doc",
+            Target::Branch("master"),
+            NewValue::Blob(data.clone()),
+            &o,
+        )
+        .unwrap();
+    let v2 = db
+        .update(
+            b"doc",
+            Target::Branch("master"),
+            Op::BlobSplice {
+                offset: 10,
+                delete: 5,
+                insert: vec![],
+            },
+            &o,
+        )
+        .unwrap();
+    put_str(&db, "tmp", Target::Branch("master"), "garbage soon");
+    assert!(db.verify(None, &mut |_, _| {}).unwrap().is_intact());
+    // GC after removing "tmp" reclaims its chunk but keeps every version of doc.
+    db.remove(b"tmp", "master").unwrap();
+    let before = store.stats().unwrap().chunks;
+    let r = db.gc().unwrap();
+    assert_eq!(r.removed, 1);
+    assert_eq!(store.stats().unwrap().chunks, before - 1);
+    assert_eq!(
+        blob_of(&db, &db.get(b"doc", &At::Uid(v1)).unwrap().object.value),
+        data
+    );
+    assert!(db.verify(None, &mut |_, _| {}).unwrap().is_intact());
+    // Damage one leaf of v1's tree: verify names the key and the damaged version.
+    let t = *db
+        .get(b"doc", &At::Uid(v1))
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    let mut leaves = Vec::new();
+    postree::walk(db.chunks(), &t, &mut |cid, bytes| {
+        if postree::child_cids(bytes)?.is_empty() {
+            leaves.push(*cid);
+        }
+        Ok(())
+    })
+    .unwrap();
+    let victim = *leaves.last().unwrap();
+    let mut bytes = store.get(&victim).unwrap().unwrap().to_vec();
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    assert!(store.tamper(&victim, bytes));
+    let report = db.verify(Some(b"doc"), &mut |_, _| {}).unwrap();
+    assert!(!report.is_intact());
+    let text = report
+        .damage
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(text.contains("\"doc\""), "{text}");
+    assert!(text.contains(&victim.to_hex()), "{text}");
+    assert!(
+        text.contains(&v1.to_hex()) || text.contains(&v2.to_hex()),
+        "{text}"
+    );
+    // GC refuses to delete anything from a damaged store.
+    assert!(db.gc().is_err());
+}
+
+#[test]
+fn history_independent_values() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    // Build a map by edits in one order on one key and at once on another: same root.
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = (0..500u32)
+        .map(|i| (format!("k{i:05}").into_bytes(), vec![i as u8; 20]))
+        .collect();
+    db.put(
+        b"a",
+        Target::Branch("master"),
+        NewValue::Map(BTreeMap::new()),
+        &o,
+    )
+    .unwrap();
+    for chunk in entries.chunks(37).rev() {
+        db.update(
+            b"a",
+            Target::Branch("master"),
+            Op::MapUpdate(
+                chunk
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Some(v.clone())))
+                    .collect(),
+            ),
+            &o,
+        )
+        .unwrap();
+    }
+    db.put(
+        b"b",
+        Target::Branch("master"),
+        NewValue::Map(entries.into_iter().collect()),
+        &o,
+    )
+    .unwrap();
+    let ta = *db
+        .get(b"a", &master())
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    let tb = *db
+        .get(b"b", &master())
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    assert_eq!(ta.root, tb.root);
+}
+
+#[test]
+fn concurrent_writers_on_distinct_and_shared_keys() {
+    let (db, _) = db();
+    db.put(
+        b"shared",
+        Target::Branch("master"),
+        NewValue::Integer(0),
+        &PutOptions::default(),
+    )
+    .unwrap();
+    let db = Arc::new(db);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let db = db.clone();
+            s.spawn(move || {
+                for i in 0..50 {
+                    put_str(
+                        &db,
+                        &format!("own{t}"),
+                        Target::Branch("master"),
+                        &i.to_string(),
+                    );
+                    db.update(
+                        b"shared",
+                        Target::Branch("master"),
+                        Op::Add(1),
+                        &PutOptions::default(),
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(
+        db.get(b"shared", &master()).unwrap().object.value,
+        Value::Integer(400)
+    );
+    assert_eq!(db.track(b"own3", &master(), 0, 1000).unwrap().len(), 50);
+}
