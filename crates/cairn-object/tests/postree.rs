@@ -104,7 +104,11 @@ fn blob_edit() -> impl Strategy<Value = BlobEdit> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES raises the count for soak runs.
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn blob_build_and_read(c in small(), data in blob_data(30_000), cuts in prop::collection::vec((0.0..=1.0f64, 0..5000u64), 1..8), wsize in 1..5000usize) {
@@ -734,4 +738,49 @@ fn insert_ending_on_a_boundary_before_the_first_leaf() {
         );
     }
     assert!(hits > 5, "only {hits} boundary hits");
+}
+
+#[test]
+fn batch_leaving_a_single_node() {
+    let s = MemoryStore::new();
+    let c = cfg(64, 64);
+    let m: BTreeMap<Vec<u8>, Vec<u8>> = (0..3000u32)
+        .map(|i| (i.to_be_bytes().to_vec(), vec![i as u8; 5]))
+        .collect();
+    let t = postree::build_map(&s, &c, &m).unwrap();
+    assert!(t.height >= 3);
+    for keep in [0u32, 1, 1500, 2999] {
+        for change in [false, true] {
+            let mut edits: Vec<(Vec<u8>, Option<Vec<u8>>)> = m
+                .keys()
+                .filter(|k| **k != keep.to_be_bytes())
+                .map(|k| (k.clone(), None))
+                .collect();
+            let v = if change {
+                b"new".to_vec()
+            } else {
+                vec![keep as u8; 5]
+            };
+            edits.push((keep.to_be_bytes().to_vec(), Some(v.clone())));
+            let got = postree::map_update(&s, &c, &t, edits).unwrap();
+            let want = postree::build_map(&s, &c, [(keep.to_be_bytes(), v)]).unwrap();
+            assert_eq!(got, want, "keep {keep} change {change}");
+            walk_ok(&s, &got);
+        }
+    }
+    // Keep a few keys spread over the tree.
+    let keep: BTreeSet<u32> = [3, 700, 701, 2500].into();
+    let edits = m
+        .keys()
+        .filter(|k| !keep.contains(&u32::from_be_bytes(k[..4].try_into().unwrap())))
+        .map(|k| (k.clone(), None))
+        .collect();
+    let got = postree::map_update(&s, &c, &t, edits).unwrap();
+    let want = postree::build_map(
+        &s,
+        &c,
+        keep.iter().map(|k| (k.to_be_bytes(), vec![*k as u8; 5])),
+    )
+    .unwrap();
+    assert_eq!(got, want);
 }

@@ -147,6 +147,12 @@ impl<'a> IndexBuilder<'a> {
 impl NodeBuilder for IndexBuilder<'_> {
     type Item = Entry;
     fn push(&mut self, e: Entry) -> Result<Option<Entry>> {
+        if self.kind.is_sorted() != e.key.is_some() {
+            return Err(Error::corrupt(format!(
+                "index entry for {} has the wrong shape for a {:?} tree",
+                e.cid, self.kind
+            )));
+        }
         let esize = e.encoded_len();
         self.size += esize as u64;
         let split = !self.entries.is_empty()

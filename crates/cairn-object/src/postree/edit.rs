@@ -17,8 +17,8 @@ use super::build::{
     CdcWindow, ElemBuilder, IndexBuilder, Levels, NodeBuilder, build_blob, empty, finish_tree,
 };
 use super::cursor::{ElemCursor, NodeCursor};
-use super::node::{Elem, Entry, Params, corrupt_err, load_blob_leaf};
-use super::{TreeConfig, TreeKind, TreeRef, expect_kind};
+use super::node::{Elem, Entry, Node, Params, corrupt_err, load_blob_leaf, load_node};
+use super::{TreeConfig, TreeKind, TreeRef, expect_kind, read};
 
 /// Old units `[old_start, old_end)` of a level are replaced by `new` items.
 pub(crate) struct Rep<I> {
@@ -188,28 +188,29 @@ fn tree_from_level(
     }
 }
 
-/// The one old node left untouched on `level`, if the replacements leave exactly one and
-/// add none.
-fn single_uncovered(
-    store: &dyn ChunkStore,
-    t: &TreeRef,
-    level: u8,
-    reps: &[Rep<Entry>],
-) -> Result<Option<Entry>> {
+/// The old units no replacement covers, as half-open ranges.
+fn gaps(reps: &[Rep<Entry>], total: u64) -> Vec<(u64, u64)> {
     let mut gaps = Vec::new();
     let mut at = 0;
     for r in reps {
         if r.old_start > at {
             gaps.push((at, r.old_start));
         }
-        at = r.old_end;
+        at = at.max(r.old_end);
     }
-    if at < t.count {
-        gaps.push((at, t.count));
+    if at < total {
+        gaps.push((at, total));
     }
-    let [(x, y)] = gaps[..] else {
-        return Ok(None);
-    };
+    gaps
+}
+
+/// The old node spanning exactly `[x, y)` on `level`, if there is one.
+fn node_spanning(
+    store: &dyn ChunkStore,
+    t: &TreeRef,
+    level: u8,
+    (x, y): (u64, u64),
+) -> Result<Option<Entry>> {
     let mut c = NodeCursor::new(store, t, level);
     let s = c.seek(x, false)?;
     Ok(match c.next()? {
@@ -218,7 +219,25 @@ fn single_uncovered(
     })
 }
 
-/// Propagates replaced level-0 nodes (leaves) up to a new root.
+/// The old root as an index entry (with its split key, the tree's last key, when sorted).
+fn root_entry(store: &dyn ChunkStore, t: &TreeRef) -> Result<Entry> {
+    let mut e = t.root_entry();
+    if t.kind.is_sorted() {
+        e.key = match load_node(store, t.kind, &t.root, t.height)? {
+            Node::Index { entries, .. } => entries.last().and_then(|x| x.key.clone()),
+            Node::Elems(elems) => elems.last().map(|x| x.key.clone()),
+            Node::Blob(_) => None,
+        };
+        if e.key.is_none() {
+            return Err(inconsistent(t));
+        }
+    }
+    Ok(e)
+}
+
+/// Propagates replaced level-0 nodes (leaves) up to a new root. At each level the new node
+/// sequence is the old one with the replacements applied; the first level left with a
+/// single node holds the root, exactly as in a from-scratch build.
 fn apply_levels(
     store: &dyn ChunkStore,
     p: Params,
@@ -228,30 +247,36 @@ fn apply_levels(
     let kind = t.kind;
     let mut level = 0u8;
     loop {
-        let covers_all = reps.len() == 1 && reps[0].old_start == 0 && reps[0].old_end == t.count;
-        if level >= t.height || covers_all {
-            // The old level is the root alone (or entirely replaced): the new level is the
-            // replacements' nodes around the root, if the root survives.
-            let mut nodes = Vec::new();
-            let mut root = Some(t.root_entry());
+        let gaps = gaps(&reps, t.count);
+        if gaps.is_empty() {
+            // Every old node of the level was replaced: the new level is known in full.
+            let nodes = reps.into_iter().flat_map(|r| r.new).collect();
+            return tree_from_level(store, p, kind, nodes, level);
+        }
+        if level >= t.height {
+            // The old level is the root alone, and it survives: the replacements can only
+            // be insertions in front of it or after it.
+            let root = root_entry(store, t)?;
+            let mut before = Vec::new();
+            let mut after = Vec::new();
             for r in reps {
-                if r.old_start == 0 && r.old_end == t.count && root.is_some() {
-                    root = None;
-                } else if r.old_end == 0 {
-                    // a pure insertion in front of the root
+                if r.old_start == 0 && r.old_end == 0 {
+                    before.extend(r.new);
                 } else if r.old_start == t.count && r.old_end == t.count {
-                    nodes.extend(root.take());
+                    after.extend(r.new);
                 } else {
                     return Err(inconsistent(t));
                 }
-                nodes.extend(r.new);
             }
-            nodes.extend(root);
-            return tree_from_level(store, p, kind, nodes, level);
+            before.push(root);
+            before.extend(after);
+            return tree_from_level(store, p, kind, before, level);
         }
         if reps.iter().all(|r| r.new.is_empty())
-            && let Some(e) = single_uncovered(store, t, level, &reps)?
+            && let [gap] = gaps[..]
+            && let Some(e) = node_spanning(store, t, level, gap)?
         {
+            // Deletions left a single old node on this level: it is the new root.
             return Ok(TreeRef {
                 kind,
                 root: e.cid,
@@ -476,17 +501,20 @@ pub fn blob_splice(
         .checked_add(ins_len)
         .ok_or_else(|| Error::invalid("blob would exceed 2^64 bytes"))?;
 
-    // A leaf's boundary depends on its bytes and the byte after it, so the first leaf that
-    // can change is the one holding byte `offset - 1`.
+    // FastCDC decides a cut from the bytes before it, the byte at it, and whether the
+    // input goes on for two more bytes (it tests candidate positions in pairs and never in
+    // the last pair of the input). So the first leaf an edit at `offset` can change is the
+    // one holding byte `offset - 3`; every boundary before it stays.
     let mut cur = NodeCursor::new(store, t, 0);
-    let start = cur.seek(offset.saturating_sub(1), false)?;
-    let first = cur.next()?.ok_or_else(|| inconsistent(t))?;
-    let first_bytes = load_blob_leaf(store, &first.cid, first.count)?;
-    let pre = offset
-        .checked_sub(start)
-        .filter(|&n| n <= first.count)
-        .ok_or_else(|| inconsistent(t))? as usize;
-    let mut piece = Piece::Prefix(first_bytes.slice(..pre), 0);
+    let start = cur.seek(offset.saturating_sub(3), false)?;
+    if start > offset {
+        return Err(inconsistent(t));
+    }
+    let prefix = Bytes::from(read::blob_read(store, t, start, offset - start)?);
+    if prefix.len() as u64 != offset - start {
+        return Err(inconsistent(t));
+    }
+    let mut piece = Piece::Prefix(prefix, 0);
 
     // Old leaf boundaries at or after `end`, in old offsets.
     let mut boundaries = std::collections::VecDeque::new();

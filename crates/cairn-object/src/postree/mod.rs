@@ -25,7 +25,9 @@
 //!
 //! - Blob leaves: FastCDC v2020 (normalisation level 1) with `min = target/4`,
 //!   `avg = target`, `max = 8 × target` (ForkBase's α = 8). A cut depends only on the bytes
-//!   from the previous cut up to and including the byte after the cut.
+//!   from the previous cut up to the cut (including the byte at it) and on whether at least
+//!   two more bytes follow (FastCDC tests candidates in pairs), so an edit at `offset`
+//!   re-chunks from the leaf holding byte `offset − 3`.
 //! - List / Set / Map leaves end after element `e` when `xxh3_64(key(e))` (List: the
 //!   element) falls below `2^64 × size(e) / leaf_target` — a pattern whose probability is
 //!   proportional to the element's encoded size, so leaves average about `leaf_target`
