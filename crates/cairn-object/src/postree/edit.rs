@@ -107,7 +107,7 @@ fn rechunk<S: Source, B: NodeBuilder<Item = S::Item>>(
     let mut reps = reps.into_iter().peekable();
     while let Some(first) = reps.peek() {
         let start = src.seek_node_start(first.old_start)?;
-        if start > first.old_start {
+        if start > first.old_start || out.last().is_some_and(|r: &Rep<Entry>| start < r.old_end) {
             return Err(inconsistent(t));
         }
         let mut pos = start;

@@ -22,7 +22,8 @@ pub fn blob_read(store: &dyn ChunkStore, t: &TreeRef, offset: u64, len: u64) -> 
         )));
     }
     let end = offset.saturating_add(len).min(t.count);
-    let mut out = Vec::with_capacity((end - offset) as usize);
+    // The count comes from stored data: reserve at most 64 MiB up front, grow as read.
+    let mut out = Vec::with_capacity((end - offset).min(64 << 20) as usize);
     if end == offset {
         return Ok(out);
     }
