@@ -30,6 +30,33 @@ pub const DEFAULT_BRANCH: &str = "master";
 pub const MAX_INLINE_BYTES: usize = 16 << 20;
 
 const KEY_LOCK_STRIPES: usize = 256;
+/// Entries a key-lock stripe remembers about recent versions before it starts afresh.
+const HEAD_CACHE_ENTRIES: usize = 1024;
+
+/// What a Put needs to know about its base version: enough to derive the new version
+/// without re-reading (and re-hashing) the base, which for a large inline value is most of
+/// a put's cost. Kept per key-lock stripe for versions this process wrote or read.
+#[derive(Clone, Copy, Debug)]
+struct BaseInfo {
+    key_hash: u64,
+    depth: u64,
+    ty: ValueType,
+}
+
+/// A key-lock stripe: the lock itself guards this small cache of recent versions.
+#[derive(Default)]
+pub(crate) struct Stripe {
+    recent: std::collections::HashMap<Uid, BaseInfo>,
+}
+
+impl Stripe {
+    fn remember(&mut self, uid: Uid, info: BaseInfo) {
+        if self.recent.len() >= HEAD_CACHE_ENTRIES {
+            self.recent.clear();
+        }
+        self.recent.insert(uid, info);
+    }
+}
 
 /// Where a Put goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +116,7 @@ pub struct Db {
     algo: HashAlgo,
     cfg: TreeConfig,
     prefix: Vec<u8>,
-    key_locks: Box<[Mutex<()>]>,
+    key_locks: Box<[Mutex<Stripe>]>,
     /// Writers hold it shared from their first chunk write to their commit; GC takes it
     /// exclusively for its short final mark-and-sweep (see [`crate::gc`]).
     pub(crate) gc_lock: RwLock<()>,
@@ -109,7 +136,9 @@ impl Db {
             algo,
             cfg,
             prefix: b"bucket/default/".to_vec(),
-            key_locks: (0..KEY_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            key_locks: (0..KEY_LOCK_STRIPES)
+                .map(|_| Mutex::new(Stripe::default()))
+                .collect(),
             gc_lock: RwLock::new(()),
         }
     }
@@ -141,9 +170,17 @@ impl Db {
         n
     }
 
-    pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, ()> {
+    pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
         let i = (xxhash_rust::xxh3::xxh3_64(key) as usize) % self.key_locks.len();
         self.key_locks[i].lock()
+    }
+
+    /// Forgets cached facts about versions (GC calls it after removing chunks, so a removed
+    /// version is never taken for present).
+    pub(crate) fn forget_recent_versions(&self) {
+        for s in self.key_locks.iter() {
+            s.lock().recent.clear();
+        }
     }
 
     pub(crate) fn writer_guard(&self) -> RwLockReadGuard<'_, ()> {
@@ -300,9 +337,9 @@ impl Db {
         check_key(key)?;
         let _w = self.writer_guard();
         let value = self.store_value(value)?;
-        self.put_value(key, target, opts, |base| {
-            if let Some(b) = base {
-                same_type(key, b.value_type(), value.value_type())?;
+        self.put_value(key, target, opts, false, |base_ty, _| {
+            if let Some(ty) = base_ty {
+                same_type(key, ty, value.value_type())?;
             }
             Ok(value)
         })
@@ -336,9 +373,9 @@ impl Db {
             progress(total);
         }
         let tree = w.finish()?;
-        self.put_value(key, target, opts, |base| {
-            if let Some(b) = base {
-                same_type(key, b.value_type(), ValueType::Blob)?;
+        self.put_value(key, target, opts, false, |base_ty, _| {
+            if let Some(ty) = base_ty {
+                same_type(key, ty, ValueType::Blob)?;
             }
             Ok(Value::Tree(tree))
         })
@@ -349,7 +386,7 @@ impl Db {
     pub fn update(&self, key: &[u8], target: Target<'_>, op: Op, opts: &PutOptions) -> Result<Uid> {
         check_key(key)?;
         let _w = self.writer_guard();
-        self.put_value(key, target, opts, |base| {
+        self.put_value(key, target, opts, true, |_, base| {
             let base = base.ok_or_else(|| {
                 Error::not_found(format!(
                     "key {} (nothing to apply {} to)",
@@ -362,15 +399,18 @@ impl Db {
     }
 
     /// The common path of every Put: under the key lock, resolve the base, check the guard,
-    /// make the value, store the FObject and commit the branch table.
+    /// make the value, store the FObject and commit the branch table. `make` gets the base's
+    /// type, and the whole base version when `needs_base_value` (type operations).
     fn put_value(
         &self,
         key: &[u8],
         target: Target<'_>,
         opts: &PutOptions,
-        make: impl FnOnce(Option<&FObject>) -> Result<Value>,
+        needs_base_value: bool,
+        make: impl FnOnce(Option<ValueType>, Option<&FObject>) -> Result<Value>,
     ) -> Result<Uid> {
-        let _k = self.lock_key(key);
+        let key_hash = xxhash_rust::xxh3::xxh3_64(key);
+        let mut stripe = self.lock_key(key);
         let mut table = self.table(key)?;
         let base = match target {
             Target::Branch(b) => {
@@ -404,19 +444,41 @@ impl Db {
                 Some(u)
             }
         };
-        let base_obj = match &base {
-            Some(b) => Some(self.load_for_key(key, b)?),
-            None => None,
+        let cached = base
+            .and_then(|b| stripe.recent.get(&b).copied())
+            .filter(|i| i.key_hash == key_hash);
+        let (base_info, base_obj) = match base {
+            None => (None, None),
+            Some(b) => match cached {
+                Some(info) if !needs_base_value => (Some(info), None),
+                _ => {
+                    let o = self.load_for_key(key, &b)?;
+                    let info = BaseInfo {
+                        key_hash,
+                        depth: o.depth,
+                        ty: o.value_type(),
+                    };
+                    (Some(info), Some(o))
+                }
+            },
         };
-        let value = make(base_obj.as_ref())?;
+        let value = make(base_info.map(|i| i.ty), base_obj.as_ref())?;
         let object = FObject {
             key: Bytes::copy_from_slice(key),
             value,
-            depth: base_obj.as_ref().map_or(0, |b| b.depth + 1),
+            depth: base_info.map_or(0, |b| b.depth + 1),
             bases: base.into_iter().collect(),
             context: Bytes::copy_from_slice(&opts.context),
         };
         let uid = self.store_object(&object)?;
+        stripe.remember(
+            uid,
+            BaseInfo {
+                key_hash,
+                depth: object.depth,
+                ty: object.value_type(),
+            },
+        );
         match target {
             Target::Branch(b) => {
                 if let Some(h) = base {

@@ -51,6 +51,7 @@ impl Db {
                 .copied()
                 .collect();
             self.store().remove(&dead)?;
+            self.forget_recent_versions();
             dead.len() as u64
         };
         let bytes_reclaimed = self.store().compact()?;
