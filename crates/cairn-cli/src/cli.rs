@@ -447,7 +447,14 @@ fn put(db: &Db, a: PutArgs, out: &mut impl Write) -> Result<()> {
                     let len = f.metadata().ok().map(|m| m.len());
                     (Box::new(f), len)
                 }
-                None => (Box::new(io::stdin().lock()), None),
+                None => {
+                    if io::stdin().is_terminal() {
+                        eprintln!(
+                            "reading the value from stdin (end with Ctrl-D; or use --value / --file)"
+                        );
+                    }
+                    (Box::new(io::stdin().lock()), None)
+                }
             };
             if ty == ValueType::Blob {
                 let pb = progress_bar(len, "put");
