@@ -46,21 +46,29 @@
 //!
 //! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files.
 //! 2. Read `refs.snap` (if any) and the frames of `refs.log` up to the first torn or
-//!    damaged frame.
-//! 3. Sealed segments: load the hint file, or scan the records (a damaged sealed segment is
-//!    reported as [`Error::Corrupt`]: it was synced before it was sealed). Replay records
-//!    into the index in segment order: a chunk record (re)points the cid to itself, a
-//!    tombstone removes it.
-//! 4. The active segment is scanned record by record. Past the highest watermark in the
-//!    refs (the part never acknowledged as durable) the first record that is incomplete,
-//!    fails a checksum, or whose payload does not hash to its cid ends the log: the file is
-//!    truncated there. Before the watermark, a record with a sound header and a bad payload
-//!    is bit rot, not a torn write: it is kept, and reads of it fail with
-//!    [`Error::Corrupt`].
+//!    damaged frame. If any valid frame follows a bad one, the log is damaged in the middle,
+//!    not torn: open fails with [`Error::Corrupt`] and touches nothing (truncating would
+//!    drop acknowledged commits).
+//! 3. Sealed segments: load the hint file, or scan the records. All of a sealed segment is
+//!    durable (it was synced before it was sealed), so damage there is bit rot: handled as
+//!    in the durable region below, reported, and no hint is written for that segment (so
+//!    the damage is reported at every open). Replay records into the index in segment
+//!    order: a chunk record (re)points the cid to itself, a tombstone removes it.
+//! 4. The active segment is scanned record by record. The *durable region* ends at the
+//!    highest watermark in the refs that lies within the file. Past it (the part never
+//!    acknowledged as durable) the first record that is incomplete, fails a checksum, or
+//!    whose payload does not hash to its cid ends the log: the file is truncated there.
+//!    Nothing before the watermark is ever truncated: a record there with a sound header and
+//!    a bad payload is kept (reads of it fail with [`Error::Corrupt`]); a record whose
+//!    header fails its checks is skipped by searching forward byte by byte for the next
+//!    offset where a record header passes its header checksum and the record fits in the
+//!    file, and the scan continues from there. Chunks in skipped bytes are absent from the
+//!    index; the damage is counted in [`RecoveryReport`] (`damaged_records`,
+//!    `damaged_bytes`, `damage`).
 //! 5. Refs: the snapshot, then each log record with a higher sequence number, in order. A
 //!    record whose watermark lies beyond the recovered end of the segments (its chunks were
 //!    lost) ends the log, which is truncated there with everything after it, so refs never
-//!    point at chunks that did not survive.
+//!    point at chunks that did not survive a torn write.
 //!
 //! What recovery did is reported by [`LogStore::recovery`]; [`LogStore::commit_counters`]
 //! counts commits, groups and syncs.
@@ -175,6 +183,11 @@ pub struct RecoveryReport {
     pub damaged_records: u64,
     /// Why the active segment's scan stopped early, if it did.
     pub segment_stop: Option<String>,
+    /// Bytes of acknowledged (durable) segment data skipped because record headers there
+    /// were damaged; the records in them are lost (not truncated: the bytes stay).
+    pub damaged_bytes: u64,
+    /// One description per damaged place found in acknowledged data (file, offset, what).
+    pub damage: Vec<String>,
 }
 
 /// Where a chunk record lives.
@@ -528,6 +541,17 @@ impl LogStore {
         } else {
             (Vec::new(), REFS_HEADER_LEN)
         };
+        // A bad frame followed by a valid one is damage, not a torn tail: truncating there
+        // would drop acknowledged commits.
+        if (log_end as usize) < log_bytes.len()
+            && format::find_refs_frame(&log_bytes, log_end as usize + 1).is_some()
+        {
+            return Err(Error::corrupt(format!(
+                "{} is damaged at offset {log_end} but later commits follow; refusing to \
+                 truncate acknowledged commits",
+                log_path.display()
+            )));
+        }
         let snap_seq = snap.as_ref().map_or(0, |s| s.seq);
         let mut records = Vec::new();
         let mut prev_seq = snap_seq;
@@ -548,12 +572,11 @@ impl LogStore {
             prev_seq = r.seq;
             records.push(r);
         }
-        let max_wm = records
+        let wms: Vec<Watermark> = records
             .iter()
             .map(|r| r.wm)
             .chain(snap.as_ref().map(|s| s.wm))
-            .max()
-            .unwrap_or_default();
+            .collect();
 
         // Sealed segments.
         let index = Index::new();
@@ -562,8 +585,11 @@ impl LogStore {
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
             let (file, path, len) = Segment::open(&dir, id)?;
             let seg = Segment::from_parts(id, path, file, len);
-            let records = sealed_records(&dir, &seg, algo, true)?;
-            index.replay(id, &records);
+            let sealed = sealed_records(&dir, &seg, algo, true)?;
+            report.damaged_records += sealed.damaged;
+            report.damaged_bytes += sealed.skipped;
+            report.damage.extend(sealed.damage);
+            index.replay(id, &sealed.records);
             segments.insert(id, seg);
         }
 
@@ -589,11 +615,15 @@ impl LogStore {
                         .ctx(|| format!("reading {}", path.display()))?;
                     format::check_segment_header(&h, id, algo)
                         .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
-                    let strict_from = if max_wm.seg == id {
-                        max_wm.off
-                    } else {
-                        SEG_HEADER_LEN
-                    };
+                    // The durable region: up to the highest watermark in this segment
+                    // that the file can satisfy (a watermark past the end of a shortened
+                    // file is dropped with its commit below).
+                    let strict_from = wms
+                        .iter()
+                        .filter(|w| w.seg == id && w.off <= len)
+                        .map(|w| w.off)
+                        .max()
+                        .unwrap_or(SEG_HEADER_LEN);
                     let scan = segment::scan(&file, &path, len, strict_from)?;
                     if scan.end < len {
                         file.set_len(scan.end)
@@ -603,6 +633,8 @@ impl LogStore {
                     }
                     report.segment_stop = scan.stop;
                     report.damaged_records += scan.damaged;
+                    report.damaged_bytes += scan.skipped;
+                    report.damage.extend(scan.damage);
                     index.replay(id, &scan.records);
                     (Segment::from_parts(id, path, file, scan.end), scan.records)
                 }
@@ -941,7 +973,7 @@ impl LogStore {
     }
 
     /// Records of a sealed segment (hint, or a scan).
-    fn sealed_records(&self, seg: &Segment) -> Result<Vec<HintEntry>> {
+    fn sealed_records(&self, seg: &Segment) -> Result<Sealed> {
         sealed_records(&self.dir, seg, self.algo, false)
     }
 
@@ -957,36 +989,50 @@ impl LogStore {
     }
 }
 
+/// The records of a sealed segment, and any damage found reading them.
+#[derive(Default)]
+struct Sealed {
+    records: Vec<HintEntry>,
+    damaged: u64,
+    skipped: u64,
+    damage: Vec<String>,
+}
+
 /// Records of a sealed segment: from its hint file when valid, else by scanning it (and
-/// then, when `write_hint`, writing the hint).
-fn sealed_records(
-    dir: &Path,
-    seg: &Segment,
-    algo: HashAlgo,
-    write_hint: bool,
-) -> Result<Vec<HintEntry>> {
+/// then, when `write_hint` and the segment is undamaged, writing the hint). A sealed segment
+/// was synced before it was sealed, so all of it is durable: damage is resynchronised over
+/// and reported, never fatal.
+fn sealed_records(dir: &Path, seg: &Segment, algo: HashAlgo, write_hint: bool) -> Result<Sealed> {
     let len = seg.flushed.load(Ordering::Acquire);
     let hpath = format::hint_path(dir, seg.id);
     if let Ok(b) = fs::read(&hpath)
         && let Some(records) = format::parse_hint(&b, len)
     {
-        return Ok(records);
+        return Ok(Sealed {
+            records,
+            ..Default::default()
+        });
     }
-    let damaged =
-        |why: String| Error::corrupt(format!("sealed segment {}: {why}", seg.path.display()));
+    let mut damage = Vec::new();
     let mut h = [0u8; SEG_HEADER_LEN as usize];
-    seg.file
-        .read_exact_at(&mut h, 0)
-        .map_err(|e| damaged(format!("unreadable header: {e}")))?;
-    format::check_segment_header(&h, seg.id, algo).map_err(damaged)?;
-    let scan = segment::scan(&seg.file, &seg.path, len, u64::MAX)?;
-    if let Some(why) = scan.stop {
-        return Err(damaged(why));
+    let header = match seg.file.read_exact_at(&mut h, 0) {
+        Ok(()) => format::check_segment_header(&h, seg.id, algo),
+        Err(e) => Err(format!("unreadable header: {e}")),
+    };
+    if let Err(why) = &header {
+        damage.push(format!("sealed segment {}: {why}", seg.path.display()));
     }
-    if write_hint {
+    let scan = segment::scan(&seg.file, &seg.path, len, u64::MAX)?;
+    damage.extend(scan.damage);
+    if write_hint && damage.is_empty() {
         let _ = format::write_atomic(dir, &hpath, &format::hint_bytes(len, &scan.records), false);
     }
-    Ok(scan.records)
+    Ok(Sealed {
+        records: scan.records,
+        damaged: scan.damaged + u64::from(header.is_err()),
+        skipped: scan.skipped,
+        damage,
+    })
 }
 
 impl Drop for LogStore {
@@ -1118,7 +1164,12 @@ impl ChunkStore for LogStore {
         let mut written = 0u64;
         let mut unsafe_to_delete = BTreeSet::new();
         for s in &cands {
-            for r in self.sealed_records(s)? {
+            let sealed = self.sealed_records(s)?;
+            if !sealed.damage.is_empty() {
+                // Leave damaged segments in place, for inspection.
+                unsafe_to_delete.insert(s.id);
+            }
+            for r in sealed.records {
                 if r.kind == KIND_CHUNK {
                     let loc = Loc {
                         seg: s.id,
@@ -1156,6 +1207,7 @@ impl ChunkStore for LogStore {
                             btree_map::Entry::Occupied(e) => e.into_mut(),
                             btree_map::Entry::Vacant(v) => v.insert(
                                 self.sealed_records(k)?
+                                    .records
                                     .into_iter()
                                     .filter(|e| e.kind == KIND_CHUNK)
                                     .map(|e| e.cid)

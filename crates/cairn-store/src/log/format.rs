@@ -179,6 +179,11 @@ pub(crate) fn parse_frame_header(h: &[u8]) -> Result<FrameHeader, String> {
     })
 }
 
+/// Whether `kind` names a record kind (a cheap filter before the header checksum).
+pub(crate) fn plausible_kind(kind: u8) -> bool {
+    kind == KIND_CHUNK || kind == KIND_TOMBSTONE
+}
+
 /// True when the record's whole-frame checksum matches `payload`.
 pub(crate) fn frame_crc_ok(h: &[u8], hdr: &FrameHeader, payload: &[u8]) -> bool {
     let mut c = crc32fast::Hasher::new();
@@ -334,6 +339,25 @@ pub(crate) fn split_refs_frames(b: &[u8], base: u64) -> (Vec<(u64, &[u8])>, u64)
         pos = end;
     }
     (out, base + pos as u64)
+}
+
+/// The offset (relative to `b`) of the first complete frame at or after `from` that passes
+/// its checksum, searching byte by byte. Used to tell a torn tail (nothing valid follows)
+/// from damage in the middle of the log.
+pub(crate) fn find_refs_frame(b: &[u8], from: usize) -> Option<usize> {
+    let mut pos = from;
+    while b.len().saturating_sub(pos) >= REFS_FRAME_HEADER_LEN {
+        let crc = le_u32(&b[pos..]);
+        let len = le_u32(&b[pos + 4..]) as usize;
+        if let Some(end) = (pos + REFS_FRAME_HEADER_LEN).checked_add(len)
+            && end <= b.len()
+            && crc32fast::hash(&b[pos + 4..end]) == crc
+        {
+            return Some(pos);
+        }
+        pos += 1;
+    }
+    None
 }
 
 /// Wraps a snapshot body: magic, body, CRC of both.

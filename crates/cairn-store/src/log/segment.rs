@@ -1,7 +1,6 @@
 //! Segment files: creation, opening and the record scan used by recovery and compaction.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +9,8 @@ use std::sync::atomic::AtomicU64;
 use cairn_core::error::IoContext;
 
 use super::format::{
-    self, FRAME_HEADER_LEN, HintEntry, KIND_CHUNK, SEG_HEADER_LEN, frame_crc_ok, parse_frame_header,
+    self, FRAME_HEADER_LEN, FrameHeader, HintEntry, KIND_CHUNK, SEG_HEADER_LEN, frame_crc_ok,
+    parse_frame_header,
 };
 use crate::{HashAlgo, Result};
 
@@ -79,67 +79,182 @@ impl Segment {
 }
 
 /// What a scan of a segment found.
+#[derive(Default)]
 pub(crate) struct Scan {
     /// Records in file order.
     pub records: Vec<HintEntry>,
-    /// End of the last good record.
+    /// End of the last good record (or of the durable region, if that lies further).
     pub end: u64,
-    /// Why the scan stopped before the end of the file, if it did.
+    /// Why the scan stopped before the end of the file, if it did (a torn tail).
     pub stop: Option<String>,
-    /// Records kept although their payload checksum failed (inside the durable region).
+    /// Damaged records inside the durable region: records kept although their payload
+    /// checksum fails, plus one per region skipped to resynchronise after a bad header.
     pub damaged: u64,
+    /// Bytes of the durable region skipped to resynchronise after bad record headers.
+    pub skipped: u64,
+    /// One description per damaged place in the durable region.
+    pub damage: Vec<String>,
+}
+
+/// Reads a segment file through a window of `pread`s.
+struct Reader<'a> {
+    file: &'a File,
+    path: &'a Path,
+    len: u64,
+    buf: Vec<u8>,
+    start: u64,
+}
+
+const WINDOW: usize = 1 << 20;
+
+impl<'a> Reader<'a> {
+    /// The bytes `[off, off + n)` (the caller checked they lie in the file).
+    fn get(&mut self, off: u64, n: usize) -> Result<&[u8]> {
+        let have = off >= self.start && off + n as u64 <= self.start + self.buf.len() as u64;
+        if !have {
+            let want = (n.max(WINDOW) as u64).min(self.len.saturating_sub(off)) as usize;
+            self.buf.resize(want.max(n), 0);
+            self.file
+                .read_exact_at(&mut self.buf, off)
+                .ctx(|| format!("reading {} at offset {off}", self.path.display()))?;
+            self.start = off;
+        }
+        let s = (off - self.start) as usize;
+        Ok(&self.buf[s..s + n])
+    }
+
+    /// The header of a plausible record at `off` (sound header checksum, fits in the file).
+    fn header_at(
+        &mut self,
+        off: u64,
+    ) -> Result<Result<(FrameHeader, [u8; FRAME_HEADER_LEN]), String>> {
+        if self.len.saturating_sub(off) < FRAME_HEADER_LEN as u64 {
+            return Ok(Err(format!("incomplete record header at offset {off}")));
+        }
+        let mut hdr = [0u8; FRAME_HEADER_LEN];
+        hdr.copy_from_slice(self.get(off, FRAME_HEADER_LEN)?);
+        let h = match parse_frame_header(&hdr) {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(format!("{why} at offset {off}"))),
+        };
+        if FRAME_HEADER_LEN as u64 + h.len as u64 > self.len - off {
+            return Ok(Err(format!(
+                "record at offset {off} runs past the end of the file"
+            )));
+        }
+        Ok(Ok((h, hdr)))
+    }
+
+    /// The first offset at or after `from` where a record header passes its checks and the
+    /// record fits in the file, searching byte by byte.
+    fn resync(&mut self, from: u64) -> Result<Option<u64>> {
+        let mut off = from;
+        while self.len.saturating_sub(off) >= FRAME_HEADER_LEN as u64 {
+            let n = ((self.len - off) as usize).min(WINDOW);
+            let chunk = self.get(off, n)?.to_vec();
+            let last = n - FRAME_HEADER_LEN;
+            for i in 0..=last {
+                let h = &chunk[i..i + FRAME_HEADER_LEN];
+                // Cheap filters before the header checksum.
+                if !format::plausible_kind(h[8]) || h[9..12] != [0, 0, 0] {
+                    continue;
+                }
+                if let Ok(p) = parse_frame_header(h) {
+                    let at = off + i as u64;
+                    if FRAME_HEADER_LEN as u64 + p.len as u64 <= self.len - at {
+                        return Ok(Some(at));
+                    }
+                }
+            }
+            off += last as u64 + 1;
+        }
+        Ok(None)
+    }
 }
 
 /// Scans the records of a segment file of `len` bytes.
 ///
-/// A record that lies wholly before `strict_from` (the durable watermark) and whose header
-/// is sound but whose payload checksum fails is kept and counted as damaged: it was
-/// acknowledged, so it is bit rot, and reads of that chunk will report it corrupt. Any
-/// other bad record ends the scan (a torn tail). Chunk records that reach past
-/// `strict_from` are also checked against their cid.
+/// `strict_from` is the end of the durable region (everything before it was acknowledged
+/// as being on stable storage). Inside the durable region damage is bit rot, never a torn
+/// write: a record whose header is sound but whose payload checksum fails is kept and
+/// counted as damaged (reads of that chunk report it corrupt); a record whose header fails
+/// its checks is skipped by searching forward, byte by byte, for the next offset where a
+/// record header passes its checksum and the record fits in the file, and the skipped bytes
+/// are reported. Nothing before `strict_from` ends the scan. Past it, the first bad record
+/// (incomplete, failing a checksum, or a chunk not matching its cid) ends the scan: a torn
+/// tail.
 pub(crate) fn scan(file: &File, path: &Path, len: u64, strict_from: u64) -> Result<Scan> {
-    let mut r = BufReader::with_capacity(1 << 20, file);
-    r.seek(SeekFrom::Start(SEG_HEADER_LEN))
-        .ctx(|| format!("seeking in {}", path.display()))?;
-    let mut records = Vec::new();
+    let mut rd = Reader {
+        file,
+        path,
+        len,
+        buf: Vec::new(),
+        start: 0,
+    };
+    let mut out = Scan::default();
     let mut pos = SEG_HEADER_LEN;
-    let mut damaged = 0;
-    let mut hdr = [0u8; FRAME_HEADER_LEN];
-    let mut payload = Vec::new();
-    let read_err = |pos: u64| move || format!("reading {} at offset {pos}", path.display());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let stop = loop {
         if pos >= len {
             break None;
         }
-        if len - pos < FRAME_HEADER_LEN as u64 {
-            break Some(format!("incomplete record header at offset {pos}"));
-        }
-        r.read_exact(&mut hdr).ctx(read_err(pos))?;
-        let h = match parse_frame_header(&hdr) {
-            Ok(h) => h,
-            Err(why) => break Some(format!("{why} at offset {pos}")),
+        let (h, hdr) = match rd.header_at(pos)? {
+            Ok(x) => x,
+            Err(why) => {
+                if pos >= strict_from {
+                    break Some(why);
+                }
+                // Bit rot in the durable region: resynchronise.
+                out.damaged += 1;
+                match rd.resync(pos + 1)? {
+                    Some(next) => {
+                        out.skipped += next - pos;
+                        out.damage.push(format!(
+                            "{name}: {why}; skipped {} bytes to the next record at offset {next}",
+                            next - pos
+                        ));
+                        pos = next;
+                        continue;
+                    }
+                    None => {
+                        // Nothing valid follows; keep (never cut) the durable region.
+                        let keep = strict_from.min(len);
+                        out.skipped += keep - pos;
+                        out.damage.push(format!(
+                            "{name}: {why}; no valid record follows, {} bytes skipped",
+                            keep - pos
+                        ));
+                        pos = keep;
+                        if pos < len {
+                            break Some(format!(
+                                "no valid record after the durable region at offset {pos}"
+                            ));
+                        }
+                        break None;
+                    }
+                }
+            }
         };
         let size = FRAME_HEADER_LEN as u64 + h.len as u64;
-        if size > len - pos {
-            break Some(format!(
-                "record at offset {pos} runs past the end of the file"
-            ));
-        }
-        payload.resize(h.len as usize, 0);
-        r.read_exact(&mut payload).ctx(read_err(pos))?;
         let strict = pos + size > strict_from;
-        if !frame_crc_ok(&hdr, &h, &payload) {
+        let payload = rd.get(pos + FRAME_HEADER_LEN as u64, h.len as usize)?;
+        if !frame_crc_ok(&hdr, &h, payload) {
             if strict {
                 break Some(format!("record checksum mismatch at offset {pos}"));
             }
-            damaged += 1;
-        } else if strict && h.kind == KIND_CHUNK && !h.cid.matches(&payload) {
+            out.damaged += 1;
+            out.damage
+                .push(format!("{name}: record checksum mismatch at offset {pos}"));
+        } else if strict && h.kind == KIND_CHUNK && !h.cid.matches(payload) {
             break Some(format!(
                 "chunk at offset {pos} does not match its cid {}",
                 h.cid
             ));
         }
-        records.push(HintEntry {
+        out.records.push(HintEntry {
             kind: h.kind,
             cid: h.cid,
             off: pos,
@@ -147,10 +262,7 @@ pub(crate) fn scan(file: &File, path: &Path, len: u64, strict_from: u64) -> Resu
         });
         pos += size;
     };
-    Ok(Scan {
-        records,
-        end: pos,
-        stop,
-        damaged,
-    })
+    out.end = pos;
+    out.stop = stop;
+    Ok(out)
 }
