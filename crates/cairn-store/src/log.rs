@@ -1,19 +1,19 @@
 //! The embedded, crash-safe default backend: [`LogStore`].
 //!
 //! A Bitcask-style log-structured store: chunks are appended to segment files and found
-//! through an in-memory hash index; refs live in memory and are persisted by an append-only
-//! log of commit batches. Nothing is ever overwritten in place.
+//! through an in-memory hash index; refs live in memory and are persisted by commit records
+//! appended to the same segment log, after the chunks they name. Nothing is ever
+//! overwritten in place.
 //!
 //! # Directory layout
 //!
 //! | file | contents |
 //! | --- | --- |
-//! | `MANIFEST` | `"CAIRNMAN"`, format version (1), hash algorithm code, 2 zero bytes, CRC32 of the first 12 bytes. Written once, atomically (temporary file, fsync, rename, fsync directory). An existing store keeps its algorithm whatever [`LogStoreOptions::algo`] asks for. |
+//! | `MANIFEST` | `"CAIRNMAN"`, format version (2), hash algorithm code, 2 zero bytes, CRC32 of the first 12 bytes. Written once, atomically (temporary file, fsync, rename, fsync directory). An existing store keeps its algorithm whatever [`LogStoreOptions::algo`] asks for; a store of another format version is refused. |
 //! | `LOCK` | Held with an exclusive `flock` while the store is open; a second opener gets [`Error::Unavailable`]. |
-//! | `seg-NNNNNN.log` | Append-only segments of chunk and tombstone records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
-//! | `seg-NNNNNN.hint` | For a sealed segment: the list of its records (kind, cid, offset, length) without payloads, so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it. |
-//! | `refs.log` | Append-only log of ref commit batches. |
-//! | `refs.snap` | Snapshot of the whole refs map, written atomically when `refs.log` grows past [`LogStoreOptions::refs_log_max`]; `refs.log` is then truncated. |
+//! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
+//! | `seg-NNNNNN.hint` | For a sealed segment: its records in file order without chunk payloads (see below), so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it (unless the segment is damaged). |
+//! | `refs.snap` | Snapshot of the whole refs map and the sequence number of the last commit it includes, written atomically and durably (temporary file, fsync, rename, fsync directory) when [`LogStoreOptions::refs_log_max`] bytes of commit records were written since the last one (and twice the snapshot's size), and by compaction before it deletes a segment holding commit records the snapshot does not cover. |
 //!
 //! # Segment records
 //!
@@ -24,51 +24,55 @@
 //! ```text
 //! 0   u32  crc    CRC32 of bytes 4.. of the record (rest of header + payload)
 //! 4   u32  hcrc   CRC32 of header bytes 8..50 (tells a damaged payload from a damaged header)
-//! 8   u8   kind   1 = chunk, 2 = tombstone (the chunk named by cid was removed)
+//! 8   u8   kind   1 = chunk, 2 = tombstone (the chunk named by cid was removed), 3 = commit
 //! 9   3    zero
 //! 12  u32  len    payload length (0 for a tombstone)
-//! 16  34   cid    multihash of the chunk
+//! 16  34   key    chunk, tombstone: multihash of the chunk
+//!                 commit: u64 commit sequence number, then 26 zero bytes
 //! 50  len  payload
 //! ```
 //!
-//! # Refs log
+//! A commit record's payload is one [`RefStore::commit`] batch in the canonical encoding of
+//! `cairn-core`: update count (varint), then per update `1, name, value` (set) or
+//! `2, name` (delete), names and values length-prefixed. A record is the unit of atomicity:
+//! a batch is all-or-nothing. Sequence numbers increase by one per commit record in log
+//! order (segment by segment). A commit record with no updates is a *sync marker*, written
+//! by [`LogStore::sync`], by removals and when the store is closed, so that records written
+//! since the last commit count as acknowledged. Since a commit follows, in the same log,
+//! every chunk put before it, no watermark is needed: a commit is durable only if the
+//! chunks before it are.
 //!
-//! A 16-byte header (`"CAIRNREF"`, format version, 7 zero bytes), then one frame per
-//! [`RefStore::commit`]: `crc u32` (CRC32 of the rest of the frame), `len u32`, and a body
-//! in the canonical encoding of `cairn-core`: version byte, commit sequence number,
-//! *watermark* (segment id, offset), update count, then per update `1, name, value` (set)
-//! or `2, name` (delete). A frame is the unit of atomicity: it is either wholly valid or
-//! ignored, so a batch is all-or-nothing. The watermark is the segment position that was
-//! on stable storage when the frame was written; under [`Durability::PerWrite`] and
-//! [`Durability::Group`] it covers every chunk put before the commit.
+//! # Hint files
+//!
+//! `"CAIRNHNT"`, format version, 3 zero bytes, segment length (u64), entry count (u32), the
+//! entries in file order, CRC32 of everything before it. A chunk or tombstone entry is
+//! `kind u8, cid (34 bytes), offset u64, length u32`; a commit entry is `3, sequence number
+//! u64, offset u64, length u32`, followed by the commit's payload, so that open replays
+//! commits without reading the segment. Entries must tile the segment exactly.
 //!
 //! # Recovery (open)
 //!
-//! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files.
-//! 2. Read `refs.snap` (if any) and the frames of `refs.log` up to the first torn or
-//!    damaged frame. If any valid frame follows a bad one, the log is damaged in the middle,
-//!    not torn: open fails with [`Error::Corrupt`] and touches nothing (truncating would
-//!    drop acknowledged commits).
+//! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files and hints
+//!    of missing segments.
+//! 2. Read `refs.snap` (if any).
 //! 3. Sealed segments: load the hint file, or scan the records. All of a sealed segment is
 //!    durable (it was synced before it was sealed), so damage there is bit rot: handled as
 //!    in the durable region below, reported, and no hint is written for that segment (so
 //!    the damage is reported at every open). Replay records into the index in segment
 //!    order: a chunk record (re)points the cid to itself, a tombstone removes it.
-//! 4. The active segment is scanned record by record. The *durable region* ends at the
-//!    highest watermark in the refs that lies within the file. Past it (the part never
-//!    acknowledged as durable) the first record that is incomplete, fails a checksum, or
-//!    whose payload does not hash to its cid ends the log: the file is truncated there.
-//!    Nothing before the watermark is ever truncated: a record there with a sound header and
-//!    a bad payload is kept (reads of it fail with [`Error::Corrupt`]); a record whose
-//!    header fails its checks is skipped by searching forward byte by byte for the next
-//!    offset where a record header passes its header checksum and the record fits in the
-//!    file, and the scan continues from there. Chunks in skipped bytes are absent from the
-//!    index; the damage is counted in [`RecoveryReport`] (`damaged_records`,
+//! 4. The active segment is scanned record by record. Its *durable region* ends with its
+//!    last intact commit record. After that, the first record that is incomplete, fails a
+//!    checksum, or whose payload does not hash to its cid starts a torn tail: the file is
+//!    truncated there. Nothing in the durable region is ever truncated: a record there with
+//!    a sound header and a bad payload is kept (reads of it fail with [`Error::Corrupt`]; a
+//!    damaged commit record's updates are lost and counted in `commits_dropped`); a record
+//!    whose header fails its checks is skipped by searching forward byte by byte for the
+//!    next offset where a record header passes its header checksum and the record fits in
+//!    the file, and the scan continues from there. Chunks in skipped bytes are absent from
+//!    the index; the damage is counted in [`RecoveryReport`] (`damaged_records`,
 //!    `damaged_bytes`, `damage`).
-//! 5. Refs: the snapshot, then each log record with a higher sequence number, in order. A
-//!    record whose watermark lies beyond the recovered end of the segments (its chunks were
-//!    lost) ends the log, which is truncated there with everything after it, so refs never
-//!    point at chunks that did not survive a torn write.
+//! 5. Refs: the snapshot, then every intact commit record with a higher sequence number, in
+//!    log order. The next commit gets the highest sequence number seen plus one.
 //!
 //! What recovery did is reported by [`LogStore::recovery`]; [`LogStore::commit_counters`]
 //! counts commits, groups and syncs.
@@ -81,19 +85,17 @@
 //! verified against its cid.
 //!
 //! A commit is queued, and a *leader* (the first committer to find no leader active) takes
-//! the queue, then: writes the write buffer to the active segment and (unless
-//! [`Durability::Buffered`]) `fdatasync`s it; appends one frame per queued batch to
-//! `refs.log` with a single `pwrite`; `fdatasync`s `refs.log`; applies the batches to the
-//! in-memory map in order; hands leadership to the oldest queued committer (if any); and
-//! unparks its followers one by one (each committer parks on its own slot, so a finished
-//! group wakes only its own members). Chunks are thus always at least as durable as the
-//! commits that follow them, and a commit is visible only after its bytes are written (and
-//! synced, where the level asks for it). `refs.log` is kept zero-filled 1 MiB ahead of its
-//! last frame so that a commit's `fdatasync` rarely changes the file size (no journal
-//! commit); zeros never parse as a frame, and open cuts them off.
+//! the queue, then: appends one commit record per queued batch after the buffered chunk
+//! records and writes the buffer with a single `pwrite`; (unless
+//! [`Durability::Buffered`]) `fdatasync`s the active segment once, which makes the group's
+//! chunks and commits durable together; applies the batches to the in-memory map in
+//! order; hands leadership to the oldest queued committer (if any); and unparks its
+//! followers one by one (each committer parks on its own slot, so a finished group wakes
+//! only its own members). A commit is visible only after its bytes are written (and
+//! synced, where the level asks for it). Segments roll only between groups.
 //!
-//! - [`Durability::PerWrite`]: the leader takes one batch at a time, so each commit gets its
-//!   own sync of the segment (if it has unsynced data) and of `refs.log`.
+//! - [`Durability::PerWrite`]: the leader takes one batch at a time: one `pwrite` and one
+//!   `fdatasync` per commit.
 //! - [`Durability::Group`]: the leader takes every queued batch; commits that arrive during
 //!   a sync form the next group. A lone committer never waits for company.
 //! - [`Durability::Buffered`]: as `Group`, with no syncs: a commit returns once its bytes
@@ -102,19 +104,23 @@
 //!
 //! When the active segment fills up it is written out, `fdatasync`ed, sealed and its hint
 //! written; the next segment is created with its header and its directory entry synced.
-//! After a failed `fdatasync` the store refuses further writes (the kernel may have dropped
-//! the dirty pages) until it is reopened.
+//! After a failed write or `fdatasync` on the commit path the store refuses further writes
+//! (the kernel may have dropped the dirty pages) until it is reopened.
 //!
 //! # Removal and compaction
 //!
 //! [`ChunkStore::remove`] appends a tombstone per removed chunk and drops it from the index
-//! (synced like a commit under `PerWrite`/`Group`). [`ChunkStore::compact`] seals the
-//! active segment if it is mostly garbage, then rewrites every sealed segment whose
-//! garbage (bytes not referenced by the index) is at least half its data: live chunks are
-//! verified and appended again to the active segment, tombstones are carried forward only
-//! while an older segment still holds a record they must suppress; the active segment is
-//! synced, and only then are the old segments deleted, oldest first, and the directory
-//! synced. A crash at any point leaves either the old or the new copy findable.
+//! (followed by a sync marker and synced under `PerWrite`/`Group`). [`ChunkStore::compact`]
+//! seals the active segment if it is mostly garbage, then rewrites every sealed segment
+//! whose garbage (bytes not referenced by the index; commit records are garbage) is at
+//! least half its data. A segment holding commit records is only rewritten once a durable
+//! `refs.snap` covers its highest sequence number (compaction writes one if needed; if the
+//! last commits are not applied yet, the segment waits for the next compaction). Live
+//! chunks are verified and appended again to the active segment, tombstones are carried
+//! forward only while an older segment still holds a record they must suppress; the active
+//! segment is synced, and only then are the old segments deleted, oldest first, and the
+//! directory synced. A crash at any point leaves either the old or the new copy findable.
+//! Damaged segments are not deleted.
 
 mod format;
 mod refs;
@@ -136,11 +142,11 @@ use crate::{
     Bytes, ChunkStore, Cid, Durability, Error, HashAlgo, RefStore, RefUpdate, Result, StoreStats,
 };
 use format::{
-    FRAME_HEADER_LEN, HintEntry, KIND_CHUNK, KIND_TOMBSTONE, MAX_CHUNK_LEN, REFS_HEADER_LEN,
+    CommitEntry, FRAME_HEADER_LEN, HintEntry, KIND_CHUNK, KIND_TOMBSTONE, MAX_CHUNK_LEN,
     SEG_HEADER_LEN,
 };
-use refs::{Op, Watermark};
-use segment::Segment;
+use refs::Op;
+use segment::{Durable, Segment};
 
 /// Options for opening a [`LogStore`].
 #[derive(Clone, Debug)]
@@ -153,8 +159,9 @@ pub struct LogStoreOptions {
     pub segment_size: u64,
     /// Size of the in-memory write buffer for chunk records (default 1 MiB).
     pub write_buffer: usize,
-    /// Size of `refs.log` past which it is folded into `refs.snap` (default 64 MiB; the
-    /// log must also be twice the size of the last snapshot).
+    /// Bytes of commit records written since the last `refs.snap` past which a new snapshot
+    /// is written (default 64 MiB; they must also be twice the size of the last snapshot).
+    /// Compaction writes one too when it needs to delete a segment holding commit records.
     pub refs_log_max: u64,
 }
 
@@ -175,13 +182,13 @@ impl Default for LogStoreOptions {
 pub struct RecoveryReport {
     /// Bytes cut from the end of the active segment (a torn or damaged tail).
     pub segment_bytes_truncated: u64,
-    /// Bytes cut from the end of `refs.log`.
-    pub refs_bytes_truncated: u64,
-    /// Complete commit records dropped because the chunks they follow did not survive.
+    /// Commit records in acknowledged data that could not be replayed (checksum failure or
+    /// out-of-order sequence number after damage): their updates are lost, and `damage`
+    /// says which.
     pub commits_dropped: u64,
     /// Records kept although their payload checksum fails (reads of them report corruption).
     pub damaged_records: u64,
-    /// Why the active segment's scan stopped early, if it did.
+    /// Why the active segment's scan found a torn tail, if it did.
     pub segment_stop: Option<String>,
     /// Bytes of acknowledged (durable) segment data skipped because record headers there
     /// were damaged; the records in them are lost (not truncated: the bytes stay).
@@ -207,11 +214,6 @@ impl Loc {
 }
 
 const SHARDS: usize = 16;
-
-/// `refs.log` is extended with zeros this far ahead of its last frame, so that a commit's
-/// `fdatasync` usually overwrites allocated blocks without changing the file size (no
-/// filesystem journal commit: measurably cheaper). Zeros never parse as a frame.
-const REFS_PREALLOC: u64 = 1 << 20;
 
 /// The cid → location index, sharded to keep readers and the writer off each other.
 struct Index {
@@ -270,8 +272,15 @@ struct Writer {
     /// Records not yet written to the file; they start at `seg.flushed`.
     buf: Vec<u8>,
     cap: usize,
-    /// Every record of the active segment, for its hint file when it is sealed.
+    /// Every chunk and tombstone record of the active segment, for its hint file.
     hints: Vec<HintEntry>,
+    /// Every commit record of the active segment (payloads not kept: read back for the
+    /// hint file when the segment is sealed).
+    commits: Vec<CommitEntry>,
+    /// Sequence number of the next commit record.
+    next_seq: u64,
+    /// Chunk or tombstone records were appended after the last commit record.
+    dirty: bool,
 }
 
 impl Writer {
@@ -289,6 +298,7 @@ impl Writer {
         let off = self.end();
         self.buf.extend_from_slice(header);
         self.buf.extend_from_slice(payload);
+        self.dirty = true;
         let len = payload.len() as u32;
         self.hints.push(HintEntry {
             kind,
@@ -301,6 +311,24 @@ impl Writer {
             off,
             len,
         }
+    }
+
+    /// Appends a commit record with the next sequence number; returns that number.
+    fn append_commit(&mut self, ops: &[u8]) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let off = self.end();
+        self.buf.extend_from_slice(&format::commit_header(seq, ops));
+        self.buf.extend_from_slice(ops);
+        self.commits.push(CommitEntry {
+            seq,
+            off,
+            len: ops.len() as u32,
+            ops: None,
+            intact: true,
+        });
+        self.dirty = false;
+        seq
     }
 
     /// Writes the buffer to the file (no sync).
@@ -324,24 +352,29 @@ impl Writer {
     }
 }
 
-/// The refs log file, owned by the group-commit leader.
-struct RefsLog {
-    file: File,
-    path: PathBuf,
+/// The refs map and the sequence number of the last commit applied to it.
+struct RefsState {
+    map: BTreeMap<Vec<u8>, Bytes>,
+    seq: u64,
+}
+
+/// The last `refs.snap` written, and the commit bytes written since.
+struct SnapState {
+    seq: u64,
     len: u64,
-    /// End of the zeros written ahead of `len` (see [`REFS_PREALLOC`]).
-    alloc_end: u64,
-    last_seq: u64,
-    wm: Watermark,
-    snap_len: u64,
+    since: u64,
 }
 
 /// A commit waiting for a leader.
 struct Pending {
-    seq: u64,
     ops_bytes: Vec<u8>,
     ops: Vec<Op>,
     slot: Arc<Slot>,
+    /// Sync even under [`Durability::Buffered`] ([`LogStore::sync`]).
+    force: bool,
+    /// A sync marker, not a commit: written (as an empty commit) only when records follow
+    /// the last commit record, so that they too count as acknowledged.
+    marker: bool,
 }
 
 const WAITING: u8 = 0;
@@ -377,7 +410,6 @@ impl Slot {
 
 /// Group-commit state.
 struct Queue {
-    next_seq: u64,
     /// True while some committer leads (from taking the queue until it hands over or finds
     /// the queue empty).
     leader: bool,
@@ -393,8 +425,8 @@ pub struct LogStore {
     index: Index,
     segments: RwLock<BTreeMap<u32, Arc<Segment>>>,
     writer: Mutex<Writer>,
-    refs: RwLock<BTreeMap<Vec<u8>, Bytes>>,
-    log: Mutex<RefsLog>,
+    refs: RwLock<RefsState>,
+    snap: Mutex<SnapState>,
     queue: Mutex<Queue>,
     compact_lock: Mutex<()>,
     failed: Mutex<Option<String>>,
@@ -416,9 +448,9 @@ struct Counters {
 pub struct CommitCounters {
     /// Commits written.
     pub commits: u64,
-    /// Groups they were written in (one refs log write each).
+    /// Groups they were written in (one segment write each).
     pub groups: u64,
-    /// `fdatasync` calls on the commit path (segment and refs log).
+    /// `fdatasync` calls on the commit path (one per group at most).
     pub syncs: u64,
     /// Time spent in those calls, in microseconds.
     pub sync_micros: u64,
@@ -499,7 +531,7 @@ impl LogStore {
 
         let mut report = RecoveryReport::default();
 
-        // Refs: snapshot and log frames (applied after the segments are recovered).
+        // Refs snapshot (commit records replayed on top of it come from the segments).
         let snap_path = dir.join(format::REFS_SNAP);
         let (snap, snap_len) = match fs::read(&snap_path) {
             Ok(b) => {
@@ -511,72 +543,9 @@ impl LogStore {
             Err(e) if e.kind() == ErrorKind::NotFound => (None, 0),
             Err(e) => return Err(Error::io(format!("reading {}", snap_path.display()), e)),
         };
-        let log_path = dir.join(format::REFS_LOG);
-        let log_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&log_path)
-            .ctx(|| format!("opening {}", log_path.display()))?;
-        let log_bytes = fs::read(&log_path).ctx(|| format!("reading {}", log_path.display()))?;
-        if log_bytes.len() < REFS_HEADER_LEN as usize {
-            // New, or torn while being created: nothing was ever committed to it.
-            log_file
-                .set_len(0)
-                .and_then(|_| log_file.write_all_at(&format::refs_header(), 0))
-                .and_then(|_| log_file.sync_all())
-                .ctx(|| format!("initialising {}", log_path.display()))?;
-            format::sync_dir(&dir)?;
-        } else if log_bytes[..8] != *format::REFS_MAGIC || log_bytes[8] != format::FORMAT_VERSION {
-            return Err(Error::corrupt(format!(
-                "{}: not a Cairn refs log of format version {}",
-                log_path.display(),
-                format::FORMAT_VERSION
-            )));
-        }
-        let log_bytes_len = log_bytes.len().max(REFS_HEADER_LEN as usize) as u64;
-        let (frames, mut log_end) = if log_bytes.len() >= REFS_HEADER_LEN as usize {
-            format::split_refs_frames(&log_bytes[REFS_HEADER_LEN as usize..], REFS_HEADER_LEN)
-        } else {
-            (Vec::new(), REFS_HEADER_LEN)
-        };
-        // A bad frame followed by a valid one is damage, not a torn tail: truncating there
-        // would drop acknowledged commits.
-        if (log_end as usize) < log_bytes.len()
-            && format::find_refs_frame(&log_bytes, log_end as usize + 1).is_some()
-        {
-            return Err(Error::corrupt(format!(
-                "{} is damaged at offset {log_end} but later commits follow; refusing to \
-                 truncate acknowledged commits",
-                log_path.display()
-            )));
-        }
         let snap_seq = snap.as_ref().map_or(0, |s| s.seq);
-        let mut records = Vec::new();
-        let mut prev_seq = snap_seq;
-        for (off, body) in frames {
-            let r = refs::decode_record(body, off).map_err(|e| {
-                Error::corrupt(format!("{} at offset {off}: {e}", log_path.display()))
-            })?;
-            if r.seq <= snap_seq {
-                continue;
-            }
-            if r.seq <= prev_seq {
-                return Err(Error::corrupt(format!(
-                    "{} at offset {off}: commit sequence {} after {prev_seq}",
-                    log_path.display(),
-                    r.seq
-                )));
-            }
-            prev_seq = r.seq;
-            records.push(r);
-        }
-        let wms: Vec<Watermark> = records
-            .iter()
-            .map(|r| r.wm)
-            .chain(snap.as_ref().map(|s| s.wm))
-            .collect();
+        let mut commits: Vec<(u32, CommitEntry)> = Vec::new();
+        let mut max_seq = snap_seq;
 
         // Sealed segments.
         let index = Index::new();
@@ -585,17 +554,19 @@ impl LogStore {
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
             let (file, path, len) = Segment::open(&dir, id)?;
             let seg = Segment::from_parts(id, path, file, len);
-            let sealed = sealed_records(&dir, &seg, algo, true)?;
+            let sealed = sealed_records(&dir, &seg, algo, true, snap_seq)?;
             report.damaged_records += sealed.damaged;
             report.damaged_bytes += sealed.skipped;
             report.damage.extend(sealed.damage);
             index.replay(id, &sealed.records);
+            max_seq = max_seq.max(sealed.max_seq);
+            commits.extend(sealed.commits.into_iter().map(|c| (id, c)));
             segments.insert(id, seg);
         }
 
         // The active segment.
-        let (active, hints) = match last {
-            None => (Segment::create(&dir, 1, algo)?, Vec::new()),
+        let (active, hints, active_commits) = match last {
+            None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
                 let (file, path, len) = Segment::open(&dir, id)?;
                 if len < SEG_HEADER_LEN {
@@ -608,6 +579,7 @@ impl LogStore {
                     (
                         Segment::from_parts(id, path, file, SEG_HEADER_LEN),
                         Vec::new(),
+                        Vec::new(),
                     )
                 } else {
                     let mut h = [0u8; SEG_HEADER_LEN as usize];
@@ -615,16 +587,7 @@ impl LogStore {
                         .ctx(|| format!("reading {}", path.display()))?;
                     format::check_segment_header(&h, id, algo)
                         .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
-                    // The durable region: up to the highest watermark in this segment
-                    // that the file can satisfy (a watermark past the end of a shortened
-                    // file is dropped with its commit below).
-                    let strict_from = wms
-                        .iter()
-                        .filter(|w| w.seg == id && w.off <= len)
-                        .map(|w| w.off)
-                        .max()
-                        .unwrap_or(SEG_HEADER_LEN);
-                    let scan = segment::scan(&file, &path, len, strict_from)?;
+                    let scan = segment::scan(&file, &path, len, Durable::UpToLastCommit, snap_seq)?;
                     if scan.end < len {
                         file.set_len(scan.end)
                             .and_then(|_| file.sync_all())
@@ -636,42 +599,61 @@ impl LogStore {
                     report.damaged_bytes += scan.skipped;
                     report.damage.extend(scan.damage);
                     index.replay(id, &scan.records);
-                    (Segment::from_parts(id, path, file, scan.end), scan.records)
+                    max_seq = max_seq.max(scan.max_seq);
+                    let mine = scan
+                        .commits
+                        .iter()
+                        .map(|c| CommitEntry {
+                            ops: None,
+                            ..c.clone()
+                        })
+                        .collect();
+                    commits.extend(scan.commits.into_iter().map(|c| (id, c)));
+                    (
+                        Segment::from_parts(id, path, file, scan.end),
+                        scan.records,
+                        mine,
+                    )
                 }
             }
         };
         segments.insert(active.id, active.clone());
-        let active_end = active.flushed.load(Ordering::Acquire);
 
-        // Refs: drop commits whose chunks did not survive, then replay.
-        let cut = records
-            .iter()
-            .position(|r| r.wm.seg > active.id || (r.wm.seg == active.id && r.wm.off > active_end));
-        if let Some(i) = cut {
-            report.commits_dropped = (records.len() - i) as u64;
-            log_end = records[i].off;
-            records.truncate(i);
-        }
-        if log_end < log_bytes_len {
-            let tail = log_bytes.get(log_end as usize..).unwrap_or_default();
-            // Zeros written ahead of the log are not a torn tail.
-            if tail.iter().any(|&b| b != 0) || report.commits_dropped > 0 {
-                report.refs_bytes_truncated = log_bytes_len - log_end;
+        // Refs: the snapshot, then the commit records after it, in log order.
+        let mut map = snap.map(|s| s.map).unwrap_or_default();
+        let mut last_seq = snap_seq;
+        let mut since = 0u64;
+        for (id, c) in commits {
+            if c.seq <= snap_seq {
+                continue;
             }
-            log_file
-                .set_len(log_end)
-                .and_then(|_| log_file.sync_all())
-                .ctx(|| format!("truncating torn tail of {}", log_path.display()))?;
-        }
-        drop(log_bytes);
-        let (mut map, mut last_seq, mut wm) = match snap {
-            Some(s) => (s.map, s.seq, s.wm),
-            None => (BTreeMap::new(), 0, Watermark::default()),
-        };
-        for r in records {
-            last_seq = r.seq;
-            wm = r.wm;
-            refs::apply(&mut map, r.ops);
+            since += FRAME_HEADER_LEN as u64 + c.len as u64;
+            let seg = format::segment_path(&dir, id);
+            let at = || format!("{} at offset {}: commit {}", seg.display(), c.off, c.seq);
+            if !c.intact {
+                // Already described in `damage`.
+                report.commits_dropped += 1;
+                continue;
+            }
+            if c.seq <= last_seq {
+                report.commits_dropped += 1;
+                report.damage.push(format!(
+                    "{}: sequence number not above {last_seq}; ignored",
+                    at()
+                ));
+                continue;
+            }
+            let Some(body) = c.ops else { continue };
+            match refs::decode_ops(&body) {
+                Ok(ops) => {
+                    last_seq = c.seq;
+                    refs::apply(&mut map, ops);
+                }
+                Err(e) => {
+                    report.commits_dropped += 1;
+                    report.damage.push(format!("{}: undecodable: {e}", at()));
+                }
+            }
         }
 
         let cap = opts.write_buffer.max(4096);
@@ -684,19 +666,17 @@ impl LogStore {
                 buf: Vec::with_capacity(cap),
                 cap,
                 hints,
+                commits: active_commits,
+                next_seq: max_seq + 1,
+                dirty: false,
             }),
-            refs: RwLock::new(map),
-            log: Mutex::new(RefsLog {
-                file: log_file,
-                path: log_path,
-                len: log_end,
-                alloc_end: log_end,
-                last_seq,
-                wm,
-                snap_len,
+            refs: RwLock::new(RefsState { map, seq: last_seq }),
+            snap: Mutex::new(SnapState {
+                seq: snap_seq,
+                len: snap_len,
+                since,
             }),
             queue: Mutex::new(Queue {
-                next_seq: last_seq + 1,
                 leader: false,
                 pending: VecDeque::new(),
             }),
@@ -753,15 +733,13 @@ impl LogStore {
             .collect()
     }
 
-    /// Writes buffered chunks and `fdatasync`s the active segment and the refs log, whatever
-    /// the durability level.
+    /// Writes buffered records and `fdatasync`s the active segment, whatever the durability
+    /// level. Records written since the last commit are followed by a sync marker (an empty
+    /// commit record), so that recovery treats them as acknowledged.
     pub fn sync(&self) -> Result<()> {
         self.check_failed()?;
-        self.flush_segment(true)?;
-        let log = self.log.lock();
-        log.file
-            .sync_data()
-            .map_err(|e| self.fail(Error::io(format!("syncing {}", log.path.display()), e)))
+        let (ops_bytes, ops) = refs::encode_ops(&[]);
+        self.enqueue(ops_bytes, ops, true, true)
     }
 
     /// Records a fatal write error: further writes are refused until the store is reopened.
@@ -813,33 +791,17 @@ impl LogStore {
         self.segments.write().insert(id, new.clone());
         w.seg = new;
         let hints = std::mem::take(&mut w.hints);
+        let mut commits = std::mem::take(&mut w.commits);
         // The hint is an optimisation: if it is lost, open rescans the segment.
-        let _ = format::write_atomic(
-            &self.dir,
-            &format::hint_path(&self.dir, old.id),
-            &format::hint_bytes(end, &hints),
-            false,
-        );
-        Ok(())
-    }
-
-    /// Writes the buffer out and, when `durable`, `fdatasync`s the active segment. Returns
-    /// the durable watermark.
-    fn flush_segment(&self, durable: bool) -> Result<Watermark> {
-        let seg = {
-            let mut w = self.writer.lock();
-            w.flush()?;
-            w.seg.clone()
-        };
-        let pos = seg.flushed.load(Ordering::Acquire);
-        if durable && seg.synced.load(Ordering::Acquire) < pos {
-            self.timed_sync(&seg.file, &seg.path)?;
-            seg.synced.fetch_max(pos, Ordering::AcqRel);
+        if segment::read_commit_ops(&old, end, &mut commits).is_ok() {
+            let _ = format::write_atomic(
+                &self.dir,
+                &format::hint_path(&self.dir, old.id),
+                &format::hint_bytes(end, &hints, &commits),
+                false,
+            );
         }
-        Ok(Watermark {
-            seg: seg.id,
-            off: seg.synced.load(Ordering::Acquire),
-        })
+        Ok(())
     }
 
     /// Reads the record at `loc` (from the file, or from the write buffer).
@@ -883,7 +845,7 @@ impl LogStore {
             .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
         let h = format::parse_frame_header(&frame)
             .map_err(|why| Error::corrupt(format!("chunk {cid} in {}: {why}", where_())))?;
-        if h.kind != KIND_CHUNK || h.cid != *cid || h.len != loc.len {
+        if h.kind != KIND_CHUNK || h.cid != Some(*cid) || h.len != loc.len {
             return Err(Error::corrupt(format!(
                 "chunk {cid} in {}: the record there is not this chunk",
                 where_()
@@ -899,82 +861,99 @@ impl LogStore {
         Ok(payload)
     }
 
-    /// Writes one group of commits (the caller is the leader).
+    /// Writes one group of commits (the caller is the leader): their commit records go after
+    /// the buffered chunk records, with one `pwrite` and (unless buffered) one `fdatasync`
+    /// of the active segment; then they are applied in order.
     fn write_group(&self, group: Vec<Pending>) -> Result<()> {
         self.check_failed()?;
-        let durable = self.opts.durability != Durability::Buffered;
-        let wm = self.flush_segment(durable)?;
-        let size: usize = group.iter().map(|p| p.ops_bytes.len() + 32).sum();
-        let mut out = Vec::with_capacity(size);
-        for p in &group {
-            format::refs_frame(&mut out, &refs::record_prefix(p.seq, wm), &p.ops_bytes);
-        }
-        let mut log = self.log.lock();
-        let at = log.len;
-        if let Err(e) = log.file.write_all_at(&out, at) {
-            let e = Error::io(format!("writing {}", log.path.display()), e);
-            // Cut off any partial frame; if that fails the log can no longer be trusted.
-            if log.file.set_len(at).is_err() {
+        let durable = self.opts.durability != Durability::Buffered || group.iter().any(|p| p.force);
+        let mut written = 0u64;
+        let mut last = None;
+        let (seg, end) = {
+            let mut w = self.writer.lock();
+            for p in &group {
+                if p.marker && !w.dirty {
+                    continue;
+                }
+                last = Some(w.append_commit(&p.ops_bytes));
+                written += (FRAME_HEADER_LEN + p.ops_bytes.len()) as u64;
+            }
+            if let Err(e) = w.flush() {
+                // The commit records may be partly written and are still buffered: only a
+                // reopen can sort that out.
                 return Err(self.fail(e));
             }
-            return Err(e);
+            let seg = w.seg.clone();
+            let end = seg.flushed.load(Ordering::Acquire);
+            (seg, end)
+        };
+        if durable && seg.synced.load(Ordering::Acquire) < end {
+            self.timed_sync(&seg.file, &seg.path)?;
+            seg.synced.fetch_max(end, Ordering::AcqRel);
         }
-        log.len += out.len() as u64;
-        if log.len > log.alloc_end {
-            let zeros = vec![0u8; REFS_PREALLOC as usize];
-            let at = log.len;
-            if log.file.write_all_at(&zeros, at).is_ok() {
-                log.alloc_end = at + REFS_PREALLOC;
-            }
+        let commits = group.iter().filter(|p| !p.marker).count() as u64;
+        if commits > 0 {
+            self.counters.groups.fetch_add(1, Ordering::Relaxed);
+            self.counters.commits.fetch_add(commits, Ordering::Relaxed);
         }
-        if durable {
-            self.timed_sync(&log.file, &log.path)?;
-        }
-        self.counters.groups.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .commits
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
-        let last = group.last().map_or(log.last_seq, |p| p.seq);
-        {
-            let mut map = self.refs.write();
+        if let Some(last) = last {
+            let mut r = self.refs.write();
             for p in group {
-                refs::apply(&mut map, p.ops);
+                refs::apply(&mut r.map, p.ops);
+            }
+            r.seq = last;
+        }
+        // Segments roll between groups (a roll syncs the old segment before sealing it).
+        {
+            let mut w = self.writer.lock();
+            if w.end() >= self.opts.segment_size {
+                self.roll(&mut w)?;
             }
         }
-        log.last_seq = last;
-        log.wm = wm;
-        if log.len > self.opts.refs_log_max && log.len > 2 * log.snap_len {
-            self.snapshot(&mut log)?;
+        if written > 0 {
+            let mut snap = self.snap.lock();
+            snap.since += written;
+            if snap.since > self.opts.refs_log_max && snap.since > 2 * snap.len {
+                // A failed snapshot is retried when as many bytes again were written.
+                if self.write_snapshot(&mut snap).is_err() {
+                    snap.since /= 2;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Folds the refs log into `refs.snap` (the caller is the leader: the map is exactly
-    /// the state after `log.last_seq`).
-    fn snapshot(&self, log: &mut RefsLog) -> Result<()> {
-        let body = refs::snapshot_body(log.last_seq, log.wm, &self.refs.read());
-        let bytes = format::snapshot_bytes(&body);
-        let snap_path = self.dir.join(format::REFS_SNAP);
-        if format::write_atomic(&self.dir, &snap_path, &bytes, true).is_err() {
-            // The log is still complete; try again when it has doubled.
-            log.snap_len = log.len;
+    /// Writes `refs.snap` (durably) from the applied refs state, if it is newer.
+    fn write_snapshot(&self, snap: &mut SnapState) -> Result<()> {
+        let (seq, body) = {
+            let r = self.refs.read();
+            (r.seq, refs::snapshot_body(r.seq, &r.map))
+        };
+        if seq <= snap.seq {
             return Ok(());
         }
-        log.snap_len = bytes.len() as u64;
-        // Records up to last_seq are now in the snapshot and skipped at open, so a crash
-        // before this truncation is durable is harmless.
-        log.file
-            .set_len(REFS_HEADER_LEN)
-            .and_then(|_| log.file.sync_data())
-            .map_err(|e| self.fail(Error::io(format!("truncating {}", log.path.display()), e)))?;
-        log.len = REFS_HEADER_LEN;
-        log.alloc_end = REFS_HEADER_LEN;
+        let bytes = format::snapshot_bytes(&body);
+        let path = self.dir.join(format::REFS_SNAP);
+        format::write_atomic(&self.dir, &path, &bytes, true)?;
+        snap.seq = seq;
+        snap.len = bytes.len() as u64;
+        snap.since = 0;
         Ok(())
+    }
+
+    /// Makes sure a durable `refs.snap` covers commit `seq`; false if it cannot yet (the
+    /// commit is written but not applied).
+    fn snapshot_covers(&self, seq: u64) -> Result<bool> {
+        let mut snap = self.snap.lock();
+        if snap.seq < seq {
+            self.write_snapshot(&mut snap)?;
+        }
+        Ok(snap.seq >= seq)
     }
 
     /// Records of a sealed segment (hint, or a scan).
     fn sealed_records(&self, seg: &Segment) -> Result<Sealed> {
-        sealed_records(&self.dir, seg, self.algo, false)
+        sealed_records(&self.dir, seg, self.algo, false, u64::MAX)
     }
 
     /// Bytes of live records per segment.
@@ -993,6 +972,8 @@ impl LogStore {
 #[derive(Default)]
 struct Sealed {
     records: Vec<HintEntry>,
+    commits: Vec<CommitEntry>,
+    max_seq: u64,
     damaged: u64,
     skipped: u64,
     damage: Vec<String>,
@@ -1002,14 +983,22 @@ struct Sealed {
 /// then, when `write_hint` and the segment is undamaged, writing the hint). A sealed segment
 /// was synced before it was sealed, so all of it is durable: damage is resynchronised over
 /// and reported, never fatal.
-fn sealed_records(dir: &Path, seg: &Segment, algo: HashAlgo, write_hint: bool) -> Result<Sealed> {
+fn sealed_records(
+    dir: &Path,
+    seg: &Segment,
+    algo: HashAlgo,
+    write_hint: bool,
+    keep_after: u64,
+) -> Result<Sealed> {
     let len = seg.flushed.load(Ordering::Acquire);
     let hpath = format::hint_path(dir, seg.id);
     if let Ok(b) = fs::read(&hpath)
-        && let Some(records) = format::parse_hint(&b, len)
+        && let Some((records, commits)) = format::parse_hint(&b, len, keep_after)
     {
         return Ok(Sealed {
             records,
+            max_seq: commits.iter().map(|c| c.seq).max().unwrap_or(0),
+            commits,
             ..Default::default()
         });
     }
@@ -1022,13 +1011,24 @@ fn sealed_records(dir: &Path, seg: &Segment, algo: HashAlgo, write_hint: bool) -
     if let Err(why) = &header {
         damage.push(format!("sealed segment {}: {why}", seg.path.display()));
     }
-    let scan = segment::scan(&seg.file, &seg.path, len, u64::MAX)?;
+    let keep = if write_hint { 0 } else { keep_after };
+    let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep)?;
     damage.extend(scan.damage);
     if write_hint && damage.is_empty() {
-        let _ = format::write_atomic(dir, &hpath, &format::hint_bytes(len, &scan.records), false);
+        let _ = format::write_atomic(
+            dir,
+            &hpath,
+            &format::hint_bytes(len, &scan.records, &scan.commits),
+            false,
+        );
+    }
+    for c in scan.commits.iter_mut().filter(|c| c.seq <= keep_after) {
+        c.ops = None;
     }
     Ok(Sealed {
         records: scan.records,
+        commits: scan.commits,
+        max_seq: scan.max_seq,
         damaged: scan.damaged + u64::from(header.is_err()),
         skipped: scan.skipped,
         damage,
@@ -1037,11 +1037,15 @@ fn sealed_records(dir: &Path, seg: &Segment, algo: HashAlgo, write_hint: bool) -
 
 impl Drop for LogStore {
     fn drop(&mut self) {
+        if self.failed_flag.load(Ordering::Acquire) {
+            return;
+        }
         let mut w = self.writer.lock();
-        if w.flush().is_ok()
-            && self.opts.durability != Durability::Buffered
-            && !self.failed_flag.load(Ordering::Acquire)
-        {
+        if w.dirty {
+            // A sync marker, so the records since the last commit count as acknowledged.
+            w.append_commit(&refs::encode_ops(&[]).0);
+        }
+        if w.flush().is_ok() && self.opts.durability != Durability::Buffered {
             let _ = w.seg.file.sync_data();
         }
     }
@@ -1127,7 +1131,11 @@ impl ChunkStore for LogStore {
             }
         }
         if any {
-            self.flush_segment(self.opts.durability != Durability::Buffered)?;
+            if self.opts.durability == Durability::Buffered {
+                self.writer.lock().flush().map_err(|e| self.fail(e))?;
+            } else {
+                self.sync()?;
+            }
         }
         Ok(())
     }
@@ -1152,10 +1160,21 @@ impl ChunkStore for LogStore {
             .filter(|s| s.id < active)
             .cloned()
             .collect();
-        let (cands, keep): (Vec<_>, Vec<_>) = sealed.into_iter().partition(|s| {
+        let (heavy, mut keep): (Vec<_>, Vec<_>) = sealed.into_iter().partition(|s| {
             let data = s.flushed.load(Ordering::Acquire) - SEG_HEADER_LEN;
             garbage_heavy(data, live.get(&s.id).copied().unwrap_or(0))
         });
+        // A segment holding commit records can go only once a durable refs.snap covers them.
+        let mut cands = Vec::new();
+        for s in heavy {
+            let sealed = self.sealed_records(&s)?;
+            if self.snapshot_covers(sealed.max_seq)? {
+                cands.push((s, sealed));
+            } else {
+                keep.push(s);
+            }
+        }
+        keep.sort_by_key(|s| s.id);
         if cands.is_empty() {
             return Ok(0);
         }
@@ -1163,13 +1182,12 @@ impl ChunkStore for LogStore {
         let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
         let mut written = 0u64;
         let mut unsafe_to_delete = BTreeSet::new();
-        for s in &cands {
-            let sealed = self.sealed_records(s)?;
+        for (s, sealed) in &cands {
             if !sealed.damage.is_empty() {
                 // Leave damaged segments in place, for inspection.
                 unsafe_to_delete.insert(s.id);
             }
-            for r in sealed.records {
+            for r in sealed.records.iter().copied() {
                 if r.kind == KIND_CHUNK {
                     let loc = Loc {
                         seg: s.id,
@@ -1234,9 +1252,12 @@ impl ChunkStore for LogStore {
             }
         }
         // The copies must be durable before the originals go.
-        self.flush_segment(true)?;
+        self.sync()?;
         let mut freed = 0u64;
-        for s in cands.iter().filter(|s| !unsafe_to_delete.contains(&s.id)) {
+        for (s, _) in cands
+            .iter()
+            .filter(|(s, _)| !unsafe_to_delete.contains(&s.id))
+        {
             self.segments.write().remove(&s.id);
             fs::remove_file(&s.path).ctx(|| format!("removing {}", s.path.display()))?;
             let hint = format::hint_path(&self.dir, s.id);
@@ -1279,13 +1300,14 @@ impl ChunkStore for LogStore {
 
 impl RefStore for LogStore {
     fn get_ref(&self, name: &[u8]) -> Result<Option<Bytes>> {
-        Ok(self.refs.read().get(name).cloned())
+        Ok(self.refs.read().map.get(name).cloned())
     }
 
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
         Ok(self
             .refs
             .read()
+            .map
             .range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
@@ -1295,16 +1317,26 @@ impl RefStore for LogStore {
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
         self.check_failed()?;
         let (ops_bytes, ops) = refs::encode_ops(updates);
+        self.enqueue(ops_bytes, ops, false, false)
+    }
+
+    fn durability(&self) -> Durability {
+        self.opts.durability
+    }
+}
+
+impl LogStore {
+    /// Queues a commit (or a sync marker) and waits until a leader wrote it, or leads.
+    fn enqueue(&self, ops_bytes: Vec<u8>, ops: Vec<Op>, force: bool, marker: bool) -> Result<()> {
         let slot = Slot::new();
         let lead = {
             let mut q = self.queue.lock();
-            let seq = q.next_seq;
-            q.next_seq += 1;
             q.pending.push_back(Pending {
-                seq,
                 ops_bytes,
                 ops,
                 slot: slot.clone(),
+                force,
+                marker,
             });
             !std::mem::replace(&mut q.leader, true)
         };
@@ -1361,10 +1393,6 @@ impl RefStore for LogStore {
                 return res;
             }
         }
-    }
-
-    fn durability(&self) -> Durability {
-        self.opts.durability
     }
 }
 

@@ -70,22 +70,20 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Ends of the valid frames of a refs log (`crc, len, body`), starting with the header's.
-fn refs_log_frame_ends(p: &Path) -> Vec<u64> {
-    let b = fs::read(p).unwrap();
-    let mut ends = vec![16u64];
+/// Records of a segment: `(offset, kind, payload length)`.
+fn segment_records(seg: &Path) -> Vec<(u64, u8, u64)> {
+    let b = fs::read(seg).unwrap();
+    let mut out = Vec::new();
     let mut pos = 16usize;
-    while b.len() >= pos + 8 {
-        let crc = u32::from_le_bytes(b[pos..pos + 4].try_into().unwrap());
-        let len = u32::from_le_bytes(b[pos + 4..pos + 8].try_into().unwrap()) as usize;
-        if b.len() < pos + 8 + len || crc32fast::hash(&b[pos + 4..pos + 8 + len]) != crc {
-            break;
-        }
-        pos += 8 + len;
-        ends.push(pos as u64);
+    while pos + 50 <= b.len() {
+        let len = u32::from_le_bytes(b[pos + 12..pos + 16].try_into().unwrap()) as usize;
+        out.push((pos as u64, b[pos + 8], len as u64));
+        pos += 50 + len;
     }
-    ends
+    out
 }
+
+const KIND_COMMIT: u8 = 3;
 
 fn file_len(p: &Path) -> u64 {
     fs::metadata(p).unwrap().len()
@@ -292,7 +290,7 @@ fn compaction_keeps_needed_tombstones() {
 }
 
 #[test]
-fn refs_log_is_snapshotted() {
+fn refs_are_snapshotted_and_commit_segments_compacted() {
     let dir = tempfile::tempdir().unwrap();
     let o = small(Durability::Group);
     let s = LogStore::open(dir.path(), o.clone()).unwrap();
@@ -302,17 +300,22 @@ fn refs_log_is_snapshotted() {
     }
     let refs = all_refs(&s);
     assert!(dir.path().join("refs.snap").exists());
-    assert!(
-        *refs_log_frame_ends(&dir.path().join("refs.log"))
-            .last()
-            .unwrap()
-            < 16 << 10
-    );
+    assert!(!dir.path().join("refs.log").exists());
+    let segs = s.segment_paths().len();
+    assert!(segs > 3, "{segs}");
+    // Segments of nothing but commit records are garbage once a snapshot covers them.
+    assert!(s.compact().unwrap() > 0);
+    assert!(s.segment_paths().len() < segs);
     drop(s);
-    let s = LogStore::open(dir.path(), o).unwrap();
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
     assert_eq!(all_refs(&s), refs);
+    assert_eq!(*s.recovery(), Default::default());
     s.commit(&[set("r/3", b"back")]).unwrap();
     assert_eq!(s.get_ref(b"r/3").unwrap().as_deref(), Some(&b"back"[..]));
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    assert_eq!(s.get_ref(b"r/3").unwrap().as_deref(), Some(&b"back"[..]));
+    assert_eq!(s.list_refs(b"").unwrap().len(), refs.len() + 1);
 }
 
 #[test]
@@ -374,19 +377,6 @@ fn damaged_sealed_segment_is_reported() {
     assert_eq!(s.recovery().damaged_records, 1);
 }
 
-/// Layout of a history in one segment: `(offset, payload length)` of each record.
-fn record_offsets(seg: &Path) -> Vec<(u64, u64)> {
-    let b = fs::read(seg).unwrap();
-    let mut out = Vec::new();
-    let mut pos = 16usize;
-    while pos + 50 <= b.len() {
-        let len = u32::from_le_bytes(b[pos + 12..pos + 16].try_into().unwrap()) as usize;
-        out.push((pos as u64, len as u64));
-        pos += 50 + len;
-    }
-    out
-}
-
 /// A bit flip in a record header inside the acknowledged region must cost that record
 /// only: never a truncation, never a commit.
 #[test]
@@ -406,7 +396,10 @@ fn header_damage_in_durable_region_loses_only_that_record() {
     let refs = all_refs(&s);
     let seg = s.segment_paths()[0].clone();
     drop(s);
-    let recs = record_offsets(&seg);
+    let recs: Vec<(u64, u8, u64)> = segment_records(&seg)
+        .into_iter()
+        .filter(|r| r.1 == 1)
+        .collect();
     assert_eq!(recs.len(), 100);
     // (record, byte of its header): crc, hcrc, kind, reserved, len, cid.
     let mut cases = Vec::new();
@@ -461,62 +454,80 @@ fn header_damage_in_durable_region_loses_only_that_record() {
     }
 }
 
+/// Damage to a commit record followed by later commits is bit rot: the later commits stay.
+/// Damage to the last commit record is a torn tail.
 #[test]
-fn refs_log_damage_before_later_commits_refuses_to_open() {
+fn commit_record_damage() {
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
     for i in 0..5 {
         s.commit(&[set(&format!("k{i}"), b"value")]).unwrap();
     }
     drop(s);
-    let log = dir.path().join("refs.log");
-    let ends = refs_log_frame_ends(&log);
-    assert_eq!(ends.len(), 6);
-    let snapshot = |d: &Path| -> BTreeMap<String, Vec<u8>> {
-        fs::read_dir(d)
+    let seg = dir.path().join("seg-000001.log");
+    let commits: Vec<u64> = segment_records(&seg)
+        .into_iter()
+        .filter(|r| r.1 == KIND_COMMIT)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(commits.len(), 5);
+    let names = |s: &LogStore| -> Vec<String> {
+        s.list_refs(b"")
             .unwrap()
-            .map(|e| e.unwrap())
-            .filter(|e| e.file_name() != "LOCK")
-            .map(|e| {
-                (
-                    e.file_name().into_string().unwrap(),
-                    fs::read(e.path()).unwrap(),
-                )
-            })
+            .into_iter()
+            .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
             .collect()
     };
-    for (frame, &start) in ends[..4].iter().enumerate() {
-        for delta in [0u64, 5, 9] {
-            let copy = tempfile::tempdir().unwrap();
-            copy_dir(dir.path(), copy.path());
-            let p = copy.path().join("refs.log");
-            let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
-            let at = start + delta;
-            let mut byte = [0u8];
-            f.read_exact_at(&mut byte, at).unwrap();
-            f.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
-            let before = snapshot(copy.path());
-            match LogStore::open(copy.path(), opts(Durability::Group)) {
-                Err(Error::Corrupt(m)) => assert!(m.contains("later commits follow"), "{m}"),
-                Err(e) => panic!("frame {frame}: unexpected error {e}"),
-                Ok(_) => panic!("frame {frame}: opened a store with a damaged refs log"),
-            }
-            assert!(
-                snapshot(copy.path()) == before,
-                "frame {frame}: files changed"
-            );
-        }
+    // (commit record, byte): header bytes (crc, hcrc, kind, len, seq) and a payload byte.
+    for (k, b) in [
+        (1usize, 0u64),
+        (1, 4),
+        (1, 8),
+        (1, 12),
+        (1, 16),
+        (0, 20),
+        (2, 52),
+    ] {
+        let what = format!("commit {k}, byte {b}");
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), copy.path());
+        let p = copy.path().join("seg-000001.log");
+        let len = file_len(&p);
+        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, commits[k] + b).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x08], commits[k] + b).unwrap();
+        let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+        let mut want: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+        want.remove(k);
+        assert_eq!(names(&s), want, "{what}");
+        assert_eq!(file_len(&p), len, "{what}: truncated");
+        let r = s.recovery().clone();
+        assert!(!r.damage.is_empty(), "{what}: {r:?}");
+        // A sound header with a bad checksum names the lost commit.
+        assert_eq!(
+            r.commits_dropped,
+            u64::from(b == 0 || b >= 50),
+            "{what}: {r:?}"
+        );
+        // The next commit gets a fresh sequence number and survives.
+        s.commit(&[set("after", b"x")]).unwrap();
+        drop(s);
+        let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+        assert_eq!(s.list_refs(b"").unwrap().len(), 5, "{what}");
     }
-    // Damage in the last frame is a torn tail: cut, the earlier commits kept.
+    // The last commit record: a torn tail, cut.
     let f = OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&log)
+        .open(&seg)
         .unwrap();
-    f.write_all_at(&[0xEE], ends[4] + 9).unwrap();
+    f.write_all_at(&[0xEE], commits[4] + 9).unwrap();
     let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
-    assert_eq!(s.list_refs(b"").unwrap().len(), 4);
-    assert!(s.recovery().refs_bytes_truncated > 0);
+    assert_eq!(names(&s), ["k0", "k1", "k2", "k3"]);
+    assert_eq!(file_len(&seg), commits[4]);
+    assert!(s.recovery().segment_bytes_truncated > 0);
+    assert!(s.recovery().damage.is_empty());
 }
 
 type Refs = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -526,8 +537,8 @@ type Refs = BTreeMap<Vec<u8>, Vec<u8>>;
 struct History {
     dir: tempfile::TempDir,
     seg: PathBuf,
-    /// (segment length, refs.log length, refs, chunks referenced by the refs)
-    states: Vec<(u64, u64, Refs)>,
+    /// (segment length, refs) after each commit
+    states: Vec<(u64, Refs)>,
     chunks: HashMap<Cid, Vec<u8>>,
 }
 
@@ -535,7 +546,7 @@ fn history(commits: u64) -> History {
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
     let seg = s.segment_paths()[0].clone();
-    let mut states = vec![(file_len(&seg), 0, BTreeMap::new())];
+    let mut states = vec![(file_len(&seg), BTreeMap::new())];
     let mut chunks = HashMap::new();
     for i in 0..commits {
         let a = payload(i * 2, 200 + (i as usize * 71) % 3000);
@@ -554,13 +565,8 @@ fn history(commits: u64) -> History {
             batch.push(del(&format!("c/{:04}", i - 1)));
         }
         s.commit(&batch).unwrap();
-        states.push((file_len(&seg), 0, all_refs(&s)));
-    }
-    // One frame per commit (single committer); the file itself runs on into zeros.
-    let ends = refs_log_frame_ends(&dir.path().join("refs.log"));
-    assert_eq!(ends.len(), states.len());
-    for (st, end) in states.iter_mut().zip(ends) {
-        st.1 = end;
+        // The commit record ends the segment.
+        states.push((file_len(&seg), all_refs(&s)));
     }
     // Chunks put after the last commit: never acknowledged.
     s.put(&payload(1 << 40, 5000)).unwrap();
@@ -579,7 +585,7 @@ fn check_recovers(h: &History, copy: &Path, k: usize, what: &str) {
     let s = LogStore::open(copy, opts(Durability::Group)).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(
         all_refs(&s),
-        h.states[k].2,
+        h.states[k].1,
         "{what}: expected state after {k} commits"
     );
     for (name, v) in all_refs(&s) {
@@ -608,60 +614,38 @@ fn torn_tails_recover_to_a_committed_prefix() {
     let h = history(40);
     let mut rng = StdRng::seed_from_u64(7);
     let seg_len = file_len(&h.seg);
-    let log_len = h.states.last().unwrap().1;
-    let mut cases = 0;
     for round in 0..60 {
         let copy = tempfile::tempdir().unwrap();
         copy_dir(h.dir.path(), copy.path());
         let seg = copy.path().join(h.seg.file_name().unwrap());
-        let log = copy.path().join("refs.log");
-        let (mut seg_cut, mut log_cut) = (seg_len, log_len);
-        match round % 4 {
-            0 => seg_cut = rng.random_range(0..=seg_len),
-            1 => log_cut = rng.random_range(0..=log_len),
-            2 => {
-                seg_cut = rng.random_range(0..=seg_len);
-                log_cut = rng.random_range(0..=log_len);
+        let cut = match round % 3 {
+            // Anywhere, or at a commit boundary (plus or minus a little).
+            0 => rng.random_range(0..=seg_len),
+            1 => {
+                let k = rng.random_range(0..h.states.len());
+                (h.states[k].0 as i64 + rng.random_range(-60i64..60)).clamp(0, seg_len as i64)
+                    as u64
             }
-            _ => {}
-        }
+            _ => seg_len,
+        };
         OpenOptions::new()
             .write(true)
             .open(&seg)
             .unwrap()
-            .set_len(seg_cut)
-            .unwrap();
-        OpenOptions::new()
-            .write(true)
-            .open(&log)
-            .unwrap()
-            .set_len(log_cut)
+            .set_len(cut)
             .unwrap();
         if round % 2 == 1 {
             // Garbage after the cut, as a torn write can leave.
             let junk: Vec<u8> = (0..rng.random_range(1..200))
                 .map(|_| rng.random())
                 .collect();
-            for p in [&seg, &log] {
-                let f = OpenOptions::new().append(true).open(p).unwrap();
-                f.write_all_at(&junk, file_len(p)).unwrap();
-            }
+            let f = OpenOptions::new().append(true).open(&seg).unwrap();
+            f.write_all_at(&junk, file_len(&seg)).unwrap();
         }
-        // Survivors: commits whose chunks and frame both lie before the cuts.
-        let k = h
-            .states
-            .iter()
-            .rposition(|(s, l, _)| *s <= seg_cut && *l <= log_cut)
-            .unwrap();
-        check_recovers(
-            &h,
-            copy.path(),
-            k,
-            &format!("round {round}: seg {seg_cut} log {log_cut}"),
-        );
-        cases += 1;
+        // Survivors: commits whose records lie before the cut.
+        let k = h.states.iter().rposition(|(s, _)| *s <= cut).unwrap();
+        check_recovers(&h, copy.path(), k, &format!("round {round}: cut {cut}"));
     }
-    assert_eq!(cases, 60);
 }
 
 #[test]

@@ -11,21 +11,24 @@ use cairn_core::hash::ENCODED_LEN;
 
 use crate::{Cid, Error, HashAlgo, Result};
 
-/// Version of every file format in this module (segment, hint, refs log, snapshot,
-/// manifest). Bumped on any incompatible change.
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// Version of every file format in this module (segment, hint, snapshot, manifest). Bumped
+/// on any incompatible change (2: commit records live in the segments; no `refs.log`).
+pub(crate) const FORMAT_VERSION: u8 = 2;
 
 /// Magic of a segment file.
 pub(crate) const SEG_MAGIC: &[u8; 8] = b"CAIRNSEG";
 /// Bytes before the first record of a segment.
 pub(crate) const SEG_HEADER_LEN: u64 = 16;
 
-/// Bytes of a record header in a segment (`crc, hcrc, kind, 0, 0, 0, len, cid`).
+/// Bytes of a record header in a segment (`crc, hcrc, kind, 0, 0, 0, len, cid`, where a
+/// commit record has `seq u64` and 26 zero bytes in place of the cid).
 pub(crate) const FRAME_HEADER_LEN: usize = 16 + ENCODED_LEN;
 /// Record kind: a chunk (header + payload).
 pub(crate) const KIND_CHUNK: u8 = 1;
 /// Record kind: a tombstone (header only; the chunk named by the cid is removed).
 pub(crate) const KIND_TOMBSTONE: u8 = 2;
+/// Record kind: a ref commit (header carries the sequence number; payload = the updates).
+pub(crate) const KIND_COMMIT: u8 = 3;
 /// Largest chunk a segment record can hold.
 pub(crate) const MAX_CHUNK_LEN: usize = (u32::MAX as usize) - FRAME_HEADER_LEN;
 
@@ -34,26 +37,19 @@ pub(crate) const MANIFEST_MAGIC: &[u8; 8] = b"CAIRNMAN";
 /// Size of the manifest.
 pub(crate) const MANIFEST_LEN: usize = 16;
 
-/// Magic of the refs log.
-pub(crate) const REFS_MAGIC: &[u8; 8] = b"CAIRNREF";
-/// Bytes before the first frame of the refs log.
-pub(crate) const REFS_HEADER_LEN: u64 = 16;
-/// Bytes of a refs log frame header (`crc, len`).
-pub(crate) const REFS_FRAME_HEADER_LEN: usize = 8;
-
 /// Magic of the refs snapshot.
 pub(crate) const SNAP_MAGIC: &[u8; 8] = b"CAIRNSNP";
 /// Magic of a hint file.
 pub(crate) const HINT_MAGIC: &[u8; 8] = b"CAIRNHNT";
-/// Bytes of one hint entry (`kind, cid, offset u64, len u32`).
+/// Bytes of one chunk or tombstone hint entry (`kind, cid, offset u64, len u32`).
 pub(crate) const HINT_ENTRY_LEN: usize = 1 + ENCODED_LEN + 8 + 4;
+/// Bytes of a commit hint entry before its body (`kind, seq u64, offset u64, len u32`).
+pub(crate) const HINT_COMMIT_LEN: usize = 1 + 8 + 8 + 4;
 
 /// File names.
 pub(crate) const MANIFEST: &str = "MANIFEST";
 /// Lock file name.
 pub(crate) const LOCK: &str = "LOCK";
-/// Refs log file name.
-pub(crate) const REFS_LOG: &str = "refs.log";
 /// Refs snapshot file name.
 pub(crate) const REFS_SNAP: &str = "refs.snap";
 
@@ -124,14 +120,11 @@ pub(crate) fn check_segment_header(h: &[u8], id: u32, algo: HashAlgo) -> Result<
     Ok(())
 }
 
-/// Builds a record header: `crc` covers bytes 4.. of the header plus the payload, `hcrc`
-/// covers the header fields after it (so a damaged payload can be told from a damaged
-/// header).
-pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+fn record_header(kind: u8, key: &[u8; ENCODED_LEN], payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
     let mut h = [0u8; FRAME_HEADER_LEN];
     h[8] = kind;
     h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    h[16..].copy_from_slice(&cid.to_bytes());
+    h[16..].copy_from_slice(key);
     let hcrc = crc32fast::hash(&h[8..]);
     h[4..8].copy_from_slice(&hcrc.to_le_bytes());
     let mut c = crc32fast::Hasher::new();
@@ -141,13 +134,35 @@ pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> [u8; FRAME_HE
     h
 }
 
+/// Builds a chunk or tombstone record header: `crc` covers bytes 4.. of the header plus the
+/// payload, `hcrc` covers the header fields after it (so a damaged payload can be told from
+/// a damaged header).
+pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+    record_header(kind, &cid.to_bytes(), payload)
+}
+
+/// Builds a commit record header for commit `seq` whose payload is `ops`.
+pub(crate) fn commit_header(seq: u64, ops: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+    let mut key = [0u8; ENCODED_LEN];
+    key[..8].copy_from_slice(&seq.to_le_bytes());
+    record_header(KIND_COMMIT, &key, ops)
+}
+
 /// A record header that passed its header checksum.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FrameHeader {
     pub crc: u32,
     pub kind: u8,
     pub len: u32,
-    pub cid: Cid,
+    /// The chunk (chunk and tombstone records).
+    pub cid: Option<Cid>,
+    /// The commit sequence number (commit records).
+    pub seq: u64,
+}
+
+/// Whether `kind` names a record kind (a cheap filter before the header checksum).
+pub(crate) fn plausible_kind(kind: u8) -> bool {
+    matches!(kind, KIND_CHUNK | KIND_TOMBSTONE | KIND_COMMIT)
 }
 
 /// Parses and checks a record header (not the payload).
@@ -164,24 +179,29 @@ pub(crate) fn parse_frame_header(h: &[u8]) -> Result<FrameHeader, String> {
         return Err("nonzero reserved bytes in record header".into());
     }
     let len = le_u32(&h[12..16]);
-    match kind {
-        KIND_CHUNK => {}
-        KIND_TOMBSTONE if len == 0 => {}
-        KIND_TOMBSTONE => return Err("tombstone with a payload".into()),
+    let (cid, seq) = match kind {
+        KIND_CHUNK | KIND_TOMBSTONE => {
+            if kind == KIND_TOMBSTONE && len != 0 {
+                return Err("tombstone with a payload".into());
+            }
+            let cid = Cid::from_bytes(&h[16..FRAME_HEADER_LEN]).map_err(|e| e.to_string())?;
+            (Some(cid), 0)
+        }
+        KIND_COMMIT => {
+            if h[24..FRAME_HEADER_LEN].iter().any(|&b| b != 0) {
+                return Err("nonzero reserved bytes in commit record header".into());
+            }
+            (None, le_u64(&h[16..24]))
+        }
         other => return Err(format!("unknown record kind {other}")),
-    }
-    let cid = Cid::from_bytes(&h[16..FRAME_HEADER_LEN]).map_err(|e| e.to_string())?;
+    };
     Ok(FrameHeader {
         crc: le_u32(&h[..4]),
         kind,
         len,
         cid,
+        seq,
     })
-}
-
-/// Whether `kind` names a record kind (a cheap filter before the header checksum).
-pub(crate) fn plausible_kind(kind: u8) -> bool {
-    kind == KIND_CHUNK || kind == KIND_TOMBSTONE
 }
 
 /// True when the record's whole-frame checksum matches `payload`.
@@ -227,7 +247,7 @@ pub(crate) fn parse_manifest(m: &[u8], path: &Path) -> Result<HashAlgo> {
 // ---------------------------------------------------------------------------------------
 // Hints
 
-/// One record of a sealed segment, as listed in its hint file.
+/// A chunk or tombstone record of a segment, as listed in its hint file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct HintEntry {
     pub kind: u8,
@@ -238,19 +258,56 @@ pub(crate) struct HintEntry {
     pub len: u32,
 }
 
+/// A commit record of a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CommitEntry {
+    pub seq: u64,
+    /// Offset of the record header in the segment.
+    pub off: u64,
+    /// Payload length.
+    pub len: u32,
+    /// The payload (the encoded updates), when it was kept (see the readers).
+    pub ops: Option<Vec<u8>>,
+    /// False when the record's checksum failed (bit rot): its updates are lost.
+    pub intact: bool,
+}
+
 /// Serialises a hint file: magic, version, 3 zero bytes, segment length (u64), entry count
-/// (u32), entries, CRC of everything before it.
-pub(crate) fn hint_bytes(seg_len: u64, entries: &[HintEntry]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(24 + entries.len() * HINT_ENTRY_LEN + 4);
+/// (u32), entries in file order, CRC of everything before it. A chunk or tombstone entry is
+/// `kind, cid, offset u64, len u32`; a commit entry is `3, seq u64, offset u64, len u32,
+/// payload`. Every commit in `commits` must carry its payload.
+pub(crate) fn hint_bytes(seg_len: u64, entries: &[HintEntry], commits: &[CommitEntry]) -> Vec<u8> {
+    let body: usize = commits
+        .iter()
+        .map(|c| HINT_COMMIT_LEN + c.len as usize)
+        .sum();
+    let mut out = Vec::with_capacity(24 + entries.len() * HINT_ENTRY_LEN + body + 4);
     out.extend_from_slice(HINT_MAGIC);
     out.extend_from_slice(&[FORMAT_VERSION, 0, 0, 0]);
     out.extend_from_slice(&seg_len.to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for e in entries {
-        out.push(e.kind);
-        out.extend_from_slice(&e.cid.to_bytes());
-        out.extend_from_slice(&e.off.to_le_bytes());
-        out.extend_from_slice(&e.len.to_le_bytes());
+    out.extend_from_slice(&((entries.len() + commits.len()) as u32).to_le_bytes());
+    let (mut e, mut c) = (entries.iter().peekable(), commits.iter().peekable());
+    loop {
+        let take_commit = match (e.peek(), c.peek()) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => b.off < a.off,
+        };
+        if take_commit {
+            let Some(x) = c.next() else { break };
+            out.push(KIND_COMMIT);
+            out.extend_from_slice(&x.seq.to_le_bytes());
+            out.extend_from_slice(&x.off.to_le_bytes());
+            out.extend_from_slice(&x.len.to_le_bytes());
+            out.extend_from_slice(x.ops.as_deref().unwrap_or_default());
+        } else {
+            let Some(x) = e.next() else { break };
+            out.push(x.kind);
+            out.extend_from_slice(&x.cid.to_bytes());
+            out.extend_from_slice(&x.off.to_le_bytes());
+            out.extend_from_slice(&x.len.to_le_bytes());
+        }
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -258,8 +315,13 @@ pub(crate) fn hint_bytes(seg_len: u64, entries: &[HintEntry]) -> Vec<u8> {
 }
 
 /// Parses a hint file; `None` when it is damaged or does not describe a segment of
-/// `seg_len` bytes (the caller then rescans the segment).
-pub(crate) fn parse_hint(b: &[u8], seg_len: u64) -> Option<Vec<HintEntry>> {
+/// `seg_len` bytes (the caller then rescans the segment). Commit payloads are kept only for
+/// commits with a sequence number above `keep_after`.
+pub(crate) fn parse_hint(
+    b: &[u8],
+    seg_len: u64,
+    keep_after: u64,
+) -> Option<(Vec<HintEntry>, Vec<CommitEntry>)> {
     if b.len() < 28 || &b[..8] != HINT_MAGIC || b[8] != FORMAT_VERSION {
         return None;
     }
@@ -268,97 +330,55 @@ pub(crate) fn parse_hint(b: &[u8], seg_len: u64) -> Option<Vec<HintEntry>> {
         return None;
     }
     let n = le_u32(&body[20..24]) as usize;
-    let entries = &body[24..];
-    if entries.len() != n.checked_mul(HINT_ENTRY_LEN)? {
-        return None;
-    }
-    let mut out = Vec::with_capacity(n);
+    let mut rest = &body[24..];
+    let mut out = Vec::new();
+    let mut commits = Vec::new();
     let mut end = SEG_HEADER_LEN;
-    for e in entries.chunks_exact(HINT_ENTRY_LEN) {
-        let kind = e[0];
-        let cid = Cid::from_bytes(&e[1..1 + ENCODED_LEN]).ok()?;
-        let off = le_u64(&e[1 + ENCODED_LEN..]);
-        let len = le_u32(&e[1 + ENCODED_LEN + 8..]);
+    for _ in 0..n {
+        let kind = *rest.first()?;
+        let (off, len) = if kind == KIND_COMMIT {
+            let e = rest.get(..HINT_COMMIT_LEN)?;
+            let seq = le_u64(&e[1..]);
+            let off = le_u64(&e[9..]);
+            let len = le_u32(&e[17..]);
+            let ops = rest.get(HINT_COMMIT_LEN..HINT_COMMIT_LEN + len as usize)?;
+            rest = &rest[HINT_COMMIT_LEN + len as usize..];
+            commits.push(CommitEntry {
+                seq,
+                off,
+                len,
+                ops: (seq > keep_after).then(|| ops.to_vec()),
+                intact: true,
+            });
+            (off, len)
+        } else {
+            let e = rest.get(..HINT_ENTRY_LEN)?;
+            rest = &rest[HINT_ENTRY_LEN..];
+            let cid = Cid::from_bytes(&e[1..1 + ENCODED_LEN]).ok()?;
+            let off = le_u64(&e[1 + ENCODED_LEN..]);
+            let len = le_u32(&e[1 + ENCODED_LEN + 8..]);
+            if !(kind == KIND_CHUNK || (kind == KIND_TOMBSTONE && len == 0)) {
+                return None;
+            }
+            out.push(HintEntry {
+                kind,
+                cid,
+                off,
+                len,
+            });
+            (off, len)
+        };
         // Entries must tile the segment exactly, in order.
-        if off != end || !(kind == KIND_CHUNK || (kind == KIND_TOMBSTONE && len == 0)) {
+        if off != end {
             return None;
         }
         end = off + FRAME_HEADER_LEN as u64 + len as u64;
-        out.push(HintEntry {
-            kind,
-            cid,
-            off,
-            len,
-        });
     }
-    (end == seg_len).then_some(out)
+    (end == seg_len && rest.is_empty()).then_some((out, commits))
 }
 
 // ---------------------------------------------------------------------------------------
-// Refs log and snapshot
-
-/// The 16-byte refs log header.
-pub(crate) fn refs_header() -> [u8; REFS_HEADER_LEN as usize] {
-    let mut h = [0u8; REFS_HEADER_LEN as usize];
-    h[..8].copy_from_slice(REFS_MAGIC);
-    h[8] = FORMAT_VERSION;
-    h
-}
-
-/// Frames one refs log record: `crc32(len ‖ body), len, body`.
-pub(crate) fn refs_frame(out: &mut Vec<u8>, prefix: &[u8], ops: &[u8]) {
-    let len = (prefix.len() + ops.len()) as u32;
-    let mut c = crc32fast::Hasher::new();
-    c.update(&len.to_le_bytes());
-    c.update(prefix);
-    c.update(ops);
-    out.extend_from_slice(&c.finalize().to_le_bytes());
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(ops);
-}
-
-/// Splits a refs log (after its header) into frame bodies; stops at the first torn or
-/// damaged frame. Returns `(offset, body)` pairs and the end of the last good frame.
-pub(crate) fn split_refs_frames(b: &[u8], base: u64) -> (Vec<(u64, &[u8])>, u64) {
-    let mut out = Vec::new();
-    let mut pos = 0usize;
-    while b.len() - pos >= REFS_FRAME_HEADER_LEN {
-        let crc = le_u32(&b[pos..]);
-        let len = le_u32(&b[pos + 4..]) as usize;
-        let Some(end) = (pos + REFS_FRAME_HEADER_LEN).checked_add(len) else {
-            break;
-        };
-        if end > b.len() {
-            break;
-        }
-        if crc32fast::hash(&b[pos + 4..end]) != crc {
-            break;
-        }
-        out.push((base + pos as u64, &b[pos + REFS_FRAME_HEADER_LEN..end]));
-        pos = end;
-    }
-    (out, base + pos as u64)
-}
-
-/// The offset (relative to `b`) of the first complete frame at or after `from` that passes
-/// its checksum, searching byte by byte. Used to tell a torn tail (nothing valid follows)
-/// from damage in the middle of the log.
-pub(crate) fn find_refs_frame(b: &[u8], from: usize) -> Option<usize> {
-    let mut pos = from;
-    while b.len().saturating_sub(pos) >= REFS_FRAME_HEADER_LEN {
-        let crc = le_u32(&b[pos..]);
-        let len = le_u32(&b[pos + 4..]) as usize;
-        if let Some(end) = (pos + REFS_FRAME_HEADER_LEN).checked_add(len)
-            && end <= b.len()
-            && crc32fast::hash(&b[pos + 4..end]) == crc
-        {
-            return Some(pos);
-        }
-        pos += 1;
-    }
-    None
-}
+// Refs snapshot
 
 /// Wraps a snapshot body: magic, body, CRC of both.
 pub(crate) fn snapshot_bytes(body: &[u8]) -> Vec<u8> {
@@ -430,7 +450,7 @@ mod tests {
         let cid = HashAlgo::Blake3.digest(payload);
         let h = frame_header(KIND_CHUNK, &cid, payload);
         let p = parse_frame_header(&h).unwrap();
-        assert_eq!(p.cid, cid);
+        assert_eq!(p.cid, Some(cid));
         assert_eq!(p.len as usize, payload.len());
         assert!(frame_crc_ok(&h, &p, payload));
         assert!(!frame_crc_ok(&h, &p, b"hello worle"));
@@ -439,6 +459,10 @@ mod tests {
             bad[i] ^= 0x40;
             assert!(parse_frame_header(&bad).is_err(), "byte {i}");
         }
+        let c = commit_header(77, b"ops");
+        let p = parse_frame_header(&c).unwrap();
+        assert_eq!((p.kind, p.seq, p.len, p.cid), (KIND_COMMIT, 77, 3, None));
+        assert!(frame_crc_ok(&c, &p, b"ops"));
     }
 
     #[test]
@@ -459,12 +483,23 @@ mod tests {
             },
         ];
         let len = SEG_HEADER_LEN + 2 * FRAME_HEADER_LEN as u64 + 1;
-        let b = hint_bytes(len, &e);
-        assert_eq!(parse_hint(&b, len).unwrap(), e);
-        assert!(parse_hint(&b, len + 1).is_none());
+        let c = vec![CommitEntry {
+            seq: 9,
+            off: len,
+            len: 3,
+            ops: Some(vec![1, 2, 3]),
+            intact: true,
+        }];
+        let len2 = len + FRAME_HEADER_LEN as u64 + 3;
+        let b = hint_bytes(len2, &e, &c);
+        assert_eq!(parse_hint(&b, len2, 0).unwrap(), (e.clone(), c.clone()));
+        let (_, skipped) = parse_hint(&b, len2, 9).unwrap();
+        assert_eq!(skipped[0].ops, None);
+        assert!(parse_hint(&b, len2 + 1, 0).is_none());
         let mut bad = b.clone();
         bad[30] ^= 1;
-        assert!(parse_hint(&bad, len).is_none());
+        assert!(parse_hint(&bad, len2, 0).is_none());
+        assert!(parse_hint(&hint_bytes(len, &e, &[]), len, 0).is_some());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Encoding of ref batches (refs log records) and of the refs snapshot.
+//! Encoding of ref batches (the payload of commit records) and of the refs snapshot.
 
 use std::collections::BTreeMap;
 
@@ -9,18 +9,9 @@ use crate::{Bytes, RefUpdate, Result};
 /// One decoded update: `(name, Some(value))` sets, `(name, None)` deletes.
 pub(crate) type Op = (Vec<u8>, Option<Bytes>);
 
-/// A position in the segment stream: everything before it was on stable storage when the
-/// record carrying it was written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Watermark {
-    pub seg: u32,
-    pub off: u64,
-}
-
 const OP_SET: u8 = 1;
 const OP_DELETE: u8 = 2;
-const RECORD_VERSION: u8 = 1;
-const SNAPSHOT_VERSION: u8 = 1;
+const SNAPSHOT_VERSION: u8 = 2;
 
 /// Encodes a batch's updates (`count, (op, name[, value])*`) and converts them to [`Op`]s.
 pub(crate) fn encode_ops(updates: &[RefUpdate]) -> (Vec<u8>, Vec<Op>) {
@@ -49,30 +40,15 @@ pub(crate) fn encode_ops(updates: &[RefUpdate]) -> (Vec<u8>, Vec<Op>) {
     (e.finish(), ops)
 }
 
-/// The part of a record the group-commit leader writes in front of the ops.
-pub(crate) fn record_prefix(seq: u64, wm: Watermark) -> Vec<u8> {
-    let mut e = Encoder::versioned(RECORD_VERSION);
-    e.varint(seq).varint(wm.seg as u64).varint(wm.off);
-    e.finish()
+/// Decodes the payload of a commit record (`count, (op, name[, value])*`).
+pub(crate) fn decode_ops(body: &[u8]) -> Result<Vec<Op>> {
+    let mut d = Decoder::new(body, "commit record");
+    let ops = decode_ops_from(&mut d)?;
+    d.finish()?;
+    Ok(ops)
 }
 
-/// A decoded refs log record.
-pub(crate) struct Record {
-    pub seq: u64,
-    pub wm: Watermark,
-    pub ops: Vec<Op>,
-    /// Offset of the record's frame in the refs log.
-    pub off: u64,
-}
-
-fn decode_watermark(d: &mut Decoder<'_>) -> Result<Watermark> {
-    let seg = d.varint()?;
-    let off = d.varint()?;
-    let seg = u32::try_from(seg).map_err(|_| cairn_core::Error::decode("segment id too big"))?;
-    Ok(Watermark { seg, off })
-}
-
-fn decode_ops(d: &mut Decoder<'_>) -> Result<Vec<Op>> {
+fn decode_ops_from(d: &mut Decoder<'_>) -> Result<Vec<Op>> {
     let n = d.count(2)?;
     let mut ops = Vec::with_capacity(n);
     for _ in 0..n {
@@ -91,17 +67,6 @@ fn decode_ops(d: &mut Decoder<'_>) -> Result<Vec<Op>> {
     Ok(ops)
 }
 
-/// Decodes a record body (a frame that passed its checksum).
-pub(crate) fn decode_record(body: &[u8], off: u64) -> Result<Record> {
-    let mut d = Decoder::new(body, "refs log record");
-    d.version(&[RECORD_VERSION])?;
-    let seq = d.varint()?;
-    let wm = decode_watermark(&mut d)?;
-    let ops = decode_ops(&mut d)?;
-    d.finish()?;
-    Ok(Record { seq, wm, ops, off })
-}
-
 /// Applies ops to a refs map.
 pub(crate) fn apply(map: &mut BTreeMap<Vec<u8>, Bytes>, ops: impl IntoIterator<Item = Op>) {
     for (name, value) in ops {
@@ -116,15 +81,11 @@ pub(crate) fn apply(map: &mut BTreeMap<Vec<u8>, Bytes>, ops: impl IntoIterator<I
     }
 }
 
-/// Encodes a snapshot body: version, last seq, watermark, count, `(name, value)*`.
-pub(crate) fn snapshot_body(seq: u64, wm: Watermark, map: &BTreeMap<Vec<u8>, Bytes>) -> Vec<u8> {
+/// Encodes a snapshot body: version, last seq, count, `(name, value)*`.
+pub(crate) fn snapshot_body(seq: u64, map: &BTreeMap<Vec<u8>, Bytes>) -> Vec<u8> {
     let size: usize = map.iter().map(|(k, v)| k.len() + v.len() + 10).sum();
     let mut e = Encoder::with_capacity(size + 32);
-    e.u8(SNAPSHOT_VERSION)
-        .varint(seq)
-        .varint(wm.seg as u64)
-        .varint(wm.off)
-        .varint(map.len() as u64);
+    e.u8(SNAPSHOT_VERSION).varint(seq).varint(map.len() as u64);
     for (k, v) in map {
         e.bytes(k).bytes(v);
     }
@@ -134,7 +95,6 @@ pub(crate) fn snapshot_body(seq: u64, wm: Watermark, map: &BTreeMap<Vec<u8>, Byt
 /// A decoded snapshot.
 pub(crate) struct Snapshot {
     pub seq: u64,
-    pub wm: Watermark,
     pub map: BTreeMap<Vec<u8>, Bytes>,
 }
 
@@ -143,7 +103,6 @@ pub(crate) fn decode_snapshot(body: &[u8]) -> Result<Snapshot> {
     let mut d = Decoder::new(body, "refs snapshot");
     d.version(&[SNAPSHOT_VERSION])?;
     let seq = d.varint()?;
-    let wm = decode_watermark(&mut d)?;
     let n = d.count(2)?;
     let mut map = BTreeMap::new();
     for _ in 0..n {
@@ -152,7 +111,7 @@ pub(crate) fn decode_snapshot(body: &[u8]) -> Result<Snapshot> {
         map.insert(k, v);
     }
     d.finish()?;
-    Ok(Snapshot { seq, wm, map })
+    Ok(Snapshot { seq, map })
 }
 
 #[cfg(test)]
@@ -160,7 +119,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn record_round_trip() {
+    fn ops_round_trip() {
         let ups = vec![
             RefUpdate::Set {
                 name: b"a".to_vec(),
@@ -170,16 +129,10 @@ mod tests {
                 name: b"b".to_vec(),
             },
         ];
-        let (bytes, ops) = encode_ops(&ups);
-        let wm = Watermark { seg: 3, off: 99 };
-        let mut body = record_prefix(7, wm);
-        body.extend_from_slice(&bytes);
-        let r = decode_record(&body, 16).unwrap();
-        assert_eq!(r.seq, 7);
-        assert_eq!(r.wm, wm);
-        assert_eq!(r.ops, ops);
-        body.push(0);
-        assert!(decode_record(&body, 16).is_err());
+        let (mut bytes, ops) = encode_ops(&ups);
+        assert_eq!(decode_ops(&bytes).unwrap(), ops);
+        bytes.push(0);
+        assert!(decode_ops(&bytes).is_err());
     }
 
     #[test]
@@ -187,8 +140,7 @@ mod tests {
         let mut m = BTreeMap::new();
         m.insert(b"x".to_vec(), Bytes::from_static(b"y"));
         m.insert(b"".to_vec(), Bytes::from_static(b""));
-        let wm = Watermark { seg: 1, off: 16 };
-        let s = decode_snapshot(&snapshot_body(5, wm, &m)).unwrap();
-        assert_eq!((s.seq, s.wm, s.map), (5, wm, m));
+        let s = decode_snapshot(&snapshot_body(5, &m)).unwrap();
+        assert_eq!((s.seq, s.map), (5, m));
     }
 }

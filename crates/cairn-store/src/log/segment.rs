@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicU64;
 use cairn_core::error::IoContext;
 
 use super::format::{
-    self, FRAME_HEADER_LEN, FrameHeader, HintEntry, KIND_CHUNK, SEG_HEADER_LEN, frame_crc_ok,
-    parse_frame_header,
+    self, CommitEntry, FRAME_HEADER_LEN, FrameHeader, HintEntry, KIND_CHUNK, KIND_COMMIT,
+    SEG_HEADER_LEN, frame_crc_ok, parse_frame_header,
 };
 use crate::{HashAlgo, Result};
 
@@ -81,19 +81,33 @@ impl Segment {
 /// What a scan of a segment found.
 #[derive(Default)]
 pub(crate) struct Scan {
-    /// Records in file order.
+    /// Chunk and tombstone records, in file order.
     pub records: Vec<HintEntry>,
-    /// End of the last good record (or of the durable region, if that lies further).
+    /// Commit records, in file order (payloads kept for sequence numbers above the scan's
+    /// `keep_after`).
+    pub commits: Vec<CommitEntry>,
+    /// Highest commit sequence number seen in a sound record header.
+    pub max_seq: u64,
+    /// End of the valid data: where a torn tail starts, or the file length.
     pub end: u64,
-    /// Why the scan stopped before the end of the file, if it did (a torn tail).
+    /// Why the scan found a torn tail, if it did.
     pub stop: Option<String>,
-    /// Damaged records inside the durable region: records kept although their payload
-    /// checksum fails, plus one per region skipped to resynchronise after a bad header.
+    /// Damaged records in the durable region: records kept although their checksum fails,
+    /// plus one per region skipped to resynchronise after a bad header.
     pub damaged: u64,
     /// Bytes of the durable region skipped to resynchronise after bad record headers.
     pub skipped: u64,
     /// One description per damaged place in the durable region.
     pub damage: Vec<String>,
+}
+
+/// How much of a segment is durable (acknowledged), for [`scan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// All of it (a sealed segment: it was synced before it was sealed).
+    All,
+    /// Everything up to the end of its last intact commit record (the active segment).
+    UpToLastCommit,
 }
 
 /// Reads a segment file through a window of `pread`s.
@@ -174,16 +188,27 @@ impl<'a> Reader<'a> {
 
 /// Scans the records of a segment file of `len` bytes.
 ///
-/// `strict_from` is the end of the durable region (everything before it was acknowledged
-/// as being on stable storage). Inside the durable region damage is bit rot, never a torn
-/// write: a record whose header is sound but whose payload checksum fails is kept and
-/// counted as damaged (reads of that chunk report it corrupt); a record whose header fails
-/// its checks is skipped by searching forward, byte by byte, for the next offset where a
-/// record header passes its checksum and the record fits in the file, and the skipped bytes
-/// are reported. Nothing before `strict_from` ends the scan. Past it, the first bad record
-/// (incomplete, failing a checksum, or a chunk not matching its cid) ends the scan: a torn
-/// tail.
-pub(crate) fn scan(file: &File, path: &Path, len: u64, strict_from: u64) -> Result<Scan> {
+/// Inside the durable region (see [`Durable`]) damage is bit rot, never a torn write: a
+/// record whose header is sound but whose checksum fails is kept and counted as damaged
+/// (reads of that chunk report it corrupt; a damaged commit record's updates are lost and
+/// reported); a record whose header fails its checks is skipped by searching forward, byte
+/// by byte, for the next offset where a record header passes its header checksum and the
+/// record fits in the file, and the skipped bytes are reported. Nothing in the durable
+/// region is ever cut. In the active segment, the first bad record (incomplete, failing a
+/// checksum, or a chunk that does not match its cid) after the last intact commit record
+/// starts a torn tail: the scan ends there (`end`, `stop`).
+pub(crate) fn scan(
+    file: &File,
+    path: &Path,
+    len: u64,
+    durable: Durable,
+    keep_after: u64,
+) -> Result<Scan> {
+    struct Event {
+        pos: u64,
+        skipped: u64,
+        what: String,
+    }
     let mut rd = Reader {
         file,
         path,
@@ -192,77 +217,152 @@ pub(crate) fn scan(file: &File, path: &Path, len: u64, strict_from: u64) -> Resu
         start: 0,
     };
     let mut out = Scan::default();
-    let mut pos = SEG_HEADER_LEN;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let stop = loop {
-        if pos >= len {
-            break None;
-        }
+    let mut events: Vec<Event> = Vec::new();
+    let mut pos = SEG_HEADER_LEN;
+    let mut last_commit_end = SEG_HEADER_LEN;
+    // The first bad record after the last intact commit record.
+    let mut first_bad: Option<(u64, String)> = None;
+    while pos < len {
         let (h, hdr) = match rd.header_at(pos)? {
             Ok(x) => x,
             Err(why) => {
-                if pos >= strict_from {
-                    break Some(why);
+                if first_bad.is_none() {
+                    first_bad = Some((pos, why.clone()));
                 }
-                // Bit rot in the durable region: resynchronise.
-                out.damaged += 1;
-                match rd.resync(pos + 1)? {
-                    Some(next) => {
-                        out.skipped += next - pos;
-                        out.damage.push(format!(
+                let (next, what) = match rd.resync(pos + 1)? {
+                    Some(next) => (
+                        next,
+                        format!(
                             "{name}: {why}; skipped {} bytes to the next record at offset {next}",
                             next - pos
-                        ));
-                        pos = next;
-                        continue;
-                    }
-                    None => {
-                        // Nothing valid follows; keep (never cut) the durable region.
-                        let keep = strict_from.min(len);
-                        out.skipped += keep - pos;
-                        out.damage.push(format!(
-                            "{name}: {why}; no valid record follows, {} bytes skipped",
-                            keep - pos
-                        ));
-                        pos = keep;
-                        if pos < len {
-                            break Some(format!(
-                                "no valid record after the durable region at offset {pos}"
-                            ));
-                        }
-                        break None;
-                    }
-                }
+                        ),
+                    ),
+                    None => (
+                        len,
+                        format!(
+                            "{name}: {why}; no valid record follows ({} bytes skipped)",
+                            len - pos
+                        ),
+                    ),
+                };
+                events.push(Event {
+                    pos,
+                    skipped: next - pos,
+                    what,
+                });
+                pos = next;
+                continue;
             }
         };
         let size = FRAME_HEADER_LEN as u64 + h.len as u64;
-        let strict = pos + size > strict_from;
         let payload = rd.get(pos + FRAME_HEADER_LEN as u64, h.len as usize)?;
-        if !frame_crc_ok(&hdr, &h, payload) {
-            if strict {
-                break Some(format!("record checksum mismatch at offset {pos}"));
+        let intact = frame_crc_ok(&hdr, &h, payload);
+        if !intact {
+            let why = format!("record checksum mismatch at offset {pos}");
+            let what = if h.kind == KIND_COMMIT {
+                format!("{name}: commit {}: {why}; its updates are lost", h.seq)
+            } else {
+                format!("{name}: {why}")
+            };
+            if first_bad.is_none() {
+                first_bad = Some((pos, why));
             }
-            out.damaged += 1;
-            out.damage
-                .push(format!("{name}: record checksum mismatch at offset {pos}"));
-        } else if strict && h.kind == KIND_CHUNK && !h.cid.matches(payload) {
-            break Some(format!(
-                "chunk at offset {pos} does not match its cid {}",
-                h.cid
-            ));
+            events.push(Event {
+                pos,
+                skipped: 0,
+                what,
+            });
         }
-        out.records.push(HintEntry {
-            kind: h.kind,
-            cid: h.cid,
-            off: pos,
-            len: h.len,
-        });
+        match (h.kind, h.cid) {
+            (KIND_COMMIT, _) => {
+                out.max_seq = out.max_seq.max(h.seq);
+                out.commits.push(CommitEntry {
+                    seq: h.seq,
+                    off: pos,
+                    len: h.len,
+                    ops: (intact && h.seq > keep_after).then(|| payload.to_vec()),
+                    intact,
+                });
+                if intact {
+                    last_commit_end = pos + size;
+                    first_bad = None;
+                }
+            }
+            (kind, Some(cid)) => out.records.push(HintEntry {
+                kind,
+                cid,
+                off: pos,
+                len: h.len,
+            }),
+            _ => {}
+        }
         pos += size;
-    };
-    out.end = pos;
-    out.stop = stop;
+    }
+    out.end = len;
+    if durable == Durable::UpToLastCommit {
+        // Chunks after the last commit were never acknowledged by one: check them against
+        // their cids too (before the first bad record).
+        let limit = first_bad.as_ref().map_or(len, |b| b.0);
+        let tail: Vec<HintEntry> = out
+            .records
+            .iter()
+            .filter(|r| r.off >= last_commit_end && r.off < limit && r.kind == KIND_CHUNK)
+            .copied()
+            .collect();
+        for r in tail {
+            if !r
+                .cid
+                .matches(rd.get(r.off + FRAME_HEADER_LEN as u64, r.len as usize)?)
+            {
+                first_bad = Some((
+                    r.off,
+                    format!("chunk at offset {} does not match its cid {}", r.off, r.cid),
+                ));
+                break;
+            }
+        }
+        if let Some((cut, why)) = first_bad {
+            out.records.retain(|r| r.off < cut);
+            out.commits.retain(|c| c.off < cut);
+            events.retain(|e| e.pos < cut);
+            out.end = cut;
+            out.stop = Some(why);
+        }
+    }
+    for e in events {
+        out.damaged += 1;
+        out.skipped += e.skipped;
+        out.damage.push(e.what);
+    }
     Ok(out)
+}
+
+/// Reads the payloads of commit records of `seg` (for its hint file).
+pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntry]) -> Result<()> {
+    let mut rd = Reader {
+        file: &seg.file,
+        path: &seg.path,
+        len,
+        buf: Vec::new(),
+        start: 0,
+    };
+    for c in commits.iter_mut().filter(|c| c.ops.is_none()) {
+        let end = c.off + FRAME_HEADER_LEN as u64 + c.len as u64;
+        if end > len {
+            return Err(crate::Error::corrupt(format!(
+                "{}: commit record at offset {} runs past the end",
+                seg.path.display(),
+                c.off
+            )));
+        }
+        c.ops = Some(
+            rd.get(c.off + FRAME_HEADER_LEN as u64, c.len as usize)?
+                .to_vec(),
+        );
+    }
+    Ok(())
 }

@@ -29,9 +29,10 @@ fn group_commit_shares_syncs_and_orders_batches() {
         }
     });
     let last = s.get_ref(b"k").unwrap().unwrap();
-    let log = s.log.lock();
-    assert_eq!(log.last_seq, 400);
-    drop(log);
+    assert_eq!(s.refs.read().seq, 400);
+    let c = s.commit_counters();
+    assert_eq!(c.commits, 400);
+    assert!(c.syncs <= c.groups, "one sync per group at most: {c:?}");
     drop(s);
     // The last applied batch in memory is the last one in the log.
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
