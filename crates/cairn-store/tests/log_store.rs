@@ -546,7 +546,7 @@ fn history(commits: u64) -> History {
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
     let seg = s.segment_paths()[0].clone();
-    let mut states = vec![(file_len(&seg), BTreeMap::new())];
+    let mut states = vec![(16, BTreeMap::new())];
     let mut chunks = HashMap::new();
     for i in 0..commits {
         let a = payload(i * 2, 200 + (i as usize * 71) % 3000);
@@ -565,8 +565,18 @@ fn history(commits: u64) -> History {
             batch.push(del(&format!("c/{:04}", i - 1)));
         }
         s.commit(&batch).unwrap();
-        // The commit record ends the segment.
-        states.push((file_len(&seg), all_refs(&s)));
+        states.push((0, all_refs(&s)));
+    }
+    // Each state ends with its commit record (the file itself runs on into zeros).
+    let ends: Vec<u64> = segment_records(&seg)
+        .into_iter()
+        .take_while(|r| r.1 != 0)
+        .filter(|r| r.1 == KIND_COMMIT)
+        .map(|r| r.0 + 50 + r.2)
+        .collect();
+    assert_eq!(ends.len(), states.len() - 1);
+    for (st, end) in states[1..].iter_mut().zip(ends) {
+        st.0 = end;
     }
     // Chunks put after the last commit: never acknowledged.
     s.put(&payload(1 << 40, 5000)).unwrap();

@@ -366,3 +366,19 @@ pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntr
     }
     Ok(())
 }
+
+/// Whether bytes `[from, to)` of a file are all zero.
+pub(crate) fn all_zeros(file: &File, path: &Path, from: u64, to: u64) -> Result<bool> {
+    let mut buf = vec![0u8; WINDOW];
+    let mut off = from;
+    while off < to {
+        let n = ((to - off) as usize).min(WINDOW);
+        file.read_exact_at(&mut buf[..n], off)
+            .ctx(|| format!("reading {} at offset {off}", path.display()))?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        off += n as u64;
+    }
+    Ok(true)
+}
