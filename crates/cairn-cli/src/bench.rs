@@ -152,7 +152,7 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
     for (di, d) in args.durability.iter().enumerate() {
         let dir = root.0.join(format!("store-{}", d.name()));
         let _ = std::fs::remove_dir_all(&dir);
-        let store: Arc<dyn Store> = Arc::new(LogStore::open(
+        let log = Arc::new(LogStore::open(
             &dir,
             LogStoreOptions {
                 durability: *d,
@@ -160,18 +160,25 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
                 ..Default::default()
             },
         )?);
+        let store: Arc<dyn Store> = log.clone();
         let db = Db::new(store);
         for &size in &args.sizes {
             let fixture = Fixture::prepare(&db, args.clients, size)?;
             for op in &ops {
+                let c0 = log.commit_counters();
                 let r = run_op(&db, &fixture, op, size, args)?;
+                let c1 = log.commit_counters();
+                let groups = (c1.groups - c0.groups).max(1);
+                let syncs = (c1.syncs - c0.syncs).max(1);
                 eprintln!(
-                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms",
+                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms  ({:.1} commits/group, {:.0} µs/fdatasync)",
                     d.name(),
                     op,
                     size,
                     r.0,
-                    r.1
+                    r.1,
+                    (c1.commits - c0.commits) as f64 / groups as f64,
+                    (c1.sync_micros - c0.sync_micros) as f64 / syncs as f64,
                 );
                 results.insert((di, op, size), r);
             }

@@ -594,10 +594,25 @@ impl Db {
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
         check_branch_name(new_branch)?;
         let _w = self.writer_guard();
-        let _k = self.lock_key(key);
-        let uid = self.resolve(key, from)?;
-        self.load_for_key(key, &uid)?;
+        let stripe = self.lock_key(key);
         let mut t = self.existing_table(key)?;
+        let uid = match from {
+            At::Branch(b) => *t.tagged.get(b.as_str()).ok_or_else(|| {
+                Error::not_found(format!("branch {b:?} of key {}", show_key(key)))
+            })?,
+            At::Uid(u) => {
+                // A uid from outside must name a version of this key (a head named by the
+                // branch table already does).
+                let known = stripe
+                    .recent
+                    .get(u)
+                    .is_some_and(|i| i.key_hash == xxhash_rust::xxh3::xxh3_64(key));
+                if !known {
+                    self.load_for_key(key, u)?;
+                }
+                *u
+            }
+        };
         if t.tagged.contains_key(new_branch) {
             return Err(Error::AlreadyExists(format!(
                 "branch {new_branch:?} of key {}",
