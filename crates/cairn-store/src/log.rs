@@ -60,19 +60,50 @@
 //!    in the durable region below, reported, and no hint is written for that segment (so
 //!    the damage is reported at every open). Replay records into the index in segment
 //!    order: a chunk record (re)points the cid to itself, a tombstone removes it.
-//! 4. The active segment is scanned record by record. Its *durable region* ends with its
-//!    last intact commit record. After that, the first record that is incomplete, fails a
-//!    checksum, or whose payload does not hash to its cid starts a torn tail: the file is
-//!    truncated there. Nothing in the durable region is ever truncated: a record there with
-//!    a sound header and a bad payload is kept (reads of it fail with [`Error::Corrupt`]; a
-//!    damaged commit record's updates are lost and counted in `commits_dropped`); a record
-//!    whose header fails its checks is skipped by searching forward byte by byte for the
-//!    next offset where a record header passes its header checksum and the record fits in
-//!    the file, and the scan continues from there. Chunks in skipped bytes are absent from
-//!    the index; the damage is counted in [`RecoveryReport`] (`damaged_records`,
-//!    `damaged_bytes`, `damage`).
+//! 4. The active segment is scanned record by record.
+//!    - *Torn tail*: after its last intact commit record, the first record that is
+//!      incomplete, fails a checksum, or whose payload does not hash to its cid starts a
+//!      torn tail: the file is truncated there.
+//!    - *Last group*: the records after the last commit record that is followed by a
+//!      non-commit record (or after the segment header), up to and including the run of
+//!      commit records that ends with the last intact one (a sync marker is a commit
+//!      record, so it ends a group too). A region skipped by a resync (below) counts as
+//!      commit records when it is the only region skipped between two accepted commit
+//!      records and the second one's sequence number shows that commit records were lost
+//!      there. A group reaches the file in one `pwrite` and is made durable by one
+//!      `fdatasync`, and the next group is written only after that returned; but pages
+//!      reach the disk in any order, so a power loss during that `fdatasync` can leave the
+//!      group's commit records on disk and not an earlier page of it. So if any part of the
+//!      last group is damaged (a record failing its checksum, a chunk whose payload does not
+//!      hash to its cid, bytes skipped by a resync, an out-of-sequence commit record), the
+//!      group was never acknowledged: the file is truncated at its first damaged byte, and
+//!      the group's commit records from there on are not applied (reported as a torn tail:
+//!      `segment_bytes_truncated`, `segment_stop`, and one entry in `damage`). Commit
+//!      records with no other record between them cannot be told apart from one group: a
+//!      run of commit-only groups after a group's chunks is judged as one last group, so
+//!      damage there costs the acknowledged commits of that run from the damage on.
+//!    - *Earlier groups*: everything before the last group was acknowledged (synced)
+//!      before the next group was written, so damage there is bit rot and never truncated:
+//!      a record with a sound header and a bad payload is kept (reads of it fail with
+//!      [`Error::Corrupt`]; a damaged commit record's updates are lost and counted in
+//!      `commits_dropped`); a record whose header fails its checks is skipped by searching
+//!      forward byte by byte for the next offset where a record header passes its header
+//!      checksum and the record fits in the file, and the scan continues from there.
+//!      Chunks in skipped bytes are absent from the index; the damage is counted in
+//!      [`RecoveryReport`] (`damaged_records`, `damaged_bytes`, `damage`).
+//!
+//!    The same rules hold under [`Durability::Buffered`].
+//!
+//!    In every segment, a resync can lock onto a record embedded in a chunk payload. So
+//!    after a resync, until a commit record is accepted, a commit record numbered above the
+//!    snapshot's must follow the highest sequence number seen so far (`h`): its number must
+//!    lie in `h + 1 ..= h + 1 + s / 50`, where `s` is the bytes skipped since the last
+//!    accepted commit record (they can have held at most `s / 50` commit records; exactly
+//!    `h + 1` when none could). Any other is reported in `damage`, ignored, and does not
+//!    raise the sequence number.
 //! 5. Refs: the snapshot, then every intact commit record with a higher sequence number, in
-//!    log order. The next commit gets the highest sequence number seen plus one.
+//!    log order. The next commit gets the highest sequence number left in the log (or the
+//!    snapshot's) plus one.
 //!
 //! What recovery did is reported by [`LogStore::recovery`]; [`LogStore::commit_counters`]
 //! counts commits, groups and syncs.
@@ -150,7 +181,7 @@ use format::{
     SEG_HEADER_LEN,
 };
 use refs::Op;
-use segment::{Durable, Segment};
+use segment::{Durable, Segment, SeqBefore};
 
 /// Options for opening a [`LogStore`].
 #[derive(Clone, Debug)]
@@ -184,7 +215,8 @@ impl Default for LogStoreOptions {
 /// What [`LogStore::open`] found and repaired.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
-    /// Bytes cut from the end of the active segment (a torn or damaged tail).
+    /// Bytes cut from the end of the active segment (a torn tail, or a last group of writes
+    /// that was not durably written).
     pub segment_bytes_truncated: u64,
     /// Commit records in acknowledged data that could not be replayed (checksum failure or
     /// out-of-order sequence number after damage): their updates are lost, and `damage`
@@ -197,7 +229,9 @@ pub struct RecoveryReport {
     /// Bytes of acknowledged (durable) segment data skipped because record headers there
     /// were damaged; the records in them are lost (not truncated: the bytes stay).
     pub damaged_bytes: u64,
-    /// One description per damaged place found in acknowledged data (file, offset, what).
+    /// One description per damaged place found in acknowledged data (file, offset, what),
+    /// plus one when the active segment's last group of writes was cut because part of it
+    /// never reached the disk (see the module documentation, Recovery).
     pub damage: Vec<String>,
 }
 
@@ -590,7 +624,11 @@ impl LogStore {
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
             let (file, path, len) = Segment::open(&dir, id)?;
             let seg = Segment::from_parts(id, path, file, len);
-            let sealed = sealed_records(&dir, &seg, algo, true, snap_seq)?;
+            let before = SeqBefore {
+                max: max_seq,
+                floor: snap_seq,
+            };
+            let sealed = sealed_records(&dir, &seg, algo, true, snap_seq, before)?;
             report.damaged_records += sealed.damaged;
             report.damaged_bytes += sealed.skipped;
             report.damage.extend(sealed.damage);
@@ -623,7 +661,18 @@ impl LogStore {
                         .ctx(|| format!("reading {}", path.display()))?;
                     format::check_segment_header(&h, id, algo)
                         .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
-                    let scan = segment::scan(&file, &path, len, Durable::UpToLastCommit, snap_seq)?;
+                    let before = SeqBefore {
+                        max: max_seq,
+                        floor: snap_seq,
+                    };
+                    let scan = segment::scan(
+                        &file,
+                        &path,
+                        len,
+                        Durable::UpToLastCommit,
+                        snap_seq,
+                        before,
+                    )?;
                     if scan.end < len {
                         // Zeros written ahead of the data are not a torn tail.
                         if !segment::all_zeros(&file, &path, scan.end, len)? {
@@ -994,7 +1043,14 @@ impl LogStore {
 
     /// Records of a sealed segment (hint, or a scan).
     fn sealed_records(&self, seg: &Segment) -> Result<Sealed> {
-        sealed_records(&self.dir, seg, self.algo, false, u64::MAX)
+        sealed_records(
+            &self.dir,
+            seg,
+            self.algo,
+            false,
+            u64::MAX,
+            SeqBefore::UNCHECKED,
+        )
     }
 
     /// Bytes of live records per segment.
@@ -1030,6 +1086,7 @@ fn sealed_records(
     algo: HashAlgo,
     write_hint: bool,
     keep_after: u64,
+    before: SeqBefore,
 ) -> Result<Sealed> {
     let len = seg.flushed.load(Ordering::Acquire);
     let hpath = format::hint_path(dir, seg.id);
@@ -1053,7 +1110,7 @@ fn sealed_records(
         damage.push(format!("sealed segment {}: {why}", seg.path.display()));
     }
     let keep = if write_hint { 0 } else { keep_after };
-    let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep)?;
+    let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep, before)?;
     damage.extend(scan.damage);
     if write_hint && damage.is_empty() {
         let _ = format::write_atomic(

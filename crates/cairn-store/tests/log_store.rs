@@ -377,8 +377,8 @@ fn damaged_sealed_segment_is_reported() {
     assert_eq!(s.recovery().damaged_records, 1);
 }
 
-/// A bit flip in a record header inside the acknowledged region must cost that record
-/// only: never a truncation, never a commit.
+/// A bit flip in a record header inside the acknowledged region (a group followed by a
+/// later group) must cost that record only: never a truncation, never a commit.
 #[test]
 fn header_damage_in_durable_region_loses_only_that_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -393,6 +393,9 @@ fn header_damage_in_durable_region_loses_only_that_record() {
     for i in 0..3 {
         s.commit(&[set(&format!("k{i}"), b"v")]).unwrap();
     }
+    // A later group with a chunk: the damage below is in acknowledged groups.
+    let later = s.put(b"a later group").unwrap();
+    s.commit(&[set("later", &later.to_bytes())]).unwrap();
     let refs = all_refs(&s);
     let seg = s.segment_paths()[0].clone();
     drop(s);
@@ -400,7 +403,7 @@ fn header_damage_in_durable_region_loses_only_that_record() {
         .into_iter()
         .filter(|r| r.1 == 1)
         .collect();
-    assert_eq!(recs.len(), 100);
+    assert_eq!(recs.len(), 101);
     // (record, byte of its header): crc, hcrc, kind, reserved, len, cid.
     let mut cases = Vec::new();
     for k in [50usize, 0, 99] {
@@ -454,8 +457,10 @@ fn header_damage_in_durable_region_loses_only_that_record() {
     }
 }
 
-/// Damage to a commit record followed by later commits is bit rot: the later commits stay.
-/// Damage to the last commit record is a torn tail.
+/// Damage to a commit record of an earlier group (one followed by a group that wrote a
+/// chunk) is bit rot: the later commits stay. Damage to the last commit record is a torn
+/// tail. (Commit records with no chunk between them cannot be told apart from one group:
+/// see `torn_last_group_is_cut` for damage there.)
 #[test]
 fn commit_record_damage() {
     let dir = tempfile::tempdir().unwrap();
@@ -463,6 +468,8 @@ fn commit_record_damage() {
     for i in 0..5 {
         s.commit(&[set(&format!("k{i}"), b"value")]).unwrap();
     }
+    let z = s.put(b"the last group").unwrap();
+    s.commit(&[set("z", &z.to_bytes())]).unwrap();
     drop(s);
     let seg = dir.path().join("seg-000001.log");
     let commits: Vec<u64> = segment_records(&seg)
@@ -470,7 +477,7 @@ fn commit_record_damage() {
         .filter(|r| r.1 == KIND_COMMIT)
         .map(|r| r.0)
         .collect();
-    assert_eq!(commits.len(), 5);
+    assert_eq!(commits.len(), 6);
     let names = |s: &LogStore| -> Vec<String> {
         s.list_refs(b"")
             .unwrap()
@@ -500,6 +507,7 @@ fn commit_record_damage() {
         let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
         let mut want: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
         want.remove(k);
+        want.push("z".into());
         assert_eq!(names(&s), want, "{what}");
         assert_eq!(file_len(&p), len, "{what}: truncated");
         let r = s.recovery().clone();
@@ -514,18 +522,19 @@ fn commit_record_damage() {
         s.commit(&[set("after", b"x")]).unwrap();
         drop(s);
         let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
-        assert_eq!(s.list_refs(b"").unwrap().len(), 5, "{what}");
+        assert_eq!(s.list_refs(b"").unwrap().len(), 6, "{what}");
     }
-    // The last commit record: a torn tail, cut.
+    // The last commit record: a torn tail, cut (the chunk before it is kept).
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&seg)
         .unwrap();
-    f.write_all_at(&[0xEE], commits[4] + 9).unwrap();
+    f.write_all_at(&[0xEE], commits[5] + 9).unwrap();
     let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
-    assert_eq!(names(&s), ["k0", "k1", "k2", "k3"]);
-    assert_eq!(file_len(&seg), commits[4]);
+    assert_eq!(names(&s), ["k0", "k1", "k2", "k3", "k4"]);
+    assert_eq!(file_len(&seg), commits[5]);
+    assert!(s.has(&z).unwrap());
     assert!(s.recovery().segment_bytes_truncated > 0);
     assert!(s.recovery().damage.is_empty());
 }
@@ -658,6 +667,236 @@ fn torn_tails_recover_to_a_committed_prefix() {
     }
 }
 
+/// Three groups that each put three chunks and commit, then a group that only commits (a
+/// tag), for the tests of damage in the last group and in earlier ones.
+struct Groups {
+    dir: tempfile::TempDir,
+    seg: PathBuf,
+    /// Per chunk group: (record offset, cid, data) of each chunk.
+    chunks: Vec<Vec<(u64, Cid, Vec<u8>)>>,
+    /// Per group: offset of its commit record, and the refs after it.
+    commits: Vec<(u64, Refs)>,
+    len: u64,
+}
+
+fn groups() -> Groups {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    let seg = s.segment_paths()[0].clone();
+    let mut chunks = Vec::new();
+    let mut commits = Vec::new();
+    for g in 0..3u64 {
+        let mut mine = Vec::new();
+        for j in 0..3u64 {
+            let data = payload(900 + g * 10 + j, 3000 + j as usize * 500);
+            mine.push((0, s.put(&data).unwrap(), data));
+        }
+        let v: Vec<u8> = mine.iter().flat_map(|c| c.1.to_bytes()).collect();
+        s.commit(&[set(&format!("g{g}"), &v), set("head", &[g as u8])])
+            .unwrap();
+        commits.push((0, all_refs(&s)));
+        chunks.push(mine);
+    }
+    s.commit(&[set("tag", b"v1")]).unwrap();
+    commits.push((0, all_refs(&s)));
+    drop(s);
+    let recs: Vec<(u64, u8, u64)> = segment_records(&seg)
+        .into_iter()
+        .take_while(|r| r.1 != 0)
+        .collect();
+    let offs: Vec<u64> = recs.iter().filter(|r| r.1 == 1).map(|r| r.0).collect();
+    for (c, off) in chunks.iter_mut().flatten().zip(&offs) {
+        c.0 = *off;
+    }
+    let coffs: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.1 == KIND_COMMIT)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!((offs.len(), coffs.len()), (9, 4));
+    for (c, off) in commits.iter_mut().zip(coffs) {
+        c.0 = off;
+    }
+    let len = file_len(&seg);
+    Groups {
+        dir,
+        seg,
+        chunks,
+        commits,
+        len,
+    }
+}
+
+/// Damage to apply to a copy of the segment.
+enum Hurt {
+    /// Flip bits of the byte at this offset.
+    Flip(u64),
+    /// Zero this many bytes from this offset (a page that never reached the disk).
+    Zero(u64, u64),
+}
+
+/// A copy of the store with `hurt` done to its segment.
+fn hurt_copy(g: &Groups, hurt: &Hurt) -> (tempfile::TempDir, PathBuf) {
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(g.dir.path(), copy.path());
+    let p = copy.path().join(g.seg.file_name().unwrap());
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    match *hurt {
+        Hurt::Flip(at) => {
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, at).unwrap();
+            f.write_all_at(&[b[0] ^ 0x44], at).unwrap();
+        }
+        Hurt::Zero(at, n) => f.write_all_at(&vec![0u8; n as usize], at).unwrap(),
+    }
+    (copy, p)
+}
+
+/// Power loss during the last group's fdatasync can leave its commit records on disk but
+/// not a page before them: that group was never acknowledged, so it is cut at its first
+/// damaged byte and its commits are not applied. (Consecutive commit records cannot be
+/// told apart from one group: the tag commit after group 2 belongs to it.)
+#[test]
+fn torn_last_group_is_cut() {
+    let g = groups();
+    let last = &g.chunks[2];
+    let c2 = g.commits[2].0;
+    // (what, damage, where the file must be cut)
+    let cases = [
+        (
+            "payload of chunk 0",
+            Hurt::Flip(last[0].0 + 50 + 1000),
+            last[0].0,
+        ),
+        (
+            "payload of chunk 2",
+            Hurt::Flip(last[2].0 + 50 + 7),
+            last[2].0,
+        ),
+        ("hcrc of chunk 1", Hurt::Flip(last[1].0 + 4), last[1].0),
+        ("kind of chunk 1", Hurt::Flip(last[1].0 + 8), last[1].0),
+        ("len of chunk 1", Hurt::Flip(last[1].0 + 12), last[1].0),
+        ("cid of chunk 1", Hurt::Flip(last[1].0 + 30), last[1].0),
+        ("zeroed page", Hurt::Zero(last[1].0 - 10, 2000), last[0].0),
+        ("payload of its commit", Hurt::Flip(c2 + 60), c2),
+        ("kind of its commit", Hurt::Flip(c2 + 8), c2),
+    ];
+    for (what, hurt, cut) in cases {
+        let (copy, p) = hurt_copy(&g, &hurt);
+        let s = LogStore::open(copy.path(), opts(Durability::Group))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The refs after group 1: neither group 2's commit nor the tag is applied.
+        assert_eq!(all_refs(&s), g.commits[1].1, "{what}");
+        assert_eq!(file_len(&p), cut, "{what}");
+        let r = s.recovery().clone();
+        assert_eq!(r.segment_bytes_truncated, g.len - cut, "{what}: {r:?}");
+        let stop = r.segment_stop.clone().unwrap_or_default();
+        assert!(stop.contains("not durably written"), "{what}: {r:?}");
+        assert!(stop.contains("4 not applied"), "{what}: {r:?}");
+        assert_eq!(r.damage.len(), 1, "{what}: {r:?}");
+        assert!(r.damage[0].contains("not durably written"), "{what}: {r:?}");
+        assert_eq!(
+            (r.damaged_records, r.damaged_bytes, r.commits_dropped),
+            (0, 0, 0),
+            "{what}: {r:?}"
+        );
+        // Earlier groups are intact; group 2's chunks are gone from the cut on.
+        for (o, cid, data) in g.chunks[..2].iter().flatten() {
+            let got = s.get(cid).unwrap_or_else(|e| panic!("{what}: {o}: {e}"));
+            assert_eq!(got.as_deref(), Some(&data[..]), "{what}: chunk at {o}");
+        }
+        for (o, cid, data) in last {
+            if *o < cut {
+                assert_eq!(s.get(cid).unwrap().as_deref(), Some(&data[..]), "{what}");
+            } else {
+                assert!(!s.has(cid).unwrap(), "{what}: chunk at {o} kept");
+            }
+        }
+        // Writes continue (the next commit reuses number 3), and the next open is clean.
+        let c = s.put(b"after the cut").unwrap();
+        s.commit(&[set("after", &c.to_bytes())]).unwrap();
+        let want = all_refs(&s);
+        drop(s);
+        let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+        assert_eq!(*s.recovery(), Default::default(), "{what}");
+        assert_eq!(all_refs(&s), want, "{what}");
+        assert!(s.get(&c).unwrap().is_some(), "{what}");
+    }
+    // Damage to the last commit record itself is an ordinary torn tail (not reported as
+    // damage): group 2's commit stays.
+    let (copy, p) = hurt_copy(&g, &Hurt::Flip(g.commits[3].0 + 55));
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(all_refs(&s), g.commits[2].1);
+    assert_eq!(file_len(&p), g.commits[3].0);
+    let r = s.recovery().clone();
+    assert!(r.damage.is_empty(), "{r:?}");
+    assert!(r.segment_bytes_truncated > 0, "{r:?}");
+}
+
+/// The same damage in an earlier group is bit rot in acknowledged data: reported, never
+/// cut, and the later commits still apply.
+#[test]
+fn damage_in_an_earlier_group_is_bit_rot() {
+    let g = groups();
+    let mid = &g.chunks[1];
+    let c1 = g.commits[1].0;
+    let all = g.commits[3].1.clone();
+    let mut without_g1 = all.clone();
+    without_g1.remove(&b"g1"[..]);
+    // (what, damage, damaged chunk, refs expected)
+    let cases = [
+        (
+            "payload of chunk 0",
+            Hurt::Flip(mid[0].0 + 50 + 1000),
+            Some(0),
+            &all,
+        ),
+        ("kind of chunk 1", Hurt::Flip(mid[1].0 + 8), Some(1), &all),
+        ("cid of chunk 2", Hurt::Flip(mid[2].0 + 30), Some(2), &all),
+        (
+            "zeroed page",
+            Hurt::Zero(mid[1].0 + 100, 2000),
+            Some(1),
+            &all,
+        ),
+        (
+            "payload of its commit",
+            Hurt::Flip(c1 + 60),
+            None,
+            &without_g1,
+        ),
+        ("kind of its commit", Hurt::Flip(c1 + 8), None, &without_g1),
+    ];
+    for (what, hurt, bad, want) in cases {
+        let (copy, p) = hurt_copy(&g, &hurt);
+        let s = LogStore::open(copy.path(), opts(Durability::Group))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(&all_refs(&s), want, "{what}");
+        assert_eq!(file_len(&p), g.len, "{what}: truncated");
+        let r = s.recovery().clone();
+        assert_eq!(r.segment_bytes_truncated, 0, "{what}: {r:?}");
+        assert_eq!(r.segment_stop, None, "{what}: {r:?}");
+        assert!(r.damaged_records >= 1, "{what}: {r:?}");
+        assert!(!r.damage.is_empty(), "{what}: {r:?}");
+        assert!(
+            !r.damage.iter().any(|d| d.contains("not durably written")),
+            "{what}: {r:?}"
+        );
+        for (k, (o, cid, data)) in g.chunks.iter().flatten().enumerate() {
+            if bad.map(|b| b + 3) == Some(k) {
+                match s.get(cid) {
+                    Ok(None) | Err(Error::Corrupt(_)) => {}
+                    Ok(Some(got)) => assert!(got[..] == data[..], "{what}: wrong data"),
+                    Err(e) => panic!("{what}: damaged chunk read as {e}"),
+                }
+            } else {
+                let got = s.get(cid).unwrap_or_else(|e| panic!("{what}: {o}: {e}"));
+                assert_eq!(got.as_deref(), Some(&data[..]), "{what}: chunk at {o}");
+            }
+        }
+    }
+}
+
 #[test]
 fn tampered_payload_is_reported_corrupt() {
     let dir = tempfile::tempdir().unwrap();
@@ -665,6 +904,9 @@ fn tampered_payload_is_reported_corrupt() {
     let a = s.put(&payload(1, 4000)).unwrap();
     let b = s.put(&payload(2, 4000)).unwrap();
     s.commit(&[set("a", &a.to_bytes())]).unwrap();
+    // A later group: `a` is in an acknowledged group that is not the last one.
+    let c = s.put(b"later").unwrap();
+    s.commit(&[set("c", &c.to_bytes())]).unwrap();
     let seg = s.segment_paths()[0].clone();
     // Flip a payload byte of `a` (header 16 bytes, record header 50 bytes).
     let f = OpenOptions::new()

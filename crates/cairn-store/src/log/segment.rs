@@ -86,18 +86,19 @@ pub(crate) struct Scan {
     /// Commit records, in file order (payloads kept for sequence numbers above the scan's
     /// `keep_after`).
     pub commits: Vec<CommitEntry>,
-    /// Highest commit sequence number seen in a sound record header.
+    /// Highest commit sequence number in a sound, accepted record header (not cut off).
     pub max_seq: u64,
     /// End of the valid data: where a torn tail starts, or the file length.
     pub end: u64,
-    /// Why the scan found a torn tail, if it did.
+    /// Why the scan found a torn tail (or cut the last group), if it did.
     pub stop: Option<String>,
     /// Damaged records in the durable region: records kept although their checksum fails,
     /// plus one per region skipped to resynchronise after a bad header.
     pub damaged: u64,
     /// Bytes of the durable region skipped to resynchronise after bad record headers.
     pub skipped: u64,
-    /// One description per damaged place in the durable region.
+    /// One description per damaged place in the durable region, plus one when the active
+    /// segment's last group was cut (see [`scan`]).
     pub damage: Vec<String>,
 }
 
@@ -106,7 +107,8 @@ pub(crate) struct Scan {
 pub(crate) enum Durable {
     /// All of it (a sealed segment: it was synced before it was sealed).
     All,
-    /// Everything up to the end of its last intact commit record (the active segment).
+    /// Everything before its last group of writes, which ends with its last intact commit
+    /// record (the active segment; see [`scan`]).
     UpToLastCommit,
 }
 
@@ -186,6 +188,25 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Commit sequence numbers known before a segment is scanned, to judge commit records found
+/// right after a resync (see [`scan`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeqBefore {
+    /// Highest sequence number seen so far in log order (the snapshot's included).
+    pub max: u64,
+    /// Commit records numbered at most this are not judged (the snapshot covers them).
+    pub floor: u64,
+}
+
+impl SeqBefore {
+    /// No judging (compaction: it does not replay commits, and never deletes a damaged
+    /// segment).
+    pub const UNCHECKED: SeqBefore = SeqBefore {
+        max: 0,
+        floor: u64::MAX,
+    };
+}
+
 /// Scans the records of a segment file of `len` bytes.
 ///
 /// Inside the durable region (see [`Durable`]) damage is bit rot, never a torn write: a
@@ -193,21 +214,57 @@ impl<'a> Reader<'a> {
 /// (reads of that chunk report it corrupt; a damaged commit record's updates are lost and
 /// reported); a record whose header fails its checks is skipped by searching forward, byte
 /// by byte, for the next offset where a record header passes its header checksum and the
-/// record fits in the file, and the skipped bytes are reported. Nothing in the durable
-/// region is ever cut. In the active segment, the first bad record (incomplete, failing a
-/// checksum, or a chunk that does not match its cid) after the last intact commit record
-/// starts a torn tail: the scan ends there (`end`, `stop`).
+/// record fits in the file, and the skipped bytes are reported. After such a resync, until a
+/// commit record is accepted, a commit record numbered above `before.floor` must follow the
+/// highest sequence number seen (`before.max` and this segment's): its number must lie in
+/// `max + 1 ..= max + 1 + skipped / FRAME_HEADER_LEN` (`skipped`: bytes skipped since the
+/// last accepted commit record, which can have held at most that many commit records).
+/// Otherwise it is taken for a record embedded in a chunk payload that the resync locked
+/// onto: it is reported as damage, not returned, and does not raise `max_seq`.
+///
+/// In the active segment ([`Durable::UpToLastCommit`]):
+/// - The first bad record (incomplete, failing a checksum, or a chunk that does not match
+///   its cid) after the last intact commit record starts a torn tail: the scan ends there
+///   (`end`, `stop`).
+/// - The *last group* is the records after the last commit record that is followed by a
+///   non-commit record (or after the segment header), up to and including the run of
+///   commit records that ends with the last intact one. A region skipped by a resync counts
+///   as commit records when it is the only region skipped between two accepted commit
+///   records and the second one's number shows that commit records were lost (so a damaged
+///   commit record header of an earlier group does not merge it with the next group;
+///   inside the final run it is damage of the last group). A group is written with one
+///   `pwrite` and made durable by one `fdatasync`, and the next group is written only
+///   after that returned, so only the last group can have been torn by a power loss during
+///   its `fdatasync` (pages reach the disk in any order). If any part of it is damaged (a
+///   record failing its checksum, a chunk not matching its cid, bytes skipped by a resync,
+///   an out-of-sequence commit record), it was not durably written: the scan ends at the
+///   first damaged byte (`end`, `stop`, and one `damage` entry), so the group's commits
+///   from there on are not applied. Damage in earlier groups is bit rot, handled as above.
 pub(crate) fn scan(
     file: &File,
     path: &Path,
     len: u64,
     durable: Durable,
     keep_after: u64,
+    before: SeqBefore,
 ) -> Result<Scan> {
     struct Event {
         pos: u64,
         skipped: u64,
+        /// What is wrong, without the file name.
+        why: String,
+        /// The full description.
         what: String,
+    }
+    /// A record or a skipped region, in file order (they tile the scanned file).
+    struct Item {
+        end: u64,
+        /// An accepted commit record (sound header; its payload may be damaged).
+        commit: bool,
+        /// A skipped region that held commit records: the next accepted commit record's
+        /// number shows some were lost, and this is the only region skipped since the
+        /// previous one.
+        lost_commit: bool,
     }
     let mut rd = Reader {
         file,
@@ -222,10 +279,17 @@ pub(crate) fn scan(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut events: Vec<Event> = Vec::new();
+    let mut items: Vec<Item> = Vec::new();
     let mut pos = SEG_HEADER_LEN;
     let mut last_commit_end = SEG_HEADER_LEN;
     // The first bad record after the last intact commit record.
     let mut first_bad: Option<(u64, String)> = None;
+    // Highest sequence number of an accepted commit record header, in log order.
+    let mut max_seen = before.max;
+    // Bytes skipped by resyncs since the last accepted commit record (None: in sync).
+    let mut resynced: Option<u64> = None;
+    // Items of the regions skipped since the last accepted commit record.
+    let mut skips: Vec<usize> = Vec::new();
     while pos < len {
         let (h, hdr) = match rd.header_at(pos)? {
             Ok(x) => x,
@@ -252,13 +316,52 @@ pub(crate) fn scan(
                 events.push(Event {
                     pos,
                     skipped: next - pos,
+                    why,
                     what,
+                });
+                resynced = Some(resynced.unwrap_or(0) + (next - pos));
+                skips.push(items.len());
+                items.push(Item {
+                    end: next,
+                    commit: false,
+                    lost_commit: false,
                 });
                 pos = next;
                 continue;
             }
         };
         let size = FRAME_HEADER_LEN as u64 + h.len as u64;
+        if h.kind == KIND_COMMIT
+            && h.seq > before.floor
+            && let Some(skipped) = resynced
+        {
+            let lo = max_seen.saturating_add(1);
+            let hi = lo.saturating_add(skipped / FRAME_HEADER_LEN as u64);
+            if h.seq < lo || h.seq > hi {
+                let why = format!(
+                    "commit record {} at offset {pos}, found after skipping damaged bytes, is out \
+                     of sequence (expected {lo}..={hi})",
+                    h.seq
+                );
+                if first_bad.is_none() {
+                    first_bad = Some((pos, why.clone()));
+                }
+                events.push(Event {
+                    pos,
+                    skipped: 0,
+                    what: format!("{name}: {why}; ignored"),
+                    why,
+                });
+                items.push(Item {
+                    end: pos + size,
+                    commit: false,
+                    lost_commit: false,
+                });
+                pos += size;
+                continue;
+            }
+            resynced = None;
+        }
         let payload = rd.get(pos + FRAME_HEADER_LEN as u64, h.len as usize)?;
         let intact = frame_crc_ok(&hdr, &h, payload);
         if !intact {
@@ -269,17 +372,25 @@ pub(crate) fn scan(
                 format!("{name}: {why}")
             };
             if first_bad.is_none() {
-                first_bad = Some((pos, why));
+                first_bad = Some((pos, why.clone()));
             }
             events.push(Event {
                 pos,
                 skipped: 0,
+                why,
                 what,
             });
         }
         match (h.kind, h.cid) {
             (KIND_COMMIT, _) => {
+                if h.seq > max_seen.saturating_add(1)
+                    && let [only] = skips[..]
+                {
+                    items[only].lost_commit = true;
+                }
+                skips.clear();
                 out.max_seq = out.max_seq.max(h.seq);
+                max_seen = max_seen.max(h.seq);
                 out.commits.push(CommitEntry {
                     seq: h.seq,
                     off: pos,
@@ -300,45 +411,115 @@ pub(crate) fn scan(
             }),
             _ => {}
         }
+        items.push(Item {
+            end: pos + size,
+            commit: h.kind == KIND_COMMIT,
+            lost_commit: false,
+        });
         pos += size;
     }
     out.end = len;
+    // Where the active segment ends, why, and whether the cut is of the last group.
+    let mut cut: Option<(u64, String, bool)> = None;
     if durable == Durable::UpToLastCommit {
-        // Chunks after the last commit were never acknowledged by one: check them against
-        // their cids too (before the first bad record).
-        let limit = first_bad.as_ref().map_or(len, |b| b.0);
-        let tail: Vec<HintEntry> = out
-            .records
+        // The last group: it ends with the last intact commit record.
+        if let Some(last) = items
             .iter()
-            .filter(|r| r.off >= last_commit_end && r.off < limit && r.kind == KIND_CHUNK)
-            .copied()
-            .collect();
-        for r in tail {
-            if !r
-                .cid
-                .matches(rd.get(r.off + FRAME_HEADER_LEN as u64, r.len as usize)?)
-            {
-                first_bad = Some((
-                    r.off,
-                    format!("chunk at offset {} does not match its cid {}", r.off, r.cid),
+            .rposition(|i| i.commit && i.end == last_commit_end)
+        {
+            // A region skipped where commit records were lost counts as commit records.
+            let mut run = last;
+            while run > 0 && (items[run - 1].commit || items[run - 1].lost_commit) {
+                run -= 1;
+            }
+            let group_start = items[..run]
+                .iter()
+                .rposition(|i| i.commit || i.lost_commit)
+                .map_or(SEG_HEADER_LEN, |j| items[j].end);
+            let mut bad = events
+                .iter()
+                .find(|e| e.pos >= group_start && e.pos < last_commit_end)
+                .map(|e| (e.pos, e.why.clone()));
+            let limit = bad.as_ref().map_or(last_commit_end, |b| b.0);
+            if let Some(at) = first_mismatch(&mut rd, &out.records, group_start, limit)? {
+                bad = Some(at);
+            }
+            if let Some((at, why)) = bad {
+                let lost: Vec<u64> = out
+                    .commits
+                    .iter()
+                    .filter(|c| c.off >= at && c.off < last_commit_end)
+                    .map(|c| c.seq)
+                    .collect();
+                let seqs = match (lost.first(), lost.last()) {
+                    (Some(a), Some(b)) if a != b => format!("commits {a}..={b}"),
+                    (Some(a), _) => format!("commit {a}"),
+                    _ => "no commit".into(),
+                };
+                cut = Some((
+                    at,
+                    format!(
+                        "the last group of writes (offsets {group_start}..{last_commit_end}) \
+                         was not durably written ({why}): cut at offset {at}, {seqs} not applied"
+                    ),
+                    true,
                 ));
-                break;
             }
         }
-        if let Some((cut, why)) = first_bad {
-            out.records.retain(|r| r.off < cut);
-            out.commits.retain(|c| c.off < cut);
-            events.retain(|e| e.pos < cut);
-            out.end = cut;
-            out.stop = Some(why);
+        if cut.is_none() {
+            // Chunks after the last commit were never acknowledged by one: check them
+            // against their cids too (before the first bad record).
+            let limit = first_bad.as_ref().map_or(len, |b| b.0);
+            if let Some(at) = first_mismatch(&mut rd, &out.records, last_commit_end, limit)? {
+                first_bad = Some(at);
+            }
+            cut = first_bad.map(|(at, why)| (at, why, false));
         }
+    }
+    let mut group_cut = None;
+    if let Some((at, why, group)) = cut {
+        out.records.retain(|r| r.off < at);
+        out.commits.retain(|c| c.off < at);
+        // Commits cut off are gone: their numbers will be given again.
+        out.max_seq = out.commits.iter().map(|c| c.seq).max().unwrap_or(0);
+        events.retain(|e| e.pos < at);
+        out.end = at;
+        if group {
+            group_cut = Some(format!("{name}: {why}"));
+        }
+        out.stop = Some(why);
     }
     for e in events {
         out.damaged += 1;
         out.skipped += e.skipped;
         out.damage.push(e.what);
     }
+    out.damage.extend(group_cut);
     Ok(out)
+}
+
+/// The first chunk record in `[from, to)` whose payload does not hash to its cid.
+fn first_mismatch(
+    rd: &mut Reader<'_>,
+    records: &[HintEntry],
+    from: u64,
+    to: u64,
+) -> Result<Option<(u64, String)>> {
+    for r in records
+        .iter()
+        .filter(|r| r.off >= from && r.off < to && r.kind == KIND_CHUNK)
+    {
+        if !r
+            .cid
+            .matches(rd.get(r.off + FRAME_HEADER_LEN as u64, r.len as usize)?)
+        {
+            return Ok(Some((
+                r.off,
+                format!("chunk at offset {} does not match its cid {}", r.off, r.cid),
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// Reads the payloads of commit records of `seg` (for its hint file).

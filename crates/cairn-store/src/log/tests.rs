@@ -59,3 +59,88 @@ fn failed_store_refuses_writes() {
     assert!(matches!(s.put(b"x"), Err(Error::Unavailable(_))));
     assert!(matches!(s.commit(&[]), Err(Error::Unavailable(_))));
 }
+
+/// A resync over a damaged chunk header can lock onto a commit record embedded in that
+/// chunk's payload: one that does not follow the highest sequence number seen is reported
+/// and ignored, and does not raise the next sequence number.
+#[test]
+fn stray_commit_after_a_resync_is_ignored() {
+    let set = |name: &str, value: &[u8]| RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: value.to_vec(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    for i in 0..3 {
+        s.commit(&[set(&format!("k{i}"), b"v")]).unwrap();
+    }
+    // A chunk whose payload holds a valid commit record numbered 50.
+    let ops = refs::encode_ops(&[set("stray", b"x")]).0;
+    let mut data: Vec<u8> = (0..100u32).map(|i| (i * 7 + 1) as u8).collect();
+    data.extend_from_slice(&format::commit_header(50, &ops));
+    data.extend_from_slice(&ops);
+    data.extend((0..100u32).map(|i| (i * 13 + 5) as u8));
+    let p = s.put(&data).unwrap();
+    s.commit(&[set("p", &p.to_bytes())]).unwrap();
+    // A later group, so the damage below is in an acknowledged one.
+    let q = s.put(b"later").unwrap();
+    s.commit(&[set("q", &q.to_bytes())]).unwrap();
+    let at = s.index.get(&p).unwrap().off;
+    let mut want: Vec<Vec<u8>> = s
+        .list_refs(b"")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.0.to_vec())
+        .collect();
+    want.sort();
+    let seg = s.segment_paths()[0].clone();
+    drop(s);
+    let len = fs::metadata(&seg).unwrap().len();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at + 8).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], at + 8).unwrap();
+
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let r = s.recovery().clone();
+    assert!(
+        r.damage.iter().any(|d| d.contains("commit record 50")
+            && d.contains("out of sequence")
+            && d.contains("ignored")),
+        "{r:?}"
+    );
+    assert_eq!(r.segment_bytes_truncated, 0, "{r:?}");
+    assert_eq!(r.commits_dropped, 0, "{r:?}");
+    assert_eq!(fs::metadata(&seg).unwrap().len(), len);
+    assert!(
+        s.get_ref(b"stray").unwrap().is_none(),
+        "stray commit applied"
+    );
+    let mut got: Vec<Vec<u8>> = s
+        .list_refs(b"")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.0.to_vec())
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+    assert!(s.get(&p).unwrap().is_none());
+    assert!(s.get(&q).unwrap().is_some());
+    assert_eq!(s.refs.read().seq, 5);
+    assert_eq!(
+        s.writer.lock().next_seq,
+        6,
+        "the stray raised the sequence number"
+    );
+    // Later commits apply, at every open.
+    s.commit(&[set("after", b"y")]).unwrap();
+    drop(s);
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert!(s.get_ref(b"after").unwrap().is_some());
+    assert!(s.get_ref(b"stray").unwrap().is_none());
+    assert_eq!(s.refs.read().seq, 6);
+}
