@@ -1,0 +1,237 @@
+//! Writes small valid seed inputs for every fuzz target.
+//!
+//! `cargo run --example gen_seeds -- <out-dir>` creates `<out-dir>/<target>/seed-NNN`.
+//! The committed `fuzz/seeds/` directory was produced by this program.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::Path;
+
+use cairn_core::{Encoder, HashAlgo};
+use cairn_fuzz::logstore::{self, Edit};
+use cairn_fuzz::postree::{CID_LEN, Input, PLACEHOLDER};
+use cairn_object::postree::{self, TreeConfig, TreeRef};
+use cairn_object::{BranchTable, FObject, Value};
+use cairn_store::{ChunkStore, Cid, MemoryStore};
+
+fn write(out: &Path, target: &str, seeds: &[Vec<u8>]) {
+    let d = out.join(target);
+    fs::create_dir_all(&d).unwrap();
+    for (i, s) in seeds.iter().enumerate() {
+        fs::write(d.join(format!("seed-{i:03}")), s).unwrap();
+    }
+    println!("{target}: {} seeds", seeds.len());
+}
+
+fn codec_seeds() -> Vec<Vec<u8>> {
+    let h = HashAlgo::Blake3.digest(b"x");
+    let mut e = Encoder::versioned(1);
+    e.varint(300).ivarint(-5).bytes(b"abc").bool(true).hash(&h).u64_le(7);
+    let body = e.finish();
+    // ops: version(1), varint, ivarint, bytes, bool, hash, u64_le, finish-check
+    let ops = [12u8, 1, 2, 3, 7, 1, 9, 5, 13];
+    let mut a = vec![ops.len() as u8];
+    a.extend_from_slice(&ops);
+    a.extend_from_slice(&body);
+    let mut b = vec![3u8, 8, 10, 4];
+    let mut e = Encoder::new();
+    e.bytes("héllo".as_bytes()).varint(2).varint(1);
+    b.extend_from_slice(&e.finish());
+    vec![
+        a,
+        b,
+        h.to_bytes().to_vec(),
+        h.to_hex().into_bytes(),
+        HashAlgo::Sha256.digest(b"y").to_hex().to_uppercase().into_bytes(),
+    ]
+}
+
+fn fobject_seeds() -> Vec<Vec<u8>> {
+    let store = MemoryStore::new();
+    let cfg = TreeConfig::default();
+    let base = HashAlgo::Blake3.digest(b"base");
+    let values = [
+        Value::String("hello".into()),
+        Value::Integer(-42),
+        Value::Tuple(vec!["a".into(), "".into()]),
+        Value::Tree(postree::build_blob(&store, &cfg, b"blob bytes").unwrap()),
+        Value::Tree(postree::build_map(&store, &cfg, [("k", "v")]).unwrap()),
+        Value::Tree(postree::build_set(&store, &cfg, ["s"]).unwrap()),
+        Value::Tree(postree::build_list(&store, &cfg, ["l1", "l2"]).unwrap()),
+    ];
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let merge = i % 3 == 2;
+            FObject {
+                key: format!("key{i}").into_bytes().into(),
+                value,
+                depth: if i % 2 == 0 { 0 } else { 3 },
+                bases: if i % 2 == 0 {
+                    vec![]
+                } else if merge {
+                    vec![base, HashAlgo::Sha256.digest(b"other")]
+                } else {
+                    vec![base]
+                },
+                context: if i == 1 { "msg".into() } else { Default::default() },
+            }
+            .to_chunk()
+        })
+        .collect()
+}
+
+fn branch_seeds() -> Vec<Vec<u8>> {
+    let mut seeds = vec![BranchTable::default().encode()];
+    let mut t = BranchTable::default();
+    t.tagged.insert("master".into(), HashAlgo::Blake3.digest(b"a"));
+    seeds.push(t.encode());
+    t.tagged.insert("dev".into(), HashAlgo::Sha256.digest(b"b"));
+    t.untagged.insert(HashAlgo::Blake3.digest(b"c"));
+    t.untagged.insert(HashAlgo::Blake3.digest(b"d"));
+    seeds.push(t.encode());
+    seeds
+}
+
+/// Serialises tree `t` in the `postree_node` input format: chunks in topological order
+/// (root first), child cids replaced by placeholders.
+fn tree_input(store: &MemoryStore, t: &TreeRef, a: u64, b: u64, key: &[u8]) -> Vec<u8> {
+    // Reverse post-order of the chunk DAG.
+    fn visit(store: &MemoryStore, c: Cid, seen: &mut HashMap<Cid, ()>, post: &mut Vec<Cid>) {
+        if seen.insert(c, ()).is_some() {
+            return;
+        }
+        let bytes = store.get(&c).unwrap().unwrap();
+        for k in postree::child_cids(&bytes).unwrap() {
+            visit(store, k, seen, post);
+        }
+        post.push(c);
+    }
+    let mut post = Vec::new();
+    visit(store, t.root, &mut HashMap::new(), &mut post);
+    post.reverse();
+    let index: BTreeMap<Cid, usize> = post.iter().enumerate().map(|(i, c)| (*c, i)).collect();
+    let chunks: Vec<Vec<u8>> = post
+        .iter()
+        .map(|c| {
+            let mut bytes = store.get(c).unwrap().unwrap().to_vec();
+            for k in postree::child_cids(&bytes.clone()).unwrap() {
+                let mut ph = [0u8; CID_LEN];
+                ph[..PLACEHOLDER.len()].copy_from_slice(&PLACEHOLDER);
+                ph[PLACEHOLDER.len()] = index[&k] as u8;
+                let kb = k.to_bytes();
+                let p = bytes.windows(CID_LEN).position(|w| w == kb).unwrap();
+                bytes[p..p + CID_LEN].copy_from_slice(&ph);
+            }
+            bytes
+        })
+        .collect();
+    assert!(chunks.len() <= cairn_fuzz::postree::MAX_CHUNKS, "tree too big for a seed");
+    Input {
+        kind: t.kind,
+        height: t.height,
+        count: t.count,
+        a,
+        b,
+        key,
+        chunks: chunks.iter().map(|c| c.as_slice()).collect(),
+    }
+    .encode()
+}
+
+fn postree_seeds() -> Vec<Vec<u8>> {
+    let small = TreeConfig {
+        leaf_target: 64,
+        index_target: 64,
+    };
+    let mut seeds = Vec::new();
+    for (n, cfg) in [(0usize, TreeConfig::default()), (3, TreeConfig::default()), (40, small), (150, small)] {
+        let store = MemoryStore::new();
+        let blob: Vec<u8> = (0..n * 12).map(|i| (i * 131 % 251) as u8).collect();
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("key{i:04}").into_bytes()).collect();
+        let trees = [
+            postree::build_blob(&store, &cfg, &blob).unwrap(),
+            postree::build_list(&store, &cfg, &keys).unwrap(),
+            postree::build_set(&store, &cfg, &keys).unwrap(),
+            postree::build_map(&store, &cfg, keys.iter().map(|k| (k.clone(), b"value".to_vec())))
+                .unwrap(),
+        ];
+        for t in &trees {
+            if t.height > 3 {
+                continue;
+            }
+            let key = format!("key{:04}", n / 2).into_bytes();
+            seeds.push(tree_input(&store, t, n as u64 / 3, n as u64, &key));
+        }
+    }
+    seeds
+}
+
+fn logstore_seeds() -> Vec<Vec<u8>> {
+    let t = logstore::template();
+    let idx = |name: &str| t.files.iter().position(|(n, _)| n == name).unwrap() as u8;
+    // No edits; and no edits plus the write check (a no-op overwrite with mode bit 7).
+    let mut seeds = vec![
+        Vec::new(),
+        Edit::encode(&[Edit {
+            file: 0,
+            mode: 0x83,
+            off: 0,
+            data: vec![0],
+        }]),
+    ];
+    // Rewrite each file with its own content from byte 16 (after the header) or from 0:
+    // mutations of the data then damage real records.
+    for (i, (_, bytes)) in t.files.iter().enumerate() {
+        if bytes.len() > 16 && bytes.len() < 60000 {
+            seeds.push(Edit::encode(&[Edit {
+                file: i as u8,
+                mode: 0,
+                off: 16,
+                data: bytes[16..].to_vec(),
+            }]));
+        }
+    }
+    let active = t.segments.last().unwrap();
+    let a = idx(active);
+    let active_bytes = &t.files[a as usize].1;
+    // Torn tail of the active segment, and one flipped bit in its last record.
+    seeds.push(Edit::encode(&[Edit {
+        file: a,
+        mode: 0x84,
+        off: (active_bytes.len() - 5) as u16,
+        data: vec![],
+    }]));
+    seeds.push(Edit::encode(&[Edit {
+        file: a,
+        mode: 0x83,
+        off: (active_bytes.len() - 3) as u16,
+        data: vec![0x10],
+    }]));
+    // Append a copy of the first sealed segment's records to the active one.
+    if let Some(first) = t.segments.first().filter(|s| *s != active) {
+        let b = &t.files[idx(first) as usize].1;
+        seeds.push(Edit::encode(&[Edit {
+            file: a,
+            mode: 1,
+            off: 0,
+            data: b[16..].to_vec(),
+        }]));
+    }
+    seeds
+}
+
+fn main() {
+    let out = std::env::args().nth(1).unwrap_or_else(|| "seeds".into());
+    let out = Path::new(&out);
+    write(out, "codec", &codec_seeds());
+    write(out, "fobject", &fobject_seeds());
+    write(out, "branch_table", &branch_seeds());
+    write(out, "postree_node", &postree_seeds());
+    write(out, "logstore_recovery", &logstore_seeds());
+    let t = logstore::template();
+    for (n, b) in &t.files {
+        println!("  template file {n}: {} bytes", b.len());
+    }
+}

@@ -1,0 +1,274 @@
+//! `postree_node` target: POS-tree node decoding through the public surface.
+//!
+//! The node decoders are `pub(crate)`, so the input is turned into a small chunk store and
+//! a [`TreeRef`], and every public reader runs over it. Input layout (canonical codec):
+//!
+//! ```text
+//! u8     flags: bits 0-1 kind (Blob, List, Set, Map), bits 2-3 root height (0..=3)
+//! varint count    the TreeRef's unit count
+//! varint a        an offset / index argument
+//! varint b        a length / end argument
+//! bytes  key      a key argument (Set/Map look-ups and ranges)
+//! bytes* chunks   up to MAX_CHUNKS length-prefixed chunks; chunk 0 is the root
+//! ```
+//!
+//! Children must be named by their hash, which a fuzzer cannot produce, so a chunk may hold
+//! a *placeholder*: the 34 bytes `1e 20 'C' 'I' 'D' j` + 28 arbitrary bytes are replaced by
+//! the cid of chunk `j` when `j > i` (chunks are hashed from last to first, so the graph is
+//! acyclic). The seed generator turns real trees into this form.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Bound;
+
+use cairn_core::{Decoder, Encoder, Error, Result};
+use cairn_object::postree::{self, BlobReader, TreeKind, TreeRef};
+use cairn_store::{ChunkStore, Cid, MemoryStore};
+
+/// Most chunks taken from one input.
+pub const MAX_CHUNKS: usize = 64;
+/// Placeholder prefix; the byte after it is the chunk index.
+pub const PLACEHOLDER: [u8; 5] = [0x1e, 0x20, b'C', b'I', b'D'];
+/// Bytes a placeholder occupies (a whole multihash).
+pub const CID_LEN: usize = cairn_core::hash::ENCODED_LEN;
+/// Elements or bytes read per operation at most (claimed counts may be astronomically large
+/// for a tiny store: unsorted trees may repeat a subtree, legitimately).
+const MAX_UNITS: usize = 4096;
+const MAX_VISITS: usize = 4096;
+
+/// The kinds in flag order.
+pub const KINDS: [TreeKind; 4] = [TreeKind::Blob, TreeKind::List, TreeKind::Set, TreeKind::Map];
+
+/// A parsed input.
+pub struct Input<'a> {
+    pub kind: TreeKind,
+    pub height: u8,
+    pub count: u64,
+    pub a: u64,
+    pub b: u64,
+    pub key: &'a [u8],
+    pub chunks: Vec<&'a [u8]>,
+}
+
+impl<'a> Input<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self> {
+        let mut d = Decoder::new(data, "fuzz input");
+        let flags = d.u8()?;
+        let count = d.varint()?;
+        let a = d.varint()?;
+        let b = d.varint()?;
+        let key = d.bytes()?;
+        let mut chunks = Vec::new();
+        while !d.is_empty() && chunks.len() < MAX_CHUNKS {
+            chunks.push(d.bytes()?);
+        }
+        Ok(Input {
+            kind: KINDS[(flags & 3) as usize],
+            height: (flags >> 2) & 3,
+            count,
+            a,
+            b,
+            key,
+            chunks,
+        })
+    }
+
+    /// Encodes an input (for the seed generator).
+    pub fn encode(&self) -> Vec<u8> {
+        let k = KINDS.iter().position(|k| *k == self.kind).unwrap() as u8;
+        let mut e = Encoder::new();
+        e.u8(k | (self.height.min(3) << 2))
+            .varint(self.count)
+            .varint(self.a)
+            .varint(self.b)
+            .bytes(self.key);
+        for c in &self.chunks {
+            e.bytes(c);
+        }
+        e.finish()
+    }
+}
+
+/// Replaces placeholders in chunk `i` naming a later chunk by that chunk's cid.
+fn substitute(chunk: &[u8], i: usize, cids: &[Option<Cid>]) -> Vec<u8> {
+    let mut out = chunk.to_vec();
+    let mut p = 0;
+    while p + CID_LEN <= out.len() {
+        if out[p..p + PLACEHOLDER.len()] == PLACEHOLDER {
+            let j = out[p + PLACEHOLDER.len()] as usize;
+            if j > i
+                && let Some(Some(c)) = cids.get(j)
+            {
+                out[p..p + CID_LEN].copy_from_slice(&c.to_bytes());
+                p += CID_LEN;
+                continue;
+            }
+        }
+        p += 1;
+    }
+    out
+}
+
+fn check_children(chunk: &[u8]) {
+    match postree::child_cids(chunk) {
+        Ok(v) => assert!(v.len() * CID_LEN <= chunk.len()),
+        Err(Error::Decode(_) | Error::InvalidInput(_) | Error::Corrupt(_)) => {}
+        Err(e) => panic!("child_cids: unexpected error kind: {e}"),
+    }
+}
+
+/// Errors the readers may return on hostile trees.
+fn acceptable(r: &Result<impl Sized>) {
+    if let Err(e) = r {
+        match e {
+            Error::Corrupt(_)
+            | Error::NotFound(_)
+            | Error::Decode(_)
+            | Error::InvalidInput(_)
+            | Error::TypeMismatch(_) => {}
+            other => panic!("unexpected error kind from a POS-tree reader: {other}"),
+        }
+    }
+}
+
+/// The target.
+pub fn run(data: &[u8]) {
+    check_children(data);
+    let _ = TreeRef::decode(&mut Decoder::new(data, "fuzz TreeRef"));
+    let Ok(input) = Input::parse(data) else {
+        return;
+    };
+    let store = MemoryStore::new();
+    let n = input.chunks.len();
+    let mut cids: Vec<Option<Cid>> = vec![None; n];
+    for i in (0..n).rev() {
+        let bytes = substitute(input.chunks[i], i, &cids);
+        check_children(&bytes);
+        cids[i] = Some(store.put(&bytes).expect("memory put"));
+    }
+    let root = cids
+        .first()
+        .copied()
+        .flatten()
+        .unwrap_or_else(|| store.algo().digest(b"missing root"));
+    let t = TreeRef {
+        kind: input.kind,
+        root,
+        count: input.count,
+        height: input.height,
+    };
+    // A TreeRef survives its own encoding.
+    let mut e = Encoder::new();
+    t.encode(&mut e);
+    let enc = e.finish();
+    let mut d = Decoder::new(&enc, "TreeRef");
+    assert_eq!(TreeRef::decode(&mut d).unwrap(), t);
+    exercise(&store, &t, &input);
+}
+
+fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
+    let mut visits = 0usize;
+    let r = postree::walk(store, t, &mut |cid, bytes| {
+        assert!(cid.matches(bytes), "walk handed out unverified bytes");
+        visits += 1;
+        if visits > MAX_VISITS {
+            return Err(Error::invalid("fuzz: visit budget exhausted"));
+        }
+        Ok(())
+    });
+    acceptable(&r);
+    // `walk` checked the whole structure: every reader must then succeed.
+    let valid = r.is_ok();
+    let sorted = t.kind.is_sorted();
+    let must = |ok: bool, what: &str| assert!(!valid || ok, "{what} failed on a tree walk accepted");
+
+    let len = input.b.min(MAX_UNITS as u64);
+    match t.kind {
+        TreeKind::Blob => {
+            let r = postree::blob_read(store, t, input.a, len);
+            if let Ok(v) = &r {
+                assert!(v.len() as u64 <= len);
+                assert!(v.len() as u64 <= t.count.saturating_sub(input.a));
+            }
+            acceptable(&r);
+            if input.a <= t.count {
+                must(r.is_ok(), "blob_read");
+            }
+            let mut reader = BlobReader::range(store, t, input.a, len);
+            let total = reader.len();
+            let mut buf = [0u8; 97];
+            let mut got = 0usize;
+            for _ in 0..64 {
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(_) => break,
+                }
+            }
+            assert!(got as u64 <= total);
+            let _ = reader.seek(SeekFrom::Start(input.b % 4096));
+            let _ = reader.read(&mut buf);
+            let _ = reader.seek(SeekFrom::End(-(input.a as i64 % 300)));
+            let _ = reader.read(&mut buf);
+            let _ = reader.seek(SeekFrom::Current(-1));
+            let _ = reader.read(&mut buf);
+        }
+        TreeKind::List => {
+            let r = postree::list_get(store, t, input.a);
+            acceptable(&r);
+            must(r.is_ok_and(|v| v.is_some() == (input.a < t.count)), "list_get");
+            if input.a <= input.b.min(t.count) {
+                drain(postree::list_range(store, t, input.a, input.b), valid, false);
+            }
+            let n = drain(postree::iter(store, t), valid, false);
+            must(n == t.count.min(MAX_UNITS as u64), "iter length");
+        }
+        TreeKind::Set | TreeKind::Map => {
+            if t.kind == TreeKind::Set {
+                let r = postree::set_contains(store, t, input.key);
+                acceptable(&r);
+                must(r.is_ok(), "set_contains");
+            } else {
+                let r = postree::map_get(store, t, input.key);
+                acceptable(&r);
+                must(r.is_ok(), "map_get");
+            }
+            let n = drain(postree::iter(store, t), valid, sorted);
+            must(n == t.count.min(MAX_UNITS as u64), "iter length");
+            let (from, to) = match input.a % 4 {
+                0 => (Bound::Included(input.key), Bound::Unbounded),
+                1 => (Bound::Excluded(input.key), Bound::Unbounded),
+                2 => (Bound::Unbounded, Bound::Included(input.key)),
+                _ => (Bound::Unbounded, Bound::Excluded(input.key)),
+            };
+            drain(postree::map_range(store, t, from, to), valid, sorted);
+        }
+    }
+    // Readers of the other kinds must refuse the tree cleanly.
+    acceptable(&postree::blob_read(store, t, 0, 16));
+    acceptable(&postree::list_get(store, t, 0));
+    acceptable(&postree::map_get(store, t, input.key));
+    acceptable(&postree::set_contains(store, t, input.key));
+}
+
+/// Drains up to [`MAX_UNITS`] elements. On a tree `walk` accepted (`valid`), no read may
+/// fail and sorted trees yield strictly increasing keys. Returns the elements seen.
+fn drain(it: postree::Iter<'_>, valid: bool, sorted: bool) -> u64 {
+    let mut prev: Option<Vec<u8>> = None;
+    let mut n = 0;
+    for r in it.take(MAX_UNITS) {
+        acceptable(&r);
+        match r {
+            Ok(e) => {
+                if valid && sorted {
+                    if let Some(p) = &prev {
+                        assert!(p.as_slice() < e.key.as_ref(), "keys out of order on a valid tree");
+                    }
+                    prev = Some(e.key.to_vec());
+                }
+                n += 1;
+            }
+            Err(e) => assert!(!valid, "reader failed on a tree walk accepted: {e}"),
+        }
+    }
+    n
+}
