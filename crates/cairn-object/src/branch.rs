@@ -58,16 +58,32 @@ impl BranchTable {
         d.version(&[BRANCH_TABLE_FORMAT])?;
         let mut t = BranchTable::default();
         let n = d.count(1 + cairn_core::hash::ENCODED_LEN)?;
+        // Canonical: names and untagged heads strictly increasing (sorted, no repeats).
         for _ in 0..n {
             let name = d.str()?.to_string();
             let uid = d.hash()?;
-            if t.tagged.insert(name, uid).is_some() {
-                return Err(Error::decode("branch table names a branch twice"));
+            if t.tagged
+                .keys()
+                .next_back()
+                .is_some_and(|last| *last >= name)
+            {
+                return Err(Error::decode(
+                    "branch table names are not strictly increasing",
+                ));
             }
+            t.tagged.insert(name, uid);
         }
         let n = d.count(cairn_core::hash::ENCODED_LEN)?;
         for _ in 0..n {
-            t.untagged.insert(d.hash()?);
+            let uid = d.hash()?;
+            if t.untagged
+                .iter()
+                .next_back()
+                .is_some_and(|last| *last >= uid)
+            {
+                return Err(Error::decode("untagged heads are not strictly increasing"));
+            }
+            t.untagged.insert(uid);
         }
         d.finish()?;
         Ok(t)

@@ -14,6 +14,7 @@ use std::str::FromStr;
 
 use bytes::Bytes;
 use cairn_core::{Error, Result};
+use cairn_store::ChunkStore;
 
 use crate::db::{Db, PutOptions};
 use crate::fobject::{FObject, Uid, show_key};
@@ -150,27 +151,25 @@ impl Resolver for BuiltinResolver {
     }
 
     fn resolve(&self, ty: ValueType, c: &Conflict) -> Option<Resolution> {
-        let cat = |a: &Option<Bytes>, b: &Option<Bytes>, sep: &[u8]| {
-            let mut v = a.as_ref().map(|x| x.to_vec()).unwrap_or_default();
-            if let Some(b) = b {
-                if !v.is_empty() && !b.is_empty() {
-                    v.extend_from_slice(sep);
-                }
-                v.extend_from_slice(b);
-            }
-            Resolution::Value(Some(v.into()))
-        };
-        let list_sep: &[u8] = if ty == ValueType::List { b"\n" } else { b"" };
         match self {
             BuiltinResolver::Manual => None,
             BuiltinResolver::Ours => Some(Resolution::Ours),
             BuiltinResolver::Theirs => Some(Resolution::Theirs),
             BuiltinResolver::Append => match ty {
-                ValueType::Integer | ValueType::Set | ValueType::Tuple => None,
-                _ => Some(cat(&c.ours, &c.theirs, list_sep)),
+                // Lists and Tuples append element-wise in the merge itself.
+                ValueType::Integer | ValueType::Set | ValueType::Tuple | ValueType::List => None,
+                _ => {
+                    let base = c.base.as_deref().unwrap_or_default();
+                    let mut v = c.ours.as_deref().unwrap_or_default().to_vec();
+                    v.extend_from_slice(&added(base, c.theirs.as_deref().unwrap_or_default()));
+                    Some(Resolution::Value(Some(v.into())))
+                }
             },
             BuiltinResolver::Sum => match ty {
                 ValueType::Integer | ValueType::Map => {
+                    // A side that deleted a Map entry has no number to add: leave it.
+                    c.ours.as_ref()?;
+                    c.theirs.as_ref()?;
                     let s = parse_int(&c.ours)?
                         .checked_add(parse_int(&c.theirs)?)?
                         .checked_sub(parse_int(&c.base)?)?;
@@ -178,21 +177,62 @@ impl Resolver for BuiltinResolver {
                 }
                 _ => None,
             },
-            BuiltinResolver::Union => match ty {
-                ValueType::List => {
-                    let ours: Vec<&[u8]> = c.ours.as_deref().map(split_lines).unwrap_or_default();
-                    let mut out: Vec<&[u8]> = ours.clone();
-                    for t in c.theirs.as_deref().map(split_lines).unwrap_or_default() {
-                        if !ours.contains(&t) {
-                            out.push(t);
-                        }
-                    }
-                    Some(Resolution::Value(Some(out.join(&b"\n"[..]).into())))
-                }
-                _ => None,
-            },
+            // Union applies to Lists and Tuples element-wise in the merge itself; Sets always
+            // merge as the union of both sides' changes.
+            BuiltinResolver::Union => None,
         }
     }
+}
+
+/// Lengths of the common prefix and (non-overlapping) common suffix of `a` and `b`.
+fn common_ends<T: PartialEq>(a: &[T], b: &[T]) -> (usize, usize) {
+    let p = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let s = a[p..]
+        .iter()
+        .rev()
+        .zip(b[p..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    (p, s)
+}
+
+/// What `x` put in place of the part of `base` it changed.
+fn added<T: PartialEq + Clone>(base: &[T], x: &[T]) -> Vec<T> {
+    let (p, s) = common_ends(base, x);
+    x[p..x.len() - s].to_vec()
+}
+
+/// Element-level three-way merge of one region: `Some` when ours and theirs changed
+/// disjoint parts of `base` (both changes applied), `None` when their changes overlap.
+fn merge_region<T: PartialEq + Clone>(base: &[T], ours: &[T], theirs: &[T]) -> Option<Vec<T>> {
+    let (po, so) = common_ends(base, ours);
+    let (pt, st) = common_ends(base, theirs);
+    let ro = (po, base.len() - so);
+    let rt = (pt, base.len() - st);
+    let (first, first_new, second, second_new) = if ro.1 < rt.0 {
+        (
+            ro,
+            &ours[po..ours.len() - so],
+            rt,
+            &theirs[pt..theirs.len() - st],
+        )
+    } else if rt.1 < ro.0 {
+        (
+            rt,
+            &theirs[pt..theirs.len() - st],
+            ro,
+            &ours[po..ours.len() - so],
+        )
+    } else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(base.len() + first_new.len() + second_new.len());
+    out.extend_from_slice(&base[..first.0]);
+    out.extend_from_slice(first_new);
+    out.extend_from_slice(&base[first.1..second.0]);
+    out.extend_from_slice(second_new);
+    out.extend_from_slice(&base[second.1..]);
+    Some(out)
 }
 
 fn split_lines(b: &[u8]) -> Vec<&[u8]> {
@@ -241,7 +281,13 @@ impl Db {
                 table.untagged.remove(&theirs);
                 self.commit_table(key, &table)?;
             }
-            MergeOutcome::UpToDate(_) | MergeOutcome::Conflicts(_) => {}
+            MergeOutcome::UpToDate(_) => {
+                // `from` is contained in the target: an untagged head it was is now derived.
+                if table.untagged.remove(&theirs) {
+                    self.commit_table(key, &table)?;
+                }
+            }
+            MergeOutcome::Conflicts(_) => {}
         }
         Ok(outcome)
     }
@@ -263,6 +309,12 @@ impl Db {
         } else {
             uids.to_vec()
         };
+        if let Some(u) = inputs.iter().find(|u| !table.untagged.contains(*u)) {
+            return Err(Error::invalid(format!(
+                "version {u} is not an untagged head of key {}",
+                show_key(key)
+            )));
+        }
         if inputs.len() < 2 {
             return Err(Error::invalid(format!(
                 "key {} has {} untagged head(s); a merge needs at least two",
@@ -455,57 +507,56 @@ impl Db {
                 _ => clusters.push((s0, e0, is_ours, !is_ours)),
             }
         }
-        let map = |changes: &[SeqChange], p: u64| -> u64 {
-            let mut shift: i128 = 0;
+        // Position in a side of a base position: changes wholly before a cluster start shift
+        // it (a change ending exactly at the start belongs to the cluster, since touching
+        // changes are clustered), and every change up to a cluster end shifts that.
+        let shift = |changes: &[SeqChange], p: u64, include_touching: bool| -> u64 {
+            let mut d: i128 = 0;
             for c in changes {
-                if c.a_end <= p {
-                    shift += (c.b_end - c.b_start) as i128 - (c.a_end - c.a_start) as i128;
+                if c.a_end < p || (include_touching && c.a_end == p) {
+                    d += (c.b_end - c.b_start) as i128 - (c.a_end - c.a_start) as i128;
                 }
             }
-            (p as i128 + shift) as u64
+            (p as i128 + d) as u64
         };
-        let read = |tree: &TreeRef, start: u64, end: u64| -> Result<Vec<u8>> {
-            if ty == ValueType::Blob {
-                postree::blob_read(s, tree, start, end - start)
-            } else {
-                let mut out = Vec::new();
-                for (i, el) in postree::list_range(s, tree, start, end).enumerate() {
-                    if i > 0 {
-                        out.push(b'\n');
-                    }
-                    out.extend_from_slice(&el?.key);
-                }
-                Ok(out)
-            }
-        };
-        let mut plan: Vec<(u64, u64, Vec<u8>)> = Vec::new(); // (ours start, ours end, content)
+        let builtin = resolver.builtin();
+        let mut plan: Vec<(u64, u64, Units)> = Vec::new(); // (ours start, ours end, content)
         let mut conflicts = Vec::new();
         for &(cs, ce, has_o, has_t) in &clusters {
             if !has_t {
                 continue;
             }
-            let (os, oe) = (map(&co, cs), map(&co, ce));
-            let (ts, te) = (map(&ct, cs), map(&ct, ce));
-            let theirs_content = read(t, ts, te)?;
+            let (os, oe) = (shift(&co, cs, false), shift(&co, ce, true));
+            let (ts, te) = (shift(&ct, cs, false), shift(&ct, ce, true));
+            let theirs_u = Units::read(s, ty, t, ts, te)?;
             if !has_o {
-                plan.push((os, oe, theirs_content));
+                plan.push((os, oe, theirs_u));
                 continue;
             }
-            let ours_content = read(o, os, oe)?;
-            if ours_content == theirs_content {
+            let ours_u = Units::read(s, ty, o, os, oe)?;
+            if ours_u == theirs_u {
+                continue;
+            }
+            let base_u = Units::read(s, ty, b, cs, ce)?;
+            if let Some(m) = Units::merge_region(&base_u, &ours_u, &theirs_u) {
+                plan.push((os, oe, m));
+                continue;
+            }
+            if let Some(r) = Units::builtin_resolve(builtin, &base_u, &ours_u, &theirs_u) {
+                plan.push((os, oe, r));
                 continue;
             }
             let conflict = Conflict {
                 at: ConflictAt::Range { start: cs, end: ce },
-                base: Some(read(b, cs, ce)?.into()),
-                ours: Some(ours_content.into()),
-                theirs: Some(theirs_content.clone().into()),
+                base: Some(base_u.to_text()),
+                ours: Some(ours_u.to_text()),
+                theirs: Some(theirs_u.to_text()),
             };
             match resolver.resolve(ty, &conflict) {
                 Some(Resolution::Ours) => {}
-                Some(Resolution::Theirs) => plan.push((os, oe, theirs_content)),
+                Some(Resolution::Theirs) => plan.push((os, oe, theirs_u)),
                 Some(Resolution::Value(v)) => {
-                    plan.push((os, oe, v.map(|v| v.to_vec()).unwrap_or_default()))
+                    plan.push((os, oe, Units::from_text(ty, v.unwrap_or_default())))
                 }
                 None => conflicts.push(conflict),
             }
@@ -515,17 +566,114 @@ impl Db {
         }
         let mut tree = *o;
         for (os, oe, content) in plan.into_iter().rev() {
-            tree = if ty == ValueType::Blob {
-                postree::blob_splice(s, self.tree_config(), &tree, os, oe - os, &content)?
-            } else {
-                let elems: Vec<Bytes> = split_lines(&content)
-                    .into_iter()
-                    .map(Bytes::copy_from_slice)
-                    .collect();
-                postree::list_splice(s, self.tree_config(), &tree, os, oe - os, &elems)?
+            tree = match content {
+                Units::Bytes(b) => {
+                    postree::blob_splice(s, self.tree_config(), &tree, os, oe - os, &b)?
+                }
+                Units::Elems(e) => {
+                    postree::list_splice(s, self.tree_config(), &tree, os, oe - os, &e)?
+                }
             };
         }
         Ok(Ok(Value::Tree(tree)))
+    }
+}
+
+/// A region of a Blob (bytes) or List (elements).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Units {
+    Bytes(Vec<u8>),
+    Elems(Vec<Bytes>),
+}
+
+impl Units {
+    fn read(
+        s: &dyn ChunkStore,
+        ty: ValueType,
+        tree: &TreeRef,
+        start: u64,
+        end: u64,
+    ) -> Result<Self> {
+        if ty == ValueType::Blob {
+            Ok(Units::Bytes(postree::blob_read(
+                s,
+                tree,
+                start,
+                end - start,
+            )?))
+        } else {
+            let mut v = Vec::new();
+            for el in postree::list_range(s, tree, start, end) {
+                v.push(el?.key);
+            }
+            Ok(Units::Elems(v))
+        }
+    }
+
+    fn merge_region(b: &Units, o: &Units, t: &Units) -> Option<Units> {
+        match (b, o, t) {
+            (Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
+                merge_region(b, o, t).map(Units::Bytes)
+            }
+            (Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
+                merge_region(b, o, t).map(Units::Elems)
+            }
+            _ => None,
+        }
+    }
+
+    /// Append and union, element-wise for Lists (and byte-wise append for Blobs).
+    fn builtin_resolve(
+        r: Option<BuiltinResolver>,
+        b: &Units,
+        o: &Units,
+        t: &Units,
+    ) -> Option<Units> {
+        match (r?, b, o, t) {
+            (BuiltinResolver::Append, Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
+                let mut v = o.clone();
+                v.extend(added(b, t));
+                Some(Units::Bytes(v))
+            }
+            (BuiltinResolver::Append, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
+                let mut v = o.clone();
+                v.extend(added(b, t));
+                Some(Units::Elems(v))
+            }
+            (BuiltinResolver::Union, _, Units::Elems(o), Units::Elems(t)) => {
+                let mut v = o.clone();
+                v.extend(t.iter().filter(|x| !o.contains(x)).cloned());
+                Some(Units::Elems(v))
+            }
+            _ => None,
+        }
+    }
+
+    /// Text shown to resolvers and users: bytes as they are, elements one per line.
+    fn to_text(&self) -> Bytes {
+        match self {
+            Units::Bytes(b) => Bytes::copy_from_slice(b),
+            Units::Elems(e) => e
+                .iter()
+                .map(|x| x.to_vec())
+                .collect::<Vec<_>>()
+                .join(&b"\n"[..])
+                .into(),
+        }
+    }
+
+    /// Reads a custom resolver's text back (Lists: one element per line).
+    fn from_text(ty: ValueType, v: Bytes) -> Units {
+        if ty == ValueType::Blob {
+            Units::Bytes(v.to_vec())
+        } else {
+            Units::Elems(
+                split_lines(&v)
+                    .into_iter()
+                    .map(Bytes::copy_from_slice)
+                    .collect(),
+            )
+        }
     }
 }
 
@@ -559,7 +707,13 @@ fn merge_primitive(
     if let (Value::Tuple(o), Value::Tuple(t)) = (ours, theirs) {
         match resolver.builtin() {
             Some(BuiltinResolver::Append) => {
-                return Ok(Value::Tuple(o.iter().chain(t.iter()).cloned().collect()));
+                let base: &[Bytes] = match base {
+                    Value::Tuple(b) => b,
+                    _ => &[],
+                };
+                let mut out = o.clone();
+                out.extend(added(base, t));
+                return Ok(Value::Tuple(out));
             }
             Some(BuiltinResolver::Union) => {
                 let mut out = o.clone();

@@ -113,7 +113,9 @@ fn figure3b_fork_on_conflict_and_merge_untagged() {
     assert_eq!(db.list_untagged(b"k").unwrap(), vec![m]);
     let v = db.get(b"k", &At::Uid(m)).unwrap().object;
     assert_eq!(v.bases.len(), 2);
-    assert!(matches!(v.value, Value::String(ref b) if b.len() == 10));
+    // append: one side, then what the other added to the base ("+W1" or "+W2").
+    let Value::String(b) = &v.value else { panic!() };
+    assert!(&b[..] == b"S1+W1+W2" || &b[..] == b"S1+W2+W1", "{b:?}");
 }
 
 #[test]
@@ -699,4 +701,237 @@ fn concurrent_writers_on_distinct_and_shared_keys() {
         Value::Integer(400)
     );
     assert_eq!(db.track(b"own3", &master(), 0, 1000).unwrap().len(), 50);
+}
+
+fn list_of(db: &Db, v: &Value) -> Vec<Vec<u8>> {
+    postree::iter(db.chunks(), v.tree().unwrap())
+        .map(|e| e.unwrap().key.to_vec())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// List three-way merge against a Vec model: element edits separated by at least one
+    /// untouched element always merge, whatever the leaf boundaries, and give both edits.
+    #[test]
+    fn list_merge_matches_model(
+        n in 0usize..1500,
+        a in any::<u16>(), da in 0usize..4, ia in 0usize..60,
+        gap in 1usize..400, db_ in 0usize..4, ib in 0usize..60,
+        theirs_first in any::<bool>(),
+    ) {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        let base: Vec<Vec<u8>> = (0..n).map(|i| format!("e{i}").into_bytes()).collect();
+        let pa = if n == 0 { 0 } else { a as usize % (n + 1) };
+        let da = da.min(n - pa);
+        let pb = pa + da + gap;
+        prop_assume!(pb <= n);
+        let db_ = db_.min(n - pb);
+        let ins_a: Vec<Vec<u8>> = (0..ia).map(|k| format!("a{k}").into_bytes()).collect();
+        let ins_b: Vec<Vec<u8>> = (0..ib).map(|k| format!("b{k}").into_bytes()).collect();
+        let mut expect = base.clone();
+        expect.splice(pb..pb + db_, ins_b.iter().cloned());
+        expect.splice(pa..pa + da, ins_a.iter().cloned());
+        db.put(b"l", Target::Branch("master"), NewValue::List(base.clone()), &o).unwrap();
+        db.fork(b"l", &master(), "dev").unwrap();
+        let ea = Op::ListSplice { index: pa as u64, delete: da as u64, insert: ins_a };
+        let eb = Op::ListSplice { index: pb as u64, delete: db_ as u64, insert: ins_b };
+        let (mine, theirs) = if theirs_first { (eb, ea) } else { (ea, eb) };
+        db.update(b"l", Target::Branch("master"), mine, &o).unwrap();
+        db.update(b"l", Target::Branch("dev"), theirs, &o).unwrap();
+        let out = db.merge_into(b"l", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let uid = match out {
+            MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => u,
+            MergeOutcome::Conflicts(c) => { prop_assert!(false, "conflict on disjoint edits: {:?}", c); unreachable!() }
+        };
+        prop_assert_eq!(list_of(&db, &db.get(b"l", &At::Uid(uid)).unwrap().object.value), expect);
+    }
+}
+
+#[test]
+fn nearby_blob_edits_in_one_leaf_merge() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let cfg_db = Db::new(Arc::new(MemoryStore::new()));
+    for d in [&db, &cfg_db] {
+        let base = noise(200_000, 9);
+        d.put(
+            b"b",
+            Target::Branch("master"),
+            NewValue::Blob(base.clone()),
+            &o,
+        )
+        .unwrap();
+        d.fork(b"b", &master(), "dev").unwrap();
+        d.update(
+            b"b",
+            Target::Branch("master"),
+            Op::BlobSplice {
+                offset: 10,
+                delete: 1,
+                insert: b"O".to_vec(),
+            },
+            &o,
+        )
+        .unwrap();
+        d.update(
+            b"b",
+            Target::Branch("dev"),
+            Op::BlobSplice {
+                offset: 1500,
+                delete: 1,
+                insert: b"T".to_vec(),
+            },
+            &o,
+        )
+        .unwrap();
+        let MergeOutcome::Merged(u) = d
+            .merge_into(
+                b"b",
+                "master",
+                &At::Branch("dev".into()),
+                &BuiltinResolver::Manual,
+                &o,
+            )
+            .unwrap()
+        else {
+            panic!("edits 1490 bytes apart must merge")
+        };
+        let mut expect = base;
+        expect[10] = b'O';
+        expect[1500] = b'T';
+        assert_eq!(
+            blob_of(d, &d.get(b"b", &At::Uid(u)).unwrap().object.value),
+            expect
+        );
+    }
+}
+
+#[test]
+fn append_resolver_does_not_repeat_the_base() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    put_str(&db, "s", Target::Branch("master"), "base");
+    db.fork(b"s", &master(), "dev").unwrap();
+    db.update(
+        b"s",
+        Target::Branch("master"),
+        Op::Append(b"AA2".to_vec()),
+        &o,
+    )
+    .unwrap();
+    db.update(b"s", Target::Branch("dev"), Op::Append(b"BB2".to_vec()), &o)
+        .unwrap();
+    db.merge_into(
+        b"s",
+        "master",
+        &At::Branch("dev".into()),
+        &BuiltinResolver::Append,
+        &o,
+    )
+    .unwrap();
+    assert_eq!(string_at(&db, "s", &master()), "baseAA2BB2");
+    // Blob: both append at the end of one leaf.
+    let base = noise(200_000, 4);
+    db.put(
+        b"b",
+        Target::Branch("master"),
+        NewValue::Blob(base.clone()),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"b", &master(), "dev").unwrap();
+    db.update(
+        b"b",
+        Target::Branch("master"),
+        Op::BlobSplice {
+            offset: 200_000,
+            delete: 0,
+            insert: b"abc".to_vec(),
+        },
+        &o,
+    )
+    .unwrap();
+    db.update(
+        b"b",
+        Target::Branch("dev"),
+        Op::BlobSplice {
+            offset: 200_000,
+            delete: 0,
+            insert: b"xyz".to_vec(),
+        },
+        &o,
+    )
+    .unwrap();
+    let out = db
+        .merge_into(
+            b"b",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Manual,
+            &o,
+        )
+        .unwrap();
+    assert!(
+        matches!(out, MergeOutcome::Conflicts(_)),
+        "two appends at one point conflict"
+    );
+    let MergeOutcome::Merged(u) = db
+        .merge_into(
+            b"b",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Append,
+            &o,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    let mut expect = base;
+    expect.extend_from_slice(b"abcxyz");
+    assert_eq!(
+        blob_of(&db, &db.get(b"b", &At::Uid(u)).unwrap().object.value),
+        expect
+    );
+}
+
+#[test]
+fn unrelated_histories_conflict_instead_of_dropping_a_side() {
+    let (db, _) = db();
+    let empty = Value::Tree(postree::empty(db.chunks(), cairn_object::TreeKind::List).unwrap());
+    let value_of = |k: &[u8], v: NewValue| {
+        db.put(k, Target::Branch("master"), v, &PutOptions::default())
+            .unwrap();
+        db.get(k, &master()).unwrap().object.value
+    };
+    let a = value_of(b"x", NewValue::List(vec![b"a".to_vec()]));
+    let b = value_of(b"y", NewValue::List(vec![b"b".to_vec()]));
+    assert!(matches!(
+        db.merge_values(&empty, &a, &b, &BuiltinResolver::Manual)
+            .unwrap(),
+        Err(_)
+    ));
+    let merged = db
+        .merge_values(&empty, &a, &b, &BuiltinResolver::Append)
+        .unwrap()
+        .unwrap();
+    assert_eq!(list_of(&db, &merged), vec![b"a".to_vec(), b"b".to_vec()]);
+}
+
+#[test]
+fn merge_untagged_takes_only_untagged_heads() {
+    let (db, _) = db();
+    let v1 = put_str(&db, "k", Target::Branch("master"), "1");
+    put_str(&db, "k", Target::Base(v1), "2");
+    put_str(&db, "k", Target::Base(v1), "3");
+    let err = db.merge_untagged(
+        b"k",
+        &[v1, v1],
+        &BuiltinResolver::Ours,
+        &PutOptions::default(),
+    );
+    assert!(matches!(err, Err(Error::InvalidInput(_))));
 }
