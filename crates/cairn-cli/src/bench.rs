@@ -561,7 +561,10 @@ fn throughput(root: &Path, mib: usize) -> Result<()> {
             let t0 = Instant::now();
             let t = postree::build_blob(&mem as &dyn ChunkStore, &cfg, &data)?;
             best = best.min(t0.elapsed().as_secs_f64());
-            ensure!(t.count == data.len() as u64, "built blob has the wrong size");
+            ensure!(
+                t.count == data.len() as u64,
+                "built blob has the wrong size"
+            );
         }
         println!(
             "| memory, {algo} (chunking + hashing + hash map insert), best of 3 | {:.0} |",

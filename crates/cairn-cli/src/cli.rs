@@ -39,6 +39,14 @@ pub struct Cli {
     /// Hash algorithm for a new store (blake3 or sha256); an existing store keeps its own.
     #[arg(long, global = true, default_value = "blake3")]
     pub hash: HashAlgo,
+    /// Seconds to wait for a store another `cairn` process has open.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_LOCK_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    pub lock_timeout: f64,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -131,6 +139,12 @@ pub enum Command {
     Gc,
     /// Store statistics.
     Stats,
+    /// Show the damage crash recovery found (kept until cleared); exit 6 when there is any.
+    Recovery {
+        /// Forget the notes (after dealing with the damage they describe).
+        #[arg(long)]
+        clear: bool,
+    },
     /// A guided tour: writes, forks, edits, merges and verifies a few objects.
     Demo,
     /// Benchmarks (see docs/benchmarks.md).
@@ -253,17 +267,37 @@ pub struct MergeArgs {
 }
 
 /// Opens (or creates) the embedded store at `dir`.
-pub fn open_store(dir: &Path, durability: Durability, algo: HashAlgo) -> Result<Arc<dyn Store>> {
-    let store = LogStore::open(
-        dir,
-        LogStoreOptions {
+/// Opens (or creates) the embedded store at `dir`, waiting up to `lock_timeout` seconds
+/// while another process has it open.
+pub fn open_store(
+    dir: &Path,
+    durability: Durability,
+    algo: HashAlgo,
+    lock_timeout: f64,
+) -> Result<Arc<dyn Store>> {
+    let start = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let opts = LogStoreOptions {
             durability,
             algo,
             ..Default::default()
-        },
-    )
-    .with_context(|| format!("opening store {}", dir.display()))?;
-    Ok(Arc::new(store))
+        };
+        match LogStore::open(dir, opts) {
+            Ok(store) => return Ok(Arc::new(store)),
+            Err(Error::Unavailable(msg)) if start.elapsed().as_secs_f64() < lock_timeout => {
+                if !told && start.elapsed().as_millis() > 500 {
+                    eprintln!("waiting for the store ({msg})");
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e))
+                    .with_context(|| format!("opening store {}", dir.display()));
+            }
+        }
+    }
 }
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise.
@@ -292,7 +326,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     if let Command::Bench(args) = &cli.command {
         return crate::bench::run(args);
     }
-    let store = open_store(&cli.data, cli.durability, cli.hash)?;
+    let store = open_store(&cli.data, cli.durability, cli.hash, cli.lock_timeout)?;
+    if !matches!(
+        cli.command,
+        Command::Recovery { .. } | Command::Verify { .. }
+    ) {
+        let notes = store.recovery_notes()?;
+        if !notes.is_empty() {
+            eprintln!(
+                "warning: crash recovery found damage in this store ({} note(s)); see `cairn recovery`",
+                notes.len()
+            );
+        }
+    }
     let db = Db::new(store);
     let out = io::stdout();
     let mut out = out.lock();
@@ -328,7 +374,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             if limit == 0 {
                 bail!(Error::invalid("--limit must be at least 1"));
             }
-            for e in db.track(key.as_bytes(), &At::parse(&branch), 0, limit - 1)? {
+            // Nearest first; distances 0..limit hold at least `limit` versions when the
+            // history is that long (merges put several at one distance).
+            let entries = db.track(key.as_bytes(), &At::parse(&branch), 0, limit - 1)?;
+            for e in entries.into_iter().take(limit as usize) {
                 let o = &e.object;
                 write!(
                     out,
@@ -406,6 +455,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             writeln!(out, "chunk bytes: {}", s.chunk_bytes)?;
             writeln!(out, "bytes on disk: {}", s.bytes_on_disk)?;
         }
+        Command::Recovery { clear } => {
+            let notes = db.store().recovery_notes()?;
+            if clear {
+                db.store().clear_recovery_notes()?;
+                writeln!(out, "cleared {} recovery note(s)", notes.len())?;
+            } else if notes.is_empty() {
+                writeln!(out, "no damage recorded by crash recovery")?;
+            } else {
+                for n in &notes {
+                    writeln!(out, "{n}")?;
+                }
+                bail!(Error::corrupt(format!(
+                    "{} recovery note(s); clear them with `cairn recovery --clear` once dealt with",
+                    notes.len()
+                )));
+            }
+        }
         Command::Demo => crate::demo::run(&db, &mut out)?,
         Command::Bench(_) => unreachable!("handled above"),
     }
@@ -463,7 +529,26 @@ fn put(db: &Db, a: PutArgs, out: &mut impl Write) -> Result<()> {
                 })?;
                 pb.finish_and_clear();
                 uid
+            } else if ty == ValueType::List {
+                let lines =
+                    io::BufRead::split(io::BufReader::with_capacity(1 << 20, reader), b'\n');
+                db.put_list_stream(
+                    key,
+                    target,
+                    &mut lines.map(|l| l.map_err(|e| Error::io("reading the input", e))),
+                    &opts,
+                )?
             } else {
+                if matches!(
+                    ty,
+                    ValueType::String | ValueType::Tuple | ValueType::Integer
+                ) && len.is_some_and(|n| n > cairn_object::db::MAX_INLINE_BYTES as u64)
+                {
+                    bail!(Error::invalid(format!(
+                        "a {ty} is stored inline and limited to {} MiB; store this as a blob or list",
+                        cairn_object::db::MAX_INLINE_BYTES >> 20
+                    )));
+                }
                 let mut buf = Vec::new();
                 reader.read_to_end(&mut buf).context("reading the input")?;
                 db.put(key, target, format::parse_value(ty, buf)?, &opts)?
@@ -527,13 +612,22 @@ pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
             ValueType::Blob => {
                 let pb = progress_bar(Some(t.count), "get");
                 let mut r = pb.wrap_read(BlobReader::new(db.chunks(), t));
-                io::copy(&mut r, sink).map_err(|e| match e.into_inner() {
-                    Some(inner) => match inner.downcast::<Error>() {
-                        Ok(err) => anyhow::Error::from(*err),
-                        Err(other) => anyhow::anyhow!(other),
-                    },
-                    None => anyhow::anyhow!("reading the blob failed"),
-                })?;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = match r.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            return Err(match e.into_inner().map(|i| i.downcast::<Error>()) {
+                                Some(Ok(err)) => anyhow::Error::from(*err),
+                                Some(Err(other)) => anyhow::anyhow!("reading the blob: {other}"),
+                                None => anyhow::anyhow!("reading the blob failed"),
+                            });
+                        }
+                    };
+                    sink.write_all(&buf[..n]).context("writing the output")?;
+                }
                 pb.finish_and_clear();
             }
             ty => {

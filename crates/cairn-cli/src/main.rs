@@ -19,6 +19,13 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
+            // A closed pipe (`cairn get big | head`) is the reader's choice, not an error.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return ExitCode::SUCCESS;
+            }
             let code = match e.downcast_ref::<Error>() {
                 Some(err) => exit_code(err),
                 None => 1,

@@ -124,6 +124,10 @@ pub struct Db {
 
 impl Db {
     /// A Db over `store` with the default POS-tree configuration and the default bucket.
+    ///
+    /// Open one Db per store and share it (it is `Sync`): GC's exclusion of writers and the
+    /// cache of recent versions belong to the Db, so two Dbs writing one store could let a
+    /// GC in one remove chunks a put in the other is about to commit.
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self::with_config(store, TreeConfig::default())
     }
@@ -301,7 +305,10 @@ impl Db {
     }
 
     /// Stores a whole new value's chunks (POS-tree for chunkable types).
-    pub fn store_value(&self, v: NewValue) -> Result<Value> {
+    ///
+    /// Private to the crate: a value's chunks must be written under the writers' guard
+    /// (see [`crate::gc`]) by the same call that commits the version naming them.
+    pub(crate) fn store_value(&self, v: NewValue) -> Result<Value> {
         let s = self.chunks();
         Ok(match v {
             NewValue::String(b) => {
@@ -317,12 +324,6 @@ impl Db {
             NewValue::List(items) => Value::Tree(postree::build_list(s, &self.cfg, items)?),
             NewValue::Map(m) => Value::Tree(postree::build_map(s, &self.cfg, m)?),
             NewValue::Set(m) => Value::Tree(postree::build_set(s, &self.cfg, m)?),
-            NewValue::Tree(t) => {
-                if !s.has(&t.root)? {
-                    return Err(Error::not_found(format!("POS-tree root {}", t.root)));
-                }
-                Value::Tree(t)
-            }
         })
     }
 
@@ -376,6 +377,38 @@ impl Db {
         self.put_value(key, target, opts, false, |base_ty, _| {
             if let Some(ty) = base_ty {
                 same_type(key, ty, ValueType::Blob)?;
+            }
+            Ok(Value::Tree(tree))
+        })
+    }
+
+    /// Builds a List from `elements` as they arrive (constant memory), then puts it like
+    /// [`Db::put`]. The first element error aborts the put; nothing is committed.
+    pub fn put_list_stream(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        elements: &mut dyn Iterator<Item = Result<Vec<u8>>>,
+        opts: &PutOptions,
+    ) -> Result<Uid> {
+        check_key(key)?;
+        let _w = self.writer_guard();
+        let mut failed = None;
+        let it = std::iter::from_fn(|| match elements.next() {
+            Some(Ok(e)) => Some(e),
+            Some(Err(e)) => {
+                failed = Some(e);
+                None
+            }
+            None => None,
+        });
+        let tree = postree::build_list(self.chunks(), &self.cfg, it)?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.put_value(key, target, opts, false, |base_ty, _| {
+            if let Some(ty) = base_ty {
+                same_type(key, ty, ValueType::List)?;
             }
             Ok(Value::Tree(tree))
         })

@@ -39,6 +39,14 @@ pub struct GcReport {
 impl Db {
     /// Runs a full GC (see the module documentation).
     pub fn gc(&self) -> Result<GcReport> {
+        let notes = self.store().recovery_notes()?;
+        if !notes.is_empty() {
+            return Err(Error::corrupt(format!(
+                "crash recovery found damage ({}); GC removes nothing until it is dealt with \
+                 and the notes are cleared",
+                notes.join("; ")
+            )));
+        }
         let candidates: HashSet<Uid> = self.store().cids()?.into_iter().collect();
         let mut marked = HashSet::new();
         self.mark_all(&mut marked)?;

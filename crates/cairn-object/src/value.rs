@@ -227,8 +227,6 @@ pub enum NewValue {
     Map(BTreeMap<Vec<u8>, Vec<u8>>),
     /// Set members.
     Set(BTreeSet<Vec<u8>>),
-    /// An already-built POS-tree (from a streaming writer or another version).
-    Tree(TreeRef),
 }
 
 impl NewValue {
@@ -242,7 +240,6 @@ impl NewValue {
             NewValue::List(_) => ValueType::List,
             NewValue::Map(_) => ValueType::Map,
             NewValue::Set(_) => ValueType::Set,
-            NewValue::Tree(t) => ValueType::of_tree(t.kind),
         }
     }
 }

@@ -140,6 +140,18 @@ pub trait ChunkStore: Send + Sync {
 
     /// Current counters.
     fn stats(&self) -> Result<StoreStats>;
+
+    /// Damage that crash recovery found and repaired around (records lost to bit rot,
+    /// commits cut because their group was not durably written), kept until
+    /// [`ChunkStore::clear_recovery_notes`]. Empty for a healthy store.
+    fn recovery_notes(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Forgets the recovery notes (after an operator has dealt with them).
+    fn clear_recovery_notes(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// One change in a [`RefStore::commit`] batch.

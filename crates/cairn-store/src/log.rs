@@ -772,7 +772,10 @@ impl LogStore {
             compact_lock: Mutex::new(()),
             failed: Mutex::new(None),
             failed_flag: AtomicBool::new(false),
-            recovery: report,
+            recovery: {
+                record_recovery_notes(&dir, &report)?;
+                report
+            },
             counters: Counters::default(),
             _lock: lock,
             dir,
@@ -1149,9 +1152,67 @@ impl Drop for LogStore {
     }
 }
 
+/// File in the store directory where recovery records the damage it found, so that the
+/// damage stays visible (to `verify`, to GC, to every command) after the open that found
+/// it, until an operator clears it.
+pub const RECOVERY_NOTES: &str = "RECOVERY.log";
+
+/// Appends the damage `report` describes to the store's recovery notes (once per distinct
+/// line), durably.
+fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
+    if report.damage.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join(RECOVERY_NOTES);
+    let existing = match fs::read_to_string(&path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+    };
+    let known: HashSet<&str> = existing.lines().collect();
+    let mut add = String::new();
+    for d in &report.damage {
+        let line = d.replace('\n', " ");
+        if !known.contains(line.as_str()) {
+            add.push_str(&line);
+            add.push('\n');
+        }
+    }
+    if add.is_empty() {
+        return Ok(());
+    }
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .ctx(|| format!("opening {}", path.display()))?;
+    std::io::Write::write_all(&mut f, add.as_bytes())
+        .and_then(|_| f.sync_all())
+        .ctx(|| format!("writing {}", path.display()))?;
+    format::sync_dir(dir)
+}
+
 impl ChunkStore for LogStore {
     fn algo(&self) -> HashAlgo {
         self.algo
+    }
+
+    fn recovery_notes(&self) -> Result<Vec<String>> {
+        let path = self.dir.join(RECOVERY_NOTES);
+        match fs::read_to_string(&path) {
+            Ok(s) => Ok(s.lines().map(str::to_string).collect()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn clear_recovery_notes(&self) -> Result<()> {
+        let path = self.dir.join(RECOVERY_NOTES);
+        match fs::remove_file(&path) {
+            Ok(()) => format::sync_dir(&self.dir),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", path.display()), e)),
+        }
     }
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {

@@ -451,6 +451,29 @@ pub(crate) fn scan(
                     .filter(|c| c.off >= at && c.off < last_commit_end)
                     .map(|c| c.seq)
                     .collect();
+                // Name what the lost commits changed, so the loss can be traced to keys.
+                let mut names: Vec<String> = Vec::new();
+                for c in out
+                    .commits
+                    .iter()
+                    .filter(|c| c.off >= at && c.off < last_commit_end)
+                {
+                    if let Ok(body) = rd.get(c.off + FRAME_HEADER_LEN as u64, c.len as usize)
+                        && let Ok(ops) = super::refs::decode_ops(body)
+                    {
+                        for (name, _) in ops {
+                            let n = String::from_utf8_lossy(&name).into_owned();
+                            if !names.contains(&n) {
+                                names.push(n);
+                            }
+                        }
+                    }
+                }
+                let touched = if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (refs they changed: {})", names.join(", "))
+                };
                 let seqs = match (lost.first(), lost.last()) {
                     (Some(a), Some(b)) if a != b => format!("commits {a}..={b}"),
                     (Some(a), _) => format!("commit {a}"),
@@ -460,7 +483,7 @@ pub(crate) fn scan(
                     at,
                     format!(
                         "the last group of writes (offsets {group_start}..{last_commit_end}) \
-                         was not durably written ({why}): cut at offset {at}, {seqs} not applied"
+                         was not durably written ({why}): cut at offset {at}, {seqs} not applied{touched}"
                     ),
                     true,
                 ));
