@@ -167,11 +167,43 @@ impl Db {
         &self.cfg
     }
 
-    fn ref_name(&self, key: &[u8]) -> Vec<u8> {
-        let mut n = Vec::with_capacity(self.prefix.len() + key.len());
+    /// Where `key`'s heads live in the store's refs: the bucket prefix, the key escaped
+    /// (0x00 → 0x00 0xFF) and terminated by 0x00 0x01, so that names sort by key bytes and
+    /// one key's refs are one range. Each head is its own ref, so an update costs the same
+    /// however many branches a key has:
+    /// - `…key 00 01 't' <branch name>` → uid of the tagged branch's head;
+    /// - `…key 00 01 'u' <uid bytes>` → uid of an untagged head.
+    fn key_prefix(&self, key: &[u8]) -> Vec<u8> {
+        let mut n = Vec::with_capacity(self.prefix.len() + key.len() + 3);
         n.extend_from_slice(&self.prefix);
-        n.extend_from_slice(key);
+        for &b in key {
+            n.push(b);
+            if b == 0 {
+                n.push(0xFF);
+            }
+        }
+        n.extend_from_slice(&[0, 1]);
         n
+    }
+
+    /// The key a head ref belongs to, from the ref name after the bucket prefix.
+    fn key_of_ref(name: &[u8]) -> Option<(Vec<u8>, &[u8])> {
+        let mut key = Vec::with_capacity(name.len());
+        let mut i = 0;
+        while i < name.len() {
+            if name[i] == 0 {
+                match name.get(i + 1) {
+                    Some(0xFF) => key.push(0),
+                    Some(1) => return Some((key, &name[i + 2..])),
+                    _ => return None,
+                }
+                i += 2;
+            } else {
+                key.push(name[i]);
+                i += 1;
+            }
+        }
+        None
     }
 
     pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
@@ -195,15 +227,29 @@ impl Db {
 
     /// The branch table of `key`, or an empty one when the key does not exist.
     pub fn table(&self, key: &[u8]) -> Result<BranchTable> {
-        match self.store.get_ref(&self.ref_name(key))? {
-            Some(b) => BranchTable::decode(&b).map_err(|e| {
+        let prefix = self.key_prefix(key);
+        let mut t = BranchTable::default();
+        for (name, value) in self.store.list_refs(&prefix)? {
+            let damaged = |why: &str| {
                 Error::corrupt(format!(
-                    "branch table of key {} is damaged: {e}",
+                    "branch table of key {} is damaged: {why}",
                     show_key(key)
                 ))
-            }),
-            None => Ok(BranchTable::default()),
+            };
+            let uid = Uid::from_bytes(&value).map_err(|e| damaged(&e.to_string()))?;
+            match name[prefix.len()..].split_first() {
+                Some((b't', branch)) => {
+                    let branch = std::str::from_utf8(branch)
+                        .map_err(|_| damaged("a branch name is not UTF-8"))?;
+                    t.tagged.insert(branch.to_string(), uid);
+                }
+                Some((b'u', u)) if u == uid.to_bytes() => {
+                    t.untagged.insert(uid);
+                }
+                _ => return Err(damaged("a head ref has an unknown form")),
+            }
         }
+        Ok(t)
     }
 
     /// The branch table of `key`; [`Error::NotFound`] when the key does not exist.
@@ -264,12 +310,19 @@ impl Db {
 
     /// M8: every key with at least one head, sorted.
     pub fn list_keys(&self) -> Result<Vec<Bytes>> {
-        Ok(self
-            .store
-            .list_refs(&self.prefix)?
-            .into_iter()
-            .map(|(name, _)| name.slice(self.prefix.len()..))
-            .collect())
+        let mut keys: Vec<Bytes> = Vec::new();
+        for (name, _) in self.store.list_refs(&self.prefix)? {
+            let (key, _) = Self::key_of_ref(&name[self.prefix.len()..]).ok_or_else(|| {
+                Error::corrupt(format!(
+                    "head ref {:?} has an unknown form",
+                    String::from_utf8_lossy(&name)
+                ))
+            })?;
+            if keys.last().is_none_or(|k| k[..] != key[..]) {
+                keys.push(key.into());
+            }
+        }
+        Ok(keys)
     }
 
     /// M9: tagged branches of `key` with their heads, sorted by name.
@@ -291,17 +344,48 @@ impl Db {
         Ok(uid)
     }
 
+    /// Makes `t` the branch table of `key`: one atomic, durable commit of the head refs
+    /// that changed.
     pub(crate) fn commit_table(&self, key: &[u8], t: &BranchTable) -> Result<()> {
-        let name = self.ref_name(key);
-        let upd = if t.is_empty() {
-            RefUpdate::Delete { name }
-        } else {
-            RefUpdate::Set {
-                name,
-                value: t.encode(),
-            }
+        let before = self.table(key)?;
+        let prefix = self.key_prefix(key);
+        let name = |kind: u8, rest: &[u8]| {
+            let mut n = prefix.clone();
+            n.push(kind);
+            n.extend_from_slice(rest);
+            n
         };
-        self.store.commit(&[upd])
+        let mut updates = Vec::new();
+        for b in before.tagged.keys() {
+            if !t.tagged.contains_key(b) {
+                updates.push(RefUpdate::Delete {
+                    name: name(b't', b.as_bytes()),
+                });
+            }
+        }
+        for (b, uid) in &t.tagged {
+            if before.tagged.get(b) != Some(uid) {
+                updates.push(RefUpdate::Set {
+                    name: name(b't', b.as_bytes()),
+                    value: uid.to_bytes().to_vec(),
+                });
+            }
+        }
+        for uid in before.untagged.difference(&t.untagged) {
+            updates.push(RefUpdate::Delete {
+                name: name(b'u', &uid.to_bytes()),
+            });
+        }
+        for uid in t.untagged.difference(&before.untagged) {
+            updates.push(RefUpdate::Set {
+                name: name(b'u', &uid.to_bytes()),
+                value: uid.to_bytes().to_vec(),
+            });
+        }
+        if updates.is_empty() {
+            return Ok(());
+        }
+        self.store.commit(&updates)
     }
 
     /// Stores a whole new value's chunks (POS-tree for chunkable types).

@@ -17,7 +17,6 @@ use std::collections::HashSet;
 
 use cairn_core::{Error, Result};
 
-use crate::branch::BranchTable;
 use crate::chunk::{self, ChunkKind};
 use crate::db::Db;
 use crate::fobject::Uid;
@@ -72,16 +71,15 @@ impl Db {
     }
 
     fn mark_all(&self, marked: &mut HashSet<Uid>) -> Result<()> {
-        for (name, table) in self.store().list_refs(b"bucket/")? {
-            let table = BranchTable::decode(&table).map_err(|e| {
+        // Every head ref of every key of every bucket holds a head uid.
+        for (name, value) in self.store().list_refs(b"bucket/")? {
+            let head = Uid::from_bytes(&value).map_err(|e| {
                 Error::corrupt(format!(
-                    "branch table {:?} is damaged ({e}); GC removes nothing",
+                    "head ref {:?} is damaged ({e}); GC removes nothing",
                     String::from_utf8_lossy(&name)
                 ))
             })?;
-            for head in table.heads() {
-                self.mark_version(head, marked)?;
-            }
+            self.mark_version(head, marked)?;
         }
         Ok(())
     }

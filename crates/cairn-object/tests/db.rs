@@ -935,3 +935,35 @@ fn merge_untagged_takes_only_untagged_heads() {
     );
     assert!(matches!(err, Err(Error::InvalidInput(_))));
 }
+
+#[test]
+fn keys_with_zero_bytes_and_shared_prefixes_stay_apart() {
+    let (db, _) = db();
+    let keys: [&[u8]; 5] = [b"a", b"a\x00", b"a\x00\x01t", b"a\x00b", b"ab"];
+    for (i, k) in keys.iter().enumerate() {
+        db.put(
+            k,
+            Target::Branch("master"),
+            NewValue::Integer(i as i64),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    }
+    db.fork(b"a", &master(), "dev").unwrap();
+    let listed: Vec<Vec<u8>> = db
+        .list_keys()
+        .unwrap()
+        .into_iter()
+        .map(|k| k.to_vec())
+        .collect();
+    let mut want: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            db.get(k, &master()).unwrap().object.value,
+            Value::Integer(i as i64)
+        );
+        assert_eq!(db.list_tagged(k).unwrap().len(), if i == 0 { 2 } else { 1 });
+    }
+}
