@@ -186,6 +186,37 @@ impl Db {
         n
     }
 
+    /// The name of one head ref: `kind` is `b't'` (tagged: `rest` = branch name) or `b'u'`
+    /// (untagged: `rest` = uid bytes).
+    fn head_name(prefix: &[u8], kind: u8, rest: &[u8]) -> Vec<u8> {
+        let mut n = Vec::with_capacity(prefix.len() + 1 + rest.len());
+        n.extend_from_slice(prefix);
+        n.push(kind);
+        n.extend_from_slice(rest);
+        n
+    }
+
+    /// The head of one tagged branch, read without loading the key's whole table.
+    fn tagged_head(&self, prefix: &[u8], branch: &str) -> Result<Option<Uid>> {
+        match self
+            .store
+            .get_ref(&Self::head_name(prefix, b't', branch.as_bytes()))?
+        {
+            None => Ok(None),
+            Some(v) => Uid::from_bytes(&v).map(Some).map_err(|e| {
+                Error::corrupt(format!("head ref of branch {branch:?} is damaged: {e}"))
+            }),
+        }
+    }
+
+    /// True when `uid` is an untagged head (one ref lookup).
+    fn is_untagged(&self, prefix: &[u8], uid: &Uid) -> Result<bool> {
+        Ok(self
+            .store
+            .get_ref(&Self::head_name(prefix, b'u', &uid.to_bytes()))?
+            .is_some())
+    }
+
     /// The key a head ref belongs to, from the ref name after the bucket prefix.
     fn key_of_ref(name: &[u8]) -> Option<(Vec<u8>, &[u8])> {
         let mut key = Vec::with_capacity(name.len());
@@ -349,12 +380,7 @@ impl Db {
     pub(crate) fn commit_table(&self, key: &[u8], t: &BranchTable) -> Result<()> {
         let before = self.table(key)?;
         let prefix = self.key_prefix(key);
-        let name = |kind: u8, rest: &[u8]| {
-            let mut n = prefix.clone();
-            n.push(kind);
-            n.extend_from_slice(rest);
-            n
-        };
+        let name = |kind: u8, rest: &[u8]| Self::head_name(&prefix, kind, rest);
         let mut updates = Vec::new();
         for b in before.tagged.keys() {
             if !t.tagged.contains_key(b) {
@@ -528,11 +554,11 @@ impl Db {
     ) -> Result<Uid> {
         let key_hash = xxhash_rust::xxh3::xxh3_64(key);
         let mut stripe = self.lock_key(key);
-        let mut table = self.table(key)?;
+        let prefix = self.key_prefix(key);
         let base = match target {
             Target::Branch(b) => {
                 check_branch_name(b)?;
-                let head = table.tagged.get(b).copied();
+                let head = self.tagged_head(&prefix, b)?;
                 if let Some(g) = opts.guard
                     && head != Some(g)
                 {
@@ -543,6 +569,11 @@ impl Db {
                             .unwrap_or_else(|| "nothing".into())
                     )));
                 }
+                let table = if head.is_none() {
+                    self.table(key)?
+                } else {
+                    BranchTable::default()
+                };
                 if head.is_none() && !table.is_empty() {
                     return Err(Error::not_found(format!(
                         "branch {b:?} of key {} (branches: {}); use fork to create it",
@@ -596,19 +627,26 @@ impl Db {
                 ty: object.value_type(),
             },
         );
-        match target {
-            Target::Branch(b) => {
-                if let Some(h) = base {
-                    table.untagged.remove(&h);
-                }
-                table.tagged.insert(b.to_string(), uid);
-            }
-            Target::Base(u) => {
-                table.untagged.remove(&u);
-                table.untagged.insert(uid);
-            }
+        // Only the refs that change are written: the branch head (or the untagged heads).
+        let mut updates = Vec::with_capacity(2);
+        if let Some(h) = base
+            && self.is_untagged(&prefix, &h)?
+        {
+            updates.push(RefUpdate::Delete {
+                name: Self::head_name(&prefix, b'u', &h.to_bytes()),
+            });
         }
-        self.commit_table(key, &table)?;
+        updates.push(match target {
+            Target::Branch(b) => RefUpdate::Set {
+                name: Self::head_name(&prefix, b't', b.as_bytes()),
+                value: uid.to_bytes().to_vec(),
+            },
+            Target::Base(_) => RefUpdate::Set {
+                name: Self::head_name(&prefix, b'u', &uid.to_bytes()),
+                value: uid.to_bytes().to_vec(),
+            },
+        });
+        self.store.commit(&updates)?;
         Ok(uid)
     }
 
@@ -712,14 +750,14 @@ impl Db {
         check_branch_name(new_branch)?;
         let _w = self.writer_guard();
         let stripe = self.lock_key(key);
-        let mut t = self.existing_table(key)?;
+        let prefix = self.key_prefix(key);
         let uid = match from {
-            At::Branch(b) => *t.tagged.get(b.as_str()).ok_or_else(|| {
+            At::Branch(b) => self.tagged_head(&prefix, b)?.ok_or_else(|| {
                 Error::not_found(format!("branch {b:?} of key {}", show_key(key)))
             })?,
             At::Uid(u) => {
-                // A uid from outside must name a version of this key (a head named by the
-                // branch table already does).
+                self.existing_table(key)?;
+                // A uid from outside must name a version of this key.
                 let known = stripe
                     .recent
                     .get(u)
@@ -730,14 +768,16 @@ impl Db {
                 *u
             }
         };
-        if t.tagged.contains_key(new_branch) {
+        if self.tagged_head(&prefix, new_branch)?.is_some() {
             return Err(Error::AlreadyExists(format!(
                 "branch {new_branch:?} of key {}",
                 show_key(key)
             )));
         }
-        t.tagged.insert(new_branch.to_string(), uid);
-        self.commit_table(key, &t)?;
+        self.store.commit(&[RefUpdate::Set {
+            name: Self::head_name(&prefix, b't', new_branch.as_bytes()),
+            value: uid.to_bytes().to_vec(),
+        }])?;
         Ok(uid)
     }
 
