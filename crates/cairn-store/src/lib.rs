@@ -154,6 +154,18 @@ pub trait ChunkStore: Send + Sync {
     }
 }
 
+/// Rejects a cid made with another hash algorithm than the store's (every backend's
+/// `put_hashed` starts with this).
+pub fn check_cid_algo(cid: &Cid, algo: HashAlgo) -> Result<()> {
+    if cid.algo() != algo {
+        return Err(Error::invalid(format!(
+            "cid {cid:?} uses {} but this store uses {algo}",
+            cid.algo()
+        )));
+    }
+    Ok(())
+}
+
 /// One change in a [`RefStore::commit`] batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RefUpdate {

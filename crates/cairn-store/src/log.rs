@@ -1216,13 +1216,7 @@ impl ChunkStore for LogStore {
     }
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
-        if cid.algo() != self.algo {
-            return Err(Error::invalid(format!(
-                "cid {cid:?} uses {} but this store uses {}",
-                cid.algo(),
-                self.algo
-            )));
-        }
+        crate::check_cid_algo(&cid, self.algo)?;
         if chunk.len() > MAX_CHUNK_LEN {
             return Err(Error::invalid(format!(
                 "chunk of {} bytes exceeds the limit of {MAX_CHUNK_LEN}",

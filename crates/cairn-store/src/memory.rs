@@ -50,13 +50,7 @@ impl ChunkStore for MemoryStore {
     }
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
-        if cid.algo() != self.algo {
-            return Err(Error::invalid(format!(
-                "cid {cid:?} uses {} but this store uses {}",
-                cid.algo(),
-                self.algo
-            )));
-        }
+        crate::check_cid_algo(&cid, self.algo)?;
         let mut map = self.chunks.write();
         if map.contains_key(&cid) {
             return Ok(false);
