@@ -47,5 +47,6 @@ fn exit_code(e: &Error) -> u8 {
         Error::InvalidInput(_) | Error::AlreadyExists(_) => 8,
         Error::Unavailable(_) => 9,
         Error::Io { .. } => 10,
+        Error::Rejected(_) => 11,
     }
 }

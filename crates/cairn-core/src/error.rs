@@ -36,6 +36,11 @@ pub enum Error {
     /// A merge found conflicts its resolver could not settle; nothing was written.
     #[error("merge conflict: {0}")]
     Conflict(String),
+    /// Received or stored data failed a cryptographic check: a bad signature, a broken hash
+    /// chain, a record naming another capsule, a proof that does not lead to a trusted root.
+    /// Nothing was stored or accepted.
+    #[error("rejected: {0}")]
+    Rejected(String),
     /// The store is in use by another process or otherwise unavailable.
     #[error("unavailable: {0}")]
     Unavailable(String),

@@ -1,0 +1,161 @@
+//! The verification cache and its server-side mirror (DCS §3.3).
+//!
+//! A reader remembers the names (record names and subrecord-tree nodes) it has verified,
+//! so later proofs may stop at any of them. The server keeps an exact mirror of each
+//! session's cache so it can build proofs that stop early. Both sides run the same
+//! deterministic structure ([`VerificationCache`]) with the same policy, and apply the same
+//! insertions in the same order: the reader inserts what a proof verified when it sends its
+//! ack, and the server inserts the same names when that ack arrives. Lookups never reorder
+//! the cache, so only acked insertions move either copy.
+//!
+//! A mirror that drifts (lost acks, a buggy or lying server) can only make the server send
+//! proofs that stop at names the reader does not trust; the reader refuses those and asks
+//! again without the cache. It never makes the reader accept anything.
+
+use std::num::NonZeroUsize;
+
+use cairn_core::{Decoder, Encoder, Error, Hash, Result};
+use lru::LruCache;
+
+/// How a reader's cache evicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// No cache: every proof runs to a writer signature.
+    Off,
+    /// Least-recently-inserted eviction with room for `capacity` names (re-inserting a name
+    /// refreshes it).
+    Lru {
+        /// Most names kept.
+        capacity: u32,
+    },
+}
+
+impl CachePolicy {
+    /// Largest capacity a server agrees to mirror per session.
+    pub const MAX_CAPACITY: u32 = 1 << 22;
+
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        match self {
+            CachePolicy::Off => {
+                e.u8(0);
+            }
+            CachePolicy::Lru { capacity } => {
+                e.u8(1).varint(*capacity as u64);
+            }
+        }
+    }
+
+    /// Reads what [`CachePolicy::encode`] wrote; refuses capacities over
+    /// [`CachePolicy::MAX_CAPACITY`].
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        match d.u8()? {
+            0 => Ok(CachePolicy::Off),
+            1 => {
+                let c = d.varint()?;
+                if c == 0 || c > Self::MAX_CAPACITY as u64 {
+                    return Err(Error::decode(format!(
+                        "cache capacity {c} (1 to {} allowed)",
+                        Self::MAX_CAPACITY
+                    )));
+                }
+                Ok(CachePolicy::Lru { capacity: c as u32 })
+            }
+            other => Err(Error::decode(format!("unknown cache policy {other}"))),
+        }
+    }
+}
+
+/// A bounded set of verified names with a deterministic eviction order.
+pub struct VerificationCache {
+    policy: CachePolicy,
+    lru: Option<LruCache<Hash, ()>>,
+}
+
+impl VerificationCache {
+    /// An empty cache with `policy`.
+    pub fn new(policy: CachePolicy) -> Result<Self> {
+        let lru = match policy {
+            CachePolicy::Off => None,
+            CachePolicy::Lru { capacity } => {
+                if capacity > CachePolicy::MAX_CAPACITY {
+                    return Err(Error::invalid(format!(
+                        "cache capacity {capacity} exceeds {}",
+                        CachePolicy::MAX_CAPACITY
+                    )));
+                }
+                let cap = NonZeroUsize::new(capacity as usize)
+                    .ok_or_else(|| Error::invalid("cache capacity must be at least 1"))?;
+                Some(LruCache::new(cap))
+            }
+        };
+        Ok(VerificationCache { policy, lru })
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
+    /// Whether `name` is cached. Does not change the eviction order.
+    pub fn contains(&self, name: &Hash) -> bool {
+        self.lru.as_ref().is_some_and(|l| l.contains(name))
+    }
+
+    /// Inserts `names` in order (each becomes the most recent).
+    pub fn insert_all<'a>(&mut self, names: impl IntoIterator<Item = &'a Hash>) {
+        if let Some(l) = self.lru.as_mut() {
+            for n in names {
+                l.put(*n, ());
+            }
+        }
+    }
+
+    /// Number of names held.
+    pub fn len(&self) -> usize {
+        self.lru.as_ref().map_or(0, |l| l.len())
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cached names, least recent first: re-inserting them in this order into a fresh
+    /// cache of the same policy rebuilds this cache exactly (how a reader restores its
+    /// mirror in a new session).
+    pub fn names(&self) -> Vec<Hash> {
+        match &self.lru {
+            Some(l) => l.iter().rev().map(|(k, _)| *k).collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::HashAlgo;
+
+    fn h(i: u32) -> Hash {
+        HashAlgo::Blake3.digest(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn mirror_stays_exact() {
+        let p = CachePolicy::Lru { capacity: 4 };
+        let mut a = VerificationCache::new(p).unwrap();
+        let mut b = VerificationCache::new(p).unwrap();
+        for i in 0..10 {
+            let ins = [h(i), h(i / 2)];
+            a.insert_all(&ins);
+            b.insert_all(&ins);
+            assert_eq!(a.names(), b.names());
+        }
+        assert_eq!(a.len(), 4);
+        let mut c = VerificationCache::new(p).unwrap();
+        c.insert_all(&a.names());
+        assert_eq!(c.names(), a.names());
+        assert!(!a.contains(&h(0)) && a.contains(&h(9)));
+    }
+}

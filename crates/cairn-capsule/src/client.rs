@@ -1,0 +1,285 @@
+//! Client side of a capsule: the [`Writer`] (seals bodies, links records, signs) and the
+//! [`Reader`] (verifies proofs against the capsule metadata and its own verification cache,
+//! opens bodies). Neither does I/O: they build and check values that travel to and from a
+//! [`crate::server::CapsuleServer`] however the caller likes.
+
+use cairn_core::{Error, Hash, Result, SigningKey};
+
+use crate::cache::{CachePolicy, VerificationCache};
+use crate::merkle::{self, Digest};
+use crate::metadata::{CapsuleMetadata, CapsuleName};
+use crate::proof::{
+    DOMAIN_RECORD, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_name,
+};
+use crate::record::{BodyKey, BodyRef, Record, RecordHeader, RecordName, open, seal};
+
+/// Builds, seals and signs records for one capsule as one of its writers.
+pub struct Writer {
+    meta: CapsuleMetadata,
+    capsule: CapsuleName,
+    key: SigningKey,
+    index: u32,
+    body_key: Option<BodyKey>,
+    /// The records written so far that skip pointers may reach, newest last (at most 1024).
+    recent: Vec<RecordName>,
+    count: u64,
+    skip_pointers: bool,
+    pending: Vec<Vec<u8>>,
+}
+
+impl Writer {
+    /// A writer for the capsule `meta` describes; `key` must be one of its writers.
+    pub fn new(meta: CapsuleMetadata, key: SigningKey, body_key: Option<BodyKey>) -> Result<Self> {
+        let index = meta.writer_index(&key.public()).ok_or_else(|| {
+            Error::invalid(format!(
+                "key {} is not a writer of this capsule",
+                key.public()
+            ))
+        })?;
+        let capsule = meta.name();
+        Ok(Writer {
+            meta,
+            capsule,
+            key,
+            index,
+            body_key,
+            recent: Vec::new(),
+            count: 0,
+            skip_pointers: false,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Also point each record at the records 2, 4, 8, … 1024 back when its sequence number
+    /// is a multiple of that distance, so any record is O(log n) hops from a later signed
+    /// one (DCS §3.1's "additional backpointers").
+    pub fn with_skip_pointers(mut self, on: bool) -> Self {
+        self.skip_pointers = on;
+        self
+    }
+
+    /// Continues after `heads` (e.g. the heads a server reported), which the next record
+    /// points to.
+    pub fn continue_from(&mut self, heads: &[RecordName]) {
+        self.recent = heads.to_vec();
+    }
+
+    /// The capsule name.
+    pub fn capsule(&self) -> CapsuleName {
+        self.capsule
+    }
+
+    /// The capsule metadata.
+    pub fn meta(&self) -> &CapsuleMetadata {
+        &self.meta
+    }
+
+    fn backpointers(&self) -> Vec<RecordName> {
+        let mut bp = Vec::new();
+        let n = self.recent.len();
+        if n == 0 {
+            return bp;
+        }
+        if self.count == 0 {
+            // Continuing after someone else's heads: point at all of them.
+            return self.recent.clone();
+        }
+        bp.push(self.recent[n - 1]);
+        if self.skip_pointers {
+            let mut d = 2usize;
+            while d <= 1024 && d <= n && self.count.is_multiple_of(d as u64) {
+                bp.push(self.recent[n - d]);
+                d *= 2;
+            }
+        }
+        bp
+    }
+
+    /// Seals `plaintext` into the next record, pointing at the previous one (plus
+    /// `extra` backpointers, e.g. other branches' heads to merge them).
+    pub fn record(&mut self, plaintext: &[u8], extra: &[RecordName]) -> Result<Record> {
+        let sealed = seal(
+            self.meta.cipher,
+            self.body_key.as_ref(),
+            &self.capsule,
+            plaintext,
+        )?;
+        let mut bp = self.backpointers();
+        for e in extra {
+            if !bp.contains(e) {
+                bp.push(*e);
+            }
+        }
+        let r = Record::new(self.capsule, sealed, bp);
+        self.advance(r.name());
+        Ok(r)
+    }
+
+    fn advance(&mut self, name: RecordName) {
+        if self.count == 0 {
+            self.recent.clear();
+        }
+        self.recent.push(name);
+        if self.recent.len() > 2048 {
+            self.recent.drain(..1024);
+        }
+        self.count += 1;
+    }
+
+    /// This writer's signature on `name`.
+    pub fn sign(&self, name: &RecordName) -> WriterSignature {
+        WriterSignature {
+            writer: self.index,
+            sig: self.key.sign(DOMAIN_RECORD, &name.hash().to_bytes()),
+        }
+    }
+
+    /// Write(subrecord) of the subrecord API: seals and buffers one subrecord; returns its
+    /// name.
+    pub fn write_subrecord(&mut self, plaintext: &[u8]) -> Result<Hash> {
+        let sealed = seal(
+            self.meta.cipher,
+            self.body_key.as_ref(),
+            &self.capsule,
+            plaintext,
+        )?;
+        let name = subrecord_name(self.meta.algo, &sealed);
+        self.pending.push(sealed);
+        Ok(name)
+    }
+
+    /// Commit(backpointers) of the subrecord API: makes one record of the buffered
+    /// subrecords (its body is their Merkle tree) and signs its root by signing the record
+    /// name. Returns the header, the sealed subrecords and the signature to send.
+    pub fn commit_subrecords(
+        &mut self,
+        extra: &[RecordName],
+    ) -> Result<(RecordHeader, Vec<Vec<u8>>, WriterSignature)> {
+        if self.pending.is_empty() {
+            return Err(Error::invalid("commit with no subrecords written"));
+        }
+        let subs = std::mem::take(&mut self.pending);
+        let algo = self.meta.algo;
+        let leaves: Vec<Digest> = subs
+            .iter()
+            .map(|s| subrecord_leaf(&subrecord_name(algo, s)))
+            .collect();
+        let mut bp = self.backpointers();
+        for e in extra {
+            if !bp.contains(e) {
+                bp.push(*e);
+            }
+        }
+        let header = RecordHeader {
+            capsule: self.capsule,
+            body: BodyRef::Subrecords {
+                root: Hash::new(algo, merkle::root_of(algo, &leaves)),
+                count: subs.len() as u64,
+            },
+            backpointers: bp,
+        };
+        let name = header.name();
+        self.advance(name);
+        let sig = self.sign(&name);
+        Ok((header, subs, sig))
+    }
+}
+
+/// Verifies what a server returns, trusting only the capsule metadata (checked against
+/// the capsule name) and its own verification cache.
+pub struct Reader {
+    meta: CapsuleMetadata,
+    capsule: CapsuleName,
+    cache: VerificationCache,
+    body_key: Option<BodyKey>,
+}
+
+impl Reader {
+    /// A reader of `capsule`. `meta` usually comes from an untrusted server: it is checked
+    /// against the name.
+    pub fn new(
+        capsule: CapsuleName,
+        meta: CapsuleMetadata,
+        policy: CachePolicy,
+        body_key: Option<BodyKey>,
+    ) -> Result<Self> {
+        if meta.name() != capsule {
+            return Err(Error::Rejected(format!(
+                "metadata does not hash to capsule name {capsule}"
+            )));
+        }
+        Ok(Reader {
+            meta,
+            capsule,
+            cache: VerificationCache::new(policy)?,
+            body_key,
+        })
+    }
+
+    /// The verification cache (its policy and names go to the server when a session opens).
+    pub fn cache(&self) -> &VerificationCache {
+        &self.cache
+    }
+
+    /// The capsule metadata.
+    pub fn meta(&self) -> &CapsuleMetadata {
+        &self.meta
+    }
+
+    /// Verifies a record proof for `target`; on success caches every name it verified (in
+    /// the order the server's mirror will insert them once acked) and returns them.
+    pub fn verify_record(
+        &mut self,
+        target: &RecordName,
+        proof: &RecordProof,
+    ) -> Result<Vec<RecordName>> {
+        let names = proof.verify(&self.meta, target, |h| self.cache.contains(h))?;
+        self.cache.insert_all(names.iter().map(|n| n.hash()));
+        Ok(names)
+    }
+
+    /// Verifies a subrecord proof for the subrecord named `sub`; on success caches the tree
+    /// nodes and record names it verified.
+    pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
+        let (nodes, names) = proof.verify(&self.meta, sub, |h| self.cache.contains(h))?;
+        self.cache.insert_all(&nodes);
+        self.cache.insert_all(names.iter().map(|n| n.hash()));
+        Ok(())
+    }
+
+    /// Checks a record read from a server against `name` (header hash, capsule, body hash)
+    /// and opens its body. The record's integrity still needs a proof
+    /// ([`Reader::verify_record`]).
+    pub fn open_record(&self, name: &RecordName, record: &Record) -> Result<Vec<u8>> {
+        if record.name() != *name {
+            return Err(Error::Rejected(format!(
+                "server returned another record than {name}"
+            )));
+        }
+        if record.header.capsule != self.capsule {
+            return Err(Error::Rejected("record belongs to another capsule".into()));
+        }
+        record.check_body()?;
+        open(
+            self.meta.cipher,
+            self.body_key.as_ref(),
+            &self.capsule,
+            &record.body,
+        )
+    }
+
+    /// Checks subrecord bytes against their name and opens them.
+    pub fn open_subrecord(&self, sub: &Hash, sealed: &[u8]) -> Result<Vec<u8>> {
+        if subrecord_name(self.meta.algo, sealed) != *sub {
+            return Err(Error::Rejected(format!(
+                "subrecord bytes do not match name {sub}"
+            )));
+        }
+        open(
+            self.meta.cipher,
+            self.body_key.as_ref(),
+            &self.capsule,
+            sealed,
+        )
+    }
+}

@@ -1,0 +1,377 @@
+//! One replica's view of a capsule's record DAG, with no I/O: which records are present,
+//! their backpointers, heads and roots (in the *physical* sense of DCS §3.4), writer
+//! signatures, each record's **witness** (DCS §3.3), and the order in which this replica
+//! accepted records (the leaves of its Merkle log).
+//!
+//! Witnesses are kept eagerly. A signed record has witness `Signed`; any other record
+//! points to the next record on a shortest hash chain towards a signed one, with the
+//! chain's length, or is `Unknown`. A new signature runs a breadth-first search down the
+//! backpointers that stops wherever the known chain is already as short (DCS's pruned BFS);
+//! a record that arrives after some of its children (anti-entropy fills holes out of order)
+//! takes its witness from them and propagates it the same way. Lengths only ever shrink,
+//! so updates commute.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use cairn_core::{Error, Hash, Result};
+
+use crate::merkle::{self, MerkleLog};
+use crate::metadata::{CapsuleMetadata, CapsuleName};
+use crate::proof::WriterSignature;
+use crate::record::{RecordHeader, RecordName};
+
+/// A record's witness: how far it is from a writer signature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Witness {
+    /// The record itself carries a writer signature.
+    Signed,
+    /// `next` is the next record on a shortest chain to a signed record, `hops` away.
+    Next {
+        /// A present child whose backpointers include this record.
+        next: RecordName,
+        /// Length of the chain from this record to the signed one.
+        hops: u32,
+    },
+    /// No signed record reaches this one yet.
+    Unknown,
+}
+
+impl Witness {
+    /// Chain length to a signature (`Some(0)` when signed), or `None` when unknown.
+    pub fn hops(&self) -> Option<u32> {
+        match self {
+            Witness::Signed => Some(0),
+            Witness::Next { hops, .. } => Some(*hops),
+            Witness::Unknown => None,
+        }
+    }
+}
+
+/// Where a record's body lives in the chunk store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredBody {
+    /// One body chunk.
+    Plain {
+        /// The body chunk's cid (the header's body hash).
+        cid: Hash,
+    },
+    /// A subrecord tree whose leaves are listed in one chunk.
+    Subrecords {
+        /// Cid of the subrecord-list chunk.
+        list: Hash,
+        /// Number of subrecords.
+        count: u64,
+    },
+}
+
+/// A present record.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Backpointers from the header.
+    pub backpointers: Box<[RecordName]>,
+    /// Current witness.
+    pub witness: Witness,
+    /// Position in this replica's acceptance order (its Merkle-log leaf index).
+    pub index: u64,
+    /// Where the body is.
+    pub body: StoredBody,
+}
+
+/// The DAG state of one capsule at one replica.
+pub struct CapsuleDag {
+    meta: CapsuleMetadata,
+    name: CapsuleName,
+    nodes: HashMap<RecordName, Node>,
+    children: HashMap<RecordName, Vec<RecordName>>,
+    heads: BTreeSet<RecordName>,
+    roots: BTreeSet<RecordName>,
+    signatures: HashMap<RecordName, WriterSignature>,
+    order: Vec<RecordName>,
+    log: MerkleLog,
+    unproven: usize,
+}
+
+impl CapsuleDag {
+    /// An empty DAG for the capsule `meta` describes.
+    pub fn new(meta: CapsuleMetadata) -> Self {
+        let name = meta.name();
+        let log = MerkleLog::new(meta.algo);
+        CapsuleDag {
+            meta,
+            name,
+            nodes: HashMap::new(),
+            children: HashMap::new(),
+            heads: BTreeSet::new(),
+            roots: BTreeSet::new(),
+            signatures: HashMap::new(),
+            order: Vec::new(),
+            log,
+            unproven: 0,
+        }
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &CapsuleMetadata {
+        &self.meta
+    }
+
+    /// The capsule name.
+    pub fn name(&self) -> CapsuleName {
+        self.name
+    }
+
+    /// Number of present records.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no record is present.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Records present with no witness yet.
+    pub fn unproven(&self) -> usize {
+        self.unproven
+    }
+
+    /// Checks that `header` may join this capsule (before anything is stored).
+    pub fn check_header(&self, header: &RecordHeader) -> Result<()> {
+        if header.capsule != self.name {
+            return Err(Error::Rejected(format!(
+                "record names capsule {}, not {}",
+                header.capsule, self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `name` is present.
+    pub fn contains(&self, name: &RecordName) -> bool {
+        self.nodes.contains_key(name)
+    }
+
+    /// The node for `name`.
+    pub fn node(&self, name: &RecordName) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    /// The witness of `name`.
+    pub fn witness(&self, name: &RecordName) -> Option<Witness> {
+        self.nodes.get(name).map(|n| n.witness)
+    }
+
+    /// The writer signature on `name`, if any.
+    pub fn signature(&self, name: &RecordName) -> Option<&WriterSignature> {
+        self.signatures.get(name)
+    }
+
+    /// Current heads (present records no present record points to), sorted.
+    pub fn heads(&self) -> Vec<RecordName> {
+        self.heads.iter().copied().collect()
+    }
+
+    /// Current roots (present records none of whose backpointers is present), sorted.
+    pub fn roots(&self) -> Vec<RecordName> {
+        self.roots.iter().copied().collect()
+    }
+
+    /// Present records that point to `name`.
+    pub fn children(&self, name: &RecordName) -> &[RecordName] {
+        self.children.get(name).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Records in acceptance order.
+    pub fn order(&self) -> &[RecordName] {
+        &self.order
+    }
+
+    /// The Merkle log over accepted record names.
+    pub fn log(&self) -> &MerkleLog {
+        &self.log
+    }
+
+    /// Merkle leaf for a record name in the log.
+    pub fn log_leaf(name: &RecordName) -> merkle::Digest {
+        merkle::leaf_hash(name.hash().algo(), &name.hash().to_bytes())
+    }
+
+    /// Adds a checked record; returns false (changing nothing) if it was already present.
+    pub fn insert(&mut self, name: RecordName, header: &RecordHeader, body: StoredBody) -> bool {
+        if self.nodes.contains_key(&name) {
+            return false;
+        }
+        let index = self.log.push(Self::log_leaf(&name));
+        self.order.push(name);
+        let mut root = true;
+        for p in &header.backpointers {
+            if self.nodes.contains_key(p) {
+                root = false;
+                self.heads.remove(p);
+            }
+            self.children.entry(*p).or_default().push(name);
+        }
+        // Children that arrived earlier (holes being filled) now have a physical pointer.
+        let kids: Vec<RecordName> = self.children(&name).to_vec();
+        for c in &kids {
+            self.roots.remove(c);
+        }
+        let mut witness = Witness::Unknown;
+        for c in &kids {
+            if let Some(h) = self.nodes.get(c).and_then(|n| n.witness.hops())
+                && witness.hops().is_none_or(|w| h + 1 < w)
+            {
+                witness = Witness::Next {
+                    next: *c,
+                    hops: h + 1,
+                };
+            }
+        }
+        if kids.is_empty() {
+            self.heads.insert(name);
+        }
+        if root {
+            self.roots.insert(name);
+        }
+        self.nodes.insert(
+            name,
+            Node {
+                backpointers: header.backpointers.clone().into_boxed_slice(),
+                witness: Witness::Unknown,
+                index,
+                body,
+            },
+        );
+        self.unproven += 1;
+        if let Some(h) = witness.hops() {
+            self.set_witness(&name, witness);
+            self.propagate(name, h);
+        }
+        true
+    }
+
+    /// Records a writer signature on a present record after checking it; returns false if
+    /// the record was already signed.
+    pub fn add_signature(&mut self, name: RecordName, ws: WriterSignature) -> Result<bool> {
+        if !self.nodes.contains_key(&name) {
+            return Err(Error::NotFound(format!(
+                "record {name} is not in capsule {}",
+                self.name
+            )));
+        }
+        ws.verify(&self.meta, &name)?;
+        Ok(self.insert_verified_signature(name, ws))
+    }
+
+    /// [`CapsuleDag::add_signature`] for a signature the caller has just verified; returns
+    /// false if the record is absent or already signed.
+    pub(crate) fn insert_verified_signature(
+        &mut self,
+        name: RecordName,
+        ws: WriterSignature,
+    ) -> bool {
+        if !self.nodes.contains_key(&name) || self.signatures.contains_key(&name) {
+            return false;
+        }
+        self.signatures.insert(name, ws);
+        self.set_witness(&name, Witness::Signed);
+        self.propagate(name, 0);
+        true
+    }
+
+    fn set_witness(&mut self, name: &RecordName, w: Witness) {
+        if let Some(n) = self.nodes.get_mut(name) {
+            if n.witness == Witness::Unknown && w != Witness::Unknown {
+                self.unproven -= 1;
+            }
+            n.witness = w;
+        }
+    }
+
+    /// Pruned BFS down the backpointers from `from`, whose chain length is `hops`.
+    fn propagate(&mut self, from: RecordName, hops: u32) {
+        let mut queue = VecDeque::from([(from, hops)]);
+        while let Some((x, h)) = queue.pop_front() {
+            let Some(node) = self.nodes.get(&x) else {
+                continue;
+            };
+            let parents = node.backpointers.clone();
+            for p in parents.iter() {
+                let better = match self.nodes.get(p) {
+                    Some(pn) => pn.witness.hops().is_none_or(|w| h + 1 < w),
+                    None => false,
+                };
+                if better {
+                    self.set_witness(
+                        p,
+                        Witness::Next {
+                            next: x,
+                            hops: h + 1,
+                        },
+                    );
+                    queue.push_back((*p, h + 1));
+                }
+            }
+        }
+    }
+
+    /// The shortest known chain from `name` to a signed record (`name` first), following
+    /// witnesses.
+    pub fn chain_to_signature(&self, name: &RecordName) -> Result<Vec<RecordName>> {
+        let mut chain = vec![*name];
+        let mut cur = *name;
+        loop {
+            match self.witness(&cur) {
+                None => return Err(Error::NotFound(format!("record {cur} is not present"))),
+                Some(Witness::Signed) => return Ok(chain),
+                Some(Witness::Unknown) => {
+                    return Err(Error::NotFound(format!(
+                        "record {name} has no proof yet: no signed record reaches it"
+                    )));
+                }
+                Some(Witness::Next { next, .. }) => {
+                    chain.push(next);
+                    cur = next;
+                }
+            }
+        }
+    }
+
+    /// A chain from `name` to a record for which `trusted` holds, shorter than the chain to
+    /// a signature, by BFS over children; `None` when the signature chain is as short.
+    pub fn chain_to_trusted(
+        &self,
+        name: &RecordName,
+        trusted: impl Fn(&Hash) -> bool,
+    ) -> Option<Vec<RecordName>> {
+        if trusted(name.hash()) {
+            return Some(vec![*name]);
+        }
+        let limit = self.witness(name)?.hops().unwrap_or(u32::MAX);
+        let mut parent: HashMap<RecordName, RecordName> = HashMap::new();
+        let mut queue = VecDeque::from([(*name, 0u32)]);
+        while let Some((x, d)) = queue.pop_front() {
+            if d + 1 >= limit {
+                break;
+            }
+            for c in self.children(&x) {
+                if !self.nodes.contains_key(c) || parent.contains_key(c) || c == name {
+                    continue;
+                }
+                parent.insert(*c, x);
+                if trusted(c.hash()) {
+                    let mut chain = vec![*c];
+                    let mut cur = *c;
+                    while let Some(p) = parent.get(&cur) {
+                        chain.push(*p);
+                        cur = *p;
+                    }
+                    chain.reverse();
+                    return Some(chain);
+                }
+                queue.push_back((*c, d + 1));
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,34 @@
+//! DataCapsules for Cairn (the DCS paper): the unit of ownership, provenance and
+//! replication.
+//!
+//! A capsule is named by the hash of its [`CapsuleMetadata`] (writer keys, settings). Its
+//! content is an append-only DAG of immutable [`Record`]s linked by hash pointers; writers
+//! sign some record names, and every other record is proven by a hash chain to a signed one
+//! ([`RecordProof`]). This crate owns:
+//!
+//! - [`metadata`], [`record`]: encodings, names, body sealing (XChaCha20-Poly1305);
+//! - [`dag`]: one replica's DAG with eager witnesses (shortest proofs), heads and roots;
+//! - [`proof`]: hash-chain and subrecord proofs and their verifiers;
+//! - [`cache`]: the reader's verification cache and the server's exact mirror of it;
+//! - [`merkle`]: RFC 6962 trees: the per-capsule Merkle log and subrecord trees;
+//! - [`server`]: the capsule server over a Cairn store (verify, persist, ack, prove);
+//! - [`client`]: the writer and reader sides.
+//!
+//! Everything received is verified before it is stored or trusted; see each module.
+
+pub mod cache;
+pub mod client;
+pub mod dag;
+pub mod merkle;
+pub mod metadata;
+pub mod proof;
+pub mod record;
+pub mod server;
+
+pub use cache::{CachePolicy, VerificationCache};
+pub use client::{Reader, Writer};
+pub use dag::{CapsuleDag, Witness};
+pub use metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
+pub use proof::{Anchor, RecordProof, SubrecordProof, WriterSignature};
+pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
+pub use server::{Ack, AckKind, CapsuleServer, Checkpoint, ServerOptions, SessionId};

@@ -1,0 +1,322 @@
+//! Integrity proofs (DCS §3.3, §4.2) and the signatures they end in.
+//!
+//! A [`RecordProof`] is a hash chain of headers: `chain[0]` is the record to prove and each
+//! next header holds a backpointer to the one before it; the last header is either signed
+//! by a writer listed in the capsule metadata ([`Anchor::Signed`]) or already trusted by the
+//! reader ([`Anchor::Cached`], from its verification cache). A [`SubrecordProof`] is an
+//! RFC 6962 audit path from a subrecord up to its record's root (then a record proof), or
+//! up to a tree node the reader already trusts.
+//!
+//! The verifiers here are what a reader runs; they trust nothing but the capsule metadata
+//! (checked against the capsule name) and the reader's own cache, and return every name
+//! they verified so the reader can cache them.
+
+use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, Result, Signature};
+
+use crate::merkle::{self, Digest, Walk};
+use crate::metadata::CapsuleMetadata;
+use crate::record::{BodyRef, RecordHeader, RecordName, TAG_SUBRECORD};
+
+/// Signature domain for a writer's signature on a record name.
+pub const DOMAIN_RECORD: &[u8] = b"cairn/capsule/record-signature/v1";
+/// Format version of encoded proofs.
+pub const PROOF_VERSION: u8 = 1;
+/// Longest hash chain a reader accepts.
+pub const MAX_CHAIN: usize = 1 << 20;
+
+/// A writer's signature on a record name, naming the writer by index in the metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterSignature {
+    /// Index of the signing key in [`CapsuleMetadata::writers`].
+    pub writer: u32,
+    /// Signature over the record name under [`DOMAIN_RECORD`].
+    pub sig: Signature,
+}
+
+impl WriterSignature {
+    /// Checks the signature on `name` against the capsule's writers.
+    pub fn verify(&self, meta: &CapsuleMetadata, name: &RecordName) -> Result<()> {
+        let key = meta.writers.get(self.writer as usize).ok_or_else(|| {
+            Error::Rejected(format!(
+                "signature names writer {} but the capsule has {}",
+                self.writer,
+                meta.writers.len()
+            ))
+        })?;
+        key.verify(DOMAIN_RECORD, &name.hash().to_bytes(), &self.sig)
+            .map_err(|_| Error::Rejected(format!("writer signature on record {name} is forged")))
+    }
+
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.varint(self.writer as u64);
+        self.sig.encode(e);
+    }
+
+    /// Reads what [`WriterSignature::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        let writer =
+            u32::try_from(d.varint()?).map_err(|_| Error::decode("writer index too large"))?;
+        Ok(WriterSignature {
+            writer,
+            sig: Signature::decode(d)?,
+        })
+    }
+}
+
+/// What the last header of a hash chain rests on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    /// A writer's signature on the last header's name.
+    Signed(WriterSignature),
+    /// The last header's name is in the reader's verification cache.
+    Cached,
+}
+
+/// A hash-chain proof for one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordProof {
+    /// Headers from the record to prove (first) to the anchor (last).
+    pub chain: Vec<RecordHeader>,
+    /// What the last header rests on.
+    pub anchor: Anchor,
+}
+
+impl RecordProof {
+    /// Verifies that `target` belongs to the capsule described by `meta`, trusting only
+    /// `meta` and names for which `trusted` returns true. Returns the verified names, target
+    /// first.
+    pub fn verify(
+        &self,
+        meta: &CapsuleMetadata,
+        target: &RecordName,
+        trusted: impl Fn(&Hash) -> bool,
+    ) -> Result<Vec<RecordName>> {
+        let capsule = meta.name();
+        if self.chain.is_empty() {
+            return Err(Error::Rejected("proof has no headers".into()));
+        }
+        if self.chain.len() > MAX_CHAIN {
+            return Err(Error::Rejected("proof chain is too long".into()));
+        }
+        let mut names = Vec::with_capacity(self.chain.len());
+        for (i, h) in self.chain.iter().enumerate() {
+            if h.capsule != capsule {
+                return Err(Error::Rejected(format!(
+                    "proof header {i} names capsule {}, not {capsule}",
+                    h.capsule
+                )));
+            }
+            let name = h.name();
+            if let Some(prev) = names.last() {
+                if !h.backpointers.contains(prev) {
+                    return Err(Error::Rejected(format!(
+                        "proof header {i} does not point back to header {}",
+                        i - 1
+                    )));
+                }
+            } else if name != *target {
+                return Err(Error::Rejected(format!(
+                    "proof is for record {name}, not {target}"
+                )));
+            }
+            names.push(name);
+        }
+        // `names` is non-empty: the chain is.
+        let last = names[names.len() - 1];
+        match &self.anchor {
+            Anchor::Signed(ws) => ws.verify(meta, &last)?,
+            Anchor::Cached => {
+                if !trusted(last.hash()) {
+                    return Err(Error::Rejected(format!(
+                        "proof ends at record {last}, which this reader has not verified"
+                    )));
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(PROOF_VERSION);
+        e.varint(self.chain.len() as u64);
+        for h in &self.chain {
+            e.bytes(&h.encode());
+        }
+        match &self.anchor {
+            Anchor::Signed(ws) => {
+                e.u8(1);
+                ws.encode(e);
+            }
+            Anchor::Cached => {
+                e.u8(0);
+            }
+        }
+    }
+
+    /// Reads what [`RecordProof::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[PROOF_VERSION])?;
+        let n = d.count(40)?;
+        if n == 0 || n > MAX_CHAIN {
+            return Err(Error::decode(format!("proof with {n} headers")));
+        }
+        let mut chain = Vec::with_capacity(n);
+        for _ in 0..n {
+            chain.push(RecordHeader::decode(d.bytes()?)?);
+        }
+        let anchor = match d.u8()? {
+            0 => Anchor::Cached,
+            1 => Anchor::Signed(WriterSignature::decode(d)?),
+            other => return Err(Error::decode(format!("unknown proof anchor {other}"))),
+        };
+        Ok(RecordProof { chain, anchor })
+    }
+
+    /// Encodes to a standalone byte string.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        self.encode(&mut e);
+        e.finish()
+    }
+
+    /// Decodes a standalone byte string, refusing trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, "record proof");
+        let p = Self::decode(&mut d)?;
+        d.finish()?;
+        Ok(p)
+    }
+}
+
+/// A subrecord's name: the hash of its chunk, `H(TAG_SUBRECORD ‖ data)`.
+pub fn subrecord_name(algo: HashAlgo, data: &[u8]) -> Hash {
+    let mut h = algo.hasher();
+    h.update(&TAG_SUBRECORD).update(data);
+    h.finalize()
+}
+
+/// The Merkle leaf of a subrecord: `H(0x00 ‖ name digest)`.
+pub fn subrecord_leaf(name: &Hash) -> Digest {
+    merkle::leaf_hash(name.algo(), name.digest())
+}
+
+/// A proof that a subrecord belongs to a record of the capsule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubrecordProof {
+    /// The subrecord's position in its record's tree.
+    pub index: u64,
+    /// The number of subrecords in that tree.
+    pub count: u64,
+    /// Audit path from the leaf upward, possibly cut short at a node the reader trusts.
+    pub path: Vec<Digest>,
+    /// The record proof, when the path runs all the way to the root; `None` when it stops
+    /// at a trusted node.
+    pub record: Option<RecordProof>,
+}
+
+impl SubrecordProof {
+    /// Verifies that the subrecord named `sub` belongs to the capsule. Returns the tree
+    /// nodes computed on the way (leaf first; they are trustworthy once this returns Ok)
+    /// and the record names verified.
+    pub fn verify(
+        &self,
+        meta: &CapsuleMetadata,
+        sub: &Hash,
+        trusted: impl Fn(&Hash) -> bool,
+    ) -> Result<(Vec<Hash>, Vec<RecordName>)> {
+        let algo = meta.algo;
+        if sub.algo() != algo {
+            return Err(Error::Rejected(
+                "subrecord name uses another algorithm".into(),
+            ));
+        }
+        let leaf = subrecord_leaf(sub);
+        let walk = merkle::inclusion_walk(algo, self.index, self.count, &leaf, &self.path, |d| {
+            trusted(&Hash::new(algo, *d))
+        })?;
+        let nodes = |steps: usize| -> Vec<Hash> {
+            merkle::inclusion_nodes(algo, self.index, self.count, &leaf, &self.path[..steps])
+                .into_iter()
+                .map(|d| Hash::new(algo, d))
+                .collect()
+        };
+        match walk {
+            Walk::Stopped { steps, .. } => {
+                if steps != self.path.len() || self.record.is_some() {
+                    return Err(Error::Rejected(
+                        "subrecord proof continues past a trusted node".into(),
+                    ));
+                }
+                Ok((nodes(steps), Vec::new()))
+            }
+            Walk::Root(root) => {
+                let rp = self.record.as_ref().ok_or_else(|| {
+                    Error::Rejected("subrecord proof ends at an untrusted root".into())
+                })?;
+                let head = rp
+                    .chain
+                    .first()
+                    .ok_or_else(|| Error::Rejected("record proof has no headers".into()))?;
+                match head.body {
+                    BodyRef::Subrecords { root: r, count }
+                        if r == Hash::new(algo, root) && count == self.count => {}
+                    _ => {
+                        return Err(Error::Rejected(
+                            "subrecord path does not lead to the record's subrecord root".into(),
+                        ));
+                    }
+                }
+                let names = rp.verify(meta, &head.name(), &trusted)?;
+                Ok((nodes(self.path.len()), names))
+            }
+        }
+    }
+
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(PROOF_VERSION).varint(self.index).varint(self.count);
+        e.varint(self.path.len() as u64);
+        for p in &self.path {
+            e.raw(p);
+        }
+        match &self.record {
+            Some(rp) => {
+                e.u8(1);
+                rp.encode(e);
+            }
+            None => {
+                e.u8(0);
+            }
+        }
+    }
+
+    /// Reads what [`SubrecordProof::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[PROOF_VERSION])?;
+        let index = d.varint()?;
+        let count = d.varint()?;
+        let n = d.count(32)?;
+        if n > 64 {
+            return Err(Error::decode("subrecord path longer than 64"));
+        }
+        let mut path = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut x = [0u8; 32];
+            x.copy_from_slice(d.raw(32)?);
+            path.push(x);
+        }
+        let record = match d.u8()? {
+            0 => None,
+            1 => Some(RecordProof::decode(d)?),
+            other => return Err(Error::decode(format!("unknown subrecord anchor {other}"))),
+        };
+        Ok(SubrecordProof {
+            index,
+            count,
+            path,
+            record,
+        })
+    }
+}

@@ -1,0 +1,401 @@
+//! Records: header + body (DCS §3.1), record names, and client-side body sealing.
+//!
+//! A record's **header** binds everything a proof relies on: the capsule name, the body
+//! (hash and length, or the root and count of its subrecord tree) and the ordered list of
+//! backpointers. The **record name** is the hash of the encoded header, which is also the
+//! header's chunk id in the store, so every read of a header re-verifies its name. The
+//! body is stored as its own chunk, `TAG_BODY ‖ ciphertext`, whose hash is the body hash in
+//! the header: a server can check a body against its header without any key.
+//!
+//! Every capsule-layer encoding starts with a two-byte tag (`0xCA`, kind). Object-layer
+//! chunks start with `0x01` and RFC 6962 tree nodes with `0x00`/`0x01` under a separate
+//! preimage shape, so no header can be mistaken for another structure.
+
+use std::fmt;
+use std::str::FromStr;
+
+use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, Result};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+
+use crate::metadata::{BodyCipher, CapsuleName};
+
+/// Tag of encoded capsule metadata.
+pub const TAG_METADATA: [u8; 2] = [0xCA, 0x00];
+/// Tag of a record header chunk.
+pub const TAG_HEADER: [u8; 2] = [0xCA, 0x01];
+/// Tag of a record body chunk.
+pub const TAG_BODY: [u8; 2] = [0xCA, 0x02];
+/// Tag of a subrecord chunk.
+pub const TAG_SUBRECORD: [u8; 2] = [0xCA, 0x03];
+/// Tag of a subrecord-list chunk (the leaves of one record's subrecord tree).
+pub const TAG_SUBRECORD_LIST: [u8; 2] = [0xCA, 0x04];
+/// Tag of a server journal chunk.
+pub const TAG_JOURNAL: [u8; 2] = [0xCA, 0x05];
+/// Format version of record headers.
+pub const HEADER_VERSION: u8 = 1;
+/// Most backpointers one header may carry.
+pub const MAX_BACKPOINTERS: usize = 1024;
+/// Largest body one record may carry (bigger data belongs in objects or subrecords).
+pub const MAX_BODY_LEN: usize = 64 << 20;
+
+/// A record's name: the hash of its encoded header.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordName(pub Hash);
+
+impl RecordName {
+    /// The underlying hash.
+    pub fn hash(&self) -> &Hash {
+        &self.0
+    }
+}
+
+impl fmt::Display for RecordName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for RecordName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rec:{}", self.0.short())
+    }
+}
+
+impl FromStr for RecordName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(RecordName(s.parse()?))
+    }
+}
+
+/// What a header says about its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyRef {
+    /// One body chunk: `hash = H(TAG_BODY ‖ bytes)`, `len = bytes.len()`.
+    Plain {
+        /// Hash of the body chunk.
+        hash: Hash,
+        /// Length of the stored (sealed) body in bytes.
+        len: u64,
+    },
+    /// A Merkle tree of subrecords (DCS §4): `root` is its RFC 6962 root, `count` its
+    /// number of leaves.
+    Subrecords {
+        /// The tree root, tagged with the capsule's algorithm.
+        root: Hash,
+        /// Number of subrecords (at least one).
+        count: u64,
+    },
+}
+
+/// A record header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// The capsule this record belongs to.
+    pub capsule: CapsuleName,
+    /// The body.
+    pub body: BodyRef,
+    /// Hash pointers to earlier records, in the writer's order (distinct).
+    pub backpointers: Vec<RecordName>,
+}
+
+impl RecordHeader {
+    /// The canonical encoding (what the record name hashes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::with_capacity(80 + 34 * self.backpointers.len());
+        e.raw(&TAG_HEADER).u8(HEADER_VERSION);
+        e.hash(self.capsule.hash());
+        match &self.body {
+            BodyRef::Plain { hash, len } => {
+                e.u8(0).hash(hash).varint(*len);
+            }
+            BodyRef::Subrecords { root, count } => {
+                e.u8(1).hash(root).varint(*count);
+            }
+        }
+        e.varint(self.backpointers.len() as u64);
+        for b in &self.backpointers {
+            e.hash(b.hash());
+        }
+        e.finish()
+    }
+
+    /// Parses an encoded header and checks it is well formed: known version, every hash
+    /// in the capsule's algorithm, distinct backpointers, a non-empty subrecord tree.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, "record header");
+        if d.raw(2)? != TAG_HEADER {
+            return Err(Error::decode("not a record header (bad tag)"));
+        }
+        d.version(&[HEADER_VERSION])?;
+        let capsule = CapsuleName(d.hash()?);
+        let algo = capsule.hash().algo();
+        let body = match d.u8()? {
+            0 => {
+                let hash = d.hash()?;
+                let len = d.varint()?;
+                if len > MAX_BODY_LEN as u64 {
+                    return Err(Error::decode(format!("body of {len} bytes is too large")));
+                }
+                BodyRef::Plain { hash, len }
+            }
+            1 => {
+                let root = d.hash()?;
+                let count = d.varint()?;
+                if count == 0 {
+                    return Err(Error::decode("subrecord tree with no subrecords"));
+                }
+                BodyRef::Subrecords { root, count }
+            }
+            other => return Err(Error::decode(format!("unknown body kind {other}"))),
+        };
+        let body_algo = match &body {
+            BodyRef::Plain { hash, .. } | BodyRef::Subrecords { root: hash, .. } => hash.algo(),
+        };
+        if body_algo != algo {
+            return Err(Error::decode(
+                "body hash uses another algorithm than the capsule",
+            ));
+        }
+        let n = d.count(34)?;
+        if n > MAX_BACKPOINTERS {
+            return Err(Error::decode(format!(
+                "{n} backpointers (at most {MAX_BACKPOINTERS})"
+            )));
+        }
+        let mut backpointers: Vec<RecordName> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b = RecordName(d.hash()?);
+            if b.hash().algo() != algo {
+                return Err(Error::decode(
+                    "backpointer uses another algorithm than the capsule",
+                ));
+            }
+            if backpointers.contains(&b) {
+                return Err(Error::decode(format!("backpointer {b} appears twice")));
+            }
+            backpointers.push(b);
+        }
+        d.finish()?;
+        Ok(RecordHeader {
+            capsule,
+            body,
+            backpointers,
+        })
+    }
+
+    /// The record name: the hash of the encoding, in the capsule's algorithm.
+    pub fn name(&self) -> RecordName {
+        RecordName(self.capsule.hash().algo().digest(&self.encode()))
+    }
+}
+
+/// Hash of a body chunk: `H(TAG_BODY ‖ sealed)`.
+pub fn body_hash(algo: HashAlgo, sealed: &[u8]) -> Hash {
+    let mut h = algo.hasher();
+    h.update(&TAG_BODY).update(sealed);
+    h.finalize()
+}
+
+/// The body chunk for `sealed` bytes.
+pub fn body_chunk(sealed: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + sealed.len());
+    v.extend_from_slice(&TAG_BODY);
+    v.extend_from_slice(sealed);
+    v
+}
+
+/// A whole record as written: the encoded header and the sealed body (empty for a
+/// subrecord record, whose subrecords travel separately).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The decoded header.
+    pub header: RecordHeader,
+    /// Sealed body bytes (without the chunk tag).
+    pub body: Vec<u8>,
+}
+
+impl Record {
+    /// A plain record of `sealed` body bytes with `backpointers`.
+    pub fn new(capsule: CapsuleName, sealed: Vec<u8>, backpointers: Vec<RecordName>) -> Self {
+        let algo = capsule.hash().algo();
+        let header = RecordHeader {
+            capsule,
+            body: BodyRef::Plain {
+                hash: body_hash(algo, &sealed),
+                len: sealed.len() as u64,
+            },
+            backpointers,
+        };
+        Record {
+            header,
+            body: sealed,
+        }
+    }
+
+    /// The record's name.
+    pub fn name(&self) -> RecordName {
+        self.header.name()
+    }
+
+    /// Checks that the body matches the header's hash and length.
+    pub fn check_body(&self) -> Result<()> {
+        match &self.header.body {
+            BodyRef::Plain { hash, len } => {
+                if self.body.len() as u64 != *len || body_hash(hash.algo(), &self.body) != *hash {
+                    return Err(Error::Rejected(format!(
+                        "body of record {} does not match the hash in its header",
+                        self.name()
+                    )));
+                }
+                Ok(())
+            }
+            BodyRef::Subrecords { .. } => {
+                if self.body.is_empty() {
+                    Ok(())
+                } else {
+                    Err(Error::Rejected(
+                        "a subrecord record carries its data as subrecords, not a body".into(),
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// A 256-bit body key. Readers obtain it as the capsule metadata's `key_distribution`
+/// says; servers never see it.
+#[derive(Clone)]
+pub struct BodyKey(pub [u8; 32]);
+
+impl BodyKey {
+    /// A fresh random key.
+    pub fn generate() -> Result<Self> {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k)
+            .map_err(|e| Error::Unavailable(format!("no randomness for a body key: {e}")))?;
+        Ok(BodyKey(k))
+    }
+}
+
+impl fmt::Debug for BodyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BodyKey(..)")
+    }
+}
+
+const NONCE_LEN: usize = 24;
+
+/// Seals `plaintext` for `capsule` under `cipher`: `nonce ‖ ciphertext ‖ tag` for
+/// XChaCha20-Poly1305 (the capsule name is associated data, so a body cannot be moved to
+/// another capsule), the bytes themselves for plaintext capsules.
+pub fn seal(
+    cipher: BodyCipher,
+    key: Option<&BodyKey>,
+    capsule: &CapsuleName,
+    plaintext: &[u8],
+) -> Result<Vec<u8>> {
+    match cipher {
+        BodyCipher::Plaintext => Ok(plaintext.to_vec()),
+        BodyCipher::XChaCha20Poly1305 => {
+            let key = key
+                .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))?;
+            let mut nonce = [0u8; NONCE_LEN];
+            getrandom::fill(&mut nonce)
+                .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
+            let aead = XChaCha20Poly1305::new((&key.0).into());
+            let aad = capsule.hash().to_bytes();
+            let ct = aead
+                .encrypt(
+                    XNonce::from_slice(&nonce),
+                    Payload {
+                        msg: plaintext,
+                        aad: &aad,
+                    },
+                )
+                .map_err(|_| Error::invalid("body too large to seal"))?;
+            let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
+            out.extend_from_slice(&nonce);
+            out.extend_from_slice(&ct);
+            Ok(out)
+        }
+    }
+}
+
+/// Opens what [`seal`] produced; a wrong key, a wrong capsule or any changed byte is an
+/// error.
+pub fn open(
+    cipher: BodyCipher,
+    key: Option<&BodyKey>,
+    capsule: &CapsuleName,
+    sealed: &[u8],
+) -> Result<Vec<u8>> {
+    match cipher {
+        BodyCipher::Plaintext => Ok(sealed.to_vec()),
+        BodyCipher::XChaCha20Poly1305 => {
+            let key = key
+                .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))?;
+            if sealed.len() < NONCE_LEN + 16 {
+                return Err(Error::Rejected("sealed body is too short".into()));
+            }
+            let (nonce, ct) = sealed.split_at(NONCE_LEN);
+            let aead = XChaCha20Poly1305::new((&key.0).into());
+            let aad = capsule.hash().to_bytes();
+            aead.decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad: &aad })
+                .map_err(|_| {
+                    Error::Rejected("body does not open with this key for this capsule".into())
+                })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capsule() -> CapsuleName {
+        CapsuleName(HashAlgo::Blake3.digest(b"capsule"))
+    }
+
+    #[test]
+    fn header_round_trip_and_binding() {
+        let c = capsule();
+        let p1 = RecordName(HashAlgo::Blake3.digest(b"p1"));
+        let p2 = RecordName(HashAlgo::Blake3.digest(b"p2"));
+        let r = Record::new(c, b"body".to_vec(), vec![p1, p2]);
+        let bytes = r.header.encode();
+        assert_eq!(RecordHeader::decode(&bytes).unwrap(), r.header);
+        r.check_body().unwrap();
+        let mut swapped = r.header.clone();
+        swapped.backpointers.reverse();
+        assert_ne!(swapped.name(), r.name());
+        let mut other = r.header.clone();
+        other.capsule = CapsuleName(HashAlgo::Blake3.digest(b"other"));
+        assert_ne!(other.name(), r.name());
+        let mut tampered = r.clone();
+        tampered.body[0] ^= 1;
+        assert!(tampered.check_body().is_err());
+        let mut dup = r.header.clone();
+        dup.backpointers = vec![p1, p1];
+        assert!(RecordHeader::decode(&dup.encode()).is_err());
+    }
+
+    #[test]
+    fn seal_open() {
+        let c = capsule();
+        let k = BodyKey::generate().unwrap();
+        let s = seal(BodyCipher::XChaCha20Poly1305, Some(&k), &c, b"secret").unwrap();
+        assert_eq!(
+            open(BodyCipher::XChaCha20Poly1305, Some(&k), &c, &s).unwrap(),
+            b"secret"
+        );
+        let other = CapsuleName(HashAlgo::Blake3.digest(b"x"));
+        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k), &other, &s).is_err());
+        let k2 = BodyKey::generate().unwrap();
+        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k2), &c, &s).is_err());
+        let mut bad = s.clone();
+        bad[30] ^= 1;
+        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k), &c, &bad).is_err());
+    }
+}

@@ -1,0 +1,1095 @@
+//! The capsule server (DCS §3.2, §4.1): it stores capsules in a Cairn [`Store`], verifies
+//! everything before storing it, acknowledges every write with its own signature, keeps
+//! witnesses eagerly, answers proofs (shortened by each reader session's mirrored
+//! verification cache), and keeps a per-capsule Merkle log with signed checkpoints.
+//!
+//! **Persistence.** A capsule is its metadata chunk (cid = capsule name), one chunk per
+//! record header (cid = record name), one chunk per body or subrecord, and a *journal*: a
+//! hash-linked chain of chunks listing, in acceptance order, what this server accepted
+//! (records and signatures). The ref `capsule/<name>` points at the newest journal chunk;
+//! moving it is the commit, so a write is acknowledged only once it is durable at the
+//! store's level. Opening a capsule replays its journal, re-verifying every header (by its
+//! cid) and every signature, and rebuilds the in-memory [`CapsuleDag`].
+//!
+//! **What is refused.** A record naming another capsule, a body that does not match its
+//! header, a subrecord list that does not hash to the header's root, a signature that does
+//! not verify under a listed writer key, a signature on a record this server does not have,
+//! and, past [`ServerOptions::max_unproven`], more records that no signature covers yet.
+//! Each gets a clear error and changes nothing.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result, Signature, SigningKey};
+use cairn_store::{RefUpdate, Store};
+use lru::LruCache;
+use parking_lot::Mutex;
+
+use crate::cache::{CachePolicy, VerificationCache};
+use crate::dag::{CapsuleDag, StoredBody};
+use crate::merkle::{self, Digest, MerkleLog};
+use crate::metadata::{CapsuleMetadata, CapsuleName};
+use crate::proof::{
+    Anchor, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_name,
+};
+use crate::record::{
+    BodyRef, Record, RecordHeader, RecordName, TAG_JOURNAL, TAG_SUBRECORD, TAG_SUBRECORD_LIST,
+    body_chunk,
+};
+
+/// Signature domain of server acknowledgments.
+pub const DOMAIN_ACK: &[u8] = b"cairn/capsule/ack/v1";
+/// Signature domain of server checkpoints.
+pub const DOMAIN_CHECKPOINT: &[u8] = b"cairn/capsule/checkpoint/v1";
+const JOURNAL_VERSION: u8 = 1;
+const REF_PREFIX: &[u8] = b"capsule/";
+/// Most subrecords one record may hold.
+pub const MAX_SUBRECORDS: usize = 1 << 20;
+/// Proofs a session may leave un-acked before the oldest are forgotten.
+const MAX_PENDING_ACKS: usize = 1 << 16;
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Most records per capsule that no writer signature covers yet; past it, writes are
+    /// refused until the writer signs.
+    pub max_unproven: usize,
+    /// Subrecord trees kept in memory for proofs.
+    pub tree_cache: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            max_unproven: 1_000_000,
+            tree_cache: 256,
+        }
+    }
+}
+
+/// What an acknowledgment acknowledges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AckKind {
+    /// The capsule was created (or already existed with this metadata).
+    Created,
+    /// These records are stored.
+    Wrote(Vec<RecordName>),
+    /// A signature on this record is stored.
+    Signed(RecordName),
+}
+
+/// A server's signed acknowledgment: the write is durable at the server's level.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// The capsule.
+    pub capsule: CapsuleName,
+    /// What was stored.
+    pub kind: AckKind,
+    /// The capsule's Merkle-log size after the write.
+    pub log_size: u64,
+    /// The acknowledging server.
+    pub server: PublicKey,
+    /// The server's signature over all of the above.
+    pub sig: Signature,
+}
+
+impl Ack {
+    fn message(capsule: &CapsuleName, kind: &AckKind, log_size: u64) -> Vec<u8> {
+        let mut e = Encoder::versioned(1);
+        e.hash(capsule.hash());
+        match kind {
+            AckKind::Created => {
+                e.u8(0);
+            }
+            AckKind::Wrote(names) => {
+                e.u8(1).varint(names.len() as u64);
+                for n in names {
+                    e.hash(n.hash());
+                }
+            }
+            AckKind::Signed(n) => {
+                e.u8(2).hash(n.hash());
+            }
+        }
+        e.varint(log_size);
+        e.finish()
+    }
+
+    /// Checks that this ack is `server`'s signature over exactly `expected` in `capsule`
+    /// (so an ack for another write, another capsule or from another server is refused).
+    pub fn verify(
+        &self,
+        server: &PublicKey,
+        capsule: &CapsuleName,
+        expected: &AckKind,
+    ) -> Result<()> {
+        if &self.server != server {
+            return Err(Error::Rejected(format!(
+                "ack is from {}, not {server}",
+                self.server
+            )));
+        }
+        if &self.capsule != capsule || &self.kind != expected {
+            return Err(Error::Rejected(
+                "ack does not acknowledge this write".into(),
+            ));
+        }
+        server.verify(
+            DOMAIN_ACK,
+            &Self::message(&self.capsule, &self.kind, self.log_size),
+            &self.sig,
+        )
+    }
+}
+
+/// A server-signed statement of a capsule's log and heads at one moment (QueryFresh).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The capsule.
+    pub capsule: CapsuleName,
+    /// Number of records in the server's log.
+    pub size: u64,
+    /// The log's RFC 6962 root.
+    pub root: Digest,
+    /// The heads of the record DAG, sorted.
+    pub heads: Vec<RecordName>,
+    /// Server time, milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// The signing server.
+    pub server: PublicKey,
+    /// Signature over all of the above.
+    pub sig: Signature,
+}
+
+impl Checkpoint {
+    fn message(
+        capsule: &CapsuleName,
+        size: u64,
+        root: &Digest,
+        heads: &[RecordName],
+        time_ms: u64,
+    ) -> Vec<u8> {
+        let mut e = Encoder::versioned(1);
+        e.hash(capsule.hash()).varint(size).raw(root);
+        e.varint(heads.len() as u64);
+        for h in heads {
+            e.hash(h.hash());
+        }
+        e.varint(time_ms);
+        e.finish()
+    }
+
+    /// Checks the server's signature.
+    pub fn verify(&self, server: &PublicKey) -> Result<()> {
+        if &self.server != server {
+            return Err(Error::Rejected("checkpoint is from another server".into()));
+        }
+        server.verify(
+            DOMAIN_CHECKPOINT,
+            &Self::message(
+                &self.capsule,
+                self.size,
+                &self.root,
+                &self.heads,
+                self.time_ms,
+            ),
+            &self.sig,
+        )
+    }
+}
+
+/// A reader session: its mirrored verification cache and the proofs awaiting its ack.
+struct Session {
+    capsule: CapsuleName,
+    mirror: VerificationCache,
+    pending: HashMap<u64, Vec<Hash>>,
+    next_proof: u64,
+}
+
+/// Identifies a reader session on one server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionId(pub u64);
+
+/// A proof handed to a session, with the id its ack must name.
+#[derive(Clone, Debug)]
+pub struct Issued<P> {
+    /// Id to acknowledge once verified (see [`CapsuleServer::ack`]).
+    pub proof_id: u64,
+    /// The proof.
+    pub proof: P,
+}
+
+/// One capsule's state on this server.
+struct Capsule {
+    dag: CapsuleDag,
+    journal_head: Option<Hash>,
+    journal_seq: u64,
+    /// Subrecord name → (record, index).
+    subrecords: HashMap<Hash, (RecordName, u32)>,
+    trees: LruCache<RecordName, Arc<MerkleLog>>,
+}
+
+/// The capsule server.
+pub struct CapsuleServer {
+    store: Arc<dyn Store>,
+    key: SigningKey,
+    opts: ServerOptions,
+    capsules: Mutex<HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
+    sessions: Mutex<HashMap<SessionId, Arc<Mutex<Session>>>>,
+    next_session: AtomicU64,
+}
+
+enum JournalEntry {
+    Record {
+        name: RecordName,
+        body: StoredBody,
+    },
+    Signature {
+        name: RecordName,
+        sig: WriterSignature,
+    },
+}
+
+fn encode_journal(prev: Option<&Hash>, seq: u64, entries: &[JournalEntry]) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(16 + entries.len() * 80);
+    e.raw(&TAG_JOURNAL).u8(JOURNAL_VERSION);
+    match prev {
+        Some(p) => {
+            e.u8(1).hash(p);
+        }
+        None => {
+            e.u8(0);
+        }
+    }
+    e.varint(seq).varint(entries.len() as u64);
+    for en in entries {
+        match en {
+            JournalEntry::Record { name, body } => {
+                e.u8(0).hash(name.hash());
+                match body {
+                    StoredBody::Plain { cid } => {
+                        e.u8(0).hash(cid);
+                    }
+                    StoredBody::Subrecords { list, count } => {
+                        e.u8(1).hash(list).varint(*count);
+                    }
+                }
+            }
+            JournalEntry::Signature { name, sig } => {
+                e.u8(1).hash(name.hash());
+                sig.encode(&mut e);
+            }
+        }
+    }
+    e.finish()
+}
+
+fn decode_journal(bytes: &[u8]) -> Result<(Option<Hash>, u64, Vec<JournalEntry>)> {
+    let mut d = Decoder::new(bytes, "capsule journal");
+    if d.raw(2)? != TAG_JOURNAL {
+        return Err(Error::decode("not a capsule journal chunk"));
+    }
+    d.version(&[JOURNAL_VERSION])?;
+    let prev = match d.u8()? {
+        0 => None,
+        1 => Some(d.hash()?),
+        other => return Err(Error::decode(format!("bad journal prev flag {other}"))),
+    };
+    let seq = d.varint()?;
+    let n = d.count(36)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let kind = d.u8()?;
+        let name = RecordName(d.hash()?);
+        entries.push(match kind {
+            0 => {
+                let body = match d.u8()? {
+                    0 => StoredBody::Plain { cid: d.hash()? },
+                    1 => StoredBody::Subrecords {
+                        list: d.hash()?,
+                        count: d.varint()?,
+                    },
+                    other => return Err(Error::decode(format!("bad journal body kind {other}"))),
+                };
+                JournalEntry::Record { name, body }
+            }
+            1 => JournalEntry::Signature {
+                name,
+                sig: WriterSignature::decode(&mut d)?,
+            },
+            other => return Err(Error::decode(format!("bad journal entry kind {other}"))),
+        });
+    }
+    d.finish()?;
+    Ok((prev, seq, entries))
+}
+
+fn ref_name(capsule: &CapsuleName) -> Vec<u8> {
+    let mut v = REF_PREFIX.to_vec();
+    v.extend_from_slice(capsule.hash().to_hex().as_bytes());
+    v
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl CapsuleServer {
+    /// A server over `store`, signing acks and checkpoints with `key`.
+    pub fn new(store: Arc<dyn Store>, key: SigningKey, opts: ServerOptions) -> Self {
+        CapsuleServer {
+            store,
+            key,
+            opts,
+            capsules: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+        }
+    }
+
+    /// The server's public key (what readers check acks and checkpoints against).
+    pub fn public_key(&self) -> PublicKey {
+        self.key.public()
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn make_ack(&self, capsule: CapsuleName, kind: AckKind, log_size: u64) -> Ack {
+        let sig = self
+            .key
+            .sign(DOMAIN_ACK, &Ack::message(&capsule, &kind, log_size));
+        Ack {
+            capsule,
+            kind,
+            log_size,
+            server: self.key.public(),
+            sig,
+        }
+    }
+
+    /// Names of all capsules in the store.
+    pub fn capsule_names(&self) -> Result<Vec<CapsuleName>> {
+        let mut out = Vec::new();
+        for (k, _) in self.store.list_refs(REF_PREFIX)? {
+            let hexname = std::str::from_utf8(&k[REF_PREFIX.len()..])
+                .map_err(|_| Error::corrupt("capsule ref name is not UTF-8"))?;
+            out.push(hexname.parse()?);
+        }
+        Ok(out)
+    }
+
+    /// Create(metadata): stores the metadata and an empty journal. Creating a capsule that
+    /// exists is acknowledged again and changes nothing.
+    pub fn create(&self, meta: &CapsuleMetadata) -> Result<Ack> {
+        let bytes = meta.encode();
+        let name = meta.name();
+        cairn_store::check_cid_algo(name.hash(), self.store.algo()).map_err(|_| {
+            Error::invalid(format!(
+                "capsule hashes with {} but this store uses {}",
+                meta.algo,
+                self.store.algo()
+            ))
+        })?;
+        let mut caps = self.capsules.lock();
+        if caps.contains_key(&name) || self.store.get_ref(&ref_name(&name))?.is_some() {
+            return Ok(self.make_ack(name, AckKind::Created, 0));
+        }
+        self.store.put_hashed(*name.hash(), &bytes)?;
+        let journal = encode_journal(None, 0, &[]);
+        let jcid = self.store.put(&journal)?;
+        self.store.commit(&[RefUpdate::Set {
+            name: ref_name(&name),
+            value: jcid.to_bytes().to_vec(),
+        }])?;
+        let cap = Capsule {
+            dag: CapsuleDag::new(meta.clone()),
+            journal_head: Some(jcid),
+            journal_seq: 0,
+            subrecords: HashMap::new(),
+            trees: LruCache::new(
+                NonZeroUsize::new(self.opts.tree_cache.max(1)).unwrap_or(NonZeroUsize::MIN),
+            ),
+        };
+        caps.insert(name, Arc::new(Mutex::new(cap)));
+        Ok(self.make_ack(name, AckKind::Created, 0))
+    }
+
+    /// The capsule, loaded (journal replayed) on first use.
+    fn capsule(&self, name: &CapsuleName) -> Result<Arc<Mutex<Capsule>>> {
+        if let Some(c) = self.capsules.lock().get(name) {
+            return Ok(c.clone());
+        }
+        let loaded = self.load(name)?;
+        let mut caps = self.capsules.lock();
+        Ok(caps
+            .entry(*name)
+            .or_insert_with(|| Arc::new(Mutex::new(loaded)))
+            .clone())
+    }
+
+    fn load(&self, name: &CapsuleName) -> Result<Capsule> {
+        let head = self
+            .store
+            .get_ref(&ref_name(name))?
+            .ok_or_else(|| Error::NotFound(format!("capsule {name}")))?;
+        let head = Hash::from_bytes(&head)?;
+        let meta_bytes = self.store.get(name.hash())?.ok_or_else(|| {
+            Error::corrupt(format!("metadata chunk of capsule {name} is missing"))
+        })?;
+        let meta = CapsuleMetadata::decode(&meta_bytes)?;
+        if meta.name() != *name {
+            return Err(Error::corrupt(format!(
+                "metadata of capsule {name} does not match its name"
+            )));
+        }
+        // Walk the journal back to its start, then replay forward.
+        let mut chunks = Vec::new();
+        let mut cur = Some(head);
+        while let Some(cid) = cur {
+            let bytes = self.store.get(&cid)?.ok_or_else(|| {
+                Error::corrupt(format!("journal chunk {cid} of capsule {name} is missing"))
+            })?;
+            let (prev, seq, entries) = decode_journal(&bytes)?;
+            chunks.push((seq, entries));
+            cur = prev;
+        }
+        let mut cap = Capsule {
+            dag: CapsuleDag::new(meta),
+            journal_head: Some(head),
+            journal_seq: 0,
+            subrecords: HashMap::new(),
+            trees: LruCache::new(
+                NonZeroUsize::new(self.opts.tree_cache.max(1)).unwrap_or(NonZeroUsize::MIN),
+            ),
+        };
+        for (seq, entries) in chunks.into_iter().rev() {
+            if seq != cap.journal_seq {
+                return Err(Error::corrupt(format!(
+                    "journal of capsule {name} skips from entry {} to {seq}",
+                    cap.journal_seq
+                )));
+            }
+            cap.journal_seq += entries.len() as u64;
+            for en in entries {
+                match en {
+                    JournalEntry::Record { name: rn, body } => {
+                        let hb = self.store.get(rn.hash())?.ok_or_else(|| {
+                            Error::corrupt(format!(
+                                "header of record {rn} in capsule {name} is missing"
+                            ))
+                        })?;
+                        let header = RecordHeader::decode(&hb)?;
+                        cap.dag.check_header(&header)?;
+                        if let StoredBody::Subrecords { list, .. } = body {
+                            let leaves = self.subrecord_list(&list)?;
+                            for (i, s) in leaves.iter().enumerate() {
+                                cap.subrecords.entry(*s).or_insert((rn, i as u32));
+                            }
+                        }
+                        cap.dag.insert(rn, &header, body);
+                    }
+                    JournalEntry::Signature { name: rn, sig } => {
+                        cap.dag.add_signature(rn, sig)?;
+                    }
+                }
+            }
+        }
+        Ok(cap)
+    }
+
+    fn subrecord_list(&self, list: &Hash) -> Result<Vec<Hash>> {
+        let bytes = self
+            .store
+            .get(list)?
+            .ok_or_else(|| Error::corrupt(format!("subrecord list {list} is missing")))?;
+        let mut d = Decoder::new(&bytes, "subrecord list");
+        if d.raw(2)? != TAG_SUBRECORD_LIST {
+            return Err(Error::decode("not a subrecord list chunk"));
+        }
+        let n = d.count(34)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(d.hash()?);
+        }
+        d.finish()?;
+        Ok(out)
+    }
+
+    /// Appends journal entries and moves the capsule ref: the durability point.
+    fn append_journal(
+        &self,
+        name: &CapsuleName,
+        cap: &mut Capsule,
+        entries: &[JournalEntry],
+    ) -> Result<()> {
+        let bytes = encode_journal(cap.journal_head.as_ref(), cap.journal_seq, entries);
+        let cid = self.store.put(&bytes)?;
+        self.store.commit(&[RefUpdate::Set {
+            name: ref_name(name),
+            value: cid.to_bytes().to_vec(),
+        }])?;
+        cap.journal_head = Some(cid);
+        cap.journal_seq += entries.len() as u64;
+        Ok(())
+    }
+
+    /// The capsule's metadata.
+    pub fn metadata(&self, capsule: &CapsuleName) -> Result<CapsuleMetadata> {
+        Ok(self.capsule(capsule)?.lock().dag.meta().clone())
+    }
+
+    /// Write(records) and optionally Sign: verifies every record (capsule, body hash), and
+    /// every signature, then stores them all or nothing. Records may arrive in any order
+    /// and may point at records not (yet) present (holes).
+    pub fn write(
+        &self,
+        capsule: &CapsuleName,
+        records: &[Record],
+        signatures: &[(RecordName, WriterSignature)],
+    ) -> Result<Ack> {
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        let mut names = Vec::with_capacity(records.len());
+        let mut encoded = Vec::with_capacity(records.len());
+        for r in records {
+            cap.dag.check_header(&r.header)?;
+            if matches!(r.header.body, BodyRef::Subrecords { .. }) {
+                return Err(Error::invalid(
+                    "subrecord records are written with commit_subrecords",
+                ));
+            }
+            r.check_body()?;
+            let hb = r.header.encode();
+            names.push(RecordName(capsule.hash().algo().digest(&hb)));
+            encoded.push(hb);
+        }
+        let fresh: Vec<usize> = (0..records.len())
+            .filter(|&i| !cap.dag.contains(&names[i]) && !names[..i].contains(&names[i]))
+            .collect();
+        let batch: Vec<RecordName> = fresh.iter().map(|&i| names[i]).collect();
+        for (n, ws) in signatures {
+            if !cap.dag.contains(n) && !batch.contains(n) {
+                return Err(Error::NotFound(format!(
+                    "cannot sign record {n}: not in capsule {capsule}"
+                )));
+            }
+            ws.verify(cap.dag.meta(), n)?;
+        }
+        let covered = signatures.len();
+        if cap.dag.unproven() + fresh.len() > self.opts.max_unproven + covered {
+            return Err(Error::Unavailable(format!(
+                "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
+                cap.dag.unproven(),
+                self.opts.max_unproven
+            )));
+        }
+        let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
+        for &i in &fresh {
+            let r = &records[i];
+            let cid = match r.header.body {
+                BodyRef::Plain { hash, .. } => hash,
+                BodyRef::Subrecords { .. } => unreachable_body()?,
+            };
+            self.store.put_hashed(cid, &body_chunk(&r.body))?;
+            self.store.put_hashed(*names[i].hash(), &encoded[i])?;
+            entries.push(JournalEntry::Record {
+                name: names[i],
+                body: StoredBody::Plain { cid },
+            });
+        }
+        for (n, ws) in signatures {
+            if cap.dag.signature(n).is_none() {
+                entries.push(JournalEntry::Signature { name: *n, sig: *ws });
+            }
+        }
+        if !entries.is_empty() {
+            self.append_journal(capsule, &mut cap, &entries)?;
+        }
+        for &i in &fresh {
+            let r = &records[i];
+            if let BodyRef::Plain { hash, .. } = r.header.body {
+                cap.dag
+                    .insert(names[i], &r.header, StoredBody::Plain { cid: hash });
+            }
+        }
+        for (n, ws) in signatures {
+            cap.dag.insert_verified_signature(*n, *ws);
+        }
+        let size = cap.dag.log().size();
+        Ok(self.make_ack(*capsule, AckKind::Wrote(names), size))
+    }
+
+    /// Sign(record name, signature): stores a writer signature on a present record.
+    pub fn sign(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        ws: WriterSignature,
+    ) -> Result<Ack> {
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        if !cap.dag.contains(name) {
+            return Err(Error::NotFound(format!(
+                "cannot sign record {name}: not in capsule {capsule}"
+            )));
+        }
+        ws.verify(cap.dag.meta(), name)?;
+        if cap.dag.signature(name).is_none() {
+            self.append_journal(
+                capsule,
+                &mut cap,
+                &[JournalEntry::Signature {
+                    name: *name,
+                    sig: ws,
+                }],
+            )?;
+            cap.dag.insert_verified_signature(*name, ws);
+        }
+        let size = cap.dag.log().size();
+        Ok(self.make_ack(*capsule, AckKind::Signed(*name), size))
+    }
+
+    /// Commit(backpointers) of the subrecord API: stores `subrecords` as one record whose
+    /// header (built and signed by the writer) carries their tree's root.
+    pub fn commit_subrecords(
+        &self,
+        capsule: &CapsuleName,
+        header: &RecordHeader,
+        subrecords: &[Vec<u8>],
+        sig: Option<WriterSignature>,
+    ) -> Result<Ack> {
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        cap.dag.check_header(header)?;
+        let algo = capsule.hash().algo();
+        let BodyRef::Subrecords { root, count } = header.body else {
+            return Err(Error::invalid(
+                "commit_subrecords needs a header with a subrecord root",
+            ));
+        };
+        if subrecords.is_empty()
+            || subrecords.len() > MAX_SUBRECORDS
+            || count != subrecords.len() as u64
+        {
+            return Err(Error::Rejected(format!(
+                "header counts {count} subrecords but {} were sent",
+                subrecords.len()
+            )));
+        }
+        let names: Vec<Hash> = subrecords.iter().map(|s| subrecord_name(algo, s)).collect();
+        let leaves: Vec<Digest> = names.iter().map(subrecord_leaf).collect();
+        if Hash::new(algo, merkle::root_of(algo, &leaves)) != root {
+            return Err(Error::Rejected(
+                "subrecords do not hash to the header's root".into(),
+            ));
+        }
+        let hb = header.encode();
+        let name = RecordName(algo.digest(&hb));
+        if let Some(ws) = &sig {
+            ws.verify(cap.dag.meta(), &name)?;
+        } else if cap.dag.unproven() + 1 > self.opts.max_unproven {
+            return Err(Error::Unavailable(format!(
+                "capsule {capsule} holds too many records no signature covers; sign one first"
+            )));
+        }
+        if cap.dag.contains(&name) {
+            let size = cap.dag.log().size();
+            return Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size));
+        }
+        let mut list = Encoder::with_capacity(4 + 34 * names.len());
+        list.raw(&TAG_SUBRECORD_LIST).varint(names.len() as u64);
+        for (s, n) in subrecords.iter().zip(&names) {
+            let mut chunk = Vec::with_capacity(2 + s.len());
+            chunk.extend_from_slice(&TAG_SUBRECORD);
+            chunk.extend_from_slice(s);
+            self.store.put_hashed(*n, &chunk)?;
+            list.hash(n);
+        }
+        let list_cid = self.store.put(&list.finish())?;
+        self.store.put_hashed(*name.hash(), &hb)?;
+        let body = StoredBody::Subrecords {
+            list: list_cid,
+            count,
+        };
+        let mut entries = vec![JournalEntry::Record { name, body }];
+        if let Some(ws) = sig {
+            entries.push(JournalEntry::Signature { name, sig: ws });
+        }
+        self.append_journal(capsule, &mut cap, &entries)?;
+        for (i, n) in names.iter().enumerate() {
+            cap.subrecords.entry(*n).or_insert((name, i as u32));
+        }
+        cap.dag.insert(name, header, body);
+        if let Some(ws) = sig {
+            cap.dag.insert_verified_signature(name, ws);
+        }
+        let size = cap.dag.log().size();
+        Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size))
+    }
+
+    fn header(&self, name: &RecordName) -> Result<RecordHeader> {
+        let bytes = self
+            .store
+            .get(name.hash())?
+            .ok_or_else(|| Error::corrupt(format!("header of record {name} is missing")))?;
+        RecordHeader::decode(&bytes)
+    }
+
+    /// Read(name): the record's header and (sealed) body, checked against each other.
+    pub fn read(&self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
+        let body = {
+            let cap = self.capsule(capsule)?;
+            let cap = cap.lock();
+            cap.dag
+                .node(name)
+                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+                .body
+        };
+        let header = self.header(name)?;
+        let body = match body {
+            StoredBody::Plain { cid } => {
+                let chunk = self
+                    .store
+                    .get(&cid)?
+                    .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing")))?;
+                chunk
+                    .get(2..)
+                    .ok_or_else(|| {
+                        Error::corrupt(format!("body chunk of record {name} is truncated"))
+                    })?
+                    .to_vec()
+            }
+            StoredBody::Subrecords { .. } => Vec::new(),
+        };
+        let r = Record { header, body };
+        r.check_body().map_err(|_| {
+            Error::corrupt(format!(
+                "stored body of record {name} does not match its header"
+            ))
+        })?;
+        Ok(r)
+    }
+
+    /// Read(subrecord name): the subrecord's bytes.
+    pub fn read_subrecord(&self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
+        {
+            let cap = self.capsule(capsule)?;
+            if !cap.lock().subrecords.contains_key(sub) {
+                return Err(Error::NotFound(format!(
+                    "subrecord {sub} in capsule {capsule}"
+                )));
+            }
+        }
+        let chunk = self
+            .store
+            .get(sub)?
+            .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
+        Ok(chunk.get(2..).unwrap_or_default().to_vec())
+    }
+
+    /// Subrecords(record): the names of a record's subrecords, in tree order.
+    pub fn subrecords(&self, capsule: &CapsuleName, record: &RecordName) -> Result<Vec<Hash>> {
+        let body = {
+            let cap = self.capsule(capsule)?;
+            let cap = cap.lock();
+            cap.dag
+                .node(record)
+                .ok_or_else(|| Error::NotFound(format!("record {record} in capsule {capsule}")))?
+                .body
+        };
+        match body {
+            StoredBody::Subrecords { list, .. } => self.subrecord_list(&list),
+            StoredBody::Plain { .. } => Err(Error::TypeMismatch(format!(
+                "record {record} has no subrecords"
+            ))),
+        }
+    }
+
+    /// QueryFresh(): the heads, with the log size and root, signed by this server.
+    pub fn query_fresh(&self, capsule: &CapsuleName) -> Result<Checkpoint> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        let size = cap.dag.log().size();
+        let root = cap.dag.log().root();
+        let heads = cap.dag.heads();
+        let time_ms = now_ms();
+        let msg = Checkpoint::message(capsule, size, &root, &heads, time_ms);
+        let cp = Checkpoint {
+            capsule: *capsule,
+            size,
+            root,
+            heads,
+            time_ms,
+            server: self.key.public(),
+            sig: self.key.sign(DOMAIN_CHECKPOINT, &msg),
+        };
+        Ok(cp)
+    }
+
+    /// The Merkle-log inclusion proof of `name` in the log's first `size` leaves; returns
+    /// the leaf index and the audit path.
+    pub fn log_inclusion(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        size: u64,
+    ) -> Result<(u64, Vec<Digest>)> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        let index = cap
+            .dag
+            .node(name)
+            .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+            .index;
+        Ok((index, cap.dag.log().inclusion_proof(index, size)?))
+    }
+
+    /// The Merkle-log consistency proof between sizes `first` and `second`.
+    pub fn log_consistency(
+        &self,
+        capsule: &CapsuleName,
+        first: u64,
+        second: u64,
+    ) -> Result<Vec<Digest>> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        cap.dag.log().consistency_proof(first, second)
+    }
+
+    /// Starts a reader session with a mirrored verification cache: `policy` is the
+    /// reader's, `cached` the names it already holds, least recent first.
+    pub fn open_session(
+        &self,
+        capsule: &CapsuleName,
+        policy: CachePolicy,
+        cached: &[Hash],
+    ) -> Result<SessionId> {
+        self.capsule(capsule)?;
+        let mut mirror = VerificationCache::new(policy)?;
+        mirror.insert_all(cached);
+        let id = SessionId(self.next_session.fetch_add(1, Ordering::Relaxed));
+        self.sessions.lock().insert(
+            id,
+            Arc::new(Mutex::new(Session {
+                capsule: *capsule,
+                mirror,
+                pending: HashMap::new(),
+                next_proof: 1,
+            })),
+        );
+        Ok(id)
+    }
+
+    /// Ends a session.
+    pub fn close_session(&self, id: SessionId) {
+        self.sessions.lock().remove(&id);
+    }
+
+    fn session(&self, id: SessionId, capsule: &CapsuleName) -> Result<Arc<Mutex<Session>>> {
+        let s = self
+            .sessions
+            .lock()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("session {}", id.0)))?;
+        if s.lock().capsule != *capsule {
+            return Err(Error::invalid("session belongs to another capsule"));
+        }
+        Ok(s)
+    }
+
+    fn issue<P>(session: &mut Session, inserts: Vec<Hash>, proof: P) -> Issued<P> {
+        let id = session.next_proof;
+        session.next_proof += 1;
+        if session.pending.len() >= MAX_PENDING_ACKS {
+            let oldest = session.pending.keys().min().copied();
+            if let Some(o) = oldest {
+                session.pending.remove(&o);
+            }
+        }
+        session.pending.insert(id, inserts);
+        Issued {
+            proof_id: id,
+            proof,
+        }
+    }
+
+    fn record_proof(
+        &self,
+        cap: &Capsule,
+        name: &RecordName,
+        trusted: Option<&VerificationCache>,
+    ) -> Result<(RecordProof, Vec<Hash>)> {
+        let chain_names =
+            match trusted.and_then(|m| cap.dag.chain_to_trusted(name, |h| m.contains(h))) {
+                Some(c) => (c, true),
+                None => (cap.dag.chain_to_signature(name)?, false),
+            };
+        let (names, cached) = chain_names;
+        let mut chain = Vec::with_capacity(names.len());
+        for n in &names {
+            chain.push(self.header(n)?);
+        }
+        let anchor = if cached {
+            Anchor::Cached
+        } else {
+            let last = names[names.len() - 1];
+            let ws = cap.dag.signature(&last).copied().ok_or_else(|| {
+                Error::corrupt(format!(
+                    "record {last} is marked signed but has no signature"
+                ))
+            })?;
+            Anchor::Signed(ws)
+        };
+        Ok((
+            RecordProof { chain, anchor },
+            names.iter().map(|n| *n.hash()).collect(),
+        ))
+    }
+
+    /// Prove(name): the shortest chain to a writer signature, or, within a session, to a
+    /// record the reader's mirrored cache holds if that is shorter.
+    pub fn prove(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<Issued<RecordProof>> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        match session {
+            None => {
+                let (proof, _) = self.record_proof(&cap, name, None)?;
+                Ok(Issued { proof_id: 0, proof })
+            }
+            Some(id) => {
+                let s = self.session(id, capsule)?;
+                let mut s = s.lock();
+                let (proof, inserts) = self.record_proof(&cap, name, Some(&s.mirror))?;
+                Ok(Self::issue(&mut s, inserts, proof))
+            }
+        }
+    }
+
+    fn tree(&self, cap: &mut Capsule, record: &RecordName) -> Result<Arc<MerkleLog>> {
+        if let Some(t) = cap.trees.get(record) {
+            return Ok(t.clone());
+        }
+        let list = match cap.dag.node(record).map(|n| n.body) {
+            Some(StoredBody::Subrecords { list, .. }) => list,
+            _ => {
+                return Err(Error::NotFound(format!(
+                    "record {record} has no subrecords"
+                )));
+            }
+        };
+        let mut t = MerkleLog::new(cap.dag.meta().algo);
+        for s in self.subrecord_list(&list)? {
+            t.push(subrecord_leaf(&s));
+        }
+        let t = Arc::new(t);
+        cap.trees.put(*record, t.clone());
+        Ok(t)
+    }
+
+    /// Prove(subrecord name): the audit path to the record's root and the record's proof,
+    /// or, within a session, a path cut at the first node the reader's cache holds.
+    pub fn prove_subrecord(
+        &self,
+        capsule: &CapsuleName,
+        sub: &Hash,
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordProof>> {
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        let (record, index) = *cap
+            .subrecords
+            .get(sub)
+            .ok_or_else(|| Error::NotFound(format!("subrecord {sub} in capsule {capsule}")))?;
+        let tree = self.tree(&mut cap, &record)?;
+        let algo = cap.dag.meta().algo;
+        let count = tree.size();
+        let index = index as u64;
+        let full = tree.inclusion_proof(index, count)?;
+        let leaf = subrecord_leaf(sub);
+        let sess = match session {
+            Some(id) => Some(self.session(id, capsule)?),
+            None => None,
+        };
+        let mut guard = sess.as_ref().map(|s| s.lock());
+        let nodes = merkle::inclusion_nodes(algo, index, count, &leaf, &full);
+        let cut = guard.as_ref().and_then(|s| {
+            nodes
+                .iter()
+                .position(|d| s.mirror.contains(&Hash::new(algo, *d)))
+        });
+        let (path, record_proof, mut inserts) = match cut {
+            Some(steps) => (full[..steps].to_vec(), None, Vec::new()),
+            None => {
+                let (rp, names) =
+                    self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror))?;
+                (full.clone(), Some(rp), names)
+            }
+        };
+        let mut node_inserts: Vec<Hash> = nodes[..=cut.unwrap_or(nodes.len() - 1)]
+            .iter()
+            .map(|d| Hash::new(algo, *d))
+            .collect();
+        node_inserts.append(&mut inserts);
+        let proof = SubrecordProof {
+            index,
+            count,
+            path,
+            record: record_proof,
+        };
+        Ok(match guard.as_deref_mut() {
+            Some(s) => Self::issue(s, node_inserts, proof),
+            None => Issued { proof_id: 0, proof },
+        })
+    }
+
+    /// A reader's acknowledgment that it verified proof `proof_id` and cached what it
+    /// proved; the server applies the same insertions to its mirror. An ack for a proof
+    /// never issued, or already acknowledged (a replay), is refused and changes nothing.
+    pub fn ack(&self, session: SessionId, proof_id: u64) -> Result<()> {
+        let s = self
+            .sessions
+            .lock()
+            .get(&session)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("session {}", session.0)))?;
+        let mut s = s.lock();
+        let inserts = s.pending.remove(&proof_id).ok_or_else(|| {
+            Error::Rejected(format!(
+                "ack for proof {proof_id} refused: never issued to this session or already acknowledged"
+            ))
+        })?;
+        s.mirror.insert_all(&inserts);
+        Ok(())
+    }
+
+    /// Runs `f` on the capsule's DAG (anti-entropy, tests, stats).
+    pub fn with_dag<T>(
+        &self,
+        capsule: &CapsuleName,
+        f: impl FnOnce(&CapsuleDag) -> T,
+    ) -> Result<T> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        Ok(f(&cap.dag))
+    }
+}
+
+fn unreachable_body() -> Result<Hash> {
+    Err(Error::invalid(
+        "subrecord records are written with commit_subrecords",
+    ))
+}

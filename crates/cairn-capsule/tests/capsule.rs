@@ -1,0 +1,482 @@
+//! End-to-end and adversarial tests of capsules: writer → server → reader.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use cairn_capsule::merkle::{verify_consistency, verify_inclusion};
+use cairn_capsule::*;
+use cairn_core::{Error, HashAlgo, SigningKey};
+use cairn_store::{LogStore, LogStoreOptions, MemoryStore, Store};
+use proptest::prelude::*;
+
+fn setup() -> (CapsuleServer, Writer, CapsuleMetadata, BodyKey) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "test");
+    let bk = BodyKey([7; 32]);
+    let ack = server.create(&meta).unwrap();
+    ack.verify(&server.public_key(), &meta.name(), &AckKind::Created)
+        .unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(bk.clone())).unwrap();
+    (server, w, meta, bk)
+}
+
+/// Writes `n` records, signing every `per_sig`-th (and the last); returns their names.
+fn write_chain(
+    server: &CapsuleServer,
+    w: &mut Writer,
+    n: usize,
+    per_sig: usize,
+) -> Vec<RecordName> {
+    let c = w.capsule();
+    let mut names = Vec::new();
+    for i in 0..n {
+        let r = w.record(format!("record {i}").as_bytes(), &[]).unwrap();
+        let name = r.name();
+        let sigs = if (i + 1) % per_sig == 0 || i + 1 == n {
+            vec![(name, w.sign(&name))]
+        } else {
+            vec![]
+        };
+        let ack = server.write(&c, &[r], &sigs).unwrap();
+        ack.verify(&server.public_key(), &c, &AckKind::Wrote(vec![name]))
+            .unwrap();
+        names.push(name);
+    }
+    names
+}
+
+#[test]
+fn write_read_prove_with_and_without_cache() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 100, 10);
+    // Without a cache: every proof verifies and runs to the next signature.
+    let mut plain = Reader::new(
+        c,
+        server.metadata(&c).unwrap(),
+        CachePolicy::Off,
+        Some(bk.clone()),
+    )
+    .unwrap();
+    let mut total_plain = 0;
+    for (i, n) in names.iter().enumerate() {
+        let rec = server.read(&c, n).unwrap();
+        assert_eq!(
+            plain.open_record(n, &rec).unwrap(),
+            format!("record {i}").as_bytes()
+        );
+        let p = server.prove(&c, n, None).unwrap().proof;
+        assert_eq!(p.chain.len(), 10 - i % 10);
+        total_plain += p.chain.len();
+        plain.verify_record(n, &p).unwrap();
+    }
+    // With a mirrored cache: the first proof of each signature block is long, the rest
+    // stop at the reader's cache.
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    let mut reader = Reader::new(c, meta.clone(), policy, Some(bk)).unwrap();
+    let sid = server
+        .open_session(&c, policy, &reader.cache().names())
+        .unwrap();
+    let mut total_cached = 0;
+    for n in &names {
+        let issued = server.prove(&c, n, Some(sid)).unwrap();
+        total_cached += issued.proof.chain.len();
+        reader.verify_record(n, &issued.proof).unwrap();
+        server.ack(sid, issued.proof_id).unwrap();
+    }
+    assert_eq!(total_plain, 550);
+    assert_eq!(total_cached, 10 * 10 + 90);
+    // A replayed ack is refused.
+    let issued = server.prove(&c, &names[0], Some(sid)).unwrap();
+    server.ack(sid, issued.proof_id).unwrap();
+    assert!(matches!(
+        server.ack(sid, issued.proof_id),
+        Err(Error::Rejected(_))
+    ));
+    assert!(matches!(server.ack(sid, 999_999), Err(Error::Rejected(_))));
+}
+
+#[test]
+fn server_refuses_bad_writes_and_changes_nothing() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 3, 3);
+    let size = server.query_fresh(&c).unwrap().size;
+    // Tampered body.
+    let mut r = w.record(b"x", &[]).unwrap();
+    r.body[0] ^= 1;
+    assert!(matches!(
+        server.write(&c, &[r], &[]),
+        Err(Error::Rejected(_))
+    ));
+    // A header naming another capsule.
+    let other = CapsuleMetadata::new(
+        HashAlgo::Blake3,
+        SigningKey::from_seed(&[2; 32]).public(),
+        "other",
+    );
+    let foreign = Record::new(other.name(), b"y".to_vec(), vec![names[2]]);
+    assert!(matches!(
+        server.write(&c, &[foreign], &[]),
+        Err(Error::Rejected(_))
+    ));
+    // A forged signature: made by a key that is not a writer.
+    let r = w.record(b"z", &[]).unwrap();
+    let intruder = Writer::new(
+        CapsuleMetadata {
+            writers: vec![SigningKey::from_seed(&[3; 32]).public()],
+            ..meta.clone()
+        },
+        SigningKey::from_seed(&[3; 32]),
+        None,
+    )
+    .unwrap();
+    let forged = intruder.sign(&r.name());
+    assert!(matches!(
+        server.write(&c, std::slice::from_ref(&r), &[(r.name(), forged)]),
+        Err(Error::Rejected(_))
+    ));
+    assert!(matches!(
+        server.sign(&c, &names[0], forged),
+        Err(Error::Rejected(_))
+    ));
+    // A signature on a record the server does not have.
+    let ghost = w.record(b"ghost", &[]).unwrap();
+    assert!(matches!(
+        server.sign(&c, &ghost.name(), w.sign(&ghost.name())),
+        Err(Error::NotFound(_))
+    ));
+    // Nothing changed.
+    let after = server.query_fresh(&c).unwrap();
+    assert_eq!(after.size, size);
+    assert_eq!(after.heads, vec![names[2]]);
+}
+
+#[test]
+fn reader_refuses_bad_proofs() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 20, 5);
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    let good = server.prove(&c, &names[1], None).unwrap().proof;
+    assert_eq!(good.chain.len(), 4);
+    // Truncated proof: the last header is dropped, so the signature is on another name.
+    let mut t = good.clone();
+    t.chain.pop();
+    assert!(matches!(
+        reader.verify_record(&names[1], &t),
+        Err(Error::Rejected(_))
+    ));
+    // Altered backpointers in a middle header break the chain.
+    let mut a = good.clone();
+    a.chain[2].backpointers.reverse();
+    a.chain[2].backpointers.push(names[10]);
+    assert!(reader.verify_record(&names[1], &a).is_err());
+    // Proof for another record.
+    assert!(reader.verify_record(&names[2], &good).is_err());
+    // A record not in the capsule, proved by a chain from another capsule.
+    let (s2, mut w2, m2, _) = setup_other();
+    let n2 = write_chain(&s2, &mut w2, 2, 2);
+    let p2 = s2.prove(&m2.name(), &n2[0], None).unwrap().proof;
+    assert!(matches!(
+        reader.verify_record(&n2[0], &p2),
+        Err(Error::Rejected(_))
+    ));
+    // An anchor that claims a cache the reader does not have.
+    let mut cached = good.clone();
+    cached.anchor = Anchor::Cached;
+    assert!(matches!(
+        reader.verify_record(&names[1], &cached),
+        Err(Error::Rejected(_))
+    ));
+    // Forged signature anchor.
+    let mut forged = good.clone();
+    if let Anchor::Signed(ws) = &mut forged.anchor {
+        ws.sig = SigningKey::from_seed(&[5; 32]).sign(cairn_capsule::proof::DOMAIN_RECORD, b"x");
+    }
+    assert!(matches!(
+        reader.verify_record(&names[1], &forged),
+        Err(Error::Rejected(_))
+    ));
+    // Encodings round-trip and truncated bytes are refused.
+    let bytes = good.to_bytes();
+    assert_eq!(RecordProof::from_bytes(&bytes).unwrap(), good);
+    assert!(RecordProof::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+    reader.verify_record(&names[1], &good).unwrap();
+    // A record no signature covers yet has no proof.
+    let r = w.record(b"unsigned", &[]).unwrap();
+    server.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+    assert!(matches!(
+        server.prove(&c, &r.name(), None),
+        Err(Error::NotFound(_))
+    ));
+}
+
+fn setup_other() -> (CapsuleServer, Writer, CapsuleMetadata, BodyKey) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[19; 32]),
+        ServerOptions::default(),
+    );
+    let wk = SigningKey::from_seed(&[11; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "other");
+    server.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(BodyKey([0; 32]))).unwrap();
+    (server, w, meta, BodyKey([0; 32]))
+}
+
+#[test]
+fn wrong_mirror_slows_but_never_fools_the_reader() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 30, 10);
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let mut reader = Reader::new(c, meta, policy, None).unwrap();
+    // The session claims the reader caches records it never verified.
+    let lie: Vec<_> = names[5..10].iter().map(|n| *n.hash()).collect();
+    let sid = server.open_session(&c, policy, &lie).unwrap();
+    let issued = server.prove(&c, &names[3], Some(sid)).unwrap();
+    assert_eq!(issued.proof.anchor, Anchor::Cached);
+    assert!(matches!(
+        reader.verify_record(&names[3], &issued.proof),
+        Err(Error::Rejected(_))
+    ));
+    // The reader falls back to a proof without the cache, which verifies.
+    let full = server.prove(&c, &names[3], None).unwrap().proof;
+    reader.verify_record(&names[3], &full).unwrap();
+}
+
+#[test]
+fn subrecords_commit_read_prove() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let mut subs = Vec::new();
+    for i in 0..37 {
+        subs.push(w.write_subrecord(format!("sub {i}").as_bytes()).unwrap());
+    }
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    let name = header.name();
+    // A tampered subrecord is refused.
+    let mut bad = sealed.clone();
+    bad[3][0] ^= 1;
+    assert!(matches!(
+        server.commit_subrecords(&c, &header, &bad, Some(sig)),
+        Err(Error::Rejected(_))
+    ));
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    assert_eq!(server.subrecords(&c, &name).unwrap(), subs);
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    let mut reader = Reader::new(c, meta.clone(), policy, Some(bk)).unwrap();
+    let sid = server.open_session(&c, policy, &[]).unwrap();
+    let mut path_total = 0;
+    for (i, s) in subs.iter().enumerate() {
+        let data = server.read_subrecord(&c, s).unwrap();
+        assert_eq!(
+            reader.open_subrecord(s, &data).unwrap(),
+            format!("sub {i}").as_bytes()
+        );
+        let issued = server.prove_subrecord(&c, s, Some(sid)).unwrap();
+        path_total += issued.proof.path.len();
+        reader.verify_subrecord(s, &issued.proof).unwrap();
+        server.ack(sid, issued.proof_id).unwrap();
+    }
+    // Sequential proofs share most of their paths: far fewer than 37 full paths (6 each).
+    assert!(path_total < 37 * 2, "path_total {path_total}");
+    // Without the cache every proof is a full path plus the record proof.
+    let mut cold = Reader::new(c, meta, CachePolicy::Off, None).unwrap();
+    let p = server.prove_subrecord(&c, &subs[5], None).unwrap().proof;
+    assert!(p.path.len() >= 5 && p.record.is_some());
+    cold.verify_subrecord(&subs[5], &p).unwrap();
+    // The proof of one subrecord does not prove another.
+    assert!(cold.verify_subrecord(&subs[6], &p).is_err());
+    let mut cut = p.clone();
+    cut.path.pop();
+    assert!(cold.verify_subrecord(&subs[5], &cut).is_err());
+}
+
+#[test]
+fn merkle_log_checkpoints_and_proofs() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 50, 7);
+    let pk = server.public_key();
+    let cp1 = server.query_fresh(&c).unwrap();
+    cp1.verify(&pk).unwrap();
+    let more = write_chain(&server, &mut w, 30, 7);
+    let cp2 = server.query_fresh(&c).unwrap();
+    cp2.verify(&pk).unwrap();
+    assert_eq!(cp2.heads, vec![more[29]]);
+    let cons = server.log_consistency(&c, cp1.size, cp2.size).unwrap();
+    verify_consistency(
+        HashAlgo::Blake3,
+        cp1.size,
+        cp2.size,
+        &cp1.root,
+        &cp2.root,
+        &cons,
+    )
+    .unwrap();
+    let (idx, path) = server.log_inclusion(&c, &names[17], cp2.size).unwrap();
+    let leaf = CapsuleDag::log_leaf(&names[17]);
+    verify_inclusion(HashAlgo::Blake3, idx, cp2.size, &leaf, &path, &cp2.root).unwrap();
+    assert!(path.len() <= 7);
+    let mut forged = cp2.clone();
+    forged.size += 1;
+    assert!(forged.verify(&pk).is_err());
+}
+
+#[test]
+fn journal_replays_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "durable");
+    let c = meta.name();
+    let (names, heads, root) = {
+        let store: Arc<dyn Store> =
+            Arc::new(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+        let server = CapsuleServer::new(
+            store,
+            SigningKey::from_seed(&[9; 32]),
+            ServerOptions::default(),
+        );
+        server.create(&meta).unwrap();
+        let mut w = Writer::new(meta.clone(), wk.clone(), Some(BodyKey([7; 32])))
+            .unwrap()
+            .with_skip_pointers(true);
+        let names = write_chain(&server, &mut w, 64, 16);
+        let cp = server.query_fresh(&c).unwrap();
+        (names, cp.heads, cp.root)
+    };
+    let store: Arc<dyn Store> =
+        Arc::new(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    );
+    assert_eq!(server.capsule_names().unwrap(), vec![c]);
+    let cp = server.query_fresh(&c).unwrap();
+    assert_eq!(cp.heads, heads);
+    assert_eq!(cp.root, root);
+    let mut reader = Reader::new(c, server.metadata(&c).unwrap(), CachePolicy::Off, None).unwrap();
+    for n in &names {
+        let p = server.prove(&c, n, None).unwrap().proof;
+        // Skip pointers keep chains logarithmic: without them the first record of each
+        // 16-record block would need 16 headers; with them at most 2·log2(16) + 1.
+        assert!(p.chain.len() <= 9, "chain of {}", p.chain.len());
+        reader.verify_record(n, &p).unwrap();
+    }
+}
+
+/// A model of witnesses: the shortest distance from each present record to a signed one,
+/// walking from a record to present children that point at it.
+fn model_hops(
+    present: &BTreeSet<usize>,
+    parents: &HashMap<usize, Vec<usize>>,
+    signed: &BTreeSet<usize>,
+) -> HashMap<usize, u32> {
+    let mut dist = HashMap::new();
+    let mut q = VecDeque::new();
+    for s in signed {
+        if present.contains(s) {
+            dist.insert(*s, 0);
+            q.push_back(*s);
+        }
+    }
+    while let Some(x) = q.pop_front() {
+        let d = dist[&x];
+        for p in &parents[&x] {
+            if present.contains(p) && !dist.contains_key(p) {
+                dist.insert(*p, d + 1);
+                q.push_back(*p);
+            }
+        }
+    }
+    dist
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Records arrive in any order (holes, late parents), signatures land anywhere: the
+    /// DAG's witnesses are always shortest, heads and roots are the physical ones, and
+    /// every proof the server gives verifies.
+    #[test]
+    fn dag_matches_model(
+        n in 2usize..40,
+        links in proptest::collection::vec((0usize..40, 0usize..40), 0..60),
+        order_seed in any::<u64>(),
+        sig_every in 1usize..9,
+    ) {
+        let (server, _w, meta, _) = setup();
+        let c = meta.name();
+        let wk = SigningKey::from_seed(&[1; 32]);
+        // Record i points to i-1 and to random earlier records.
+        let mut parents: HashMap<usize, Vec<usize>> = HashMap::new();
+        for i in 0..n {
+            let mut ps = if i > 0 { vec![i - 1] } else { vec![] };
+            for (a, b) in &links {
+                let (a, b) = (a % n, b % n);
+                if a == i && b < i && !ps.contains(&b) { ps.push(b); }
+            }
+            parents.insert(i, ps);
+        }
+        let mut recs: Vec<Record> = Vec::new();
+        for i in 0..n {
+            let bp = parents[&i].iter().map(|p| recs[*p].name()).collect();
+            recs.push(Record::new(c, format!("{i}").into_bytes(), bp));
+        }
+        let writer = Writer::new(meta.clone(), wk, None).unwrap();
+        // Deterministic shuffle of arrival order.
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut s = order_seed | 1;
+        for i in (1..n).rev() {
+            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+            order.swap(i, (s % (i as u64 + 1)) as usize);
+        }
+        let mut present = BTreeSet::new();
+        let mut signed = BTreeSet::new();
+        for (step, &i) in order.iter().enumerate() {
+            let name = recs[i].name();
+            let sigs = if step % sig_every == 0 { vec![(name, writer.sign(&name))] } else { vec![] };
+            server.write(&c, &[recs[i].clone()], &sigs).unwrap();
+            present.insert(i);
+            if !sigs.is_empty() { signed.insert(i); }
+            let want = model_hops(&present, &parents, &signed);
+            server.with_dag(&c, |dag| {
+                for &j in &present {
+                    let got = dag.witness(&recs[j].name()).unwrap().hops();
+                    assert_eq!(got, want.get(&j).copied(), "record {j}");
+                }
+                let heads: BTreeSet<_> = present.iter().filter(|&&j| {
+                    !present.iter().any(|&k| parents[&k].contains(&j))
+                }).map(|&j| recs[j].name()).collect();
+                assert_eq!(dag.heads().into_iter().collect::<BTreeSet<_>>(), heads);
+                let roots: BTreeSet<_> = present.iter().filter(|&&j| {
+                    !parents[&j].iter().any(|p| present.contains(p))
+                }).map(|&j| recs[j].name()).collect();
+                assert_eq!(dag.roots().into_iter().collect::<BTreeSet<_>>(), roots);
+            }).unwrap();
+        }
+        let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+        let want = model_hops(&present, &parents, &signed);
+        for (i, r) in recs.iter().enumerate() {
+            match server.prove(&c, &r.name(), None) {
+                Ok(issued) => {
+                    prop_assert_eq!(issued.proof.chain.len() as u32 - 1, want[&i]);
+                    reader.verify_record(&r.name(), &issued.proof).unwrap();
+                }
+                Err(_) => prop_assert!(!want.contains_key(&i)),
+            }
+        }
+    }
+}
