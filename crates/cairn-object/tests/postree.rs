@@ -784,3 +784,87 @@ fn batch_leaving_a_single_node() {
     .unwrap();
     assert_eq!(got, want);
 }
+
+/// Deterministic bytes that do not depend on any crate's generator (splitmix64), with
+/// zero runs mixed in so some leaves are cut at the maximum size.
+fn golden_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    let mut next = move || {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        let x = next();
+        if x % 97 == 0 {
+            let run = (x >> 8) as usize % 70_000;
+            v.resize(v.len() + run, (x >> 40) as u8);
+        } else {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+/// Root cids of fixed inputs, recorded before the blob write path was optimised: cids,
+/// chunk framing and POS-tree boundaries must never change, or stored data stops matching.
+#[test]
+fn golden_roots_are_unchanged() {
+    use cairn_core::HashAlgo;
+    let data = golden_bytes(3 << 20, 1);
+    let elems: Vec<Vec<u8>> = (0..20_000u32)
+        .map(|i| format!("element-{i:06}-{}", i.wrapping_mul(2_654_435_761)).into_bytes())
+        .collect();
+    let mut got = Vec::new();
+    for algo in [HashAlgo::Blake3, HashAlgo::Sha256] {
+        for c in [TreeConfig::default(), cfg(64, 64), cfg(1000, 256)] {
+            let s = MemoryStore::with_algo(algo);
+            for n in [
+                0usize,
+                1,
+                2,
+                3,
+                100,
+                1023,
+                1024,
+                1025,
+                4096,
+                70_000,
+                3 << 20,
+            ] {
+                let t = postree::build_blob(&s, &c, &data[..n]).unwrap();
+                let mut w = BlobWriter::new(&s, &c);
+                for part in data[..n].chunks(77_777) {
+                    w.write_all(part).unwrap();
+                }
+                assert_eq!(w.finish().unwrap(), t);
+                got.push(format!("{algo} {c:?} blob {n}: {}", t.root));
+            }
+            let t = postree::build_list(&s, &c, &elems).unwrap();
+            got.push(format!("{algo} {c:?} list: {}", t.root));
+            let t = postree::build_map(&s, &c, elems.iter().map(|e| (e, e))).unwrap();
+            got.push(format!("{algo} {c:?} map: {}", t.root));
+            let t = postree::build_set(&s, &c, &elems).unwrap();
+            got.push(format!("{algo} {c:?} set: {}", t.root));
+        }
+    }
+    let blob = "blake3 TreeConfig { leaf_target: 4096, index_target: 4096 } blob 3145728: \
+                1e20aa43ea72a80e071bbb0a69b5b61b5c0b0bc96935405973cb52465ec2235e5c0d";
+    assert!(
+        got.iter().any(|g| g == blob),
+        "default 3 MiB blob root changed"
+    );
+    let joined = got.join("\n");
+    let fingerprint = cairn_core::HashAlgo::Sha256
+        .digest(joined.as_bytes())
+        .to_hex();
+    println!("{joined}\nfingerprint {fingerprint}");
+    assert_eq!(fingerprint, GOLDEN_FINGERPRINT, "{joined}");
+}
+
+const GOLDEN_FINGERPRINT: &str =
+    "12205b919527667b411b089d9ad6b2f1f08f3673391a22e4ca525177c84a0a8a12ce";
