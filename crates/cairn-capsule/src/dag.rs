@@ -85,6 +85,8 @@ pub struct CapsuleDag {
     children: HashMap<RecordName, Vec<RecordName>>,
     heads: BTreeSet<RecordName>,
     roots: BTreeSet<RecordName>,
+    /// Names some present record points to that are not present (holes).
+    missing: BTreeSet<RecordName>,
     signatures: HashMap<RecordName, WriterSignature>,
     order: Vec<RecordName>,
     log: MerkleLog,
@@ -103,6 +105,7 @@ impl CapsuleDag {
             children: HashMap::new(),
             heads: BTreeSet::new(),
             roots: BTreeSet::new(),
+            missing: BTreeSet::new(),
             signatures: HashMap::new(),
             order: Vec::new(),
             log,
@@ -176,6 +179,11 @@ impl CapsuleDag {
         self.roots.iter().copied().collect()
     }
 
+    /// Names that present records point to but that are not present (the holes), sorted.
+    pub fn missing(&self) -> Vec<RecordName> {
+        self.missing.iter().copied().collect()
+    }
+
     /// Present records that point to `name`.
     pub fn children(&self, name: &RecordName) -> &[RecordName] {
         self.children.get(name).map_or(&[], |v| v.as_slice())
@@ -204,10 +212,13 @@ impl CapsuleDag {
         let index = self.log.push(Self::log_leaf(&name));
         self.order.push(name);
         let mut root = true;
+        self.missing.remove(&name);
         for p in &header.backpointers {
             if self.nodes.contains_key(p) {
                 root = false;
                 self.heads.remove(p);
+            } else {
+                self.missing.insert(*p);
             }
             self.children.entry(*p).or_default().push(name);
         }

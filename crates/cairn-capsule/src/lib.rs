@@ -23,7 +23,9 @@ pub mod merkle;
 pub mod metadata;
 pub mod proof;
 pub mod record;
+pub mod riblt;
 pub mod server;
+pub mod sync;
 
 pub use cache::{CachePolicy, VerificationCache};
 pub use client::{Reader, Writer};
@@ -31,4 +33,8 @@ pub use dag::{CapsuleDag, Witness};
 pub use metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
 pub use proof::{Anchor, RecordProof, SubrecordProof, WriterSignature};
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
-pub use server::{Ack, AckKind, CapsuleServer, Checkpoint, ServerOptions, SessionId};
+pub use server::{
+    Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, ServerOptions, SessionId, SyncBody,
+    SyncRecord,
+};
+pub use sync::{SyncMsg, SyncReport, SyncSession, sync_pair};

@@ -17,7 +17,7 @@
 //! and, past [`ServerOptions::max_unproven`], more records that no signature covers yet.
 //! Each gets a clear error and changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -239,6 +239,8 @@ pub struct CapsuleServer {
     capsules: Mutex<HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
     sessions: Mutex<HashMap<SessionId, Arc<Mutex<Session>>>>,
     next_session: AtomicU64,
+    /// Per (capsule, peer server): this server's log size when their last sync finished.
+    cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
 }
 
 enum JournalEntry {
@@ -349,6 +351,7 @@ impl CapsuleServer {
             capsules: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
+            cursors: Mutex::new(HashMap::new()),
         }
     }
 
@@ -1092,4 +1095,383 @@ fn unreachable_body() -> Result<Hash> {
     Err(Error::invalid(
         "subrecord records are written with commit_subrecords",
     ))
+}
+
+/// A record as anti-entropy ships it: header, body or subrecords, and its writer signature
+/// if it has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncRecord {
+    /// The header.
+    pub header: RecordHeader,
+    /// The body.
+    pub body: SyncBody,
+    /// The writer signature on this record, if any.
+    pub signature: Option<WriterSignature>,
+}
+
+/// The data of a [`SyncRecord`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncBody {
+    /// A plain record's sealed body.
+    Plain(Vec<u8>),
+    /// A subrecord record's sealed subrecords, in tree order.
+    Subrecords(Vec<Vec<u8>>),
+}
+
+/// What [`CapsuleServer::apply_sync`] did with a batch from a peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Records stored.
+    pub accepted: usize,
+    /// Records already present.
+    pub duplicate: usize,
+    /// Records refused because they failed a check (body, capsule, subrecords, signature).
+    pub corrupt: usize,
+    /// Records refused because no writer signature reaches them.
+    pub unproven: usize,
+}
+
+impl SyncRecord {
+    /// Checks everything that needs no other record: capsule, body or subrecord root,
+    /// signature. Returns the record name.
+    fn check(&self, meta: &CapsuleMetadata) -> Result<RecordName> {
+        if self.header.capsule != meta.name() {
+            return Err(Error::Rejected("record names another capsule".into()));
+        }
+        let name = self.header.name();
+        match (&self.header.body, &self.body) {
+            (BodyRef::Plain { .. }, SyncBody::Plain(b)) => {
+                Record {
+                    header: self.header.clone(),
+                    body: b.clone(),
+                }
+                .check_body()?;
+            }
+            (BodyRef::Subrecords { root, count }, SyncBody::Subrecords(subs)) => {
+                if subs.len() as u64 != *count || subs.len() > MAX_SUBRECORDS {
+                    return Err(Error::Rejected("subrecord count does not match".into()));
+                }
+                let algo = meta.algo;
+                let leaves: Vec<Digest> = subs
+                    .iter()
+                    .map(|s| subrecord_leaf(&subrecord_name(algo, s)))
+                    .collect();
+                if Hash::new(algo, merkle::root_of(algo, &leaves)) != *root {
+                    return Err(Error::Rejected("subrecords do not hash to the root".into()));
+                }
+            }
+            _ => {
+                return Err(Error::Rejected(
+                    "body kind does not match the header".into(),
+                ));
+            }
+        }
+        if let Some(ws) = &self.signature {
+            ws.verify(meta, &name)?;
+        }
+        Ok(name)
+    }
+}
+
+impl CapsuleServer {
+    /// Proven records this server accepted since its last finished sync with `peer`, and
+    /// its log size now.
+    pub fn since_last_sync(
+        &self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+    ) -> Result<Vec<RecordName>> {
+        let cursor = self
+            .cursors
+            .lock()
+            .get(&(*capsule, *peer))
+            .copied()
+            .unwrap_or(0);
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        let order = cap.dag.order();
+        let from = (cursor as usize).min(order.len());
+        Ok(order[from..]
+            .iter()
+            .filter(|n| cap.dag.witness(n).and_then(|w| w.hops()).is_some())
+            .copied()
+            .collect())
+    }
+
+    /// Marks a sync with `peer` finished: the next one starts from the current log size.
+    pub fn finish_sync(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<()> {
+        let size = self.capsule(capsule)?.lock().dag.log().size();
+        self.cursors.lock().insert((*capsule, *peer), size);
+        Ok(())
+    }
+
+    /// The present, proven records among `names`, ready to ship to a peer.
+    pub fn export(&self, capsule: &CapsuleName, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
+        let picked: Vec<(RecordName, StoredBody, Option<WriterSignature>)> = {
+            let cap = self.capsule(capsule)?;
+            let cap = cap.lock();
+            names
+                .iter()
+                .filter_map(|n| {
+                    let node = cap.dag.node(n)?;
+                    node.witness.hops()?;
+                    Some((*n, node.body, cap.dag.signature(n).copied()))
+                })
+                .collect()
+        };
+        let mut out = Vec::with_capacity(picked.len());
+        for (name, body, signature) in picked {
+            let header = self.header(&name)?;
+            let body = match body {
+                StoredBody::Plain { .. } => SyncBody::Plain(self.read(capsule, &name)?.body),
+                StoredBody::Subrecords { list, .. } => {
+                    let mut subs = Vec::new();
+                    for s in self.subrecord_list(&list)? {
+                        subs.push(self.read_subrecord(capsule, &s)?);
+                    }
+                    SyncBody::Subrecords(subs)
+                }
+            };
+            out.push(SyncRecord {
+                header,
+                body,
+                signature,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Stores what a peer sent, after verifying every record: a record is taken only if it
+    /// passes its own checks and a writer signature reaches it through records in this
+    /// batch or already here. Everything else is dropped and counted.
+    pub fn apply_sync(&self, capsule: &CapsuleName, batch: &[SyncRecord]) -> Result<ApplyReport> {
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        let meta = cap.dag.meta().clone();
+        let mut report = ApplyReport::default();
+        let mut fresh: HashMap<RecordName, &SyncRecord> = HashMap::new();
+        let mut new_sigs: Vec<(RecordName, WriterSignature)> = Vec::new();
+        for r in batch {
+            let Ok(name) = r.check(&meta) else {
+                report.corrupt += 1;
+                continue;
+            };
+            if cap.dag.contains(&name) {
+                report.duplicate += 1;
+                if let Some(ws) = r.signature
+                    && cap.dag.signature(&name).is_none()
+                {
+                    new_sigs.push((name, ws));
+                }
+                continue;
+            }
+            fresh.insert(name, r);
+        }
+        // Which fresh records does a signature reach? Seeds: signed fresh records, fresh
+        // records a proven present record points to, and present records signed in this
+        // batch; then walk down backpointers through fresh records and through present
+        // records that are not proven yet (a batch may complete their chains too).
+        let mut proven: HashSet<RecordName> = HashSet::new();
+        let mut visited: HashSet<RecordName> = HashSet::new();
+        let mut queue: VecDeque<RecordName> = VecDeque::new();
+        for (n, r) in &fresh {
+            let by_child = cap
+                .dag
+                .children(n)
+                .iter()
+                .any(|c| cap.dag.witness(c).and_then(|w| w.hops()).is_some());
+            if r.signature.is_some() || by_child {
+                proven.insert(*n);
+                visited.insert(*n);
+                queue.push_back(*n);
+            }
+        }
+        for (n, _) in &new_sigs {
+            if visited.insert(*n) {
+                queue.push_back(*n);
+            }
+        }
+        while let Some(x) = queue.pop_front() {
+            let parents: Vec<RecordName> = match fresh.get(&x) {
+                Some(r) => r.header.backpointers.clone(),
+                None => cap
+                    .dag
+                    .node(&x)
+                    .map(|n| n.backpointers.to_vec())
+                    .unwrap_or_default(),
+            };
+            for p in parents {
+                if fresh.contains_key(&p) {
+                    if proven.insert(p) {
+                        visited.insert(p);
+                        queue.push_back(p);
+                    }
+                } else if cap.dag.witness(&p) == Some(crate::dag::Witness::Unknown)
+                    && visited.insert(p)
+                {
+                    queue.push_back(p);
+                }
+            }
+        }
+        report.unproven = fresh.len() - proven.len();
+        let mut entries = Vec::new();
+        let mut inserts = Vec::new();
+        // Keep the peer's order for the accepted records (deterministic journal).
+        for r in batch {
+            let name = r.header.name();
+            if !proven.remove(&name) {
+                continue;
+            }
+            let hb = r.header.encode();
+            let body = match &r.body {
+                SyncBody::Plain(b) => {
+                    let BodyRef::Plain { hash, .. } = r.header.body else {
+                        continue;
+                    };
+                    self.store.put_hashed(hash, &body_chunk(b))?;
+                    StoredBody::Plain { cid: hash }
+                }
+                SyncBody::Subrecords(subs) => {
+                    let mut list = Encoder::with_capacity(4 + 34 * subs.len());
+                    list.raw(&TAG_SUBRECORD_LIST).varint(subs.len() as u64);
+                    let mut names = Vec::with_capacity(subs.len());
+                    for sdata in subs {
+                        let sn = subrecord_name(meta.algo, sdata);
+                        let mut chunk = Vec::with_capacity(2 + sdata.len());
+                        chunk.extend_from_slice(&TAG_SUBRECORD);
+                        chunk.extend_from_slice(sdata);
+                        self.store.put_hashed(sn, &chunk)?;
+                        list.hash(&sn);
+                        names.push(sn);
+                    }
+                    let list_cid = self.store.put(&list.finish())?;
+                    for (i, sn) in names.iter().enumerate() {
+                        cap.subrecords.entry(*sn).or_insert((name, i as u32));
+                    }
+                    StoredBody::Subrecords {
+                        list: list_cid,
+                        count: subs.len() as u64,
+                    }
+                }
+            };
+            self.store.put_hashed(*name.hash(), &hb)?;
+            entries.push(JournalEntry::Record { name, body });
+            if let Some(ws) = r.signature {
+                new_sigs.push((name, ws));
+            }
+            inserts.push((name, r.header.clone(), body));
+        }
+        for (name, ws) in &new_sigs {
+            entries.push(JournalEntry::Signature {
+                name: *name,
+                sig: *ws,
+            });
+        }
+        if entries.is_empty() {
+            return Ok(report);
+        }
+        self.append_journal(capsule, &mut cap, &entries)?;
+        report.accepted = inserts.len();
+        for (name, header, body) in inserts {
+            cap.dag.insert(name, &header, body);
+        }
+        for (name, ws) in new_sigs {
+            cap.dag.insert_verified_signature(name, ws);
+        }
+        Ok(report)
+    }
+
+    /// Heads and roots of this server's DAG of `capsule`.
+    pub fn heads_roots(&self, capsule: &CapsuleName) -> Result<(Vec<RecordName>, Vec<RecordName>)> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        Ok((cap.dag.heads(), cap.dag.roots()))
+    }
+
+    /// Names this server's records point to but that it does not have (its holes).
+    pub fn missing(&self, capsule: &CapsuleName) -> Result<Vec<RecordName>> {
+        Ok(self.capsule(capsule)?.lock().dag.missing())
+    }
+
+    /// Lu's heads/roots walk (DCS §3.4): given a peer's heads and roots, the records this
+    /// server should send it: descendants of the peer's stale heads, ancestors of the
+    /// peer's roots that are holes, and this server's own heads and roots (with up to
+    /// `depth` records beyond them) that the peer does not list, and the records the peer
+    /// lists as missing (with up to `depth` of their ancestors). Only proven records.
+    pub fn lu_patch(
+        &self,
+        capsule: &CapsuleName,
+        peer_heads: &[RecordName],
+        peer_roots: &[RecordName],
+        peer_missing: &[RecordName],
+        depth: usize,
+    ) -> Result<Vec<RecordName>> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        let dag = &cap.dag;
+        let known: HashSet<RecordName> = peer_heads.iter().chain(peer_roots).copied().collect();
+        let mut out: Vec<RecordName> = Vec::new();
+        let mut seen: HashSet<RecordName> = HashSet::new();
+        let walk = |start: RecordName,
+                    down: bool,
+                    limit: usize,
+                    out: &mut Vec<RecordName>,
+                    seen: &mut HashSet<RecordName>| {
+            let mut q = VecDeque::from([(start, 0usize)]);
+            while let Some((x, d)) = q.pop_front() {
+                if d >= limit {
+                    continue;
+                }
+                let next: Vec<RecordName> = if down {
+                    dag.node(&x)
+                        .map(|n| n.backpointers.to_vec())
+                        .unwrap_or_default()
+                } else {
+                    dag.children(&x).to_vec()
+                };
+                for y in next {
+                    if dag.contains(&y) && !known.contains(&y) && seen.insert(y) {
+                        out.push(y);
+                        q.push_back((y, d + 1));
+                    }
+                }
+            }
+        };
+        for h in peer_heads {
+            // Stale branch: the peer's head has descendants here.
+            if dag.contains(h) && !dag.children(h).iter().all(|c| !dag.contains(c)) {
+                walk(*h, false, usize::MAX, &mut out, &mut seen);
+            }
+        }
+        for r in peer_roots {
+            // Hole: the peer's root has ancestors here.
+            if let Some(n) = dag.node(r)
+                && n.backpointers.iter().any(|p| dag.contains(p))
+            {
+                walk(*r, true, depth, &mut out, &mut seen);
+            }
+        }
+        for m in peer_missing {
+            // A hole the peer knows it has (beyond Lu: a record with one present and one
+            // absent backpointer is no root, so roots alone miss such holes).
+            if dag.contains(m) && seen.insert(*m) {
+                out.push(*m);
+                walk(*m, true, depth, &mut out, &mut seen);
+            }
+        }
+        for h in dag.heads() {
+            if !known.contains(&h) && seen.insert(h) {
+                out.push(h);
+                walk(h, true, depth, &mut out, &mut seen);
+            }
+        }
+        for r in dag.roots() {
+            if !known.contains(&r) && seen.insert(r) {
+                out.push(r);
+                walk(r, false, depth, &mut out, &mut seen);
+            }
+        }
+        out.retain(|n| dag.witness(n).and_then(|w| w.hops()).is_some());
+        Ok(out)
+    }
 }

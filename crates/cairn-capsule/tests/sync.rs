@@ -1,0 +1,227 @@
+//! Anti-entropy: replicas converge exactly over random divergences, and a faulty peer's
+//! corrupt records are refused.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use cairn_capsule::*;
+use cairn_core::{HashAlgo, SigningKey};
+use cairn_store::{MemoryStore, Store};
+use proptest::prelude::*;
+
+fn server(seed: u8) -> CapsuleServer {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[seed; 32]),
+        ServerOptions::default(),
+    )
+}
+
+fn present(s: &CapsuleServer, c: &CapsuleName) -> BTreeSet<RecordName> {
+    s.with_dag(c, |d| d.order().iter().copied().collect())
+        .unwrap()
+}
+
+fn proven(s: &CapsuleServer, c: &CapsuleName) -> BTreeSet<RecordName> {
+    s.with_dag(c, |d| {
+        d.order()
+            .iter()
+            .filter(|n| d.witness(n).and_then(|w| w.hops()).is_some())
+            .copied()
+            .collect()
+    })
+    .unwrap()
+}
+
+/// A scenario: `n` records on up to 3 branches of one writer, signed every `every`, each
+/// delivered to A, B or both.
+fn scenario(
+    n: usize,
+    every: usize,
+    placement: &[u8],
+    branch: &[u8],
+) -> (
+    CapsuleServer,
+    CapsuleServer,
+    CapsuleName,
+    BTreeSet<RecordName>,
+) {
+    let a = server(1);
+    let b = server(2);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "sync");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+    let mut tips: Vec<Option<RecordName>> = vec![None; 3];
+    let mut all = BTreeSet::new();
+    for i in 0..n {
+        let br = (branch.get(i).copied().unwrap_or(0) % 3) as usize;
+        // Branches fork from branch 0's tip; occasionally merge all tips.
+        let mut bp: Vec<RecordName> = Vec::new();
+        if let Some(t) = tips[br].or(tips[0]) {
+            bp.push(t);
+        }
+        if i % 17 == 16 {
+            for t in tips.iter().flatten() {
+                if !bp.contains(t) {
+                    bp.push(*t);
+                }
+            }
+        }
+        let sealed = cairn_capsule::record::seal(
+            meta.cipher,
+            Some(&BodyKey([3; 32])),
+            &c,
+            format!("r{i}").as_bytes(),
+        )
+        .unwrap();
+        let r = Record::new(c, sealed, bp);
+        let name = r.name();
+        tips[br] = Some(name);
+        let sign = i % every == every - 1 || i + 1 == n;
+        let sigs = if sign {
+            vec![(name, w.sign(&name))]
+        } else {
+            vec![]
+        };
+        match placement.get(i).copied().unwrap_or(0) % 4 {
+            0 => {
+                a.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+            }
+            1 => {
+                b.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+            }
+            _ => {
+                a.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+                b.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+            }
+        }
+        all.insert(name);
+    }
+    // Every branch tip gets signed at the end so the whole union is provable.
+    for t in tips.iter().flatten() {
+        let ws = w.sign(t);
+        for s in [&a, &b] {
+            if s.with_dag(&c, |d| d.contains(t)).unwrap() {
+                s.sign(&c, t, ws).unwrap();
+            }
+        }
+    }
+    (a, b, c, all)
+}
+
+#[test]
+fn long_offline_replica_catches_up_and_second_sync_is_quick() {
+    // B was offline for records 50..250 of 300.
+    let placement: Vec<u8> = (0..300)
+        .map(|i| if (50..250).contains(&i) { 0 } else { 2 })
+        .collect();
+    let (a, b, c, all) = scenario(300, 10, &placement, &[]);
+    let (ra, rb) = sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), all);
+    assert_eq!(present(&b, &c), all);
+    assert_eq!(proven(&b, &c), all);
+    assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
+    assert!(!ra.quick_match && ra.symbols > 0, "{ra:?} {rb:?}");
+    assert_eq!(rb.accepted, 200);
+    // Set reconciliation moved the bulk in one exchange, not hundreds of Lu rounds.
+    assert!(ra.rounds + rb.rounds <= 4, "{ra:?} {rb:?}");
+    let (ra2, _) = sync_pair(&a, &b, &c).unwrap();
+    assert!(ra2.quick_match);
+}
+
+#[test]
+fn faulty_peer_records_are_refused() {
+    let placement: Vec<u8> = (0..40).map(|i| if i >= 20 { 0 } else { 2 }).collect();
+    let (a, b, c, all) = scenario(40, 5, &placement, &[]);
+    // A faulty A: tamper every body it sends.
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let tamper = |m: SyncMsg| match m {
+        SyncMsg::Exchange {
+            mut records,
+            want,
+            heads,
+            roots,
+            missing,
+        } => {
+            for r in &mut records {
+                if let SyncBody::Plain(bd) = &mut r.body {
+                    bd[0] ^= 1;
+                }
+            }
+            SyncMsg::Exchange {
+                records,
+                want,
+                heads,
+                roots,
+                missing,
+            }
+        }
+        SyncMsg::Patch {
+            mut records,
+            heads,
+            roots,
+            missing,
+        } => {
+            for r in &mut records {
+                if let SyncBody::Plain(bd) = &mut r.body {
+                    bd[0] ^= 1;
+                }
+            }
+            SyncMsg::Patch {
+                records,
+                heads,
+                roots,
+                missing,
+            }
+        }
+        other => other,
+    };
+    let mut msg = Some(tamper(sa.start().unwrap()));
+    let mut to_b = true;
+    let mut steps = 0;
+    while let Some(m) = msg {
+        steps += 1;
+        if steps > 300 {
+            break;
+        }
+        msg = if to_b {
+            sb.handle(m).unwrap()
+        } else {
+            sa.handle(m).unwrap().map(tamper)
+        };
+        to_b = !to_b;
+    }
+    assert!(sb.report().corrupt >= 20, "{:?}", sb.report());
+    assert_eq!(sb.report().accepted, 0);
+    assert_eq!(present(&b, &c).len(), 20);
+    // An honest session afterwards converges.
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&b, &c), all);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random holes, stale and missing branches: after one session both replicas hold
+    /// exactly the union, all proven, with the same heads and roots.
+    #[test]
+    fn replicas_converge_exactly(
+        n in 1usize..120,
+        every in 1usize..12,
+        placement in proptest::collection::vec(any::<u8>(), 120),
+        branch in proptest::collection::vec(any::<u8>(), 120),
+    ) {
+        let (a, b, c, all) = scenario(n, every, &placement, &branch);
+        sync_pair(&a, &b, &c).unwrap();
+        prop_assert_eq!(present(&a, &c), all.clone());
+        prop_assert_eq!(present(&b, &c), all.clone());
+        prop_assert_eq!(proven(&a, &c), all.clone());
+        prop_assert_eq!(proven(&b, &c), all);
+        prop_assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
+    }
+}
