@@ -480,3 +480,42 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn object_gc_keeps_capsule_chunks_in_a_shared_store() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let db = cairn_object::Db::new(store.clone());
+    let server = CapsuleServer::new(
+        store.clone(),
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "shared");
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([7; 32]))).unwrap();
+    let names = write_chain(&server, &mut w, 12, 4);
+    // An object version that becomes garbage once its branch is removed.
+    db.put(
+        b"k",
+        cairn_object::Target::Branch(cairn_object::DEFAULT_BRANCH),
+        cairn_object::NewValue::String(b"v".to_vec()),
+        &cairn_object::PutOptions::default(),
+    )
+    .unwrap();
+    db.remove(b"k", cairn_object::DEFAULT_BRANCH).unwrap();
+    let report = db.gc().unwrap();
+    assert!(report.removed >= 1, "{report:?}");
+    let c = meta.name();
+    let fresh = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    );
+    let mut reader = Reader::new(c, fresh.metadata(&c).unwrap(), CachePolicy::Off, None).unwrap();
+    for n in &names {
+        fresh.read(&c, n).unwrap();
+        let p = fresh.prove(&c, n, None).unwrap().proof;
+        reader.verify_record(n, &p).unwrap();
+    }
+}

@@ -52,11 +52,17 @@ impl Db {
         let removed = {
             let _excl = self.gc_lock.write();
             self.mark_all(&mut marked)?;
-            let dead: Vec<Uid> = candidates
-                .iter()
-                .filter(|c| !marked.contains(*c))
-                .copied()
-                .collect();
+            let mut dead: Vec<Uid> = Vec::new();
+            for c in candidates.iter().filter(|c| !marked.contains(*c)) {
+                // Only object-layer chunks (framed with CHUNK_FORMAT) are this GC's to
+                // reclaim; chunks of other layers sharing the store (capsule records,
+                // journals, metadata: they start with 0xCA) are append-only and kept.
+                if let Some(bytes) = self.store().get(c)?
+                    && bytes.first() == Some(&crate::chunk::CHUNK_FORMAT)
+                {
+                    dead.push(*c);
+                }
+            }
             self.store().remove(&dead)?;
             self.forget_recent_versions();
             dead.len() as u64
