@@ -10,9 +10,6 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
-#[path = "blake3_many.rs"]
-mod blake3_many;
-
 /// Number of digest bytes in every Cairn hash.
 pub const DIGEST_LEN: usize = 32;
 /// Length of the binary (multihash) encoding of a [`Hash`].
@@ -66,20 +63,12 @@ impl HashAlgo {
         Hash::new(self, bytes)
     }
 
-    /// Hashes each of `msgs`, appending the hashes to `out` in order: the same values as
-    /// [`HashAlgo::digest`] on each, computed faster for many small messages. For BLAKE3 on
-    /// a CPU with AVX-512, the compressions of all messages share the 16 SIMD lanes (one
-    /// 4 KiB message alone would keep only four busy); otherwise the messages are hashed
-    /// one after another.
+    /// Hashes each of `msgs`, appending the hashes to `out` in order (the same values as
+    /// [`HashAlgo::digest`] on each). One call per batch, so a multi-message hasher from a
+    /// well-kept crate can replace the loop without touching callers; Cairn does not ship
+    /// its own implementation of a hash function.
     pub fn digest_many(self, msgs: &[&[u8]], out: &mut Vec<Hash>) {
-        match self {
-            HashAlgo::Blake3 => {
-                let mut digests = Vec::with_capacity(msgs.len());
-                blake3_many::hash_many(msgs, &mut digests);
-                out.extend(digests.into_iter().map(|d| Hash::new(self, d)));
-            }
-            HashAlgo::Sha256 => out.extend(msgs.iter().map(|m| self.digest(m))),
-        }
+        out.extend(msgs.iter().map(|m| self.digest(m)));
     }
 
     /// Starts an incremental hash.
