@@ -22,10 +22,30 @@ pub fn run(data: &[u8]) {
         assert_eq!(d.remaining(), buf.len() - before);
         let mut e = Encoder::new();
         let ok = match op % 16 {
-            0 => d.u8().map(|v| { e.u8(v); }).is_ok(),
-            1 => d.bool().map(|v| { e.bool(v); }).is_ok(),
-            2 => d.varint().map(|v| { e.varint(v); }).is_ok(),
-            3 => d.ivarint().map(|v| { e.ivarint(v); }).is_ok(),
+            0 => d
+                .u8()
+                .map(|v| {
+                    e.u8(v);
+                })
+                .is_ok(),
+            1 => d
+                .bool()
+                .map(|v| {
+                    e.bool(v);
+                })
+                .is_ok(),
+            2 => d
+                .varint()
+                .map(|v| {
+                    e.varint(v);
+                })
+                .is_ok(),
+            3 => d
+                .ivarint()
+                .map(|v| {
+                    e.ivarint(v);
+                })
+                .is_ok(),
             4 => {
                 let max = ops.next().unwrap_or(0) as usize * 97;
                 match d.len(max) {
@@ -37,7 +57,12 @@ pub fn run(data: &[u8]) {
                     Err(_) => false,
                 }
             }
-            5 => d.u64_le().map(|v| { e.u64_le(v); }).is_ok(),
+            5 => d
+                .u64_le()
+                .map(|v| {
+                    e.u64_le(v);
+                })
+                .is_ok(),
             6 => {
                 let k = ops.next().unwrap_or(0) as usize;
                 match d.raw(k) {
@@ -49,9 +74,24 @@ pub fn run(data: &[u8]) {
                     Err(_) => false,
                 }
             }
-            7 => d.bytes().map(|v| { e.bytes(v); }).is_ok(),
-            8 => d.str().map(|v| { e.bytes(v.as_bytes()); }).is_ok(),
-            9 => d.hash().map(|v| { e.hash(&v); }).is_ok(),
+            7 => d
+                .bytes()
+                .map(|v| {
+                    e.bytes(v);
+                })
+                .is_ok(),
+            8 => d
+                .str()
+                .map(|v| {
+                    e.bytes(v.as_bytes());
+                })
+                .is_ok(),
+            9 => d
+                .hash()
+                .map(|v| {
+                    e.hash(&v);
+                })
+                .is_ok(),
             10 => {
                 let min = ops.next().unwrap_or(0) as usize;
                 let left = d.remaining();

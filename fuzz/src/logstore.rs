@@ -29,9 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cairn_core::{Error, Result};
-use cairn_store::{
-    ChunkStore, Durability, LogStore, LogStoreOptions, RefStore, RefUpdate,
-};
+use cairn_store::{ChunkStore, Durability, LogStore, LogStoreOptions, RefStore, RefUpdate};
 
 /// Options used for the template and every reopen: small segments so a handful of chunks
 /// spans several (sealed with hints, and an active one), no syncs.
@@ -215,7 +213,10 @@ fn check_contents(s: &LogStore) {
             Err(Error::Corrupt(_)) => {}
             Err(e) => panic!("get({c}) failed with a non-Corrupt error: {e}"),
         }
-        assert!(s.has(c).unwrap_or(true), "cids() lists {c} but has() denies it");
+        assert!(
+            s.has(c).unwrap_or(true),
+            "cids() lists {c} but has() denies it"
+        );
     }
     let _ = s.list_refs(b"");
     let _ = s.stats();

@@ -179,7 +179,8 @@ fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
     // `walk` checked the whole structure: every reader must then succeed.
     let valid = r.is_ok();
     let sorted = t.kind.is_sorted();
-    let must = |ok: bool, what: &str| assert!(!valid || ok, "{what} failed on a tree walk accepted");
+    let must =
+        |ok: bool, what: &str| assert!(!valid || ok, "{what} failed on a tree walk accepted");
 
     let len = input.b.min(MAX_UNITS as u64);
     match t.kind {
@@ -215,9 +216,16 @@ fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
         TreeKind::List => {
             let r = postree::list_get(store, t, input.a);
             acceptable(&r);
-            must(r.is_ok_and(|v| v.is_some() == (input.a < t.count)), "list_get");
+            must(
+                r.is_ok_and(|v| v.is_some() == (input.a < t.count)),
+                "list_get",
+            );
             if input.a <= input.b.min(t.count) {
-                drain(postree::list_range(store, t, input.a, input.b), valid, false);
+                drain(
+                    postree::list_range(store, t, input.a, input.b),
+                    valid,
+                    false,
+                );
             }
             let n = drain(postree::iter(store, t), valid, false);
             must(n == t.count.min(MAX_UNITS as u64), "iter length");
@@ -261,7 +269,10 @@ fn drain(it: postree::Iter<'_>, valid: bool, sorted: bool) -> u64 {
             Ok(e) => {
                 if valid && sorted {
                     if let Some(p) = &prev {
-                        assert!(p.as_slice() < e.key.as_ref(), "keys out of order on a valid tree");
+                        assert!(
+                            p.as_slice() < e.key.as_ref(),
+                            "keys out of order on a valid tree"
+                        );
                     }
                     prev = Some(e.key.to_vec());
                 }
