@@ -31,7 +31,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cairn-fuzz-target}"
 if [[ "${FUZZ_LAX:-0}" == 1 ]]; then
     export CAIRN_FUZZ_LAX_BRANCH_TABLE=1
 fi
-all=(codec fobject branch_table postree_node logstore_recovery)
+all=(codec fobject branch_table postree_node logstore_recovery
+     capsule_metadata record_header record_proof subrecord_proof merkle_proofs)
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=("${all[@]}")
 

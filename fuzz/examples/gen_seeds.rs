@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::Path;
 
+use cairn_capsule::BodyCipher;
 use cairn_core::{Encoder, HashAlgo};
+use cairn_fuzz::capsule;
 use cairn_fuzz::logstore::{self, Edit};
 use cairn_fuzz::postree::{CID_LEN, Input, PLACEHOLDER};
 use cairn_object::postree::{self, TreeConfig, TreeRef};
@@ -26,7 +28,12 @@ fn write(out: &Path, target: &str, seeds: &[Vec<u8>]) {
 fn codec_seeds() -> Vec<Vec<u8>> {
     let h = HashAlgo::Blake3.digest(b"x");
     let mut e = Encoder::versioned(1);
-    e.varint(300).ivarint(-5).bytes(b"abc").bool(true).hash(&h).u64_le(7);
+    e.varint(300)
+        .ivarint(-5)
+        .bytes(b"abc")
+        .bool(true)
+        .hash(&h)
+        .u64_le(7);
     let body = e.finish();
     // ops: version(1), varint, ivarint, bytes, bool, hash, u64_le, finish-check
     let ops = [12u8, 1, 2, 3, 7, 1, 9, 5, 13];
@@ -42,7 +49,11 @@ fn codec_seeds() -> Vec<Vec<u8>> {
         b,
         h.to_bytes().to_vec(),
         h.to_hex().into_bytes(),
-        HashAlgo::Sha256.digest(b"y").to_hex().to_uppercase().into_bytes(),
+        HashAlgo::Sha256
+            .digest(b"y")
+            .to_hex()
+            .to_uppercase()
+            .into_bytes(),
     ]
 }
 
@@ -75,7 +86,11 @@ fn fobject_seeds() -> Vec<Vec<u8>> {
                 } else {
                     vec![base]
                 },
-                context: if i == 1 { "msg".into() } else { Default::default() },
+                context: if i == 1 {
+                    "msg".into()
+                } else {
+                    Default::default()
+                },
             }
             .to_chunk()
         })
@@ -85,7 +100,8 @@ fn fobject_seeds() -> Vec<Vec<u8>> {
 fn branch_seeds() -> Vec<Vec<u8>> {
     let mut seeds = vec![BranchTable::default().encode()];
     let mut t = BranchTable::default();
-    t.tagged.insert("master".into(), HashAlgo::Blake3.digest(b"a"));
+    t.tagged
+        .insert("master".into(), HashAlgo::Blake3.digest(b"a"));
     seeds.push(t.encode());
     t.tagged.insert("dev".into(), HashAlgo::Sha256.digest(b"b"));
     t.untagged.insert(HashAlgo::Blake3.digest(b"c"));
@@ -127,7 +143,10 @@ fn tree_input(store: &MemoryStore, t: &TreeRef, a: u64, b: u64, key: &[u8]) -> V
             bytes
         })
         .collect();
-    assert!(chunks.len() <= cairn_fuzz::postree::MAX_CHUNKS, "tree too big for a seed");
+    assert!(
+        chunks.len() <= cairn_fuzz::postree::MAX_CHUNKS,
+        "tree too big for a seed"
+    );
     Input {
         kind: t.kind,
         height: t.height,
@@ -146,7 +165,12 @@ fn postree_seeds() -> Vec<Vec<u8>> {
         index_target: 64,
     };
     let mut seeds = Vec::new();
-    for (n, cfg) in [(0usize, TreeConfig::default()), (3, TreeConfig::default()), (40, small), (150, small)] {
+    for (n, cfg) in [
+        (0usize, TreeConfig::default()),
+        (3, TreeConfig::default()),
+        (40, small),
+        (150, small),
+    ] {
         let store = MemoryStore::new();
         let blob: Vec<u8> = (0..n * 12).map(|i| (i * 131 % 251) as u8).collect();
         let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("key{i:04}").into_bytes()).collect();
@@ -154,8 +178,12 @@ fn postree_seeds() -> Vec<Vec<u8>> {
             postree::build_blob(&store, &cfg, &blob).unwrap(),
             postree::build_list(&store, &cfg, &keys).unwrap(),
             postree::build_set(&store, &cfg, &keys).unwrap(),
-            postree::build_map(&store, &cfg, keys.iter().map(|k| (k.clone(), b"value".to_vec())))
-                .unwrap(),
+            postree::build_map(
+                &store,
+                &cfg,
+                keys.iter().map(|k| (k.clone(), b"value".to_vec())),
+            )
+            .unwrap(),
         ];
         for t in &trees {
             if t.height > 3 {
@@ -222,6 +250,122 @@ fn logstore_seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
+fn capsule_metadata_seeds() -> Vec<Vec<u8>> {
+    let f = capsule::fixture();
+    let mut m = f.meta.clone();
+    let mut seeds = vec![m.encode()];
+    m.algo = HashAlgo::Sha256;
+    m.writers.truncate(1);
+    m.cipher = BodyCipher::XChaCha20Poly1305;
+    m.settings.insert("replicas".into(), "3".into());
+    m.description = "dé".into();
+    seeds.push(m.encode());
+    seeds
+}
+
+fn record_header_seeds() -> Vec<Vec<u8>> {
+    let f = capsule::fixture();
+    f.names.iter().map(|n| f.headers[n].encode()).collect()
+}
+
+fn record_proof_seeds() -> Vec<Vec<u8>> {
+    let f = capsule::fixture();
+    let mut seeds = Vec::new();
+    for (k, v) in f.record_proofs.iter().enumerate() {
+        let t = f.names.iter().position(|n| *n == v.target).unwrap() as u8;
+        let mut raw = vec![t << 1];
+        raw.extend_from_slice(&v.bytes);
+        seeds.push(raw);
+        seeds.push(vec![1, k as u8]);
+    }
+    // A mutation: flip a bit of the anchor's signature.
+    let v = f.record_proofs.len() as u16;
+    seeds.push(vec![1, 0, 0, v.to_le_bytes()[0], v.to_le_bytes()[1], 1]);
+    seeds
+}
+
+fn subrecord_proof_seeds() -> Vec<Vec<u8>> {
+    let f = capsule::fixture();
+    let mut seeds = Vec::new();
+    for (k, v) in f.subrecord_proofs.iter().enumerate() {
+        let t = f.subs.iter().position(|s| *s == v.sub).unwrap() as u8;
+        let mut raw = vec![t << 1];
+        raw.extend_from_slice(&v.bytes);
+        seeds.push(raw);
+        seeds.push(vec![1, k as u8, t.wrapping_add(1)]);
+    }
+    // Mutations: the index, and the first path element.
+    seeds.push(vec![1, 3, 0, 0, 1, 0, 1]);
+    seeds.push(vec![1, 3, 0, 0, 5, 0, 0x80]);
+    seeds
+}
+
+fn merkle_seeds() -> Vec<Vec<u8>> {
+    let mut seeds = Vec::new();
+    for algo in [HashAlgo::Blake3, HashAlgo::Sha256] {
+        let bit = u8::from(algo == HashAlgo::Sha256);
+        let log = cairn_fuzz::merkle::log(algo);
+        for (a, b) in [
+            (0u64, 1u64),
+            (5, 13),
+            (12, 13),
+            (300, 600),
+            (0, 0),
+            (64, 64),
+        ] {
+            let (first, second) = (a.min(b), b);
+            // Raw inclusion (valid when a < b) and consistency (valid).
+            if a < b {
+                let mut r = vec![bit];
+                r.extend_from_slice(&a.to_le_bytes());
+                r.extend_from_slice(&b.to_le_bytes());
+                r.extend_from_slice(&log.leaf(a).unwrap());
+                r.extend_from_slice(&log.root_at(b).unwrap());
+                for d in log.inclusion_proof(a, b).unwrap() {
+                    r.extend_from_slice(&d);
+                }
+                seeds.push(r);
+            }
+            let mut r = vec![bit | 4];
+            r.extend_from_slice(&first.to_le_bytes());
+            r.extend_from_slice(&second.to_le_bytes());
+            r.extend_from_slice(&log.root_at(first).unwrap());
+            r.extend_from_slice(&log.root_at(second).unwrap());
+            for d in log.consistency_proof(first, second).unwrap() {
+                r.extend_from_slice(&d);
+            }
+            seeds.push(r);
+            // Structured, unedited, and with one edit of the path.
+            for flags in [bit | 2, bit | 6] {
+                let mut s = vec![flags];
+                s.extend_from_slice(&(a as u16).to_le_bytes());
+                s.extend_from_slice(&(b as u16).to_le_bytes());
+                seeds.push(s.clone());
+                s.extend_from_slice(&[0, 2, 7, 1]);
+                seeds.push(s);
+            }
+        }
+    }
+    seeds
+}
+
+/// Runs every capsule seed through its target, so a broken fixture or oracle shows here.
+fn check_capsule_seeds(all: &[(&str, Vec<Vec<u8>>)]) {
+    for (t, seeds) in all {
+        let run: fn(&[u8]) = match *t {
+            "capsule_metadata" => capsule::run_capsule_metadata,
+            "record_header" => capsule::run_record_header,
+            "record_proof" => capsule::run_record_proof,
+            "subrecord_proof" => capsule::run_subrecord_proof,
+            "merkle_proofs" => cairn_fuzz::merkle::run,
+            _ => unreachable!(),
+        };
+        for s in seeds {
+            run(s);
+        }
+    }
+}
+
 fn main() {
     let out = std::env::args().nth(1).unwrap_or_else(|| "seeds".into());
     let out = Path::new(&out);
@@ -230,6 +374,17 @@ fn main() {
     write(out, "branch_table", &branch_seeds());
     write(out, "postree_node", &postree_seeds());
     write(out, "logstore_recovery", &logstore_seeds());
+    let capsule_seeds = [
+        ("capsule_metadata", capsule_metadata_seeds()),
+        ("record_header", record_header_seeds()),
+        ("record_proof", record_proof_seeds()),
+        ("subrecord_proof", subrecord_proof_seeds()),
+        ("merkle_proofs", merkle_seeds()),
+    ];
+    check_capsule_seeds(&capsule_seeds);
+    for (t, seeds) in &capsule_seeds {
+        write(out, t, seeds);
+    }
     let t = logstore::template();
     for (n, b) in &t.files {
         println!("  template file {n}: {} bytes", b.len());

@@ -4,8 +4,10 @@
 //! in exactly the format the targets parse, and so a crashing input can be replayed from a
 //! unit test or a debugger without libFuzzer.
 
+pub mod capsule;
 pub mod codec;
 pub mod logstore;
+pub mod merkle;
 pub mod postree;
 
 use cairn_core::{Error, Hash};
@@ -16,7 +18,10 @@ use cairn_object::{BranchTable, FObject};
 pub fn run_fobject(data: &[u8]) {
     if let Ok(o) = FObject::from_chunk(data) {
         let again = o.to_chunk();
-        assert_eq!(again, data, "FObject decoded from non-canonical bytes: {o:?}");
+        assert_eq!(
+            again, data,
+            "FObject decoded from non-canonical bytes: {o:?}"
+        );
         assert_eq!(FObject::from_chunk(&again).expect("re-encoding decodes"), o);
         let _ = o.uid(cairn_core::HashAlgo::Blake3);
     }

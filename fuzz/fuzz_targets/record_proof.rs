@@ -1,0 +1,5 @@
+#![no_main]
+//! RecordProof::from_bytes + verify, raw and as mutations of valid proofs (see cairn_fuzz::capsule).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| cairn_fuzz::capsule::run_record_proof(data));
