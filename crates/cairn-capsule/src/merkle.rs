@@ -191,10 +191,10 @@ pub fn verify_consistency(
     }
     if first == 0 {
         // Every tree extends the empty tree; nothing to prove.
-        return if proof.is_empty() {
+        return if proof.is_empty() && *first_root == empty_root(algo) {
             Ok(())
         } else {
-            bad("a proof from the empty tree must be empty")
+            bad("a proof from the empty tree must be empty and start at the empty root")
         };
     }
     let mut path: Vec<Digest> = Vec::with_capacity(proof.len() + 1);

@@ -81,6 +81,10 @@ impl PublicKey {
         if key.is_weak() {
             return Err(Error::decode("public key has small order"));
         }
+        // Refuse non-canonical encodings (y >= p): one key, one byte string.
+        if curve25519_canonical(&arr).is_none() {
+            return Err(Error::decode("public key is not canonically encoded"));
+        }
         Ok(PublicKey(key))
     }
 
@@ -174,6 +178,12 @@ impl fmt::Debug for Signature {
     }
 }
 
+/// The point's canonical re-encoding equals `bytes`, or `None`.
+fn curve25519_canonical(bytes: &[u8; 32]) -> Option<()> {
+    let p = ed25519_dalek::VerifyingKey::from_bytes(bytes).ok()?;
+    (p.to_edwards().compress().to_bytes() == *bytes).then_some(())
+}
+
 /// The bytes actually signed: a length-prefixed domain tag, then the message.
 fn domain_message(domain: &[u8], msg: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(1 + domain.len() + msg.len());
@@ -224,5 +234,10 @@ mod tests {
         let mut ident = [0u8; 32];
         ident[0] = 1;
         assert!(PublicKey::from_raw(&ident).is_err());
+        // y = 3 encoded as p + 3 (non-canonical) is refused; found by the fuzzing work.
+        let mut noncanon = [0xffu8; 32];
+        noncanon[0] = 0xf0;
+        noncanon[31] = 0x7f;
+        assert!(PublicKey::from_raw(&noncanon).is_err());
     }
 }
