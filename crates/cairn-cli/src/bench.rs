@@ -166,12 +166,20 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
             let fixture = Fixture::prepare(&db, args.clients, size)?;
             for op in &ops {
                 let c0 = log.commit_counters();
+                let cpu0 = process_cpu_seconds();
                 let r = run_op(&db, &fixture, op, size, args)?;
+                let cpu1 = process_cpu_seconds();
                 let c1 = log.commit_counters();
                 let groups = (c1.groups - c0.groups).max(1);
                 let syncs = (c1.syncs - c0.syncs).max(1);
+                let cpu = match (cpu0, cpu1) {
+                    (Some(a), Some(b)) => {
+                        format!(", {:.1} µs CPU/op", (b - a) * 1e6 / (r.0 * r.2).max(1.0))
+                    }
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms  ({:.1} commits/group, {:.0} µs/fdatasync)",
+                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms  ({:.1} commits/group, {:.0} µs/fdatasync{cpu})",
                     d.name(),
                     op,
                     size,
@@ -180,6 +188,7 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
                     (c1.commits - c0.commits) as f64 / groups as f64,
                     (c1.sync_micros - c0.sync_micros) as f64 / syncs as f64,
                 );
+                let r = (r.0, r.1);
                 results.insert((di, op, size), r);
             }
         }
@@ -317,8 +326,28 @@ impl Fixture {
     }
 }
 
-/// Runs one operation with all clients for the configured time; returns (ops/s, mean ms).
-fn run_op(db: &Db, fx: &Fixture, op: &str, size: usize, args: &BenchArgs) -> Result<(f64, f64)> {
+/// CPU time (user + system) this process has used so far, all threads included, from
+/// `/proc/self/stat` (Linux; `None` elsewhere). Clock ticks of 1/100 s.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces): state is
+    // field 3, utime field 14, stime field 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace().skip(11);
+    let utime: f64 = f.next()?.parse().ok()?;
+    let stime: f64 = f.next()?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Runs one operation with all clients for the configured time; returns (ops/s, mean ms,
+/// seconds elapsed).
+fn run_op(
+    db: &Db,
+    fx: &Fixture,
+    op: &str,
+    size: usize,
+    args: &BenchArgs,
+) -> Result<(f64, f64, f64)> {
     let total_ops = AtomicU64::new(0);
     let total_ns = AtomicU64::new(0);
     let deadline = Duration::from_secs_f64(args.seconds);
@@ -364,7 +393,7 @@ fn run_op(db: &Db, fx: &Fixture, op: &str, size: usize, args: &BenchArgs) -> Res
     let elapsed = start.elapsed().as_secs_f64();
     let n = total_ops.load(Ordering::Relaxed) as f64;
     let mean_ms = total_ns.load(Ordering::Relaxed) as f64 / n.max(1.0) / 1e6;
-    Ok((n / elapsed, mean_ms))
+    Ok((n / elapsed, mean_ms, elapsed))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -29,9 +29,12 @@ pub const DEFAULT_BRANCH: &str = "master";
 /// Largest inline (String or Tuple) value, encoded; larger data belongs in a Blob or List.
 pub const MAX_INLINE_BYTES: usize = 16 << 20;
 
-const KEY_LOCK_STRIPES: usize = 256;
+/// Key-lock stripes. A put or fork holds its key's stripe until its commit is durable (a
+/// whole group-commit `fdatasync`), so keys that share a stripe queue behind each other:
+/// many stripes keep that rare under many concurrent writers.
+const KEY_LOCK_STRIPES: usize = 4096;
 /// Entries a key-lock stripe remembers about recent versions before it starts afresh.
-const HEAD_CACHE_ENTRIES: usize = 1024;
+const HEAD_CACHE_ENTRIES: usize = 64;
 
 /// What a Put needs to know about its base version: enough to derive the new version
 /// without re-reading (and re-hashing) the base, which for a large inline value is most of
@@ -43,10 +46,38 @@ struct BaseInfo {
     ty: ValueType,
 }
 
+/// Hashes a map key that is already a well-mixed `u64` (bytes of a cryptographic digest)
+/// by passing it through.
+#[derive(Default)]
+pub(crate) struct PassHasher(u64);
+
+impl std::hash::Hasher for PassHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The first 8 bytes of a uid's digest: a well-mixed map key.
+fn uid_word(uid: &Uid) -> u64 {
+    let d = uid.digest();
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
 /// A key-lock stripe: the lock itself guards this small cache of recent versions.
 #[derive(Default)]
 pub(crate) struct Stripe {
-    recent: std::collections::HashMap<Uid, BaseInfo>,
+    recent:
+        std::collections::HashMap<u64, (Uid, BaseInfo), std::hash::BuildHasherDefault<PassHasher>>,
 }
 
 impl Stripe {
@@ -54,7 +85,14 @@ impl Stripe {
         if self.recent.len() >= HEAD_CACHE_ENTRIES {
             self.recent.clear();
         }
-        self.recent.insert(uid, info);
+        self.recent.insert(uid_word(&uid), (uid, info));
+    }
+
+    fn recall(&self, uid: &Uid) -> Option<BaseInfo> {
+        match self.recent.get(&uid_word(uid)) {
+            Some((u, info)) if u == uid => Some(*info),
+            _ => None,
+        }
     }
 }
 
@@ -209,14 +247,6 @@ impl Db {
         }
     }
 
-    /// True when `uid` is an untagged head (one ref lookup).
-    fn is_untagged(&self, prefix: &[u8], uid: &Uid) -> Result<bool> {
-        Ok(self
-            .store
-            .get_ref(&Self::head_name(prefix, b'u', &uid.to_bytes()))?
-            .is_some())
-    }
-
     /// The key a head ref belongs to, from the ref name after the bucket prefix.
     fn key_of_ref(name: &[u8]) -> Option<(Vec<u8>, &[u8])> {
         let mut key = Vec::with_capacity(name.len());
@@ -238,8 +268,12 @@ impl Db {
     }
 
     pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
-        let i = (xxhash_rust::xxh3::xxh3_64(key) as usize) % self.key_locks.len();
-        self.key_locks[i].lock()
+        self.lock_key_hash(xxhash_rust::xxh3::xxh3_64(key))
+    }
+
+    /// Locks the stripe of a key whose xxh3 hash is `key_hash`.
+    fn lock_key_hash(&self, key_hash: u64) -> MutexGuard<'_, Stripe> {
+        self.key_locks[(key_hash as usize) % self.key_locks.len()].lock()
     }
 
     /// Forgets cached facts about versions (GC calls it after removing chunks, so a removed
@@ -553,12 +587,25 @@ impl Db {
         make: impl FnOnce(Option<ValueType>, Option<&FObject>) -> Result<Value>,
     ) -> Result<Uid> {
         let key_hash = xxhash_rust::xxh3::xxh3_64(key);
-        let mut stripe = self.lock_key(key);
-        let prefix = self.key_prefix(key);
+        let mut stripe = self.lock_key_hash(key_hash);
+        // One buffer for every ref name this put looks up or writes: the key's prefix, then
+        // a head's kind and name.
+        let mut name = self.key_prefix(key);
+        let plen = name.len();
         let base = match target {
             Target::Branch(b) => {
-                check_branch_name(b)?;
-                let head = self.tagged_head(&prefix, b)?;
+                name.push(b't');
+                name.extend_from_slice(b.as_bytes());
+                let head = match self.store.get_ref(&name)? {
+                    None => None,
+                    Some(v) => Some(Uid::from_bytes(&v).map_err(|e| {
+                        Error::corrupt(format!("head ref of branch {b:?} is damaged: {e}"))
+                    })?),
+                };
+                if head.is_none() {
+                    // A branch with a head passed this check when it was created.
+                    check_branch_name(b)?;
+                }
                 if let Some(g) = opts.guard
                     && head != Some(g)
                 {
@@ -569,17 +616,15 @@ impl Db {
                             .unwrap_or_else(|| "nothing".into())
                     )));
                 }
-                let table = if head.is_none() {
-                    self.table(key)?
-                } else {
-                    BranchTable::default()
-                };
-                if head.is_none() && !table.is_empty() {
-                    return Err(Error::not_found(format!(
-                        "branch {b:?} of key {} (branches: {}); use fork to create it",
-                        show_key(key),
-                        table.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
-                    )));
+                if head.is_none() {
+                    let table = self.table(key)?;
+                    if !table.is_empty() {
+                        return Err(Error::not_found(format!(
+                            "branch {b:?} of key {} (branches: {}); use fork to create it",
+                            show_key(key),
+                            table.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
+                        )));
+                    }
                 }
                 head
             }
@@ -593,7 +638,7 @@ impl Db {
             }
         };
         let cached = base
-            .and_then(|b| stripe.recent.get(&b).copied())
+            .and_then(|b| stripe.recall(&b))
             .filter(|i| i.key_hash == key_hash);
         let (base_info, base_obj) = match base {
             None => (None, None),
@@ -629,22 +674,24 @@ impl Db {
         );
         // Only the refs that change are written: the branch head (or the untagged heads).
         let mut updates = Vec::with_capacity(2);
-        if let Some(h) = base
-            && self.is_untagged(&prefix, &h)?
-        {
-            updates.push(RefUpdate::Delete {
-                name: Self::head_name(&prefix, b'u', &h.to_bytes()),
-            });
+        if let Some(h) = base {
+            let mut untagged = Vec::with_capacity(plen + 35);
+            untagged.extend_from_slice(&name[..plen]);
+            untagged.push(b'u');
+            untagged.extend_from_slice(&h.to_bytes());
+            if self.store.get_ref(&untagged)?.is_some() {
+                updates.push(RefUpdate::Delete { name: untagged });
+            }
         }
-        updates.push(match target {
-            Target::Branch(b) => RefUpdate::Set {
-                name: Self::head_name(&prefix, b't', b.as_bytes()),
-                value: uid.to_bytes().to_vec(),
-            },
-            Target::Base(_) => RefUpdate::Set {
-                name: Self::head_name(&prefix, b'u', &uid.to_bytes()),
-                value: uid.to_bytes().to_vec(),
-            },
+        let uid_bytes = uid.to_bytes().to_vec();
+        if let Target::Base(_) = target {
+            name.truncate(plen);
+            name.push(b'u');
+            name.extend_from_slice(&uid_bytes);
+        }
+        updates.push(RefUpdate::Set {
+            name,
+            value: uid_bytes,
         });
         self.store.commit(&updates)?;
         Ok(uid)
@@ -749,7 +796,8 @@ impl Db {
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
         check_branch_name(new_branch)?;
         let _w = self.writer_guard();
-        let stripe = self.lock_key(key);
+        let key_hash = xxhash_rust::xxh3::xxh3_64(key);
+        let stripe = self.lock_key_hash(key_hash);
         let prefix = self.key_prefix(key);
         let uid = match from {
             At::Branch(b) => self.tagged_head(&prefix, b)?.ok_or_else(|| {
@@ -758,24 +806,22 @@ impl Db {
             At::Uid(u) => {
                 self.existing_table(key)?;
                 // A uid from outside must name a version of this key.
-                let known = stripe
-                    .recent
-                    .get(u)
-                    .is_some_and(|i| i.key_hash == xxhash_rust::xxh3::xxh3_64(key));
+                let known = stripe.recall(u).is_some_and(|i| i.key_hash == key_hash);
                 if !known {
                     self.load_for_key(key, u)?;
                 }
                 *u
             }
         };
-        if self.tagged_head(&prefix, new_branch)?.is_some() {
+        let name = Self::head_name(&prefix, b't', new_branch.as_bytes());
+        if self.store.get_ref(&name)?.is_some() {
             return Err(Error::AlreadyExists(format!(
                 "branch {new_branch:?} of key {}",
                 show_key(key)
             )));
         }
         self.store.commit(&[RefUpdate::Set {
-            name: Self::head_name(&prefix, b't', new_branch.as_bytes()),
+            name,
             value: uid.to_bytes().to_vec(),
         }])?;
         Ok(uid)

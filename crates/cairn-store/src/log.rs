@@ -115,19 +115,23 @@
 //! Reads use `pread`, and serve records still in the buffer from memory. Every read is
 //! verified against its cid.
 //!
-//! A commit is queued, and a *leader* (the first committer to find no leader active) takes
-//! the queue, then: appends one commit record per queued batch after the buffered chunk
-//! records and writes the buffer with a single `pwrite`; (unless
-//! [`Durability::Buffered`]) `fdatasync`s the active segment once, which makes the group's
-//! chunks and commits durable together; applies the batches to the in-memory map in
-//! order; hands leadership to the oldest queued committer (if any); and unparks its
-//! followers one by one (each committer parks on its own slot, so a finished group wakes
-//! only its own members). A commit is visible only after its bytes are written (and
-//! synced, where the level asks for it). Segments roll only between groups. The commit
-//! path keeps the active segment zero-filled 1 MiB ahead of its data, so that a group's
-//! `fdatasync` rarely changes the file size (no journal commit); zeros never parse as a
-//! record, and are cut off when the segment is sealed, when the store is closed, and (not
-//! reported as a torn tail) at open.
+//! A commit is queued in the group that is gathering, and a *leader* (the first committer
+//! to find no leader active) takes the oldest queued group, then: appends one commit record
+//! per batch after the buffered chunk records and writes the buffer with a single `pwrite`;
+//! (unless [`Durability::Buffered`]) `fdatasync`s the active segment once, which makes the
+//! group's chunks and commits durable together; hands leadership to the next queued group
+//! (one of its committers is woken and writes it, while the old leader finishes); applies
+//! the batches to the refs in order (groups apply in log order even when the next leader
+//! is quick); and wakes the group's committers with one broadcast (committers wait by group
+//! number, so a finished group wakes only its own members). A commit is visible only after
+//! its bytes are written (and synced, where the level asks for it). Segments roll only
+//! between groups. Refs are kept twice in memory: a hash map for point lookups
+//! ([`RefStore::get_ref`]) and an ordered map for prefix listings and snapshots, which
+//! catches up after the group's committers are woken (or when a listing needs it). After
+//! the wake-ups, off the commit path, the old leader keeps the active segment zero-filled
+//! 1 MiB ahead of its data, so that a group's `fdatasync` rarely changes the file size (no
+//! inode write); zeros never parse as a record, and are cut off when the segment is sealed,
+//! when the store is closed, and (not reported as a torn tail) at open.
 //!
 //! - [`Durability::PerWrite`]: the leader takes one batch at a time: one `pwrite` and one
 //!   `fdatasync` per commit.
@@ -167,11 +171,10 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::thread::Thread;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use cairn_core::error::IoContext;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::{
     Bytes, ChunkStore, Cid, Durability, Error, HashAlgo, RefStore, RefUpdate, Result, StoreStats,
@@ -378,16 +381,28 @@ impl Writer {
     }
 
     /// Keeps zeros written [`PREALLOC`] bytes ahead of the end of the data (best effort).
+    /// Half a [`PREALLOC`] at a time: the zeros' pages are written out by the next group's
+    /// `fdatasync`, and one slow sync in many measured better than all syncs a bit slower.
     fn prealloc(&mut self) {
         let end = self.end();
         if self.alloc_end >= end + PREALLOC / 2 {
             return;
         }
-        let from = self.alloc_end.max(end);
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let mut at = self.alloc_end.max(end);
         let to = end + PREALLOC;
-        let zeros = vec![0u8; (to - from) as usize];
-        if self.seg.file.write_all_at(&zeros, from).is_ok() {
-            self.alloc_end = to;
+        while at < to {
+            let n = (to - at).min(ZEROS.len() as u64);
+            if self
+                .seg
+                .file
+                .write_all_at(&ZEROS[..n as usize], at)
+                .is_err()
+            {
+                return;
+            }
+            at += n;
+            self.alloc_end = at;
         }
     }
 
@@ -424,8 +439,15 @@ impl Writer {
 
 /// The refs map and the sequence number of the last commit applied to it.
 struct RefsState {
-    map: BTreeMap<Vec<u8>, Bytes>,
+    /// Every ref, ordered, except the updates in `pending`.
+    map: BTreeMap<Bytes, Bytes>,
+    /// Updates already in `LogStore::lookup` and not yet in `map`, in order: a group's
+    /// committers are woken once `lookup` has their updates, and `map` catches up after
+    /// (or first, when a reader needs it).
+    pending: Vec<Op>,
     seq: u64,
+    /// The last commit group applied (group numbers restart at 1 with every open).
+    group: u64,
 }
 
 /// The last `refs.snap` written, and the commit bytes written since.
@@ -439,7 +461,8 @@ struct SnapState {
 struct Pending {
     ops_bytes: Vec<u8>,
     ops: Vec<Op>,
-    slot: Arc<Slot>,
+    /// The group it is written in.
+    group: u64,
     /// Sync even under [`Durability::Buffered`] ([`LogStore::sync`]).
     force: bool,
     /// A sync marker, not a commit: written (as an empty commit) only when records follow
@@ -447,43 +470,43 @@ struct Pending {
     marker: bool,
 }
 
-const WAITING: u8 = 0;
-const DONE: u8 = 1;
-const FAILED: u8 = 2;
-const LEAD: u8 = 3;
-
-/// Where a committer waits (parked) to learn that its batch is done or that it now leads.
-/// Only that one thread is woken: no thundering herd when a group completes.
-struct Slot {
-    state: AtomicU8,
-    thread: Thread,
-    error: Mutex<Option<String>>,
-}
-
-impl Slot {
-    fn new() -> Arc<Slot> {
-        Arc::new(Slot {
-            state: AtomicU8::new(WAITING),
-            thread: std::thread::current(),
-            error: Mutex::new(None),
-        })
-    }
-
-    fn set(&self, state: u8, error: Option<&str>) {
-        if let Some(e) = error {
-            *self.error.lock() = Some(e.to_string());
-        }
-        self.state.store(state, Ordering::Release);
-        self.thread.unpark();
-    }
-}
-
 /// Group-commit state.
 struct Queue {
     /// True while some committer leads (from taking the queue until it hands over or finds
     /// the queue empty).
     leader: bool,
+    /// Commits waiting for a leader, oldest first.
     pending: VecDeque<Pending>,
+    /// Number of the group that queued commits join (groups are numbered from 1, in the
+    /// order they are written). Under [`Durability::PerWrite`] every commit is a group.
+    gathering: u64,
+}
+
+/// Waiting places of committers, one per group number modulo [`WAKE_RING`]: a finished
+/// group wakes all its committers with one broadcast, and no other group's.
+struct WakeSlot {
+    lock: std::sync::Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+/// At most three groups have waiters at once (one finishing, one being written, one
+/// gathering), so four waiting places keep groups apart.
+const WAKE_RING: usize = 4;
+
+/// The error of a failed group, until every committer of the group has collected it.
+struct Failure {
+    group: u64,
+    msg: String,
+    /// Committers of the group that have not collected it yet.
+    left: usize,
+}
+
+/// How a waiting committer's wait ended.
+enum Woken {
+    /// Its group is written (or failed).
+    Done,
+    /// It leads now: its group is the oldest one queued.
+    Lead,
 }
 
 /// The embedded log-structured store (see the module documentation for the format).
@@ -496,8 +519,20 @@ pub struct LogStore {
     segments: RwLock<BTreeMap<u32, Arc<Segment>>>,
     writer: Mutex<Writer>,
     refs: RwLock<RefsState>,
+    /// The same refs by name, for point lookups (the ordered map costs a string comparison
+    /// per level, which is most of a lookup once there are many refs). Updated under the
+    /// `refs` write lock, before `refs` itself, so a reader never sees a ref go back.
+    lookup: RwLock<HashMap<Bytes, Bytes>>,
     snap: Mutex<SnapState>,
     queue: Mutex<Queue>,
+    /// Highest group written (and synced, where the level asks for it); groups finish in
+    /// order.
+    done: AtomicU64,
+    /// A group whose committers should take over leadership (0: none).
+    handoff: AtomicU64,
+    wake: [WakeSlot; WAKE_RING],
+    failures: Mutex<Vec<Failure>>,
+    any_failure: AtomicBool,
     compact_lock: Mutex<()>,
     failed: Mutex<Option<String>>,
     failed_flag: AtomicBool,
@@ -759,7 +794,13 @@ impl LogStore {
                 dirty: false,
                 alloc_end: 0,
             }),
-            refs: RwLock::new(RefsState { map, seq: last_seq }),
+            lookup: RwLock::new(map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            refs: RwLock::new(RefsState {
+                map,
+                pending: Vec::new(),
+                seq: last_seq,
+                group: 0,
+            }),
             snap: Mutex::new(SnapState {
                 seq: snap_seq,
                 len: snap_len,
@@ -768,7 +809,16 @@ impl LogStore {
             queue: Mutex::new(Queue {
                 leader: false,
                 pending: VecDeque::new(),
+                gathering: 1,
             }),
+            done: AtomicU64::new(0),
+            handoff: AtomicU64::new(0),
+            wake: std::array::from_fn(|_| WakeSlot {
+                lock: std::sync::Mutex::new(()),
+                cv: std::sync::Condvar::new(),
+            }),
+            failures: Mutex::new(Vec::new()),
+            any_failure: AtomicBool::new(false),
             compact_lock: Mutex::new(()),
             failed: Mutex::new(None),
             failed_flag: AtomicBool::new(false),
@@ -955,15 +1005,21 @@ impl LogStore {
 
     /// Writes one group of commits (the caller is the leader): their commit records go after
     /// the buffered chunk records, with one `pwrite` and (unless buffered) one `fdatasync`
-    /// of the active segment; then they are applied in order.
-    fn write_group(&self, group: Vec<Pending>) -> Result<()> {
+    /// of the active segment. Returns the sequence number of the last commit record written
+    /// (none when the group held only sync markers with nothing to mark). The group is
+    /// applied to the refs by [`LogStore::apply_group`].
+    fn write_group(&self, group: &[Pending]) -> Result<Option<u64>> {
         self.check_failed()?;
         let durable = self.opts.durability != Durability::Buffered || group.iter().any(|p| p.force);
         let mut written = 0u64;
         let mut last = None;
         let (seg, end) = {
             let mut w = self.writer.lock();
-            for p in &group {
+            // Segments roll between groups (a roll syncs the old segment before sealing it).
+            if w.end() >= self.opts.segment_size {
+                self.roll(&mut w)?;
+            }
+            for p in group {
                 if p.marker && !w.dirty {
                     continue;
                 }
@@ -975,7 +1031,6 @@ impl LogStore {
                 // reopen can sort that out.
                 return Err(self.fail(e));
             }
-            w.prealloc();
             let seg = w.seg.clone();
             let end = seg.flushed.load(Ordering::Acquire);
             (seg, end)
@@ -989,37 +1044,76 @@ impl LogStore {
             self.counters.groups.fetch_add(1, Ordering::Relaxed);
             self.counters.commits.fetch_add(commits, Ordering::Relaxed);
         }
-        if let Some(last) = last {
-            let mut r = self.refs.write();
-            for p in group {
-                refs::apply(&mut r.map, p.ops);
-            }
-            r.seq = last;
-        }
-        // Segments roll between groups (a roll syncs the old segment before sealing it).
-        {
-            let mut w = self.writer.lock();
-            if w.end() >= self.opts.segment_size {
-                self.roll(&mut w)?;
-            }
-        }
         if written > 0 {
-            let mut snap = self.snap.lock();
-            snap.since += written;
-            if snap.since > self.opts.refs_log_max && snap.since > 2 * snap.len {
-                // A failed snapshot is retried when as many bytes again were written.
-                if self.write_snapshot(&mut snap).is_err() {
-                    snap.since /= 2;
+            self.snap.lock().since += written;
+        }
+        Ok(last)
+    }
+
+    /// Applies written group `g` to the refs (`last`: its last commit record, if it wrote
+    /// any; `None` also for a failed group, which applies nothing). Groups apply in order: a
+    /// leader that took over while the previous one was still applying waits for it.
+    fn apply_group(&self, g: u64, group: Vec<Pending>, last: Option<u64>) {
+        loop {
+            let mut r = self.refs.write();
+            if r.group + 1 < g {
+                drop(r);
+                std::thread::yield_now();
+                continue;
+            }
+            if let Some(last) = last {
+                let mut l = self.lookup.write();
+                for p in group {
+                    for (name, value) in &p.ops {
+                        match value {
+                            Some(v) => l.insert(name.clone(), v.clone()),
+                            None => l.remove(name),
+                        };
+                    }
+                    r.pending.extend(p.ops);
                 }
+                r.seq = last;
+            }
+            r.group = r.group.max(g);
+            return;
+        }
+    }
+
+    /// Work after a group that its committers need not wait for: keeping zeros ahead of
+    /// the data (see [`PREALLOC`]) and writing a refs snapshot when one is due.
+    fn after_group(&self) {
+        if self.failed_flag.load(Ordering::Acquire) {
+            return;
+        }
+        self.writer.lock().prealloc();
+        if !self.refs.read().pending.is_empty() {
+            drain_pending(&mut self.refs.write());
+        }
+        let mut snap = self.snap.lock();
+        if snap.since > self.opts.refs_log_max && snap.since > 2 * snap.len {
+            // A failed snapshot is retried when as many bytes again were written.
+            if self.write_snapshot(&mut snap).is_err() {
+                snap.since /= 2;
             }
         }
-        Ok(())
+    }
+
+    /// The refs state with `map` up to date (read-locked).
+    fn ordered_refs(&self) -> RwLockReadGuard<'_, RefsState> {
+        let r = self.refs.read();
+        if r.pending.is_empty() {
+            return r;
+        }
+        drop(r);
+        let mut w = self.refs.write();
+        drain_pending(&mut w);
+        RwLockWriteGuard::downgrade(w)
     }
 
     /// Writes `refs.snap` (durably) from the applied refs state, if it is newer.
     fn write_snapshot(&self, snap: &mut SnapState) -> Result<()> {
         let (seq, body) = {
-            let r = self.refs.read();
+            let r = self.ordered_refs();
             (r.seq, refs::snapshot_body(r.seq, &r.map))
         };
         if seq <= snap.seq {
@@ -1066,6 +1160,12 @@ impl LogStore {
         }
         live
     }
+}
+
+/// Brings the ordered refs map up to date with the updates applied since.
+fn drain_pending(r: &mut RefsState) {
+    let ops = std::mem::take(&mut r.pending);
+    refs::apply(&mut r.map, ops);
 }
 
 /// The records of a sealed segment, and any damage found reading them.
@@ -1453,17 +1553,19 @@ impl ChunkStore for LogStore {
 
 impl RefStore for LogStore {
     fn get_ref(&self, name: &[u8]) -> Result<Option<Bytes>> {
-        Ok(self.refs.read().map.get(name).cloned())
+        Ok(self.lookup.read().get(name).cloned())
     }
 
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
         Ok(self
-            .refs
-            .read()
+            .ordered_refs()
             .map
-            .range(prefix.to_vec()..)
+            .range::<[u8], _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
 
@@ -1478,74 +1580,166 @@ impl RefStore for LogStore {
     }
 }
 
+/// Locks a `std` mutex guarding no data (a poisoned one is as good as any).
+fn lock_unit(m: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl LogStore {
     /// Queues a commit (or a sync marker) and waits until a leader wrote it, or leads.
     fn enqueue(&self, ops_bytes: Vec<u8>, ops: Vec<Op>, force: bool, marker: bool) -> Result<()> {
-        let slot = Slot::new();
-        let lead = {
+        let (group, lead) = {
             let mut q = self.queue.lock();
+            let group = q.gathering;
+            if self.opts.durability == Durability::PerWrite {
+                q.gathering += 1;
+            }
             q.pending.push_back(Pending {
                 ops_bytes,
                 ops,
-                slot: slot.clone(),
+                group,
                 force,
                 marker,
             });
-            !std::mem::replace(&mut q.leader, true)
+            (group, !std::mem::replace(&mut q.leader, true))
         };
         if !lead {
-            loop {
-                match slot.state.load(Ordering::Acquire) {
-                    WAITING => std::thread::park(),
-                    LEAD => break,
-                    DONE => return Ok(()),
-                    _ => {
-                        let msg = slot.error.lock().take().unwrap_or_default();
-                        return Err(Error::Unavailable(format!(
-                            "commit failed in {}: {msg}",
-                            self.dir.display()
-                        )));
-                    }
-                }
+            match self.wait_for(group) {
+                Woken::Lead => {}
+                Woken::Done => return self.group_result(group),
             }
         }
-        // Lead until our own batch is written: take the queue (one batch under PerWrite),
-        // write it, then hand leadership to the oldest waiting committer, if any.
+        // Lead: write the oldest queued group (ours, unless groups queued before ours are
+        // still waiting), hand leadership to the next group's committers, apply the group
+        // and wake its committers; until our own group is done.
         loop {
-            let group: Vec<Pending> = {
+            let batch: Vec<Pending> = {
                 let mut q = self.queue.lock();
-                let take = match self.opts.durability {
-                    Durability::PerWrite => 1,
-                    _ => q.pending.len(),
-                };
-                q.pending.drain(..take).collect()
+                let g = q.pending.front().map_or(0, |p| p.group);
+                let n = q.pending.iter().take_while(|p| p.group == g).count();
+                if g == q.gathering {
+                    q.gathering += 1;
+                }
+                q.pending.drain(..n).collect()
             };
-            let slots: Vec<Arc<Slot>> = group.iter().map(|p| p.slot.clone()).collect();
-            let res = self.write_group(group);
-            let mine = slots.iter().any(|s| Arc::ptr_eq(s, &slot));
+            let Some(g) = batch.first().map(|p| p.group) else {
+                // Cannot happen: our own commit stays queued until we take it.
+                self.queue.lock().leader = false;
+                return Err(Error::Unavailable("commit queue lost a commit".into()));
+            };
+            let mine = g == group;
+            let followers = batch.len() - usize::from(mine);
+            let written = self.write_group(&batch);
             if mine {
-                // Hand over first, so the next group's I/O overlaps the wake-ups below.
+                // Hand over before applying and waking, so that the next group's I/O
+                // overlaps them (`apply_group` keeps groups in order).
                 let next = {
                     let mut q = self.queue.lock();
-                    let next = q.pending.front().map(|p| p.slot.clone());
+                    let next = q.pending.front().map(|p| p.group);
                     if next.is_none() {
                         q.leader = false;
                     }
                     next
                 };
-                if let Some(next) = next {
-                    next.set(LEAD, None);
+                if let Some(h) = next {
+                    self.hand_over(h);
                 }
             }
-            let msg = res.as_ref().err().map(|e| e.to_string());
-            let state = if msg.is_some() { FAILED } else { DONE };
-            for s in slots.iter().filter(|s| !Arc::ptr_eq(s, &slot)) {
-                s.set(state, msg.as_deref());
+            self.apply_group(g, batch, written.as_ref().ok().copied().flatten());
+            let res = written.map(|_| ());
+            if let Err(e) = &res
+                && followers > 0
+            {
+                self.failures.lock().push(Failure {
+                    group: g,
+                    msg: e.to_string(),
+                    left: followers,
+                });
+                self.any_failure.store(true, Ordering::Release);
             }
+            self.finish_group(g);
+            self.after_group();
             if mine {
                 return res;
             }
         }
+    }
+
+    /// Asks the committers of queued group `h` to lead (one of them takes it).
+    fn hand_over(&self, h: u64) {
+        self.handoff.store(h, Ordering::Release);
+        let w = &self.wake[(h % WAKE_RING as u64) as usize];
+        drop(lock_unit(&w.lock));
+        if self.opts.durability == Durability::PerWrite {
+            // Every commit is its own group, so other groups wait here too.
+            w.cv.notify_all();
+        } else {
+            // Only group `h` waits here (see `wait_for`): wake one of them.
+            w.cv.notify_one();
+        }
+    }
+
+    /// Marks group `g` written and wakes its committers, with one broadcast.
+    fn finish_group(&self, g: u64) {
+        // A leader that handed over can get here after the next leader's group: keep the
+        // highest.
+        self.done.fetch_max(g, Ordering::AcqRel);
+        let w = &self.wake[(g % WAKE_RING as u64) as usize];
+        drop(lock_unit(&w.lock));
+        w.cv.notify_all();
+    }
+
+    /// Waits until group `g` is written, or its committers are asked to lead.
+    ///
+    /// Under `Group` and `Buffered`, the groups with waiters are at most the one being
+    /// finished, the one being written and the one gathering, so a waiting place holds one
+    /// group's committers and a hand-over wakes just one of them. A leader that is slow to
+    /// wake its finished group can let a later group share its place; a committer of the
+    /// finished group that takes the hand-over's wake-up passes it on.
+    fn wait_for(&self, g: u64) -> Woken {
+        let w = &self.wake[(g % WAKE_RING as u64) as usize];
+        let mut guard = lock_unit(&w.lock);
+        loop {
+            if self.done.load(Ordering::Acquire) >= g {
+                let h = self.handoff.load(Ordering::Acquire);
+                if h != 0 && h != g && h % WAKE_RING as u64 == g % WAKE_RING as u64 {
+                    w.cv.notify_one();
+                }
+                return Woken::Done;
+            }
+            if self.handoff.load(Ordering::Acquire) == g
+                && self
+                    .handoff
+                    .compare_exchange(g, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return Woken::Lead;
+            }
+            guard =
+                w.cv.wait(guard)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// The outcome of group `g` (written) for one of its committers.
+    fn group_result(&self, g: u64) -> Result<()> {
+        if !self.any_failure.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut f = self.failures.lock();
+        let Some(i) = f.iter().position(|x| x.group == g) else {
+            return Ok(());
+        };
+        f[i].left -= 1;
+        let msg = if f[i].left == 0 {
+            f.swap_remove(i).msg
+        } else {
+            f[i].msg.clone()
+        };
+        Err(Error::Unavailable(format!(
+            "commit failed in {}: {msg}",
+            self.dir.display()
+        )))
     }
 }
 

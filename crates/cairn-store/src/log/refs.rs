@@ -7,7 +7,7 @@ use cairn_core::{Decoder, Encoder};
 use crate::{Bytes, RefUpdate, Result};
 
 /// One decoded update: `(name, Some(value))` sets, `(name, None)` deletes.
-pub(crate) type Op = (Vec<u8>, Option<Bytes>);
+pub(crate) type Op = (Bytes, Option<Bytes>);
 
 const OP_SET: u8 = 1;
 const OP_DELETE: u8 = 2;
@@ -29,11 +29,14 @@ pub(crate) fn encode_ops(updates: &[RefUpdate]) -> (Vec<u8>, Vec<Op>) {
         match u {
             RefUpdate::Set { name, value } => {
                 e.u8(OP_SET).bytes(name).bytes(value);
-                ops.push((name.clone(), Some(Bytes::copy_from_slice(value))));
+                ops.push((
+                    Bytes::copy_from_slice(name),
+                    Some(Bytes::copy_from_slice(value)),
+                ));
             }
             RefUpdate::Delete { name } => {
                 e.u8(OP_DELETE).bytes(name);
-                ops.push((name.clone(), None));
+                ops.push((Bytes::copy_from_slice(name), None));
             }
         }
     }
@@ -54,11 +57,11 @@ fn decode_ops_from(d: &mut Decoder<'_>) -> Result<Vec<Op>> {
     for _ in 0..n {
         match d.u8()? {
             OP_SET => {
-                let name = d.bytes()?.to_vec();
+                let name = Bytes::copy_from_slice(d.bytes()?);
                 let value = Bytes::copy_from_slice(d.bytes()?);
                 ops.push((name, Some(value)));
             }
-            OP_DELETE => ops.push((d.bytes()?.to_vec(), None)),
+            OP_DELETE => ops.push((Bytes::copy_from_slice(d.bytes()?), None)),
             other => {
                 return Err(cairn_core::Error::decode(format!("unknown ref op {other}")));
             }
@@ -68,7 +71,7 @@ fn decode_ops_from(d: &mut Decoder<'_>) -> Result<Vec<Op>> {
 }
 
 /// Applies ops to a refs map.
-pub(crate) fn apply(map: &mut BTreeMap<Vec<u8>, Bytes>, ops: impl IntoIterator<Item = Op>) {
+pub(crate) fn apply(map: &mut BTreeMap<Bytes, Bytes>, ops: impl IntoIterator<Item = Op>) {
     for (name, value) in ops {
         match value {
             Some(v) => {
@@ -82,7 +85,7 @@ pub(crate) fn apply(map: &mut BTreeMap<Vec<u8>, Bytes>, ops: impl IntoIterator<I
 }
 
 /// Encodes a snapshot body: version, last seq, count, `(name, value)*`.
-pub(crate) fn snapshot_body(seq: u64, map: &BTreeMap<Vec<u8>, Bytes>) -> Vec<u8> {
+pub(crate) fn snapshot_body(seq: u64, map: &BTreeMap<Bytes, Bytes>) -> Vec<u8> {
     let size: usize = map.iter().map(|(k, v)| k.len() + v.len() + 10).sum();
     let mut e = Encoder::with_capacity(size + 32);
     e.u8(SNAPSHOT_VERSION).varint(seq).varint(map.len() as u64);
@@ -95,7 +98,7 @@ pub(crate) fn snapshot_body(seq: u64, map: &BTreeMap<Vec<u8>, Bytes>) -> Vec<u8>
 /// A decoded snapshot.
 pub(crate) struct Snapshot {
     pub seq: u64,
-    pub map: BTreeMap<Vec<u8>, Bytes>,
+    pub map: BTreeMap<Bytes, Bytes>,
 }
 
 /// Decodes a snapshot body.
@@ -106,7 +109,7 @@ pub(crate) fn decode_snapshot(body: &[u8]) -> Result<Snapshot> {
     let n = d.count(2)?;
     let mut map = BTreeMap::new();
     for _ in 0..n {
-        let k = d.bytes()?.to_vec();
+        let k = Bytes::copy_from_slice(d.bytes()?);
         let v = Bytes::copy_from_slice(d.bytes()?);
         map.insert(k, v);
     }
@@ -138,8 +141,8 @@ mod tests {
     #[test]
     fn snapshot_round_trip() {
         let mut m = BTreeMap::new();
-        m.insert(b"x".to_vec(), Bytes::from_static(b"y"));
-        m.insert(b"".to_vec(), Bytes::from_static(b""));
+        m.insert(Bytes::from_static(b"x"), Bytes::from_static(b"y"));
+        m.insert(Bytes::from_static(b""), Bytes::from_static(b""));
         let s = decode_snapshot(&snapshot_body(5, &m)).unwrap();
         assert_eq!((s.seq, s.map), (5, m));
     }
