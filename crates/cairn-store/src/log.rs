@@ -489,9 +489,10 @@ struct WakeSlot {
     cv: std::sync::Condvar,
 }
 
-/// At most three groups have waiters at once (one finishing, one being written, one
-/// gathering), so four waiting places keep groups apart.
-const WAKE_RING: usize = 4;
+/// Under `Group` and `Buffered` at most three groups have waiters at once (one finishing,
+/// one being written, one gathering); under `PerWrite` every waiting committer is a group,
+/// and groups that share a place wake each other for nothing, so there are many places.
+const WAKE_RING: usize = 64;
 
 /// The error of a failed group, until every committer of the group has collected it.
 struct Failure {
@@ -1630,9 +1631,17 @@ impl LogStore {
             let mine = g == group;
             let followers = batch.len() - usize::from(mine);
             let written = self.write_group(&batch);
+            let last = written.as_ref().ok().copied().flatten();
+            // With syncs, hand over before applying and waking, so that the next group's
+            // I/O overlaps them (`apply_group` keeps groups in order; a sync takes far
+            // longer than an apply). Without, a group is written in microseconds: apply
+            // first, so the next leader never waits for this one.
+            let early = self.opts.durability != Durability::Buffered;
+            let mut batch = Some(batch);
+            if !early {
+                self.apply_group(g, batch.take().unwrap_or_default(), last);
+            }
             if mine {
-                // Hand over before applying and waking, so that the next group's I/O
-                // overlaps them (`apply_group` keeps groups in order).
                 let next = {
                     let mut q = self.queue.lock();
                     let next = q.pending.front().map(|p| p.group);
@@ -1645,7 +1654,9 @@ impl LogStore {
                     self.hand_over(h);
                 }
             }
-            self.apply_group(g, batch, written.as_ref().ok().copied().flatten());
+            if let Some(batch) = batch {
+                self.apply_group(g, batch, last);
+            }
             let res = written.map(|_| ());
             if let Err(e) = &res
                 && followers > 0
