@@ -6,10 +6,9 @@
 use cairn_core::{Error, Hash, Result, SigningKey};
 
 use crate::cache::{CachePolicy, VerificationCache};
-use crate::merkle::{self, Digest};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
-    DOMAIN_RECORD, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_name,
+    DOMAIN_RECORD, RecordProof, SubrecordProof, WriterSignature, subrecord_name, subrecord_root,
 };
 use crate::record::{BodyKey, BodyRef, Record, RecordHeader, RecordName, open, seal};
 
@@ -74,7 +73,19 @@ impl Writer {
         &self.meta
     }
 
-    fn backpointers(&self) -> Vec<RecordName> {
+    /// The next record's backpointers: the previous record (or all heads continued from),
+    /// skip pointers, then `extra`.
+    fn backpointers(&self, extra: &[RecordName]) -> Vec<RecordName> {
+        let mut bp = self.chain_pointers();
+        for e in extra {
+            if !bp.contains(e) {
+                bp.push(*e);
+            }
+        }
+        bp
+    }
+
+    fn chain_pointers(&self) -> Vec<RecordName> {
         let mut bp = Vec::new();
         let n = self.recent.len();
         if n == 0 {
@@ -104,12 +115,7 @@ impl Writer {
             &self.capsule,
             plaintext,
         )?;
-        let mut bp = self.backpointers();
-        for e in extra {
-            if !bp.contains(e) {
-                bp.push(*e);
-            }
-        }
+        let bp = self.backpointers(extra);
         let r = Record::new(self.capsule, sealed, bp);
         self.advance(r.name());
         Ok(r)
@@ -159,21 +165,12 @@ impl Writer {
             return Err(Error::invalid("commit with no subrecords written"));
         }
         let subs = std::mem::take(&mut self.pending);
-        let algo = self.meta.algo;
-        let leaves: Vec<Digest> = subs
-            .iter()
-            .map(|s| subrecord_leaf(&subrecord_name(algo, s)))
-            .collect();
-        let mut bp = self.backpointers();
-        for e in extra {
-            if !bp.contains(e) {
-                bp.push(*e);
-            }
-        }
+        let (root, _) = subrecord_root(self.meta.algo, &subs);
+        let bp = self.backpointers(extra);
         let header = RecordHeader {
             capsule: self.capsule,
             body: BodyRef::Subrecords {
-                root: Hash::new(algo, merkle::root_of(algo, &leaves)),
+                root,
                 count: subs.len() as u64,
             },
             backpointers: bp,

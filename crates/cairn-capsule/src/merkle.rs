@@ -12,7 +12,7 @@
 //! so a root, an inclusion proof or a consistency proof costs `O(log n)` lookups plus at
 //! most `O(log² n)` hashes for the ragged right edge.
 
-use cairn_core::{Error, Hash, HashAlgo, Result};
+use cairn_core::{Error, HashAlgo, Result};
 
 /// A 32-byte digest inside a Merkle tree (the algorithm is the tree's).
 pub type Digest = [u8; 32];
@@ -95,8 +95,7 @@ pub enum Walk {
 }
 
 /// Walks an inclusion path from `leaf` upward, stopping early at the first node (the leaf
-/// included) for which `stop` is true; also returns every node computed on the way through
-/// `visit`-free iteration, so callers can cache them (see [`inclusion_nodes`]).
+/// included) for which `stop` is true. [`inclusion_nodes`] lists the nodes it computes.
 pub fn inclusion_walk(
     algo: HashAlgo,
     index: u64,
@@ -391,11 +390,6 @@ impl MerkleLog {
             out.push(self.subtree(start, start + k));
         }
     }
-}
-
-/// Tags a Merkle digest with its algorithm, for APIs that speak [`Hash`].
-pub fn tagged(algo: HashAlgo, d: Digest) -> Hash {
-    Hash::new(algo, d)
 }
 
 #[cfg(test)]

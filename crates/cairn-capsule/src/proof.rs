@@ -202,6 +202,14 @@ pub fn subrecord_leaf(name: &Hash) -> Digest {
     merkle::leaf_hash(name.algo(), name.digest())
 }
 
+/// The root of a record's subrecord tree over sealed subrecords `subs`, tagged with
+/// `algo` (what the header's `BodyRef::Subrecords::root` holds), and their names.
+pub fn subrecord_root(algo: HashAlgo, subs: &[Vec<u8>]) -> (Hash, Vec<Hash>) {
+    let names: Vec<Hash> = subs.iter().map(|s| subrecord_name(algo, s)).collect();
+    let leaves: Vec<Digest> = names.iter().map(subrecord_leaf).collect();
+    (Hash::new(algo, merkle::root_of(algo, &leaves)), names)
+}
+
 /// A proof that a subrecord belongs to a record of the capsule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubrecordProof {

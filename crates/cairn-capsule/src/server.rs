@@ -32,11 +32,11 @@ use crate::dag::{CapsuleDag, StoredBody};
 use crate::merkle::{self, Digest, MerkleLog};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
-    Anchor, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_name,
+    Anchor, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_root,
 };
 use crate::record::{
     BodyRef, Record, RecordHeader, RecordName, TAG_JOURNAL, TAG_SUBRECORD, TAG_SUBRECORD_LIST,
-    body_chunk,
+    body_chunk, body_hash,
 };
 
 /// Signature domain of server acknowledgments.
@@ -412,17 +412,37 @@ impl CapsuleServer {
             name: ref_name(&name),
             value: jcid.to_bytes().to_vec(),
         }])?;
-        let cap = Capsule {
-            dag: CapsuleDag::new(meta.clone()),
-            journal_head: Some(jcid),
-            journal_seq: 0,
-            subrecords: HashMap::new(),
-            trees: LruCache::new(
-                NonZeroUsize::new(self.opts.tree_cache.max(1)).unwrap_or(NonZeroUsize::MIN),
-            ),
-        };
+        let cap = self.new_capsule(meta.clone(), jcid);
         caps.insert(name, Arc::new(Mutex::new(cap)));
         Ok(self.make_ack(name, AckKind::Created, 0))
+    }
+
+    /// In-memory state of a capsule whose newest journal chunk is `journal_head`, before
+    /// any replay.
+    fn new_capsule(&self, meta: CapsuleMetadata, journal_head: Hash) -> Capsule {
+        let trees = NonZeroUsize::new(self.opts.tree_cache).unwrap_or(NonZeroUsize::MIN);
+        Capsule {
+            dag: CapsuleDag::new(meta),
+            journal_head: Some(journal_head),
+            journal_seq: 0,
+            subrecords: HashMap::new(),
+            trees: LruCache::new(trees),
+        }
+    }
+
+    /// Stores sealed subrecords (one chunk each, named by `names`) and their list chunk;
+    /// returns the list's cid.
+    fn store_subrecords(&self, subs: &[Vec<u8>], names: &[Hash]) -> Result<Hash> {
+        let mut list = Encoder::with_capacity(4 + 34 * names.len());
+        list.raw(&TAG_SUBRECORD_LIST).varint(names.len() as u64);
+        for (data, n) in subs.iter().zip(names) {
+            let mut chunk = Vec::with_capacity(2 + data.len());
+            chunk.extend_from_slice(&TAG_SUBRECORD);
+            chunk.extend_from_slice(data);
+            self.store.put_hashed(*n, &chunk)?;
+            list.hash(n);
+        }
+        self.store.put(&list.finish())
     }
 
     /// The capsule, loaded (journal replayed) on first use.
@@ -464,15 +484,7 @@ impl CapsuleServer {
             chunks.push((seq, entries));
             cur = prev;
         }
-        let mut cap = Capsule {
-            dag: CapsuleDag::new(meta),
-            journal_head: Some(head),
-            journal_seq: 0,
-            subrecords: HashMap::new(),
-            trees: LruCache::new(
-                NonZeroUsize::new(self.opts.tree_cache.max(1)).unwrap_or(NonZeroUsize::MIN),
-            ),
-        };
+        let mut cap = self.new_capsule(meta, head);
         for (seq, entries) in chunks.into_iter().rev() {
             if seq != cap.journal_seq {
                 return Err(Error::corrupt(format!(
@@ -597,9 +609,9 @@ impl CapsuleServer {
         let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
         for &i in &fresh {
             let r = &records[i];
-            let cid = match r.header.body {
-                BodyRef::Plain { hash, .. } => hash,
-                BodyRef::Subrecords { .. } => unreachable_body()?,
+            // Subrecord headers were refused above.
+            let BodyRef::Plain { hash: cid, .. } = r.header.body else {
+                continue;
             };
             self.store.put_hashed(cid, &body_chunk(&r.body))?;
             self.store.put_hashed(*names[i].hash(), &encoded[i])?;
@@ -687,9 +699,8 @@ impl CapsuleServer {
                 subrecords.len()
             )));
         }
-        let names: Vec<Hash> = subrecords.iter().map(|s| subrecord_name(algo, s)).collect();
-        let leaves: Vec<Digest> = names.iter().map(subrecord_leaf).collect();
-        if Hash::new(algo, merkle::root_of(algo, &leaves)) != root {
+        let (computed, names) = subrecord_root(algo, subrecords);
+        if computed != root {
             return Err(Error::Rejected(
                 "subrecords do not hash to the header's root".into(),
             ));
@@ -707,16 +718,7 @@ impl CapsuleServer {
             let size = cap.dag.log().size();
             return Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size));
         }
-        let mut list = Encoder::with_capacity(4 + 34 * names.len());
-        list.raw(&TAG_SUBRECORD_LIST).varint(names.len() as u64);
-        for (s, n) in subrecords.iter().zip(&names) {
-            let mut chunk = Vec::with_capacity(2 + s.len());
-            chunk.extend_from_slice(&TAG_SUBRECORD);
-            chunk.extend_from_slice(s);
-            self.store.put_hashed(*n, &chunk)?;
-            list.hash(n);
-        }
-        let list_cid = self.store.put(&list.finish())?;
+        let list_cid = self.store_subrecords(subrecords, &names)?;
         self.store.put_hashed(*name.hash(), &hb)?;
         let body = StoredBody::Subrecords {
             list: list_cid,
@@ -1091,12 +1093,6 @@ impl CapsuleServer {
     }
 }
 
-fn unreachable_body() -> Result<Hash> {
-    Err(Error::invalid(
-        "subrecord records are written with commit_subrecords",
-    ))
-}
-
 /// A record as anti-entropy ships it: header, body or subrecords, and its writer signature
 /// if it has one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1133,32 +1129,30 @@ pub struct ApplyReport {
 
 impl SyncRecord {
     /// Checks everything that needs no other record: capsule, body or subrecord root,
-    /// signature. Returns the record name.
-    fn check(&self, meta: &CapsuleMetadata) -> Result<RecordName> {
+    /// signature. Returns the record name and, for a subrecord record, the subrecord names.
+    fn check(&self, meta: &CapsuleMetadata) -> Result<(RecordName, Vec<Hash>)> {
         if self.header.capsule != meta.name() {
             return Err(Error::Rejected("record names another capsule".into()));
         }
         let name = self.header.name();
+        let mut sub_names = Vec::new();
         match (&self.header.body, &self.body) {
-            (BodyRef::Plain { .. }, SyncBody::Plain(b)) => {
-                Record {
-                    header: self.header.clone(),
-                    body: b.clone(),
+            (BodyRef::Plain { hash, len }, SyncBody::Plain(b)) => {
+                if b.len() as u64 != *len || body_hash(meta.algo, b) != *hash {
+                    return Err(Error::Rejected(format!(
+                        "body of record {name} does not match the hash in its header"
+                    )));
                 }
-                .check_body()?;
             }
             (BodyRef::Subrecords { root, count }, SyncBody::Subrecords(subs)) => {
                 if subs.len() as u64 != *count || subs.len() > MAX_SUBRECORDS {
                     return Err(Error::Rejected("subrecord count does not match".into()));
                 }
-                let algo = meta.algo;
-                let leaves: Vec<Digest> = subs
-                    .iter()
-                    .map(|s| subrecord_leaf(&subrecord_name(algo, s)))
-                    .collect();
-                if Hash::new(algo, merkle::root_of(algo, &leaves)) != *root {
+                let (computed, names) = subrecord_root(meta.algo, subs);
+                if computed != *root {
                     return Err(Error::Rejected("subrecords do not hash to the root".into()));
                 }
+                sub_names = names;
             }
             _ => {
                 return Err(Error::Rejected(
@@ -1169,7 +1163,7 @@ impl SyncRecord {
         if let Some(ws) = &self.signature {
             ws.verify(meta, &name)?;
         }
-        Ok(name)
+        Ok((name, sub_names))
     }
 }
 
@@ -1250,9 +1244,11 @@ impl CapsuleServer {
         let meta = cap.dag.meta().clone();
         let mut report = ApplyReport::default();
         let mut fresh: HashMap<RecordName, &SyncRecord> = HashMap::new();
+        // Checked fresh records in the peer's order, with their subrecord names.
+        let mut checked: Vec<(RecordName, &SyncRecord, Vec<Hash>)> = Vec::new();
         let mut new_sigs: Vec<(RecordName, WriterSignature)> = Vec::new();
         for r in batch {
-            let Ok(name) = r.check(&meta) else {
+            let Ok((name, sub_names)) = r.check(&meta) else {
                 report.corrupt += 1;
                 continue;
             };
@@ -1265,7 +1261,9 @@ impl CapsuleServer {
                 }
                 continue;
             }
-            fresh.insert(name, r);
+            if fresh.insert(name, r).is_none() {
+                checked.push((name, r, sub_names));
+            }
         }
         // Which fresh records does a signature reach? Seeds: signed fresh records, fresh
         // records a proven present record points to, and present records signed in this
@@ -1317,42 +1315,28 @@ impl CapsuleServer {
         let mut entries = Vec::new();
         let mut inserts = Vec::new();
         // Keep the peer's order for the accepted records (deterministic journal).
-        for r in batch {
-            let name = r.header.name();
+        for (name, r, sub_names) in checked {
             if !proven.remove(&name) {
                 continue;
             }
             let hb = r.header.encode();
-            let body = match &r.body {
-                SyncBody::Plain(b) => {
-                    let BodyRef::Plain { hash, .. } = r.header.body else {
-                        continue;
-                    };
+            let body = match (&r.body, r.header.body) {
+                (SyncBody::Plain(b), BodyRef::Plain { hash, .. }) => {
                     self.store.put_hashed(hash, &body_chunk(b))?;
                     StoredBody::Plain { cid: hash }
                 }
-                SyncBody::Subrecords(subs) => {
-                    let mut list = Encoder::with_capacity(4 + 34 * subs.len());
-                    list.raw(&TAG_SUBRECORD_LIST).varint(subs.len() as u64);
-                    let mut names = Vec::with_capacity(subs.len());
-                    for sdata in subs {
-                        let sn = subrecord_name(meta.algo, sdata);
-                        let mut chunk = Vec::with_capacity(2 + sdata.len());
-                        chunk.extend_from_slice(&TAG_SUBRECORD);
-                        chunk.extend_from_slice(sdata);
-                        self.store.put_hashed(sn, &chunk)?;
-                        list.hash(&sn);
-                        names.push(sn);
-                    }
-                    let list_cid = self.store.put(&list.finish())?;
-                    for (i, sn) in names.iter().enumerate() {
+                (SyncBody::Subrecords(subs), _) => {
+                    let list = self.store_subrecords(subs, &sub_names)?;
+                    for (i, sn) in sub_names.iter().enumerate() {
                         cap.subrecords.entry(*sn).or_insert((name, i as u32));
                     }
                     StoredBody::Subrecords {
-                        list: list_cid,
+                        list,
                         count: subs.len() as u64,
                     }
                 }
+                // `check` refused mismatched kinds.
+                (SyncBody::Plain(_), _) => continue,
             };
             self.store.put_hashed(*name.hash(), &hb)?;
             entries.push(JournalEntry::Record { name, body });

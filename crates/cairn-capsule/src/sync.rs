@@ -236,6 +236,18 @@ impl<'a> SyncSession<'a> {
         })
     }
 
+    /// A Patch carrying `records` and this side's current heads, roots and holes.
+    fn patch(&self, records: Vec<SyncRecord>) -> Result<SyncMsg> {
+        let (heads, roots) = self.server.heads_roots(&self.capsule)?;
+        let missing = self.server.missing(&self.capsule)?;
+        Ok(SyncMsg::Patch {
+            records,
+            heads,
+            roots,
+            missing,
+        })
+    }
+
     fn depth(&self) -> usize {
         (4usize << self.report.rounds.min(14)).min(1 << 16)
     }
@@ -350,14 +362,7 @@ impl<'a> SyncSession<'a> {
                 names.sort();
                 names.dedup();
                 let records = self.export(&names)?;
-                let (heads, roots) = self.server.heads_roots(&self.capsule)?;
-                let missing = self.server.missing(&self.capsule)?;
-                Ok(Some(SyncMsg::Patch {
-                    records,
-                    heads,
-                    roots,
-                    missing,
-                }))
+                self.patch(records).map(Some)
             }
             SyncMsg::Patch {
                 records,
@@ -380,14 +385,7 @@ impl<'a> SyncSession<'a> {
                     self.finish()?;
                     return Ok(Some(SyncMsg::Done));
                 }
-                let (heads, roots) = self.server.heads_roots(&self.capsule)?;
-                let missing = self.server.missing(&self.capsule)?;
-                Ok(Some(SyncMsg::Patch {
-                    records,
-                    heads,
-                    roots,
-                    missing,
-                }))
+                self.patch(records).map(Some)
             }
             SyncMsg::Done => {
                 self.finish()?;
