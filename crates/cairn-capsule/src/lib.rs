@@ -12,10 +12,12 @@
 //! - [`cache`]: the reader's verification cache and the server's exact mirror of it;
 //! - [`merkle`]: RFC 6962 trees: the per-capsule Merkle log and subrecord trees;
 //! - [`server`]: the capsule server over a Cairn store (verify, persist, ack, prove);
-//! - [`client`]: the writer and reader sides.
+//! - [`client`]: the writer and reader sides;
+//! - [`bucket`]: every bucket is a capsule: object mutations as signed records, version proofs.
 //!
 //! Everything received is verified before it is stored or trusted; see each module.
 
+pub mod bucket;
 pub mod cache;
 pub mod client;
 pub mod dag;
@@ -27,6 +29,7 @@ pub mod riblt;
 pub mod server;
 pub mod sync;
 
+pub use bucket::{Bucket, Mutation, MutationKind, VersionProof};
 pub use cache::{CachePolicy, VerificationCache};
 pub use client::{Reader, Writer};
 pub use dag::{CapsuleDag, Witness};

@@ -7,11 +7,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use cairn_capsule::{
+    Bucket, CapsuleMetadata, CapsuleName, CapsuleServer, ServerOptions, VersionProof,
+};
 use cairn_core::{Error, HashAlgo};
 use cairn_object::postree::{self, BlobReader};
 use cairn_object::{
-    At, BuiltinResolver, DEFAULT_BRANCH, Db, Diff, MergeOutcome, PutOptions, Target, Uid, Value,
-    ValueType,
+    At, BuiltinResolver, DEFAULT_BRANCH, DEFAULT_BUCKET, Db, Diff, MergeOutcome, PutOptions,
+    Target, Uid, Value, ValueType,
 };
 use cairn_store::{Durability, LogStore, LogStoreOptions, Store};
 use clap::{Args, Parser, Subcommand};
@@ -47,6 +50,14 @@ pub struct Cli {
         default_value_t = 30.0
     )]
     pub lock_timeout: f64,
+    /// The bucket (namespace of keys, backed by one capsule) the command works on.
+    #[arg(long, global = true, env = "CAIRN_BUCKET", default_value = DEFAULT_BUCKET)]
+    pub bucket: String,
+    /// The writer key that signs the bucket's records (default:
+    /// $XDG_CONFIG_HOME/cairn/writer.key or ~/.config/cairn/writer.key; created on first
+    /// write when missing).
+    #[arg(long, global = true, env = "CAIRN_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -131,9 +142,56 @@ pub enum Command {
         b: String,
     },
     /// Re-hash everything reachable; exit 0 when intact, 6 naming the damage otherwise.
+    /// With --proof: print and check the proof that the bucket's writer made a version.
     Verify {
-        /// Verify only this key.
+        /// Verify only this key (required with --proof).
+        #[arg(required_if_eq("proof", "true"))]
         key: Option<String>,
+        /// Print the version's record and its hash chain to a writer signature, and check
+        /// them as a reader who trusts only the capsule name would; exit 11 on a bad proof.
+        #[arg(long)]
+        proof: bool,
+        /// The version to prove (default: the head of --branch).
+        #[arg(long, requires = "proof", conflicts_with = "branch")]
+        uid: Option<Uid>,
+        /// The branch whose head is proven.
+        #[arg(long, requires = "proof")]
+        branch: Option<String>,
+        /// Also write the proof's bytes to this file (check it elsewhere with
+        /// `cairn verify-proof`).
+        #[arg(long, requires = "proof")]
+        out: Option<PathBuf>,
+    },
+    /// Check a proof file written by `cairn verify --proof --out` against a capsule name,
+    /// without any store: exit 0 when it proves the version, 11 otherwise.
+    VerifyProof {
+        /// The proof file.
+        file: PathBuf,
+        /// The bucket's capsule name (what the reader trusts, e.g. from a chain).
+        #[arg(long)]
+        capsule: CapsuleName,
+        /// The capsule's metadata file (`cairn bucket --metadata-out`).
+        #[arg(long)]
+        metadata: PathBuf,
+        /// The key the version belongs to.
+        #[arg(long)]
+        key: String,
+        /// The version.
+        #[arg(long)]
+        uid: Uid,
+    },
+    /// Create the writer key that signs bucket records (at --key-file, see there).
+    Keygen {
+        /// Replace an existing key (records it signed stay signed by the old key, which
+        /// stays the bucket's writer).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show the bucket's capsule: name, writers, records, log size.
+    Bucket {
+        /// Write the capsule's metadata (what `verify-proof` checks against) to this file.
+        #[arg(long)]
+        metadata_out: Option<PathBuf>,
     },
     /// Reclaim chunks no branch head reaches.
     Gc,
@@ -323,8 +381,17 @@ pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
 
 /// Runs one parsed command.
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    if let Command::Bench(args) = &cli.command {
-        return crate::bench::run(args);
+    match &cli.command {
+        Command::Bench(args) => return crate::bench::run(args),
+        Command::Keygen { force } => return keygen(&cli, *force),
+        Command::VerifyProof {
+            file,
+            capsule,
+            metadata,
+            key,
+            uid,
+        } => return verify_proof_file(file, capsule, metadata, key, uid),
+        _ => {}
     }
     let store = open_store(&cli.data, cli.durability, cli.hash, cli.lock_timeout)?;
     if !matches!(
@@ -339,20 +406,51 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
     }
-    let db = Db::new(store);
+    let writes = matches!(
+        cli.command,
+        Command::Put(_)
+            | Command::Update(_)
+            | Command::Fork { .. }
+            | Command::Merge(_)
+            | Command::Rename { .. }
+            | Command::Remove { .. }
+            | Command::Demo
+    );
+    let writer = if writes {
+        Some(crate::keys::read_or_create(
+            &writer_key_path(&cli)?,
+            "writer",
+            true,
+        )?)
+    } else {
+        None
+    };
+    let node_key = crate::keys::read_or_create(&cli.data.join(NODE_KEY_FILE), "node", false)?;
+    let server = Arc::new(CapsuleServer::new(
+        store.clone(),
+        node_key,
+        ServerOptions::default(),
+    ));
+    let db = Db::new(store).in_bucket(&cli.bucket)?;
+    let bucket = Bucket::open(db, server, writer)?;
+    let db = bucket.db();
     let out = io::stdout();
     let mut out = out.lock();
     match cli.command {
-        Command::Put(a) => put(&db, a, &mut out)?,
-        Command::Get(a) => get(&db, a, &mut out)?,
-        Command::Update(a) => update(&db, a, &mut out)?,
+        Command::Put(a) => put(&bucket, a, &mut out)?,
+        Command::Get(a) => get(db, a, &mut out)?,
+        Command::Update(a) => update(&bucket, a, &mut out)?,
         Command::Fork { key, from, to } => {
-            let uid = db.fork(key.as_bytes(), &At::parse(&from), &to)?;
+            let uid = bucket.fork(key.as_bytes(), &At::parse(&from), &to)?;
             writeln!(out, "{uid}")?;
         }
-        Command::Merge(a) => return merge(&db, a, &mut out),
-        Command::Rename { key, from, to } => db.rename(key.as_bytes(), &from, &to)?,
-        Command::Remove { key, branch } => db.remove(key.as_bytes(), &branch)?,
+        Command::Merge(a) => return merge(&bucket, a, &mut out),
+        Command::Rename { key, from, to } => {
+            bucket.rename(key.as_bytes(), &from, &to)?;
+        }
+        Command::Remove { key, branch } => {
+            bucket.remove(key.as_bytes(), &branch)?;
+        }
         Command::Branches { key, untagged } => {
             if untagged {
                 for u in db.list_untagged(key.as_bytes())? {
@@ -414,7 +512,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 )),
             }
         }
-        Command::Verify { key } => {
+        Command::Verify {
+            key: Some(key),
+            proof: true,
+            uid,
+            branch,
+            out: file,
+        } => verify_version(&bucket, &key, uid, branch, file.as_deref(), &mut out)?,
+        Command::Verify { key, .. } => {
             let pb = progress_bar(None, "verifying");
             let report = db.verify(key.as_deref().map(str::as_bytes), &mut |done, total| {
                 pb.set_length(total);
@@ -472,8 +577,13 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 )));
             }
         }
-        Command::Demo => crate::demo::run(&db, &mut out)?,
-        Command::Bench(_) => unreachable!("handled above"),
+        Command::Bucket { metadata_out } => {
+            show_bucket(&bucket, metadata_out.as_deref(), &mut out)?
+        }
+        Command::Demo => crate::demo::run(&bucket, &mut out)?,
+        Command::Bench(_) | Command::Keygen { .. } | Command::VerifyProof { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -489,7 +599,7 @@ fn size_of(v: &Value) -> String {
     }
 }
 
-fn put(db: &Db, a: PutArgs, out: &mut impl Write) -> Result<()> {
+fn put(db: &Bucket, a: PutArgs, out: &mut impl Write) -> Result<()> {
     let target = match (&a.branch, &a.base) {
         (_, Some(b)) => Target::Base(*b),
         (Some(b), None) => Target::Branch(b),
@@ -646,9 +756,11 @@ pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-fn update(db: &Db, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
+fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
     use cairn_object::Op;
-    let head = db.get(a.key.as_bytes(), &At::Branch(a.branch.clone()))?;
+    let head = bucket
+        .db()
+        .get(a.key.as_bytes(), &At::Branch(a.branch.clone()))?;
     let ty = head.object.value_type();
     let text = a.text.clone().unwrap_or_default().into_bytes();
     let op = if let Some(x) = a.append {
@@ -702,12 +814,12 @@ fn update(db: &Db, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
         guard: a.guard,
         context: Vec::new(),
     };
-    let uid = db.update(a.key.as_bytes(), Target::Branch(&a.branch), op, &opts)?;
+    let uid = bucket.update(a.key.as_bytes(), Target::Branch(&a.branch), op, &opts)?;
     writeln!(out, "{uid}")?;
     Ok(())
 }
 
-fn merge(db: &Db, a: MergeArgs, out: &mut impl Write) -> Result<ExitCode> {
+fn merge(db: &Bucket, a: MergeArgs, out: &mut impl Write) -> Result<ExitCode> {
     let key = a.key.as_bytes();
     let opts = PutOptions::default();
     let outcome = if a.untagged {
@@ -788,4 +900,184 @@ fn show_value(v: &Value) -> String {
             .join(", "),
         Value::Tree(t) => format!("{} root {}", v.value_type(), t.root),
     }
+}
+
+/// The node key's file in the data directory (it signs the embedded capsule server's acks).
+pub const NODE_KEY_FILE: &str = "node.key";
+
+fn writer_key_path(cli: &Cli) -> Result<PathBuf> {
+    match &cli.key_file {
+        Some(p) => Ok(p.clone()),
+        None => crate::keys::default_writer_key(),
+    }
+}
+
+/// `cairn keygen`.
+fn keygen(cli: &Cli, force: bool) -> Result<ExitCode> {
+    let path = writer_key_path(cli)?;
+    let key = crate::keys::create(&path, "writer", force)?;
+    println!("{}", key.public());
+    eprintln!(
+        "writer key written to {} (mode 0600; back it up: only it can write the buckets it creates)",
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cairn bucket`.
+fn show_bucket(bucket: &Bucket, metadata_out: Option<&Path>, out: &mut impl Write) -> Result<()> {
+    writeln!(out, "bucket: {}", bucket.name())?;
+    let Some(meta) = bucket.metadata() else {
+        writeln!(out, "capsule: none yet (created by the first write)")?;
+        if metadata_out.is_some() {
+            bail!(Error::not_found(format!(
+                "a capsule for bucket {}: nothing was written to it yet",
+                bucket.name()
+            )));
+        }
+        return Ok(());
+    };
+    let capsule = meta.name();
+    writeln!(out, "capsule: {capsule}")?;
+    writeln!(out, "description: {}", meta.description)?;
+    for (i, w) in meta.writers.iter().enumerate() {
+        writeln!(out, "writer {i}: {w}")?;
+    }
+    let (records, heads, log) = bucket
+        .server()
+        .with_dag(&capsule, |d| (d.len(), d.heads(), d.log().size()))?;
+    writeln!(out, "records: {records}")?;
+    writeln!(out, "merkle log size: {log}")?;
+    for h in heads {
+        writeln!(out, "head: {h}")?;
+    }
+    if let Some(p) = metadata_out {
+        std::fs::write(p, meta.encode()).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("metadata written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// `cairn verify --proof KEY [--uid UID | --branch B] [--out FILE]`.
+fn verify_version(
+    bucket: &Bucket,
+    key: &str,
+    uid: Option<Uid>,
+    branch: Option<String>,
+    file: Option<&Path>,
+    out: &mut impl Write,
+) -> Result<()> {
+    let db = bucket.db();
+    let kb = key.as_bytes();
+    let uid = match uid {
+        Some(u) => u,
+        None => db.resolve(
+            kb,
+            &At::Branch(branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string())),
+        )?,
+    };
+    let vp = bucket.prove(kb, &uid)?;
+    let meta = bucket
+        .metadata()
+        .ok_or_else(|| Error::not_found("the bucket's capsule"))?;
+    writeln!(out, "bucket   {}  capsule {}", bucket.name(), meta.name())?;
+    print_version_proof(&vp, meta, kb, &uid, out)?;
+    // The version itself: its FObject hashes to the uid, its value tree re-hashes, and the
+    // record names the bases the FObject has.
+    let o = db.load_for_key(kb, &uid)?;
+    let m = cairn_capsule::Mutation::decode(&vp.record.body)?;
+    if o.bases != m.bases {
+        bail!(Error::Rejected(format!(
+            "version {uid} has bases the writer's record does not name"
+        )));
+    }
+    let mut chunks = 1u64;
+    if let Some(t) = o.value.tree() {
+        postree::walk(db.chunks(), t, &mut |_, _| {
+            chunks += 1;
+            Ok(())
+        })?;
+    }
+    writeln!(
+        out,
+        "content  the version hashes to its uid; {chunks} chunk(s) re-hashed"
+    )?;
+    if let Some(p) = file {
+        std::fs::write(p, vp.to_bytes()).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!(
+            "proof written to {} (check it with `cairn verify-proof`)",
+            p.display()
+        );
+    }
+    writeln!(out, "proof OK")?;
+    Ok(())
+}
+
+/// Checks `vp` as a reader trusting only `meta` (whose name the caller checked) and prints
+/// the chain. Fails (exit 11) on anything wrong.
+fn print_version_proof(
+    vp: &VersionProof,
+    meta: &CapsuleMetadata,
+    key: &[u8],
+    uid: &Uid,
+    out: &mut impl Write,
+) -> Result<()> {
+    let (m, names) = vp.verify(meta, key, uid)?;
+    let branch = match &m.branch {
+        Some(b) => format!("branch {b:?}"),
+        None => "an untagged head".into(),
+    };
+    writeln!(
+        out,
+        "version  {uid}  ({} of key {:?} on {branch}, {} base(s))",
+        m.kind.name(),
+        String::from_utf8_lossy(key),
+        m.bases.len()
+    )?;
+    writeln!(out, "record   {}", names[0])?;
+    for (i, n) in names.iter().enumerate().skip(1) {
+        writeln!(out, "  <- {n}  (hop {i})")?;
+    }
+    if let cairn_capsule::Anchor::Signed(ws) = &vp.proof.anchor {
+        let who = meta
+            .writers
+            .get(ws.writer as usize)
+            .map(|k| k.to_string())
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "signed   by writer {} {who} over {}: valid",
+            ws.writer,
+            names[names.len() - 1]
+        )?;
+    }
+    Ok(())
+}
+
+/// `cairn verify-proof`: no store, only the proof, the metadata and the trusted name.
+fn verify_proof_file(
+    file: &Path,
+    capsule: &CapsuleName,
+    metadata: &Path,
+    key: &str,
+    uid: &Uid,
+) -> Result<ExitCode> {
+    let mbytes =
+        std::fs::read(metadata).with_context(|| format!("reading {}", metadata.display()))?;
+    let meta = CapsuleMetadata::decode(&mbytes)?;
+    if meta.name() != *capsule {
+        bail!(Error::Rejected(format!(
+            "metadata {} hashes to capsule {}, not {capsule}",
+            metadata.display(),
+            meta.name()
+        )));
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let vp = VersionProof::from_bytes(&bytes)?;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    writeln!(out, "capsule  {capsule}")?;
+    print_version_proof(&vp, &meta, key.as_bytes(), uid, &mut out)?;
+    writeln!(out, "proof OK")?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,15 +1,16 @@
 //! `cairn demo`: a short guided tour on the embedded store that exercises the ForkBase API
-//! end to end and checks every step's result, so it doubles as a smoke test.
+//! end to end through a bucket (so every write is a signed capsule record) and checks every
+//! step's result, including a version proof, so it doubles as a smoke test.
 
 use std::io::Write;
 
 use anyhow::{Result, ensure};
-use cairn_object::{
-    At, BuiltinResolver, Db, MergeOutcome, NewValue, Op, PutOptions, Target, Value,
-};
+use cairn_capsule::Bucket;
+use cairn_object::{At, BuiltinResolver, MergeOutcome, NewValue, Op, PutOptions, Target, Value};
 
 /// Runs the tour, narrating on `out`.
-pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
+pub fn run(bucket: &Bucket, out: &mut impl Write) -> Result<()> {
+    let db = bucket.db();
     let opts = PutOptions::default();
     let key = format!("demo/{}", std::process::id());
     let key = key.as_bytes();
@@ -27,7 +28,7 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
         &mut doc,
     );
     let before = db.store().stats()?.chunk_bytes;
-    let v1 = db.put(
+    let v1 = bucket.put(
         key,
         Target::Branch("master"),
         NewValue::Blob(doc.clone()),
@@ -41,8 +42,8 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
     )?;
 
     // Fork on demand, then edit both branches independently.
-    db.fork(key, &At::Branch("master".into()), "draft")?;
-    let d1 = db.update(
+    bucket.fork(key, &At::Branch("master".into()), "draft")?;
+    let d1 = bucket.update(
         key,
         Target::Branch("draft"),
         Op::BlobSplice {
@@ -52,7 +53,7 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
         },
         &opts,
     )?;
-    let m2 = db.update(
+    let m2 = bucket.update(
         key,
         Target::Branch("master"),
         Op::BlobSplice {
@@ -76,7 +77,7 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
     )?;
 
     // Three-way merge: non-overlapping edits combine.
-    let merged = match db.merge_into(
+    let merged = match bucket.merge_into(
         key,
         "master",
         &At::Branch("draft".into()),
@@ -108,16 +109,17 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
     // Fork on conflict: two puts on the same base leave two untagged heads.
     let c = format!("{}/counter", String::from_utf8_lossy(key));
     let c = c.as_bytes();
-    let base = db.put(c, Target::Branch("master"), NewValue::Integer(10), &opts)?;
-    db.put(c, Target::Base(base), NewValue::Integer(13), &opts)?;
-    db.put(c, Target::Base(base), NewValue::Integer(15), &opts)?;
+    let base = bucket.put(c, Target::Branch("master"), NewValue::Integer(10), &opts)?;
+    bucket.put(c, Target::Base(base), NewValue::Integer(13), &opts)?;
+    bucket.put(c, Target::Base(base), NewValue::Integer(15), &opts)?;
     let heads = db.list_untagged(c)?;
     writeln!(
         out,
         "two concurrent puts on one base -> {} untagged heads (fork on conflict)",
         heads.len()
     )?;
-    let MergeOutcome::Merged(m) = db.merge_untagged(c, &[], &BuiltinResolver::Sum, &opts)? else {
+    let MergeOutcome::Merged(m) = bucket.merge_untagged(c, &[], &BuiltinResolver::Sum, &opts)?
+    else {
         anyhow::bail!("merge of untagged heads failed")
     };
     let sum = db.get(c, &At::Uid(m))?.object.value;
@@ -145,9 +147,21 @@ pub fn run(db: &Db, out: &mut impl Write) -> Result<()> {
         "verify: intact ({} versions, {} chunks re-hashed)",
         report.versions, report.chunks
     )?;
+    // Every write above is a record of the bucket's capsule; prove the merge.
+    let proof = bucket.prove(key, &merged)?;
+    let meta = bucket
+        .metadata()
+        .ok_or_else(|| anyhow::anyhow!("the bucket has no capsule"))?;
+    let (_, chain) = proof.verify(meta, key, &merged)?;
     writeln!(
         out,
-        "try: cairn log {}   cairn branches {}",
+        "prove the merge                -> record {} signed by the writer ({} hop(s))",
+        chain[0].hash().short(),
+        chain.len() - 1
+    )?;
+    writeln!(
+        out,
+        "try: cairn log {}   cairn verify --proof {}",
         String::from_utf8_lossy(key),
         String::from_utf8_lossy(key)
     )?;

@@ -8,6 +8,7 @@ mod bench;
 mod cli;
 mod demo;
 mod format;
+mod keys;
 
 use std::process::ExitCode;
 

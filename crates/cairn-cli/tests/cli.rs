@@ -9,6 +9,7 @@ fn cairn(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data")
         .arg(dir)
+        .env("CAIRN_KEY_FILE", dir.join("writer.key"))
         .args(args)
         .output()
         .expect("run cairn")
@@ -225,6 +226,7 @@ fn acknowledged_writes_survive_kill_9() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .arg("--data")
             .arg(dir)
+            .env("CAIRN_KEY_FILE", dir.join("writer.key"))
             .args(["put", &format!("big{round}")])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -253,6 +255,8 @@ fn acknowledged_writes_survive_kill_9() {
     }
     for (uid, v) in &acked {
         assert_eq!(&ok(dir, &["get", "k", "--uid", uid]), v);
+        // Every acknowledged version is a signed record of the bucket's capsule.
+        assert!(ok(dir, &["verify", "--proof", "k", "--uid", uid]).ends_with("proof OK\n"));
     }
     assert!(ok(dir, &["verify"]).starts_with("intact"));
     assert_eq!(ok(dir, &["keys"]), "k\n");
@@ -276,6 +280,7 @@ fn two_gib_blob_streams_in_constant_memory() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data")
         .arg(dir)
+        .env("CAIRN_KEY_FILE", dir.join("writer.key"))
         .args(["--durability", "buffered", "put", "huge"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -329,4 +334,127 @@ fn two_gib_blob_streams_in_constant_memory() {
     assert_eq!(n, SIZE);
     let get_rss = max_child_rss_kib();
     assert!(get_rss < 256 * 1024, "peak RSS {get_rss} KiB");
+}
+
+/// Every bucket is a capsule: each mutation is a signed record, `verify --proof` checks the
+/// chain from a version to a writer signature, a proof file checks without the store, and
+/// tampering or a foreign key is refused.
+#[test]
+fn bucket_mutations_are_signed_records_with_proofs() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let key = dir.join("writer.key");
+    let public = ok(dir, &["keygen"]);
+    assert!(public.starts_with("ed25519:"), "{public}");
+    assert!(
+        std::fs::read_to_string(&key)
+            .unwrap()
+            .contains(public.trim())
+    );
+    // A second keygen refuses to replace the key.
+    fails(dir, &["keygen"], 8);
+    let v1 = ok(dir, &["put", "doc", "--value", "one"])
+        .trim()
+        .to_string();
+    ok(dir, &["fork", "doc", "--from", "master", "--to", "draft"]);
+    let d1 = ok(dir, &["put", "doc", "--branch", "draft", "--value", "two"])
+        .trim()
+        .to_string();
+    let m = ok(
+        dir,
+        &["merge", "doc", "--into", "master", "--from", "draft"],
+    )
+    .trim()
+    .to_string();
+    ok(dir, &["rename", "doc", "draft", "old"]);
+    ok(dir, &["remove", "doc", "old"]);
+    let info = ok(
+        dir,
+        &[
+            "bucket",
+            "--metadata-out",
+            dir.join("meta").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        info.contains(&format!("writer 0: {}", public.trim())),
+        "{info}"
+    );
+    assert!(info.contains("records: 6"), "{info}");
+    let capsule = info
+        .lines()
+        .find_map(|l| l.strip_prefix("capsule: "))
+        .unwrap()
+        .to_string();
+    for uid in [&v1, &d1, &m] {
+        let out = ok(dir, &["verify", "--proof", "doc", "--uid", uid]);
+        assert!(out.contains("signed   by writer 0"), "{out}");
+        assert!(out.ends_with("proof OK\n"), "{out}");
+    }
+    let head = ok(dir, &["verify", "--proof", "doc"]);
+    assert!(head.contains(&m), "{head}");
+    // A version of another key, or a uid no record made, has no proof.
+    fails(dir, &["verify", "--proof", "other"], 3);
+    let bogus = format!("1e20{}", "ab".repeat(32));
+    fails(dir, &["verify", "--proof", "doc", "--uid", &bogus], 3);
+    // The proof file checks with nothing but the capsule name and its metadata.
+    let pf = dir.join("proof");
+    ok(
+        dir,
+        &[
+            "verify",
+            "--proof",
+            "doc",
+            "--uid",
+            &d1,
+            "--out",
+            pf.to_str().unwrap(),
+        ],
+    );
+    let check = |file: &Path, capsule: &str, uid: &str| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["verify-proof", file.to_str().unwrap(), "--capsule", capsule])
+            .args(["--metadata", dir.join("meta").to_str().unwrap()])
+            .args(["--key", "doc", "--uid", uid])
+            .output()
+            .unwrap()
+    };
+    let good = check(&pf, &capsule, &d1);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    // The same proof does not prove another version, under another capsule name, or
+    // after any byte of it changes.
+    assert_eq!(check(&pf, &capsule, &v1).status.code(), Some(11));
+    let other = format!("1e20{}", "cd".repeat(32));
+    assert_eq!(check(&pf, &other, &d1).status.code(), Some(11));
+    let bytes = std::fs::read(&pf).unwrap();
+    for i in (0..bytes.len()).step_by(7) {
+        let mut t = bytes.clone();
+        t[i] ^= 0x01;
+        let tf = dir.join("tampered");
+        std::fs::write(&tf, &t).unwrap();
+        let out = check(&tf, &capsule, &d1);
+        assert!(
+            matches!(out.status.code(), Some(6) | Some(11)),
+            "byte {i}: {:?} {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // Another key may read the bucket but not write it.
+    let stranger = dir.join("stranger.key");
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .arg("--key-file")
+        .arg(&stranger)
+        .args(["put", "doc", "--value", "forged"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a writer of bucket default"));
+    assert_eq!(ok(dir, &["get", "doc"]), "two");
 }

@@ -177,12 +177,26 @@ impl Db {
             store,
             algo,
             cfg,
-            prefix: b"bucket/default/".to_vec(),
+            prefix: format!("bucket/{DEFAULT_BUCKET}/").into_bytes(),
             key_locks: (0..KEY_LOCK_STRIPES)
                 .map(|_| Mutex::new(Stripe::default()))
                 .collect(),
             gc_lock: RwLock::new(()),
         }
+    }
+
+    /// The same Db serving bucket `name` instead of the default one (each bucket is its own
+    /// namespace of keys in the store's refs). Names are 1 to 64 bytes of `a-z 0-9 . _ -`.
+    pub fn in_bucket(mut self, name: &str) -> Result<Self> {
+        check_bucket_name(name)?;
+        self.prefix = format!("bucket/{name}/").into_bytes();
+        Ok(self)
+    }
+
+    /// The bucket this Db serves.
+    pub fn bucket(&self) -> &str {
+        // The prefix is `bucket/<name>/` with a name `check_bucket_name` accepted.
+        std::str::from_utf8(&self.prefix[7..self.prefix.len() - 1]).unwrap_or(DEFAULT_BUCKET)
     }
 
     /// The underlying store.
@@ -827,8 +841,8 @@ impl Db {
         Ok(uid)
     }
 
-    /// M13: renames a tagged branch.
-    pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<()> {
+    /// M13: renames a tagged branch; returns its head.
+    pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<Uid> {
         check_branch_name(to)?;
         let _k = self.lock_key(key);
         let mut t = self.existing_table(key)?;
@@ -843,18 +857,39 @@ impl Db {
             .remove(from)
             .ok_or_else(|| Error::not_found(format!("branch {from:?} of key {}", show_key(key))))?;
         t.tagged.insert(to.to_string(), uid);
-        self.commit_table(key, &t)
+        self.commit_table(key, &t)?;
+        Ok(uid)
     }
 
     /// M14: removes a tagged branch (its versions stay until no head reaches them and GC
-    /// runs). Removing a key's last head removes the key.
-    pub fn remove(&self, key: &[u8], branch: &str) -> Result<()> {
+    /// runs). Removing a key's last head removes the key. Returns the removed head.
+    pub fn remove(&self, key: &[u8], branch: &str) -> Result<Uid> {
         let _k = self.lock_key(key);
         let mut t = self.existing_table(key)?;
-        t.tagged.remove(branch).ok_or_else(|| {
+        let uid = t.tagged.remove(branch).ok_or_else(|| {
             Error::not_found(format!("branch {branch:?} of key {}", show_key(key)))
         })?;
-        self.commit_table(key, &t)
+        self.commit_table(key, &t)?;
+        Ok(uid)
+    }
+}
+
+/// The bucket a Db serves unless told otherwise (the CLI's bucket).
+pub const DEFAULT_BUCKET: &str = "default";
+
+/// Checks a bucket name: 1 to 64 bytes of lowercase letters, digits, `.`, `_` and `-`.
+pub fn check_bucket_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "bucket name {name:?}: use 1 to 64 characters from a-z, 0-9, '.', '_' and '-'"
+        )))
     }
 }
 

@@ -20,7 +20,9 @@ pub mod value;
 pub mod verify;
 
 pub use branch::BranchTable;
-pub use db::{At, DEFAULT_BRANCH, Db, PutOptions, Target, Version};
+pub use db::{
+    At, DEFAULT_BRANCH, DEFAULT_BUCKET, Db, PutOptions, Target, Version, check_bucket_name,
+};
 pub use fobject::{FObject, Uid};
 pub use gc::GcReport;
 pub use history::{Diff, TrackEntry};

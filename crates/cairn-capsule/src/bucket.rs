@@ -1,0 +1,703 @@
+//! Every bucket is a capsule (ARCHITECTURE.md: "bucket = capsule").
+//!
+//! A [`Bucket`] is a namespace of keys of the object engine ([`Db`]) whose every mutation
+//! (put, update, fork, merge, rename, remove) appends a record to the bucket's capsule. The
+//! record body is a [`Mutation`] naming the key, the branch, the version (uid) and its
+//! bases; records are chained by backpointers and signed by the writer's key, so every
+//! version a bucket created has a [`VersionProof`]: the record that names it plus the hash
+//! chain from that record to a writer signature. A reader who knows only the capsule name
+//! (e.g. from a chain) checks it with [`VersionProof::verify`].
+//!
+//! Records of concurrent mutations are written in groups, like the store's group commit:
+//! whoever finds no group in flight writes every record queued so far in one
+//! [`CapsuleServer::write`] with one signature on the newest, which covers the rest by hash
+//! chain. One mutation alone is signed directly.
+//!
+//! The mutation is applied to the Db first and its record appended second; the call returns
+//! (the write is acknowledged) only when both are durable. A crash between the two leaves a
+//! version no record names: it was never acknowledged, and `cairn verify --proof` reports it
+//! as unproven rather than trusting it.
+//!
+//! Bucket capsules store bodies in plaintext: a mutation holds key and branch names and
+//! hashes, which the Db's refs hold in plaintext too; the values themselves stay in the Db.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::Arc;
+
+use cairn_core::{Decoder, Encoder, Error, Hash, Result, SigningKey};
+use cairn_object::{
+    At, Db, MergeOutcome, NewValue, Op, PutOptions, Resolver, Target, Uid, check_bucket_name,
+};
+use parking_lot::{Condvar, Mutex};
+
+use crate::client::Writer;
+use crate::metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
+use crate::proof::RecordProof;
+use crate::record::{Record, RecordHeader, RecordName};
+use crate::server::CapsuleServer;
+
+/// Format version of an encoded [`Mutation`].
+pub const MUTATION_VERSION: u8 = 1;
+/// Format version of an encoded [`VersionProof`].
+pub const VERSION_PROOF_VERSION: u8 = 1;
+/// The metadata setting that names the bucket a capsule backs.
+pub const BUCKET_SETTING: &str = "cairn.bucket";
+/// Longest key a mutation record may name (the Db's own limit is lower).
+const MAX_KEY: usize = 1 << 16;
+/// Longest branch name a mutation record may name.
+const MAX_BRANCH: usize = 1 << 12;
+/// Most bases one version may have in a mutation record.
+const MAX_BASES: usize = 1 << 16;
+
+/// What a mutation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MutationKind {
+    /// A new version by Put or a type operation (Update); `branch` is the tagged branch it
+    /// became the head of, or `None` for an untagged head.
+    Put,
+    /// Branch `branch` created at version `uid`.
+    Fork,
+    /// A merge: `uid` is the merged version (new, or an existing one fast-forwarded to);
+    /// `branch` is the branch merged into, `None` for merged untagged heads.
+    Merge,
+    /// Branch `from` renamed to `branch`; its head is `uid`.
+    Rename,
+    /// Branch `branch` removed; its head was `uid`.
+    Remove,
+}
+
+impl MutationKind {
+    fn code(self) -> u8 {
+        match self {
+            MutationKind::Put => 1,
+            MutationKind::Fork => 2,
+            MutationKind::Merge => 3,
+            MutationKind::Rename => 4,
+            MutationKind::Remove => 5,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<Self> {
+        Ok(match c {
+            1 => MutationKind::Put,
+            2 => MutationKind::Fork,
+            3 => MutationKind::Merge,
+            4 => MutationKind::Rename,
+            5 => MutationKind::Remove,
+            other => return Err(Error::decode(format!("unknown mutation kind {other}"))),
+        })
+    }
+
+    /// Lower-case name, as the CLI prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MutationKind::Put => "put",
+            MutationKind::Fork => "fork",
+            MutationKind::Merge => "merge",
+            MutationKind::Rename => "rename",
+            MutationKind::Remove => "remove",
+        }
+    }
+}
+
+/// The body of a bucket record: one mutation of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mutation {
+    /// What happened.
+    pub kind: MutationKind,
+    /// The key.
+    pub key: Vec<u8>,
+    /// The branch written, created, merged into, renamed to or removed (see
+    /// [`MutationKind`]); `None` for untagged heads.
+    pub branch: Option<String>,
+    /// For a rename: the old branch name.
+    pub from: Option<String>,
+    /// The version the mutation made, moved a head to, or removed the head of.
+    pub uid: Uid,
+    /// The bases of `uid` when the mutation created it (Put, Merge); empty otherwise.
+    pub bases: Vec<Uid>,
+}
+
+impl Mutation {
+    /// Whether this mutation created version `uid` (so its record proves the version).
+    pub fn creates_version(&self) -> bool {
+        matches!(self.kind, MutationKind::Put | MutationKind::Merge)
+    }
+
+    /// The canonical encoding (the record body).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::versioned(MUTATION_VERSION);
+        e.u8(self.kind.code()).bytes(&self.key);
+        for s in [&self.branch, &self.from] {
+            match s {
+                Some(s) => e.u8(1).bytes(s.as_bytes()),
+                None => e.u8(0),
+            };
+        }
+        e.hash(&self.uid).varint(self.bases.len() as u64);
+        for b in &self.bases {
+            e.hash(b);
+        }
+        e.finish()
+    }
+
+    /// Decodes and checks an encoding; anything but the canonical bytes is refused.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, "bucket mutation");
+        d.version(&[MUTATION_VERSION])?;
+        let kind = MutationKind::from_code(d.u8()?)?;
+        let key = d.bytes()?;
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(Error::decode("mutation key is empty or too long"));
+        }
+        let key = key.to_vec();
+        let mut names = [None, None];
+        for n in &mut names {
+            *n = match d.u8()? {
+                0 => None,
+                1 => {
+                    let s = d.str()?;
+                    if s.is_empty() || s.len() > MAX_BRANCH {
+                        return Err(Error::decode("mutation branch is empty or too long"));
+                    }
+                    Some(s.to_string())
+                }
+                other => return Err(Error::decode(format!("bad option tag {other}"))),
+            };
+        }
+        let [branch, from] = names;
+        let uid = d.hash()?;
+        let n = d.count(33)?;
+        if n > MAX_BASES {
+            return Err(Error::decode("mutation names too many bases"));
+        }
+        let mut bases = Vec::with_capacity(n);
+        for _ in 0..n {
+            bases.push(d.hash()?);
+        }
+        d.finish()?;
+        let m = Mutation {
+            kind,
+            key,
+            branch,
+            from,
+            uid,
+            bases,
+        };
+        m.check_shape()?;
+        Ok(m)
+    }
+
+    /// The fields each kind needs are there, and the others are not.
+    fn check_shape(&self) -> Result<()> {
+        let ok = match self.kind {
+            MutationKind::Put | MutationKind::Merge => self.from.is_none(),
+            MutationKind::Fork | MutationKind::Remove => {
+                self.branch.is_some() && self.from.is_none() && self.bases.is_empty()
+            }
+            MutationKind::Rename => {
+                self.branch.is_some() && self.from.is_some() && self.bases.is_empty()
+            }
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::decode(format!(
+                "a {} mutation with the wrong fields",
+                self.kind.name()
+            )))
+        }
+    }
+}
+
+/// The proof that a bucket's writer made version `uid` of a key: the record naming it and
+/// the hash chain from that record to a writer signature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionProof {
+    /// The record whose body is the mutation that created the version.
+    pub record: Record,
+    /// The chain from that record to a signed one.
+    pub proof: RecordProof,
+}
+
+impl VersionProof {
+    /// Checks the proof against the capsule `meta` describes (the caller checks that `meta`
+    /// hashes to the capsule name it trusts, e.g. with [`crate::Reader::new`]): the record
+    /// belongs to the capsule, its body matches its header, the body is a mutation that
+    /// created version `uid` of `key`, and the chain reaches a valid writer signature.
+    /// Returns the mutation and the names on the chain, the record first.
+    pub fn verify(
+        &self,
+        meta: &CapsuleMetadata,
+        key: &[u8],
+        uid: &Uid,
+    ) -> Result<(Mutation, Vec<RecordName>)> {
+        if meta.cipher != BodyCipher::Plaintext {
+            return Err(Error::Rejected(
+                "a bucket capsule stores its mutations in plaintext; this one does not".into(),
+            ));
+        }
+        let name = self.record.name();
+        if self.record.header.capsule != meta.name() {
+            return Err(Error::Rejected(format!(
+                "record {name} belongs to capsule {}, not {}",
+                self.record.header.capsule,
+                meta.name()
+            )));
+        }
+        self.record.check_body()?;
+        let m = Mutation::decode(&self.record.body)
+            .map_err(|e| Error::Rejected(format!("record {name} is not a mutation: {e}")))?;
+        if !m.creates_version() || m.uid != *uid || m.key != key {
+            return Err(Error::Rejected(format!(
+                "record {name} is a {} of another version or key, not the one that made {uid}",
+                m.kind.name()
+            )));
+        }
+        let names = self.proof.verify(meta, &name, |_| false)?;
+        Ok((m, names))
+    }
+
+    /// The canonical encoding (what `cairn verify --proof --out` writes).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut e = Encoder::versioned(VERSION_PROOF_VERSION);
+        e.bytes(&self.record.header.encode())
+            .bytes(&self.record.body)
+            .bytes(&self.proof.to_bytes());
+        e.finish()
+    }
+
+    /// Decodes an encoding (checks nothing but the format: call [`VersionProof::verify`]).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, "version proof");
+        d.version(&[VERSION_PROOF_VERSION])?;
+        let header = RecordHeader::decode(d.bytes()?)?;
+        let body = d.bytes()?.to_vec();
+        let proof = RecordProof::from_bytes(d.bytes()?)?;
+        d.finish()?;
+        Ok(VersionProof {
+            record: Record { header, body },
+            proof,
+        })
+    }
+}
+
+/// The ref that maps a bucket name to its capsule.
+fn capsule_ref(bucket: &str) -> Vec<u8> {
+    format!("bucket-capsule/{bucket}").into_bytes()
+}
+
+/// One queued record and the slot its mutation waits on.
+struct Queued {
+    record: Record,
+    mutation: Mutation,
+    done: Arc<Mutex<Option<Result<RecordName>>>>,
+}
+
+/// The writer side: records are built here in order and written in groups.
+struct Chain {
+    writer: Writer,
+    queue: Vec<Queued>,
+    writing: bool,
+}
+
+/// A bucket of objects whose every mutation is a signed record of its capsule.
+pub struct Bucket {
+    db: Db,
+    server: Arc<CapsuleServer>,
+    meta: Option<CapsuleMetadata>,
+    chain: Option<Mutex<Chain>>,
+    written: Condvar,
+    /// uid → the record that created it; built on first use from the capsule.
+    index: Mutex<Option<HashMap<Uid, RecordName>>>,
+}
+
+impl Bucket {
+    /// Opens bucket `db.bucket()` of `db`'s store, whose capsules `server` keeps (over the
+    /// same store). With a `writer` key the bucket accepts mutations: its capsule is created
+    /// on first open with that key as the one writer, and a later open with a key that is
+    /// not one of the capsule's writers is refused. Without one the bucket is read-only.
+    pub fn open(db: Db, server: Arc<CapsuleServer>, writer: Option<SigningKey>) -> Result<Self> {
+        let bucket = db.bucket().to_string();
+        check_bucket_name(&bucket)?;
+        let store = db.store().clone();
+        let capsule = match store.get_ref(&capsule_ref(&bucket))? {
+            Some(v) => Some(CapsuleName(Hash::from_bytes(&v).map_err(|e| {
+                Error::corrupt(format!("capsule ref of bucket {bucket}: {e}"))
+            })?)),
+            None => None,
+        };
+        let meta = match (capsule, &writer) {
+            (Some(c), _) => {
+                let meta = server.metadata(&c)?;
+                if meta.name() != c {
+                    return Err(Error::corrupt(format!(
+                        "metadata of capsule {c} (bucket {bucket}) does not hash to its name"
+                    )));
+                }
+                Some(meta)
+            }
+            (None, Some(key)) => {
+                let mut meta =
+                    CapsuleMetadata::new(db.algo(), key.public(), format!("bucket {bucket}"));
+                meta.cipher = BodyCipher::Plaintext;
+                meta.key_distribution = "none: mutation records are plaintext".into();
+                meta.settings
+                    .insert(BUCKET_SETTING.to_string(), bucket.clone());
+                server.create(&meta)?;
+                store.commit(&[cairn_store::RefUpdate::Set {
+                    name: capsule_ref(&bucket),
+                    value: meta.name().hash().to_bytes().to_vec(),
+                }])?;
+                Some(meta)
+            }
+            (None, None) => None,
+        };
+        let chain = match (&meta, writer) {
+            (Some(meta), Some(key)) => {
+                let public = key.public();
+                let mut w = Writer::new(meta.clone(), key, None).map_err(|_| {
+                    Error::invalid(format!(
+                        "key {public} is not a writer of bucket {bucket} (capsule {}); \
+                         writers: {}",
+                        meta.name(),
+                        meta.writers
+                            .iter()
+                            .map(|k| k.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+                let (heads, _) = server.heads_roots(&meta.name())?;
+                w.continue_from(&heads);
+                Some(Mutex::new(Chain {
+                    writer: w,
+                    queue: Vec::new(),
+                    writing: false,
+                }))
+            }
+            _ => None,
+        };
+        Ok(Bucket {
+            db,
+            server,
+            meta,
+            chain,
+            written: Condvar::new(),
+            index: Mutex::new(None),
+        })
+    }
+
+    /// The object engine (reads, history, diff, verify; write through the bucket).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The capsule server keeping this bucket's capsule.
+    pub fn server(&self) -> &Arc<CapsuleServer> {
+        &self.server
+    }
+
+    /// The bucket's name.
+    pub fn name(&self) -> &str {
+        self.db.bucket()
+    }
+
+    /// The capsule's metadata (`None` while no writer has opened the bucket yet).
+    pub fn metadata(&self) -> Option<&CapsuleMetadata> {
+        self.meta.as_ref()
+    }
+
+    /// The capsule's name (`None` while no writer has opened the bucket yet).
+    pub fn capsule(&self) -> Option<CapsuleName> {
+        self.meta.as_ref().map(|m| m.name())
+    }
+
+    fn chain(&self) -> Result<&Mutex<Chain>> {
+        self.chain.as_ref().ok_or_else(|| {
+            Error::invalid(format!(
+                "bucket {} is open read-only (no writer key): mutations need one",
+                self.name()
+            ))
+        })
+    }
+
+    /// Appends the record of `m` and returns once it is durable (or failed). Records queued
+    /// while another thread writes go out together in the next group.
+    fn record(&self, m: Mutation) -> Result<RecordName> {
+        let chain = self.chain()?;
+        let capsule = self
+            .capsule()
+            .ok_or_else(|| Error::invalid("bucket has no capsule"))?;
+        let done = Arc::new(Mutex::new(None));
+        let mut c = chain.lock();
+        let record = c.writer.record(&m.encode(), &[])?;
+        c.queue.push(Queued {
+            record,
+            mutation: m,
+            done: done.clone(),
+        });
+        loop {
+            if let Some(r) = done.lock().take() {
+                return r;
+            }
+            if c.writing {
+                self.written.wait(&mut c);
+                continue;
+            }
+            // Nobody is writing: write every queued record as one group.
+            c.writing = true;
+            let group = std::mem::take(&mut c.queue);
+            let last = group[group.len() - 1].record.name();
+            let sig = c.writer.sign(&last);
+            drop(c);
+            let records: Vec<Record> = group.iter().map(|q| q.record.clone()).collect();
+            let result = self.server.write(&capsule, &records, &[(last, sig)]);
+            if result.is_ok()
+                && let Some(index) = self.index.lock().as_mut()
+            {
+                for q in &group {
+                    if q.mutation.creates_version() {
+                        index.entry(q.mutation.uid).or_insert(q.record.name());
+                    }
+                }
+            }
+            for q in &group {
+                *q.done.lock() = Some(match &result {
+                    Ok(_) => Ok(q.record.name()),
+                    Err(e) => Err(Error::Unavailable(format!(
+                        "version {} was written but its capsule record was not: {e}",
+                        q.mutation.uid
+                    ))),
+                });
+            }
+            c = chain.lock();
+            c.writing = false;
+            self.written.notify_all();
+        }
+    }
+
+    fn bases(&self, uid: &Uid) -> Result<Vec<Uid>> {
+        Ok(self.db.load(uid)?.bases)
+    }
+
+    fn record_version(
+        &self,
+        kind: MutationKind,
+        key: &[u8],
+        branch: Option<&str>,
+        uid: Uid,
+    ) -> Result<Uid> {
+        let bases = self.bases(&uid)?;
+        self.record(Mutation {
+            kind,
+            key: key.to_vec(),
+            branch: branch.map(str::to_string),
+            from: None,
+            uid,
+            bases,
+        })?;
+        Ok(uid)
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.chain().map(|_| ())
+    }
+
+    /// [`Db::put`], recorded.
+    pub fn put(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        value: NewValue,
+        opts: &PutOptions,
+    ) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.put(key, target, value, opts)?;
+        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+    }
+
+    /// [`Db::put_blob_stream`], recorded.
+    pub fn put_blob_stream(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        reader: &mut dyn Read,
+        opts: &PutOptions,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self
+            .db
+            .put_blob_stream(key, target, reader, opts, progress)?;
+        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+    }
+
+    /// [`Db::put_list_stream`], recorded.
+    pub fn put_list_stream(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        elements: &mut dyn Iterator<Item = Result<Vec<u8>>>,
+        opts: &PutOptions,
+    ) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.put_list_stream(key, target, elements, opts)?;
+        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+    }
+
+    /// [`Db::update`] (a type operation), recorded as a put.
+    pub fn update(&self, key: &[u8], target: Target<'_>, op: Op, opts: &PutOptions) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.update(key, target, op, opts)?;
+        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+    }
+
+    /// [`Db::fork`], recorded.
+    pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.fork(key, from, new_branch)?;
+        self.record(Mutation {
+            kind: MutationKind::Fork,
+            key: key.to_vec(),
+            branch: Some(new_branch.to_string()),
+            from: None,
+            uid,
+            bases: Vec::new(),
+        })?;
+        Ok(uid)
+    }
+
+    /// [`Db::merge_into`], recorded when it moved the branch.
+    pub fn merge_into(
+        &self,
+        key: &[u8],
+        into: &str,
+        from: &At,
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+    ) -> Result<MergeOutcome> {
+        self.check_writable()?;
+        let outcome = self.db.merge_into(key, into, from, resolver, opts)?;
+        if let MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) = &outcome {
+            self.record_version(MutationKind::Merge, key, Some(into), *u)?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`Db::merge_untagged`], recorded when it made a version.
+    pub fn merge_untagged(
+        &self,
+        key: &[u8],
+        uids: &[Uid],
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+    ) -> Result<MergeOutcome> {
+        self.check_writable()?;
+        let outcome = self.db.merge_untagged(key, uids, resolver, opts)?;
+        if let MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) = &outcome {
+            self.record_version(MutationKind::Merge, key, None, *u)?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`Db::rename`], recorded.
+    pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.rename(key, from, to)?;
+        self.record(Mutation {
+            kind: MutationKind::Rename,
+            key: key.to_vec(),
+            branch: Some(to.to_string()),
+            from: Some(from.to_string()),
+            uid,
+            bases: Vec::new(),
+        })?;
+        Ok(uid)
+    }
+
+    /// [`Db::remove`], recorded.
+    pub fn remove(&self, key: &[u8], branch: &str) -> Result<Uid> {
+        self.check_writable()?;
+        let uid = self.db.remove(key, branch)?;
+        self.record(Mutation {
+            kind: MutationKind::Remove,
+            key: key.to_vec(),
+            branch: Some(branch.to_string()),
+            from: None,
+            uid,
+            bases: Vec::new(),
+        })?;
+        Ok(uid)
+    }
+
+    /// Reads a record of the bucket's capsule and decodes its mutation.
+    fn mutation(&self, capsule: &CapsuleName, name: &RecordName) -> Result<(Record, Mutation)> {
+        let record = self.server.read(capsule, name)?;
+        if record.name() != *name || record.header.capsule != *capsule {
+            return Err(Error::corrupt(format!(
+                "record {name} read back as another"
+            )));
+        }
+        record.check_body()?;
+        let m = Mutation::decode(&record.body)
+            .map_err(|e| Error::corrupt(format!("record {name} of bucket {}: {e}", self.name())))?;
+        Ok((record, m))
+    }
+
+    /// The record that created version `uid`, if any (the index is built from the capsule
+    /// on first use and kept up to date by later mutations).
+    pub fn record_of(&self, uid: &Uid) -> Result<Option<RecordName>> {
+        let Some(capsule) = self.capsule() else {
+            return Ok(None);
+        };
+        let mut index = self.index.lock();
+        if index.is_none() {
+            let order = self.server.with_dag(&capsule, |d| d.order().to_vec())?;
+            let mut map = HashMap::with_capacity(order.len());
+            for name in order {
+                let (_, m) = self.mutation(&capsule, &name)?;
+                if m.creates_version() {
+                    map.entry(m.uid).or_insert(name);
+                }
+            }
+            *index = Some(map);
+        }
+        Ok(index.as_ref().and_then(|m| m.get(uid).copied()))
+    }
+
+    /// The proof that this bucket's writer created version `uid` of `key`.
+    pub fn prove(&self, key: &[u8], uid: &Uid) -> Result<VersionProof> {
+        let capsule = self.capsule().ok_or_else(|| {
+            Error::not_found(format!(
+                "a proof: bucket {} has no capsule yet (no mutation was recorded)",
+                self.name()
+            ))
+        })?;
+        let name = self.record_of(uid)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "a record of bucket {} that created version {uid} (the version predates the \
+                 bucket's capsule, or its write was never acknowledged)",
+                self.name()
+            ))
+        })?;
+        let (record, m) = self.mutation(&capsule, &name)?;
+        if m.key != key {
+            return Err(Error::not_found(format!(
+                "version {uid} in key {:?}: the bucket's record names key {:?}",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(&m.key)
+            )));
+        }
+        let proof = self.server.prove(&capsule, &name, None)?.proof;
+        Ok(VersionProof { record, proof })
+    }
+}
+
+fn branch_of<'a>(t: &Target<'a>) -> Option<&'a str> {
+    match t {
+        Target::Branch(b) => Some(b),
+        Target::Base(_) => None,
+    }
+}

@@ -1,0 +1,290 @@
+//! Every bucket is a capsule: mutations become signed records, every version a writer made
+//! has a proof a reader checks against the capsule alone, and forged or misplaced proofs are
+//! refused.
+
+use std::sync::Arc;
+
+use cairn_capsule::*;
+use cairn_core::{Error, SigningKey};
+use cairn_object::{At, BuiltinResolver, Db, MergeOutcome, NewValue, PutOptions, Target};
+use cairn_store::{LogStore, LogStoreOptions, MemoryStore, Store};
+use proptest::prelude::*;
+
+fn server(store: &Arc<dyn Store>) -> Arc<CapsuleServer> {
+    Arc::new(CapsuleServer::new(
+        store.clone(),
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    ))
+}
+
+fn open(store: &Arc<dyn Store>, key: Option<SigningKey>) -> cairn_core::Result<Bucket> {
+    Bucket::open(Db::new(store.clone()), server(store), key)
+}
+
+fn writer() -> SigningKey {
+    SigningKey::from_seed(&[1; 32])
+}
+
+fn s(v: &str) -> NewValue {
+    NewValue::String(v.as_bytes().to_vec())
+}
+
+fn proven(b: &Bucket, key: &[u8], uid: &cairn_object::Uid) -> Mutation {
+    let p = b.prove(key, uid).unwrap();
+    let meta = b.metadata().unwrap();
+    // The reader trusts the capsule name only: the metadata must hash to it.
+    assert_eq!(meta.name(), b.capsule().unwrap());
+    let back = VersionProof::from_bytes(&p.to_bytes()).unwrap();
+    assert_eq!(back, p);
+    p.verify(meta, key, uid).unwrap().0
+}
+
+#[test]
+fn every_mutation_is_a_record_and_versions_are_proven() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+    let f = b.fork(b"k", &At::Branch("master".into()), "dev").unwrap();
+    assert_eq!(f, v1);
+    let v2 = b.put(b"k", Target::Branch("dev"), s("ab"), &o).unwrap();
+    let v3 = b.put(b"k", Target::Branch("master"), s("ac"), &o).unwrap();
+    let MergeOutcome::Merged(m) = b
+        .merge_into(
+            b"k",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Ours,
+            &o,
+        )
+        .unwrap()
+    else {
+        panic!("expected a merge")
+    };
+    let u1 = b.put(b"k", Target::Base(v1), s("x"), &o).unwrap();
+    b.rename(b"k", "dev", "old").unwrap();
+    b.remove(b"k", "old").unwrap();
+
+    let capsule = b.capsule().unwrap();
+    let records = b.server().with_dag(&capsule, |d| d.len()).unwrap();
+    assert_eq!(records, 8, "one record per mutation");
+    let m1 = proven(&b, b"k", &v1);
+    assert_eq!(m1.kind, MutationKind::Put);
+    assert_eq!(m1.branch.as_deref(), Some("master"));
+    assert!(m1.bases.is_empty());
+    let mm = proven(&b, b"k", &m);
+    assert_eq!(mm.kind, MutationKind::Merge);
+    assert_eq!(mm.bases.len(), 2);
+    assert!(mm.bases.contains(&v2) && mm.bases.contains(&v3));
+    let mu = proven(&b, b"k", &u1);
+    assert_eq!(mu.branch, None, "a put on a base makes an untagged head");
+    // Fork, rename and remove are recorded but make no version.
+    let kinds: Vec<MutationKind> = b
+        .server()
+        .with_dag(&capsule, |d| d.order().to_vec())
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let r = b.server().read(&capsule, n).unwrap();
+            Mutation::decode(&r.body).unwrap().kind
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            MutationKind::Put,
+            MutationKind::Fork,
+            MutationKind::Put,
+            MutationKind::Put,
+            MutationKind::Merge,
+            MutationKind::Put,
+            MutationKind::Rename,
+            MutationKind::Remove
+        ]
+    );
+    // A failed mutation changes nothing and records nothing.
+    assert!(b.rename(b"k", "nope", "x").is_err());
+    assert!(
+        b.put(b"k", Target::Branch("master"), NewValue::Integer(1), &o)
+            .is_err()
+    );
+    assert_eq!(b.server().with_dag(&capsule, |d| d.len()).unwrap(), 8);
+}
+
+#[test]
+fn concurrent_writers_share_signatures_and_every_version_is_proven() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = Arc::new(open(&store, Some(writer())).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for i in 0..40 {
+                    let key = format!("t{t}/key{}", i % 5).into_bytes();
+                    let uid = b
+                        .put(
+                            &key,
+                            Target::Branch("master"),
+                            s(&format!("{t}/{i}")),
+                            &PutOptions::default(),
+                        )
+                        .unwrap();
+                    out.push((key, uid));
+                }
+                out
+            })
+        })
+        .collect();
+    let all: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let capsule = b.capsule().unwrap();
+    let (records, heads) = b
+        .server()
+        .with_dag(&capsule, |d| (d.len(), d.heads()))
+        .unwrap();
+    assert_eq!(records, all.len());
+    assert_eq!(heads.len(), 1, "the records form one chain");
+    for (key, uid) in &all {
+        proven(&b, key, uid);
+    }
+}
+
+#[test]
+fn reopen_continues_the_chain_and_guards_the_writer_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = PutOptions::default();
+    let v1 = {
+        let store: Arc<dyn Store> =
+            Arc::new(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+        let b = open(&store, Some(writer())).unwrap();
+        b.put(b"k", Target::Branch("master"), s("one"), &o).unwrap()
+    };
+    let store: Arc<dyn Store> =
+        Arc::new(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+    // Read-only: proofs work, writes are refused and change nothing.
+    let ro = open(&store, None).unwrap();
+    proven(&ro, b"k", &v1);
+    let e = ro
+        .put(b"k", Target::Branch("master"), s("two"), &o)
+        .unwrap_err();
+    assert!(e.to_string().contains("read-only"), "{e}");
+    assert_eq!(ro.db().get(b"k", &At::default_branch()).unwrap().uid, v1);
+    drop(ro);
+    // Another key is not a writer of this bucket.
+    let e = open(&store, Some(SigningKey::from_seed(&[2; 32])))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert!(
+        e.to_string().contains("not a writer of bucket default"),
+        "{e}"
+    );
+    // The writer continues the same chain.
+    let b = open(&store, Some(writer())).unwrap();
+    let v2 = b.put(b"k", Target::Branch("master"), s("two"), &o).unwrap();
+    let capsule = b.capsule().unwrap();
+    let heads = b.server().with_dag(&capsule, |d| d.heads()).unwrap();
+    assert_eq!(heads.len(), 1);
+    proven(&b, b"k", &v1);
+    proven(&b, b"k", &v2);
+    // Buckets are separate namespaces with separate capsules.
+    let other = Bucket::open(
+        Db::new(store.clone()).in_bucket("photos").unwrap(),
+        server(&store),
+        Some(writer()),
+    )
+    .unwrap();
+    assert_ne!(other.capsule(), b.capsule());
+    assert!(other.db().get(b"k", &At::default_branch()).is_err());
+    assert!(other.prove(b"k", &v2).is_err());
+    assert!(Db::new(store.clone()).in_bucket("Bad/Name").is_err());
+}
+
+#[test]
+fn forged_or_misplaced_version_proofs_are_refused() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+    let v2 = b.put(b"k", Target::Branch("master"), s("b"), &o).unwrap();
+    let w = b.put(b"w", Target::Branch("master"), s("c"), &o).unwrap();
+    let meta = b.metadata().unwrap().clone();
+    let p = b.prove(b"k", &v1).unwrap();
+    let rejected = |r: cairn_core::Result<(Mutation, Vec<RecordName>)>| match r {
+        Err(Error::Rejected(m)) => m,
+        other => panic!("expected a rejection, got {other:?}"),
+    };
+    // The proof names v1 of k only.
+    rejected(p.verify(&meta, b"k", &v2));
+    rejected(p.verify(&meta, b"w", &v1));
+    rejected(b.prove(b"w", &w).unwrap().verify(&meta, b"k", &w));
+    // A body edited to name another version no longer matches its header.
+    let mut forged = p.clone();
+    let mut m = Mutation::decode(&forged.record.body).unwrap();
+    m.uid = v2;
+    forged.record.body = m.encode();
+    rejected(forged.verify(&meta, b"k", &v2));
+    // A new record claiming v2, built without the writer key, has no valid chain.
+    let mut forged = p.clone();
+    forged.record = Record::new(meta.name(), m.encode(), vec![p.record.name()]);
+    rejected(forged.verify(&meta, b"k", &v2));
+    // Another capsule's metadata (another writer) does not accept the proof.
+    let mut stranger = meta.clone();
+    stranger.writers = vec![SigningKey::from_seed(&[3; 32]).public()];
+    rejected(p.verify(&stranger, b"k", &v1));
+    // A truncated or padded encoding does not decode.
+    let bytes = p.to_bytes();
+    for cut in [0, 1, bytes.len() / 2, bytes.len() - 1] {
+        assert!(VersionProof::from_bytes(&bytes[..cut]).is_err());
+    }
+    let mut padded = bytes.clone();
+    padded.push(0);
+    assert!(VersionProof::from_bytes(&padded).is_err());
+}
+
+fn mutation_strategy() -> impl Strategy<Value = Mutation> {
+    let uid =
+        any::<[u8; 32]>().prop_map(|d| cairn_core::Hash::new(cairn_core::HashAlgo::Blake3, d));
+    (
+        0u8..5,
+        proptest::collection::vec(any::<u8>(), 1..40),
+        "[a-z]{1,8}",
+        "[a-z]{1,8}",
+        uid.clone(),
+        proptest::collection::vec(uid, 0..4),
+        any::<bool>(),
+    )
+        .prop_map(|(k, key, branch, from, uid, bases, tagged)| {
+            let kind = [
+                MutationKind::Put,
+                MutationKind::Fork,
+                MutationKind::Merge,
+                MutationKind::Rename,
+                MutationKind::Remove,
+            ][k as usize];
+            let creates = matches!(kind, MutationKind::Put | MutationKind::Merge);
+            Mutation {
+                kind,
+                key,
+                branch: (tagged || !creates).then_some(branch),
+                from: (kind == MutationKind::Rename).then_some(from),
+                uid,
+                bases: if creates { bases } else { Vec::new() },
+            }
+        })
+}
+
+proptest! {
+    #[test]
+    fn mutations_round_trip_canonically(m in mutation_strategy()) {
+        let bytes = m.encode();
+        prop_assert_eq!(Mutation::decode(&bytes).unwrap(), m);
+        for cut in 0..bytes.len() {
+            prop_assert!(Mutation::decode(&bytes[..cut]).is_err());
+        }
+    }
+}

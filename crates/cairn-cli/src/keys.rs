@@ -1,0 +1,168 @@
+//! Key files: the writer key that signs a bucket's records, and the node key that signs
+//! the embedded capsule server's acknowledgements.
+//!
+//! A key file is text: comment lines starting with `#`, then one line
+//! `cairn-ed25519-secret:<64 hex digits>` (the Ed25519 secret seed). It is created with
+//! mode 0600 and appears atomically (written to a temporary file, synced, then hard-linked
+//! into place, so two processes creating it at once end up with the same key).
+//!
+//! The writer key lives at `--key-file` / `$CAIRN_KEY_FILE`, else
+//! `$XDG_CONFIG_HOME/cairn/writer.key`, else `~/.config/cairn/writer.key`. The node key
+//! lives in the data directory (`node.key`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use cairn_core::{Error, SigningKey};
+
+const PREFIX: &str = "cairn-ed25519-secret:";
+
+/// The default writer key path (see the module comment).
+pub fn default_writer_key() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|x| !x.is_empty()) {
+        return Ok(PathBuf::from(x).join("cairn").join("writer.key"));
+    }
+    match std::env::var_os("HOME").filter(|x| !x.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h)
+            .join(".config")
+            .join("cairn")
+            .join("writer.key")),
+        None => bail!(Error::invalid(
+            "no home directory to keep the writer key in: set --key-file or CAIRN_KEY_FILE"
+        )),
+    }
+}
+
+/// Reads a key file.
+pub fn read(path: &Path) -> Result<SigningKey> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("reading key file {}", path.display()))?;
+    let mut found = None;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let hexpart = line.strip_prefix(PREFIX).ok_or_else(|| {
+            Error::invalid(format!(
+                "key file {}: expected a line \"{PREFIX}<64 hex digits>\"",
+                path.display()
+            ))
+        })?;
+        let mut seed = [0u8; 32];
+        hex::decode_to_slice(hexpart, &mut seed)
+            .map_err(|e| Error::invalid(format!("key file {}: bad secret: {e}", path.display())))?;
+        if found.is_some() {
+            bail!(Error::invalid(format!(
+                "key file {} holds more than one key",
+                path.display()
+            )));
+        }
+        found = Some(SigningKey::from_seed(&seed));
+        seed.fill(0);
+    }
+    warn_if_readable_by_others(path);
+    found.ok_or_else(|| {
+        anyhow::Error::from(Error::invalid(format!(
+            "key file {} holds no key",
+            path.display()
+        )))
+    })
+}
+
+#[cfg(unix)]
+fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        eprintln!(
+            "warning: key file {} is readable by other users (chmod 600 it)",
+            path.display()
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_readable_by_others(_path: &Path) {}
+
+/// Creates a new key file at `path` holding a fresh key; refuses to replace an existing
+/// one unless `force`. `what` says what the key is for (written as a comment).
+pub fn create(path: &Path, what: &str, force: bool) -> Result<SigningKey> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if path.exists() && !force {
+        bail!(Error::AlreadyExists(format!(
+            "key file {} (keep it, or pass --force to replace it: whatever it signed stays \
+             signed by the old key)",
+            path.display()
+        )));
+    }
+    let key = SigningKey::generate()?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "key".into()),
+        std::process::id()
+    ));
+    {
+        let mut opts = OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let _ = fs::remove_file(&tmp);
+        let mut f: File = opts
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
+        writeln!(
+            f,
+            "# Cairn Ed25519 secret key ({what}). Public key: {}",
+            key.public()
+        )?;
+        writeln!(f, "{PREFIX}{}", hex::encode(key.seed()))?;
+        f.sync_all()?;
+    }
+    let placed = if force {
+        fs::rename(&tmp, path)
+    } else {
+        let r = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        r
+    };
+    placed.with_context(|| format!("writing key file {}", path.display()))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(key)
+}
+
+/// Reads the key at `path`, creating it first when it does not exist (telling the user on
+/// stderr where it went when `announce`). A concurrent creator wins the race cleanly: both
+/// read its key.
+pub fn read_or_create(path: &Path, what: &str, announce: bool) -> Result<SigningKey> {
+    if path.exists() {
+        return read(path);
+    }
+    match create(path, what, false) {
+        Ok(key) => {
+            if announce {
+                eprintln!(
+                    "created {what} key {} at {} (back it up)",
+                    key.public(),
+                    path.display()
+                );
+            }
+            Ok(key)
+        }
+        Err(_) if path.exists() => read(path),
+        Err(e) => Err(e),
+    }
+}
