@@ -13,7 +13,9 @@
 //! - [`merkle`]: RFC 6962 trees: the per-capsule Merkle log and subrecord trees;
 //! - [`server`]: the capsule server over a Cairn store (verify, persist, ack, prove);
 //! - [`client`]: the writer and reader sides;
-//! - [`bucket`]: every bucket is a capsule: object mutations as signed records, version proofs.
+//! - [`bucket`]: every bucket is a capsule: object mutations as signed records, version proofs;
+//! - [`wire`]: the versioned wire protocol (requests, responses, sync messages), a sans-IO
+//!   dispatcher and the TCP glue over `cairn-net`.
 //!
 //! Everything received is verified before it is stored or trusted; see each module.
 
@@ -28,6 +30,7 @@ pub mod record;
 pub mod riblt;
 pub mod server;
 pub mod sync;
+pub mod wire;
 
 pub use bucket::{Bucket, Mutation, MutationKind, VersionProof};
 pub use cache::{CachePolicy, VerificationCache};
@@ -40,4 +43,7 @@ pub use server::{
     Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, ServerOptions, SessionId, SyncBody,
     SyncRecord,
 };
-pub use sync::{SyncMsg, SyncReport, SyncSession, sync_pair};
+pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
+pub use wire::{
+    CapsuleService, ErrorCode, RemoteCapsule, Request, Response, WireError, dispatch, serve_tcp,
+};

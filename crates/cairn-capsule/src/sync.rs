@@ -109,9 +109,47 @@ pub struct SyncReport {
     pub unproven: usize,
 }
 
-/// One side of an anti-entropy session.
+/// One side of an anti-entropy session, borrowing its server.
 pub struct SyncSession<'a> {
     server: &'a CapsuleServer,
+    state: SyncState,
+}
+
+impl<'a> SyncSession<'a> {
+    /// A session of `server` with the replica whose server key is `peer`.
+    pub fn new(server: &'a CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
+        Ok(SyncSession {
+            server,
+            state: SyncState::new(server, capsule, peer)?,
+        })
+    }
+
+    /// What the session has done so far.
+    pub fn report(&self) -> SyncReport {
+        self.state.report()
+    }
+
+    /// Whether the session is over.
+    pub fn is_finished(&self) -> bool {
+        self.state.is_finished()
+    }
+
+    /// The initiator's first message.
+    pub fn start(&mut self) -> Result<SyncMsg> {
+        self.state.start(self.server)
+    }
+
+    /// Feeds one message from the peer; returns the message to send back, or `None` when
+    /// the session is over.
+    pub fn handle(&mut self, msg: SyncMsg) -> Result<Option<SyncMsg>> {
+        self.state.handle(self.server, msg)
+    }
+}
+
+/// The state of one side of an anti-entropy session, without a borrow of its server (so
+/// a network endpoint can keep it between messages); every step takes the server.
+/// [`SyncSession`] is the same thing bound to one server.
+pub struct SyncState {
     capsule: CapsuleName,
     peer: PublicKey,
     since: Vec<RecordName>,
@@ -141,12 +179,11 @@ fn quick_hash(algo: HashAlgo, names: &[RecordName], heads: &[RecordName]) -> Dig
     *h.finalize().digest()
 }
 
-impl<'a> SyncSession<'a> {
+impl SyncState {
     /// A session of `server` with the replica whose server key is `peer`.
-    pub fn new(server: &'a CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
+    pub fn new(server: &CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
         let since = server.since_last_sync(&capsule, &peer)?;
-        Ok(SyncSession {
-            server,
+        Ok(SyncState {
             capsule,
             peer,
             since,
@@ -169,32 +206,42 @@ impl<'a> SyncSession<'a> {
         self.finished
     }
 
+    /// The capsule being synced.
+    pub fn capsule(&self) -> &CapsuleName {
+        &self.capsule
+    }
+
+    /// The peer's server key.
+    pub fn peer(&self) -> &PublicKey {
+        &self.peer
+    }
+
     /// The initiator's first message.
-    pub fn start(&mut self) -> Result<SyncMsg> {
+    pub fn start(&mut self, server: &CapsuleServer) -> Result<SyncMsg> {
         Ok(SyncMsg::Hello {
             capsule: self.capsule,
-            quick: self.quick()?,
+            quick: self.quick(server)?,
             count: self.since.len() as u64,
         })
     }
 
-    fn quick(&self) -> Result<Digest> {
-        let (heads, _) = self.server.heads_roots(&self.capsule)?;
+    fn quick(&self, server: &CapsuleServer) -> Result<Digest> {
+        let (heads, _) = server.heads_roots(&self.capsule)?;
         Ok(quick_hash(self.capsule.hash().algo(), &self.since, &heads))
     }
 
     /// Ends the session; the next one starts from now only if this one saw no bad record
     /// (after a faulty exchange, the next session compares everything again).
-    fn finish(&mut self) -> Result<()> {
+    fn finish(&mut self, server: &CapsuleServer) -> Result<()> {
         self.finished = true;
         if self.report.corrupt == 0 && self.report.unproven == 0 {
-            self.server.finish_sync(&self.capsule, &self.peer)?;
+            server.finish_sync(&self.capsule, &self.peer)?;
         }
         Ok(())
     }
 
-    fn apply(&mut self, records: &[SyncRecord]) -> Result<usize> {
-        let r = self.server.apply_sync(&self.capsule, records)?;
+    fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<usize> {
+        let r = server.apply_sync(&self.capsule, records)?;
         self.report.accepted += r.accepted;
         self.report.duplicate += r.duplicate;
         self.report.corrupt += r.corrupt;
@@ -204,13 +251,13 @@ impl<'a> SyncSession<'a> {
 
     /// Exports `names`, never the same record twice in one session (so a peer that refuses
     /// what it gets cannot keep the session going forever).
-    fn export(&mut self, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
+    fn export(&mut self, server: &CapsuleServer, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
         let fresh: Vec<RecordName> = names
             .iter()
             .filter(|n| self.sent_names.insert(**n))
             .copied()
             .collect();
-        let out = self.server.export(&self.capsule, &fresh)?;
+        let out = server.export(&self.capsule, &fresh)?;
         self.report.sent += out.len();
         Ok(out)
     }
@@ -221,12 +268,13 @@ impl<'a> SyncSession<'a> {
 
     fn exchange(
         &mut self,
+        server: &CapsuleServer,
         mine_only: &[RecordName],
         theirs_only: Vec<RecordName>,
     ) -> Result<SyncMsg> {
-        let records = self.export(mine_only)?;
-        let (heads, roots) = self.server.heads_roots(&self.capsule)?;
-        let missing = self.server.missing(&self.capsule)?;
+        let records = self.export(server, mine_only)?;
+        let (heads, roots) = server.heads_roots(&self.capsule)?;
+        let missing = server.missing(&self.capsule)?;
         Ok(SyncMsg::Exchange {
             records,
             want: theirs_only,
@@ -237,9 +285,9 @@ impl<'a> SyncSession<'a> {
     }
 
     /// A Patch carrying `records` and this side's current heads, roots and holes.
-    fn patch(&self, records: Vec<SyncRecord>) -> Result<SyncMsg> {
-        let (heads, roots) = self.server.heads_roots(&self.capsule)?;
-        let missing = self.server.missing(&self.capsule)?;
+    fn patch(&self, server: &CapsuleServer, records: Vec<SyncRecord>) -> Result<SyncMsg> {
+        let (heads, roots) = server.heads_roots(&self.capsule)?;
+        let missing = server.missing(&self.capsule)?;
         Ok(SyncMsg::Patch {
             records,
             heads,
@@ -254,7 +302,7 @@ impl<'a> SyncSession<'a> {
 
     /// Feeds one message from the peer; returns the message to send back, or `None` when
     /// the session is over.
-    pub fn handle(&mut self, msg: SyncMsg) -> Result<Option<SyncMsg>> {
+    pub fn handle(&mut self, server: &CapsuleServer, msg: SyncMsg) -> Result<Option<SyncMsg>> {
         if self.finished {
             return Err(Error::invalid("anti-entropy session already finished"));
         }
@@ -269,9 +317,9 @@ impl<'a> SyncSession<'a> {
                     return Err(Error::invalid("peer syncs another capsule"));
                 }
                 self.peer_count = count;
-                if quick == self.quick()? {
+                if quick == self.quick(server)? {
                     self.report.quick_match = true;
-                    self.finish()?;
+                    self.finish(server)?;
                     return Ok(Some(SyncMsg::InSync));
                 }
                 let digests: Vec<Digest> = self.since.iter().map(|n| *n.hash().digest()).collect();
@@ -287,7 +335,7 @@ impl<'a> SyncSession<'a> {
             }
             SyncMsg::InSync => {
                 self.report.quick_match = true;
-                self.finish()?;
+                self.finish(server)?;
                 Ok(None)
             }
             SyncMsg::More => {
@@ -313,7 +361,7 @@ impl<'a> SyncSession<'a> {
                         let mine: Vec<RecordName> = diff.local_only.iter().map(to_name).collect();
                         let theirs: Vec<RecordName> =
                             diff.remote_only.iter().map(to_name).collect();
-                        self.exchange(&mine, theirs).map(Some)
+                        self.exchange(server, &mine, theirs).map(Some)
                     }
                     None if self.received.len() >= self.symbol_cap() => {
                         self.report.fallback = true;
@@ -341,7 +389,7 @@ impl<'a> SyncSession<'a> {
                     .into_iter()
                     .filter(|n| !mine_set.contains(n))
                     .collect();
-                self.exchange(&mine_only, theirs_only).map(Some)
+                self.exchange(server, &mine_only, theirs_only).map(Some)
             }
             SyncMsg::Exchange {
                 records,
@@ -350,9 +398,9 @@ impl<'a> SyncSession<'a> {
                 roots,
                 missing,
             } => {
-                self.apply(&records)?;
+                self.apply(server, &records)?;
                 let mut names = want;
-                names.extend(self.server.lu_patch(
+                names.extend(server.lu_patch(
                     &self.capsule,
                     &heads,
                     &roots,
@@ -361,8 +409,8 @@ impl<'a> SyncSession<'a> {
                 )?);
                 names.sort();
                 names.dedup();
-                let records = self.export(&names)?;
-                self.patch(records).map(Some)
+                let records = self.export(server, &names)?;
+                self.patch(server, records).map(Some)
             }
             SyncMsg::Patch {
                 records,
@@ -376,19 +424,18 @@ impl<'a> SyncSession<'a> {
                         "anti-entropy did not converge in {MAX_ROUNDS} rounds"
                     )));
                 }
-                let accepted = self.apply(&records)?;
+                let accepted = self.apply(server, &records)?;
                 let names =
-                    self.server
-                        .lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
-                let records = self.export(&names)?;
+                    server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
+                let records = self.export(server, &names)?;
                 if records.is_empty() && accepted == 0 {
-                    self.finish()?;
+                    self.finish(server)?;
                     return Ok(Some(SyncMsg::Done));
                 }
-                self.patch(records).map(Some)
+                self.patch(server, records).map(Some)
             }
             SyncMsg::Done => {
-                self.finish()?;
+                self.finish(server)?;
                 Ok(None)
             }
         }

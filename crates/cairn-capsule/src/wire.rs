@@ -1,0 +1,1867 @@
+//! The capsule wire protocol: canonical, versioned encodings of every message a remote
+//! client or replica exchanges with a [`CapsuleServer`], a sans-IO dispatcher, and the TCP
+//! glue over [`cairn_net`].
+//!
+//! - [`Request`] / [`Response`]: one variant per public server operation (create, write,
+//!   sign, read, subrecords, checkpoints, Merkle-log proofs, reader sessions, record and
+//!   subrecord proofs, acks) plus a carrier for anti-entropy [`SyncMsg`]s. An error travels
+//!   as [`Response::Error`] with a [`WireError`]: an [`ErrorCode`] per
+//!   [`cairn_core::Error`] variant and the message.
+//! - Encodings use [`cairn_core::codec`]: a version byte ([`WIRE_VERSION`], or
+//!   [`SYNC_VERSION`] for a standalone [`SyncMsg`]), a tag byte, then the fields; records,
+//!   headers, metadata and proofs are embedded in their own canonical encodings. Decoding
+//!   is strict: an unknown version or tag, a truncated field, a trailing byte, a list
+//!   over its cap or a non-canonical value is a [`cairn_core::Error::Decode`]. One value
+//!   has one encoding, so whatever decodes re-encodes to the same bytes (fuzzed).
+//! - [`dispatch`] runs a request against a server (no I/O, no state beyond the server);
+//!   [`CapsuleService`] adds the responder side of anti-entropy sessions, which must live
+//!   between messages, and serves encoded bytes ([`CapsuleService::handle_bytes`]), so any
+//!   transport can carry the protocol.
+//! - [`serve_tcp`] serves a server over [`cairn_net::rpc`]; [`RemoteCapsule`] is the
+//!   client: typed calls, pipelining, and whole anti-entropy sessions against a remote
+//!   replica ([`RemoteCapsule::sync_with`]).
+//!
+//! Nothing here authenticates the peer: acks, checkpoints and proofs are signed or
+//! verifiable end to end, and a remote server is trusted for nothing else. The anti-entropy
+//! carrier names the initiator's server key, which the responder uses only to pick its
+//! sync cursor; a peer lying about it can at worst make a later session compare more.
+
+use std::net::ToSocketAddrs;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result};
+use cairn_net::{Client, ClientConfig, ServerConfig, ServerHandle};
+use lru::LruCache;
+use parking_lot::Mutex;
+
+use crate::cache::CachePolicy;
+use crate::merkle::Digest;
+use crate::metadata::{CapsuleMetadata, CapsuleName};
+use crate::proof::{RecordProof, SubrecordProof, WriterSignature};
+use crate::record::{MAX_BODY_LEN, Record, RecordHeader, RecordName};
+use crate::riblt::CodedSymbol;
+use crate::server::{
+    Ack, AckKind, CapsuleServer, Checkpoint, Issued, MAX_SUBRECORDS, SessionId, SyncBody,
+    SyncRecord,
+};
+use crate::sync::{MAX_ROUNDS, SyncMsg, SyncReport, SyncState};
+
+/// Format version of encoded [`Request`]s and [`Response`]s.
+pub const WIRE_VERSION: u8 = 1;
+/// Format version of a standalone encoded [`SyncMsg`].
+pub const SYNC_VERSION: u8 = 1;
+/// Largest frame the TCP glue sends or accepts: a largest record body plus 1 MiB.
+pub const MAX_FRAME: usize = MAX_BODY_LEN + (1 << 20);
+/// Most records (and most signatures) in one write request or acknowledgment.
+pub const MAX_BATCH: usize = 1 << 16;
+/// Most names in one list (heads, roots, wanted names, capsules, subrecord names).
+pub const MAX_NAMES: usize = 1 << 22;
+/// Most coded symbols in one sync message.
+pub const MAX_SYMBOLS: usize = 1 << 22;
+/// Most digests in one Merkle-log audit path or consistency proof.
+pub const MAX_PATH: usize = 128;
+/// Longest error message carried (longer ones are cut at a character boundary).
+pub const MAX_MESSAGE: usize = 16 << 10;
+/// Most anti-entropy sessions a [`CapsuleService`] keeps open (the least recently used
+/// is dropped past it).
+pub const MAX_SYNC_SESSIONS: usize = 1024;
+/// Elements preallocated for a decoded list (it grows past this only as elements decode).
+const PREALLOC: usize = 1024;
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+/// What kind of error a [`WireError`] carries: one code per [`cairn_core::Error`] variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ErrorCode {
+    /// [`Error::NotFound`].
+    NotFound = 1,
+    /// [`Error::Decode`].
+    Decode = 2,
+    /// [`Error::Corrupt`].
+    Corrupt = 3,
+    /// [`Error::InvalidInput`].
+    InvalidInput = 4,
+    /// [`Error::GuardMismatch`].
+    GuardMismatch = 5,
+    /// [`Error::TypeMismatch`].
+    TypeMismatch = 6,
+    /// [`Error::AlreadyExists`].
+    AlreadyExists = 7,
+    /// [`Error::Conflict`].
+    Conflict = 8,
+    /// [`Error::Rejected`].
+    Rejected = 9,
+    /// [`Error::Unavailable`].
+    Unavailable = 10,
+    /// [`Error::Io`] on the server.
+    Io = 11,
+}
+
+impl ErrorCode {
+    fn from_u8(c: u8) -> Result<Self> {
+        Ok(match c {
+            1 => ErrorCode::NotFound,
+            2 => ErrorCode::Decode,
+            3 => ErrorCode::Corrupt,
+            4 => ErrorCode::InvalidInput,
+            5 => ErrorCode::GuardMismatch,
+            6 => ErrorCode::TypeMismatch,
+            7 => ErrorCode::AlreadyExists,
+            8 => ErrorCode::Conflict,
+            9 => ErrorCode::Rejected,
+            10 => ErrorCode::Unavailable,
+            11 => ErrorCode::Io,
+            other => return Err(Error::decode(format!("unknown error code {other}"))),
+        })
+    }
+}
+
+/// An error as it travels: its kind and its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireError {
+    /// The kind.
+    pub code: ErrorCode,
+    /// The message (at most [`MAX_MESSAGE`] bytes).
+    pub message: String,
+}
+
+fn cut(mut s: String) -> String {
+    if s.len() > MAX_MESSAGE {
+        let mut at = MAX_MESSAGE;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
+}
+
+impl WireError {
+    /// An error of kind `code` (the message is cut to [`MAX_MESSAGE`] bytes).
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError {
+            code,
+            message: cut(message.into()),
+        }
+    }
+
+    /// The [`cairn_core::Error`] this stands for. A server-side I/O error becomes an
+    /// [`Error::Io`] whose context says it happened on the remote server.
+    pub fn into_error(self) -> Error {
+        let m = self.message;
+        match self.code {
+            ErrorCode::NotFound => Error::NotFound(m),
+            ErrorCode::Decode => Error::Decode(m),
+            ErrorCode::Corrupt => Error::Corrupt(m),
+            ErrorCode::InvalidInput => Error::InvalidInput(m),
+            ErrorCode::GuardMismatch => Error::GuardMismatch(m),
+            ErrorCode::TypeMismatch => Error::TypeMismatch(m),
+            ErrorCode::AlreadyExists => Error::AlreadyExists(m),
+            ErrorCode::Conflict => Error::Conflict(m),
+            ErrorCode::Rejected => Error::Rejected(m),
+            ErrorCode::Unavailable => Error::Unavailable(m),
+            ErrorCode::Io => Error::io("serving the request on the remote server", {
+                std::io::Error::other(m)
+            }),
+        }
+    }
+}
+
+impl From<&Error> for WireError {
+    fn from(e: &Error) -> Self {
+        let (code, m) = match e {
+            Error::NotFound(m) => (ErrorCode::NotFound, m.clone()),
+            Error::Decode(m) => (ErrorCode::Decode, m.clone()),
+            Error::Corrupt(m) => (ErrorCode::Corrupt, m.clone()),
+            Error::InvalidInput(m) => (ErrorCode::InvalidInput, m.clone()),
+            Error::GuardMismatch(m) => (ErrorCode::GuardMismatch, m.clone()),
+            Error::TypeMismatch(m) => (ErrorCode::TypeMismatch, m.clone()),
+            Error::AlreadyExists(m) => (ErrorCode::AlreadyExists, m.clone()),
+            Error::Conflict(m) => (ErrorCode::Conflict, m.clone()),
+            Error::Rejected(m) => (ErrorCode::Rejected, m.clone()),
+            Error::Unavailable(m) => (ErrorCode::Unavailable, m.clone()),
+            Error::Io { context, source } => (ErrorCode::Io, format!("{context}: {source}")),
+        };
+        WireError::new(code, m)
+    }
+}
+
+impl From<Error> for WireError {
+    fn from(e: Error) -> Self {
+        WireError::from(&e)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Field helpers
+
+fn list<T>(
+    d: &mut Decoder<'_>,
+    min_len: usize,
+    max: usize,
+    what: &str,
+    mut item: impl FnMut(&mut Decoder<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let n = d.count(min_len)?;
+    if n > max {
+        return Err(Error::decode(format!("{n} {what} (at most {max})")));
+    }
+    let mut out = Vec::with_capacity(n.min(PREALLOC));
+    for _ in 0..n {
+        out.push(item(d)?);
+    }
+    Ok(out)
+}
+
+fn enc_names(e: &mut Encoder, names: &[RecordName]) {
+    e.varint(names.len() as u64);
+    for n in names {
+        e.hash(n.hash());
+    }
+}
+
+fn dec_names(d: &mut Decoder<'_>, max: usize) -> Result<Vec<RecordName>> {
+    list(d, 34, max, "record names", |d| Ok(RecordName(d.hash()?)))
+}
+
+fn enc_hashes(e: &mut Encoder, hashes: &[Hash]) {
+    e.varint(hashes.len() as u64);
+    for h in hashes {
+        e.hash(h);
+    }
+}
+
+fn dec_hashes(d: &mut Decoder<'_>, max: usize) -> Result<Vec<Hash>> {
+    list(d, 34, max, "hashes", |d| d.hash())
+}
+
+fn enc_digests(e: &mut Encoder, ds: &[Digest]) {
+    e.varint(ds.len() as u64);
+    for x in ds {
+        e.raw(x);
+    }
+}
+
+fn dec_digest(d: &mut Decoder<'_>) -> Result<Digest> {
+    let mut x = [0u8; 32];
+    x.copy_from_slice(d.raw(32)?);
+    Ok(x)
+}
+
+fn dec_digests(d: &mut Decoder<'_>, max: usize) -> Result<Vec<Digest>> {
+    list(d, 32, max, "digests", dec_digest)
+}
+
+fn enc_capsule(e: &mut Encoder, c: &CapsuleName) {
+    e.hash(c.hash());
+}
+
+fn dec_capsule(d: &mut Decoder<'_>) -> Result<CapsuleName> {
+    Ok(CapsuleName(d.hash()?))
+}
+
+fn dec_name(d: &mut Decoder<'_>) -> Result<RecordName> {
+    Ok(RecordName(d.hash()?))
+}
+
+fn enc_session(e: &mut Encoder, s: &Option<SessionId>) {
+    match s {
+        None => {
+            e.u8(0);
+        }
+        Some(id) => {
+            e.u8(1).varint(id.0);
+        }
+    }
+}
+
+fn dec_session(d: &mut Decoder<'_>) -> Result<Option<SessionId>> {
+    match d.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(SessionId(d.varint()?))),
+        other => Err(Error::decode(format!("bad session flag {other}"))),
+    }
+}
+
+fn enc_opt_sig(e: &mut Encoder, s: &Option<WriterSignature>) {
+    match s {
+        None => {
+            e.u8(0);
+        }
+        Some(ws) => {
+            e.u8(1);
+            ws.encode(e);
+        }
+    }
+}
+
+fn dec_opt_sig(d: &mut Decoder<'_>) -> Result<Option<WriterSignature>> {
+    match d.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(WriterSignature::decode(d)?)),
+        other => Err(Error::decode(format!("bad signature flag {other}"))),
+    }
+}
+
+fn enc_header(e: &mut Encoder, h: &RecordHeader) {
+    e.bytes(&h.encode());
+}
+
+fn dec_header(d: &mut Decoder<'_>) -> Result<RecordHeader> {
+    RecordHeader::decode(d.bytes()?)
+}
+
+fn enc_record(e: &mut Encoder, r: &Record) {
+    enc_header(e, &r.header);
+    e.bytes(&r.body);
+}
+
+fn dec_record(d: &mut Decoder<'_>) -> Result<Record> {
+    let header = dec_header(d)?;
+    let body = d.bytes()?;
+    if body.len() > MAX_BODY_LEN {
+        return Err(Error::decode(format!(
+            "record body of {} bytes is too large",
+            body.len()
+        )));
+    }
+    Ok(Record {
+        header,
+        body: body.to_vec(),
+    })
+}
+
+fn enc_blobs(e: &mut Encoder, blobs: &[Vec<u8>]) {
+    e.varint(blobs.len() as u64);
+    for b in blobs {
+        e.bytes(b);
+    }
+}
+
+fn dec_blobs(d: &mut Decoder<'_>) -> Result<Vec<Vec<u8>>> {
+    list(d, 1, MAX_SUBRECORDS, "subrecords", |d| {
+        Ok(d.bytes()?.to_vec())
+    })
+}
+
+fn enc_metadata(e: &mut Encoder, m: &CapsuleMetadata) {
+    e.bytes(&m.encode());
+}
+
+fn dec_metadata(d: &mut Decoder<'_>) -> Result<CapsuleMetadata> {
+    CapsuleMetadata::decode(d.bytes()?)
+}
+
+fn enc_ack(e: &mut Encoder, a: &Ack) {
+    enc_capsule(e, &a.capsule);
+    match &a.kind {
+        AckKind::Created => {
+            e.u8(0);
+        }
+        AckKind::Wrote(names) => {
+            e.u8(1);
+            enc_names(e, names);
+        }
+        AckKind::Signed(n) => {
+            e.u8(2).hash(n.hash());
+        }
+    }
+    e.varint(a.log_size);
+    a.server.encode(e);
+    a.sig.encode(e);
+}
+
+fn dec_ack(d: &mut Decoder<'_>) -> Result<Ack> {
+    let capsule = dec_capsule(d)?;
+    let kind = match d.u8()? {
+        0 => AckKind::Created,
+        1 => AckKind::Wrote(dec_names(d, MAX_BATCH)?),
+        2 => AckKind::Signed(dec_name(d)?),
+        other => return Err(Error::decode(format!("unknown ack kind {other}"))),
+    };
+    Ok(Ack {
+        capsule,
+        kind,
+        log_size: d.varint()?,
+        server: PublicKey::decode(d)?,
+        sig: cairn_core::Signature::decode(d)?,
+    })
+}
+
+fn enc_checkpoint(e: &mut Encoder, c: &Checkpoint) {
+    enc_capsule(e, &c.capsule);
+    e.varint(c.size).raw(&c.root);
+    enc_names(e, &c.heads);
+    e.varint(c.time_ms);
+    c.server.encode(e);
+    c.sig.encode(e);
+}
+
+fn dec_checkpoint(d: &mut Decoder<'_>) -> Result<Checkpoint> {
+    Ok(Checkpoint {
+        capsule: dec_capsule(d)?,
+        size: d.varint()?,
+        root: dec_digest(d)?,
+        heads: dec_names(d, MAX_NAMES)?,
+        time_ms: d.varint()?,
+        server: PublicKey::decode(d)?,
+        sig: cairn_core::Signature::decode(d)?,
+    })
+}
+
+fn enc_sync_record(e: &mut Encoder, r: &SyncRecord) {
+    enc_header(e, &r.header);
+    match &r.body {
+        SyncBody::Plain(b) => {
+            e.u8(0).bytes(b);
+        }
+        SyncBody::Subrecords(subs) => {
+            e.u8(1);
+            enc_blobs(e, subs);
+        }
+    }
+    enc_opt_sig(e, &r.signature);
+}
+
+fn dec_sync_record(d: &mut Decoder<'_>) -> Result<SyncRecord> {
+    let header = dec_header(d)?;
+    let body = match d.u8()? {
+        0 => {
+            let b = d.bytes()?;
+            if b.len() > MAX_BODY_LEN {
+                return Err(Error::decode("sync record body is too large"));
+            }
+            SyncBody::Plain(b.to_vec())
+        }
+        1 => SyncBody::Subrecords(dec_blobs(d)?),
+        other => return Err(Error::decode(format!("unknown sync body kind {other}"))),
+    };
+    Ok(SyncRecord {
+        header,
+        body,
+        signature: dec_opt_sig(d)?,
+    })
+}
+
+fn enc_sync_records(e: &mut Encoder, rs: &[SyncRecord]) {
+    e.varint(rs.len() as u64);
+    for r in rs {
+        enc_sync_record(e, r);
+    }
+}
+
+fn dec_sync_records(d: &mut Decoder<'_>) -> Result<Vec<SyncRecord>> {
+    // An encoded header alone is over 70 bytes.
+    list(d, 72, MAX_NAMES, "sync records", dec_sync_record)
+}
+
+/// Decodes a standalone value with `f`, refusing trailing bytes.
+fn standalone<T>(
+    bytes: &[u8],
+    what: &'static str,
+    f: impl FnOnce(&mut Decoder<'_>) -> Result<T>,
+) -> Result<T> {
+    let mut d = Decoder::new(bytes, what);
+    let v = f(&mut d)?;
+    d.finish()?;
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------
+// SyncMsg
+
+const SYNC_HELLO: u8 = 0;
+const SYNC_IN_SYNC: u8 = 1;
+const SYNC_SYMBOLS: u8 = 2;
+const SYNC_MORE: u8 = 3;
+const SYNC_SEND_NAMES: u8 = 4;
+const SYNC_NAMES: u8 = 5;
+const SYNC_EXCHANGE: u8 = 6;
+const SYNC_PATCH: u8 = 7;
+const SYNC_DONE: u8 = 8;
+
+impl SyncMsg {
+    /// Appends the encoding: [`SYNC_VERSION`], a tag, the fields.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(SYNC_VERSION);
+        match self {
+            SyncMsg::Hello {
+                capsule,
+                quick,
+                count,
+            } => {
+                e.u8(SYNC_HELLO);
+                enc_capsule(e, capsule);
+                e.raw(quick).varint(*count);
+            }
+            SyncMsg::InSync => {
+                e.u8(SYNC_IN_SYNC);
+            }
+            SyncMsg::Symbols(syms) => {
+                e.u8(SYNC_SYMBOLS).varint(syms.len() as u64);
+                for s in syms {
+                    e.raw(&s.sum).u64_le(s.check).ivarint(s.count);
+                }
+            }
+            SyncMsg::More => {
+                e.u8(SYNC_MORE);
+            }
+            SyncMsg::SendNames => {
+                e.u8(SYNC_SEND_NAMES);
+            }
+            SyncMsg::Names(names) => {
+                e.u8(SYNC_NAMES);
+                enc_names(e, names);
+            }
+            SyncMsg::Exchange {
+                records,
+                want,
+                heads,
+                roots,
+                missing,
+            } => {
+                e.u8(SYNC_EXCHANGE);
+                enc_sync_records(e, records);
+                enc_names(e, want);
+                enc_names(e, heads);
+                enc_names(e, roots);
+                enc_names(e, missing);
+            }
+            SyncMsg::Patch {
+                records,
+                heads,
+                roots,
+                missing,
+            } => {
+                e.u8(SYNC_PATCH);
+                enc_sync_records(e, records);
+                enc_names(e, heads);
+                enc_names(e, roots);
+                enc_names(e, missing);
+            }
+            SyncMsg::Done => {
+                e.u8(SYNC_DONE);
+            }
+        }
+    }
+
+    /// Reads what [`SyncMsg::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[SYNC_VERSION])?;
+        Ok(match d.u8()? {
+            SYNC_HELLO => SyncMsg::Hello {
+                capsule: dec_capsule(d)?,
+                quick: dec_digest(d)?,
+                count: d.varint()?,
+            },
+            SYNC_IN_SYNC => SyncMsg::InSync,
+            SYNC_SYMBOLS => SyncMsg::Symbols(list(d, 41, MAX_SYMBOLS, "coded symbols", |d| {
+                Ok(CodedSymbol {
+                    sum: dec_digest(d)?,
+                    check: d.u64_le()?,
+                    count: d.ivarint()?,
+                })
+            })?),
+            SYNC_MORE => SyncMsg::More,
+            SYNC_SEND_NAMES => SyncMsg::SendNames,
+            SYNC_NAMES => SyncMsg::Names(dec_names(d, MAX_NAMES)?),
+            SYNC_EXCHANGE => SyncMsg::Exchange {
+                records: dec_sync_records(d)?,
+                want: dec_names(d, MAX_NAMES)?,
+                heads: dec_names(d, MAX_NAMES)?,
+                roots: dec_names(d, MAX_NAMES)?,
+                missing: dec_names(d, MAX_NAMES)?,
+            },
+            SYNC_PATCH => SyncMsg::Patch {
+                records: dec_sync_records(d)?,
+                heads: dec_names(d, MAX_NAMES)?,
+                roots: dec_names(d, MAX_NAMES)?,
+                missing: dec_names(d, MAX_NAMES)?,
+            },
+            SYNC_DONE => SyncMsg::Done,
+            other => return Err(Error::decode(format!("unknown sync message tag {other}"))),
+        })
+    }
+
+    /// Encodes to a standalone byte string.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        self.encode(&mut e);
+        e.finish()
+    }
+
+    /// Decodes a standalone byte string, refusing trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        standalone(bytes, "sync message", Self::decode)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+/// A request to a capsule server: one variant per public server operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// The server's public key (what acks and checkpoints are signed with).
+    ServerKey,
+    /// Names of all capsules the server holds.
+    ListCapsules,
+    /// [`CapsuleServer::create`].
+    Create {
+        /// The new capsule's metadata.
+        meta: CapsuleMetadata,
+    },
+    /// [`CapsuleServer::metadata`].
+    Metadata {
+        /// The capsule.
+        capsule: CapsuleName,
+    },
+    /// [`CapsuleServer::write`]: records and signatures, all or nothing.
+    Write {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// Records to store.
+        records: Vec<Record>,
+        /// Writer signatures on records in this batch or already stored.
+        signatures: Vec<(RecordName, WriterSignature)>,
+    },
+    /// [`CapsuleServer::sign`].
+    Sign {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record signed.
+        name: RecordName,
+        /// The writer's signature.
+        sig: WriterSignature,
+    },
+    /// [`CapsuleServer::read`].
+    Read {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record.
+        name: RecordName,
+    },
+    /// [`CapsuleServer::read_subrecord`].
+    ReadSubrecord {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecord's name.
+        sub: Hash,
+    },
+    /// [`CapsuleServer::subrecords`].
+    Subrecords {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecord record.
+        record: RecordName,
+    },
+    /// [`CapsuleServer::commit_subrecords`].
+    CommitSubrecords {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record header carrying the subrecord root.
+        header: RecordHeader,
+        /// The sealed subrecords, in tree order.
+        subrecords: Vec<Vec<u8>>,
+        /// The writer's signature on the record, if any.
+        sig: Option<WriterSignature>,
+    },
+    /// [`CapsuleServer::query_fresh`]: a signed [`Checkpoint`].
+    QueryFresh {
+        /// The capsule.
+        capsule: CapsuleName,
+    },
+    /// [`CapsuleServer::log_inclusion`].
+    LogInclusion {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record.
+        name: RecordName,
+        /// The log size the proof is for.
+        size: u64,
+    },
+    /// [`CapsuleServer::log_consistency`].
+    LogConsistency {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The older log size.
+        first: u64,
+        /// The newer log size.
+        second: u64,
+    },
+    /// [`CapsuleServer::open_session`].
+    OpenSession {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The reader's cache policy.
+        policy: CachePolicy,
+        /// Names the reader's cache holds, least recent first.
+        cached: Vec<Hash>,
+    },
+    /// [`CapsuleServer::close_session`].
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// [`CapsuleServer::prove`].
+    Prove {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record.
+        name: RecordName,
+        /// The reader session whose cache may shorten the proof.
+        session: Option<SessionId>,
+    },
+    /// [`CapsuleServer::prove_subrecord`].
+    ProveSubrecord {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecord's name.
+        sub: Hash,
+        /// The reader session whose cache may shorten the proof.
+        session: Option<SessionId>,
+    },
+    /// [`CapsuleServer::ack`].
+    Ack {
+        /// The session.
+        session: SessionId,
+        /// The proof id acknowledged.
+        proof_id: u64,
+    },
+    /// One anti-entropy message from the initiator of a session (see
+    /// [`CapsuleService`]); a [`SyncMsg::Hello`] starts a new session.
+    Sync {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The initiator's server key (picks the responder's sync cursor).
+        peer: PublicKey,
+        /// The message.
+        msg: SyncMsg,
+    },
+}
+
+const REQ_SERVER_KEY: u8 = 0;
+const REQ_LIST: u8 = 1;
+const REQ_CREATE: u8 = 2;
+const REQ_METADATA: u8 = 3;
+const REQ_WRITE: u8 = 4;
+const REQ_SIGN: u8 = 5;
+const REQ_READ: u8 = 6;
+const REQ_READ_SUB: u8 = 7;
+const REQ_SUBRECORDS: u8 = 8;
+const REQ_COMMIT_SUBS: u8 = 9;
+const REQ_QUERY_FRESH: u8 = 10;
+const REQ_LOG_INCLUSION: u8 = 11;
+const REQ_LOG_CONSISTENCY: u8 = 12;
+const REQ_OPEN_SESSION: u8 = 13;
+const REQ_CLOSE_SESSION: u8 = 14;
+const REQ_PROVE: u8 = 15;
+const REQ_PROVE_SUB: u8 = 16;
+const REQ_ACK: u8 = 17;
+const REQ_SYNC: u8 = 18;
+
+/// Encodes a [`Request::Write`] from borrowed parts (no copy of the records).
+pub fn encode_write(
+    capsule: &CapsuleName,
+    records: &[Record],
+    signatures: &[(RecordName, WriterSignature)],
+) -> Vec<u8> {
+    let size: usize = records
+        .iter()
+        .map(|r| r.body.len() + 48 + 34 * r.header.backpointers.len() + 100)
+        .sum();
+    let mut e = Encoder::with_capacity(40 + size + 100 * signatures.len());
+    e.u8(WIRE_VERSION).u8(REQ_WRITE);
+    enc_capsule(&mut e, capsule);
+    e.varint(records.len() as u64);
+    for r in records {
+        enc_record(&mut e, r);
+    }
+    e.varint(signatures.len() as u64);
+    for (n, ws) in signatures {
+        e.hash(n.hash());
+        ws.encode(&mut e);
+    }
+    e.finish()
+}
+
+/// Encodes a [`Request::CommitSubrecords`] from borrowed parts (no copy of the
+/// subrecords).
+pub fn encode_commit_subrecords(
+    capsule: &CapsuleName,
+    header: &RecordHeader,
+    subrecords: &[Vec<u8>],
+    sig: Option<&WriterSignature>,
+) -> Vec<u8> {
+    let size: usize = subrecords.iter().map(|s| s.len() + 5).sum();
+    let mut e = Encoder::with_capacity(200 + size);
+    e.u8(WIRE_VERSION).u8(REQ_COMMIT_SUBS);
+    enc_capsule(&mut e, capsule);
+    enc_header(&mut e, header);
+    enc_blobs(&mut e, subrecords);
+    enc_opt_sig(&mut e, &sig.copied());
+    e.finish()
+}
+
+impl Request {
+    /// Appends the encoding: [`WIRE_VERSION`], a tag, the fields.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(WIRE_VERSION);
+        match self {
+            Request::ServerKey => {
+                e.u8(REQ_SERVER_KEY);
+            }
+            Request::ListCapsules => {
+                e.u8(REQ_LIST);
+            }
+            Request::Create { meta } => {
+                e.u8(REQ_CREATE);
+                enc_metadata(e, meta);
+            }
+            Request::Metadata { capsule } => {
+                e.u8(REQ_METADATA);
+                enc_capsule(e, capsule);
+            }
+            Request::Write {
+                capsule,
+                records,
+                signatures,
+            } => {
+                // One encoder for both paths: the borrowed form minus its version byte.
+                e.raw(&encode_write(capsule, records, signatures)[1..]);
+            }
+            Request::Sign { capsule, name, sig } => {
+                e.u8(REQ_SIGN);
+                enc_capsule(e, capsule);
+                e.hash(name.hash());
+                sig.encode(e);
+            }
+            Request::Read { capsule, name } => {
+                e.u8(REQ_READ);
+                enc_capsule(e, capsule);
+                e.hash(name.hash());
+            }
+            Request::ReadSubrecord { capsule, sub } => {
+                e.u8(REQ_READ_SUB);
+                enc_capsule(e, capsule);
+                e.hash(sub);
+            }
+            Request::Subrecords { capsule, record } => {
+                e.u8(REQ_SUBRECORDS);
+                enc_capsule(e, capsule);
+                e.hash(record.hash());
+            }
+            Request::CommitSubrecords {
+                capsule,
+                header,
+                subrecords,
+                sig,
+            } => {
+                e.raw(&encode_commit_subrecords(capsule, header, subrecords, sig.as_ref())[1..]);
+            }
+            Request::QueryFresh { capsule } => {
+                e.u8(REQ_QUERY_FRESH);
+                enc_capsule(e, capsule);
+            }
+            Request::LogInclusion {
+                capsule,
+                name,
+                size,
+            } => {
+                e.u8(REQ_LOG_INCLUSION);
+                enc_capsule(e, capsule);
+                e.hash(name.hash()).varint(*size);
+            }
+            Request::LogConsistency {
+                capsule,
+                first,
+                second,
+            } => {
+                e.u8(REQ_LOG_CONSISTENCY);
+                enc_capsule(e, capsule);
+                e.varint(*first).varint(*second);
+            }
+            Request::OpenSession {
+                capsule,
+                policy,
+                cached,
+            } => {
+                e.u8(REQ_OPEN_SESSION);
+                enc_capsule(e, capsule);
+                policy.encode(e);
+                enc_hashes(e, cached);
+            }
+            Request::CloseSession { session } => {
+                e.u8(REQ_CLOSE_SESSION).varint(session.0);
+            }
+            Request::Prove {
+                capsule,
+                name,
+                session,
+            } => {
+                e.u8(REQ_PROVE);
+                enc_capsule(e, capsule);
+                e.hash(name.hash());
+                enc_session(e, session);
+            }
+            Request::ProveSubrecord {
+                capsule,
+                sub,
+                session,
+            } => {
+                e.u8(REQ_PROVE_SUB);
+                enc_capsule(e, capsule);
+                e.hash(sub);
+                enc_session(e, session);
+            }
+            Request::Ack { session, proof_id } => {
+                e.u8(REQ_ACK).varint(session.0).varint(*proof_id);
+            }
+            Request::Sync { capsule, peer, msg } => {
+                e.u8(REQ_SYNC);
+                enc_capsule(e, capsule);
+                peer.encode(e);
+                msg.encode(e);
+            }
+        }
+    }
+
+    /// Reads what [`Request::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[WIRE_VERSION])?;
+        Ok(match d.u8()? {
+            REQ_SERVER_KEY => Request::ServerKey,
+            REQ_LIST => Request::ListCapsules,
+            REQ_CREATE => Request::Create {
+                meta: dec_metadata(d)?,
+            },
+            REQ_METADATA => Request::Metadata {
+                capsule: dec_capsule(d)?,
+            },
+            REQ_WRITE => Request::Write {
+                capsule: dec_capsule(d)?,
+                records: list(d, 72, MAX_BATCH, "records", dec_record)?,
+                signatures: list(d, 34 + 66, MAX_BATCH, "signatures", |d| {
+                    Ok((dec_name(d)?, WriterSignature::decode(d)?))
+                })?,
+            },
+            REQ_SIGN => Request::Sign {
+                capsule: dec_capsule(d)?,
+                name: dec_name(d)?,
+                sig: WriterSignature::decode(d)?,
+            },
+            REQ_READ => Request::Read {
+                capsule: dec_capsule(d)?,
+                name: dec_name(d)?,
+            },
+            REQ_READ_SUB => Request::ReadSubrecord {
+                capsule: dec_capsule(d)?,
+                sub: d.hash()?,
+            },
+            REQ_SUBRECORDS => Request::Subrecords {
+                capsule: dec_capsule(d)?,
+                record: dec_name(d)?,
+            },
+            REQ_COMMIT_SUBS => Request::CommitSubrecords {
+                capsule: dec_capsule(d)?,
+                header: dec_header(d)?,
+                subrecords: dec_blobs(d)?,
+                sig: dec_opt_sig(d)?,
+            },
+            REQ_QUERY_FRESH => Request::QueryFresh {
+                capsule: dec_capsule(d)?,
+            },
+            REQ_LOG_INCLUSION => Request::LogInclusion {
+                capsule: dec_capsule(d)?,
+                name: dec_name(d)?,
+                size: d.varint()?,
+            },
+            REQ_LOG_CONSISTENCY => Request::LogConsistency {
+                capsule: dec_capsule(d)?,
+                first: d.varint()?,
+                second: d.varint()?,
+            },
+            REQ_OPEN_SESSION => Request::OpenSession {
+                capsule: dec_capsule(d)?,
+                policy: CachePolicy::decode(d)?,
+                cached: dec_hashes(d, CachePolicy::MAX_CAPACITY as usize)?,
+            },
+            REQ_CLOSE_SESSION => Request::CloseSession {
+                session: SessionId(d.varint()?),
+            },
+            REQ_PROVE => Request::Prove {
+                capsule: dec_capsule(d)?,
+                name: dec_name(d)?,
+                session: dec_session(d)?,
+            },
+            REQ_PROVE_SUB => Request::ProveSubrecord {
+                capsule: dec_capsule(d)?,
+                sub: d.hash()?,
+                session: dec_session(d)?,
+            },
+            REQ_ACK => Request::Ack {
+                session: SessionId(d.varint()?),
+                proof_id: d.varint()?,
+            },
+            REQ_SYNC => Request::Sync {
+                capsule: dec_capsule(d)?,
+                peer: PublicKey::decode(d)?,
+                msg: SyncMsg::decode(d)?,
+            },
+            other => return Err(Error::decode(format!("unknown request tag {other}"))),
+        })
+    }
+
+    /// Encodes to a standalone byte string.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Request::Write {
+                capsule,
+                records,
+                signatures,
+            } => encode_write(capsule, records, signatures),
+            Request::CommitSubrecords {
+                capsule,
+                header,
+                subrecords,
+                sig,
+            } => encode_commit_subrecords(capsule, header, subrecords, sig.as_ref()),
+            _ => {
+                let mut e = Encoder::with_capacity(128);
+                self.encode(&mut e);
+                e.finish()
+            }
+        }
+    }
+
+    /// Decodes a standalone byte string, refusing trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        standalone(bytes, "capsule request", Self::decode)
+    }
+
+    /// The operation's name, for messages.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::ServerKey => "server_key",
+            Request::ListCapsules => "list_capsules",
+            Request::Create { .. } => "create",
+            Request::Metadata { .. } => "metadata",
+            Request::Write { .. } => "write",
+            Request::Sign { .. } => "sign",
+            Request::Read { .. } => "read",
+            Request::ReadSubrecord { .. } => "read_subrecord",
+            Request::Subrecords { .. } => "subrecords",
+            Request::CommitSubrecords { .. } => "commit_subrecords",
+            Request::QueryFresh { .. } => "query_fresh",
+            Request::LogInclusion { .. } => "log_inclusion",
+            Request::LogConsistency { .. } => "log_consistency",
+            Request::OpenSession { .. } => "open_session",
+            Request::CloseSession { .. } => "close_session",
+            Request::Prove { .. } => "prove",
+            Request::ProveSubrecord { .. } => "prove_subrecord",
+            Request::Ack { .. } => "ack",
+            Request::Sync { .. } => "sync",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses
+
+/// A server's answer to one [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The request failed; nothing was changed by it.
+    Error(WireError),
+    /// Success with nothing to return (close_session, ack).
+    Unit,
+    /// The server's public key.
+    ServerKey(PublicKey),
+    /// Capsule names.
+    Capsules(Vec<CapsuleName>),
+    /// A signed acknowledgment (create, write, sign, commit_subrecords).
+    Ack(Ack),
+    /// Capsule metadata.
+    Metadata(CapsuleMetadata),
+    /// A record, header and sealed body.
+    Record(Record),
+    /// A sealed subrecord.
+    Subrecord(Vec<u8>),
+    /// Subrecord names in tree order.
+    SubrecordNames(Vec<Hash>),
+    /// A signed checkpoint.
+    Checkpoint(Checkpoint),
+    /// A Merkle-log inclusion proof.
+    Inclusion {
+        /// The leaf index of the record.
+        index: u64,
+        /// The audit path.
+        path: Vec<Digest>,
+    },
+    /// A Merkle-log consistency proof.
+    Consistency(Vec<Digest>),
+    /// A new reader session.
+    Session(SessionId),
+    /// A record proof and the id its ack names.
+    RecordProof {
+        /// Id to acknowledge (0 outside a session).
+        proof_id: u64,
+        /// The proof.
+        proof: RecordProof,
+    },
+    /// A subrecord proof and the id its ack names.
+    SubrecordProof {
+        /// Id to acknowledge (0 outside a session).
+        proof_id: u64,
+        /// The proof.
+        proof: SubrecordProof,
+    },
+    /// The responder's next anti-entropy message, `None` when its side is over.
+    Sync(Option<SyncMsg>),
+}
+
+const RESP_ERROR: u8 = 0;
+const RESP_UNIT: u8 = 1;
+const RESP_SERVER_KEY: u8 = 2;
+const RESP_CAPSULES: u8 = 3;
+const RESP_ACK: u8 = 4;
+const RESP_METADATA: u8 = 5;
+const RESP_RECORD: u8 = 6;
+const RESP_SUBRECORD: u8 = 7;
+const RESP_SUB_NAMES: u8 = 8;
+const RESP_CHECKPOINT: u8 = 9;
+const RESP_INCLUSION: u8 = 10;
+const RESP_CONSISTENCY: u8 = 11;
+const RESP_SESSION: u8 = 12;
+const RESP_RECORD_PROOF: u8 = 13;
+const RESP_SUB_PROOF: u8 = 14;
+const RESP_SYNC: u8 = 15;
+
+impl Response {
+    /// Appends the encoding: [`WIRE_VERSION`], a tag, the fields.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(WIRE_VERSION);
+        match self {
+            Response::Error(w) => {
+                let m = if w.message.len() > MAX_MESSAGE {
+                    cut(w.message.clone())
+                } else {
+                    w.message.clone()
+                };
+                e.u8(RESP_ERROR).u8(w.code as u8).bytes(m.as_bytes());
+            }
+            Response::Unit => {
+                e.u8(RESP_UNIT);
+            }
+            Response::ServerKey(k) => {
+                e.u8(RESP_SERVER_KEY);
+                k.encode(e);
+            }
+            Response::Capsules(cs) => {
+                e.u8(RESP_CAPSULES).varint(cs.len() as u64);
+                for c in cs {
+                    enc_capsule(e, c);
+                }
+            }
+            Response::Ack(a) => {
+                e.u8(RESP_ACK);
+                enc_ack(e, a);
+            }
+            Response::Metadata(m) => {
+                e.u8(RESP_METADATA);
+                enc_metadata(e, m);
+            }
+            Response::Record(r) => {
+                e.u8(RESP_RECORD);
+                enc_record(e, r);
+            }
+            Response::Subrecord(b) => {
+                e.u8(RESP_SUBRECORD).bytes(b);
+            }
+            Response::SubrecordNames(ns) => {
+                e.u8(RESP_SUB_NAMES);
+                enc_hashes(e, ns);
+            }
+            Response::Checkpoint(c) => {
+                e.u8(RESP_CHECKPOINT);
+                enc_checkpoint(e, c);
+            }
+            Response::Inclusion { index, path } => {
+                e.u8(RESP_INCLUSION).varint(*index);
+                enc_digests(e, path);
+            }
+            Response::Consistency(p) => {
+                e.u8(RESP_CONSISTENCY);
+                enc_digests(e, p);
+            }
+            Response::Session(s) => {
+                e.u8(RESP_SESSION).varint(s.0);
+            }
+            Response::RecordProof { proof_id, proof } => {
+                e.u8(RESP_RECORD_PROOF).varint(*proof_id);
+                proof.encode(e);
+            }
+            Response::SubrecordProof { proof_id, proof } => {
+                e.u8(RESP_SUB_PROOF).varint(*proof_id);
+                proof.encode(e);
+            }
+            Response::Sync(m) => {
+                e.u8(RESP_SYNC);
+                match m {
+                    None => {
+                        e.u8(0);
+                    }
+                    Some(m) => {
+                        e.u8(1);
+                        m.encode(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads what [`Response::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[WIRE_VERSION])?;
+        Ok(match d.u8()? {
+            RESP_ERROR => {
+                let code = ErrorCode::from_u8(d.u8()?)?;
+                let m = d.str()?;
+                if m.len() > MAX_MESSAGE {
+                    return Err(Error::decode(format!(
+                        "error message of {} bytes (at most {MAX_MESSAGE})",
+                        m.len()
+                    )));
+                }
+                Response::Error(WireError {
+                    code,
+                    message: m.to_owned(),
+                })
+            }
+            RESP_UNIT => Response::Unit,
+            RESP_SERVER_KEY => Response::ServerKey(PublicKey::decode(d)?),
+            RESP_CAPSULES => Response::Capsules(list(d, 34, MAX_NAMES, "capsules", dec_capsule)?),
+            RESP_ACK => Response::Ack(dec_ack(d)?),
+            RESP_METADATA => Response::Metadata(dec_metadata(d)?),
+            RESP_RECORD => Response::Record(dec_record(d)?),
+            RESP_SUBRECORD => Response::Subrecord(d.bytes()?.to_vec()),
+            RESP_SUB_NAMES => Response::SubrecordNames(dec_hashes(d, MAX_SUBRECORDS)?),
+            RESP_CHECKPOINT => Response::Checkpoint(dec_checkpoint(d)?),
+            RESP_INCLUSION => Response::Inclusion {
+                index: d.varint()?,
+                path: dec_digests(d, MAX_PATH)?,
+            },
+            RESP_CONSISTENCY => Response::Consistency(dec_digests(d, MAX_PATH)?),
+            RESP_SESSION => Response::Session(SessionId(d.varint()?)),
+            RESP_RECORD_PROOF => Response::RecordProof {
+                proof_id: d.varint()?,
+                proof: RecordProof::decode(d)?,
+            },
+            RESP_SUB_PROOF => Response::SubrecordProof {
+                proof_id: d.varint()?,
+                proof: SubrecordProof::decode(d)?,
+            },
+            RESP_SYNC => Response::Sync(match d.u8()? {
+                0 => None,
+                1 => Some(SyncMsg::decode(d)?),
+                other => return Err(Error::decode(format!("bad sync flag {other}"))),
+            }),
+            other => return Err(Error::decode(format!("unknown response tag {other}"))),
+        })
+    }
+
+    /// Encodes to a standalone byte string.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let cap = match self {
+            Response::Record(r) => 200 + r.body.len() + 34 * r.header.backpointers.len(),
+            Response::Subrecord(b) => 16 + b.len(),
+            _ => 256,
+        };
+        let mut e = Encoder::with_capacity(cap);
+        self.encode(&mut e);
+        e.finish()
+    }
+
+    /// Decodes a standalone byte string, refusing trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        standalone(bytes, "capsule response", Self::decode)
+    }
+
+    /// `Err` for [`Response::Error`], the response otherwise.
+    pub fn into_result(self) -> Result<Response> {
+        match self {
+            Response::Error(w) => Err(w.into_error()),
+            other => Ok(other),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Response::Error(_) => "error",
+            Response::Unit => "unit",
+            Response::ServerKey(_) => "server key",
+            Response::Capsules(_) => "capsules",
+            Response::Ack(_) => "ack",
+            Response::Metadata(_) => "metadata",
+            Response::Record(_) => "record",
+            Response::Subrecord(_) => "subrecord",
+            Response::SubrecordNames(_) => "subrecord names",
+            Response::Checkpoint(_) => "checkpoint",
+            Response::Inclusion { .. } => "inclusion proof",
+            Response::Consistency(_) => "consistency proof",
+            Response::Session(_) => "session",
+            Response::RecordProof { .. } => "record proof",
+            Response::SubrecordProof { .. } => "subrecord proof",
+            Response::Sync(_) => "sync message",
+        }
+    }
+}
+
+fn result(r: Result<Response>) -> Response {
+    r.unwrap_or_else(|e| Response::Error(WireError::from(&e)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Serving
+
+/// Runs one request against `server`. Anti-entropy needs state between messages, so a
+/// [`Request::Sync`] is refused here; serve it with a [`CapsuleService`].
+pub fn dispatch(server: &CapsuleServer, req: Request) -> Response {
+    result(run(server, req))
+}
+
+fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
+    Ok(match req {
+        Request::ServerKey => Response::ServerKey(server.public_key()),
+        Request::ListCapsules => Response::Capsules(server.capsule_names()?),
+        Request::Create { meta } => Response::Ack(server.create(&meta)?),
+        Request::Metadata { capsule } => Response::Metadata(server.metadata(&capsule)?),
+        Request::Write {
+            capsule,
+            records,
+            signatures,
+        } => Response::Ack(server.write(&capsule, &records, &signatures)?),
+        Request::Sign { capsule, name, sig } => Response::Ack(server.sign(&capsule, &name, sig)?),
+        Request::Read { capsule, name } => Response::Record(server.read(&capsule, &name)?),
+        Request::ReadSubrecord { capsule, sub } => {
+            Response::Subrecord(server.read_subrecord(&capsule, &sub)?)
+        }
+        Request::Subrecords { capsule, record } => {
+            Response::SubrecordNames(server.subrecords(&capsule, &record)?)
+        }
+        Request::CommitSubrecords {
+            capsule,
+            header,
+            subrecords,
+            sig,
+        } => Response::Ack(server.commit_subrecords(&capsule, &header, &subrecords, sig)?),
+        Request::QueryFresh { capsule } => Response::Checkpoint(server.query_fresh(&capsule)?),
+        Request::LogInclusion {
+            capsule,
+            name,
+            size,
+        } => {
+            let (index, path) = server.log_inclusion(&capsule, &name, size)?;
+            Response::Inclusion { index, path }
+        }
+        Request::LogConsistency {
+            capsule,
+            first,
+            second,
+        } => Response::Consistency(server.log_consistency(&capsule, first, second)?),
+        Request::OpenSession {
+            capsule,
+            policy,
+            cached,
+        } => Response::Session(server.open_session(&capsule, policy, &cached)?),
+        Request::CloseSession { session } => {
+            server.close_session(session);
+            Response::Unit
+        }
+        Request::Prove {
+            capsule,
+            name,
+            session,
+        } => {
+            let Issued { proof_id, proof } = server.prove(&capsule, &name, session)?;
+            Response::RecordProof { proof_id, proof }
+        }
+        Request::ProveSubrecord {
+            capsule,
+            sub,
+            session,
+        } => {
+            let Issued { proof_id, proof } = server.prove_subrecord(&capsule, &sub, session)?;
+            Response::SubrecordProof { proof_id, proof }
+        }
+        Request::Ack { session, proof_id } => {
+            server.ack(session, proof_id)?;
+            Response::Unit
+        }
+        Request::Sync { .. } => {
+            return Err(Error::invalid(
+                "anti-entropy needs a CapsuleService endpoint (dispatch keeps no sessions)",
+            ));
+        }
+    })
+}
+
+type SyncKey = (CapsuleName, PublicKey);
+
+/// A capsule server as a network endpoint: [`dispatch`] plus the responder side of
+/// anti-entropy sessions, kept between messages per (capsule, initiator key). A
+/// [`SyncMsg::Hello`] starts a session (replacing an unfinished one of the same key); a
+/// session that ends or fails is dropped; at most [`MAX_SYNC_SESSIONS`] are kept.
+pub struct CapsuleService {
+    server: Arc<CapsuleServer>,
+    syncs: Mutex<LruCache<SyncKey, Arc<Mutex<SyncState>>>>,
+}
+
+impl CapsuleService {
+    /// An endpoint for `server`.
+    pub fn new(server: Arc<CapsuleServer>) -> Self {
+        let cap = NonZeroUsize::new(MAX_SYNC_SESSIONS).unwrap_or(NonZeroUsize::MIN);
+        CapsuleService {
+            server,
+            syncs: Mutex::new(LruCache::new(cap)),
+        }
+    }
+
+    /// The server.
+    pub fn server(&self) -> &Arc<CapsuleServer> {
+        &self.server
+    }
+
+    /// Anti-entropy sessions open now.
+    pub fn open_syncs(&self) -> usize {
+        self.syncs.lock().len()
+    }
+
+    /// Runs one request.
+    pub fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Sync { capsule, peer, msg } => result(self.sync(capsule, peer, msg)),
+            other => dispatch(&self.server, other),
+        }
+    }
+
+    /// Decodes one request, runs it, and encodes the response (a request that does not
+    /// decode gets a [`ErrorCode::Decode`] error response).
+    pub fn handle_bytes(&self, req: &[u8]) -> Vec<u8> {
+        let resp = match Request::from_bytes(req) {
+            Ok(r) => self.handle(r),
+            Err(e) => Response::Error(WireError::from(&e)),
+        };
+        resp.to_bytes()
+    }
+
+    fn sync(&self, capsule: CapsuleName, peer: PublicKey, msg: SyncMsg) -> Result<Response> {
+        let key = (capsule, peer);
+        let server = &*self.server;
+        let state = if let SyncMsg::Hello { capsule: c, .. } = &msg {
+            if *c != capsule {
+                return Err(Error::invalid(
+                    "Hello names another capsule than the request",
+                ));
+            }
+            let st = Arc::new(Mutex::new(SyncState::new(server, capsule, peer)?));
+            self.syncs.lock().put(key, st.clone());
+            st
+        } else {
+            self.syncs.lock().get(&key).cloned().ok_or_else(|| {
+                Error::NotFound(format!(
+                    "no anti-entropy session of capsule {capsule} with {peer}; start with Hello"
+                ))
+            })?
+        };
+        let mut st = state.lock();
+        let out = st.handle(server, msg);
+        if out.is_err() || st.is_finished() {
+            let mut syncs = self.syncs.lock();
+            if syncs.peek(&key).is_some_and(|s| Arc::ptr_eq(s, &state)) {
+                syncs.pop(&key);
+            }
+        }
+        Ok(Response::Sync(out?))
+    }
+}
+
+/// Settings of [`serve_tcp`] and [`RemoteCapsule`]: frames up to [`MAX_FRAME`].
+pub fn server_config() -> ServerConfig {
+    ServerConfig {
+        max_frame: MAX_FRAME,
+        ..ServerConfig::default()
+    }
+}
+
+/// Client settings matching [`server_config`].
+pub fn client_config() -> ClientConfig {
+    ClientConfig {
+        max_frame: MAX_FRAME,
+        ..ClientConfig::default()
+    }
+}
+
+/// Serves `server` over TCP on `addr` (e.g. `"127.0.0.1:0"`; see
+/// [`ServerHandle::local_addr`]) until the handle is shut down or dropped.
+pub fn serve_tcp(server: Arc<CapsuleServer>, addr: impl ToSocketAddrs) -> Result<ServerHandle> {
+    serve_service(Arc::new(CapsuleService::new(server)), addr, server_config())
+}
+
+/// Serves `service` over TCP with `config`.
+pub fn serve_service(
+    service: Arc<CapsuleService>,
+    addr: impl ToSocketAddrs,
+    config: ServerConfig,
+) -> Result<ServerHandle> {
+    cairn_net::serve(addr, config, move |req: &[u8]| service.handle_bytes(req))
+}
+
+// ---------------------------------------------------------------------------------------
+// Client
+
+/// A connection to a remote capsule server. Typed methods mirror [`CapsuleServer`]'s; a
+/// remote error comes back as the same [`cairn_core::Error`] variant, and the connection
+/// stays usable after it (not after a transport error).
+///
+/// Pipelining: [`RemoteCapsule::send`] / [`RemoteCapsule::send_bytes`] queue requests and
+/// [`RemoteCapsule::recv`] reads responses in the same order; keep a bounded number in
+/// flight (see [`cairn_net::rpc`]), or use [`RemoteCapsule::call_batch`].
+#[derive(Debug)]
+pub struct RemoteCapsule {
+    client: Client,
+    buf: Vec<u8>,
+}
+
+fn unexpected<T>(op: &str, r: &Response) -> Result<T> {
+    Err(Error::decode(format!(
+        "server answered {op} with a {} response",
+        r.kind()
+    )))
+}
+
+impl RemoteCapsule {
+    /// Connects to a server started by [`serve_tcp`].
+    pub fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
+        Ok(Self::from_client(Client::connect_with(
+            addr,
+            client_config(),
+        )?))
+    }
+
+    /// Wraps an RPC connection.
+    pub fn from_client(client: Client) -> Self {
+        RemoteCapsule {
+            client,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Queues an encoded request (see [`encode_write`], [`Request::to_bytes`]).
+    pub fn send_bytes(&mut self, req: &[u8]) -> Result<()> {
+        self.client.send(req)
+    }
+
+    /// Queues a request.
+    pub fn send(&mut self, req: &Request) -> Result<()> {
+        self.client.send(&req.to_bytes())
+    }
+
+    /// Requests queued or sent whose responses have not been read.
+    pub fn in_flight(&self) -> usize {
+        self.client.in_flight()
+    }
+
+    /// The response to the oldest unanswered request; an error response is `Err`.
+    pub fn recv(&mut self) -> Result<Response> {
+        self.client.recv_into(&mut self.buf)?;
+        Response::from_bytes(&self.buf)?.into_result()
+    }
+
+    /// Sends one encoded request and returns its response.
+    pub fn call_bytes(&mut self, req: &[u8]) -> Result<Response> {
+        self.client.send(req)?;
+        self.recv()
+    }
+
+    /// Sends one request and returns its response.
+    pub fn call(&mut self, req: &Request) -> Result<Response> {
+        self.call_bytes(&req.to_bytes())
+    }
+
+    /// Sends all `reqs` pipelined; returns each one's result in order.
+    pub fn call_batch(&mut self, reqs: &[Request]) -> Result<Vec<Result<Response>>> {
+        let encoded: Vec<Vec<u8>> = reqs.iter().map(Request::to_bytes).collect();
+        Ok(self
+            .client
+            .call_batch(&encoded)?
+            .iter()
+            .map(|b| Response::from_bytes(b).and_then(Response::into_result))
+            .collect())
+    }
+
+    fn ack(&mut self, op: &str, req: &[u8]) -> Result<Ack> {
+        match self.call_bytes(req)? {
+            Response::Ack(a) => Ok(a),
+            other => unexpected(op, &other),
+        }
+    }
+
+    fn unit(&mut self, req: &Request) -> Result<()> {
+        match self.call(req)? {
+            Response::Unit => Ok(()),
+            other => unexpected(req.op(), &other),
+        }
+    }
+
+    /// The server's public key.
+    pub fn server_key(&mut self) -> Result<PublicKey> {
+        match self.call(&Request::ServerKey)? {
+            Response::ServerKey(k) => Ok(k),
+            other => unexpected("server_key", &other),
+        }
+    }
+
+    /// Names of all capsules on the server.
+    pub fn list_capsules(&mut self) -> Result<Vec<CapsuleName>> {
+        match self.call(&Request::ListCapsules)? {
+            Response::Capsules(c) => Ok(c),
+            other => unexpected("list_capsules", &other),
+        }
+    }
+
+    /// [`CapsuleServer::create`].
+    pub fn create(&mut self, meta: &CapsuleMetadata) -> Result<Ack> {
+        let req = Request::Create { meta: meta.clone() }.to_bytes();
+        self.ack("create", &req)
+    }
+
+    /// [`CapsuleServer::metadata`].
+    pub fn metadata(&mut self, capsule: &CapsuleName) -> Result<CapsuleMetadata> {
+        match self.call(&Request::Metadata { capsule: *capsule })? {
+            Response::Metadata(m) => Ok(m),
+            other => unexpected("metadata", &other),
+        }
+    }
+
+    /// [`CapsuleServer::write`].
+    pub fn write(
+        &mut self,
+        capsule: &CapsuleName,
+        records: &[Record],
+        signatures: &[(RecordName, WriterSignature)],
+    ) -> Result<Ack> {
+        let req = encode_write(capsule, records, signatures);
+        self.ack("write", &req)
+    }
+
+    /// [`CapsuleServer::sign`].
+    pub fn sign(
+        &mut self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        sig: WriterSignature,
+    ) -> Result<Ack> {
+        let req = Request::Sign {
+            capsule: *capsule,
+            name: *name,
+            sig,
+        }
+        .to_bytes();
+        self.ack("sign", &req)
+    }
+
+    /// [`CapsuleServer::commit_subrecords`].
+    pub fn commit_subrecords(
+        &mut self,
+        capsule: &CapsuleName,
+        header: &RecordHeader,
+        subrecords: &[Vec<u8>],
+        sig: Option<WriterSignature>,
+    ) -> Result<Ack> {
+        let req = encode_commit_subrecords(capsule, header, subrecords, sig.as_ref());
+        self.ack("commit_subrecords", &req)
+    }
+
+    /// [`CapsuleServer::read`].
+    pub fn read(&mut self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
+        match self.call(&Request::Read {
+            capsule: *capsule,
+            name: *name,
+        })? {
+            Response::Record(r) => Ok(r),
+            other => unexpected("read", &other),
+        }
+    }
+
+    /// [`CapsuleServer::read_subrecord`].
+    pub fn read_subrecord(&mut self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
+        match self.call(&Request::ReadSubrecord {
+            capsule: *capsule,
+            sub: *sub,
+        })? {
+            Response::Subrecord(b) => Ok(b),
+            other => unexpected("read_subrecord", &other),
+        }
+    }
+
+    /// [`CapsuleServer::subrecords`].
+    pub fn subrecords(&mut self, capsule: &CapsuleName, record: &RecordName) -> Result<Vec<Hash>> {
+        match self.call(&Request::Subrecords {
+            capsule: *capsule,
+            record: *record,
+        })? {
+            Response::SubrecordNames(n) => Ok(n),
+            other => unexpected("subrecords", &other),
+        }
+    }
+
+    /// [`CapsuleServer::query_fresh`].
+    pub fn query_fresh(&mut self, capsule: &CapsuleName) -> Result<Checkpoint> {
+        match self.call(&Request::QueryFresh { capsule: *capsule })? {
+            Response::Checkpoint(c) => Ok(c),
+            other => unexpected("query_fresh", &other),
+        }
+    }
+
+    /// [`CapsuleServer::log_inclusion`].
+    pub fn log_inclusion(
+        &mut self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        size: u64,
+    ) -> Result<(u64, Vec<Digest>)> {
+        match self.call(&Request::LogInclusion {
+            capsule: *capsule,
+            name: *name,
+            size,
+        })? {
+            Response::Inclusion { index, path } => Ok((index, path)),
+            other => unexpected("log_inclusion", &other),
+        }
+    }
+
+    /// [`CapsuleServer::log_consistency`].
+    pub fn log_consistency(
+        &mut self,
+        capsule: &CapsuleName,
+        first: u64,
+        second: u64,
+    ) -> Result<Vec<Digest>> {
+        match self.call(&Request::LogConsistency {
+            capsule: *capsule,
+            first,
+            second,
+        })? {
+            Response::Consistency(p) => Ok(p),
+            other => unexpected("log_consistency", &other),
+        }
+    }
+
+    /// [`CapsuleServer::open_session`].
+    pub fn open_session(
+        &mut self,
+        capsule: &CapsuleName,
+        policy: CachePolicy,
+        cached: &[Hash],
+    ) -> Result<SessionId> {
+        match self.call(&Request::OpenSession {
+            capsule: *capsule,
+            policy,
+            cached: cached.to_vec(),
+        })? {
+            Response::Session(s) => Ok(s),
+            other => unexpected("open_session", &other),
+        }
+    }
+
+    /// [`CapsuleServer::close_session`].
+    pub fn close_session(&mut self, session: SessionId) -> Result<()> {
+        self.unit(&Request::CloseSession { session })
+    }
+
+    /// [`CapsuleServer::prove`].
+    pub fn prove(
+        &mut self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<Issued<RecordProof>> {
+        match self.call(&Request::Prove {
+            capsule: *capsule,
+            name: *name,
+            session,
+        })? {
+            Response::RecordProof { proof_id, proof } => Ok(Issued { proof_id, proof }),
+            other => unexpected("prove", &other),
+        }
+    }
+
+    /// [`CapsuleServer::prove_subrecord`].
+    pub fn prove_subrecord(
+        &mut self,
+        capsule: &CapsuleName,
+        sub: &Hash,
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordProof>> {
+        match self.call(&Request::ProveSubrecord {
+            capsule: *capsule,
+            sub: *sub,
+            session,
+        })? {
+            Response::SubrecordProof { proof_id, proof } => Ok(Issued { proof_id, proof }),
+            other => unexpected("prove_subrecord", &other),
+        }
+    }
+
+    /// [`CapsuleServer::ack`].
+    pub fn ack_proof(&mut self, session: SessionId, proof_id: u64) -> Result<()> {
+        self.unit(&Request::Ack { session, proof_id })
+    }
+
+    /// Sends one anti-entropy message as the initiator `peer`; returns the responder's
+    /// answer.
+    pub fn sync_message(
+        &mut self,
+        capsule: &CapsuleName,
+        peer: PublicKey,
+        msg: SyncMsg,
+    ) -> Result<Option<SyncMsg>> {
+        match self.call(&Request::Sync {
+            capsule: *capsule,
+            peer,
+            msg,
+        })? {
+            Response::Sync(m) => Ok(m),
+            other => unexpected("sync", &other),
+        }
+    }
+
+    /// Runs a whole anti-entropy session of `capsule` between `local` (the initiator) and
+    /// the remote server; returns the local side's report.
+    pub fn sync_with(
+        &mut self,
+        local: &CapsuleServer,
+        capsule: &CapsuleName,
+    ) -> Result<SyncReport> {
+        let remote = self.server_key()?;
+        let me = local.public_key();
+        let mut st = SyncState::new(local, *capsule, remote)?;
+        let mut msg = st.start(local)?;
+        for _ in 0..(4 * MAX_ROUNDS + 1024) {
+            let Some(reply) = self.sync_message(capsule, me, msg)? else {
+                return Ok(st.report());
+            };
+            match st.handle(local, reply)? {
+                Some(next) => msg = next,
+                None => return Ok(st.report()),
+            }
+        }
+        Err(Error::Unavailable(
+            "anti-entropy session did not end".into(),
+        ))
+    }
+}

@@ -1,0 +1,238 @@
+//! The capsule wire protocol end to end over loopback TCP: a writer and a reader talk to a
+//! served `CapsuleServer` through `RemoteCapsule`, pipelined and not; errors arrive as the
+//! same `Error` variants; anti-entropy runs between a local and a remote replica.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use cairn_capsule::merkle::{verify_consistency, verify_inclusion};
+use cairn_capsule::*;
+use cairn_core::{Error, HashAlgo, SigningKey};
+use cairn_store::{MemoryStore, Store};
+
+fn server(seed: u8) -> Arc<CapsuleServer> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    Arc::new(CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[seed; 32]),
+        ServerOptions::default(),
+    ))
+}
+
+fn writer() -> (Writer, CapsuleMetadata, BodyKey) {
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "wire");
+    let bk = BodyKey([7; 32]);
+    (
+        Writer::new(meta.clone(), wk, Some(bk.clone())).unwrap(),
+        meta,
+        bk,
+    )
+}
+
+#[test]
+fn write_read_prove_over_tcp() {
+    let srv = server(9);
+    let h = serve_tcp(srv.clone(), "127.0.0.1:0").unwrap();
+    let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
+    let (mut w, meta, bk) = writer();
+    let c = meta.name();
+    let skey = rc.server_key().unwrap();
+    assert_eq!(skey, srv.public_key());
+    rc.create(&meta)
+        .unwrap()
+        .verify(&skey, &c, &AckKind::Created)
+        .unwrap();
+    assert_eq!(rc.list_capsules().unwrap(), vec![c]);
+    // 40 records, pipelined, every 8th signed.
+    let mut names = Vec::new();
+    for i in 0..40 {
+        let r = w.record(format!("record {i}").as_bytes(), &[]).unwrap();
+        let n = r.name();
+        let sigs = if i % 8 == 7 {
+            vec![(n, w.sign(&n))]
+        } else {
+            vec![]
+        };
+        rc.send(&Request::Write {
+            capsule: c,
+            records: vec![r],
+            signatures: sigs,
+        })
+        .unwrap();
+        names.push(n);
+    }
+    assert_eq!(rc.in_flight(), 40);
+    for n in &names {
+        let Response::Ack(a) = rc.recv().unwrap() else {
+            panic!("not an ack")
+        };
+        a.verify(&skey, &c, &AckKind::Wrote(vec![*n])).unwrap();
+    }
+    // Read and verify through a reader session, acking each proof.
+    let meta2 = rc.metadata(&c).unwrap();
+    let mut reader = Reader::new(c, meta2, CachePolicy::Lru { capacity: 64 }, Some(bk)).unwrap();
+    let session = rc
+        .open_session(&c, reader.cache().policy(), &reader.cache().names())
+        .unwrap();
+    let mut total = 0;
+    for (i, n) in names.iter().enumerate() {
+        let rec = rc.read(&c, n).unwrap();
+        assert_eq!(
+            reader.open_record(n, &rec).unwrap(),
+            format!("record {i}").as_bytes()
+        );
+        let issued = rc.prove(&c, n, Some(session)).unwrap();
+        total += issued.proof.chain.len();
+        reader.verify_record(n, &issued.proof).unwrap();
+        rc.ack_proof(session, issued.proof_id).unwrap();
+    }
+    assert!(
+        total < 40 * 4,
+        "the mirrored cache shortens proofs ({total})"
+    );
+    // A replayed ack is refused with the server's error kind, and the connection survives.
+    assert!(matches!(rc.ack_proof(session, 1), Err(Error::Rejected(_))));
+    rc.close_session(session).unwrap();
+    // Checkpoint and Merkle-log proofs.
+    let cp = rc.query_fresh(&c).unwrap();
+    cp.verify(&skey).unwrap();
+    assert_eq!(cp.size, 40);
+    assert_eq!(cp.heads, vec![names[39]]);
+    let (index, path) = rc.log_inclusion(&c, &names[5], cp.size).unwrap();
+    assert_eq!(index, 5);
+    let leaf = CapsuleDag::log_leaf(&names[5]);
+    verify_inclusion(HashAlgo::Blake3, index, cp.size, &leaf, &path, &cp.root).unwrap();
+    let old = srv.with_dag(&c, |d| d.log().root_at(17)).unwrap().unwrap();
+    let p = rc.log_consistency(&c, 17, 40).unwrap();
+    verify_consistency(HashAlgo::Blake3, 17, 40, &old, &cp.root, &p).unwrap();
+    // Errors keep their kind.
+    let missing = RecordName(HashAlgo::Blake3.digest(b"nope"));
+    assert!(matches!(rc.read(&c, &missing), Err(Error::NotFound(_))));
+    assert!(matches!(
+        rc.subrecords(&c, &names[0]),
+        Err(Error::TypeMismatch(_))
+    ));
+    let mut bad = w.record(b"x", &[]).unwrap();
+    bad.body[0] ^= 1;
+    assert!(matches!(rc.write(&c, &[bad], &[]), Err(Error::Rejected(_))));
+    // Garbage bytes get a decode error response, not a dropped connection.
+    assert!(matches!(rc.call_bytes(&[1, 200, 3]), Err(Error::Decode(_))));
+    assert!(rc.query_fresh(&c).is_ok());
+    h.shutdown();
+}
+
+#[test]
+fn subrecords_over_tcp() {
+    let srv = server(9);
+    let h = serve_tcp(srv.clone(), "127.0.0.1:0").unwrap();
+    let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
+    let (mut w, meta, bk) = writer();
+    let c = meta.name();
+    rc.create(&meta).unwrap();
+    let mut subs = Vec::new();
+    for i in 0..9 {
+        subs.push(w.write_subrecord(format!("sub {i}").as_bytes()).unwrap());
+    }
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    let ack = rc
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    ack.verify(
+        &rc.server_key().unwrap(),
+        &c,
+        &AckKind::Wrote(vec![header.name()]),
+    )
+    .unwrap();
+    assert_eq!(rc.subrecords(&c, &header.name()).unwrap(), subs);
+    let mut reader = Reader::new(c, meta, CachePolicy::Off, Some(bk)).unwrap();
+    for (i, s) in subs.iter().enumerate() {
+        let data = rc.read_subrecord(&c, s).unwrap();
+        assert_eq!(
+            reader.open_subrecord(s, &data).unwrap(),
+            format!("sub {i}").as_bytes()
+        );
+        let p = rc.prove_subrecord(&c, s, None).unwrap();
+        assert_eq!(p.proof_id, 0);
+        reader.verify_subrecord(s, &p.proof).unwrap();
+    }
+    // A batch mixes successes and failures, in order.
+    let out = rc
+        .call_batch(&[
+            Request::Subrecords {
+                capsule: c,
+                record: header.name(),
+            },
+            Request::Metadata {
+                capsule: CapsuleName(HashAlgo::Blake3.digest(b"no such capsule")),
+            },
+            Request::QueryFresh { capsule: c },
+        ])
+        .unwrap();
+    assert!(matches!(&out[0], Ok(Response::SubrecordNames(n)) if *n == subs));
+    assert!(matches!(&out[1], Err(Error::NotFound(_))));
+    assert!(matches!(&out[2], Ok(Response::Checkpoint(_))));
+}
+
+#[test]
+fn anti_entropy_over_tcp() {
+    let local = server(1);
+    let remote = server(2);
+    let h = serve_tcp(remote.clone(), "127.0.0.1:0").unwrap();
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    local.create(&meta).unwrap();
+    remote.create(&meta).unwrap();
+    let mut all = BTreeSet::new();
+    for i in 0..30 {
+        let r = w.record(&[i as u8; 20], &[]).unwrap();
+        let n = r.name();
+        all.insert(n);
+        let sigs = if i % 5 == 4 {
+            vec![(n, w.sign(&n))]
+        } else {
+            vec![]
+        };
+        // Records 0..10 on both, 10..20 only local, 20..30 only remote.
+        if i < 20 {
+            local.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+        }
+        if !(10..20).contains(&i) {
+            remote.write(&c, &[r], &sigs).unwrap();
+        }
+    }
+    let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
+    let report = rc.sync_with(&local, &c).unwrap();
+    assert!(!report.quick_match);
+    assert_eq!(report.corrupt + report.unproven, 0);
+    let names = |s: &CapsuleServer| -> BTreeSet<RecordName> {
+        s.with_dag(&c, |d| d.order().iter().copied().collect())
+            .unwrap()
+    };
+    assert_eq!(names(&local), all);
+    assert_eq!(names(&remote), all);
+    // The next session is a quick match, and the responder keeps no session after it.
+    let again = rc.sync_with(&local, &c).unwrap();
+    assert!(again.quick_match, "{again:?}");
+    // A sync message outside a session is refused; dispatch alone refuses sync.
+    let peer = local.public_key();
+    assert!(matches!(
+        rc.sync_message(&c, peer, SyncMsg::More),
+        Err(Error::NotFound(_))
+    ));
+    let r = dispatch(
+        &remote,
+        Request::Sync {
+            capsule: c,
+            peer,
+            msg: SyncMsg::Done,
+        },
+    );
+    assert!(matches!(
+        r,
+        Response::Error(WireError {
+            code: ErrorCode::InvalidInput,
+            ..
+        })
+    ));
+}

@@ -1,0 +1,539 @@
+//! A blocking, pipelined request/response protocol over TCP.
+//!
+//! **Wire.** Each side first sends [`PREAMBLE`] (`CRPC` and [`PROTOCOL_VERSION`]); the
+//! server closes a connection whose preamble differs and the client refuses a server whose
+//! preamble differs. Then the client sends requests and the server answers, each as one
+//! frame ([`crate::frame`]). Responses come back in request order, so a client may send
+//! many requests before reading (pipelining) and match answers by position.
+//!
+//! **Server.** [`serve`] binds, then runs an accept thread and one thread per connection.
+//! A connection thread reads a request, calls the handler, buffers the response, and
+//! flushes only when no further request is already buffered, so a pipelined burst is
+//! answered with few writes. Sockets use `TCP_NODELAY`. A request over the frame limit,
+//! a torn frame or a write that times out closes that connection only.
+//! [`ServerHandle::shutdown`] (or dropping the handle) stops accepting, lets each
+//! connection finish the requests it already received, and joins every thread.
+//!
+//! **Client.** [`Client::call`] sends one request and waits for its response;
+//! [`Client::send`] / [`Client::recv`] pipeline; [`Client::call_batch`] pipelines a slice
+//! safely. With bare `send`/`recv`, keep the unanswered requests within what the kernel's
+//! socket buffers hold (a few hundred KiB of requests is always safe): a client that
+//! writes an unbounded stream without reading can fill both directions and stall, as with
+//! any pipelined TCP protocol. `call_batch` writes from a second thread when its requests
+//! are large, so it never stalls.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cairn_core::{Error, Result};
+
+use crate::frame::{DEFAULT_MAX_FRAME, read_frame, write_frame};
+
+/// Version of this RPC framing.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// What each side sends first: `CRPC` and [`PROTOCOL_VERSION`].
+pub const PREAMBLE: [u8; 5] = [b'C', b'R', b'P', b'C', PROTOCOL_VERSION];
+/// Socket buffer size of the reader and writer on each side.
+const IO_BUF: usize = 64 << 10;
+/// A batch whose requests are larger than this is written from a second thread.
+const BATCH_INLINE_BYTES: usize = 64 << 10;
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Largest request payload accepted; a larger one closes the connection.
+    pub max_frame: usize,
+    /// Most open connections; further ones are closed on accept.
+    pub max_connections: usize,
+    /// How long writing a response may block (a client that stops reading is dropped).
+    pub write_timeout: Option<Duration>,
+    /// How long a new connection may take to send its preamble.
+    pub handshake_timeout: Option<Duration>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_frame: DEFAULT_MAX_FRAME,
+            max_connections: 4096,
+            write_timeout: Some(Duration::from_secs(60)),
+            handshake_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Largest response payload accepted (and largest request sent).
+    pub max_frame: usize,
+    /// Limit on establishing the connection; `None` waits as long as the OS does.
+    pub connect_timeout: Option<Duration>,
+    /// Limit on waiting for a response; `None` waits forever.
+    pub read_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            max_frame: DEFAULT_MAX_FRAME,
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: None,
+        }
+    }
+}
+
+/// A running server. Dropping it shuts the server down like [`ServerHandle::shutdown`].
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+type Handler = dyn Fn(&[u8]) -> Vec<u8> + Send + Sync;
+
+/// Binds `addr` and serves requests with `handler` (request payload in, response payload
+/// out) until the returned handle is shut down or dropped.
+pub fn serve<F>(addr: impl ToSocketAddrs, config: ServerConfig, handler: F) -> Result<ServerHandle>
+where
+    F: Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind(addr).map_err(|e| Error::io("binding the RPC server", e))?;
+    serve_listener(listener, config, handler)
+}
+
+/// Serves requests on an already bound `listener` (see [`serve`]).
+pub fn serve_listener<F>(
+    listener: TcpListener,
+    config: ServerConfig,
+    handler: F,
+) -> Result<ServerHandle>
+where
+    F: Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
+{
+    let mut addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the RPC server's address", e))?;
+    if addr.ip().is_unspecified() {
+        // Bound to every interface: reach it (to wake the acceptor) over loopback.
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler: Arc<Handler> = Arc::new(handler);
+    let acceptor = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("cairn-net-accept".into())
+            .spawn(move || accept_loop(listener, config, handler, stop))
+            .map_err(|e| Error::io("starting the RPC accept thread", e))?
+    };
+    Ok(ServerHandle {
+        addr,
+        stop,
+        acceptor: Some(acceptor),
+    })
+}
+
+impl ServerHandle {
+    /// The address clients connect to (loopback when bound to every interface).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, closes the read side of every connection (each finishes the
+    /// requests it already received and flushes their responses), and joins every thread.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor out of accept(). If this connect fails the listener is gone
+        // already, and the acceptor has failed out of its loop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5));
+        let _ = acceptor.join();
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    thread: JoinHandle<()>,
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    config: ServerConfig,
+    handler: Arc<Handler>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut conns: Vec<Conn> = Vec::new();
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                if e.kind() != io::ErrorKind::Interrupted {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
+        };
+        // Reap finished connections.
+        let (done, live): (Vec<Conn>, Vec<Conn>) =
+            conns.into_iter().partition(|c| c.thread.is_finished());
+        conns = live;
+        for c in done {
+            let _ = c.thread.join();
+        }
+        if conns.len() >= config.max_connections {
+            continue;
+        }
+        let Ok(clone) = stream.try_clone() else {
+            continue;
+        };
+        let handler = handler.clone();
+        let config = config.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cairn-net-conn".into())
+            .spawn(move || {
+                let _ = serve_connection(&stream, &config, &*handler);
+                // The acceptor holds a clone of this socket: close it explicitly so the
+                // peer sees the end now, not when the clone is reaped.
+                let _ = stream.shutdown(Shutdown::Both);
+            });
+        if let Ok(thread) = spawned {
+            conns.push(Conn {
+                stream: clone,
+                thread,
+            });
+        }
+    }
+    for c in &conns {
+        let _ = c.stream.shutdown(Shutdown::Read);
+    }
+    for c in conns {
+        let _ = c.thread.join();
+    }
+}
+
+fn serve_connection(
+    stream: &TcpStream,
+    config: &ServerConfig,
+    handler: &Handler,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(config.write_timeout)?;
+    stream.set_read_timeout(config.handshake_timeout)?;
+    let mut reader = BufReader::with_capacity(IO_BUF, stream.try_clone()?);
+    let mut writer = BufWriter::with_capacity(IO_BUF, stream.try_clone()?);
+    let mut pre = [0u8; PREAMBLE.len()];
+    reader.read_exact(&mut pre)?;
+    if pre != PREAMBLE {
+        return Ok(());
+    }
+    writer.write_all(&PREAMBLE)?;
+    writer.flush()?;
+    writer.get_ref().set_read_timeout(None)?;
+    let mut request = Vec::new();
+    loop {
+        if reader.buffer().is_empty() {
+            writer.flush()?;
+        }
+        match read_frame(&mut reader, config.max_frame, &mut request) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => break,
+        }
+        let response = handler(&request);
+        if write_frame(&mut writer, &response, u32::MAX as usize).is_err() {
+            break;
+        }
+    }
+    writer.flush()
+}
+
+/// A connection to an RPC server.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    max_frame: usize,
+    in_flight: usize,
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("peer", &self.reader.get_ref().peer_addr().ok())
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects to `addr` with default settings.
+    pub fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
+        Self::connect_with(addr, ClientConfig::default())
+    }
+
+    /// Connects to `addr` (trying each address it resolves to) and exchanges preambles.
+    pub fn connect_with(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io("resolving the RPC server address", e))?
+            .collect();
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to");
+        let mut stream = None;
+        for a in &addrs {
+            let s = match config.connect_timeout {
+                Some(t) => TcpStream::connect_timeout(a, t),
+                None => TcpStream::connect(a),
+            };
+            match s {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let stream = stream.ok_or_else(|| Error::io("connecting to the RPC server", last))?;
+        let ctx = |e| Error::io("setting up the RPC connection", e);
+        stream.set_nodelay(true).map_err(ctx)?;
+        stream.set_read_timeout(config.read_timeout).map_err(ctx)?;
+        let reader = BufReader::with_capacity(IO_BUF, stream.try_clone().map_err(ctx)?);
+        let mut writer = BufWriter::with_capacity(IO_BUF, stream);
+        writer
+            .write_all(&PREAMBLE)
+            .and_then(|()| writer.flush())
+            .map_err(|e| Error::io("sending the RPC preamble", e))?;
+        let mut client = Client {
+            reader,
+            writer,
+            max_frame: config.max_frame,
+            in_flight: 0,
+            broken: None,
+        };
+        let mut pre = [0u8; PREAMBLE.len()];
+        client.reader.read_exact(&mut pre).map_err(|e| {
+            Error::io(
+                "reading the RPC server's preamble (is it a Cairn RPC server?)",
+                e,
+            )
+        })?;
+        if pre != PREAMBLE {
+            return Err(Error::Unavailable(format!(
+                "the peer is not a Cairn RPC server of protocol version {PROTOCOL_VERSION} (it sent {pre:02x?})"
+            )));
+        }
+        Ok(client)
+    }
+
+    /// Requests sent whose responses have not been read yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Unavailable(format!(
+                "RPC connection unusable after an earlier error: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn fail<T>(&mut self, e: Error) -> Result<T> {
+        self.broken = Some(e.to_string());
+        Err(e)
+    }
+
+    /// Queues one request (buffered; [`Client::flush`] or [`Client::recv`] sends it). A
+    /// request over the frame limit is refused and nothing is queued.
+    pub fn send(&mut self, request: &[u8]) -> Result<()> {
+        self.check()?;
+        if request.len() > self.max_frame {
+            return Err(Error::invalid(format!(
+                "request too large: {} bytes (frame limit {})",
+                request.len(),
+                self.max_frame
+            )));
+        }
+        match write_frame(&mut self.writer, request, self.max_frame) {
+            Ok(()) => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) -> Result<()> {
+        self.check()?;
+        match self.writer.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail(Error::io("sending RPC requests", e)),
+        }
+    }
+
+    /// Reads the response to the oldest unanswered request into `buf` (flushing queued
+    /// requests first).
+    pub fn recv_into(&mut self, buf: &mut Vec<u8>) -> Result<()> {
+        self.check()?;
+        if self.in_flight == 0 {
+            return Err(Error::invalid("recv with no request in flight"));
+        }
+        self.flush()?;
+        match read_frame(&mut self.reader, self.max_frame, buf) {
+            Ok(true) => {
+                self.in_flight -= 1;
+                Ok(())
+            }
+            Ok(false) => self.fail(Error::io(
+                "waiting for an RPC response",
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "server closed the connection with {} requests unanswered",
+                        self.in_flight
+                    ),
+                ),
+            )),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Reads the response to the oldest unanswered request.
+    pub fn recv(&mut self) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.recv_into(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Sends one request and returns its response (earlier unanswered requests must be
+    /// received first).
+    pub fn call(&mut self, request: &[u8]) -> Result<Vec<u8>> {
+        self.check()?;
+        if self.in_flight != 0 {
+            return Err(Error::invalid(format!(
+                "call with {} pipelined responses unread",
+                self.in_flight
+            )));
+        }
+        self.send(request)?;
+        self.recv()
+    }
+
+    /// Sends all `requests` pipelined and returns their responses in order.
+    pub fn call_batch<R: AsRef<[u8]> + Sync>(&mut self, requests: &[R]) -> Result<Vec<Vec<u8>>> {
+        self.check()?;
+        if self.in_flight != 0 {
+            return Err(Error::invalid(format!(
+                "call_batch with {} pipelined responses unread",
+                self.in_flight
+            )));
+        }
+        if let Some(r) = requests.iter().find(|r| r.as_ref().len() > self.max_frame) {
+            return Err(Error::invalid(format!(
+                "request too large: {} bytes (frame limit {})",
+                r.as_ref().len(),
+                self.max_frame
+            )));
+        }
+        let total: usize = requests.iter().map(|r| r.as_ref().len() + 4).sum();
+        if total <= BATCH_INLINE_BYTES {
+            for r in requests {
+                self.send(r.as_ref())?;
+            }
+            let mut out = Vec::with_capacity(requests.len());
+            for _ in requests {
+                out.push(self.recv()?);
+            }
+            return Ok(out);
+        }
+        // Large: write from a second thread while this one reads, so neither direction's
+        // buffers can fill up and stall the other.
+        let max = self.max_frame;
+        let n = requests.len();
+        let (writer, reader) = (&mut self.writer, &mut self.reader);
+        let (sent, received) = std::thread::scope(|s| {
+            let w = s.spawn(move || -> Result<()> {
+                let res = requests
+                    .iter()
+                    .try_for_each(|r| write_frame(writer, r.as_ref(), max))
+                    .and_then(|()| {
+                        writer
+                            .flush()
+                            .map_err(|e| Error::io("sending RPC requests", e))
+                    });
+                if res.is_err() {
+                    // Unblock the reader: no more responses will come.
+                    let _ = writer.get_ref().shutdown(Shutdown::Both);
+                }
+                res
+            });
+            let mut out = Vec::with_capacity(n);
+            let mut res = Ok(());
+            for _ in 0..n {
+                let mut buf = Vec::new();
+                match read_frame(reader, max, &mut buf) {
+                    Ok(true) => out.push(buf),
+                    Ok(false) => {
+                        res = Err(Error::io(
+                            "waiting for an RPC response",
+                            io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "server closed the connection mid-batch",
+                            ),
+                        ));
+                        break;
+                    }
+                    Err(e) => {
+                        res = Err(e);
+                        break;
+                    }
+                }
+            }
+            if res.is_err() {
+                // Unblock the writer if the server stopped reading.
+                let _ = reader.get_ref().shutdown(Shutdown::Both);
+            }
+            let sent = w
+                .join()
+                .unwrap_or_else(|_| Err(Error::Unavailable("RPC writer thread panicked".into())));
+            (sent, res.map(|()| out))
+        });
+        match (sent, received) {
+            (Ok(()), Ok(out)) => Ok(out),
+            (_, Err(e)) | (Err(e), _) => self.fail(e),
+        }
+    }
+}

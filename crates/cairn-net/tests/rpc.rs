@@ -1,0 +1,287 @@
+//! The RPC server and client over real loopback sockets: calls, pipelining, batches,
+//! oversized frames, peers that vanish mid-frame, bad preambles, shutdown.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cairn_core::Error;
+use cairn_net::rpc::PREAMBLE;
+use cairn_net::{Client, ClientConfig, ServerConfig, ServerHandle, serve};
+
+/// Echo server that prefixes each response with a per-server request counter byte.
+fn echo(config: ServerConfig) -> (ServerHandle, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let h = serve("127.0.0.1:0", config, move |req: &[u8]| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let mut out = b"re:".to_vec();
+        out.extend_from_slice(req);
+        out
+    })
+    .unwrap();
+    (h, calls)
+}
+
+/// A raw connection that has done the handshake.
+fn raw(h: &ServerHandle) -> TcpStream {
+    let mut s = TcpStream::connect(h.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&PREAMBLE).unwrap();
+    let mut pre = [0u8; 5];
+    s.read_exact(&mut pre).unwrap();
+    assert_eq!(pre, PREAMBLE);
+    s
+}
+
+fn assert_closed(s: &mut TcpStream) {
+    let mut b = [0u8; 16];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("connection should be closed, got {other:?}"),
+    }
+}
+
+#[test]
+fn call_and_pipeline_in_order() {
+    let (h, calls) = echo(ServerConfig::default());
+    let mut c = Client::connect(h.local_addr()).unwrap();
+    assert_eq!(c.call(b"one").unwrap(), b"re:one");
+    assert_eq!(c.call(b"").unwrap(), b"re:");
+    for i in 0..500u32 {
+        c.send(&i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(c.in_flight(), 500);
+    assert!(
+        c.call(b"x").is_err(),
+        "call refuses while responses are unread"
+    );
+    for i in 0..500u32 {
+        let mut want = b"re:".to_vec();
+        want.extend_from_slice(&i.to_le_bytes());
+        assert_eq!(c.recv().unwrap(), want);
+    }
+    assert!(c.recv().is_err(), "nothing in flight");
+    assert_eq!(calls.load(Ordering::SeqCst), 502);
+    h.shutdown();
+}
+
+#[test]
+fn batches_small_and_large() {
+    let (h, _) = echo(ServerConfig::default());
+    let mut c = Client::connect(h.local_addr()).unwrap();
+    let small: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 10]).collect();
+    let out = c.call_batch(&small).unwrap();
+    assert_eq!(out.len(), 100);
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(&o[3..], &small[i][..]);
+    }
+    // 64 MiB each way: far past what socket buffers hold, so it needs the writer thread.
+    let large: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i; 1 << 20]).collect();
+    let out = c.call_batch(&large).unwrap();
+    assert_eq!(out.len(), 64);
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(o.len(), 3 + (1 << 20));
+        assert_eq!(o[3], i as u8);
+    }
+    assert_eq!(c.call(b"after").unwrap(), b"re:after");
+}
+
+#[test]
+fn many_clients_at_once() {
+    let (h, calls) = echo(ServerConfig::default());
+    let addr = h.local_addr();
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            s.spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                for i in 0..200u8 {
+                    assert_eq!(c.call(&[t, i]).unwrap(), [b'r', b'e', b':', t, i]);
+                }
+            });
+        }
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1600);
+}
+
+#[test]
+fn oversized_frames() {
+    let cfg = ServerConfig {
+        max_frame: 1000,
+        ..ServerConfig::default()
+    };
+    let (h, calls) = echo(cfg);
+    // The client refuses to send what its own limit forbids, and stays usable.
+    let mut c = Client::connect_with(
+        h.local_addr(),
+        ClientConfig {
+            max_frame: 1000,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let err = c.call(&[0; 1001]).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    assert!(err.to_string().contains("too large"), "{err}");
+    assert_eq!(c.call(&[1; 997]).unwrap().len(), 1000);
+    // A response over the client's limit is a clear error; the client is then unusable.
+    let err = c.call(&[1; 998]).unwrap_err();
+    assert!(matches!(err, Error::Decode(_)), "{err}");
+    assert!(err.to_string().contains("frame too large"), "{err}");
+    assert!(matches!(c.call(b"x"), Err(Error::Unavailable(_))));
+    // A peer announcing a frame over the server's limit is disconnected, unanswered.
+    let mut s = raw(&h);
+    s.write_all(&1001u32.to_be_bytes()).unwrap();
+    assert_closed(&mut s);
+    // Other connections are unaffected.
+    let before = calls.load(Ordering::SeqCst);
+    assert_eq!(
+        Client::connect(h.local_addr())
+            .unwrap()
+            .call(b"ok")
+            .unwrap(),
+        b"re:ok"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), before + 1);
+}
+
+#[test]
+fn peer_disconnects_mid_frame() {
+    let (h, calls) = echo(ServerConfig::default());
+    // Mid-header.
+    let mut s = raw(&h);
+    s.write_all(&[0, 0]).unwrap();
+    drop(s);
+    // Mid-payload: announces 100 bytes, sends 10.
+    let mut s = raw(&h);
+    s.write_all(&100u32.to_be_bytes()).unwrap();
+    s.write_all(&[7; 10]).unwrap();
+    drop(s);
+    // A whole request then a torn one: the whole one is answered.
+    let mut s = raw(&h);
+    s.write_all(&2u32.to_be_bytes()).unwrap();
+    s.write_all(b"hi").unwrap();
+    s.write_all(&50u32.to_be_bytes()).unwrap();
+    s.write_all(&[1; 5]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, [&5u32.to_be_bytes()[..], b"re:hi"].concat());
+    assert_eq!(
+        Client::connect(h.local_addr())
+            .unwrap()
+            .call(b"ok")
+            .unwrap(),
+        b"re:ok"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn server_disconnects_mid_response() {
+    // A fake server that handshakes, then sends half a response frame and hangs up.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut pre = [0u8; 5];
+        s.read_exact(&mut pre).unwrap();
+        s.write_all(&PREAMBLE).unwrap();
+        let mut hdr = [0u8; 4];
+        s.read_exact(&mut hdr).unwrap();
+        let mut req = vec![0u8; u32::from_be_bytes(hdr) as usize];
+        s.read_exact(&mut req).unwrap();
+        s.write_all(&10u32.to_be_bytes()).unwrap();
+        s.write_all(b"half").unwrap();
+    });
+    let mut c = Client::connect(addr).unwrap();
+    let err = c.call(b"q").unwrap_err();
+    assert!(
+        matches!(&err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err}"
+    );
+    assert!(matches!(c.call(b"again"), Err(Error::Unavailable(_))));
+    t.join().unwrap();
+}
+
+#[test]
+fn bad_preamble_is_refused() {
+    let (h, calls) = echo(ServerConfig::default());
+    let mut s = TcpStream::connect(h.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert_closed(&mut s);
+    // And a client refuses a server that is not one.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"SSH-2").unwrap();
+        let mut b = [0u8; 5];
+        let _ = s.read_exact(&mut b);
+    });
+    let err = Client::connect(addr).unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    t.join().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn shutdown_stops_accepting_and_ends_connections() {
+    let (h, _) = echo(ServerConfig::default());
+    let addr = h.local_addr();
+    let mut c = Client::connect(addr).unwrap();
+    assert_eq!(c.call(b"a").unwrap(), b"re:a");
+    // An idle connection that never finished its handshake does not block shutdown.
+    let _idle = TcpStream::connect(addr).unwrap();
+    h.shutdown();
+    assert!(c.call(b"b").is_err(), "connection ended by shutdown");
+    assert!(
+        Client::connect_with(
+            addr,
+            ClientConfig {
+                connect_timeout: Some(Duration::from_secs(2)),
+                read_timeout: Some(Duration::from_secs(2)),
+                ..ClientConfig::default()
+            }
+        )
+        .is_err(),
+        "no longer accepting"
+    );
+}
+
+#[test]
+fn shutdown_answers_received_requests() {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(0);
+    let rx = std::sync::Mutex::new(rx);
+    let h = serve(
+        "127.0.0.1:0",
+        ServerConfig::default(),
+        move |req: &[u8]| {
+            if req == b"slow" {
+                let _ = rx.lock().unwrap().recv();
+            }
+            req.to_vec()
+        },
+    )
+    .unwrap();
+    let mut c = Client::connect(h.local_addr()).unwrap();
+    c.send(b"slow").unwrap();
+    c.send(b"next").unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let stopper = std::thread::spawn(move || h.shutdown());
+    std::thread::sleep(Duration::from_millis(100));
+    tx.send(()).unwrap();
+    assert_eq!(c.recv().unwrap(), b"slow");
+    stopper.join().unwrap();
+    // "next" was already received by the server when it stopped reading, or it was not:
+    // either it is answered or the connection ends cleanly; it is never answered wrongly.
+    match c.recv() {
+        Ok(r) => assert_eq!(r, b"next"),
+        Err(e) => assert!(matches!(e, Error::Io { .. }), "{e}"),
+    }
+}
