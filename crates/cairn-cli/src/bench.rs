@@ -31,6 +31,9 @@ use rand::{Rng, RngCore, SeedableRng};
 pub enum Which {
     /// ForkBase Table 3 operations, dedup and blob throughput.
     Forkbase,
+    /// DataCapsule evaluation (DCS §6): sequential write/read/prove, manyclient, YCSB
+    /// against redb, concurrent clients, Merkle-log proofs (see `bench_capsule`).
+    Capsule,
 }
 
 /// Arguments of `cairn bench`.
@@ -45,8 +48,9 @@ pub struct BenchArgs {
     /// Seconds each operation runs for.
     #[arg(long, default_value_t = 1.5)]
     pub seconds: f64,
-    /// Durability levels to run (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "fsync,group,buffered")]
+    /// Durability levels to run (comma-separated; forkbase default: fsync,group,buffered;
+    /// capsule default: group).
+    #[arg(long, value_delimiter = ',')]
     pub durability: Vec<Durability>,
     /// Request sizes in bytes (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1024,20480")]
@@ -64,6 +68,9 @@ pub struct BenchArgs {
     /// Size of the blob for the throughput measurement, in MiB.
     #[arg(long, default_value_t = 512)]
     pub throughput_mib: usize,
+    /// Options of `cairn bench capsule`.
+    #[command(flatten)]
+    pub capsule: crate::bench_capsule::CapsuleArgs,
 }
 
 const OPS: [&str; 9] = [
@@ -99,6 +106,7 @@ fn paper(op: &str) -> (f64, f64) {
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     match args.which {
         Which::Forkbase => forkbase(args)?,
+        Which::Capsule => capsule(args)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -109,6 +117,35 @@ impl Drop for TempDir {
         if self.1 {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+}
+
+fn bench_root(args: &BenchArgs) -> Result<TempDir> {
+    let root = match &args.dir {
+        Some(d) => TempDir(d.clone(), false),
+        None => TempDir(
+            std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&root.0).with_context(|| format!("creating {}", root.0.display()))?;
+    Ok(root)
+}
+
+fn capsule(args: &BenchArgs) -> Result<()> {
+    let root = bench_root(args)?;
+    for d in durabilities(args, &[Durability::Group]) {
+        crate::bench_capsule::run(&args.capsule, d, &root.0)?;
+    }
+    Ok(())
+}
+
+/// The `--durability` levels, or `default` when none were given.
+fn durabilities(args: &BenchArgs, default: &[Durability]) -> Vec<Durability> {
+    if args.durability.is_empty() {
+        default.to_vec()
+    } else {
+        args.durability.clone()
     }
 }
 
@@ -129,14 +166,8 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
             .collect()
     };
     ensure!(args.clients >= 1, "--clients must be at least 1");
-    let root = match &args.dir {
-        Some(d) => TempDir(d.clone(), false),
-        None => TempDir(
-            std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id())),
-            true,
-        ),
-    };
-    std::fs::create_dir_all(&root.0).with_context(|| format!("creating {}", root.0.display()))?;
+    let root = bench_root(args)?;
+    let levels = durabilities(args, &Durability::ALL);
     println!(
         "# cairn bench forkbase: {} clients, {:.1} s per cell, {} cores, store in {}",
         args.clients,
@@ -149,7 +180,7 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
     println!();
     // results[(durability, op, size)] = (ops/s, mean latency ms)
     let mut results: BTreeMap<(usize, &str, usize), (f64, f64)> = BTreeMap::new();
-    for (di, d) in args.durability.iter().enumerate() {
+    for (di, d) in levels.iter().enumerate() {
         let dir = root.0.join(format!("store-{}", d.name()));
         let _ = std::fs::remove_dir_all(&dir);
         let log = Arc::new(LogStore::open(
@@ -195,7 +226,7 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
         drop(db);
         let _ = std::fs::remove_dir_all(&dir);
     }
-    print_table(args, &ops, &results);
+    print_table(args, &levels, &ops, &results);
     if !args.no_dedup {
         dedup(&root.0)?;
         throughput(&root.0, args.throughput_mib)?;
@@ -205,10 +236,11 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
 
 fn print_table(
     args: &BenchArgs,
+    levels: &[Durability],
     ops: &[&str],
     results: &BTreeMap<(usize, &str, usize), (f64, f64)>,
 ) {
-    for (di, d) in args.durability.iter().enumerate() {
+    for (di, d) in levels.iter().enumerate() {
         println!("## durability: {d}");
         println!();
         let mut head = String::from("| operation |");
@@ -328,7 +360,7 @@ impl Fixture {
 
 /// CPU time (user + system) this process has used so far, all threads included, from
 /// `/proc/self/stat` (Linux; `None` elsewhere). Clock ticks of 1/100 s.
-fn process_cpu_seconds() -> Option<f64> {
+pub(crate) fn process_cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name (which is in parentheses and may hold spaces): state is
     // field 3, utime field 14, stime field 15.

@@ -5,6 +5,7 @@
 //! go to stdout, so `uid=$(cairn put k --value v)` works.
 
 mod bench;
+mod bench_capsule;
 mod cli;
 mod demo;
 mod format;

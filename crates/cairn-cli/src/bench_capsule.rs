@@ -1,0 +1,1678 @@
+//! `cairn bench capsule`: the DCS paper's evaluation (§6) on Cairn's capsule layer, with
+//! every response checked by the client (acks verified against the server key, records
+//! checked against their names and decrypted and compared byte for byte with what was
+//! written, proofs verified by the reader against the capsule metadata and its own cache).
+//!
+//! Parts (select with `--parts`):
+//!
+//! - `seq` (paper §6.3, Figures 5, 6, 10–13): one client writes N records (21-byte bodies,
+//!   as the prototype's `local` bench) with a signature every k records, reads them all,
+//!   then proves them newest first, with and without the verification cache. Each phase
+//!   is pipelined the way the prototype sends it (one batch of requests per phase; proofs
+//!   in windows so acks of one window ride in front of the next).
+//! - `many` (prototype `manyclient`, Figure 9's workload): C clients, each on its own
+//!   capsule, each writing N/C records at 1000 per signature, then reading, then proving
+//!   them, all clients at once, each phase one pipelined batch per client.
+//! - `ycsb` (§6.4): YCSB A, B, C, D over a key-value store built on a capsule (a put
+//!   appends a record holding key and value; a get looks the key up in the client's index,
+//!   reads the record and, with proofs on, signs the newest record if the key is
+//!   unsigned, proves and verifies it), against redb at the same durability.
+//! - `conc` (§6.5, Figure 9): C closed-loop clients, one request at a time, with
+//!   throughput and latency percentiles for writes, reads and proofs.
+//! - `merkle`: the per-capsule Merkle log's inclusion and consistency proofs (size and
+//!   verify time) at growing log sizes.
+//!
+//! The client/server boundary is [`Conn`]: [`Local`] calls the server directly;
+//! the TCP transport (when built) sends the same requests over loopback.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use cairn_capsule::merkle::{self, Digest, MerkleLog};
+use cairn_capsule::server::Issued;
+use cairn_capsule::{
+    Ack, AckKind, BodyKey, CachePolicy, CapsuleDag, CapsuleMetadata, CapsuleName, CapsuleServer,
+    Checkpoint, Reader, Record, RecordHeader, RecordName, RecordProof, ServerOptions, SessionId,
+    SubrecordProof, WriterSignature,
+};
+use cairn_core::{Hash, HashAlgo, PublicKey, SigningKey};
+use cairn_store::{Durability, LogStore, LogStoreOptions, Store};
+use clap::{Args, ValueEnum};
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::bench::process_cpu_seconds;
+
+/// Parts of `cairn bench capsule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    /// Sequential write, read and prove at 1, 10, 100, 1000 records per signature.
+    Seq,
+    /// The prototype's `manyclient` workload.
+    Many,
+    /// YCSB A–D on a capsule key-value store against redb.
+    Ycsb,
+    /// Concurrent closed-loop clients with latency percentiles.
+    Conc,
+    /// Merkle-log proof sizes and verify times.
+    Merkle,
+}
+
+/// Which write/prove API the clients use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Api {
+    /// One record per write, hash-chain proofs (the prototype's "flexible" API).
+    Flexible,
+    /// Subrecords committed as one record with a Merkle root (the "subrecord" API).
+    Subrecord,
+}
+
+/// How the benchmark's clients reach the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Direct calls into the server, in this process.
+    Inproc,
+}
+
+/// Options of `cairn bench capsule`.
+#[derive(Args, Debug, Clone)]
+pub struct CapsuleArgs {
+    /// Parts to run (comma-separated).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "seq,many,ycsb,conc,merkle"
+    )]
+    pub parts: Vec<Part>,
+    /// Transports to run the client/server parts over (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "inproc")]
+    pub transport: Vec<Transport>,
+    /// APIs to run `seq` and `many` with (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "flexible")]
+    pub api: Vec<Api>,
+    /// Records written and read in `seq`.
+    #[arg(long, default_value_t = 100_000)]
+    pub seq_records: usize,
+    /// Records per writer signature in `seq` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub per_sig: Vec<usize>,
+    /// Most proofs per `seq` cell without the cache (the paper's bars are 10k operations;
+    /// uncached chains at 1000 per signature are 500 headers on average).
+    #[arg(long, default_value_t = 10_000)]
+    pub uncached_proofs: usize,
+    /// Proof requests per pipelined window (the acks of one window travel in front of the
+    /// next, so the server's mirror of the reader's cache is exact).
+    #[arg(long, default_value_t = 1)]
+    pub proof_window: usize,
+    /// Records in all of `many` (split evenly over the clients).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub many_records: usize,
+    /// Client counts for `many` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,1000")]
+    pub many_clients: Vec<usize>,
+    /// YCSB workloads (comma-separated letters).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
+    pub ycsb: Vec<char>,
+    /// Records loaded before each YCSB run.
+    #[arg(long, default_value_t = 10_000)]
+    pub ycsb_records: usize,
+    /// Operations in each YCSB run.
+    #[arg(long, default_value_t = 100_000)]
+    pub ycsb_ops: usize,
+    /// YCSB value size in bytes.
+    #[arg(long, default_value_t = 16)]
+    pub ycsb_value: usize,
+    /// YCSB operations per pipelined batch (one request batch, one store commit).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub ycsb_batch: Vec<usize>,
+    /// Replay the prototype's YCSB trace files from this directory
+    /// (`tracea_load_<w>.txt`, `tracea_run_<w>.txt`) instead of generating operations.
+    #[arg(long)]
+    pub ycsb_traces: Option<PathBuf>,
+    /// Client counts for `conc` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub conc_clients: Vec<usize>,
+    /// Records written, read and proven in each `conc` cell (split over the clients).
+    #[arg(long, default_value_t = 50_000)]
+    pub conc_records: usize,
+    /// Merkle-log sizes for `merkle` (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,10000,100000,1000000"
+    )]
+    pub merkle_sizes: Vec<u64>,
+    /// Proofs sampled per Merkle-log size.
+    #[arg(long, default_value_t = 2000)]
+    pub merkle_samples: usize,
+}
+
+/// Body length of the prototype's benchmark records (`"data:"` and two 8-byte integers).
+const BODY_LEN: usize = 21;
+/// Verification-cache capacity (the flexible prototype's `CACHE_SIZE`).
+const CACHE_CAPACITY: u32 = 100_000;
+
+// ---------------------------------------------------------------------------------------
+// The client/server boundary.
+
+/// A request a benchmark client sends to a capsule server.
+pub enum Req {
+    /// Create(metadata).
+    Create(CapsuleMetadata),
+    /// Write(records) with signatures.
+    Write {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Records.
+        records: Vec<Record>,
+        /// Writer signatures on records of this batch or already stored.
+        sigs: Vec<(RecordName, WriterSignature)>,
+    },
+    /// Commit(subrecords) of the subrecord API.
+    Commit {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// The record header carrying the subrecord root.
+        header: RecordHeader,
+        /// Sealed subrecords.
+        subs: Vec<Vec<u8>>,
+        /// The writer's signature on the record.
+        sig: Option<WriterSignature>,
+    },
+    /// Read(record name).
+    Read {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Record.
+        name: RecordName,
+    },
+    /// Read(subrecord name).
+    ReadSub {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Subrecord.
+        sub: Hash,
+    },
+    /// Prove(record name), within a session or not.
+    Prove {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Record.
+        name: RecordName,
+        /// Reader session (mirrored cache).
+        session: Option<SessionId>,
+    },
+    /// Prove(subrecord name).
+    ProveSub {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Subrecord.
+        sub: Hash,
+        /// Reader session (mirrored cache).
+        session: Option<SessionId>,
+    },
+    /// Opens a reader session with a mirrored cache.
+    Open {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// The reader's cache policy.
+        policy: CachePolicy,
+    },
+    /// A reader's ack of a verified proof.
+    AckProof {
+        /// Session.
+        session: SessionId,
+        /// The proof's id.
+        proof_id: u64,
+    },
+    /// QueryFresh(): a signed checkpoint.
+    Fresh {
+        /// Capsule.
+        capsule: CapsuleName,
+    },
+    /// A Merkle-log inclusion proof.
+    Inclusion {
+        /// Capsule.
+        capsule: CapsuleName,
+        /// Record.
+        name: RecordName,
+        /// Log size the proof is for.
+        size: u64,
+    },
+}
+
+/// A server's answer to one [`Req`].
+pub enum Resp {
+    /// A signed acknowledgment.
+    Ack(Ack),
+    /// A record.
+    Record(Record),
+    /// Subrecord bytes.
+    Bytes(Vec<u8>),
+    /// A record proof and its id.
+    Proof(Issued<RecordProof>),
+    /// A subrecord proof and its id.
+    SubProof(Issued<SubrecordProof>),
+    /// A new session.
+    Session(SessionId),
+    /// A request with no result succeeded.
+    Done,
+    /// A signed checkpoint.
+    Checkpoint(Checkpoint),
+    /// Leaf index and audit path.
+    Inclusion(u64, Vec<Digest>),
+}
+
+impl Resp {
+    fn kind(&self) -> &'static str {
+        match self {
+            Resp::Ack(_) => "ack",
+            Resp::Record(_) => "record",
+            Resp::Bytes(_) => "bytes",
+            Resp::Proof(_) => "proof",
+            Resp::SubProof(_) => "subrecord proof",
+            Resp::Session(_) => "session",
+            Resp::Done => "done",
+            Resp::Checkpoint(_) => "checkpoint",
+            Resp::Inclusion(..) => "inclusion proof",
+        }
+    }
+}
+
+/// One client's connection to a capsule server: sends a batch of requests (pipelined when
+/// the transport allows) and returns one response per request, in order. Any error aborts
+/// the benchmark.
+pub trait Conn: Send {
+    /// Sends `reqs` and returns their responses in order.
+    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>>;
+}
+
+/// In-process transport: direct calls into a shared [`CapsuleServer`].
+pub struct Local(pub Arc<CapsuleServer>);
+
+impl Local {
+    fn one(&self, r: Req) -> cairn_core::Result<Resp> {
+        let s = &self.0;
+        Ok(match r {
+            Req::Create(meta) => Resp::Ack(s.create(&meta)?),
+            Req::Write {
+                capsule,
+                records,
+                sigs,
+            } => Resp::Ack(s.write(&capsule, &records, &sigs)?),
+            Req::Commit {
+                capsule,
+                header,
+                subs,
+                sig,
+            } => Resp::Ack(s.commit_subrecords(&capsule, &header, &subs, sig)?),
+            Req::Read { capsule, name } => Resp::Record(s.read(&capsule, &name)?),
+            Req::ReadSub { capsule, sub } => Resp::Bytes(s.read_subrecord(&capsule, &sub)?),
+            Req::Prove {
+                capsule,
+                name,
+                session,
+            } => Resp::Proof(s.prove(&capsule, &name, session)?),
+            Req::ProveSub {
+                capsule,
+                sub,
+                session,
+            } => Resp::SubProof(s.prove_subrecord(&capsule, &sub, session)?),
+            Req::Open { capsule, policy } => {
+                Resp::Session(s.open_session(&capsule, policy, &[])?)
+            }
+            Req::AckProof { session, proof_id } => {
+                s.ack(session, proof_id)?;
+                Resp::Done
+            }
+            Req::Fresh { capsule } => Resp::Checkpoint(s.query_fresh(&capsule)?),
+            Req::Inclusion {
+                capsule,
+                name,
+                size,
+            } => {
+                let (i, p) = s.log_inclusion(&capsule, &name, size)?;
+                Resp::Inclusion(i, p)
+            }
+        })
+    }
+}
+
+impl Conn for Local {
+    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            out.push(self.one(r)?);
+        }
+        Ok(out)
+    }
+}
+
+/// A server under test and how to reach it.
+struct Backend {
+    server: Arc<CapsuleServer>,
+    log: Arc<LogStore>,
+    transport: Transport,
+    dir: PathBuf,
+}
+
+impl Backend {
+    fn start(dir: &Path, durability: Durability, transport: Transport) -> Result<Backend> {
+        let _ = std::fs::remove_dir_all(dir);
+        let log = Arc::new(LogStore::open(
+            dir,
+            LogStoreOptions {
+                durability,
+                algo: HashAlgo::Blake3,
+                ..Default::default()
+            },
+        )?);
+        let store: Arc<dyn Store> = log.clone();
+        let server = Arc::new(CapsuleServer::new(
+            store,
+            SigningKey::generate()?,
+            ServerOptions::default(),
+        ));
+        Ok(Backend {
+            server,
+            log,
+            transport,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn connect(&self) -> Result<Box<dyn Conn>> {
+        match self.transport {
+            Transport::Inproc => Ok(Box::new(Local(self.server.clone()))),
+        }
+    }
+
+    fn public_key(&self) -> PublicKey {
+        self.server.public_key()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One benchmark client on its own capsule.
+
+/// Something a client wrote and can read and prove.
+#[derive(Clone, Copy)]
+enum Item {
+    Rec(RecordName),
+    Sub(Hash),
+}
+
+struct Client {
+    conn: Box<dyn Conn>,
+    writer: cairn_capsule::Writer,
+    reader: Reader,
+    capsule: CapsuleName,
+    server: PublicKey,
+    session: Option<SessionId>,
+    /// Proof ids verified but not yet acked (sent in front of the next request batch).
+    unacked: Vec<u64>,
+    /// Records written one at a time (`conc`).
+    written: Vec<RecordName>,
+}
+
+fn expect_ack(r: Resp, server: &PublicKey, capsule: &CapsuleName, want: &AckKind) -> Result<Ack> {
+    match r {
+        Resp::Ack(a) => {
+            a.verify(server, capsule, want)?;
+            Ok(a)
+        }
+        other => bail!("expected an ack, got a {}", other.kind()),
+    }
+}
+
+impl Client {
+    fn new(conn: Box<dyn Conn>, server: PublicKey, cache: bool, label: &str) -> Result<Client> {
+        let key = SigningKey::generate()?;
+        let meta = CapsuleMetadata::new(HashAlgo::Blake3, key.public(), label);
+        let capsule = meta.name();
+        let body_key = BodyKey::generate()?;
+        let policy = if cache {
+            CachePolicy::Lru {
+                capacity: CACHE_CAPACITY,
+            }
+        } else {
+            CachePolicy::Off
+        };
+        let writer = cairn_capsule::Writer::new(meta.clone(), key, Some(body_key.clone()))?;
+        let reader = Reader::new(capsule, meta.clone(), policy, Some(body_key))?;
+        let mut c = Client {
+            conn,
+            writer,
+            reader,
+            capsule,
+            server,
+            session: None,
+            unacked: Vec::new(),
+            written: Vec::new(),
+        };
+        let mut reqs = vec![Req::Create(meta)];
+        if cache {
+            reqs.push(Req::Open { capsule, policy });
+        }
+        let mut resps = c.conn.call(reqs)?.into_iter();
+        let first = resps.next().context("no response to create")?;
+        expect_ack(first, &c.server, &capsule, &AckKind::Created)?;
+        if cache {
+            match resps.next() {
+                Some(Resp::Session(id)) => c.session = Some(id),
+                _ => bail!("no session from the server"),
+            }
+        }
+        Ok(c)
+    }
+
+    /// Requests acking every verified proof not yet acked.
+    fn take_acks(&mut self) -> Vec<Req> {
+        match self.session {
+            Some(session) => self
+                .unacked
+                .drain(..)
+                .map(|proof_id| Req::AckProof { session, proof_id })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Sends `reqs` after any pending acks and returns the responses to `reqs`.
+    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>> {
+        let mut all = self.take_acks();
+        let n_acks = all.len();
+        all.extend(reqs);
+        let mut resps = self.conn.call(all)?;
+        for r in resps.drain(..n_acks) {
+            ensure!(matches!(r, Resp::Done), "ack answered with a {}", r.kind());
+        }
+        Ok(resps)
+    }
+
+    /// Sends the pending acks, if any.
+    fn flush_acks(&mut self) -> Result<()> {
+        if !self.unacked.is_empty() {
+            self.call(Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Write phase: `bodies.len()` records with a signature every `per_sig`, sent as one
+    /// pipelined batch (one Write or Commit request per signature). Returns what can be
+    /// read and proven, in write order.
+    fn write_all(&mut self, api: Api, bodies: &[Vec<u8>], per_sig: usize) -> Result<Vec<Item>> {
+        let mut reqs = Vec::with_capacity(bodies.len() / per_sig + 1);
+        let mut wants = Vec::with_capacity(reqs.capacity());
+        let mut items = Vec::with_capacity(bodies.len());
+        for group in bodies.chunks(per_sig) {
+            match api {
+                Api::Flexible => {
+                    let mut records = Vec::with_capacity(group.len());
+                    for b in group {
+                        let r = self.writer.record(b, &[])?;
+                        items.push(Item::Rec(r.name()));
+                        records.push(r);
+                    }
+                    let names: Vec<RecordName> = records.iter().map(Record::name).collect();
+                    // `group` is non-empty: chunks() yields no empty slices.
+                    let last = names[names.len() - 1];
+                    let sig = self.writer.sign(&last);
+                    reqs.push(Req::Write {
+                        capsule: self.capsule,
+                        records,
+                        sigs: vec![(last, sig)],
+                    });
+                    wants.push(AckKind::Wrote(names));
+                }
+                Api::Subrecord => {
+                    for b in group {
+                        items.push(Item::Sub(self.writer.write_subrecord(b)?));
+                    }
+                    let (header, subs, sig) = self.writer.commit_subrecords(&[])?;
+                    wants.push(AckKind::Wrote(vec![header.name()]));
+                    reqs.push(Req::Commit {
+                        capsule: self.capsule,
+                        header,
+                        subs,
+                        sig: Some(sig),
+                    });
+                }
+            }
+        }
+        let resps = self.call(reqs)?;
+        ensure!(
+            resps.len() == wants.len(),
+            "wrong number of write responses"
+        );
+        for (r, want) in resps.into_iter().zip(&wants) {
+            expect_ack(r, &self.server, &self.capsule, want)?;
+        }
+        Ok(items)
+    }
+
+    /// Read phase: reads every item in one pipelined batch and compares each opened body
+    /// with what was written.
+    fn read_all(&mut self, items: &[Item], bodies: &[Vec<u8>]) -> Result<()> {
+        let reqs = items.iter().map(|it| self.read_req(it)).collect();
+        let resps = self.call(reqs)?;
+        ensure!(resps.len() == items.len(), "wrong number of read responses");
+        for ((it, r), want) in items.iter().zip(resps).zip(bodies) {
+            let got = self.open(it, r)?;
+            ensure!(&got == want, "read returned other bytes than were written");
+        }
+        Ok(())
+    }
+
+    fn read_req(&self, it: &Item) -> Req {
+        match *it {
+            Item::Rec(name) => Req::Read {
+                capsule: self.capsule,
+                name,
+            },
+            Item::Sub(sub) => Req::ReadSub {
+                capsule: self.capsule,
+                sub,
+            },
+        }
+    }
+
+    fn open(&self, it: &Item, r: Resp) -> Result<Vec<u8>> {
+        Ok(match (it, r) {
+            (Item::Rec(name), Resp::Record(rec)) => self.reader.open_record(name, &rec)?,
+            (Item::Sub(sub), Resp::Bytes(b)) => self.reader.open_subrecord(sub, &b)?,
+            (_, other) => bail!("read answered with a {}", other.kind()),
+        })
+    }
+
+    fn prove_req(&self, it: &Item) -> Req {
+        match *it {
+            Item::Rec(name) => Req::Prove {
+                capsule: self.capsule,
+                name,
+                session: self.session,
+            },
+            Item::Sub(sub) => Req::ProveSub {
+                capsule: self.capsule,
+                sub,
+                session: self.session,
+            },
+        }
+    }
+
+    /// Verifies one proof response and queues its ack. With `measure`, also encodes the
+    /// proof to learn its size (the encoding is not the client's work: the time it took
+    /// is returned so the caller can leave it out).
+    fn check_proof(&mut self, it: &Item, r: Resp, measure: bool) -> Result<(usize, Duration)> {
+        let (id, size, took) = match (it, r) {
+            (Item::Rec(name), Resp::Proof(p)) => {
+                self.reader.verify_record(name, &p.proof)?;
+                let t = Instant::now();
+                let n = if measure { p.proof.to_bytes().len() } else { 0 };
+                (p.proof_id, n, t.elapsed())
+            }
+            (Item::Sub(sub), Resp::SubProof(p)) => {
+                self.reader.verify_subrecord(sub, &p.proof)?;
+                let t = Instant::now();
+                let n = if measure {
+                    let mut e = cairn_core::Encoder::new();
+                    p.proof.encode(&mut e);
+                    e.finish().len()
+                } else {
+                    0
+                };
+                (p.proof_id, n, t.elapsed())
+            }
+            (_, other) => bail!("prove answered with a {}", other.kind()),
+        };
+        if self.session.is_some() {
+            self.unacked.push(id);
+        }
+        Ok((size, took))
+    }
+
+    /// Prove phase: proves `items` in the order given, `window` requests per batch, and
+    /// verifies every proof. Returns (proofs, total encoded bytes, time spent measuring
+    /// sizes, which the caller subtracts).
+    ///
+    /// Subrecord proofs within a session go one at a time: the reader caches what a proof
+    /// verified at once, while the server's mirror catches up only at the ack, so a
+    /// second proof issued in the same window may run past a node the reader now trusts,
+    /// which `SubrecordProof::verify` refuses.
+    fn prove_all(&mut self, items: &[Item], window: usize) -> Result<(usize, u64, Duration)> {
+        let mut bytes = 0u64;
+        let mut excluded = Duration::ZERO;
+        let window = match items.first() {
+            Some(Item::Sub(_)) if self.session.is_some() => 1,
+            _ => window.max(1),
+        };
+        for chunk in items.chunks(window) {
+            let reqs = chunk.iter().map(|it| self.prove_req(it)).collect();
+            let resps = self.call(reqs)?;
+            ensure!(
+                resps.len() == chunk.len(),
+                "wrong number of proof responses"
+            );
+            for (it, r) in chunk.iter().zip(resps) {
+                let (size, took) = self.check_proof(it, r, true)?;
+                bytes += size as u64;
+                excluded += took;
+            }
+        }
+        self.flush_acks()?;
+        Ok((items.len(), bytes, excluded))
+    }
+}
+
+/// The prototype's record bodies: `"data:"`, the commit number and the index in it.
+fn bodies(n: usize, per_sig: usize, salt: u64) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let mut b = Vec::with_capacity(BODY_LEN);
+            b.extend_from_slice(b"data:");
+            b.extend_from_slice(&((i / per_sig) as u64 ^ salt).to_le_bytes());
+            b.extend_from_slice(&((i % per_sig) as u64).to_le_bytes());
+            b
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// seq and many: write, read, prove phases over C clients.
+
+#[derive(Default, Clone, Copy)]
+struct PhaseResult {
+    write: f64,
+    read: f64,
+    prove: f64,
+    proofs: usize,
+    proof_bytes: u64,
+    cpu_write: Option<f64>,
+    commits_per_group: f64,
+}
+
+/// Runs the three phases with `clients` clients on their own capsules, `per_client`
+/// records each; proofs are newest first, at most `max_proofs` per client.
+#[allow(clippy::too_many_arguments)]
+fn phases(
+    backend: &Backend,
+    api: Api,
+    clients: usize,
+    per_client: usize,
+    per_sig: usize,
+    cache: bool,
+    max_proofs: usize,
+    window: usize,
+) -> Result<PhaseResult> {
+    let server = backend.public_key();
+    let mut cs = Vec::with_capacity(clients);
+    for i in 0..clients {
+        cs.push(Client::new(
+            backend.connect()?,
+            server,
+            cache,
+            &format!("bench capsule {i}"),
+        )?);
+    }
+    let data: Vec<Vec<Vec<u8>>> = (0..clients)
+        .map(|i| bodies(per_client, per_sig, i as u64))
+        .collect();
+    let barrier = Barrier::new(clients);
+    // Write.
+    let c0 = backend.log.commit_counters();
+    let cpu0 = process_cpu_seconds();
+    let t0 = Instant::now();
+    let mut items: Vec<Vec<Item>> = run_all(&mut cs, &barrier, |c, i| {
+        c.write_all(api, &data[i], per_sig)
+    })?;
+    let write_s = t0.elapsed().as_secs_f64();
+    let cpu_write = match (cpu0, process_cpu_seconds()) {
+        (Some(a), Some(b)) => Some((b - a) * 1e6 / (clients * per_client) as f64),
+        _ => None,
+    };
+    let c1 = backend.log.commit_counters();
+    // Read.
+    let t0 = Instant::now();
+    run_all(&mut cs, &barrier, |c, i| c.read_all(&items[i], &data[i]))?;
+    let read_s = t0.elapsed().as_secs_f64();
+    // Prove, newest first.
+    for v in &mut items {
+        v.reverse();
+        v.truncate(max_proofs);
+    }
+    let t0 = Instant::now();
+    let res = run_all(&mut cs, &barrier, |c, i| c.prove_all(&items[i], window))?;
+    let wall = t0.elapsed();
+    let excluded = res.iter().map(|r| r.2).max().unwrap_or_default();
+    let proofs: usize = res.iter().map(|r| r.0).sum();
+    let proof_bytes: u64 = res.iter().map(|r| r.1).sum();
+    let prove_s = wall.saturating_sub(excluded).as_secs_f64();
+    let n = (clients * per_client) as f64;
+    Ok(PhaseResult {
+        write: n / write_s,
+        read: n / read_s,
+        prove: proofs as f64 / prove_s,
+        proofs,
+        proof_bytes,
+        cpu_write,
+        commits_per_group: (c1.commits - c0.commits) as f64 / (c1.groups - c0.groups).max(1) as f64,
+    })
+}
+
+/// Runs `f` for every client on its own thread (or inline for one client), starting them
+/// together; returns their results in client order.
+fn run_all<T: Send>(
+    cs: &mut [Client],
+    barrier: &Barrier,
+    f: impl Fn(&mut Client, usize) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    if cs.len() == 1 {
+        return Ok(vec![f(&mut cs[0], 0)?]);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, c)| {
+                let f = &f;
+                std::thread::Builder::new()
+                    .stack_size(256 << 10)
+                    .spawn_scoped(s, move || {
+                        barrier.wait();
+                        f(c, i)
+                    })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            match h?.join() {
+                Ok(r) => out.push(r?),
+                Err(_) => bail!("a benchmark client panicked"),
+            }
+        }
+        Ok(out)
+    })
+}
+
+fn kps(x: f64) -> String {
+    if x.is_nan() {
+        "n/a".into()
+    } else if x >= 10_000.0 {
+        format!("{:.0}k", x / 1000.0)
+    } else {
+        format!("{:.1}k", x / 1000.0)
+    }
+}
+
+fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<()> {
+    println!(
+        "## seq: 1 client, {} records of {BODY_LEN} B, write / read / prove newest first ({t:?}, durability {})",
+        args.seq_records,
+        d.name()
+    );
+    println!();
+    println!(
+        "| API | records per signature | cache | write rec/s | read rec/s | prove+verify /s | proofs | mean proof B | commits per fsync group | write CPU µs/rec |"
+    );
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &api in &args.api {
+        for &k in &args.per_sig {
+            for cache in [false, true] {
+                let backend = Backend::start(&root.join("seq"), d, t)?;
+                let max = if cache {
+                    usize::MAX
+                } else {
+                    args.uncached_proofs
+                };
+                let r = phases(
+                    &backend,
+                    api,
+                    1,
+                    args.seq_records,
+                    k,
+                    cache,
+                    max,
+                    args.proof_window,
+                )?;
+                println!(
+                    "| {api:?} | {k} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {} |",
+                    if cache { "on" } else { "off" },
+                    kps(r.write),
+                    kps(r.read),
+                    kps(r.prove),
+                    r.proofs,
+                    r.proof_bytes as f64 / r.proofs.max(1) as f64,
+                    r.commits_per_group,
+                    r.cpu_write.map_or("n/a".into(), |c| format!("{c:.1}")),
+                );
+            }
+        }
+    }
+    println!();
+    // Merkle log of the last capsule of the run: a signed checkpoint and an inclusion
+    // proof checked against its root.
+    log_check(root, d, t)?;
+    Ok(())
+}
+
+/// Writes a few records and checks a Merkle-log inclusion proof of each against a signed
+/// checkpoint (the capsule's log is the one `merkle` measures).
+fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
+    let backend = Backend::start(&root.join("logcheck"), d, t)?;
+    let mut c = Client::new(backend.connect()?, backend.public_key(), false, "log check")?;
+    let data = bodies(1000, 100, 7);
+    let items = c.write_all(Api::Flexible, &data, 100)?;
+    let mut reqs = vec![Req::Fresh { capsule: c.capsule }];
+    let names: Vec<RecordName> = items
+        .iter()
+        .step_by(97)
+        .filter_map(|i| match i {
+            Item::Rec(n) => Some(*n),
+            Item::Sub(_) => None,
+        })
+        .collect();
+    for n in &names {
+        reqs.push(Req::Inclusion {
+            capsule: c.capsule,
+            name: *n,
+            size: 1000,
+        });
+    }
+    let mut resps = c.call(reqs)?.into_iter();
+    let cp = match resps.next() {
+        Some(Resp::Checkpoint(cp)) => cp,
+        _ => bail!("no checkpoint"),
+    };
+    cp.verify(&c.server)?;
+    ensure!(cp.size == 1000, "checkpoint size {}", cp.size);
+    for (n, r) in names.iter().zip(resps) {
+        let Resp::Inclusion(index, path) = r else {
+            bail!("no inclusion proof");
+        };
+        merkle::verify_inclusion(
+            HashAlgo::Blake3,
+            index,
+            cp.size,
+            &CapsuleDag::log_leaf(n),
+            &path,
+            &cp.root,
+        )?;
+    }
+    Ok(())
+}
+
+fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<()> {
+    println!(
+        "## many: the prototype's manyclient workload, {} records in all, 1000 per signature ({t:?}, durability {})",
+        args.many_records,
+        d.name()
+    );
+    println!();
+    println!(
+        "| API | clients × records | write rec/s | read rec/s | prove+verify /s | mean proof B | commits per fsync group |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    for &api in &args.api {
+        for &clients in &args.many_clients {
+            ensure!(clients >= 1, "--many-clients must be at least 1");
+            let per = args.many_records / clients;
+            let backend = Backend::start(&root.join("many"), d, t)?;
+            let r = phases(
+                &backend,
+                api,
+                clients,
+                per,
+                1000,
+                true,
+                usize::MAX,
+                args.proof_window,
+            )?;
+            println!(
+                "| {api:?} | {clients} × {per} | {} | {} | {} | {:.0} | {:.1} |",
+                kps(r.write),
+                kps(r.read),
+                kps(r.prove),
+                r.proof_bytes as f64 / r.proofs.max(1) as f64,
+                r.commits_per_group
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// conc: closed-loop clients, one request at a time, with latency percentiles.
+
+struct Lat(Vec<u32>);
+
+impl Lat {
+    fn pct(&self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.0.len() as f64 - 1.0) * p).round() as usize;
+        self.0[i.min(self.0.len() - 1)] as f64 / 1000.0
+    }
+}
+
+fn conc(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<()> {
+    println!(
+        "## conc: closed-loop clients, one request at a time, {} records in all, a signature every 1000 ({t:?}, durability {}); latency in µs",
+        args.conc_records,
+        d.name()
+    );
+    println!();
+    println!(
+        "| clients | phase | ops/s | p50 | p90 | p99 | p99.9 | max | commits per fsync group |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &clients in &args.conc_clients {
+        ensure!(clients >= 1, "--conc-clients must be at least 1");
+        let per = (args.conc_records / clients).max(1);
+        let backend = Backend::start(&root.join("conc"), d, t)?;
+        let server = backend.public_key();
+        let mut cs = Vec::with_capacity(clients);
+        for i in 0..clients {
+            cs.push(Client::new(
+                backend.connect()?,
+                server,
+                true,
+                &format!("conc {i}"),
+            )?);
+        }
+        let data: Vec<Vec<Vec<u8>>> = (0..clients).map(|i| bodies(per, 1000, i as u64)).collect();
+        let barrier = Barrier::new(clients);
+        for phase in ["write", "read", "prove"] {
+            let c0 = backend.log.commit_counters();
+            let t0 = Instant::now();
+            let lats = run_all(&mut cs, &barrier, |c, i| conc_phase(c, phase, &data[i]))?;
+            let secs = t0.elapsed().as_secs_f64();
+            let c1 = backend.log.commit_counters();
+            let mut all: Vec<u32> = lats.into_iter().flatten().collect();
+            all.sort_unstable();
+            let l = Lat(all);
+            println!(
+                "| {clients} | {phase} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                kps(l.0.len() as f64 / secs),
+                l.pct(0.5),
+                l.pct(0.9),
+                l.pct(0.99),
+                l.pct(0.999),
+                l.pct(1.0),
+                if phase == "write" {
+                    format!(
+                        "{:.1}",
+                        (c1.commits - c0.commits) as f64 / (c1.groups - c0.groups).max(1) as f64
+                    )
+                } else {
+                    "".into()
+                }
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// One client's part of a `conc` phase; returns per-request latencies in nanoseconds.
+fn conc_phase(c: &mut Client, phase: &str, data: &[Vec<u8>]) -> Result<Vec<u32>> {
+    let mut lat = Vec::with_capacity(data.len());
+    match phase {
+        "write" => {
+            let mut names = Vec::with_capacity(data.len());
+            for (i, b) in data.iter().enumerate() {
+                let t = Instant::now();
+                let r = c.writer.record(b, &[])?;
+                let name = r.name();
+                let sigs = if (i + 1) % 1000 == 0 || i + 1 == data.len() {
+                    vec![(name, c.writer.sign(&name))]
+                } else {
+                    Vec::new()
+                };
+                let resp = c.call(vec![Req::Write {
+                    capsule: c.capsule,
+                    records: vec![r],
+                    sigs,
+                }])?;
+                let r = resp.into_iter().next().context("no write response")?;
+                expect_ack(r, &c.server, &c.capsule, &AckKind::Wrote(vec![name]))?;
+                lat.push(nanos(t.elapsed()));
+                names.push(name);
+            }
+            c.written = names;
+        }
+        "read" => {
+            let names = c.written.clone();
+            for (name, want) in names.iter().zip(data) {
+                let t = Instant::now();
+                let it = Item::Rec(*name);
+                let r = c.call(vec![c.read_req(&it)])?;
+                let got = c.open(&it, r.into_iter().next().context("no read response")?)?;
+                ensure!(&got == want, "read returned other bytes than were written");
+                lat.push(nanos(t.elapsed()));
+            }
+        }
+        _ => {
+            let names = c.written.clone();
+            for name in names.iter().rev() {
+                let t = Instant::now();
+                let it = Item::Rec(*name);
+                let r = c.call(vec![c.prove_req(&it)])?;
+                c.check_proof(&it, r.into_iter().next().context("no proof")?, false)?;
+                lat.push(nanos(t.elapsed()));
+            }
+            c.flush_acks()?;
+        }
+    }
+    Ok(lat)
+}
+
+fn nanos(d: Duration) -> u32 {
+    d.as_nanos().min(u32::MAX as u128) as u32
+}
+
+// ---------------------------------------------------------------------------------------
+// ycsb: a key-value store on a capsule against redb.
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Get(Vec<u8>),
+}
+
+struct Workload {
+    load: Vec<(Vec<u8>, Vec<u8>)>,
+    run: Vec<Op>,
+}
+
+/// YCSB's zipfian generator (Gray et al., "Quickly generating billion-record synthetic
+/// databases", as YCSB's `ZipfianGenerator`), θ = 0.99, over `[0, n)`, growing `n`
+/// incrementally.
+struct Zipf {
+    theta: f64,
+    n: u64,
+    zetan: f64,
+    zeta2: f64,
+    alpha: f64,
+    eta: f64,
+}
+
+impl Zipf {
+    fn new(n: u64) -> Zipf {
+        let theta = 0.99;
+        let mut z = Zipf {
+            theta,
+            n: 0,
+            zetan: 0.0,
+            zeta2: 1.0 + 0.5f64.powf(theta),
+            alpha: 1.0 / (1.0 - theta),
+            eta: 0.0,
+        };
+        z.grow(n);
+        z
+    }
+
+    fn grow(&mut self, n: u64) {
+        while self.n < n {
+            self.n += 1;
+            self.zetan += 1.0 / (self.n as f64).powf(self.theta);
+        }
+        self.eta =
+            (1.0 - (2.0 / self.n as f64).powf(1.0 - self.theta)) / (1.0 - self.zeta2 / self.zetan);
+    }
+
+    fn next(&self, rng: &mut SmallRng) -> u64 {
+        let u: f64 = rng.random();
+        let uz = u * self.zetan;
+        if uz < 1.0 {
+            return 0;
+        }
+        if uz < 1.0 + 0.5f64.powf(self.theta) {
+            return 1.min(self.n - 1);
+        }
+        ((self.n as f64 * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64).min(self.n - 1)
+    }
+}
+
+fn fnv64(x: u64) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in x.to_le_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn ycsb_key(i: u64) -> Vec<u8> {
+    format!("user{:020}", fnv64(i)).into_bytes()
+}
+
+fn ycsb_value(rng: &mut SmallRng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.random_range(b'!'..=b'~')).collect()
+}
+
+/// YCSB core workloads: A = 50% read / 50% update, B = 95/5, C = read only (scrambled
+/// zipfian); D = 95% read / 5% insert, reads skewed to the latest inserts.
+fn generate(w: char, records: usize, ops: usize, vsize: usize, seed: u64) -> Result<Workload> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let load = (0..records as u64)
+        .map(|i| (ycsb_key(i), ycsb_value(&mut rng, vsize)))
+        .collect();
+    let (read_p, latest) = match w {
+        'a' => (0.5, false),
+        'b' => (0.95, false),
+        'c' => (1.0, false),
+        'd' => (0.95, true),
+        other => bail!("unknown YCSB workload {other:?} (a, b, c, d)"),
+    };
+    let mut n = records as u64;
+    let mut z = Zipf::new(n);
+    let mut run = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let read = rng.random::<f64>() < read_p;
+        if latest {
+            if read {
+                let k = n - 1 - z.next(&mut rng);
+                run.push(Op::Get(ycsb_key(k)));
+            } else {
+                run.push(Op::Put(ycsb_key(n), ycsb_value(&mut rng, vsize)));
+                n += 1;
+                z.grow(n);
+            }
+        } else {
+            let k = fnv64(z.next(&mut rng)) % n;
+            run.push(if read {
+                Op::Get(ycsb_key(k))
+            } else {
+                Op::Put(ycsb_key(k), ycsb_value(&mut rng, vsize))
+            });
+        }
+    }
+    Ok(Workload { load, run })
+}
+
+/// Reads the prototype's trace files for workload `w` (`SET <16 digits> <value>`,
+/// `GET <16 digits>`).
+fn traces(dir: &Path, w: char) -> Result<Workload> {
+    let parse = |name: String| -> Result<Vec<Op>> {
+        let path = dir.join(&name);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut ops = Vec::new();
+        for (ln, line) in text.lines().enumerate() {
+            let key = line
+                .get(4..20)
+                .with_context(|| format!("{name}:{}: short line", ln + 1))?;
+            if line.starts_with("GET") {
+                ops.push(Op::Get(key.as_bytes().to_vec()));
+            } else if line.starts_with("SET") {
+                let v = line.get(21..).unwrap_or("");
+                ops.push(Op::Put(key.as_bytes().to_vec(), v.as_bytes().to_vec()));
+            } else {
+                bail!("{name}:{}: neither GET nor SET", ln + 1);
+            }
+        }
+        Ok(ops)
+    };
+    let load = parse(format!("tracea_load_{w}.txt"))?
+        .into_iter()
+        .map(|op| match op {
+            Op::Put(k, v) => Ok((k, v)),
+            Op::Get(_) => bail!("a GET in a load trace"),
+        })
+        .collect::<Result<_>>()?;
+    Ok(Workload {
+        load,
+        run: parse(format!("tracea_run_{w}.txt"))?,
+    })
+}
+
+/// A key-value store on a capsule (DCS §6.4): the client keeps key → newest record name;
+/// a put appends a record whose body is `len(key) ‖ key ‖ value`; a get reads that record
+/// and, with proofs on, makes sure a signature covers it (signing the newest record if the
+/// key was written since the last signature) and proves and verifies it.
+struct CapsuleKv {
+    c: Client,
+    index: HashMap<Vec<u8>, RecordName>,
+    unsigned: HashSet<Vec<u8>>,
+    last: Option<RecordName>,
+    proofs: bool,
+}
+
+fn kv_body(k: &[u8], v: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(2 + k.len() + v.len());
+    b.extend_from_slice(&(k.len() as u16).to_le_bytes());
+    b.extend_from_slice(k);
+    b.extend_from_slice(v);
+    b
+}
+
+fn kv_parse(b: &[u8]) -> Result<(&[u8], &[u8])> {
+    let n = u16::from_le_bytes([
+        *b.first().context("empty body")?,
+        *b.get(1).context("short")?,
+    ]);
+    let rest = &b[2..];
+    ensure!(rest.len() >= n as usize, "body shorter than its key");
+    Ok(rest.split_at(n as usize))
+}
+
+impl CapsuleKv {
+    /// Runs `ops` as one batch: one Write request (every put of the batch and any
+    /// signature the gets need), then a Read (and a Prove) per get. `model` holds the
+    /// expected value of every key.
+    fn batch(&mut self, ops: &[Op], model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<()> {
+        let mut records = Vec::new();
+        let mut sigs = Vec::new();
+        let mut gets = Vec::new();
+        for op in ops {
+            match op {
+                Op::Put(k, v) => {
+                    let r = self.c.writer.record(&kv_body(k, v), &[])?;
+                    let name = r.name();
+                    records.push(r);
+                    self.index.insert(k.clone(), name);
+                    self.last = Some(name);
+                    if self.proofs {
+                        self.unsigned.insert(k.clone());
+                    }
+                    model.insert(k.clone(), v.clone());
+                }
+                Op::Get(k) => {
+                    let name = *self.index.get(k).context("get of a key never put")?;
+                    if self.proofs && self.unsigned.contains(k) {
+                        let last = self.last.context("unsigned key but no record")?;
+                        sigs.push((last, self.c.writer.sign(&last)));
+                        self.unsigned.clear();
+                    }
+                    let want = model.get(k).context("key missing from the model")?.clone();
+                    gets.push((k.clone(), name, want));
+                }
+            }
+        }
+        let mut reqs = Vec::with_capacity(1 + 2 * gets.len());
+        let wrote: Vec<RecordName> = records.iter().map(Record::name).collect();
+        let write = !records.is_empty() || !sigs.is_empty();
+        if write {
+            reqs.push(Req::Write {
+                capsule: self.c.capsule,
+                records,
+                sigs,
+            });
+        }
+        for (_, name, _) in &gets {
+            let it = Item::Rec(*name);
+            reqs.push(self.c.read_req(&it));
+            if self.proofs {
+                reqs.push(self.c.prove_req(&it));
+            }
+        }
+        let mut resps = self.c.call(reqs)?.into_iter();
+        if write {
+            let r = resps.next().context("no write response")?;
+            expect_ack(r, &self.c.server, &self.c.capsule, &AckKind::Wrote(wrote))?;
+        }
+        for (k, name, want) in &gets {
+            let it = Item::Rec(*name);
+            let body = self
+                .c
+                .open(&it, resps.next().context("no read response")?)?;
+            let (gk, gv) = kv_parse(&body)?;
+            ensure!(
+                gk == &k[..] && gv == &want[..],
+                "get returned another value than the last put"
+            );
+            if self.proofs {
+                let p = resps.next().context("no proof response")?;
+                self.c.check_proof(&it, p, false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+const KV_TABLE: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("kv");
+
+/// The baseline: the same operations on redb, one write transaction per batch with puts.
+struct RedbKv {
+    db: redb::Database,
+    durability: redb::Durability,
+}
+
+impl RedbKv {
+    fn batch(&self, ops: &[Op], model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<()> {
+        let check = |got: Option<redb::AccessGuard<&[u8]>>, want: &[u8]| -> Result<()> {
+            let g = got.context("redb lost a key")?;
+            ensure!(g.value() == want, "redb returned another value");
+            Ok(())
+        };
+        if ops.iter().any(|o| matches!(o, Op::Put(..))) {
+            let mut tx = self.db.begin_write()?;
+            tx.set_durability(self.durability)?;
+            {
+                let mut t = tx.open_table(KV_TABLE)?;
+                for op in ops {
+                    match op {
+                        Op::Put(k, v) => {
+                            t.insert(&k[..], &v[..])?;
+                            model.insert(k.clone(), v.clone());
+                        }
+                        Op::Get(k) => {
+                            let want = model.get(k).context("key missing from the model")?;
+                            check(t.get(&k[..])?, want)?;
+                        }
+                    }
+                }
+            }
+            tx.commit()?;
+        } else {
+            let tx = self.db.begin_read()?;
+            let t = tx.open_table(KV_TABLE)?;
+            for op in ops {
+                if let Op::Get(k) = op {
+                    let want = model.get(k).context("key missing from the model")?;
+                    check(t.get(&k[..])?, want)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<()> {
+    let source = match &args.ycsb_traces {
+        Some(dir) => format!("the prototype's traces in {}", dir.display()),
+        None => format!(
+            "{} records loaded, {} operations, {}-byte values, zipfian θ=0.99",
+            args.ycsb_records, args.ycsb_ops, args.ycsb_value
+        ),
+    };
+    println!(
+        "## ycsb: key-value store on a capsule vs redb ({source}; {t:?}, durability {}; redb {})",
+        d.name(),
+        match d {
+            Durability::Buffered => "Durability::None",
+            _ => "Durability::Immediate",
+        }
+    );
+    println!();
+    println!(
+        "| workload | ops per batch | capsule, proofs on ops/s | capsule, proofs off ops/s | redb ops/s | redb / proofs on | target ≤ 1.5× |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
+    for &w in &args.ycsb {
+        let wl = match &args.ycsb_traces {
+            Some(dir) => traces(dir, w)?,
+            None => generate(w, args.ycsb_records, args.ycsb_ops, args.ycsb_value, 42)?,
+        };
+        for &b in &args.ycsb_batch {
+            let b = b.max(1);
+            let on = ycsb_capsule(&wl, root, d, t, true, b)?;
+            let off = ycsb_capsule(&wl, root, d, t, false, b)?;
+            let base = ycsb_redb(&wl, root, d, b)?;
+            let ratio = base / on;
+            let target = if w == 'a' {
+                "(none)"
+            } else if ratio <= 1.5 {
+                "met"
+            } else {
+                "not met"
+            };
+            println!(
+                "| {} | {b} | {} | {} | {} | {ratio:.2}× | {target} |",
+                w.to_ascii_uppercase(),
+                kps(on),
+                kps(off),
+                kps(base)
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+fn ycsb_capsule(
+    wl: &Workload,
+    root: &Path,
+    d: Durability,
+    t: Transport,
+    proofs: bool,
+    batch: usize,
+) -> Result<f64> {
+    let backend = Backend::start(&root.join("ycsb-capsule"), d, t)?;
+    let c = Client::new(backend.connect()?, backend.public_key(), proofs, "ycsb")?;
+    let mut kv = CapsuleKv {
+        c,
+        index: HashMap::new(),
+        unsigned: HashSet::new(),
+        last: None,
+        proofs,
+    };
+    let mut model = HashMap::new();
+    let load: Vec<Op> = wl
+        .load
+        .iter()
+        .map(|(k, v)| Op::Put(k.clone(), v.clone()))
+        .collect();
+    for chunk in load.chunks(1000) {
+        kv.batch(chunk, &mut model)?;
+    }
+    let t0 = Instant::now();
+    for chunk in wl.run.chunks(batch) {
+        kv.batch(chunk, &mut model)?;
+    }
+    kv.c.flush_acks()?;
+    Ok(wl.run.len() as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn ycsb_redb(wl: &Workload, root: &Path, d: Durability, batch: usize) -> Result<f64> {
+    let dir = root.join("ycsb-redb");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let kv = RedbKv {
+        db: redb::Database::create(dir.join("kv.redb"))?,
+        durability: match d {
+            Durability::Buffered => redb::Durability::None,
+            _ => redb::Durability::Immediate,
+        },
+    };
+    let mut model = HashMap::new();
+    let load: Vec<Op> = wl
+        .load
+        .iter()
+        .map(|(k, v)| Op::Put(k.clone(), v.clone()))
+        .collect();
+    for chunk in load.chunks(1000) {
+        kv.batch(chunk, &mut model)?;
+    }
+    let t0 = Instant::now();
+    for chunk in wl.run.chunks(batch) {
+        kv.batch(chunk, &mut model)?;
+    }
+    let r = wl.run.len() as f64 / t0.elapsed().as_secs_f64();
+    drop(kv);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// merkle: proof size and verify time of the per-capsule log.
+
+fn merkle_part(args: &CapsuleArgs) -> Result<()> {
+    println!(
+        "## merkle: per-capsule Merkle log (RFC 6962, BLAKE3), {} sampled proofs per size",
+        args.merkle_samples
+    );
+    println!();
+    println!(
+        "| records n | log2 n | inclusion: hashes (mean / max) | bytes | verify µs | consistency: hashes (mean / max) | bytes | verify µs |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let algo = HashAlgo::Blake3;
+    let mut rng = SmallRng::seed_from_u64(3);
+    let max = args.merkle_sizes.iter().copied().max().unwrap_or(0);
+    let mut log = MerkleLog::new(algo);
+    let mut sizes = args.merkle_sizes.clone();
+    sizes.sort_unstable();
+    let mut leaves: Vec<Digest> = Vec::with_capacity(max as usize);
+    for &n in &sizes {
+        ensure!(n >= 2, "Merkle sizes must be at least 2");
+        while log.size() < n {
+            let mut name = [0u8; 32];
+            rng.fill_bytes(&mut name);
+            let leaf = CapsuleDag::log_leaf(&RecordName(Hash::new(algo, name)));
+            leaves.push(leaf);
+            log.push(leaf);
+        }
+        let root = log.root_at(n)?;
+        // Inclusion.
+        let mut samples = Vec::with_capacity(args.merkle_samples);
+        for _ in 0..args.merkle_samples {
+            let i = rng.random_range(0..n);
+            samples.push((i, log.inclusion_proof(i, n)?));
+        }
+        let t0 = Instant::now();
+        for (i, p) in &samples {
+            merkle::verify_inclusion(algo, *i, n, &leaves[*i as usize], p, &root)?;
+        }
+        let inc_us = t0.elapsed().as_secs_f64() * 1e6 / samples.len().max(1) as f64;
+        // A tampered proof must fail.
+        if let Some((i, p)) = samples.first() {
+            let mut bad = p.clone();
+            if let Some(x) = bad.first_mut() {
+                x[0] ^= 1;
+                ensure!(
+                    merkle::verify_inclusion(algo, *i, n, &leaves[*i as usize], &bad, &root)
+                        .is_err(),
+                    "a tampered inclusion proof verified"
+                );
+            }
+        }
+        let inc_mean =
+            samples.iter().map(|s| s.1.len()).sum::<usize>() as f64 / samples.len().max(1) as f64;
+        let inc_max = samples.iter().map(|s| s.1.len()).max().unwrap_or(0);
+        // Consistency from a random earlier size.
+        let mut cons = Vec::with_capacity(args.merkle_samples);
+        for _ in 0..args.merkle_samples {
+            let m = rng.random_range(1..n);
+            cons.push((m, log.root_at(m)?, log.consistency_proof(m, n)?));
+        }
+        let t0 = Instant::now();
+        for (m, r1, p) in &cons {
+            merkle::verify_consistency(algo, *m, n, r1, &root, p)?;
+        }
+        let con_us = t0.elapsed().as_secs_f64() * 1e6 / cons.len().max(1) as f64;
+        if let Some((m, r1, p)) = cons.iter().find(|c| !c.2.is_empty()) {
+            let mut bad = p.clone();
+            bad[0][0] ^= 1;
+            ensure!(
+                merkle::verify_consistency(algo, *m, n, r1, &root, &bad).is_err(),
+                "a tampered consistency proof verified"
+            );
+        }
+        let con_mean =
+            cons.iter().map(|s| s.2.len()).sum::<usize>() as f64 / cons.len().max(1) as f64;
+        let con_max = cons.iter().map(|s| s.2.len()).max().unwrap_or(0);
+        println!(
+            "| {n} | {:.1} | {inc_mean:.1} / {inc_max} | {:.0} | {inc_us:.2} | {con_mean:.1} / {con_max} | {:.0} | {con_us:.2} |",
+            (n as f64).log2(),
+            inc_mean * 32.0,
+            con_mean * 32.0
+        );
+    }
+    println!();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Runs `cairn bench capsule`.
+pub fn run(args: &CapsuleArgs, durability: Durability, dir: &Path) -> Result<()> {
+    println!(
+        "# cairn bench capsule: durability {} ({}), {} cores, store under {}",
+        durability.name(),
+        match durability {
+            Durability::PerWrite => "one fdatasync per acknowledged commit",
+            Durability::Group =>
+                "group commit: every acknowledged commit fdatasync'ed, syncs shared",
+            Durability::Buffered => "acknowledged once written to the kernel, no sync",
+        },
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        dir.display()
+    );
+    println!();
+    for &part in &args.parts {
+        if part == Part::Merkle {
+            merkle_part(args)?;
+            continue;
+        }
+        for &t in &args.transport {
+            match part {
+                Part::Seq => seq(args, dir, durability, t)?,
+                Part::Many => many(args, dir, durability, t)?,
+                Part::Ycsb => ycsb(args, dir, durability, t)?,
+                Part::Conc => conc(args, dir, durability, t)?,
+                Part::Merkle => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_is_skewed_and_in_range() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let z = Zipf::new(1000);
+        let mut hits = vec![0u32; 1000];
+        for _ in 0..100_000 {
+            hits[z.next(&mut rng) as usize] += 1;
+        }
+        assert!(hits[0] > hits[10] && hits[10] > hits[500]);
+        assert!(hits[0] > 5_000);
+    }
+
+    #[test]
+    fn small_run_of_every_part_checks_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = CapsuleArgs {
+            parts: vec![Part::Seq, Part::Many, Part::Ycsb, Part::Conc, Part::Merkle],
+            transport: vec![Transport::Inproc],
+            api: vec![Api::Flexible, Api::Subrecord],
+            seq_records: 200,
+            per_sig: vec![1, 100],
+            uncached_proofs: 50,
+            proof_window: 4,
+            many_records: 400,
+            many_clients: vec![1, 4],
+            ycsb: vec!['a', 'b', 'c', 'd'],
+            ycsb_records: 100,
+            ycsb_ops: 300,
+            ycsb_value: 16,
+            ycsb_batch: vec![1, 50],
+            ycsb_traces: None,
+            conc_clients: vec![1, 3],
+            conc_records: 60,
+            merkle_sizes: vec![10, 1000],
+            merkle_samples: 20,
+        };
+        run(&args, Durability::Buffered, dir.path()).unwrap();
+    }
+}
