@@ -214,8 +214,16 @@ pub fn subrecord_root(algo: HashAlgo, subs: &[Vec<u8>]) -> (Hash, Vec<Hash>) {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubrecordProof {
     /// The subrecord's position in its record's tree.
+    ///
+    /// **Not authenticated by a cut proof.** When the path stops at a cached interior node
+    /// (`record` is `None`), verification binds only the subtree below that node: `index`
+    /// and `count` may be changed as long as the walk takes the same turns below it, and
+    /// the proof still verifies. Only a proof whose path reaches the root (and whose record
+    /// proof binds the header's `count`) authenticates `index` and `count`; never rely on
+    /// them otherwise.
     pub index: u64,
-    /// The number of subrecords in that tree.
+    /// The number of subrecords in that tree. Like [`SubrecordProof::index`], bound only
+    /// by a proof that reaches the root, not by one cut at a cached interior node.
     pub count: u64,
     /// Audit path from the leaf upward, possibly cut short at a node the reader trusts.
     pub path: Vec<Digest>,

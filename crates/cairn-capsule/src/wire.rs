@@ -1865,3 +1865,781 @@ impl RemoteCapsule {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use cairn_core::{HashAlgo, SigningKey};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::metadata::BodyCipher;
+    use crate::proof::Anchor;
+    use crate::record::BodyRef;
+
+    fn h(d: [u8; 32]) -> Hash {
+        Hash::new(HashAlgo::Blake3, d)
+    }
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_seed(&[seed; 32])
+    }
+
+    fn ws(writer: u32, seed: u8) -> WriterSignature {
+        WriterSignature {
+            writer,
+            sig: key(seed).sign(b"test", &[seed]),
+        }
+    }
+
+    fn header(capsule: u8, body: u8, subs: Option<u64>, bps: &[u8]) -> RecordHeader {
+        let mut backpointers: Vec<RecordName> = Vec::new();
+        for b in bps {
+            let n = RecordName(h([*b; 32]));
+            if !backpointers.contains(&n) {
+                backpointers.push(n);
+            }
+        }
+        RecordHeader {
+            capsule: CapsuleName(h([capsule; 32])),
+            body: match subs {
+                Some(count) => BodyRef::Subrecords {
+                    root: h([body; 32]),
+                    count: count.max(1),
+                },
+                None => BodyRef::Plain {
+                    hash: h([body; 32]),
+                    len: body as u64 * 1000,
+                },
+            },
+            backpointers,
+        }
+    }
+
+    fn meta(seed: u8, description: String, settings: BTreeMap<String, String>) -> CapsuleMetadata {
+        CapsuleMetadata {
+            algo: HashAlgo::Blake3,
+            writers: vec![key(seed).public(), key(seed.wrapping_add(1)).public()],
+            description,
+            created_ms: seed as u64 * 12345,
+            cipher: if seed.is_multiple_of(2) {
+                BodyCipher::Plaintext
+            } else {
+                BodyCipher::XChaCha20Poly1305
+            },
+            key_distribution: "kds".into(),
+            settings,
+        }
+    }
+
+    fn record_proof(n: u8, signed: bool) -> RecordProof {
+        RecordProof {
+            chain: (0..n.max(1))
+                .map(|i| header(1, i, None, &[i, i + 1]))
+                .collect(),
+            anchor: if signed {
+                Anchor::Signed(ws(n as u32, n))
+            } else {
+                Anchor::Cached
+            },
+        }
+    }
+
+    fn capsule() -> CapsuleName {
+        CapsuleName(h([1; 32]))
+    }
+
+    fn name(b: u8) -> RecordName {
+        RecordName(h([b; 32]))
+    }
+
+    fn sync_record(i: u8) -> SyncRecord {
+        SyncRecord {
+            header: header(1, i, (i % 2 == 1).then_some(3), &[i]),
+            body: if i % 2 == 1 {
+                SyncBody::Subrecords(vec![vec![i; 3], vec![], vec![i]])
+            } else {
+                SyncBody::Plain(vec![i; i as usize])
+            },
+            signature: i.is_multiple_of(3).then(|| ws(0, i)),
+        }
+    }
+
+    fn sync_msgs() -> Vec<SyncMsg> {
+        vec![
+            SyncMsg::Hello {
+                capsule: capsule(),
+                quick: [7; 32],
+                count: 300,
+            },
+            SyncMsg::InSync,
+            SyncMsg::Symbols(vec![
+                CodedSymbol {
+                    sum: [1; 32],
+                    check: u64::MAX,
+                    count: -3,
+                },
+                CodedSymbol::default(),
+            ]),
+            SyncMsg::More,
+            SyncMsg::SendNames,
+            SyncMsg::Names(vec![name(1), name(2)]),
+            SyncMsg::Exchange {
+                records: vec![sync_record(0), sync_record(1), sync_record(2)],
+                want: vec![name(3)],
+                heads: vec![name(4), name(5)],
+                roots: vec![],
+                missing: vec![name(6)],
+            },
+            SyncMsg::Patch {
+                records: vec![sync_record(3)],
+                heads: vec![],
+                roots: vec![name(7)],
+                missing: vec![],
+            },
+            SyncMsg::Done,
+        ]
+    }
+
+    fn requests() -> Vec<Request> {
+        let c = capsule();
+        let mut out = vec![
+            Request::ServerKey,
+            Request::ListCapsules,
+            Request::Create {
+                meta: meta(
+                    3,
+                    "photos".into(),
+                    BTreeMap::from([("a".into(), "b".into())]),
+                ),
+            },
+            Request::Metadata { capsule: c },
+            Request::Write {
+                capsule: c,
+                records: vec![
+                    Record {
+                        header: header(1, 2, None, &[]),
+                        body: vec![1, 2, 3],
+                    },
+                    Record {
+                        header: header(1, 3, None, &[4, 5]),
+                        body: vec![],
+                    },
+                ],
+                signatures: vec![(name(9), ws(1, 9))],
+            },
+            Request::Write {
+                capsule: c,
+                records: vec![],
+                signatures: vec![],
+            },
+            Request::Sign {
+                capsule: c,
+                name: name(2),
+                sig: ws(300, 4),
+            },
+            Request::Read {
+                capsule: c,
+                name: name(3),
+            },
+            Request::ReadSubrecord {
+                capsule: c,
+                sub: h([4; 32]),
+            },
+            Request::Subrecords {
+                capsule: c,
+                record: name(5),
+            },
+            Request::CommitSubrecords {
+                capsule: c,
+                header: header(1, 6, Some(2), &[1]),
+                subrecords: vec![vec![1; 10], vec![]],
+                sig: Some(ws(0, 6)),
+            },
+            Request::CommitSubrecords {
+                capsule: c,
+                header: header(1, 6, Some(1), &[]),
+                subrecords: vec![vec![1]],
+                sig: None,
+            },
+            Request::QueryFresh { capsule: c },
+            Request::LogInclusion {
+                capsule: c,
+                name: name(7),
+                size: 1 << 40,
+            },
+            Request::LogConsistency {
+                capsule: c,
+                first: 3,
+                second: 9,
+            },
+            Request::OpenSession {
+                capsule: c,
+                policy: CachePolicy::Lru { capacity: 100 },
+                cached: vec![h([8; 32]), Hash::new(HashAlgo::Sha256, [9; 32])],
+            },
+            Request::OpenSession {
+                capsule: c,
+                policy: CachePolicy::Off,
+                cached: vec![],
+            },
+            Request::CloseSession {
+                session: SessionId(u64::MAX),
+            },
+            Request::Prove {
+                capsule: c,
+                name: name(1),
+                session: Some(SessionId(4)),
+            },
+            Request::Prove {
+                capsule: c,
+                name: name(1),
+                session: None,
+            },
+            Request::ProveSubrecord {
+                capsule: c,
+                sub: h([2; 32]),
+                session: Some(SessionId(0)),
+            },
+            Request::Ack {
+                session: SessionId(3),
+                proof_id: 77,
+            },
+        ];
+        for msg in sync_msgs() {
+            out.push(Request::Sync {
+                capsule: c,
+                peer: key(5).public(),
+                msg,
+            });
+        }
+        out
+    }
+
+    fn responses() -> Vec<Response> {
+        let c = capsule();
+        let server = key(9);
+        let mut out = vec![
+            Response::Unit,
+            Response::ServerKey(server.public()),
+            Response::Capsules(vec![c, CapsuleName(h([2; 32]))]),
+            Response::Metadata(meta(4, "".into(), BTreeMap::new())),
+            Response::Record(Record {
+                header: header(1, 2, None, &[3]),
+                body: vec![5; 100],
+            }),
+            Response::Subrecord(vec![1, 2]),
+            Response::SubrecordNames(vec![h([1; 32]), h([2; 32])]),
+            Response::Checkpoint(Checkpoint {
+                capsule: c,
+                size: 10,
+                root: [3; 32],
+                heads: vec![name(1), name(2)],
+                time_ms: 1_700_000_000_000,
+                server: server.public(),
+                sig: server.sign(b"x", b"y"),
+            }),
+            Response::Inclusion {
+                index: 4,
+                path: vec![[1; 32], [2; 32]],
+            },
+            Response::Consistency(vec![]),
+            Response::Session(SessionId(12)),
+            Response::RecordProof {
+                proof_id: 0,
+                proof: record_proof(3, true),
+            },
+            Response::RecordProof {
+                proof_id: 9,
+                proof: record_proof(1, false),
+            },
+            Response::SubrecordProof {
+                proof_id: 2,
+                proof: SubrecordProof {
+                    index: 3,
+                    count: 7,
+                    path: vec![[4; 32]; 3],
+                    record: Some(record_proof(2, true)),
+                },
+            },
+            Response::SubrecordProof {
+                proof_id: 2,
+                proof: SubrecordProof {
+                    index: 0,
+                    count: 1,
+                    path: vec![],
+                    record: None,
+                },
+            },
+            Response::Sync(None),
+        ];
+        for kind in [
+            AckKind::Created,
+            AckKind::Wrote(vec![name(1), name(2)]),
+            AckKind::Signed(name(3)),
+        ] {
+            out.push(Response::Ack(Ack {
+                capsule: c,
+                kind,
+                log_size: 5,
+                server: server.public(),
+                sig: server.sign(b"a", b"b"),
+            }));
+        }
+        for e in errors() {
+            out.push(Response::Error(WireError::from(&e)));
+        }
+        out.extend(sync_msgs().into_iter().map(|m| Response::Sync(Some(m))));
+        out
+    }
+
+    fn errors() -> Vec<Error> {
+        vec![
+            Error::NotFound("a".into()),
+            Error::Decode("b".into()),
+            Error::Corrupt("c".into()),
+            Error::InvalidInput("d".into()),
+            Error::GuardMismatch("e".into()),
+            Error::TypeMismatch("f".into()),
+            Error::AlreadyExists("g".into()),
+            Error::Conflict("h".into()),
+            Error::Rejected("i".into()),
+            Error::Unavailable("j".into()),
+            Error::io("k", std::io::Error::other("l")),
+        ]
+    }
+
+    /// Round trip, then strictness: every proper prefix, a trailing byte, another version.
+    fn check<T: PartialEq + std::fmt::Debug>(
+        v: &T,
+        to: impl Fn(&T) -> Vec<u8>,
+        from: impl Fn(&[u8]) -> Result<T>,
+    ) {
+        let bytes = to(v);
+        assert_eq!(&from(&bytes).unwrap(), v);
+        assert_eq!(to(&from(&bytes).unwrap()), bytes);
+        for cut in 0..bytes.len() {
+            assert!(from(&bytes[..cut]).is_err(), "{v:?} cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(from(&long).is_err(), "{v:?} with a trailing byte");
+        let mut other = bytes.clone();
+        other[0] = 2;
+        assert!(from(&other).is_err(), "{v:?} as version 2");
+    }
+
+    #[test]
+    fn every_variant_round_trips_strictly() {
+        for m in sync_msgs() {
+            check(&m, SyncMsg::to_bytes, SyncMsg::from_bytes);
+        }
+        let reqs = requests();
+        let tags: std::collections::HashSet<&str> = reqs.iter().map(Request::op).collect();
+        assert_eq!(tags.len(), 19, "every request kind is exercised");
+        for r in &reqs {
+            check(r, Request::to_bytes, Request::from_bytes);
+            // The generic encoder agrees with the borrowed fast paths.
+            let mut e = Encoder::new();
+            r.encode(&mut e);
+            assert_eq!(e.finish(), r.to_bytes());
+        }
+        let resps = responses();
+        let kinds: std::collections::HashSet<&str> = resps.iter().map(Response::kind).collect();
+        assert_eq!(kinds.len(), 16, "every response kind is exercised");
+        for r in &resps {
+            check(r, Response::to_bytes, Response::from_bytes);
+        }
+    }
+
+    #[test]
+    fn unknown_tags_and_hostile_lengths() {
+        for tag in [19u8, 100, 255] {
+            assert!(Request::from_bytes(&[WIRE_VERSION, tag]).is_err());
+        }
+        for tag in [16u8, 200] {
+            assert!(Response::from_bytes(&[WIRE_VERSION, tag]).is_err());
+        }
+        assert!(SyncMsg::from_bytes(&[SYNC_VERSION, 9]).is_err());
+        assert!(Response::from_bytes(&[WIRE_VERSION, RESP_ERROR, 0, 0]).is_err());
+        assert!(Response::from_bytes(&[WIRE_VERSION, RESP_ERROR, 12, 0]).is_err());
+        assert!(Response::from_bytes(&[WIRE_VERSION, RESP_SYNC, 2]).is_err());
+        assert!(Request::from_bytes(&[WIRE_VERSION, REQ_PROVE_SUB]).is_err());
+        // A list announcing 2^62 records, 2^20 names, a 2^40-byte message: refused from
+        // the length alone.
+        let mut e = Encoder::new();
+        e.u8(WIRE_VERSION)
+            .u8(REQ_WRITE)
+            .hash(capsule().hash())
+            .varint(1 << 62);
+        assert!(Request::from_bytes(&e.finish()).is_err());
+        let mut e = Encoder::new();
+        e.u8(WIRE_VERSION).u8(RESP_CAPSULES).varint(1 << 20);
+        assert!(Response::from_bytes(&e.finish()).is_err());
+        let mut e = Encoder::new();
+        e.u8(WIRE_VERSION).u8(RESP_ERROR).u8(1).varint(1 << 40);
+        assert!(Response::from_bytes(&e.finish()).is_err());
+        // Over a cap even when the bytes are there: 129 path digests.
+        let mut e = Encoder::new();
+        e.u8(WIRE_VERSION).u8(RESP_CONSISTENCY);
+        enc_digests(&mut e, &[[0; 32]; MAX_PATH + 1]);
+        assert!(Response::from_bytes(&e.finish()).is_err());
+        // A non-canonical embedded value (duplicate backpointer) is refused.
+        let mut bad = header(1, 2, None, &[3]);
+        bad.backpointers.push(bad.backpointers[0]);
+        let mut e = Encoder::new();
+        e.u8(WIRE_VERSION)
+            .u8(RESP_RECORD)
+            .bytes(&bad.encode())
+            .bytes(&[]);
+        assert!(Response::from_bytes(&e.finish()).is_err());
+    }
+
+    #[test]
+    fn errors_keep_their_kind() {
+        for e in errors() {
+            let shown = e.to_string();
+            let w = WireError::from(&e);
+            let back = Response::from_bytes(&Response::Error(w).to_bytes())
+                .unwrap()
+                .into_result()
+                .unwrap_err();
+            assert_eq!(
+                std::mem::discriminant(&back),
+                std::mem::discriminant(&e),
+                "{e}"
+            );
+            if !matches!(e, Error::Io { .. }) {
+                assert_eq!(back.to_string(), shown);
+            } else {
+                assert!(back.to_string().contains("k: l"), "{back}");
+            }
+        }
+        // Long messages are cut at a character boundary, and still decode.
+        let long = "é".repeat(MAX_MESSAGE);
+        let w = WireError::new(ErrorCode::Rejected, long);
+        assert!(w.message.len() <= MAX_MESSAGE);
+        let r = Response::Error(w.clone());
+        assert_eq!(Response::from_bytes(&r.to_bytes()).unwrap(), r);
+        let raw = Response::Error(WireError {
+            code: ErrorCode::Corrupt,
+            message: "x".repeat(MAX_MESSAGE + 5),
+        });
+        assert!(Response::from_bytes(&raw.to_bytes()).is_ok());
+    }
+
+    fn arb_hash() -> impl Strategy<Value = Hash> {
+        (any::<bool>(), any::<[u8; 32]>()).prop_map(|(sha, d)| {
+            Hash::new(
+                if sha {
+                    HashAlgo::Sha256
+                } else {
+                    HashAlgo::Blake3
+                },
+                d,
+            )
+        })
+    }
+
+    fn arb_header() -> impl Strategy<Value = RecordHeader> {
+        (
+            any::<u8>(),
+            any::<u8>(),
+            proptest::option::of(1u64..1000),
+            proptest::collection::vec(any::<u8>(), 0..4),
+        )
+            .prop_map(|(c, b, s, bps)| header(c, b, s, &bps))
+    }
+
+    fn arb_names() -> impl Strategy<Value = Vec<RecordName>> {
+        proptest::collection::vec(any::<[u8; 32]>().prop_map(|d| RecordName(h(d))), 0..4)
+    }
+
+    fn arb_sync_record() -> impl Strategy<Value = SyncRecord> {
+        (
+            arb_header(),
+            proptest::option::of(proptest::collection::vec(
+                proptest::collection::vec(any::<u8>(), 0..8),
+                0..4,
+            )),
+            proptest::collection::vec(any::<u8>(), 0..32),
+            proptest::option::of((any::<u32>(), any::<u8>())),
+        )
+            .prop_map(|(header, subs, plain, sig)| SyncRecord {
+                header,
+                body: match subs {
+                    Some(s) => SyncBody::Subrecords(s),
+                    None => SyncBody::Plain(plain),
+                },
+                signature: sig.map(|(w, s)| ws(w, s)),
+            })
+    }
+
+    fn arb_sync() -> impl Strategy<Value = SyncMsg> {
+        prop_oneof![
+            (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(c, q, n)| {
+                SyncMsg::Hello {
+                    capsule: CapsuleName(h(c)),
+                    quick: q,
+                    count: n,
+                }
+            }),
+            Just(SyncMsg::InSync),
+            Just(SyncMsg::More),
+            Just(SyncMsg::SendNames),
+            Just(SyncMsg::Done),
+            proptest::collection::vec(
+                (any::<[u8; 32]>(), any::<u64>(), any::<i64>())
+                    .prop_map(|(sum, check, count)| { CodedSymbol { sum, check, count } }),
+                0..5
+            )
+            .prop_map(SyncMsg::Symbols),
+            arb_names().prop_map(SyncMsg::Names),
+            (
+                proptest::collection::vec(arb_sync_record(), 0..3),
+                arb_names(),
+                arb_names(),
+                arb_names(),
+                arb_names()
+            )
+                .prop_map(|(records, want, heads, roots, missing)| SyncMsg::Exchange {
+                    records,
+                    want,
+                    heads,
+                    roots,
+                    missing,
+                }),
+            (
+                proptest::collection::vec(arb_sync_record(), 0..3),
+                arb_names(),
+                arb_names(),
+                arb_names()
+            )
+                .prop_map(|(records, heads, roots, missing)| SyncMsg::Patch {
+                    records,
+                    heads,
+                    roots,
+                    missing,
+                }),
+        ]
+    }
+
+    fn arb_request() -> impl Strategy<Value = Request> {
+        let c = any::<[u8; 32]>().prop_map(|d| CapsuleName(h(d)));
+        let sess = proptest::option::of(any::<u64>().prop_map(SessionId));
+        prop_oneof![
+            Just(Request::ServerKey),
+            Just(Request::ListCapsules),
+            (
+                any::<u8>(),
+                "\\PC{0,12}",
+                proptest::collection::btree_map("[a-z]{0,4}", "\\PC{0,4}", 0..3)
+            )
+                .prop_map(|(s, d, set)| Request::Create {
+                    meta: meta(s, d, set)
+                }),
+            (
+                c.clone(),
+                proptest::collection::vec(
+                    (arb_header(), proptest::collection::vec(any::<u8>(), 0..40)),
+                    0..3
+                ),
+                proptest::collection::vec((any::<[u8; 32]>(), any::<u32>(), any::<u8>()), 0..3)
+            )
+                .prop_map(|(capsule, rs, sigs)| Request::Write {
+                    capsule,
+                    records: rs
+                        .into_iter()
+                        .map(|(header, body)| Record { header, body })
+                        .collect(),
+                    signatures: sigs
+                        .into_iter()
+                        .map(|(n, w, s)| (RecordName(h(n)), ws(w, s)))
+                        .collect(),
+                }),
+            (c.clone(), any::<[u8; 32]>(), any::<u32>(), any::<u8>()).prop_map(
+                |(capsule, n, w, s)| Request::Sign {
+                    capsule,
+                    name: RecordName(h(n)),
+                    sig: ws(w, s),
+                }
+            ),
+            (c.clone(), arb_hash()).prop_map(|(capsule, n)| Request::Read {
+                capsule,
+                name: RecordName(n),
+            }),
+            (c.clone(), arb_hash())
+                .prop_map(|(capsule, sub)| Request::ReadSubrecord { capsule, sub }),
+            (
+                c.clone(),
+                arb_header(),
+                proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..8), 0..4),
+                proptest::option::of((any::<u32>(), any::<u8>()))
+            )
+                .prop_map(|(capsule, header, subrecords, sig)| {
+                    Request::CommitSubrecords {
+                        capsule,
+                        header,
+                        subrecords,
+                        sig: sig.map(|(w, s)| ws(w, s)),
+                    }
+                }),
+            (c.clone(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(capsule, n, size)| {
+                Request::LogInclusion {
+                    capsule,
+                    name: RecordName(h(n)),
+                    size,
+                }
+            }),
+            (c.clone(), any::<u64>(), any::<u64>()).prop_map(|(capsule, first, second)| {
+                Request::LogConsistency {
+                    capsule,
+                    first,
+                    second,
+                }
+            }),
+            (
+                c.clone(),
+                proptest::option::of(1u32..=CachePolicy::MAX_CAPACITY),
+                proptest::collection::vec(arb_hash(), 0..4)
+            )
+                .prop_map(|(capsule, cap, cached)| Request::OpenSession {
+                    capsule,
+                    policy: cap.map_or(CachePolicy::Off, |capacity| CachePolicy::Lru { capacity }),
+                    cached,
+                }),
+            any::<u64>().prop_map(|s| Request::CloseSession {
+                session: SessionId(s)
+            }),
+            (c.clone(), any::<[u8; 32]>(), sess.clone()).prop_map(|(capsule, n, session)| {
+                Request::Prove {
+                    capsule,
+                    name: RecordName(h(n)),
+                    session,
+                }
+            }),
+            (c.clone(), arb_hash(), sess).prop_map(|(capsule, sub, session)| {
+                Request::ProveSubrecord {
+                    capsule,
+                    sub,
+                    session,
+                }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(s, proof_id)| Request::Ack {
+                session: SessionId(s),
+                proof_id,
+            }),
+            (c, any::<u8>(), arb_sync()).prop_map(|(capsule, k, msg)| Request::Sync {
+                capsule,
+                peer: key(k).public(),
+                msg,
+            }),
+        ]
+    }
+
+    fn arb_response() -> impl Strategy<Value = Response> {
+        let digests = |n| proptest::collection::vec(any::<[u8; 32]>(), 0..n);
+        prop_oneof![
+            (1u8..=11, "\\PC{0,20}").prop_map(|(code, m)| Response::Error(WireError::new(
+                ErrorCode::from_u8(code).unwrap_or(ErrorCode::Io),
+                m
+            ))),
+            Just(Response::Unit),
+            (arb_header(), proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(|(header, body)| Response::Record(Record { header, body })),
+            proptest::collection::vec(any::<u8>(), 0..40).prop_map(Response::Subrecord),
+            proptest::collection::vec(arb_hash(), 0..4).prop_map(Response::SubrecordNames),
+            (any::<u64>(), digests(8))
+                .prop_map(|(index, path)| Response::Inclusion { index, path }),
+            digests(8).prop_map(Response::Consistency),
+            (any::<u64>(), 1u8..5, any::<bool>()).prop_map(|(proof_id, n, s)| {
+                Response::RecordProof {
+                    proof_id,
+                    proof: record_proof(n, s),
+                }
+            }),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                digests(8),
+                proptest::option::of((1u8..4, any::<bool>()))
+            )
+                .prop_map(|(proof_id, index, count, path, rp)| {
+                    Response::SubrecordProof {
+                        proof_id,
+                        proof: SubrecordProof {
+                            index,
+                            count,
+                            path,
+                            record: rp.map(|(n, s)| record_proof(n, s)),
+                        },
+                    }
+                }),
+            (any::<[u8; 32]>(), any::<u64>(), arb_names(), any::<u64>()).prop_map(
+                |(c, size, heads, log_size)| {
+                    let k = key(3);
+                    if size.is_multiple_of(2) {
+                        Response::Checkpoint(Checkpoint {
+                            capsule: CapsuleName(h(c)),
+                            size,
+                            root: c,
+                            heads,
+                            time_ms: log_size,
+                            server: k.public(),
+                            sig: k.sign(b"c", &c),
+                        })
+                    } else {
+                        Response::Ack(Ack {
+                            capsule: CapsuleName(h(c)),
+                            kind: AckKind::Wrote(heads),
+                            log_size,
+                            server: k.public(),
+                            sig: k.sign(b"a", &c),
+                        })
+                    }
+                }
+            ),
+            proptest::option::of(arb_sync()).prop_map(Response::Sync),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(r in arb_request()) {
+            let b = r.to_bytes();
+            prop_assert_eq!(&Request::from_bytes(&b).unwrap(), &r);
+            let mut e = Encoder::new();
+            r.encode(&mut e);
+            prop_assert_eq!(e.finish(), b);
+        }
+
+        #[test]
+        fn responses_round_trip(r in arb_response()) {
+            let b = r.to_bytes();
+            prop_assert_eq!(&Response::from_bytes(&b).unwrap(), &r);
+        }
+
+        #[test]
+        fn sync_msgs_round_trip(m in arb_sync()) {
+            let b = m.to_bytes();
+            prop_assert_eq!(&SyncMsg::from_bytes(&b).unwrap(), &m);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            for b in [&bytes[..], &[&[WIRE_VERSION][..], &bytes].concat()] {
+                if let Ok(r) = Request::from_bytes(b) {
+                    prop_assert_eq!(r.to_bytes(), b);
+                }
+                if let Ok(r) = Response::from_bytes(b) {
+                    prop_assert_eq!(r.to_bytes(), b);
+                }
+                if let Ok(m) = SyncMsg::from_bytes(b) {
+                    prop_assert_eq!(m.to_bytes(), b);
+                }
+            }
+        }
+    }
+}
