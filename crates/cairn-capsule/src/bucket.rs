@@ -330,7 +330,14 @@ impl Bucket {
         };
         let meta = match (capsule, &writer) {
             (Some(c), _) => {
-                let meta = server.metadata(&c)?;
+                // Read the metadata chunk alone (named by the capsule name), so read-only
+                // opens never replay the capsule's journal.
+                let bytes = store.get(c.hash())?.ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "metadata of capsule {c} (bucket {bucket}) is missing"
+                    ))
+                })?;
+                let meta = CapsuleMetadata::decode(&bytes)?;
                 if meta.name() != c {
                     return Err(Error::corrupt(format!(
                         "metadata of capsule {c} (bucket {bucket}) does not hash to its name"
@@ -453,7 +460,9 @@ impl Bucket {
             let sig = c.writer.sign(&last);
             drop(c);
             let records: Vec<Record> = group.iter().map(|q| q.record.clone()).collect();
-            let result = self.server.write(&capsule, &records, &[(last, sig)]);
+            let result = self
+                .server
+                .write_unacked(&capsule, &records, &[(last, sig)], true);
             if result.is_ok()
                 && let Some(index) = self.index.lock().as_mut()
             {

@@ -526,12 +526,32 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 pb.set_position(done);
             })?;
             pb.finish_and_clear();
-            if report.is_intact() {
+            // The bucket's capsule: every record header re-hashed, every signature checked.
+            let audit = match bucket.capsule() {
+                Some(c) if key.is_none() => Some(bucket.server().audit(&c)),
+                _ => None,
+            };
+            if let Some(Err(e)) = &audit {
+                eprintln!("damaged: capsule of bucket {}: {e}", bucket.name());
+            }
+            if report.is_intact() && !matches!(audit, Some(Err(_))) {
                 writeln!(
                     out,
                     "intact: {} keys, {} versions, {} chunks re-hashed",
                     report.keys, report.versions, report.chunks
                 )?;
+                if let Some(Ok((records, sigs))) = audit {
+                    writeln!(
+                        out,
+                        "capsule of bucket {}: {records} records, {sigs} writer signatures re-verified",
+                        bucket.name()
+                    )?;
+                }
+            } else if report.is_intact() {
+                bail!(Error::corrupt(format!(
+                    "the capsule of bucket {} is damaged",
+                    bucket.name()
+                )));
             } else {
                 for d in &report.damage {
                     eprintln!("damaged: {d}");
