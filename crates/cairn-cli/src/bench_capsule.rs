@@ -22,8 +22,9 @@
 //! - `merkle`: the per-capsule Merkle log's inclusion and consistency proofs (size and
 //!   verify time) at growing log sizes.
 //!
-//! The client/server boundary is [`Conn`]: [`Local`] calls the server directly;
-//! the TCP transport (when built) sends the same requests over loopback.
+//! The client/server boundary is [`Conn`], carrying `cairn_capsule::wire` requests: [`Local`]
+//! dispatches them to the server directly; [`Tcp`] encodes them and sends them pipelined
+//! over a loopback connection to `wire::serve_tcp`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -32,13 +33,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use cairn_capsule::merkle::{self, Digest, MerkleLog};
-use cairn_capsule::server::Issued;
+use cairn_capsule::wire::{self, RemoteCapsule, Request, Response};
 use cairn_capsule::{
     Ack, AckKind, BodyKey, CachePolicy, CapsuleDag, CapsuleMetadata, CapsuleName, CapsuleServer,
-    Checkpoint, Reader, Record, RecordHeader, RecordName, RecordProof, ServerOptions, SessionId,
-    SubrecordProof, WriterSignature,
+    Reader, Record, RecordName, ServerOptions, SessionId,
 };
 use cairn_core::{Hash, HashAlgo, PublicKey, SigningKey};
+use cairn_net::ServerHandle;
 use cairn_store::{Durability, LogStore, LogStoreOptions, Store};
 use clap::{Args, ValueEnum};
 use rand::rngs::SmallRng;
@@ -76,6 +77,9 @@ pub enum Api {
 pub enum Transport {
     /// Direct calls into the server, in this process.
     Inproc,
+    /// The server on its own threads behind `wire::serve_tcp`, each client on its own
+    /// loopback connection, requests encoded and pipelined.
+    Tcp,
 }
 
 /// Options of `cairn bench capsule`.
@@ -160,194 +164,55 @@ const CACHE_CAPACITY: u32 = 100_000;
 // ---------------------------------------------------------------------------------------
 // The client/server boundary.
 
-/// A request a benchmark client sends to a capsule server.
-pub enum Req {
-    /// Create(metadata).
-    Create(CapsuleMetadata),
-    /// Write(records) with signatures.
-    Write {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Records.
-        records: Vec<Record>,
-        /// Writer signatures on records of this batch or already stored.
-        sigs: Vec<(RecordName, WriterSignature)>,
-    },
-    /// Commit(subrecords) of the subrecord API.
-    Commit {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// The record header carrying the subrecord root.
-        header: RecordHeader,
-        /// Sealed subrecords.
-        subs: Vec<Vec<u8>>,
-        /// The writer's signature on the record.
-        sig: Option<WriterSignature>,
-    },
-    /// Read(record name).
-    Read {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Record.
-        name: RecordName,
-    },
-    /// Read(subrecord name).
-    ReadSub {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Subrecord.
-        sub: Hash,
-    },
-    /// Prove(record name), within a session or not.
-    Prove {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Record.
-        name: RecordName,
-        /// Reader session (mirrored cache).
-        session: Option<SessionId>,
-    },
-    /// Prove(subrecord name).
-    ProveSub {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Subrecord.
-        sub: Hash,
-        /// Reader session (mirrored cache).
-        session: Option<SessionId>,
-    },
-    /// Opens a reader session with a mirrored cache.
-    Open {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// The reader's cache policy.
-        policy: CachePolicy,
-    },
-    /// A reader's ack of a verified proof.
-    AckProof {
-        /// Session.
-        session: SessionId,
-        /// The proof's id.
-        proof_id: u64,
-    },
-    /// QueryFresh(): a signed checkpoint.
-    Fresh {
-        /// Capsule.
-        capsule: CapsuleName,
-    },
-    /// A Merkle-log inclusion proof.
-    Inclusion {
-        /// Capsule.
-        capsule: CapsuleName,
-        /// Record.
-        name: RecordName,
-        /// Log size the proof is for.
-        size: u64,
-    },
-}
-
-/// A server's answer to one [`Req`].
-pub enum Resp {
-    /// A signed acknowledgment.
-    Ack(Ack),
-    /// A record.
-    Record(Record),
-    /// Subrecord bytes.
-    Bytes(Vec<u8>),
-    /// A record proof and its id.
-    Proof(Issued<RecordProof>),
-    /// A subrecord proof and its id.
-    SubProof(Issued<SubrecordProof>),
-    /// A new session.
-    Session(SessionId),
-    /// A request with no result succeeded.
-    Done,
-    /// A signed checkpoint.
-    Checkpoint(Checkpoint),
-    /// Leaf index and audit path.
-    Inclusion(u64, Vec<Digest>),
-}
-
-impl Resp {
-    fn kind(&self) -> &'static str {
-        match self {
-            Resp::Ack(_) => "ack",
-            Resp::Record(_) => "record",
-            Resp::Bytes(_) => "bytes",
-            Resp::Proof(_) => "proof",
-            Resp::SubProof(_) => "subrecord proof",
-            Resp::Session(_) => "session",
-            Resp::Done => "done",
-            Resp::Checkpoint(_) => "checkpoint",
-            Resp::Inclusion(..) => "inclusion proof",
-        }
+/// The name of a response's kind, for error messages.
+fn kind(r: &Response) -> &'static str {
+    match r {
+        Response::Error(_) => "error",
+        Response::Unit => "unit",
+        Response::Ack(_) => "ack",
+        Response::Record(_) => "record",
+        Response::Subrecord(_) => "subrecord",
+        Response::RecordProof { .. } => "record proof",
+        Response::SubrecordProof { .. } => "subrecord proof",
+        Response::Session(_) => "session",
+        Response::Checkpoint(_) => "checkpoint",
+        Response::Inclusion { .. } => "inclusion proof",
+        _ => "other",
     }
 }
 
-/// One client's connection to a capsule server: sends a batch of requests (pipelined when
-/// the transport allows) and returns one response per request, in order. Any error aborts
-/// the benchmark.
+/// One client's connection to a capsule server: sends a batch of [`Request`]s (pipelined
+/// over TCP) and returns one response per request, in order. Any error, local or
+/// remote, aborts the benchmark.
 pub trait Conn: Send {
     /// Sends `reqs` and returns their responses in order.
-    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>>;
+    fn call(&mut self, reqs: Vec<Request>) -> Result<Vec<Response>>;
 }
 
-/// In-process transport: direct calls into a shared [`CapsuleServer`].
+/// In-process transport: each request is a direct call into a shared [`CapsuleServer`]
+/// ([`wire::dispatch`], no encoding).
 pub struct Local(pub Arc<CapsuleServer>);
 
-impl Local {
-    fn one(&self, r: Req) -> cairn_core::Result<Resp> {
-        let s = &self.0;
-        Ok(match r {
-            Req::Create(meta) => Resp::Ack(s.create(&meta)?),
-            Req::Write {
-                capsule,
-                records,
-                sigs,
-            } => Resp::Ack(s.write(&capsule, &records, &sigs)?),
-            Req::Commit {
-                capsule,
-                header,
-                subs,
-                sig,
-            } => Resp::Ack(s.commit_subrecords(&capsule, &header, &subs, sig)?),
-            Req::Read { capsule, name } => Resp::Record(s.read(&capsule, &name)?),
-            Req::ReadSub { capsule, sub } => Resp::Bytes(s.read_subrecord(&capsule, &sub)?),
-            Req::Prove {
-                capsule,
-                name,
-                session,
-            } => Resp::Proof(s.prove(&capsule, &name, session)?),
-            Req::ProveSub {
-                capsule,
-                sub,
-                session,
-            } => Resp::SubProof(s.prove_subrecord(&capsule, &sub, session)?),
-            Req::Open { capsule, policy } => {
-                Resp::Session(s.open_session(&capsule, policy, &[])?)
-            }
-            Req::AckProof { session, proof_id } => {
-                s.ack(session, proof_id)?;
-                Resp::Done
-            }
-            Req::Fresh { capsule } => Resp::Checkpoint(s.query_fresh(&capsule)?),
-            Req::Inclusion {
-                capsule,
-                name,
-                size,
-            } => {
-                let (i, p) = s.log_inclusion(&capsule, &name, size)?;
-                Resp::Inclusion(i, p)
-            }
-        })
+impl Conn for Local {
+    fn call(&mut self, reqs: Vec<Request>) -> Result<Vec<Response>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            out.push(wire::dispatch(&self.0, r).into_result()?);
+        }
+        Ok(out)
     }
 }
 
-impl Conn for Local {
-    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>> {
+/// Loopback TCP transport: the requests of one call are encoded and sent pipelined on one
+/// connection ([`RemoteCapsule::call_batch`]); the server (`wire::serve_tcp`) answers them
+/// in order.
+pub struct Tcp(pub RemoteCapsule);
+
+impl Conn for Tcp {
+    fn call(&mut self, reqs: Vec<Request>) -> Result<Vec<Response>> {
         let mut out = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            out.push(self.one(r)?);
+        for r in self.0.call_batch(&reqs)? {
+            out.push(r?);
         }
         Ok(out)
     }
@@ -358,6 +223,7 @@ struct Backend {
     server: Arc<CapsuleServer>,
     log: Arc<LogStore>,
     transport: Transport,
+    tcp: Option<ServerHandle>,
     dir: PathBuf,
 }
 
@@ -378,10 +244,15 @@ impl Backend {
             SigningKey::generate()?,
             ServerOptions::default(),
         ));
+        let tcp = match transport {
+            Transport::Inproc => None,
+            Transport::Tcp => Some(wire::serve_tcp(server.clone(), "127.0.0.1:0")?),
+        };
         Ok(Backend {
             server,
             log,
             transport,
+            tcp,
             dir: dir.to_path_buf(),
         })
     }
@@ -389,6 +260,14 @@ impl Backend {
     fn connect(&self) -> Result<Box<dyn Conn>> {
         match self.transport {
             Transport::Inproc => Ok(Box::new(Local(self.server.clone()))),
+            Transport::Tcp => {
+                let addr = self
+                    .tcp
+                    .as_ref()
+                    .context("no TCP server running")?
+                    .local_addr();
+                Ok(Box::new(Tcp(RemoteCapsule::connect(addr)?)))
+            }
         }
     }
 
@@ -399,6 +278,9 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
+        if let Some(h) = self.tcp.take() {
+            h.shutdown();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -426,13 +308,18 @@ struct Client {
     written: Vec<RecordName>,
 }
 
-fn expect_ack(r: Resp, server: &PublicKey, capsule: &CapsuleName, want: &AckKind) -> Result<Ack> {
+fn expect_ack(
+    r: Response,
+    server: &PublicKey,
+    capsule: &CapsuleName,
+    want: &AckKind,
+) -> Result<Ack> {
     match r {
-        Resp::Ack(a) => {
+        Response::Ack(a) => {
             a.verify(server, capsule, want)?;
             Ok(a)
         }
-        other => bail!("expected an ack, got a {}", other.kind()),
+        other => bail!("expected an ack, got a {}", kind(&other)),
     }
 }
 
@@ -461,16 +348,20 @@ impl Client {
             unacked: Vec::new(),
             written: Vec::new(),
         };
-        let mut reqs = vec![Req::Create(meta)];
+        let mut reqs = vec![Request::Create { meta }];
         if cache {
-            reqs.push(Req::Open { capsule, policy });
+            reqs.push(Request::OpenSession {
+                capsule,
+                policy,
+                cached: Vec::new(),
+            });
         }
         let mut resps = c.conn.call(reqs)?.into_iter();
         let first = resps.next().context("no response to create")?;
         expect_ack(first, &c.server, &capsule, &AckKind::Created)?;
         if cache {
             match resps.next() {
-                Some(Resp::Session(id)) => c.session = Some(id),
+                Some(Response::Session(id)) => c.session = Some(id),
                 _ => bail!("no session from the server"),
             }
         }
@@ -478,25 +369,29 @@ impl Client {
     }
 
     /// Requests acking every verified proof not yet acked.
-    fn take_acks(&mut self) -> Vec<Req> {
+    fn take_acks(&mut self) -> Vec<Request> {
         match self.session {
             Some(session) => self
                 .unacked
                 .drain(..)
-                .map(|proof_id| Req::AckProof { session, proof_id })
+                .map(|proof_id| Request::Ack { session, proof_id })
                 .collect(),
             None => Vec::new(),
         }
     }
 
     /// Sends `reqs` after any pending acks and returns the responses to `reqs`.
-    fn call(&mut self, reqs: Vec<Req>) -> Result<Vec<Resp>> {
+    fn call(&mut self, reqs: Vec<Request>) -> Result<Vec<Response>> {
         let mut all = self.take_acks();
         let n_acks = all.len();
         all.extend(reqs);
         let mut resps = self.conn.call(all)?;
         for r in resps.drain(..n_acks) {
-            ensure!(matches!(r, Resp::Done), "ack answered with a {}", r.kind());
+            ensure!(
+                matches!(r, Response::Unit),
+                "ack answered with a {}",
+                kind(&r)
+            );
         }
         Ok(resps)
     }
@@ -529,10 +424,10 @@ impl Client {
                     // `group` is non-empty: chunks() yields no empty slices.
                     let last = names[names.len() - 1];
                     let sig = self.writer.sign(&last);
-                    reqs.push(Req::Write {
+                    reqs.push(Request::Write {
                         capsule: self.capsule,
                         records,
-                        sigs: vec![(last, sig)],
+                        signatures: vec![(last, sig)],
                     });
                     wants.push(AckKind::Wrote(names));
                 }
@@ -542,10 +437,10 @@ impl Client {
                     }
                     let (header, subs, sig) = self.writer.commit_subrecords(&[])?;
                     wants.push(AckKind::Wrote(vec![header.name()]));
-                    reqs.push(Req::Commit {
+                    reqs.push(Request::CommitSubrecords {
                         capsule: self.capsule,
                         header,
-                        subs,
+                        subrecords: subs,
                         sig: Some(sig),
                     });
                 }
@@ -575,35 +470,35 @@ impl Client {
         Ok(())
     }
 
-    fn read_req(&self, it: &Item) -> Req {
+    fn read_req(&self, it: &Item) -> Request {
         match *it {
-            Item::Rec(name) => Req::Read {
+            Item::Rec(name) => Request::Read {
                 capsule: self.capsule,
                 name,
             },
-            Item::Sub(sub) => Req::ReadSub {
+            Item::Sub(sub) => Request::ReadSubrecord {
                 capsule: self.capsule,
                 sub,
             },
         }
     }
 
-    fn open(&self, it: &Item, r: Resp) -> Result<Vec<u8>> {
+    fn open(&self, it: &Item, r: Response) -> Result<Vec<u8>> {
         Ok(match (it, r) {
-            (Item::Rec(name), Resp::Record(rec)) => self.reader.open_record(name, &rec)?,
-            (Item::Sub(sub), Resp::Bytes(b)) => self.reader.open_subrecord(sub, &b)?,
-            (_, other) => bail!("read answered with a {}", other.kind()),
+            (Item::Rec(name), Response::Record(rec)) => self.reader.open_record(name, &rec)?,
+            (Item::Sub(sub), Response::Subrecord(b)) => self.reader.open_subrecord(sub, &b)?,
+            (_, other) => bail!("read answered with a {}", kind(&other)),
         })
     }
 
-    fn prove_req(&self, it: &Item) -> Req {
+    fn prove_req(&self, it: &Item) -> Request {
         match *it {
-            Item::Rec(name) => Req::Prove {
+            Item::Rec(name) => Request::Prove {
                 capsule: self.capsule,
                 name,
                 session: self.session,
             },
-            Item::Sub(sub) => Req::ProveSub {
+            Item::Sub(sub) => Request::ProveSubrecord {
                 capsule: self.capsule,
                 sub,
                 session: self.session,
@@ -614,27 +509,27 @@ impl Client {
     /// Verifies one proof response and queues its ack. With `measure`, also encodes the
     /// proof to learn its size (the encoding is not the client's work: the time it took
     /// is returned so the caller can leave it out).
-    fn check_proof(&mut self, it: &Item, r: Resp, measure: bool) -> Result<(usize, Duration)> {
+    fn check_proof(&mut self, it: &Item, r: Response, measure: bool) -> Result<(usize, Duration)> {
         let (id, size, took) = match (it, r) {
-            (Item::Rec(name), Resp::Proof(p)) => {
-                self.reader.verify_record(name, &p.proof)?;
+            (Item::Rec(name), Response::RecordProof { proof_id, proof }) => {
+                self.reader.verify_record(name, &proof)?;
                 let t = Instant::now();
-                let n = if measure { p.proof.to_bytes().len() } else { 0 };
-                (p.proof_id, n, t.elapsed())
+                let n = if measure { proof.to_bytes().len() } else { 0 };
+                (proof_id, n, t.elapsed())
             }
-            (Item::Sub(sub), Resp::SubProof(p)) => {
-                self.reader.verify_subrecord(sub, &p.proof)?;
+            (Item::Sub(sub), Response::SubrecordProof { proof_id, proof }) => {
+                self.reader.verify_subrecord(sub, &proof)?;
                 let t = Instant::now();
                 let n = if measure {
                     let mut e = cairn_core::Encoder::new();
-                    p.proof.encode(&mut e);
+                    proof.encode(&mut e);
                     e.finish().len()
                 } else {
                     0
                 };
-                (p.proof_id, n, t.elapsed())
+                (proof_id, n, t.elapsed())
             }
-            (_, other) => bail!("prove answered with a {}", other.kind()),
+            (_, other) => bail!("prove answered with a {}", kind(&other)),
         };
         if self.session.is_some() {
             self.unacked.push(id);
@@ -873,7 +768,7 @@ fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
     let mut c = Client::new(backend.connect()?, backend.public_key(), false, "log check")?;
     let data = bodies(1000, 100, 7);
     let items = c.write_all(Api::Flexible, &data, 100)?;
-    let mut reqs = vec![Req::Fresh { capsule: c.capsule }];
+    let mut reqs = vec![Request::QueryFresh { capsule: c.capsule }];
     let names: Vec<RecordName> = items
         .iter()
         .step_by(97)
@@ -883,7 +778,7 @@ fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
         })
         .collect();
     for n in &names {
-        reqs.push(Req::Inclusion {
+        reqs.push(Request::LogInclusion {
             capsule: c.capsule,
             name: *n,
             size: 1000,
@@ -891,13 +786,13 @@ fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
     }
     let mut resps = c.call(reqs)?.into_iter();
     let cp = match resps.next() {
-        Some(Resp::Checkpoint(cp)) => cp,
+        Some(Response::Checkpoint(cp)) => cp,
         _ => bail!("no checkpoint"),
     };
     cp.verify(&c.server)?;
     ensure!(cp.size == 1000, "checkpoint size {}", cp.size);
     for (n, r) in names.iter().zip(resps) {
-        let Resp::Inclusion(index, path) = r else {
+        let Response::Inclusion { index, path } = r else {
             bail!("no inclusion proof");
         };
         merkle::verify_inclusion(
@@ -1041,10 +936,10 @@ fn conc_phase(c: &mut Client, phase: &str, data: &[Vec<u8>]) -> Result<Vec<u32>>
                 } else {
                     Vec::new()
                 };
-                let resp = c.call(vec![Req::Write {
+                let resp = c.call(vec![Request::Write {
                     capsule: c.capsule,
                     records: vec![r],
-                    sigs,
+                    signatures: sigs,
                 }])?;
                 let r = resp.into_iter().next().context("no write response")?;
                 expect_ack(r, &c.server, &c.capsule, &AckKind::Wrote(vec![name]))?;
@@ -1306,10 +1201,10 @@ impl CapsuleKv {
         let wrote: Vec<RecordName> = records.iter().map(Record::name).collect();
         let write = !records.is_empty() || !sigs.is_empty();
         if write {
-            reqs.push(Req::Write {
+            reqs.push(Request::Write {
                 capsule: self.c.capsule,
                 records,
-                sigs,
+                signatures: sigs,
             });
         }
         for (_, name, _) in &gets {
@@ -1654,7 +1549,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let args = CapsuleArgs {
             parts: vec![Part::Seq, Part::Many, Part::Ycsb, Part::Conc, Part::Merkle],
-            transport: vec![Transport::Inproc],
+            transport: vec![Transport::Inproc, Transport::Tcp],
             api: vec![Api::Flexible, Api::Subrecord],
             seq_records: 200,
             per_sig: vec![1, 100],
