@@ -29,10 +29,18 @@ use crate::record::RecordName;
 use crate::riblt::{self, CodedSymbol};
 use crate::server::{CapsuleServer, SyncRecord};
 
-/// Most Lu rounds before a session gives up.
+/// Most Lu rounds that move nothing before a session gives up. A round in which this side
+/// stored a new record, or still has a backlog held back by the message budget, does not
+/// count: records are finite (each is stored once and sent at most once per session), so
+/// such rounds end too.
 pub const MAX_ROUNDS: usize = 64;
+/// Default budget of record bytes per message (see [`SyncState::set_budget`]): far below
+/// the wire protocol's frame limit, so every message fits in a frame.
+pub const SYNC_BUDGET: usize = 16 << 20;
 /// Coded symbols in the first batch.
 const FIRST_BATCH: usize = 32;
+/// Most coded symbols in one batch (about 25 MiB encoded).
+const MAX_SYMBOL_BATCH: usize = 1 << 19;
 
 /// A message between two syncing replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +165,13 @@ pub struct SyncState {
     received: Vec<CodedSymbol>,
     peer_count: u64,
     sent_names: std::collections::HashSet<RecordName>,
+    /// Records chosen for sending but held back by the message budget, by witness hops
+    /// on this side (signed records first), so every record travels after the records
+    /// its proof runs through and the receiver can take it on arrival.
+    backlog: std::collections::BTreeSet<(u32, RecordName)>,
+    budget: usize,
+    /// Rounds that moved nothing, counted against [`MAX_ROUNDS`].
+    limited_rounds: usize,
     report: SyncReport,
     finished: bool,
 }
@@ -191,9 +206,20 @@ impl SyncState {
             received: Vec::new(),
             peer_count: 0,
             sent_names: std::collections::HashSet::new(),
+            backlog: std::collections::BTreeSet::new(),
+            budget: SYNC_BUDGET,
+            limited_rounds: 0,
             report: SyncReport::default(),
             finished: false,
         })
+    }
+
+    /// Sets the budget of record bytes per message (default [`SYNC_BUDGET`]). A message
+    /// carries records until their size reaches the budget (at least one record, so a
+    /// single record larger than the budget still travels); the rest wait for the next
+    /// rounds. Both sides keep exchanging Patches until neither has anything left.
+    pub fn set_budget(&mut self, bytes: usize) {
+        self.budget = bytes.max(1);
     }
 
     /// What the session has done so far.
@@ -241,6 +267,10 @@ impl SyncState {
     }
 
     fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<usize> {
+        // The peer has what it sends: never send it back.
+        for r in records {
+            self.sent_names.insert(r.header.name());
+        }
         let r = server.apply_sync(&self.capsule, records)?;
         self.report.accepted += r.accepted;
         self.report.duplicate += r.duplicate;
@@ -249,15 +279,42 @@ impl SyncState {
         Ok(r.accepted)
     }
 
-    /// Exports `names`, never the same record twice in one session (so a peer that refuses
-    /// what it gets cannot keep the session going forever).
+    /// Queues the proven records among `names` for sending, never the same record twice
+    /// in one session (so a peer that refuses what it gets cannot keep the session going
+    /// forever), then exports queued records up to the message budget, fewest witness
+    /// hops first (a receiver takes a record only once a signature reaches it through
+    /// records it holds or receives with it).
     fn export(&mut self, server: &CapsuleServer, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
         let fresh: Vec<RecordName> = names
             .iter()
             .filter(|n| self.sent_names.insert(**n))
             .copied()
             .collect();
-        let out = server.export(&self.capsule, &fresh)?;
+        if !fresh.is_empty() {
+            let hops: Vec<Option<u32>> = server.with_dag(&self.capsule, |d| {
+                fresh
+                    .iter()
+                    .map(|n| d.witness(n).and_then(|w| w.hops()))
+                    .collect()
+            })?;
+            for (n, h) in fresh.into_iter().zip(hops) {
+                if let Some(h) = h {
+                    self.backlog.insert((h, n));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut size = 0usize;
+        while size < self.budget {
+            let Some((_, n)) = self.backlog.pop_first() else {
+                break;
+            };
+            // Names this side lacks (or cannot prove) export to nothing and cost nothing.
+            for r in server.export(&self.capsule, &[n])? {
+                size = size.saturating_add(wire_size(&r));
+                out.push(r);
+            }
+        }
         self.report.sent += out.len();
         Ok(out)
     }
@@ -346,7 +403,7 @@ impl SyncState {
                 if enc.produced() as usize >= cap {
                     return Err(Error::invalid("peer asked for too many coded symbols"));
                 }
-                let n = (enc.produced() as usize).max(FIRST_BATCH);
+                let n = (enc.produced() as usize).clamp(FIRST_BATCH, MAX_SYMBOL_BATCH);
                 let batch = enc.next_symbols(n);
                 self.report.symbols += batch.len();
                 Ok(Some(SyncMsg::Symbols(batch)))
@@ -419,20 +476,27 @@ impl SyncState {
                 missing,
             } => {
                 self.report.rounds += 1;
-                if self.report.rounds > MAX_ROUNDS {
-                    return Err(Error::Unavailable(format!(
-                        "anti-entropy did not converge in {MAX_ROUNDS} rounds"
-                    )));
-                }
+                let incoming = records.len();
                 let accepted = self.apply(server, &records)?;
+                // A round that moved nothing new either way counts against the limit.
+                if accepted == 0 && self.backlog.is_empty() {
+                    self.limited_rounds += 1;
+                    if self.limited_rounds > MAX_ROUNDS {
+                        return Err(Error::Unavailable(format!(
+                            "anti-entropy did not converge in {MAX_ROUNDS} rounds"
+                        )));
+                    }
+                }
                 let names =
                     server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
-                let records = self.export(server, &names)?;
-                if records.is_empty() && accepted == 0 {
+                let out = self.export(server, &names)?;
+                // Over only when neither side sends anything: a peer with a backlog always
+                // sends records, even ones this side already had.
+                if out.is_empty() && incoming == 0 {
                     self.finish(server)?;
                     return Ok(Some(SyncMsg::Done));
                 }
-                self.patch(server, records).map(Some)
+                self.patch(server, out).map(Some)
             }
             SyncMsg::Done => {
                 self.finish(server)?;
@@ -440,6 +504,19 @@ impl SyncState {
             }
         }
     }
+}
+
+/// Messages [`sync_pair`] and remote sessions exchange before giving up: a safety net
+/// only, since [`MAX_ROUNDS`] and the finite backlog already end every session.
+pub const MAX_STEPS: usize = 1 << 20;
+
+/// Approximate encoded size of a record in a sync message.
+fn wire_size(r: &SyncRecord) -> usize {
+    let body = match &r.body {
+        crate::server::SyncBody::Plain(b) => b.len(),
+        crate::server::SyncBody::Subrecords(subs) => subs.iter().map(|s| s.len() + 5).sum(),
+    };
+    100 + 34 * r.header.backpointers.len() + body + 70
 }
 
 /// Runs a whole session between two servers in memory (tests, the simulator, local
@@ -456,7 +533,7 @@ pub fn sync_pair(
     let mut steps = 0;
     while let Some(m) = msg {
         steps += 1;
-        if steps > 4 * MAX_ROUNDS + 1024 {
+        if steps > MAX_STEPS {
             return Err(Error::Unavailable(
                 "anti-entropy session did not end".into(),
             ));
@@ -465,4 +542,89 @@ pub fn sync_pair(
         to_b = !to_b;
     }
     Ok((sa.report(), sb.report()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cairn_core::{HashAlgo, SigningKey};
+    use cairn_store::{MemoryStore, Store};
+
+    use super::*;
+    use crate::server::ServerOptions;
+    use crate::{BodyKey, CapsuleMetadata, Writer};
+
+    fn server(seed: u8) -> CapsuleServer {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        CapsuleServer::new(
+            store,
+            SigningKey::from_seed(&[seed; 32]),
+            ServerOptions::default(),
+        )
+    }
+
+    /// With a budget of one byte every message carries one record, so the session needs
+    /// far more than MAX_ROUNDS rounds; backlog rounds do not count, and it converges.
+    #[test]
+    fn budget_splits_messages_and_still_converges() {
+        let (a, b) = (server(1), server(2));
+        let wk = SigningKey::from_seed(&[7; 32]);
+        let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "budget");
+        let c = meta.name();
+        a.create(&meta).unwrap();
+        b.create(&meta).unwrap();
+        let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+        let mut all = std::collections::BTreeSet::new();
+        for i in 0..150 {
+            let r = w.record(&[i as u8; 64], &[]).unwrap();
+            let n = r.name();
+            all.insert(n);
+            let sigs = if i % 10 == 9 {
+                vec![(n, w.sign(&n))]
+            } else {
+                vec![]
+            };
+            // 0..20 on both, 20..130 only on A, 130..150 only on B.
+            if i < 130 {
+                a.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+            }
+            if !(20..130).contains(&i) {
+                b.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+            }
+        }
+        let mut sa = SyncState::new(&a, c, b.public_key()).unwrap();
+        let mut sb = SyncState::new(&b, c, a.public_key()).unwrap();
+        sa.set_budget(1);
+        sb.set_budget(1);
+        let mut msg = Some(sa.start(&a).unwrap());
+        let mut to_b = true;
+        let mut most = 0;
+        while let Some(m) = msg {
+            if let SyncMsg::Exchange { records, .. } | SyncMsg::Patch { records, .. } = &m {
+                most = most.max(records.len());
+            }
+            msg = if to_b {
+                sb.handle(&b, m).unwrap()
+            } else {
+                sa.handle(&a, m).unwrap()
+            };
+            to_b = !to_b;
+        }
+        assert_eq!(most, 1, "one record per message");
+        assert!(sa.is_finished() && sb.is_finished());
+        let names = |s: &CapsuleServer| -> std::collections::BTreeSet<RecordName> {
+            s.with_dag(&c, |d| d.order().iter().copied().collect())
+                .unwrap()
+        };
+        assert_eq!(names(&a), all);
+        assert_eq!(names(&b), all);
+        let (ra, rb) = (sa.report(), sb.report());
+        assert!(ra.rounds + rb.rounds > MAX_ROUNDS, "{ra:?} {rb:?}");
+        assert_eq!(ra.accepted + rb.accepted, 130, "{ra:?} {rb:?}");
+        assert_eq!(ra.unproven + rb.unproven, 0, "{ra:?} {rb:?}");
+        // Lu's walk re-sends a few shared ancestors; nothing is echoed back.
+        assert!(ra.sent + rb.sent <= 130 + 40, "{ra:?} {rb:?}");
+        assert!(sync_pair(&a, &b, &c).unwrap().0.quick_match);
+    }
 }

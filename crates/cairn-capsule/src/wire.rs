@@ -45,7 +45,7 @@ use crate::server::{
     Ack, AckKind, CapsuleServer, Checkpoint, Issued, MAX_SUBRECORDS, SessionId, SyncBody,
     SyncRecord,
 };
-use crate::sync::{MAX_ROUNDS, SyncMsg, SyncReport, SyncState};
+use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
 
 /// Format version of encoded [`Request`]s and [`Response`]s.
 pub const WIRE_VERSION: u8 = 1;
@@ -1851,7 +1851,7 @@ impl RemoteCapsule {
         let me = local.public_key();
         let mut st = SyncState::new(local, *capsule, remote)?;
         let mut msg = st.start(local)?;
-        for _ in 0..(4 * MAX_ROUNDS + 1024) {
+        for _ in 0..MAX_STEPS {
             let Some(reply) = self.sync_message(capsule, me, msg)? else {
                 return Ok(st.report());
             };
