@@ -26,19 +26,15 @@ use crate::format;
 #[derive(Parser, Debug)]
 #[command(name = "cairn", version, about, long_about = None)]
 pub struct Cli {
-    /// Data directory of the embedded store (created on first use).
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_DATA",
-        default_value = "./cairn-data"
-    )]
-    pub data: PathBuf,
+    /// Data directory of the embedded store, created on first use [default: ./cairn-data,
+    /// or the config file's for `serve`].
+    #[arg(long, global = true, env = "CAIRN_DATA")]
+    pub data: Option<PathBuf>,
     /// Durability of writes: fsync (sync each write), group (group commit, the default:
     /// same guarantee, syncs shared by concurrent writers), buffered (no sync: survives a
     /// process crash, not power loss).
-    #[arg(long, global = true, env = "CAIRN_DURABILITY", default_value = "group")]
-    pub durability: Durability,
+    #[arg(long, global = true, env = "CAIRN_DURABILITY")]
+    pub durability: Option<Durability>,
     /// Hash algorithm for a new store (blake3 or sha256); an existing store keeps its own.
     #[arg(long, global = true, default_value = "blake3")]
     pub hash: HashAlgo,
@@ -205,8 +201,27 @@ pub enum Command {
     },
     /// A guided tour: writes, forks, edits, merges and verifies a few objects.
     Demo,
+    /// Run a node: the native HTTP API and a drop-in Gaia hub over this data directory.
+    Serve(ServeArgs),
     /// Benchmarks (see docs/benchmarks.md).
     Bench(crate::bench::BenchArgs),
+}
+
+/// `cairn serve`: flags and their environment variables override the config file.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// TOML config file (see docs/node.md); flags and environment variables override it.
+    #[arg(long, env = "CAIRN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:3000].
+    #[arg(long, env = "CAIRN_LISTEN")]
+    pub listen: Option<String>,
+    /// Largest upload accepted, in bytes [default: 5 GiB].
+    #[arg(long, env = "CAIRN_MAX_UPLOAD_BYTES")]
+    pub max_upload_bytes: Option<u64>,
+    /// Log format on stderr: text or json [default: text]. Filter with RUST_LOG.
+    #[arg(long, env = "CAIRN_LOG_FORMAT")]
+    pub log_format: Option<cairn_node::config::LogFormat>,
 }
 
 /// `cairn put`.
@@ -324,7 +339,6 @@ pub struct MergeArgs {
     pub resolve: BuiltinResolver,
 }
 
-/// Opens (or creates) the embedded store at `dir`.
 /// Opens (or creates) the embedded store at `dir`, waiting up to `lock_timeout` seconds
 /// while another process has it open.
 pub fn open_store(
@@ -333,29 +347,17 @@ pub fn open_store(
     algo: HashAlgo,
     lock_timeout: f64,
 ) -> Result<Arc<dyn Store>> {
-    let start = std::time::Instant::now();
-    let mut told = false;
-    loop {
-        let opts = LogStoreOptions {
-            durability,
-            algo,
-            ..Default::default()
-        };
-        match LogStore::open(dir, opts) {
-            Ok(store) => return Ok(Arc::new(store)),
-            Err(Error::Unavailable(msg)) if start.elapsed().as_secs_f64() < lock_timeout => {
-                if !told && start.elapsed().as_millis() > 500 {
-                    eprintln!("waiting for the store ({msg})");
-                    told = true;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(e) => {
-                return Err(anyhow::Error::from(e))
-                    .with_context(|| format!("opening store {}", dir.display()));
-            }
-        }
-    }
+    let opts = LogStoreOptions {
+        durability,
+        algo,
+        ..Default::default()
+    };
+    let timeout = std::time::Duration::from_secs_f64(lock_timeout.max(0.0));
+    let store = LogStore::open_waiting(dir, opts, timeout, &mut |msg| {
+        eprintln!("waiting for the store ({msg})")
+    })
+    .with_context(|| format!("opening store {}", dir.display()))?;
+    Ok(Arc::new(store))
 }
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise.
@@ -393,7 +395,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => return verify_proof_file(file, capsule, metadata, key, uid),
         _ => {}
     }
-    let store = open_store(&cli.data, cli.durability, cli.hash, cli.lock_timeout)?;
+    if let Command::Serve(a) = &cli.command {
+        return serve(&cli, a);
+    }
+    let data = cli
+        .data
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let store = open_store(
+        &data,
+        cli.durability.unwrap_or(Durability::Group),
+        cli.hash,
+        cli.lock_timeout,
+    )?;
     if !matches!(
         cli.command,
         Command::Recovery { .. } | Command::Verify { .. }
@@ -417,7 +431,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             | Command::Demo
     );
     let writer = if writes {
-        Some(crate::keys::read_or_create(
+        Some(cairn_node::keys::read_or_create(
             &writer_key_path(&cli)?,
             "writer",
             true,
@@ -425,7 +439,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         None
     };
-    let node_key = crate::keys::read_or_create(&cli.data.join(NODE_KEY_FILE), "node", false)?;
+    let node_key = cairn_node::keys::read_or_create(&data.join(NODE_KEY_FILE), "node", false)?;
     let server = Arc::new(CapsuleServer::new(
         store.clone(),
         node_key,
@@ -601,7 +615,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             show_bucket(&bucket, metadata_out.as_deref(), &mut out)?
         }
         Command::Demo => crate::demo::run(&bucket, &mut out)?,
-        Command::Bench(_) | Command::Keygen { .. } | Command::VerifyProof { .. } => {
+        Command::Bench(_)
+        | Command::Keygen { .. }
+        | Command::VerifyProof { .. }
+        | Command::Serve(_) => {
             unreachable!("handled above")
         }
     }
@@ -922,20 +939,53 @@ fn show_value(v: &Value) -> String {
     }
 }
 
-/// The node key's file in the data directory (it signs the embedded capsule server's acks).
-pub const NODE_KEY_FILE: &str = "node.key";
+use cairn_node::node::NODE_KEY_FILE;
+
+/// The data directory when neither `--data` nor `CAIRN_DATA` names one.
+pub const DEFAULT_DATA_DIR: &str = "./cairn-data";
+
+/// `cairn serve`: config file, then environment and flags on top.
+fn serve(cli: &Cli, a: &ServeArgs) -> Result<ExitCode> {
+    let mut config = match &a.config {
+        Some(p) => cairn_node::Config::from_file(p)?,
+        None => cairn_node::Config::default(),
+    };
+    if let Some(d) = &cli.data {
+        config.data_dir = d.clone();
+    }
+    if let Some(d) = cli.durability {
+        config.durability = d;
+    }
+    if let Some(l) = &a.listen {
+        config.listen = l.clone();
+    }
+    if let Some(m) = a.max_upload_bytes {
+        config.max_upload_bytes = m;
+    }
+    if let Some(f) = a.log_format {
+        config.log_format = f;
+    }
+    config.lock_timeout_secs = cli.lock_timeout;
+    cairn_node::init_logging(config.log_format);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(cairn_node::serve(config))?;
+    Ok(ExitCode::SUCCESS)
+}
 
 fn writer_key_path(cli: &Cli) -> Result<PathBuf> {
     match &cli.key_file {
         Some(p) => Ok(p.clone()),
-        None => crate::keys::default_writer_key(),
+        None => cairn_node::keys::default_writer_key(),
     }
 }
 
 /// `cairn keygen`.
 fn keygen(cli: &Cli, force: bool) -> Result<ExitCode> {
     let path = writer_key_path(cli)?;
-    let key = crate::keys::create(&path, "writer", force)?;
+    let key = cairn_node::keys::create(&path, "writer", force)?;
     println!("{}", key.public());
     eprintln!(
         "writer key written to {} (mode 0600; back it up: only it can write the buckets it creates)",

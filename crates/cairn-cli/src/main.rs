@@ -9,7 +9,6 @@ mod bench_capsule;
 mod cli;
 mod demo;
 mod format;
-mod keys;
 
 use std::process::ExitCode;
 

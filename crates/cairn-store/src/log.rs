@@ -567,6 +567,30 @@ fn garbage_heavy(data: u64, live: u64) -> bool {
 }
 
 impl LogStore {
+    /// [`LogStore::open`], waiting up to `timeout` while another process has the store
+    /// open; `waiting` is called once (with the reason) if the wait passes half a second.
+    pub fn open_waiting(
+        dir: &Path,
+        opts: LogStoreOptions,
+        timeout: std::time::Duration,
+        waiting: &mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        let start = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            match LogStore::open(dir, opts.clone()) {
+                Err(Error::Unavailable(msg)) if start.elapsed() < timeout => {
+                    if !told && start.elapsed().as_millis() > 500 {
+                        waiting(&msg);
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Opens or creates a store in `dir`, recovering from any crash (see the module
     /// documentation). Fails with [`Error::Unavailable`] when another process (or another
     /// `LogStore` in this one) has it open.

@@ -1,0 +1,107 @@
+//! Prometheus metrics: requests by route and status, request latency, bytes in and out.
+//! Served in the Prometheus text format at `/metrics`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::node::Node;
+
+/// The node's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by method, route and status.
+    pub requests: IntCounterVec,
+    /// Request latency in seconds by method and route.
+    pub latency: HistogramVec,
+    /// Requests being served now.
+    pub in_flight: IntGauge,
+    /// Body bytes stored, by API (native, gaia).
+    pub bytes_written: IntCounterVec,
+    /// Body bytes served, by API.
+    pub bytes_read: IntCounterVec,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new_custom(Some("cairn".into()), None)?;
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "http_requests_total",
+                "HTTP requests by method, route and status",
+            ),
+            &["method", "route", "status"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new("http_request_seconds", "HTTP request latency")
+                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 18)?),
+            &["method", "route"],
+        )?;
+        let in_flight = IntGauge::new("http_requests_in_flight", "HTTP requests being served")?;
+        let bytes_written = IntCounterVec::new(
+            Opts::new("bytes_written_total", "body bytes stored"),
+            &["api"],
+        )?;
+        let bytes_read =
+            IntCounterVec::new(Opts::new("bytes_read_total", "body bytes served"), &["api"])?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(bytes_written.clone()))?;
+        registry.register(Box::new(bytes_read.clone()))?;
+        Ok(Metrics {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            bytes_written,
+            bytes_read,
+        })
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+/// `GET /metrics`.
+pub async fn handler(State(node): State<Arc<Node>>) -> Response {
+    match node.metrics.render() {
+        Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Middleware counting and timing every request by its route pattern (not its path, so
+/// the number of series stays bounded).
+pub async fn track(State(node): State<Arc<Node>>, req: Request, next: Next) -> Response {
+    let method = req.method().as_str().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let m = &node.metrics;
+    m.in_flight.inc();
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    m.in_flight.dec();
+    m.latency
+        .with_label_values(&[&method, &route])
+        .observe(start.elapsed().as_secs_f64());
+    m.requests
+        .with_label_values(&[&method, &route, resp.status().as_str()])
+        .inc();
+    resp
+}

@@ -1,0 +1,92 @@
+//! The node's shared state: the store, the capsule server, the open buckets and the
+//! metrics, built once by [`Node::open`] and shared by every request handler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cairn_capsule::{Bucket, CapsuleServer, ServerOptions};
+use cairn_core::SigningKey;
+use cairn_object::Db;
+use cairn_store::{LogStore, LogStoreOptions, Store};
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// The node key's file in the data directory: it signs capsule acks and checkpoints, and
+/// writes the records of buckets the node keeps for its users (e.g. Gaia buckets).
+pub const NODE_KEY_FILE: &str = "node.key";
+
+/// Everything a request handler needs.
+pub struct Node {
+    /// The configuration the node started with.
+    pub config: Config,
+    /// The chunk and ref store.
+    pub store: Arc<dyn Store>,
+    /// The capsule server over the same store.
+    pub capsules: Arc<CapsuleServer>,
+    /// Request and storage metrics.
+    pub metrics: Metrics,
+    key: SigningKey,
+    buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+}
+
+impl Node {
+    /// Opens the store in the configured data directory (waiting for another process to
+    /// let go of it up to `lock_timeout_secs`) and the node key (created on first start).
+    pub fn open(config: Config) -> Result<Arc<Self>> {
+        config.check()?;
+        let opts = LogStoreOptions {
+            durability: config.durability,
+            ..Default::default()
+        };
+        let timeout = Duration::from_secs_f64(config.lock_timeout_secs);
+        let store = LogStore::open_waiting(&config.data_dir, opts, timeout, &mut |msg| {
+            tracing::warn!("waiting for the store: {msg}")
+        })
+        .with_context(|| format!("opening store {}", config.data_dir.display()))?;
+        let store: Arc<dyn Store> = Arc::new(store);
+        for note in store.recovery_notes()? {
+            tracing::warn!(%note, "crash recovery found damage (see `cairn recovery`)");
+        }
+        let key = crate::keys::read_or_create(&config.data_dir.join(NODE_KEY_FILE), "node", false)?;
+        let capsules = Arc::new(CapsuleServer::new(
+            store.clone(),
+            key.clone(),
+            ServerOptions::default(),
+        ));
+        Ok(Arc::new(Node {
+            config,
+            store,
+            capsules,
+            metrics: Metrics::new()?,
+            key,
+            buckets: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The bucket `name`, opened once and shared; the node key writes its capsule records
+    /// (the bucket's capsule is created on first use).
+    pub fn bucket(&self, name: &str) -> cairn_core::Result<Arc<Bucket>> {
+        let mut open = self.buckets.lock();
+        if let Some(b) = open.get(name) {
+            return Ok(b.clone());
+        }
+        let db = Db::new(self.store.clone()).in_bucket(name)?;
+        let b = Arc::new(Bucket::open(
+            db,
+            self.capsules.clone(),
+            Some(self.key.clone()),
+        )?);
+        open.insert(name.to_string(), b.clone());
+        Ok(b)
+    }
+
+    /// The node's public key (what clients check acks, checkpoints and bucket records
+    /// against).
+    pub fn public_key(&self) -> cairn_core::PublicKey {
+        self.key.public()
+    }
+}
