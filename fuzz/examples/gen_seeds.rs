@@ -12,6 +12,7 @@ use cairn_core::{Encoder, HashAlgo};
 use cairn_fuzz::capsule;
 use cairn_fuzz::logstore::{self, Edit};
 use cairn_fuzz::postree::{CID_LEN, Input, PLACEHOLDER};
+use cairn_fuzz::wire;
 use cairn_object::postree::{self, TreeConfig, TreeRef};
 use cairn_object::{BranchTable, FObject, Value};
 use cairn_store::{ChunkStore, Cid, MemoryStore};
@@ -383,6 +384,26 @@ fn main() {
     ];
     check_capsule_seeds(&capsule_seeds);
     for (t, seeds) in &capsule_seeds {
+        write(out, t, seeds);
+    }
+    let wire_seeds: [(&str, Vec<Vec<u8>>, fn(&[u8])); 4] = [
+        ("sync_msg", wire::sync_msg_seeds(), wire::run_sync_msg),
+        (
+            "wire_request",
+            wire::wire_request_seeds(),
+            wire::run_wire_request,
+        ),
+        (
+            "wire_response",
+            wire::wire_response_seeds(),
+            wire::run_wire_response,
+        ),
+        ("frame", wire::frame_seeds(), wire::run_frame),
+    ];
+    for (t, seeds, run) in &wire_seeds {
+        for s in seeds {
+            run(s);
+        }
         write(out, t, seeds);
     }
     let t = logstore::template();

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod logstore;
 pub mod merkle;
 pub mod postree;
+pub mod wire;
 
 use cairn_core::{Error, Hash};
 use cairn_object::{BranchTable, FObject};

@@ -1,0 +1,5 @@
+#![no_main]
+//! wire::Response::from_bytes; a decoded response must re-encode to exactly the input (see cairn_fuzz::wire).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| cairn_fuzz::wire::run_wire_response(data));
