@@ -1,0 +1,306 @@
+//! Buckets of the native API: create, list, info, and the registry behind them.
+//!
+//! The native API serves only buckets created through it (`POST /v1/buckets`), so buckets
+//! the node keeps for other front doors (the Gaia hub) are never writable here. Each is
+//! registered in the store's ref `native/bucket/<name>`, whose value is a versioned
+//! encoding of its owner key (if any) and creation time; creating it also creates the
+//! bucket's capsule, written by the node key, so its metadata (and so every proof) exists
+//! from the start.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use cairn_capsule::Bucket;
+use cairn_core::{Decoder, Encoder, Error, PublicKey};
+use cairn_object::{Db, check_bucket_name};
+use cairn_store::RefUpdate;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::error::{ApiError, ApiResult, blocking};
+use super::{BucketPath, Native, auth, body};
+use crate::node::Node;
+
+/// Prefix of the registry refs.
+const REGISTRY: &[u8] = b"native/bucket/";
+/// Format version of a registry entry.
+const ENTRY_VERSION: u8 = 1;
+/// Largest `POST /v1/buckets` body.
+const CREATE_LIMIT: u64 = 64 << 10;
+
+/// A bucket of the native API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The key whose signature every mutation needs; `None` for an open bucket.
+    pub owner: Option<PublicKey>,
+    /// When the bucket was created, milliseconds since the Unix epoch.
+    pub created_ms: u64,
+}
+
+impl Entry {
+    fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::versioned(ENTRY_VERSION);
+        match &self.owner {
+            Some(k) => {
+                e.u8(1);
+                k.encode(&mut e);
+            }
+            None => {
+                e.u8(0);
+            }
+        }
+        e.varint(self.created_ms);
+        e.finish()
+    }
+
+    fn decode(bytes: &[u8]) -> cairn_core::Result<Self> {
+        let mut d = Decoder::new(bytes, "native bucket entry");
+        d.version(&[ENTRY_VERSION])?;
+        let owner = match d.u8()? {
+            0 => None,
+            1 => Some(PublicKey::decode(&mut d)?),
+            other => return Err(Error::decode(format!("bad owner tag {other}"))),
+        };
+        let created_ms = d.varint()?;
+        d.finish()?;
+        Ok(Entry { owner, created_ms })
+    }
+}
+
+fn registry_ref(name: &str) -> Vec<u8> {
+    let mut r = REGISTRY.to_vec();
+    r.extend_from_slice(name.as_bytes());
+    r
+}
+
+/// The registry entry of bucket `name`, if the native API created it (blocking).
+pub fn entry(node: &Node, name: &str) -> cairn_core::Result<Option<Entry>> {
+    check_bucket_name(name)?;
+    match node.store.get_ref(&registry_ref(name))? {
+        None => Ok(None),
+        Some(v) => Entry::decode(&v)
+            .map(Some)
+            .map_err(|e| Error::corrupt(format!("registry entry of bucket {name}: {e}"))),
+    }
+}
+
+/// A bucket the native API serves, opened.
+pub struct Opened {
+    /// Its registry entry.
+    pub entry: Entry,
+    /// The bucket (written by the node key).
+    pub bucket: Arc<Bucket>,
+}
+
+/// Opens bucket `name`; 404 when the native API did not create it.
+pub async fn open(node: &Arc<Node>, name: &str) -> ApiResult<Opened> {
+    let node = node.clone();
+    let name = name.to_string();
+    blocking(move || {
+        let entry = entry(&node, &name)?.ok_or_else(|| {
+            Error::not_found(format!("bucket {name:?} (create it with POST /v1/buckets)"))
+        })?;
+        let bucket = node.bucket(&name)?;
+        Ok(Opened { entry, bucket })
+    })
+    .await
+}
+
+/// Opens bucket `name` for a mutation: checks the request signature when the bucket has
+/// an owner key. Returns the bucket and the BLAKE3 hash its body must have, if signed.
+pub async fn open_for_write(
+    node: &Arc<Node>,
+    native: &Native,
+    name: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> ApiResult<(Opened, Option<[u8; 32]>)> {
+    let opened = open(node, name).await?;
+    let expect = match &opened.entry.owner {
+        Some(owner) => Some(auth::check(
+            owner,
+            &native.replay,
+            method,
+            uri,
+            headers,
+            auth::now_secs(),
+        )?),
+        None => None,
+    };
+    Ok((opened, expect))
+}
+
+fn info(name: &str, entry: &Entry, bucket: &Bucket) -> serde_json::Value {
+    let meta = bucket.metadata();
+    json!({
+        "name": name,
+        "owner": entry.owner.map(|k| k.to_string()),
+        "open": entry.owner.is_none(),
+        "created_ms": entry.created_ms,
+        "capsule": meta.map(|m| m.name().to_string()),
+        "writers": meta.map(|m| m.writers.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
+        "hash_algo": meta.map(|m| m.algo.name()),
+        "description": meta.map(|m| m.description.clone()),
+        "metadata": meta.map(|m| hex::encode(m.encode())),
+    })
+}
+
+/// `POST /v1/buckets` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    name: String,
+    #[serde(default)]
+    owner: Option<String>,
+}
+
+/// `POST /v1/buckets`: creates a bucket, open or with an owner key. With an owner key the
+/// request must be signed by that key (proof that the creator holds it).
+pub async fn create(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
+    let req: CreateBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body must be {{name, owner?}}: {e}")))?;
+    check_bucket_name(&req.name)?;
+    let owner = match &req.owner {
+        Some(s) => Some(s.parse::<PublicKey>()?),
+        None => None,
+    };
+    if let Some(owner) = &owner {
+        let expect = auth::check(
+            owner,
+            &native.replay,
+            &method,
+            &uri,
+            &headers,
+            auth::now_secs(),
+        )?;
+        if auth::body_blake3(&bytes) != expect {
+            return Err(ApiError::unauthorized(
+                "the body's BLAKE3 hash differs from the signed one",
+            ));
+        }
+    }
+    let _one_at_a_time = native.create.lock().await;
+    let name = req.name;
+    let info = blocking(move || {
+        if entry(&node, &name)?.is_some() {
+            return Err(Error::AlreadyExists(format!("bucket {name:?}")).into());
+        }
+        // Refuse a name whose bucket holds data from elsewhere (another front door, the
+        // CLI): the native API must not take it over.
+        let probe = Bucket::open(
+            Db::new(node.store.clone()).in_bucket(&name)?,
+            node.capsules.clone(),
+            None,
+        )?;
+        if probe.capsule().is_some() || !probe.db().list_keys()?.is_empty() {
+            return Err(Error::AlreadyExists(format!(
+                "bucket {name:?} holds data written outside the native API"
+            ))
+            .into());
+        }
+        let entry = Entry {
+            owner,
+            created_ms: auth::now_secs().saturating_mul(1000),
+        };
+        node.store.commit(&[RefUpdate::Set {
+            name: registry_ref(&name),
+            value: entry.encode(),
+        }])?;
+        let bucket = node.bucket(&name)?;
+        Ok(info(&name, &entry, &bucket))
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+/// `GET /v1/buckets`: every bucket of the native API.
+pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Json<serde_json::Value>> {
+    blocking(move || {
+        let mut out = Vec::new();
+        for (name, value) in node.store.list_refs(REGISTRY)? {
+            let name = String::from_utf8_lossy(&name[REGISTRY.len()..]).into_owned();
+            let e = Entry::decode(&value)
+                .map_err(|e| Error::corrupt(format!("registry entry of bucket {name}: {e}")))?;
+            out.push(json!({
+                "name": name,
+                "owner": e.owner.map(|k| k.to_string()),
+                "created_ms": e.created_ms,
+            }));
+        }
+        Ok(Json(json!({ "buckets": out })))
+    })
+    .await
+}
+
+/// `GET /v1/buckets/{bucket}`: owner, capsule name, writers and the capsule metadata
+/// (hex), everything a client needs to check proofs.
+pub async fn show(
+    State(node): State<Arc<Node>>,
+    BucketPath(name): BucketPath,
+) -> ApiResult<Json<serde_json::Value>> {
+    let o = open(&node, &name).await?;
+    Ok(Json(info(&name, &o.entry, &o.bucket)))
+}
+
+/// `GET /v1/buckets/{bucket}/metadata`: the capsule metadata bytes (what `cairn
+/// verify-proof --metadata` reads; they hash to the capsule name).
+pub async fn metadata(
+    State(node): State<Arc<Node>>,
+    BucketPath(name): BucketPath,
+) -> ApiResult<Response> {
+    let o = open(&node, &name).await?;
+    let meta = o.bucket.metadata().ok_or_else(|| {
+        ApiError::from(Error::not_found(format!("the capsule of bucket {name:?}")))
+    })?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::HeaderName::from_static("x-cairn-capsule"),
+                meta.name().to_string(),
+            ),
+        ],
+        meta.encode(),
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_strictly() {
+        let k = cairn_core::SigningKey::from_seed(&[9; 32]).public();
+        for e in [
+            Entry {
+                owner: None,
+                created_ms: 5,
+            },
+            Entry {
+                owner: Some(k),
+                created_ms: 1 << 40,
+            },
+        ] {
+            let b = e.encode();
+            assert_eq!(Entry::decode(&b).unwrap(), e);
+            let mut longer = b.clone();
+            longer.push(0);
+            assert!(Entry::decode(&longer).is_err());
+            assert!(Entry::decode(&b[..b.len() - 1]).is_err());
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! Objects: read (whole, by range, typed as text or JSON), write (streamed, typed, guarded),
+//! update by a type operation, remove a branch, and a version's metadata.
+//!
+//! A version is chosen by `?branch=` (default `master`) or `?uid=`. Responses carry
+//! `ETag: "<uid>"` and `X-Cairn-Type`. A PUT streams a blob (the default type) or a
+//! text list into the store in constant memory; other types are buffered (at most
+//! [`BUFFERED_LIMIT`]). `If-Match: "<uid>"` makes the write conditional on the branch head,
+//! checked atomically with the write (412 otherwise). A write larger than
+//! `max_upload_bytes` is refused with 413 and creates no version.
+
+use std::io::BufRead;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use cairn_core::Error;
+use cairn_object::branch::check_branch_name;
+use cairn_object::fobject::check_key;
+use cairn_object::{At, DEFAULT_BRANCH, NewValue, Op, PutOptions, Target, Uid, Value, ValueType};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::body::{self, CheckedReader, produce};
+use super::buckets::{self, open_for_write};
+use super::error::{ApiError, ApiResult, blocking};
+use super::values::{self, json_bytes};
+use super::{KeyPath, Native, etag, parse_uid, query, version_at};
+use crate::node::Node;
+
+/// Largest body buffered in memory: typed values other than blobs and text lists, JSON.
+pub const BUFFERED_LIMIT: u64 = 64 << 20;
+/// Largest body of a control request (PATCH, DELETE, POST with a JSON body).
+pub const CONTROL_LIMIT: u64 = 16 << 20;
+/// The response header naming a value's type.
+pub const TYPE_HEADER: &str = "x-cairn-type";
+
+fn type_header(ty: ValueType) -> (HeaderName, HeaderValue) {
+    (
+        HeaderName::from_static(TYPE_HEADER),
+        HeaderValue::from_static(ty.name()),
+    )
+}
+
+fn etag_header(uid: &Uid) -> ApiResult<(HeaderName, HeaderValue)> {
+    let v = HeaderValue::from_str(&etag(uid))
+        .map_err(|_| ApiError::internal("a uid does not fit a header"))?;
+    Ok((header::ETAG, v))
+}
+
+/// True when the client asks for (`Accept`) or sends (`Content-Type`) JSON.
+pub fn is_json(headers: &HeaderMap, name: HeaderName) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',').any(|part| {
+                let mime = part.split(';').next().unwrap_or("").trim();
+                mime.eq_ignore_ascii_case("application/json")
+            })
+        })
+}
+
+/// The uid named by `If-Match: "<uid>"`, if the header is present.
+fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
+    let Some(v) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let s = v
+        .to_str()
+        .map_err(|_| ApiError::bad_request("If-Match is not ASCII text"))?
+        .trim();
+    let inner = s
+        .strip_prefix('"')
+        .and_then(|x| x.strip_suffix('"'))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "If-Match must be one quoted version id, \"<uid>\" (no lists, no *, no W/)",
+            )
+        })?;
+    parse_uid(inner).map(Some)
+}
+
+fn if_none_match_hits(headers: &HeaderMap, tag: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',').any(|t| {
+                let t = t.trim();
+                t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag
+            })
+        })
+}
+
+/// What a `Range` header asks of a representation of `len` bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RangeAsk {
+    /// No usable range: send everything (absent, another unit, several ranges, bad syntax).
+    Full,
+    /// Bytes `start..end` (end exclusive).
+    Part(u64, u64),
+    /// No byte of the range exists: 416.
+    Unsatisfiable,
+}
+
+/// Parses one `bytes=` range (RFC 9110 §14.1.2). Several ranges are served as the whole
+/// representation, which the RFC allows.
+pub fn parse_range(h: &str, len: u64) -> RangeAsk {
+    let Some(spec) = h.trim().strip_prefix("bytes=") else {
+        return RangeAsk::Full;
+    };
+    if spec.contains(',') {
+        return RangeAsk::Full;
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return RangeAsk::Full;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let num = |s: &str| -> Option<u64> {
+        if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+            None
+        } else {
+            s.parse().ok()
+        }
+    };
+    if a.is_empty() {
+        // Suffix range: the last n bytes.
+        return match num(b) {
+            None => RangeAsk::Full,
+            Some(0) => RangeAsk::Unsatisfiable,
+            Some(_) if len == 0 => RangeAsk::Unsatisfiable,
+            Some(n) => RangeAsk::Part(len.saturating_sub(n), len),
+        };
+    }
+    let Some(first) = num(a) else {
+        return RangeAsk::Full;
+    };
+    let last = if b.is_empty() {
+        None
+    } else {
+        match num(b) {
+            Some(l) if l >= first => Some(l),
+            _ => return RangeAsk::Full,
+        }
+    };
+    if first >= len {
+        return RangeAsk::Unsatisfiable;
+    }
+    let end = last.map_or(len, |l| l.saturating_add(1).min(len));
+    RangeAsk::Part(first, end)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReadQuery {
+    branch: Option<String>,
+    uid: Option<String>,
+}
+
+/// `GET /v1/buckets/{bucket}/objects/{key}`: the value (see the module documentation).
+pub async fn get(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let q: ReadQuery = query(&uri)?;
+    let at = version_at(q.branch, q.uid)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    let bb = b.clone();
+    let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
+    let tag = etag(&v.uid);
+    let etag_h = etag_header(&v.uid)?;
+    let value = v.object.value;
+    let ty = value.value_type();
+    if if_none_match_hits(&headers, &tag) {
+        return Ok((StatusCode::NOT_MODIFIED, [etag_h, type_header(ty)]).into_response());
+    }
+    let json = is_json(&headers, header::ACCEPT);
+    let ok_headers = |ctype: &'static str| {
+        [
+            etag_h.clone(),
+            type_header(ty),
+            (header::CONTENT_TYPE, HeaderValue::from_static(ctype)),
+        ]
+    };
+    match &value {
+        Value::Tree(t) if ty == ValueType::Blob => {
+            let len = t.count;
+            let ranged = headers
+                .get(header::RANGE)
+                .and_then(|r| r.to_str().ok())
+                .filter(|_| {
+                    // If-Range: honour the range only when the version is the one named.
+                    headers
+                        .get(header::IF_RANGE)
+                        .is_none_or(|ir| ir.to_str().is_ok_and(|s| s.trim() == tag))
+                })
+                .map_or(RangeAsk::Full, |r| parse_range(r, len));
+            let (status, start, end) = match ranged {
+                RangeAsk::Full => (StatusCode::OK, 0, len),
+                RangeAsk::Part(s, e) => (StatusCode::PARTIAL_CONTENT, s, e),
+                RangeAsk::Unsatisfiable => {
+                    return Err(ApiError::new(
+                        StatusCode::RANGE_NOT_SATISFIABLE,
+                        "range_not_satisfiable",
+                        format!("the blob has {len} bytes"),
+                    )
+                    .with_header(
+                        header::CONTENT_RANGE,
+                        HeaderValue::from_str(&format!("bytes */{len}"))
+                            .map_err(|_| ApiError::internal("bad Content-Range"))?,
+                    )
+                    .with_header(header::ACCEPT_RANGES, HeaderValue::from_static("bytes")));
+                }
+            };
+            let n = end - start;
+            let body = produce(node.clone(), move |w| {
+                values::write_blob_range(b.db(), &value, start, n, w)
+            });
+            let mut resp = (status, ok_headers("application/octet-stream"), body).into_response();
+            let h = resp.headers_mut();
+            h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            if status == StatusCode::PARTIAL_CONTENT {
+                let cr = format!("bytes {start}-{}/{len}", end - 1);
+                h.insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&cr)
+                        .map_err(|_| ApiError::internal("bad Content-Range"))?,
+                );
+            }
+            Ok(resp)
+        }
+        Value::Tree(_) => {
+            let body = produce(node.clone(), move |w| {
+                if json {
+                    values::write_json(b.db(), &value, w)
+                } else {
+                    values::write_text(b.db(), &value, w)
+                }
+            });
+            let ctype = if json {
+                "application/json"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            Ok((ok_headers(ctype), body).into_response())
+        }
+        _ => {
+            let mut out = Vec::new();
+            if json {
+                values::write_json(b.db(), &value, &mut out)?;
+            } else {
+                values::write_text(b.db(), &value, &mut out)?;
+            }
+            node.metrics
+                .bytes_read
+                .with_label_values(&["native"])
+                .inc_by(out.len() as u64);
+            let ctype = match (json, ty) {
+                (true, _) => "application/json",
+                (false, ValueType::String) => "application/octet-stream",
+                (false, _) => "text/plain; charset=utf-8",
+            };
+            Ok((ok_headers(ctype), out).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PutQuery {
+    branch: Option<String>,
+    base: Option<String>,
+    #[serde(rename = "type")]
+    ty: Option<String>,
+}
+
+/// Where a write goes, owned (a [`Target`] borrows the branch name).
+#[derive(Clone)]
+enum Dest {
+    Branch(String),
+    Base(Uid),
+}
+
+impl Dest {
+    fn target(&self) -> Target<'_> {
+        match self {
+            Dest::Branch(b) => Target::Branch(b),
+            Dest::Base(u) => Target::Base(*u),
+        }
+    }
+
+    fn json(&self) -> (&'static str, String) {
+        match self {
+            Dest::Branch(b) => ("branch", b.clone()),
+            Dest::Base(u) => ("base", u.to_string()),
+        }
+    }
+}
+
+fn dest(branch: Option<String>, base: Option<String>, guard: Option<Uid>) -> ApiResult<Dest> {
+    match (branch, base) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "give ?branch= (a branch head) or ?base= (a new untagged head), not both",
+        )),
+        (_, Some(u)) => {
+            if guard.is_some() {
+                return Err(ApiError::bad_request(
+                    "If-Match guards a branch head, not a write on a base version",
+                ));
+            }
+            Ok(Dest::Base(parse_uid(&u)?))
+        }
+        (b, None) => {
+            let b = b.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+            check_branch_name(&b)?;
+            Ok(Dest::Branch(b))
+        }
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn written(node: &Node, key: &str, dest: &Dest, uid: Uid, n: u64, status: StatusCode) -> Response {
+    node.metrics
+        .bytes_written
+        .with_label_values(&["native"])
+        .inc_by(n);
+    let (field, value) = dest.json();
+    let body = json!({ "uid": uid.to_string(), "key": key, field: value });
+    let mut resp = (status, Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&etag(&uid)) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    resp
+}
+
+/// `PUT /v1/buckets/{bucket}/objects/{key}`: writes a new version.
+#[allow(clippy::too_many_arguments)]
+pub async fn put(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let q: PutQuery = query(&uri)?;
+    check_key(key.as_bytes())?;
+    let ty = q.ty.as_deref().map(str::parse::<ValueType>).transpose()?;
+    let guard = if_match(&headers)?;
+    let dest = dest(q.branch, q.base, guard)?;
+    let context = headers
+        .get(super::auth::CONTEXT_HEADER)
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
+    let json = is_json(&headers, header::CONTENT_TYPE);
+    if json && ty == Some(ValueType::Blob) {
+        return Err(ApiError::bad_request(
+            "a blob is sent as raw bytes, not as application/json",
+        ));
+    }
+    let max = node.config.max_upload_bytes;
+    if content_length(&headers).is_some_and(|n| n > max) {
+        return Err(ApiError::too_large(max));
+    }
+    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    let b = opened.bucket;
+    let opts = PutOptions { guard, context };
+    let ty = ty.unwrap_or(if json {
+        // Inferred from the JSON below.
+        ValueType::String
+    } else {
+        ValueType::Blob
+    });
+    let streamed = !json && matches!(ty, ValueType::Blob | ValueType::List);
+    if streamed {
+        let mut reader = CheckedReader::new(body, max, expect);
+        let failure = reader.failure();
+        let d = dest.clone();
+        let k = key.clone();
+        let (result, n) = blocking(move || {
+            let target = d.target();
+            let r = if ty == ValueType::Blob {
+                b.put_blob_stream(k.as_bytes(), target, &mut reader, &opts, &mut |_| {})
+            } else {
+                let mut lines =
+                    std::io::BufReader::with_capacity(1 << 20, &mut reader).split(b'\n');
+                b.put_list_stream(
+                    k.as_bytes(),
+                    target,
+                    &mut std::iter::from_fn(|| {
+                        lines
+                            .next()
+                            .map(|l| l.map_err(|e| Error::io("reading the request body", e)))
+                    }),
+                    &opts,
+                )
+            };
+            let n = reader.bytes();
+            Ok((r, n))
+        })
+        .await?;
+        return match result {
+            Ok(uid) => Ok(written(&node, &key, &dest, uid, n, StatusCode::CREATED)),
+            Err(e) => Err(failure.lock().take().unwrap_or_else(|| e.into())),
+        };
+    }
+    let bytes = body::read_all(body, max.min(BUFFERED_LIMIT), expect).await?;
+    let n = bytes.len() as u64;
+    let value = if json {
+        values::parse_json(
+            q.ty.as_deref().map(str::parse::<ValueType>).transpose()?,
+            &bytes,
+        )?
+    } else {
+        values::parse_text(ty, bytes.to_vec())?
+    };
+    let d = dest.clone();
+    let k = key.clone();
+    let uid = blocking(move || Ok(b.put(k.as_bytes(), d.target(), value, &opts)?)).await?;
+    Ok(written(&node, &key, &dest, uid, n, StatusCode::CREATED))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BranchQuery {
+    branch: Option<String>,
+}
+
+/// `DELETE /v1/buckets/{bucket}/objects/{key}?branch=`: removes a tagged branch (the key
+/// goes when its last head does; versions stay until GC finds them unreachable).
+pub async fn remove(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<serde_json::Value>> {
+    let q: BranchQuery = query(&uri)?;
+    let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    body::read_all(body, CONTROL_LIMIT, expect).await?;
+    let b = opened.bucket;
+    let br = branch.clone();
+    let k = key.clone();
+    let uid = blocking(move || Ok(b.remove(k.as_bytes(), &br)?)).await?;
+    Ok(Json(
+        json!({ "key": key, "branch": branch, "removed": uid.to_string() }),
+    ))
+}
+
+/// `GET /v1/buckets/{bucket}/meta/{key}`: a version's FObject fields.
+pub async fn meta(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+) -> ApiResult<Json<serde_json::Value>> {
+    let q: ReadQuery = query(&uri)?;
+    let at = version_at(q.branch, q.uid)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    let v = blocking(move || Ok(b.db().get(key.as_bytes(), &at)?)).await?;
+    let o = &v.object;
+    let tree = o.value.tree();
+    Ok(Json(json!({
+        "uid": v.uid.to_string(),
+        "key": values::bytes_json(&o.key),
+        "type": o.value_type().name(),
+        "size": o.value.len(),
+        "depth": o.depth,
+        "bases": o.bases.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+        "context": values::bytes_json(&o.context),
+        "root": tree.map(|t| t.root.to_string()),
+        "height": tree.map(|t| t.height),
+    })))
+}
+
+/// `PATCH` body: one type operation.
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum PatchBody {
+    /// String: append bytes; Tuple: append an element.
+    Append { value: serde_json::Value },
+    /// String: insert bytes at a byte offset; Tuple: insert an element at an index.
+    Insert { at: u64, value: serde_json::Value },
+    /// Integer: add.
+    Add { by: i64 },
+    /// Integer: multiply.
+    Multiply { by: i64 },
+    /// Blob: replace `delete` bytes at `at` with `insert` (a byte string); List: replace
+    /// `delete` elements at `at` with `insert` (an array).
+    Splice {
+        at: u64,
+        #[serde(default)]
+        delete: u64,
+        #[serde(default)]
+        insert: Option<serde_json::Value>,
+    },
+    /// Map: upsert `set` (object or pairs), delete `unset`; Set: add `add`, remove `remove`.
+    Update {
+        #[serde(default)]
+        set: Option<serde_json::Value>,
+        #[serde(default)]
+        unset: Vec<serde_json::Value>,
+        #[serde(default)]
+        add: Vec<serde_json::Value>,
+        #[serde(default)]
+        remove: Vec<serde_json::Value>,
+    },
+}
+
+fn patch_op(ty: ValueType, p: PatchBody) -> cairn_core::Result<Op> {
+    let list = |v: &[serde_json::Value], what: &str| -> cairn_core::Result<Vec<Vec<u8>>> {
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| json_bytes(x, &format!("{what} {i}")))
+            .collect()
+    };
+    Ok(match p {
+        PatchBody::Append { value } => Op::Append(json_bytes(&value, "value")?),
+        PatchBody::Insert { at, value } => Op::Insert(at, json_bytes(&value, "value")?),
+        PatchBody::Add { by } => Op::Add(by),
+        PatchBody::Multiply { by } => Op::Multiply(by),
+        PatchBody::Splice { at, delete, insert } => match ty {
+            ValueType::List => Op::ListSplice {
+                index: at,
+                delete,
+                insert: match &insert {
+                    None => Vec::new(),
+                    Some(serde_json::Value::Array(a)) => list(a, "insert element")?,
+                    Some(_) => {
+                        return Err(Error::invalid("a list splice inserts an array"));
+                    }
+                },
+            },
+            _ => Op::BlobSplice {
+                offset: at,
+                delete,
+                insert: match &insert {
+                    None => Vec::new(),
+                    Some(v) => json_bytes(v, "insert")?,
+                },
+            },
+        },
+        PatchBody::Update {
+            set,
+            unset,
+            add,
+            remove,
+        } => match ty {
+            ValueType::Set => {
+                if set.is_some() || !unset.is_empty() {
+                    return Err(Error::invalid("a set takes add and remove, not set/unset"));
+                }
+                let mut edits: Vec<(Vec<u8>, bool)> =
+                    list(&add, "add")?.into_iter().map(|k| (k, true)).collect();
+                edits.extend(list(&remove, "remove")?.into_iter().map(|k| (k, false)));
+                Op::SetUpdate(edits)
+            }
+            _ => {
+                if !add.is_empty() || !remove.is_empty() {
+                    return Err(Error::invalid("a map takes set and unset, not add/remove"));
+                }
+                let mut edits = Vec::new();
+                if let Some(s) = set {
+                    match values::parse_json(Some(ValueType::Map), s.to_string().as_bytes())? {
+                        NewValue::Map(m) => edits.extend(m.into_iter().map(|(k, v)| (k, Some(v)))),
+                        _ => return Err(Error::invalid("set must be a map")),
+                    }
+                }
+                edits.extend(list(&unset, "unset")?.into_iter().map(|k| (k, None)));
+                Op::MapUpdate(edits)
+            }
+        },
+    })
+}
+
+/// `PATCH /v1/buckets/{bucket}/objects/{key}?branch=`: applies a type operation to the
+/// branch head and writes the result as its new head (guarded by `If-Match` if given).
+pub async fn patch(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let q: BranchQuery = query(&uri)?;
+    let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+    let guard = if_match(&headers)?;
+    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    let p: PatchBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body must be one operation: {e}")))?;
+    let b = opened.bucket;
+    let (k, br) = (key.clone(), branch.clone());
+    let n = bytes.len() as u64;
+    let uid = blocking(move || {
+        let ty = b
+            .db()
+            .get(k.as_bytes(), &At::Branch(br.clone()))?
+            .object
+            .value_type();
+        let op = patch_op(ty, p)?;
+        let opts = PutOptions {
+            guard,
+            context: Vec::new(),
+        };
+        Ok(b.update(k.as_bytes(), Target::Branch(&br), op, &opts)?)
+    })
+    .await?;
+    Ok(written(
+        &node,
+        &key,
+        &Dest::Branch(branch),
+        uid,
+        n,
+        StatusCode::OK,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        use RangeAsk::*;
+        assert_eq!(parse_range("bytes=0-9", 100), Part(0, 10));
+        assert_eq!(parse_range("bytes=90-", 100), Part(90, 100));
+        assert_eq!(parse_range("bytes=90-200", 100), Part(90, 100));
+        assert_eq!(parse_range("bytes=-10", 100), Part(90, 100));
+        assert_eq!(parse_range("bytes=-200", 100), Part(0, 100));
+        assert_eq!(parse_range("bytes=99-99", 100), Part(99, 100));
+        assert_eq!(parse_range("bytes=100-", 100), Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 100), Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-", 0), Unsatisfiable);
+        assert_eq!(parse_range("bytes=-5", 0), Unsatisfiable);
+        assert_eq!(parse_range("bytes=5-1", 100), Full);
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), Full);
+        assert_eq!(parse_range("items=0-1", 100), Full);
+        assert_eq!(parse_range("bytes=x-1", 100), Full);
+        assert_eq!(parse_range("bytes=+1-2", 100), Full);
+    }
+}

@@ -1,0 +1,517 @@
+//! Versions and branches: list keys and branches, log (track), diff, LCA, fork, merge with
+//! a resolver, rename, and version proofs.
+//!
+//! Versions are named by branch or uid (`BRANCH_OR_UID`: a 68-hex-digit uid, else a branch
+//! name, as on the command line). A merge whose conflicts the resolver leaves open answers
+//! 409 with the conflict list and writes nothing.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use cairn_capsule::Anchor;
+use cairn_core::Error;
+use cairn_object::{
+    At, BuiltinResolver, Conflict, ConflictAt, DEFAULT_BRANCH, Diff, MergeOutcome, PutOptions, Uid,
+    Value,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value as J, json};
+
+use super::buckets::{self, open_for_write};
+use super::error::{ApiError, ApiResult, blocking};
+use super::objects::{CONTROL_LIMIT, is_json};
+use super::values::bytes_json;
+use super::{BucketPath, KeyPath, Native, body, parse_uid, query, version_at};
+use crate::node::Node;
+
+/// Most keys one `GET .../keys` page lists.
+const MAX_KEYS_PAGE: usize = 10_000;
+/// Largest distance a log may reach.
+const MAX_TRACK_DISTANCE: u64 = 10_000;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct KeysQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/buckets/{bucket}/keys?after=&limit=`: keys in byte order, a page at a time.
+pub async fn keys(
+    State(node): State<Arc<Node>>,
+    BucketPath(bucket): BucketPath,
+    uri: Uri,
+) -> ApiResult<Json<J>> {
+    let q: KeysQuery = query(&uri)?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_KEYS_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {MAX_KEYS_PAGE}"
+        )));
+    }
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    blocking(move || {
+        let all = b.db().list_keys()?;
+        let start = match &q.after {
+            Some(a) => all.partition_point(|k| k.as_ref() <= a.as_bytes()),
+            None => 0,
+        };
+        let page = &all[start..all.len().min(start + limit)];
+        let next = if start + page.len() < all.len() {
+            page.last().map(|k| bytes_json(k))
+        } else {
+            None
+        };
+        Ok(Json(json!({
+            "keys": page.iter().map(|k| bytes_json(k)).collect::<Vec<_>>(),
+            "next": next,
+        })))
+    })
+    .await
+}
+
+/// `GET /v1/buckets/{bucket}/branches/{key}`: tagged branches with their heads, and the
+/// untagged heads (more than one: concurrent writes forked the key).
+pub async fn branches(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+) -> ApiResult<Json<J>> {
+    let _: NoQuery = query(&uri)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    blocking(move || {
+        let t = b.db().existing_table(key.as_bytes())?;
+        let tagged: serde_json::Map<String, J> = t
+            .tagged
+            .iter()
+            .map(|(n, u)| (n.clone(), J::String(u.to_string())))
+            .collect();
+        let untagged: Vec<String> = t.untagged.iter().map(|u| u.to_string()).collect();
+        Ok(Json(
+            json!({ "key": key, "tagged": tagged, "untagged": untagged }),
+        ))
+    })
+    .await
+}
+
+/// A query that takes no parameters (an unknown one is refused).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NoQuery {}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LogQuery {
+    branch: Option<String>,
+    uid: Option<String>,
+    min: Option<u64>,
+    max: Option<u64>,
+}
+
+/// `GET /v1/buckets/{bucket}/log/{key}?branch=|uid=&min=&max=`: the versions whose
+/// distance from the start lies in `min..=max` (default 0..=100), nearest first.
+pub async fn log(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+) -> ApiResult<Json<J>> {
+    let q: LogQuery = query(&uri)?;
+    let at = version_at(q.branch, q.uid)?;
+    let (min, max) = (q.min.unwrap_or(0), q.max.unwrap_or(100));
+    if min > max || max > MAX_TRACK_DISTANCE {
+        return Err(ApiError::bad_request(format!(
+            "need min <= max <= {MAX_TRACK_DISTANCE}"
+        )));
+    }
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    blocking(move || {
+        let entries = b.db().track(key.as_bytes(), &at, min, max)?;
+        let out: Vec<J> = entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "distance": e.distance,
+                    "uid": e.uid.to_string(),
+                    "type": e.object.value_type().name(),
+                    "size": e.object.value.len(),
+                    "depth": e.object.depth,
+                    "bases": e.object.bases.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+                    "context": bytes_json(&e.object.context),
+                })
+            })
+            .collect();
+        Ok(Json(json!({ "key": key, "versions": out })))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PairQuery {
+    a: String,
+    b: String,
+}
+
+fn value_json(v: &Value) -> J {
+    match v {
+        Value::String(b) => bytes_json(b),
+        Value::Integer(i) => json!(i),
+        Value::Tuple(items) => J::Array(items.iter().map(|i| bytes_json(i)).collect()),
+        Value::Tree(t) => json!({ "root": t.root.to_string(), "count": t.count }),
+    }
+}
+
+fn opt_bytes(b: &Option<bytes::Bytes>) -> J {
+    b.as_deref().map_or(J::Null, bytes_json)
+}
+
+/// `GET /v1/buckets/{bucket}/diff/{key}?a=&b=`: what differs between two versions of the
+/// key (`a`, `b`: BRANCH_OR_UID). Maps and sets list changed keys; blobs and lists list
+/// changed regions; primitives show both values.
+pub async fn diff(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+) -> ApiResult<Json<J>> {
+    let q: PairQuery = query(&uri)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    blocking(move || {
+        let db = b.db();
+        let va = db.get(key.as_bytes(), &At::parse(&q.a))?;
+        let vb = db.get(key.as_bytes(), &At::parse(&q.b))?;
+        let d = db.diff_values(&va.object.value, &vb.object.value)?;
+        let changes = match &d {
+            Diff::Same => json!([]),
+            Diff::Primitive(l, r) => json!([{ "left": value_json(l), "right": value_json(r) }]),
+            Diff::Sorted(cs) => J::Array(
+                cs.iter()
+                    .map(|c| {
+                        json!({
+                            "key": bytes_json(&c.key),
+                            "left": opt_bytes(&c.left),
+                            "right": opt_bytes(&c.right),
+                        })
+                    })
+                    .collect(),
+            ),
+            Diff::Seq(cs) => J::Array(
+                cs.iter()
+                    .map(|c| {
+                        json!({
+                            "a_start": c.a_start, "a_end": c.a_end,
+                            "b_start": c.b_start, "b_end": c.b_end,
+                        })
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(Json(json!({
+            "a": va.uid.to_string(),
+            "b": vb.uid.to_string(),
+            "type": va.object.value_type().name(),
+            "same": d == Diff::Same,
+            "changes": changes,
+        })))
+    })
+    .await
+}
+
+/// `GET /v1/buckets/{bucket}/lca/{key}?a=&b=`: the least common ancestor of two versions
+/// (`null` when their histories are disjoint).
+pub async fn lca(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+) -> ApiResult<Json<J>> {
+    let q: PairQuery = query(&uri)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    blocking(move || {
+        let db = b.db();
+        let ua = db.get(key.as_bytes(), &At::parse(&q.a))?.uid;
+        let ub = db.get(key.as_bytes(), &At::parse(&q.b))?.uid;
+        let l = db.lca(key.as_bytes(), &ua, &ub)?;
+        Ok(Json(json!({
+            "a": ua.to_string(),
+            "b": ub.to_string(),
+            "lca": l.map(|u| u.to_string()),
+        })))
+    })
+    .await
+}
+
+/// Authorizes a control mutation and reads its JSON body.
+async fn control<T: DeserializeOwned>(
+    node: &Arc<Node>,
+    native: &Native,
+    bucket: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<(Arc<cairn_capsule::Bucket>, T)> {
+    let _: NoQuery = query(uri)?;
+    let (opened, expect) = open_for_write(node, native, bucket, method, uri, headers).await?;
+    let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    let req = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("bad request body: {e}")))?;
+    Ok((opened.bucket, req))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    #[serde(default)]
+    from: Option<String>,
+    branch: String,
+}
+
+/// `POST /v1/buckets/{bucket}/fork/{key}` `{from?, branch}`: creates tagged branch
+/// `branch` at `from` (BRANCH_OR_UID, default `master`).
+#[allow(clippy::too_many_arguments)]
+pub async fn fork(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (b, req): (_, ForkBody) =
+        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let from = At::parse(req.from.as_deref().unwrap_or(DEFAULT_BRANCH));
+    let (k, br) = (key.clone(), req.branch.clone());
+    let uid = blocking(move || Ok(b.fork(k.as_bytes(), &from, &br)?)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "key": key, "branch": req.branch, "uid": uid.to_string() })),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenameBody {
+    from: String,
+    to: String,
+}
+
+/// `POST /v1/buckets/{bucket}/rename/{key}` `{from, to}`: renames a tagged branch.
+pub async fn rename(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<J>> {
+    let (b, req): (_, RenameBody) =
+        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let k = key.clone();
+    let (from, to) = (req.from.clone(), req.to.clone());
+    let uid = blocking(move || Ok(b.rename(k.as_bytes(), &from, &to)?)).await?;
+    Ok(Json(
+        json!({ "key": key, "from": req.from, "branch": req.to, "uid": uid.to_string() }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MergeBody {
+    #[serde(default)]
+    into: Option<String>,
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    untagged: bool,
+    #[serde(default)]
+    uids: Vec<String>,
+    #[serde(default)]
+    resolver: Option<String>,
+}
+
+fn conflict_json(c: &Conflict) -> J {
+    let at = match &c.at {
+        ConflictAt::Value => json!({ "kind": "value" }),
+        ConflictAt::MapKey(k) => json!({ "kind": "map_key", "key": bytes_json(k) }),
+        ConflictAt::Range { start, end } => {
+            json!({ "kind": "range", "start": start, "end": end })
+        }
+    };
+    json!({
+        "at": at,
+        "base": opt_bytes(&c.base),
+        "ours": opt_bytes(&c.ours),
+        "theirs": opt_bytes(&c.theirs),
+    })
+}
+
+/// `POST /v1/buckets/{bucket}/merge/{key}`: merges `from` (BRANCH_OR_UID) into tagged
+/// branch `into` (default `master`), or with `untagged: true` merges untagged heads
+/// (`uids`, all of them when empty) into one. `resolver`: manual (default), ours, theirs,
+/// append, sum or union. Unresolved conflicts: 409 with `conflicts`, nothing written.
+#[allow(clippy::too_many_arguments)]
+pub async fn merge(
+    State(node): State<Arc<Node>>,
+    Extension(native): Extension<Arc<Native>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<J>> {
+    let (b, req): (_, MergeBody) =
+        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let resolver: BuiltinResolver = req.resolver.as_deref().unwrap_or("manual").parse()?;
+    let k = key.clone();
+    let into = req.into.clone();
+    let outcome = if req.untagged {
+        if req.into.is_some() || req.from.is_some() {
+            return Err(ApiError::bad_request(
+                "an untagged merge takes uids, not into/from",
+            ));
+        }
+        let uids = req
+            .uids
+            .iter()
+            .map(|u| parse_uid(u))
+            .collect::<ApiResult<Vec<Uid>>>()?;
+        blocking(move || {
+            Ok(b.merge_untagged(k.as_bytes(), &uids, &resolver, &PutOptions::default())?)
+        })
+        .await?
+    } else {
+        if !req.uids.is_empty() {
+            return Err(ApiError::bad_request(
+                "uids go with untagged: true; a branch merge takes into and from",
+            ));
+        }
+        let from = At::parse(
+            req.from
+                .as_deref()
+                .ok_or_else(|| ApiError::bad_request("from (BRANCH_OR_UID) is required"))?,
+        );
+        let into = into.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+        blocking(move || {
+            Ok(b.merge_into(
+                k.as_bytes(),
+                &into,
+                &from,
+                &resolver,
+                &PutOptions::default(),
+            )?)
+        })
+        .await?
+    };
+    let (what, uid) = match outcome {
+        MergeOutcome::Merged(u) => ("merged", u),
+        MergeOutcome::FastForward(u) => ("fast_forward", u),
+        MergeOutcome::UpToDate(u) => ("up_to_date", u),
+        MergeOutcome::Conflicts(cs) => {
+            let list: Vec<J> = cs.iter().map(conflict_json).collect();
+            return Err(ApiError::from(Error::Conflict(format!(
+                "{} unresolved conflict(s); nothing was written (try resolver ours, theirs, \
+                 append, sum or union)",
+                cs.len()
+            )))
+            .with_extra("conflicts", J::Array(list)));
+        }
+    };
+    Ok(Json(json!({
+        "key": key,
+        "outcome": what,
+        "uid": uid.to_string(),
+        "into": if req.untagged { None } else { Some(req.into.unwrap_or_else(|| DEFAULT_BRANCH.to_string())) },
+    })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ProofQuery {
+    branch: Option<String>,
+    uid: Option<String>,
+}
+
+/// `GET /v1/buckets/{bucket}/proof/{key}?uid=|branch=`: the proof that the bucket's
+/// writer created the version: `VersionProof::to_bytes()` as `application/octet-stream`
+/// (what `cairn verify-proof` reads), or with `Accept: application/json` a JSON view of the
+/// mutation, the hash chain and the signature, with the same bytes in hex. The node checks
+/// the proof against the bucket's metadata before sending it.
+pub async fn proof(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    uri: Uri,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let q: ProofQuery = query(&uri)?;
+    let at = version_at(q.branch, q.uid)?;
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    let k = key.clone();
+    let (vp, meta, uid, mutation, names) = blocking(move || {
+        let uid = b.db().resolve(k.as_bytes(), &at)?;
+        let vp = b.prove(k.as_bytes(), &uid)?;
+        let meta = b
+            .metadata()
+            .ok_or_else(|| Error::not_found("the bucket's capsule"))?
+            .clone();
+        let (m, names) = vp
+            .verify(&meta, k.as_bytes(), &uid)
+            .map_err(|e| Error::corrupt(format!("the node's own proof does not verify: {e}")))?;
+        Ok((vp, meta, uid, m, names))
+    })
+    .await?;
+    let capsule = meta.name().to_string();
+    let capsule_h = (
+        HeaderName::from_static("x-cairn-capsule"),
+        HeaderValue::from_str(&capsule).map_err(|_| ApiError::internal("bad capsule name"))?,
+    );
+    if !is_json(&headers, header::ACCEPT) {
+        return Ok((
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                ),
+                capsule_h,
+            ],
+            vp.to_bytes(),
+        )
+            .into_response());
+    }
+    let anchor = match &vp.proof.anchor {
+        Anchor::Signed(ws) => json!({
+            "kind": "signed",
+            "writer": ws.writer,
+            "key": meta.writers.get(ws.writer as usize).map(|k| k.to_string()),
+            "signature": hex::encode(ws.sig.raw()),
+        }),
+        Anchor::Cached => json!({ "kind": "cached" }),
+    };
+    Ok((
+        [capsule_h],
+        Json(json!({
+            "key": key,
+            "uid": uid.to_string(),
+            "capsule": capsule,
+            "record": names.first().map(|n| n.to_string()),
+            "mutation": {
+                "kind": mutation.kind.name(),
+                "key": bytes_json(&mutation.key),
+                "branch": mutation.branch,
+                "from": mutation.from,
+                "uid": mutation.uid.to_string(),
+                "bases": mutation.bases.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+            },
+            "chain": names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            "anchor": anchor,
+            "proof": hex::encode(vp.to_bytes()),
+        })),
+    )
+        .into_response())
+}
