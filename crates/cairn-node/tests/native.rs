@@ -1,0 +1,1036 @@
+//! HTTP tests of the native API over a real socket: every route, ranges, typed values,
+//! guards, size limits, owner-key auth failures and proofs checked by a reader.
+
+mod native_support;
+
+use cairn_capsule::{CapsuleMetadata, VersionProof};
+use cairn_core::SigningKey;
+use cairn_node::native::auth::now_secs;
+use cairn_object::Uid;
+use native_support::{Server, kind};
+use reqwest::Method;
+use serde_json::json;
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+fn uid_of(v: &serde_json::Value) -> Uid {
+    v["uid"].as_str().expect("uid").parse().expect("a uid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_create_list_info_metadata() {
+    let s = Server::start(1 << 20).await;
+    let info = s.open_bucket("photos").await;
+    assert_eq!(info["name"], "photos");
+    assert_eq!(info["open"], true);
+    assert!(info["owner"].is_null());
+    let node_key = s.node.public_key().to_string();
+    assert_eq!(info["writers"], json!([node_key]));
+    // The metadata bytes hash to the capsule name; the binary route serves the same bytes.
+    let meta_hex = info["metadata"].as_str().unwrap();
+    let meta = CapsuleMetadata::decode(&hex::decode(meta_hex).unwrap()).unwrap();
+    assert_eq!(meta.name().to_string(), info["capsule"].as_str().unwrap());
+    let r = s.get("/v1/buckets/photos/metadata").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-cairn-capsule"].to_str().unwrap(),
+        info["capsule"].as_str().unwrap()
+    );
+    assert_eq!(r.bytes().await.unwrap().to_vec(), meta.encode());
+    let (st, got) = s.get_json("/v1/buckets/photos").await;
+    assert_eq!(st, 200);
+    assert_eq!(got, info);
+
+    s.open_bucket("docs").await;
+    let (st, list) = s.get_json("/v1/buckets").await;
+    assert_eq!(st, 200);
+    let names: Vec<&str> = list["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["docs", "photos"]);
+
+    // Duplicates, bad names, bad bodies, unknown buckets.
+    let body = json!({ "name": "photos" }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let body = json!({ "name": "Bad Name" }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (400, "invalid_input"), "{e}");
+    let (st, e) = s
+        .send(Method::POST, "/v1/buckets", &[JSON], "{\"nam\": 1}")
+        .await;
+    assert_eq!((st, kind(&e)), (400, "invalid_input"), "{e}");
+    let body = json!({ "name": "x", "owner": "ed25519:zz" }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!(st, 400, "{e}");
+    let (st, e) = s.get_json("/v1/buckets/nosuch").await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (st, e) = s.get_json("/v1/buckets/nosuch/objects/k").await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (st, e) = s.get_json("/v1/no/such/route").await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (_, list) = s.get_json("/v1/buckets").await;
+    assert_eq!(list["buckets"].as_array().unwrap().len(), 2);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_written_elsewhere_are_not_taken_over() {
+    let s = Server::start(1 << 20).await;
+    // A bucket the node keeps for another front door (e.g. the Gaia hub).
+    let node = s.node.clone();
+    tokio::task::spawn_blocking(move || {
+        node.bucket("gaia-x")
+            .unwrap()
+            .put(
+                b"k",
+                cairn_object::Target::Branch("master"),
+                cairn_object::NewValue::String(b"v".to_vec()),
+                &Default::default(),
+            )
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let (st, e) = s.get_json("/v1/buckets/gaia-x/objects/k").await;
+    assert_eq!(st, 404, "{e}");
+    let (st, e) = s
+        .send(Method::PUT, "/v1/buckets/gaia-x/objects/k", &[], "w")
+        .await;
+    assert_eq!(st, 404, "{e}");
+    let body = json!({ "name": "gaia-x" }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_stream_with_ranges_and_etags() {
+    let s = Server::start(1 << 20).await;
+    s.open_bucket("b").await;
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (st, w) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/b/objects/dir/file.bin",
+            &[],
+            data.clone(),
+        )
+        .await;
+    assert_eq!(st, 201, "{w}");
+    assert_eq!(w["key"], "dir/file.bin");
+    assert_eq!(w["branch"], "master");
+    let uid = uid_of(&w);
+    let etag = format!("\"{uid}\"");
+
+    let r = s.get("/v1/buckets/b/objects/dir/file.bin").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
+    assert_eq!(r.headers()["x-cairn-type"], "blob");
+    assert_eq!(r.headers()["accept-ranges"], "bytes");
+    assert_eq!(r.headers()["content-length"], "100000");
+    assert_eq!(r.bytes().await.unwrap().to_vec(), data);
+
+    let range = |h: &'static str| {
+        s.req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
+            .header("range", h)
+            .send()
+    };
+    for (h, start, end) in [
+        ("bytes=0-9", 0usize, 10usize),
+        ("bytes=99990-", 99_990, 100_000),
+        ("bytes=-5", 99_995, 100_000),
+        ("bytes=50000-50000", 50_000, 50_001),
+        ("bytes=99999-200000", 99_999, 100_000),
+        ("bytes=-200000", 0, 100_000),
+        ("bytes=4000-70000", 4_000, 70_001),
+    ] {
+        let r = range(h).await.unwrap();
+        assert_eq!(r.status(), 206, "{h}");
+        assert_eq!(
+            r.headers()["content-range"].to_str().unwrap(),
+            format!("bytes {start}-{}/100000", end - 1),
+            "{h}"
+        );
+        assert_eq!(r.bytes().await.unwrap().to_vec(), &data[start..end], "{h}");
+    }
+    for h in ["bytes=100000-", "bytes=-0", "bytes=200000-300000"] {
+        let r = range(h).await.unwrap();
+        assert_eq!(r.status(), 416, "{h}");
+        assert_eq!(r.headers()["content-range"], "bytes */100000", "{h}");
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(kind(&e), "range_not_satisfiable");
+    }
+    // Several ranges, another unit, or bad syntax: the whole blob.
+    for h in ["bytes=0-1,5-6", "items=0-1", "bytes=9-1", "bytes=a-b"] {
+        let r = range(h).await.unwrap();
+        assert_eq!(r.status(), 200, "{h}");
+        assert_eq!(r.bytes().await.unwrap().len(), 100_000, "{h}");
+    }
+    // If-Range: honoured only for the current version.
+    let r = s
+        .req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
+        .header("range", "bytes=0-0")
+        .header("if-range", etag.as_str())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    let r = s
+        .req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
+        .header("range", "bytes=0-0")
+        .header("if-range", "\"other\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // If-None-Match.
+    let r = s
+        .req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
+        .header("if-none-match", etag.as_str())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+    // An empty blob: every range is unsatisfiable; the whole is empty.
+    let (st, _) = s
+        .send(Method::PUT, "/v1/buckets/b/objects/empty", &[], Vec::new())
+        .await;
+    assert_eq!(st, 201);
+    let r = s
+        .req(Method::GET, "/v1/buckets/b/objects/empty")
+        .header("range", "bytes=0-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 416);
+    assert_eq!(r.headers()["content-range"], "bytes */0");
+    let r = s.get("/v1/buckets/b/objects/empty").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().is_empty());
+    // A version by uid; a key with percent-encoded bytes.
+    let r = s
+        .get(&format!("/v1/buckets/b/objects/dir/file.bin?uid={uid}"))
+        .await;
+    assert_eq!(r.status(), 200);
+    let (st, _) = s
+        .send(Method::PUT, "/v1/buckets/b/objects/a%20b%2Fc", &[], "x")
+        .await;
+    assert_eq!(st, 201);
+    let (_, keys) = s.get_json("/v1/buckets/b/keys").await;
+    assert_eq!(keys["keys"], json!(["a b/c", "dir/file.bin", "empty"]));
+
+    // Metrics count the native API's bytes.
+    let m = s.get("/metrics").await.text().await.unwrap();
+    let line = |name: &str| {
+        m.lines()
+            .find(|l| l.starts_with(name) && l.contains("api=\"native\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(line("cairn_bytes_written_total") >= 100_001, "{m}");
+    assert!(line("cairn_bytes_read_total") >= 200_000, "{m}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_values_in_text_and_json() {
+    let s = Server::start(1 << 20).await;
+    s.open_bucket("t").await;
+    let put = |key: &'static str, q: &'static str, json: bool, body: String| {
+        let headers: &'static [(&str, &str)] = if json { &[JSON] } else { &[] };
+        let path = format!("/v1/buckets/t/objects/{key}{q}");
+        let s = &s;
+        async move { s.send(Method::PUT, &path, headers, body).await }
+    };
+    let text = |key: &'static str| {
+        let s = &s;
+        async move {
+            let r = s.get(&format!("/v1/buckets/t/objects/{key}")).await;
+            assert_eq!(r.status(), 200);
+            let ty = r.headers()["x-cairn-type"].to_str().unwrap().to_string();
+            (ty, r.text().await.unwrap())
+        }
+    };
+    // Text forms (the CLI's).
+    assert_eq!(put("s", "?type=string", false, "hello".into()).await.0, 201);
+    assert_eq!(text("s").await, ("string".into(), "hello".into()));
+    assert_eq!(
+        put("i", "?type=integer", false, " 42\n".into()).await.0,
+        201
+    );
+    assert_eq!(text("i").await, ("integer".into(), "42\n".into()));
+    assert_eq!(
+        put("tu", "?type=tuple", false, "a\nb\n".into()).await.0,
+        201
+    );
+    assert_eq!(text("tu").await, ("tuple".into(), "a\nb\n".into()));
+    assert_eq!(
+        put("l", "?type=list", false, "x\n\ny\n".into()).await.0,
+        201
+    );
+    assert_eq!(text("l").await, ("list".into(), "x\n\ny\n".into()));
+    assert_eq!(
+        put("se", "?type=set", false, "b\na\nb\n".into()).await.0,
+        201
+    );
+    assert_eq!(text("se").await, ("set".into(), "a\nb\n".into()));
+    assert_eq!(
+        put("m", "?type=map", false, "k=v\na=1=2\n".into()).await.0,
+        201
+    );
+    assert_eq!(text("m").await, ("map".into(), "a=1=2\nk=v\n".into()));
+
+    // JSON forms, inferred and explicit, and their round trips.
+    assert_eq!(put("js", "", true, json!("héllo").to_string()).await.0, 201);
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/js").await.1,
+        json!("héllo")
+    );
+    assert_eq!(put("ji", "", true, "-7".into()).await.0, 201);
+    assert_eq!(s.get_json("/v1/buckets/t/objects/ji").await.1, json!(-7));
+    assert_eq!(
+        put("jl", "", true, json!(["a\nb", "c"]).to_string())
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/jl").await.1,
+        json!(["a\nb", "c"])
+    );
+    let (st, _) = put(
+        "jt",
+        "?type=tuple",
+        true,
+        json!(["1", {"hex": "ff00"}]).to_string(),
+    )
+    .await;
+    assert_eq!(st, 201);
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/jt").await.1,
+        json!(["1", {"hex": "ff00"}])
+    );
+    let (st, _) = put("jset", "?type=set", true, json!(["z", "y"]).to_string()).await;
+    assert_eq!(st, 201);
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/jset").await.1,
+        json!(["y", "z"])
+    );
+    assert_eq!(
+        put("jm", "", true, json!({"b": "2", "a": "1"}).to_string())
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/jm").await.1,
+        json!({"a": "1", "b": "2"})
+    );
+    // A map with a key that is not UTF-8 comes back as pairs.
+    let pairs = json!([[{"hex": "ff"}, "x"], ["k", {"hex": "fe"}]]);
+    assert_eq!(put("jp", "?type=map", true, pairs.to_string()).await.0, 201);
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/jp").await.1,
+        json!([["k", {"hex": "fe"}], [{"hex": "ff"}, "x"]])
+    );
+    // Old text values read as JSON too.
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/m").await.1,
+        json!({"a": "1=2", "k": "v"})
+    );
+    assert_eq!(s.get_json("/v1/buckets/t/objects/i").await.1, json!(42));
+
+    // Bad input writes nothing.
+    let before = s.get_json("/v1/buckets/t/meta/m").await.1["uid"].clone();
+    for (q, json, body, status, k) in [
+        ("?type=map", false, "novalue", 400, "invalid_input"),
+        ("?type=map", true, "[1]", 400, "invalid_input"),
+        ("?type=map", true, "{", 400, "invalid_input"),
+        ("?type=integer", false, "5", 409, "type_mismatch"),
+        ("?type=integer", false, "x", 400, "invalid_input"),
+        ("", false, "blob on a map", 409, "type_mismatch"),
+        ("?type=wat", false, "x", 400, "invalid_input"),
+        ("?brnach=x", false, "x", 400, "invalid_input"),
+        ("?type=blob", true, "\"x\"", 400, "invalid_input"),
+        ("?branch=a&base=b", false, "x", 400, "invalid_input"),
+    ] {
+        let headers: &[(&str, &str)] = if json { &[JSON] } else { &[] };
+        let (st, e) = s
+            .send(
+                Method::PUT,
+                &format!("/v1/buckets/t/objects/m{q}"),
+                headers,
+                body,
+            )
+            .await;
+        assert_eq!((st, kind(&e)), (status, k), "{q} {body}: {e}");
+    }
+    assert_eq!(s.get_json("/v1/buckets/t/meta/m").await.1["uid"], before);
+
+    // PATCH: type operations.
+    let patch = |key: &'static str, body: serde_json::Value| {
+        let s = &s;
+        async move {
+            s.send(
+                Method::PATCH,
+                &format!("/v1/buckets/t/objects/{key}"),
+                &[JSON],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    assert_eq!(patch("i", json!({"op": "add", "by": 8})).await.0, 200);
+    assert_eq!(patch("i", json!({"op": "multiply", "by": 2})).await.0, 200);
+    assert_eq!(s.get_json("/v1/buckets/t/objects/i").await.1, json!(100));
+    assert_eq!(
+        patch("s", json!({"op": "append", "value": "!"})).await.0,
+        200
+    );
+    assert_eq!(
+        patch("s", json!({"op": "insert", "at": 0, "value": ">"}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(text("s").await.1, ">hello!");
+    let (st, _) = patch(
+        "m",
+        json!({"op": "update", "set": {"n": "new"}, "unset": ["k"]}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/m").await.1,
+        json!({"a": "1=2", "n": "new"})
+    );
+    let (st, _) = patch("se", json!({"op": "update", "add": ["c"], "remove": ["a"]})).await;
+    assert_eq!(st, 200);
+    assert_eq!(text("se").await.1, "b\nc\n");
+    let (st, _) = patch(
+        "l",
+        json!({"op": "splice", "at": 1, "delete": 1, "insert": ["q", "r"]}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(text("l").await.1, "x\nq\nr\ny\n");
+    let (st, e) = patch("i", json!({"op": "append", "value": "x"})).await;
+    assert_eq!((st, kind(&e)), (409, "type_mismatch"), "{e}");
+    let (st, e) = patch("i", json!({"op": "explode"})).await;
+    assert_eq!(st, 400, "{e}");
+    let (st, e) = patch("i", json!({"op": "add", "by": i64::MAX})).await;
+    assert_eq!(st, 400, "{e}");
+    assert_eq!(s.get_json("/v1/buckets/t/objects/i").await.1, json!(100));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_and_size_limits() {
+    let s = Server::start(1000).await;
+    s.open_bucket("g").await;
+    let (st, w) = s
+        .send(Method::PUT, "/v1/buckets/g/objects/k", &[], "one")
+        .await;
+    assert_eq!(st, 201);
+    let first = uid_of(&w);
+    let guard = format!("\"{first}\"");
+    let (st, w) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/g/objects/k",
+            &[("if-match", guard.as_str())],
+            "two",
+        )
+        .await;
+    assert_eq!(st, 201, "{w}");
+    let second = uid_of(&w);
+    // The same guard again is stale: 412, head unchanged.
+    let (st, e) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/g/objects/k",
+            &[("if-match", guard.as_str())],
+            "three",
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (412, "guard_mismatch"), "{e}");
+    let (st, e) = s
+        .send(
+            Method::PATCH,
+            "/v1/buckets/g/objects/k",
+            &[JSON, ("if-match", guard.as_str())],
+            json!({"op": "splice", "at": 0, "insert": "x"}).to_string(),
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (412, "guard_mismatch"), "{e}");
+    for bad in ["*", "W/\"x\"", "\"nope\"", "\"a\", \"b\""] {
+        let (st, _) = s
+            .send(
+                Method::PUT,
+                "/v1/buckets/g/objects/k",
+                &[("if-match", bad)],
+                "x",
+            )
+            .await;
+        assert_eq!(st, 400, "{bad}");
+    }
+    let r = s.get("/v1/buckets/g/objects/k").await;
+    assert_eq!(
+        r.headers()["etag"].to_str().unwrap(),
+        format!("\"{second}\"")
+    );
+    assert_eq!(r.text().await.unwrap(), "two");
+
+    // Oversize: declared (Content-Length), streamed (chunked), buffered typed values.
+    let big = vec![7u8; 1001];
+    let (st, e) = s
+        .send(Method::PUT, "/v1/buckets/g/objects/big", &[], big.clone())
+        .await;
+    assert_eq!((st, kind(&e)), (413, "too_large"), "{e}");
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![Ok(vec![1u8; 600]), Ok(vec![2u8; 600])];
+    let r = s
+        .req(Method::PUT, "/v1/buckets/g/objects/big")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        vec![Ok(vec![b'a'; 600]), Ok(vec![b'\n'; 600])];
+    let r = s
+        .req(Method::PUT, "/v1/buckets/g/objects/big?type=list")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let (st, _) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/g/objects/big?type=string",
+            &[],
+            big.clone(),
+        )
+        .await;
+    assert_eq!(st, 413);
+    let (st, _) = s.get_json("/v1/buckets/g/objects/big").await;
+    assert_eq!(st, 404, "an oversize upload created the key");
+    // Exactly the limit is accepted.
+    let (st, _) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/g/objects/big",
+            &[],
+            vec![7u8; 1000],
+        )
+        .await;
+    assert_eq!(st, 201);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_branches_merges() {
+    let s = Server::start(1 << 20).await;
+    s.open_bucket("v").await;
+    let put_map = |q: &'static str, body: serde_json::Value| {
+        let s = &s;
+        async move {
+            s.send(
+                Method::PUT,
+                &format!("/v1/buckets/v/objects/doc{q}"),
+                &[JSON],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let post = |op: &'static str, body: serde_json::Value| {
+        let s = &s;
+        async move {
+            s.send(
+                Method::POST,
+                &format!("/v1/buckets/v/{op}/doc"),
+                &[JSON],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let (st, w) = put_map("", json!({"a": "1", "b": "1"})).await;
+    assert_eq!(st, 201);
+    let root = uid_of(&w);
+    let (st, f) = post("fork", json!({"branch": "dev"})).await;
+    assert_eq!((st, uid_of(&f)), (201, root), "{f}");
+    let (st, e) = post("fork", json!({"branch": "dev"})).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let (st, e) = post("fork", json!({"branch": "x", "from": "nosuch"})).await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (st, e) = post("fork", json!({"branch": "x", "extra": 1})).await;
+    assert_eq!(st, 400, "{e}");
+    let (_, w) = put_map("?branch=dev", json!({"a": "2", "b": "1"})).await;
+    let dev = uid_of(&w);
+    let (_, w) = put_map("", json!({"a": "3", "b": "1", "c": "1"})).await;
+    let master = uid_of(&w);
+
+    let (st, br) = s.get_json("/v1/buckets/v/branches/doc").await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        br["tagged"],
+        json!({"dev": dev.to_string(), "master": master.to_string()})
+    );
+    assert_eq!(br["untagged"], json!([]));
+
+    let (st, log) = s.get_json("/v1/buckets/v/log/doc").await;
+    assert_eq!(st, 200);
+    let uids: Vec<&str> = log["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(uids, [master.to_string(), root.to_string()]);
+    assert_eq!(log["versions"][1]["distance"], 1);
+    let (_, log) = s
+        .get_json("/v1/buckets/v/log/doc?branch=dev&min=1&max=1")
+        .await;
+    assert_eq!(log["versions"].as_array().unwrap().len(), 1);
+    let (st, _) = s.get_json("/v1/buckets/v/log/doc?min=5&max=1").await;
+    assert_eq!(st, 400);
+
+    let (st, d) = s.get_json("/v1/buckets/v/diff/doc?a=master&b=dev").await;
+    assert_eq!(st, 200, "{d}");
+    assert_eq!(d["same"], false);
+    assert_eq!(
+        d["changes"],
+        json!([
+            {"key": "a", "left": "3", "right": "2"},
+            {"key": "c", "left": "1", "right": null}
+        ])
+    );
+    let (_, d) = s
+        .get_json(&format!("/v1/buckets/v/diff/doc?a={root}&b={root}"))
+        .await;
+    assert_eq!(d["same"], true);
+    let (st, _) = s.get_json("/v1/buckets/v/diff/doc?a=master").await;
+    assert_eq!(st, 400);
+    let (st, l) = s.get_json("/v1/buckets/v/lca/doc?a=master&b=dev").await;
+    assert_eq!(st, 200);
+    assert_eq!(l["lca"], root.to_string());
+
+    let (st, m) = s
+        .get_json(&format!("/v1/buckets/v/meta/doc?uid={master}"))
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(m["type"], "map");
+    assert_eq!(m["size"], 3);
+    assert_eq!(m["bases"], json!([root.to_string()]));
+
+    // A conflicting merge: 409 with the conflict list, nothing written.
+    let (st, e) = post("merge", json!({"into": "master", "from": "dev"})).await;
+    assert_eq!((st, kind(&e)), (409, "conflict"), "{e}");
+    assert_eq!(
+        e["conflicts"],
+        json!([{"at": {"kind": "map_key", "key": "a"}, "base": "1", "ours": "3", "theirs": "2"}])
+    );
+    let (_, br) = s.get_json("/v1/buckets/v/branches/doc").await;
+    assert_eq!(br["tagged"]["master"], master.to_string());
+    let (st, e) = post("merge", json!({"from": "dev", "resolver": "bogus"})).await;
+    assert_eq!(st, 400, "{e}");
+    let (st, mg) = post("merge", json!({"from": "dev", "resolver": "theirs"})).await;
+    assert_eq!(st, 200, "{mg}");
+    assert_eq!(mg["outcome"], "merged");
+    assert_eq!(
+        s.get_json("/v1/buckets/v/objects/doc").await.1,
+        json!({"a": "2", "b": "1", "c": "1"})
+    );
+    let (_, mg2) = post("merge", json!({"from": "dev"})).await;
+    assert_eq!(mg2["outcome"], "up_to_date");
+    let (_, ff) = post("merge", json!({"into": "dev", "from": "master"})).await;
+    assert_eq!(ff["outcome"], "fast_forward");
+
+    // Untagged heads: two writes on one base fork; a merge joins them.
+    let (_, a) = s
+        .send(
+            Method::PUT,
+            &format!("/v1/buckets/v/objects/doc?base={root}"),
+            &[JSON],
+            json!({"a": "1", "b": "1", "x": "1"}).to_string(),
+        )
+        .await;
+    let (_, b) = s
+        .send(
+            Method::PUT,
+            &format!("/v1/buckets/v/objects/doc?base={root}"),
+            &[JSON],
+            json!({"a": "1", "b": "1", "y": "1"}).to_string(),
+        )
+        .await;
+    assert_eq!(a["base"], root.to_string());
+    let (_, br) = s.get_json("/v1/buckets/v/branches/doc").await;
+    assert_eq!(br["untagged"].as_array().unwrap().len(), 2);
+    let (st, e) = post("merge", json!({"untagged": true, "from": "dev"})).await;
+    assert_eq!(st, 400, "{e}");
+    let (st, mu) = post(
+        "merge",
+        json!({"untagged": true, "uids": [a["uid"], b["uid"]]}),
+    )
+    .await;
+    assert_eq!(st, 200, "{mu}");
+    let (_, br) = s.get_json("/v1/buckets/v/branches/doc").await;
+    assert_eq!(br["untagged"], json!([mu["uid"]]));
+    let merged = s
+        .get_json(&format!(
+            "/v1/buckets/v/objects/doc?uid={}",
+            mu["uid"].as_str().unwrap()
+        ))
+        .await
+        .1;
+    assert_eq!(merged, json!({"a": "1", "b": "1", "x": "1", "y": "1"}));
+
+    // Rename and remove.
+    let (st, r) = post("rename", json!({"from": "dev", "to": "feature"})).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, e) = post("rename", json!({"from": "dev", "to": "x"})).await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (st, e) = post("rename", json!({"from": "feature", "to": "master"})).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let (st, rm) = s
+        .send(
+            Method::DELETE,
+            "/v1/buckets/v/objects/doc?branch=feature",
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(st, 200, "{rm}");
+    let (st, _) = s
+        .send(
+            Method::DELETE,
+            "/v1/buckets/v/objects/doc?branch=feature",
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(st, 404);
+    let (_, br) = s.get_json("/v1/buckets/v/branches/doc").await;
+    assert_eq!(br["tagged"].as_object().unwrap().len(), 1);
+
+    // Key listing pages.
+    for k in ["k1", "k2", "k3"] {
+        s.send(Method::PUT, &format!("/v1/buckets/v/objects/{k}"), &[], "x")
+            .await;
+    }
+    let (_, p1) = s.get_json("/v1/buckets/v/keys?limit=2").await;
+    assert_eq!(p1["keys"], json!(["doc", "k1"]));
+    assert_eq!(p1["next"], "k1");
+    let (_, p2) = s.get_json("/v1/buckets/v/keys?limit=2&after=k1").await;
+    assert_eq!(p2["keys"], json!(["k2", "k3"]));
+    assert!(p2["next"].is_null());
+    let (st, _) = s.get_json("/v1/buckets/v/keys?limit=0").await;
+    assert_eq!(st, 400);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_verify_against_the_bucket_metadata() {
+    let s = Server::start(1 << 20).await;
+    let info = s.open_bucket("p").await;
+    let (_, w1) = s
+        .send(Method::PUT, "/v1/buckets/p/objects/nft/1.png", &[], "v1")
+        .await;
+    let (_, w2) = s
+        .send(Method::PUT, "/v1/buckets/p/objects/nft/1.png", &[], "v2")
+        .await;
+    let (u1, u2) = (uid_of(&w1), uid_of(&w2));
+    // The reader's trust: metadata that hashes to the capsule name it was told.
+    let capsule = info["capsule"].as_str().unwrap();
+    let meta_bytes = s.get("/v1/buckets/p/metadata").await.bytes().await.unwrap();
+    let meta = CapsuleMetadata::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.name().to_string(), capsule);
+
+    for (q, uid) in [(format!("?uid={u1}"), u1), (String::new(), u2)] {
+        let r = s.get(&format!("/v1/buckets/p/proof/nft/1.png{q}")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "application/octet-stream");
+        assert_eq!(r.headers()["x-cairn-capsule"].to_str().unwrap(), capsule);
+        let bytes = r.bytes().await.unwrap();
+        let vp = VersionProof::from_bytes(&bytes).unwrap();
+        let (m, chain) = vp.verify(&meta, b"nft/1.png", &uid).unwrap();
+        assert_eq!(m.uid, uid);
+        assert!(!chain.is_empty());
+        // Not a proof of another version or key.
+        let other = if uid == u1 { u2 } else { u1 };
+        assert!(vp.verify(&meta, b"nft/1.png", &other).is_err());
+        assert!(vp.verify(&meta, b"nft/2.png", &uid).is_err());
+        // A flipped byte anywhere fails (decoding or verification).
+        for i in (0..bytes.len()).step_by(7) {
+            let mut bad = bytes.to_vec();
+            bad[i] ^= 1;
+            let ok = VersionProof::from_bytes(&bad)
+                .ok()
+                .is_some_and(|p| p.verify(&meta, b"nft/1.png", &uid).is_ok());
+            assert!(!ok, "flipping byte {i} still verifies");
+        }
+        // The JSON view carries the same proof and its chain.
+        let (st, j) = s
+            .get_json(&format!("/v1/buckets/p/proof/nft/1.png{q}"))
+            .await;
+        assert_eq!(st, 200);
+        assert_eq!(j["proof"].as_str().unwrap(), hex::encode(&bytes));
+        assert_eq!(j["uid"], uid.to_string());
+        assert_eq!(j["mutation"]["kind"], "put");
+        assert_eq!(j["mutation"]["branch"], "master");
+        assert_eq!(j["chain"].as_array().unwrap().len(), chain.len());
+        assert_eq!(j["anchor"]["kind"], "signed");
+        assert_eq!(j["anchor"]["key"], s.node.public_key().to_string());
+    }
+    let (st, e) = s.get_json("/v1/buckets/p/proof/nft/none.png").await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let (st, _) = s.get_json("/v1/buckets/p/proof/nft/1.png?uid=zz").await;
+    assert_eq!(st, 400);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_keys_gate_mutations() {
+    let s = Server::start(1 << 20).await;
+    let owner = SigningKey::from_seed(&[11; 32]);
+    let other = SigningKey::from_seed(&[12; 32]);
+    let create = json!({ "name": "mine", "owner": owner.public().to_string() }).to_string();
+    // Creating a bucket with an owner key needs that key's signature.
+    let (st, e) = s
+        .send(Method::POST, "/v1/buckets", &[JSON], create.clone())
+        .await;
+    assert_eq!((st, kind(&e)), (401, "unauthorized"), "{e}");
+    let (st, e) = s
+        .send_now(
+            &other,
+            Method::POST,
+            "/v1/buckets",
+            &[JSON],
+            create.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, 401, "{e}");
+    let (st, info) = s
+        .send_now(
+            &owner,
+            Method::POST,
+            "/v1/buckets",
+            &[JSON],
+            create.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, 201, "{info}");
+    assert_eq!(info["owner"], owner.public().to_string());
+    assert_eq!(info["open"], false);
+
+    let path = "/v1/buckets/mine/objects/k";
+    let now = now_secs();
+    let body = b"signed bytes";
+    // Every failure is 401 and writes nothing.
+    let (st, _) = s.send(Method::PUT, path, &[], body.to_vec()).await;
+    assert_eq!(st, 401, "unsigned");
+    let (st, _) = s
+        .send_signed(&other, now, Method::PUT, path, &[], body, body)
+        .await;
+    assert_eq!(st, 401, "wrong key");
+    let (st, e) = s
+        .send_signed(&owner, now - 3600, Method::PUT, path, &[], body, body)
+        .await;
+    assert_eq!(st, 401, "stale date: {e}");
+    let (st, _) = s
+        .send_signed(&owner, now + 3600, Method::PUT, path, &[], body, body)
+        .await;
+    assert_eq!(st, 401, "future date");
+    let (st, e) = s
+        .send_signed(&owner, now, Method::PUT, path, &[], body, b"other bytes")
+        .await;
+    assert_eq!(st, 401, "body hash mismatch: {e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("BLAKE3"),
+        "{e}"
+    );
+    // Headers signed for another path (or method) do not authorize this one.
+    let for_j = cairn_node::native::auth::RequestToSign {
+        method: "PUT",
+        path_and_query: "/v1/buckets/mine/objects/j",
+        unix_secs: now,
+        body_blake3: cairn_node::native::auth::body_blake3(body),
+        content_type: b"",
+        if_match: b"",
+        context: b"",
+    };
+    let [(an, av), (dn, dv), (hn, hv)] = for_j.sign(&owner);
+    let hdrs = [(an, av.as_str()), (dn, dv.as_str()), (hn, hv.as_str())];
+    let (st, _) = s.send(Method::PUT, path, &hdrs, body.to_vec()).await;
+    assert_eq!(st, 401, "signed for another path");
+    let (st, _) = s
+        .send(
+            Method::DELETE,
+            "/v1/buckets/mine/objects/j",
+            &hdrs,
+            body.to_vec(),
+        )
+        .await;
+    assert_eq!(st, 401, "signed for another method");
+    // A bad signature: valid headers with one flipped bit.
+    let req = cairn_node::native::auth::RequestToSign {
+        method: "PUT",
+        path_and_query: path,
+        unix_secs: now,
+        body_blake3: cairn_node::native::auth::body_blake3(body),
+        content_type: b"",
+        if_match: b"",
+        context: b"",
+    };
+    let [(_, auth), (dn, dv), (hn, hv)] = req.sign(&owner);
+    let mut sig = hex::decode(auth.strip_prefix("Cairn-Ed25519 ").unwrap()).unwrap();
+    sig[5] ^= 0x10;
+    let bad_auth = format!("Cairn-Ed25519 {}", hex::encode(&sig));
+    let (st, e) = s
+        .send(
+            Method::PUT,
+            path,
+            &[("authorization", &bad_auth), (dn, &dv), (hn, &hv)],
+            body.to_vec(),
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (401, "unauthorized"), "{e}");
+    for malformed in ["Cairn-Ed25519 zz", "Bearer x", "Cairn-Ed25519"] {
+        let (st, _) = s
+            .send(
+                Method::PUT,
+                path,
+                &[("authorization", malformed), (dn, &dv), (hn, &hv)],
+                body.to_vec(),
+            )
+            .await;
+        assert_eq!(st, 401, "{malformed}");
+    }
+    // A signed Content-Type or context cannot be changed in flight.
+    let req_ct = cairn_node::native::auth::RequestToSign {
+        content_type: b"text/plain",
+        unix_secs: now + 2,
+        ..req.clone()
+    };
+    let [(an, av), (dn2, dv2), (hn2, hv2)] = req_ct.sign(&owner);
+    let (st, _) = s
+        .send(
+            Method::PUT,
+            path,
+            &[
+                (an, &av),
+                (dn2, &dv2),
+                (hn2, &hv2),
+                ("content-type", "application/json"),
+            ],
+            body.to_vec(),
+        )
+        .await;
+    assert_eq!(st, 401);
+    let (st, _) = s.get_json(path).await;
+    assert_eq!(st, 404, "a refused request wrote the key");
+
+    // Correctly signed: accepted once; the same request replayed is refused.
+    let [(an, av), (dn, dv), (hn, hv)] = cairn_node::native::auth::RequestToSign {
+        unix_secs: now + 3,
+        ..req.clone()
+    }
+    .sign(&owner);
+    let hdrs = [(an, av.as_str()), (dn, dv.as_str()), (hn, hv.as_str())];
+    let (st, w) = s.send(Method::PUT, path, &hdrs, body.to_vec()).await;
+    assert_eq!(st, 201, "{w}");
+    let (st, e) = s.send(Method::PUT, path, &hdrs, body.to_vec()).await;
+    assert_eq!(st, 401, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("replayed"),
+        "{e}"
+    );
+    // Reads are open.
+    let r = s.get(path).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), body);
+    // Control mutations, typed JSON writes and guards work signed and fail unsigned.
+    let fork = json!({"branch": "dev"}).to_string();
+    let (st, _) = s
+        .send(
+            Method::POST,
+            "/v1/buckets/mine/fork/k",
+            &[JSON],
+            fork.clone(),
+        )
+        .await;
+    assert_eq!(st, 401);
+    let (st, f) = s
+        .send_now(
+            &owner,
+            Method::POST,
+            "/v1/buckets/mine/fork/k",
+            &[JSON],
+            fork.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, 201, "{f}");
+    let guard = format!("\"{}\"", w["uid"].as_str().unwrap());
+    let (st, w2) = s
+        .send_now(
+            &owner,
+            Method::PUT,
+            "/v1/buckets/mine/objects/k?branch=dev",
+            &[("if-match", &guard), ("x-cairn-context", "note")],
+            b"dev bytes",
+        )
+        .await;
+    assert_eq!(st, 201, "{w2}");
+    let (_, m) = s.get_json("/v1/buckets/mine/meta/k?branch=dev").await;
+    assert_eq!(m["context"], "note");
+    let (st, _) = s
+        .send(
+            Method::DELETE,
+            "/v1/buckets/mine/objects/k?branch=dev",
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(st, 401);
+    let (st, _) = s
+        .send_now(
+            &owner,
+            Method::DELETE,
+            "/v1/buckets/mine/objects/k?branch=dev",
+            &[],
+            b"",
+        )
+        .await;
+    assert_eq!(st, 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_is_served() {
+    let s = Server::start(1 << 20).await;
+    let (st, doc) = s.get_json("/openapi.json").await;
+    assert_eq!(st, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/v1/buckets",
+        "/v1/buckets/{bucket}/objects/{key}",
+        "/v1/buckets/{bucket}/proof/{key}",
+        "/v1/buckets/{bucket}/merge/{key}",
+    ] {
+        assert!(paths.contains_key(p), "{p}");
+    }
+    assert!(doc["components"]["securitySchemes"]["CairnEd25519"].is_object());
+    s.stop().await;
+}
