@@ -406,6 +406,24 @@ fn main() {
         }
         write(out, t, seeds);
     }
+    let bucket_seeds: [(&str, Vec<Vec<u8>>, fn(&[u8])); 2] = [
+        (
+            "bucket_mutation",
+            cairn_fuzz::bucket::mutation_seeds(),
+            cairn_fuzz::bucket::run_mutation,
+        ),
+        (
+            "version_proof",
+            cairn_fuzz::bucket::version_proof_seeds(),
+            cairn_fuzz::bucket::run_version_proof,
+        ),
+    ];
+    for (t, seeds, run) in &bucket_seeds {
+        for s in seeds {
+            run(s);
+        }
+        write(out, t, seeds);
+    }
     let t = logstore::template();
     for (n, b) in &t.files {
         println!("  template file {n}: {} bytes", b.len());

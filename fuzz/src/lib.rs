@@ -4,6 +4,7 @@
 //! in exactly the format the targets parse, and so a crashing input can be replayed from a
 //! unit test or a debugger without libFuzzer.
 
+pub mod bucket;
 pub mod capsule;
 pub mod codec;
 pub mod logstore;

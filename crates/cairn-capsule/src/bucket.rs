@@ -319,6 +319,39 @@ impl Bucket {
     /// on first open with that key as the one writer, and a later open with a key that is
     /// not one of the capsule's writers is refused. Without one the bucket is read-only.
     pub fn open(db: Db, server: Arc<CapsuleServer>, writer: Option<SigningKey>) -> Result<Self> {
+        Self::open_inner(db, server, writer, None)
+    }
+
+    /// [`Bucket::open`] for a bucket whose capsule, if it does not exist yet, is created from
+    /// `meta` (e.g. to list several writers). `meta` must use plaintext bodies, the Db's hash
+    /// algorithm and name this bucket in its [`BUCKET_SETTING`]; an existing capsule must be
+    /// the one `meta` names.
+    pub fn open_with_metadata(
+        db: Db,
+        server: Arc<CapsuleServer>,
+        writer: Option<SigningKey>,
+        meta: CapsuleMetadata,
+    ) -> Result<Self> {
+        let bucket = db.bucket();
+        if meta.cipher != BodyCipher::Plaintext
+            || meta.algo != db.algo()
+            || meta.settings.get(BUCKET_SETTING).map(String::as_str) != Some(bucket)
+        {
+            return Err(Error::invalid(format!(
+                "bucket {bucket} metadata must use plaintext bodies, hash with {} and set \
+                 {BUCKET_SETTING} = {bucket}",
+                db.algo()
+            )));
+        }
+        Self::open_inner(db, server, writer, Some(meta))
+    }
+
+    fn open_inner(
+        db: Db,
+        server: Arc<CapsuleServer>,
+        writer: Option<SigningKey>,
+        wanted: Option<CapsuleMetadata>,
+    ) -> Result<Self> {
         let bucket = db.bucket().to_string();
         check_bucket_name(&bucket)?;
         let store = db.store().clone();
@@ -338,6 +371,14 @@ impl Bucket {
                     ))
                 })?;
                 let meta = CapsuleMetadata::decode(&bytes)?;
+                if let Some(w) = &wanted
+                    && w.name() != c
+                {
+                    return Err(Error::invalid(format!(
+                        "bucket {bucket} already has capsule {c}, not {}",
+                        w.name()
+                    )));
+                }
                 if meta.name() != c {
                     return Err(Error::corrupt(format!(
                         "metadata of capsule {c} (bucket {bucket}) does not hash to its name"
@@ -346,12 +387,21 @@ impl Bucket {
                 Some(meta)
             }
             (None, Some(key)) => {
-                let mut meta =
-                    CapsuleMetadata::new(db.algo(), key.public(), format!("bucket {bucket}"));
-                meta.cipher = BodyCipher::Plaintext;
-                meta.key_distribution = "none: mutation records are plaintext".into();
-                meta.settings
-                    .insert(BUCKET_SETTING.to_string(), bucket.clone());
+                let meta = match wanted {
+                    Some(m) => m,
+                    None => {
+                        let mut meta = CapsuleMetadata::new(
+                            db.algo(),
+                            key.public(),
+                            format!("bucket {bucket}"),
+                        );
+                        meta.cipher = BodyCipher::Plaintext;
+                        meta.key_distribution = "none: mutation records are plaintext".into();
+                        meta.settings
+                            .insert(BUCKET_SETTING.to_string(), bucket.clone());
+                        meta
+                    }
+                };
                 server.create(&meta)?;
                 store.commit(&[cairn_store::RefUpdate::Set {
                     name: capsule_ref(&bucket),

@@ -288,3 +288,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_bucket_can_list_several_writers() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (writer(), SigningKey::from_seed(&[2; 32]));
+    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, a.public(), "shared");
+    meta.writers.push(b.public());
+    // Bodies must be plaintext and the metadata must name the bucket.
+    let e = Bucket::open_with_metadata(
+        Db::new(store.clone()),
+        server(&store),
+        Some(a.clone()),
+        meta.clone(),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    meta.cipher = BodyCipher::Plaintext;
+    meta.settings
+        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    let srv = server(&store);
+    let ba = Bucket::open_with_metadata(Db::new(store.clone()), srv.clone(), Some(a), meta.clone())
+        .unwrap();
+    let o = PutOptions::default();
+    let v1 = ba.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+    drop(ba);
+    let bb = Bucket::open(Db::new(store.clone()), srv, Some(b)).unwrap();
+    assert_eq!(bb.capsule(), Some(meta.name()));
+    let v2 = bb.put(b"k", Target::Branch("master"), s("b"), &o).unwrap();
+    proven(&bb, b"k", &v1);
+    proven(&bb, b"k", &v2);
+    // Another metadata for the same bucket is refused.
+    let mut other = meta.clone();
+    other.description = "another".into();
+    assert!(
+        Bucket::open_with_metadata(Db::new(store.clone()), server(&store), None, other).is_err()
+    );
+}
