@@ -84,6 +84,41 @@ impl Node {
         Ok(b)
     }
 
+    /// Creates bucket `name` with a new capsule whose metadata carries `settings` besides
+    /// the usual ones, so they are bound into the capsule name (the native API records a
+    /// bucket's owner key this way), and opens it like [`Node::bucket`]. Fails when the
+    /// bucket already has a capsule.
+    pub fn create_bucket(
+        &self,
+        name: &str,
+        settings: &[(&str, String)],
+    ) -> cairn_core::Result<Arc<Bucket>> {
+        let mut open = self.buckets.lock();
+        let db = Db::new(self.store.clone()).in_bucket(name)?;
+        let mut meta = cairn_capsule::CapsuleMetadata::new(
+            db.algo(),
+            self.key.public(),
+            format!("bucket {name}"),
+        );
+        meta.cipher = cairn_capsule::BodyCipher::Plaintext;
+        meta.key_distribution = "none: mutation records are plaintext".into();
+        meta.settings.insert(
+            cairn_capsule::bucket::BUCKET_SETTING.to_string(),
+            name.to_string(),
+        );
+        for (k, v) in settings {
+            meta.settings.insert(k.to_string(), v.clone());
+        }
+        let b = Arc::new(Bucket::open_with_metadata(
+            db,
+            self.capsules.clone(),
+            Some(self.key.clone()),
+            meta,
+        )?);
+        open.insert(name.to_string(), b.clone());
+        Ok(b)
+    }
+
     /// The node's public key (what clients check acks, checkpoints and bucket records
     /// against).
     pub fn public_key(&self) -> cairn_core::PublicKey {

@@ -30,6 +30,9 @@ async fn buckets_create_list_info_metadata() {
     let meta_hex = info["metadata"].as_str().unwrap();
     let meta = CapsuleMetadata::decode(&hex::decode(meta_hex).unwrap()).unwrap();
     assert_eq!(meta.name().to_string(), info["capsule"].as_str().unwrap());
+    // An open bucket says so in its metadata (bound into the capsule name).
+    assert_eq!(meta.settings["cairn.native.owner"], "open");
+    assert_eq!(info["settings"]["cairn.native.owner"], "open");
     let r = s.get("/v1/buckets/photos/metadata").await;
     assert_eq!(r.status(), 200);
     assert_eq!(
@@ -833,6 +836,15 @@ async fn owner_keys_gate_mutations() {
     assert_eq!(st, 201, "{info}");
     assert_eq!(info["owner"], owner.public().to_string());
     assert_eq!(info["open"], false);
+    // The owner key is bound into the capsule: the metadata that hashes to the capsule name
+    // names it.
+    let meta =
+        CapsuleMetadata::decode(&hex::decode(info["metadata"].as_str().unwrap()).unwrap()).unwrap();
+    assert_eq!(meta.name().to_string(), info["capsule"].as_str().unwrap());
+    assert_eq!(
+        meta.settings["cairn.native.owner"],
+        owner.public().to_string()
+    );
 
     let path = "/v1/buckets/mine/objects/k";
     let now = now_secs();

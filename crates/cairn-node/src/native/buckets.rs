@@ -3,9 +3,10 @@
 //! The native API serves only buckets created through it (`POST /v1/buckets`), so buckets
 //! the node keeps for other front doors (the Gaia hub) are never writable here. Each is
 //! registered in the store's ref `native/bucket/<name>`, whose value is a versioned
-//! encoding of its owner key (if any) and creation time; creating it also creates the
-//! bucket's capsule, written by the node key, so its metadata (and so every proof) exists
-//! from the start.
+//! encoding of its owner key (if any) and creation time. Creating it first creates the
+//! bucket's capsule, written by the node key, with the owner key (or `open`) in the
+//! metadata setting [`OWNER_SETTING`], so the owner is bound into the capsule name and the
+//! metadata (and so every proof) exists from the start.
 
 use std::sync::Arc;
 
@@ -29,6 +30,12 @@ use crate::node::Node;
 const REGISTRY: &[u8] = b"native/bucket/";
 /// Format version of a registry entry.
 const ENTRY_VERSION: u8 = 1;
+/// The capsule metadata setting that names a bucket's owner key (`ed25519:<hex>`), or
+/// [`OPEN`]: bound into the capsule name, so a reader who trusts the name knows who may
+/// write through the native API.
+pub const OWNER_SETTING: &str = "cairn.native.owner";
+/// [`OWNER_SETTING`]'s value for an open bucket.
+pub const OPEN: &str = "open";
 /// Largest `POST /v1/buckets` body.
 const CREATE_LIMIT: u64 = 64 << 10;
 
@@ -146,6 +153,7 @@ fn info(name: &str, entry: &Entry, bucket: &Bucket) -> serde_json::Value {
         "writers": meta.map(|m| m.writers.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
         "hash_algo": meta.map(|m| m.algo.name()),
         "description": meta.map(|m| m.description.clone()),
+        "settings": meta.map(|m| m.settings.clone()),
         "metadata": meta.map(|m| hex::encode(m.encode())),
     })
 }
@@ -215,11 +223,14 @@ pub async fn create(
             owner,
             created_ms: auth::now_secs().saturating_mul(1000),
         };
+        // The capsule first, with the owner in its metadata, then the registry entry that
+        // makes the bucket visible here.
+        let owner_setting = owner.map_or_else(|| OPEN.to_string(), |k| k.to_string());
+        let bucket = node.create_bucket(&name, &[(OWNER_SETTING, owner_setting)])?;
         node.store.commit(&[RefUpdate::Set {
             name: registry_ref(&name),
             value: entry.encode(),
         }])?;
-        let bucket = node.bucket(&name)?;
         Ok(info(&name, &entry, &bucket))
     })
     .await?;
