@@ -489,6 +489,25 @@ async fn guarded_writes_and_size_limits() {
     );
     assert_eq!(r.text().await.unwrap(), "two");
 
+    // Concurrent writers guarding on the same head: exactly one wins.
+    let guard = format!("\"{second}\"");
+    let tries = (0..8).map(|i| {
+        let req = s
+            .req(Method::PUT, "/v1/buckets/g/objects/k")
+            .header("if-match", guard.as_str())
+            .body(format!("racer {i}"));
+        async move { req.send().await.map(|r| r.status().as_u16()) }
+    });
+    let mut statuses: Vec<u16> = futures_util::future::join_all(tries)
+        .await
+        .into_iter()
+        .map(|r| r.expect("send"))
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses, [201, 412, 412, 412, 412, 412, 412, 412]);
+    let (_, log) = s.get_json("/v1/buckets/g/log/k").await;
+    assert_eq!(log["versions"].as_array().unwrap().len(), 3);
+
     // Oversize: declared (Content-Length), streamed (chunked), buffered typed values.
     let big = vec![7u8; 1001];
     let (st, e) = s

@@ -378,21 +378,16 @@ pub async fn put(
     let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions { guard, context };
-    let ty = ty.unwrap_or(if json {
-        // Inferred from the JSON below.
-        ValueType::String
-    } else {
-        ValueType::Blob
-    });
-    let streamed = !json && matches!(ty, ValueType::Blob | ValueType::List);
-    if streamed {
+    // Text bodies default to a blob; JSON bodies name their type or have it inferred.
+    let text_ty = ty.unwrap_or(ValueType::Blob);
+    if !json && matches!(text_ty, ValueType::Blob | ValueType::List) {
         let mut reader = CheckedReader::new(body, max, expect);
         let failure = reader.failure();
         let d = dest.clone();
         let k = key.clone();
         let (result, n) = blocking(move || {
             let target = d.target();
-            let r = if ty == ValueType::Blob {
+            let r = if text_ty == ValueType::Blob {
                 b.put_blob_stream(k.as_bytes(), target, &mut reader, &opts, &mut |_| {})
             } else {
                 let mut lines =
@@ -420,12 +415,9 @@ pub async fn put(
     let bytes = body::read_all(body, max.min(BUFFERED_LIMIT), expect).await?;
     let n = bytes.len() as u64;
     let value = if json {
-        values::parse_json(
-            q.ty.as_deref().map(str::parse::<ValueType>).transpose()?,
-            &bytes,
-        )?
+        values::parse_json(ty, &bytes)?
     } else {
-        values::parse_text(ty, bytes.to_vec())?
+        values::parse_text(text_ty, bytes.to_vec())?
     };
     let d = dest.clone();
     let k = key.clone();
