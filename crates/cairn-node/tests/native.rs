@@ -137,6 +137,16 @@ async fn blobs_stream_with_ranges_and_etags() {
     assert_eq!(r.headers()["content-length"], "100000");
     assert_eq!(r.bytes().await.unwrap().to_vec(), data);
 
+    let r = s
+        .req(Method::HEAD, "/v1/buckets/b/objects/dir/file.bin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], "100000");
+    assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
+    assert!(r.bytes().await.unwrap().is_empty());
+
     let range = |h: &'static str| {
         s.req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
             .header("range", h)
