@@ -1,18 +1,1378 @@
-//! A drop-in Gaia hub. Being built (issue 4).
+//! A drop-in Gaia hub (stacks-network/gaia `hub/src/server/http.ts`, `server.ts`,
+//! `authentication.ts`, and the reader side-car), with Gaia's failures fixed.
+//!
+//! Routes, status codes, JSON bodies and CORS headers are the hub's:
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /hub_info[/]` | 200 `{challenge_text, latest_auth_version, max_file_upload_size_megabytes, read_url_prefix}` |
+//! | `POST /store/{address}/{path}` | 202 `{publicURL, etag}` |
+//! | `DELETE /delete/{address}/{path}` | 202, empty |
+//! | `POST /list-files/{address}` | 202 `{entries, page}` (`{"page", "stat"}` in the body) |
+//! | `POST /revoke-all/{address}` | 202 `{status: "success"}` (`{"oldestValidTimestamp"}` in the body) |
+//! | `GET/HEAD /read/{address}/{path}` | the file, with `ETag`, `Content-Type`, `Last-Modified` (the reader's job in Gaia) |
+//!
+//! Errors are `{message, error}` with the hub's error names: 401 `ValidationError` /
+//! `AuthTokenTimestampValidationError`, 403 `BadPathError`, 404 `DoesNotExist`, 412
+//! `PreconditionFailedError`, 413 `PayloadTooLargeError`.
+//!
+//! **Storage.** Each Gaia address is one Cairn bucket (`gaia-<hex of the address's
+//! hash160>`, a capsule written by the node key) and each file path one key of it. Every
+//! store puts a new Blob version on the key's `master` branch (the previous head is its
+//! base, so history is kept; the ETag is the version's uid; content type and modification
+//! time live in the version's context). A delete removes the `master` head; the versions
+//! stay in the store. The revocation time (`revoke-all`) is an Integer under the key
+//! [`REVOCATION_KEY`], which starts with a NUL byte no Gaia path may contain.
+//!
+//! **Fixed failures.** The hub answers 409 to a second concurrent write of one path; here
+//! writes to one path queue (up to `write_queue` per path, then 503 with `Retry-After`)
+//! and all succeed. Bodies stream: the upload goes from the socket through a
+//! [`SyncIoBridge`] into the POS-tree builder, and reads stream leaf by leaf, so memory
+//! does not grow with file size. The body is built into chunks before the path's turn
+//! comes; only the short commit is serialized, and `If-Match` / `If-None-Match` are
+//! re-checked at that moment (atomically with the commit), not only before the upload.
 
+pub mod auth;
+
+use std::collections::HashMap;
+use std::io::{self, Read};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use serde::Deserialize;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use cairn_capsule::Bucket;
+use cairn_object::db::DEFAULT_BRANCH;
+use cairn_object::postree::BlobReader;
+use cairn_object::{At, NewValue, PutOptions, Target, Uid, Value, ValueType};
+use futures_util::TryStreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Deserializer, Serialize};
+use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::node::Node;
+use auth::{AuthError, AuthSettings, Verified};
 
-/// Gaia hub settings (the `[gaia]` table of the config file).
-#[derive(Clone, Debug, Default, Deserialize)]
+/// The key holding a bucket's revocation time (seconds since the epoch): it starts with a
+/// NUL byte, which Gaia paths may not contain, so it never collides with a file.
+pub const REVOCATION_KEY: &[u8] = b"\0gaia/oldest-valid-token";
+
+/// Bytes per read when streaming a file out.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Gaia hub settings (the `[gaia]` table of the config file). The names follow the hub's
+/// `config.json` keys in snake case.
+///
+/// ```toml
+/// [gaia]
+/// server_name = "gaia-0"                  # part of the challenge text clients sign
+/// read_url = "https://cdn.example/"       # read_url_prefix; default http://<Host>/read/
+/// require_correct_hub_url = false         # tokens must claim one of valid_hub_urls
+/// valid_hub_urls = ["https://hub.example"]
+/// whitelist = ["1Address..."]             # only these signers may use the hub
+/// page_size = 100                         # list-files entries per page (1..=4096)
+/// cache_control = "no-cache"              # Cache-Control of reads ("" for none)
+/// auth_timestamp_cache_size = 50000       # revocation times kept in memory
+/// ```
+#[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct GaiaConfig {}
+pub struct GaiaConfig {
+    /// The hub's name in the challenge text (`serverName`); `https://<server_name>` is
+    /// always an accepted `hubUrl`.
+    pub server_name: String,
+    /// The `read_url_prefix` announced and used in `publicURL` (`readURL`). Unset: the
+    /// node's own read endpoint, `http://<Host of the request>/read/`.
+    pub read_url: Option<String>,
+    /// Whether tokens must claim an accepted `hubUrl` (`requireCorrectHubUrl`).
+    pub require_correct_hub_url: bool,
+    /// Accepted `hubUrl` claims besides `https://<server_name>` (`validHubUrls`).
+    pub valid_hub_urls: Vec<String>,
+    /// When set, only these signer addresses may use the hub (`whitelist`).
+    pub whitelist: Option<Vec<String>>,
+    /// Entries per `list-files` page (`pageSize`, 1 to 4096).
+    #[serde(deserialize_with = "page_size")]
+    pub page_size: usize,
+    /// `Cache-Control` of read responses (the reader's `cacheControl`; empty: none).
+    pub cache_control: String,
+    /// Revocation times cached in memory (`authTimestampCacheSize`, at least 1).
+    #[serde(deserialize_with = "cache_size")]
+    pub auth_timestamp_cache_size: usize,
+}
+
+impl Default for GaiaConfig {
+    fn default() -> Self {
+        GaiaConfig {
+            server_name: "gaia-0".into(),
+            read_url: None,
+            require_correct_hub_url: false,
+            valid_hub_urls: Vec::new(),
+            whitelist: None,
+            page_size: 100,
+            cache_control: "no-cache".into(),
+            auth_timestamp_cache_size: 50_000,
+        }
+    }
+}
+
+fn page_size<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if !(1..=4096).contains(&n) {
+        return Err(serde::de::Error::custom(
+            "page_size must be between 1 and 4096",
+        ));
+    }
+    Ok(n)
+}
+
+fn cache_size<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if n == 0 {
+        return Err(serde::de::Error::custom(
+            "auth_timestamp_cache_size must be at least 1",
+        ));
+    }
+    Ok(n)
+}
+
+/// The hub's state beside the node: per-path write queues and cached revocation times.
+struct Hub {
+    node: Arc<Node>,
+    cfg: GaiaConfig,
+    auth: AuthSettings,
+    queues: Mutex<HashMap<(String, Vec<u8>), PathQueue>>,
+    revoked: Mutex<HashMap<String, i64>>,
+}
+
+/// Writers of one path: how many are registered, and the lock whose holder commits.
+struct PathQueue {
+    waiting: usize,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A writer's place in a path's queue; leaving (drop) frees it.
+struct Ticket {
+    hub: Arc<Hub>,
+    id: (String, Vec<u8>),
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut q = self.hub.queues.lock();
+        if let Some(e) = q.get_mut(&self.id) {
+            e.waiting -= 1;
+            if e.waiting == 0 {
+                q.remove(&self.id);
+            }
+        }
+    }
+}
 
 /// The Gaia hub's routes.
-pub fn routes(_node: &Arc<Node>) -> Router<Arc<Node>> {
-    Router::new()
+pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
+    let cfg = node.config.gaia.clone();
+    let hub = Arc::new(Hub {
+        node: node.clone(),
+        auth: AuthSettings {
+            server_name: cfg.server_name.clone(),
+            require_correct_hub_url: cfg.require_correct_hub_url,
+            valid_hub_urls: cfg.valid_hub_urls.clone(),
+        },
+        cfg,
+        queues: Mutex::new(HashMap::new()),
+        revoked: Mutex::new(HashMap::new()),
+    });
+    let api = Router::new()
+        .route("/hub_info", get(hub_info))
+        .route("/hub_info/", get(hub_info))
+        .route("/store/{address}/{*path}", post(store))
+        .route("/delete/{address}/{*path}", delete(remove))
+        .route("/list-files/{address}", post(list_files))
+        .route("/list-files/{address}/", post(list_files))
+        .route("/list-files/{address}/{*rest}", post(list_files_rest))
+        .route("/revoke-all/{address}", post(revoke_all))
+        .route("/revoke-all/{address}/", post(revoke_all))
+        .route("/revoke-all/{address}/{*rest}", post(revoke_all_rest))
+        .layer(axum::middleware::from_fn(hub_cors));
+    let reader = Router::new()
+        .route("/read/{address}/{*path}", get(read))
+        .layer(axum::middleware::from_fn(reader_cors));
+    api.merge(reader).with_state(hub)
+}
+
+// ----- errors -----
+
+/// A refusal, answered as the hub does: a status and `{message, error}`.
+#[derive(Debug)]
+enum GaiaError {
+    Auth(AuthError),
+    BadPath(String),
+    DoesNotExist(String),
+    Precondition(String),
+    TooLarge(String),
+    InvalidInput(String),
+    /// 400 with a message only (the hub's JSON-body checks).
+    BadRequest(String),
+    /// 503 with Retry-After: the path's write queue is full.
+    Busy(String),
+    /// 500 `{message: "Server Error"}`; the cause is logged.
+    Server(String),
+}
+
+impl From<AuthError> for GaiaError {
+    fn from(e: AuthError) -> Self {
+        GaiaError::Auth(e)
+    }
+}
+
+impl From<cairn_core::Error> for GaiaError {
+    fn from(e: cairn_core::Error) -> Self {
+        GaiaError::Server(e.to_string())
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+impl IntoResponse for GaiaError {
+    fn into_response(self) -> Response {
+        let (status, name, message) = match &self {
+            GaiaError::Auth(AuthError::Validation(m)) => (
+                StatusCode::UNAUTHORIZED,
+                Some("ValidationError"),
+                m.as_str(),
+            ),
+            GaiaError::Auth(AuthError::Revoked(m)) => (
+                StatusCode::UNAUTHORIZED,
+                Some("AuthTokenTimestampValidationError"),
+                m.as_str(),
+            ),
+            GaiaError::BadPath(m) => (StatusCode::FORBIDDEN, Some("BadPathError"), m.as_str()),
+            GaiaError::DoesNotExist(m) => (StatusCode::NOT_FOUND, Some("DoesNotExist"), m.as_str()),
+            GaiaError::Precondition(m) => (
+                StatusCode::PRECONDITION_FAILED,
+                Some("PreconditionFailedError"),
+                m.as_str(),
+            ),
+            GaiaError::TooLarge(m) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Some("PayloadTooLargeError"),
+                m.as_str(),
+            ),
+            GaiaError::InvalidInput(m) => (
+                StatusCode::BAD_REQUEST,
+                Some("InvalidInputError"),
+                m.as_str(),
+            ),
+            GaiaError::BadRequest(m) => (StatusCode::BAD_REQUEST, None, m.as_str()),
+            GaiaError::Busy(m) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("ServiceUnavailableError"),
+                m.as_str(),
+            ),
+            GaiaError::Server(m) => {
+                tracing::error!(error = %m, "gaia hub: server error");
+                (StatusCode::INTERNAL_SERVER_ERROR, None, "Server Error")
+            }
+        };
+        let mut resp = json(
+            status,
+            &ErrorBody {
+                message,
+                error: name,
+            },
+        );
+        if matches!(self, GaiaError::Busy(_)) {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+type HubResult<T> = Result<T, GaiaError>;
+
+/// Runs blocking storage work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> HubResult<T> + Send + 'static,
+) -> HubResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| GaiaError::Server(format!("storage task failed: {e}")))?
+}
+
+// ----- CORS -----
+
+/// The hub's CORS (the `cors` package with origin `*`): preflights answered for every hub
+/// route, `Access-Control-Allow-Origin: *` on every answer.
+async fn hub_cors(req: Request, next: Next) -> Response {
+    if req.method() == Method::OPTIONS {
+        return preflight(
+            "DELETE,POST,GET,OPTIONS,HEAD",
+            Some("Authorization,Content-Type,If-Match,If-None-Match"),
+            &req,
+        );
+    }
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    resp
+}
+
+/// The reader's CORS: GET/HEAD/OPTIONS, `Content-Type` and `ETag` exposed.
+async fn reader_cors(req: Request, next: Next) -> Response {
+    if req.method() == Method::OPTIONS {
+        return preflight("GET,HEAD,OPTIONS", None, &req);
+    }
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Content-Type,ETag"),
+    );
+    resp
+}
+
+/// A 204 preflight answer; with no fixed allowed headers, the requested ones are echoed
+/// (and `Vary` says so), as the `cors` package does.
+fn preflight(methods: &'static str, allowed: Option<&'static str>, req: &Request) -> Response {
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(methods),
+    );
+    match allowed {
+        Some(a) => {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static(a),
+            );
+        }
+        None => {
+            h.insert(
+                header::VARY,
+                HeaderValue::from_static("Access-Control-Request-Headers"),
+            );
+            if let Some(v) = req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
+                h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, v.clone());
+            }
+        }
+    }
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    resp
+}
+
+// ----- helpers -----
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The hub's address pattern for writes: `[a-zA-Z0-9]+`.
+fn valid_address(a: &str) -> bool {
+    !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// The bucket of a Gaia address: `gaia-<hex of its hash160>` (`None` for a string that is
+/// no version-0 P2PKH address, which no token can own).
+pub fn bucket_name(address: &str) -> Option<String> {
+    auth::address_hash160(address).map(|h| format!("gaia-{}", hex::encode(h)))
+}
+
+/// A Gaia file path as the hub takes it: one trailing `/` dropped; `..`, a trailing `/`,
+/// NUL bytes, over-long or over-deep paths refused (403).
+fn file_path(raw: &str) -> HubResult<String> {
+    let p = raw.strip_suffix('/').unwrap_or(raw);
+    if p.is_empty() || p.contains("..") || p.ends_with('/') || p.contains('\0') {
+        return Err(GaiaError::BadPath("Invalid Path".into()));
+    }
+    if p.len() > cairn_object::fobject::MAX_KEY_LEN {
+        return Err(GaiaError::BadPath("Path is too long".into()));
+    }
+    if p.split('/').filter(|s| !s.is_empty()).count() > 100 {
+        return Err(GaiaError::BadPath("Path is too deep".into()));
+    }
+    Ok(p.to_string())
+}
+
+fn megabytes(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// `max_file_upload_size_megabytes`: a whole number when it is one.
+fn max_upload_megabytes(bytes: u64) -> serde_json::Value {
+    if bytes.is_multiple_of(1 << 20) {
+        serde_json::Value::from(bytes >> 20)
+    } else {
+        serde_json::Value::from(megabytes(bytes))
+    }
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// What a stored version's context holds: the upload's content type and time.
+#[derive(Serialize, Deserialize)]
+struct FileMeta {
+    gaia: u8,
+    content_type: String,
+    mtime_ms: u64,
+}
+
+impl FileMeta {
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The metadata of a version (defaults for one the Gaia hub did not write).
+    fn of(context: &[u8]) -> FileMeta {
+        serde_json::from_slice::<FileMeta>(context)
+            .ok()
+            .filter(|m| m.gaia == 1)
+            .unwrap_or(FileMeta {
+                gaia: 1,
+                content_type: "application/octet-stream".into(),
+                mtime_ms: 0,
+            })
+    }
+}
+
+/// The ETag of a version: its uid in text form.
+fn etag(uid: &Uid) -> String {
+    uid.to_string()
+}
+
+impl Hub {
+    /// `read_url_prefix`: the configured one (ending in `/`), else this node's read
+    /// endpoint under the host the client used.
+    fn read_prefix(&self, headers: &HeaderMap) -> String {
+        if let Some(u) = &self.cfg.read_url {
+            return if u.ends_with('/') {
+                u.clone()
+            } else {
+                format!("{u}/")
+            };
+        }
+        let host = header_str(headers, &header::HOST).filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        });
+        format!(
+            "http://{}/read/",
+            host.unwrap_or(self.node.config.listen.as_str())
+        )
+    }
+
+    /// Checks the token and the whitelist (not revocation).
+    fn authenticate(&self, headers: &HeaderMap, address: &str) -> HubResult<Verified> {
+        let v = auth::authenticate(
+            header_str(headers, &header::AUTHORIZATION),
+            address,
+            &self.auth,
+            now_secs(),
+        )?;
+        if let Some(list) = &self.cfg.whitelist
+            && !list.contains(&v.signer)
+        {
+            return Err(AuthError::Validation(format!(
+                "Address {} not authorized for writes",
+                v.signer
+            ))
+            .into());
+        }
+        Ok(v)
+    }
+
+    /// The bucket of an authenticated address, opened (created on first use).
+    fn bucket(&self, address: &str) -> HubResult<Arc<Bucket>> {
+        let name = bucket_name(address).ok_or_else(|| {
+            AuthError::Validation("Address not allowed to write on this path".into())
+        })?;
+        Ok(self.node.bucket(&name)?)
+    }
+
+    /// The bucket of an address if it was ever created (reads never create one).
+    fn existing_bucket(&self, address: &str) -> HubResult<Option<Arc<Bucket>>> {
+        let Some(name) = bucket_name(address) else {
+            return Ok(None);
+        };
+        let capsule_ref = format!("bucket-capsule/{name}");
+        if self.node.store.get_ref(capsule_ref.as_bytes())?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.node.bucket(&name)?))
+    }
+
+    /// The bucket's revocation time (0: none) and the version holding it.
+    fn read_revocation(bucket: &Bucket) -> HubResult<Option<(i64, Uid)>> {
+        match bucket.db().get(REVOCATION_KEY, &At::default_branch()) {
+            Ok(v) => match v.object.value {
+                Value::Integer(t) => Ok(Some((t, v.uid))),
+                _ => Err(GaiaError::Server(format!(
+                    "bucket {}: the revocation key does not hold an integer",
+                    bucket.name()
+                ))),
+            },
+            Err(cairn_core::Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The oldest valid token time of `address`, from the cache or the store.
+    fn oldest_valid(&self, address: &str, bucket: &Bucket) -> HubResult<i64> {
+        if let Some(t) = self.revoked.lock().get(address) {
+            return Ok(*t);
+        }
+        let t = Self::read_revocation(bucket)?.map_or(0, |(t, _)| t);
+        self.remember_revocation(address, t);
+        Ok(t)
+    }
+
+    fn remember_revocation(&self, address: &str, t: i64) {
+        let mut c = self.revoked.lock();
+        if c.len() >= self.cfg.auth_timestamp_cache_size && !c.contains_key(address) {
+            c.clear();
+        }
+        let e = c.entry(address.to_string()).or_insert(t);
+        *e = (*e).max(t);
+    }
+
+    /// Joins the write queue of `path` in `bucket`; 503 when it is full.
+    fn enqueue(self: &Arc<Self>, bucket: &str, path: &[u8]) -> HubResult<Ticket> {
+        let id = (bucket.to_string(), path.to_vec());
+        let mut q = self.queues.lock();
+        let e = q.entry(id.clone()).or_insert_with(|| PathQueue {
+            waiting: 0,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+        });
+        if e.waiting >= self.node.config.write_queue {
+            return Err(GaiaError::Busy(format!(
+                "{} writes are already queued on this path; retry later",
+                e.waiting
+            )));
+        }
+        e.waiting += 1;
+        Ok(Ticket {
+            hub: self.clone(),
+            id,
+            turn: e.turn.clone(),
+        })
+    }
+}
+
+/// The head of a file (its `master` branch), if it exists.
+fn head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
+    Ok(bucket.db().table(key)?.tagged.get(DEFAULT_BRANCH).copied())
+}
+
+/// The write preconditions of a store, checked against the current head.
+#[derive(Clone)]
+enum Precondition {
+    None,
+    /// `If-Match` with this ETag (`*` is no condition).
+    Match(String),
+    /// `If-None-Match: *`.
+    Absent,
+}
+
+impl Precondition {
+    fn from_headers(h: &HeaderMap) -> HubResult<Self> {
+        let m = header_str(h, &header::IF_MATCH).filter(|s| !s.is_empty());
+        let n = header_str(h, &header::IF_NONE_MATCH).filter(|s| !s.is_empty());
+        match (m, n) {
+            (Some(_), Some(_)) => Err(GaiaError::Precondition(
+                "Request should not contain both if-match and if-none-match headers".into(),
+            )),
+            (None, Some(n)) if n != "*" => Err(GaiaError::Precondition(
+                "Misuse of the if-none-match header. Expected to be * on write requests.".into(),
+            )),
+            (None, Some(_)) => Ok(Precondition::Absent),
+            (Some("*"), None) | (None, None) => Ok(Precondition::None),
+            (Some(m), None) => Ok(Precondition::Match(m.to_string())),
+        }
+    }
+
+    fn check(&self, head: Option<Uid>) -> HubResult<()> {
+        match self {
+            Precondition::None => Ok(()),
+            Precondition::Match(tag) => {
+                if head.map(|h| etag(&h)).as_deref() == Some(tag.as_str()) {
+                    Ok(())
+                } else {
+                    Err(GaiaError::Precondition(
+                        "The provided ETag does not match that of the resource on the server"
+                            .into(),
+                    ))
+                }
+            }
+            Precondition::Absent => match head {
+                Some(_) => Err(GaiaError::Precondition(
+                    "The entity you are trying to create already exists".into(),
+                )),
+                None => Ok(()),
+            },
+        }
+    }
+}
+
+// ----- hub_info -----
+
+#[derive(Serialize)]
+struct HubInfo {
+    challenge_text: String,
+    latest_auth_version: &'static str,
+    max_file_upload_size_megabytes: serde_json::Value,
+    read_url_prefix: String,
+}
+
+async fn hub_info(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
+    json(
+        StatusCode::OK,
+        &HubInfo {
+            challenge_text: auth::challenge_text(&hub.cfg.server_name),
+            latest_auth_version: auth::LATEST_AUTH_VERSION,
+            max_file_upload_size_megabytes: max_upload_megabytes(hub.node.config.max_upload_bytes),
+            read_url_prefix: hub.read_prefix(&headers),
+        },
+    )
+}
+
+// ----- store -----
+
+#[derive(Serialize)]
+struct WriteResult {
+    #[serde(rename = "publicURL")]
+    public_url: String,
+    etag: String,
+}
+
+/// The upload as a blocking reader: counts bytes against the limit and, at the end of the
+/// body, waits for the path's turn and re-checks the precondition, so the commit that
+/// follows is atomic with the check.
+struct Upload<R> {
+    inner: R,
+    limit: u64,
+    max_mb: f64,
+    seen: u64,
+    at_end: Option<Box<dyn FnOnce() -> HubResult<tokio::sync::OwnedMutexGuard<()>> + Send>>,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    failed: Option<GaiaError>,
+}
+
+impl<R: Read> Read for Upload<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failed.is_some() {
+            return Err(io::Error::other("upload refused"));
+        }
+        let n = self.inner.read(buf)?;
+        if n == 0 {
+            if let Some(f) = self.at_end.take() {
+                match f() {
+                    Ok(g) => self.turn = Some(g),
+                    Err(e) => {
+                        self.failed = Some(e);
+                        return Err(io::Error::other("upload refused"));
+                    }
+                }
+            }
+            return Ok(0);
+        }
+        self.seen += n as u64;
+        if self.seen > self.limit {
+            self.failed = Some(GaiaError::TooLarge(format!(
+                "Max file upload size is {} megabytes. Rejected POST body stream of {:.4} megabytes",
+                self.max_mb,
+                megabytes(self.seen)
+            )));
+            return Err(io::Error::other("upload too large"));
+        }
+        Ok(n)
+    }
+}
+
+async fn store(
+    State(hub): State<Arc<Hub>>,
+    Path((address, raw_path)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if !valid_address(&address) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    // Made here (it needs the runtime handle); read in the blocking task.
+    let reader = SyncIoBridge::new(StreamReader::new(
+        body.into_data_stream().map_err(io::Error::other),
+    ));
+    let public_prefix = hub.read_prefix(&headers);
+    let h = hub.clone();
+    let addr = address.clone();
+    let result = blocking(move || store_blocking(&h, &addr, &raw_path, &headers, reader)).await;
+    match result {
+        Ok((path, uid, bytes)) => {
+            hub.node
+                .metrics
+                .bytes_written
+                .with_label_values(&["gaia"])
+                .inc_by(bytes);
+            json(
+                StatusCode::ACCEPTED,
+                &WriteResult {
+                    public_url: format!("{public_prefix}{address}/{path}"),
+                    etag: etag(&uid),
+                },
+            )
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+fn store_blocking<R: Read>(
+    hub: &Arc<Hub>,
+    address: &str,
+    raw_path: &str,
+    headers: &HeaderMap,
+    reader: R,
+) -> HubResult<(String, Uid, u64)> {
+    let v = hub.authenticate(headers, address)?;
+    let bucket = hub.bucket(address)?;
+    v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
+    let path = file_path(raw_path)?;
+    v.scopes.check_write(address, &path)?;
+    let key = path.as_bytes().to_vec();
+    let cond = Precondition::from_headers(headers)?;
+    // Fail fast, before the body is read; checked again at commit time.
+    cond.check(head(&bucket, &key)?)?;
+    let limit = hub.node.config.max_upload_bytes;
+    let max_mb = megabytes(limit);
+    if let Some(len) =
+        header_str(headers, &header::CONTENT_LENGTH).and_then(|l| l.parse::<u64>().ok())
+        && len > limit
+    {
+        return Err(GaiaError::TooLarge(format!(
+            "Max file upload size is {max_mb} megabytes. Rejected Content-Length of {:.4} megabytes",
+            megabytes(len)
+        )));
+    }
+    let content_type = header_str(headers, &header::CONTENT_TYPE)
+        .unwrap_or("application/octet-stream")
+        .to_string();
+    if content_type.len() > 1024 {
+        return Err(GaiaError::InvalidInput("Invalid content-type".into()));
+    }
+    let ticket = hub.enqueue(bucket.name(), &key)?;
+    let guard = match &cond {
+        Precondition::Match(tag) => Some(tag.parse::<Uid>().map_err(|_| {
+            GaiaError::Precondition(
+                "The provided ETag does not match that of the resource on the server".into(),
+            )
+        })?),
+        _ => None,
+    };
+    let opts = PutOptions {
+        guard,
+        context: FileMeta {
+            gaia: 1,
+            content_type,
+            mtime_ms: now_millis(),
+        }
+        .encode(),
+    };
+    let (turn, check_bucket, check_key) = (ticket.turn.clone(), bucket.clone(), key.clone());
+    let mut upload = Upload {
+        inner: reader,
+        limit,
+        max_mb,
+        seen: 0,
+        at_end: Some(Box::new(move || {
+            let g = turn.blocking_lock_owned();
+            cond.check(head(&check_bucket, &check_key)?)?;
+            Ok(g)
+        })),
+        turn: None,
+        failed: None,
+    };
+    let result = bucket.put_blob_stream(
+        &key,
+        Target::Branch(DEFAULT_BRANCH),
+        &mut upload,
+        &opts,
+        &mut |_| {},
+    );
+    drop(upload.turn.take());
+    drop(ticket);
+    match (result, upload.failed) {
+        (_, Some(e)) => Err(e),
+        (Ok(uid), None) => Ok((path, uid, upload.seen)),
+        (Err(cairn_core::Error::GuardMismatch(_)), None) => Err(GaiaError::Precondition(
+            "The provided ETag does not match that of the resource on the server".into(),
+        )),
+        (Err(cairn_core::Error::TypeMismatch(m)), None) => Err(GaiaError::InvalidInput(m)),
+        (Err(cairn_core::Error::Io { context, source }), None)
+            if context == "reading the input" =>
+        {
+            Err(GaiaError::BadRequest(format!(
+                "reading the request body: {source}"
+            )))
+        }
+        (Err(e), None) => Err(e.into()),
+    }
+}
+
+// ----- delete -----
+
+async fn remove(
+    State(hub): State<Arc<Hub>>,
+    Path((address, raw_path)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if !valid_address(&address) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let h = hub.clone();
+    match blocking(move || remove_blocking(&h, &address, &raw_path, &headers)).await {
+        Ok(()) => StatusCode::ACCEPTED.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn remove_blocking(
+    hub: &Arc<Hub>,
+    address: &str,
+    raw_path: &str,
+    headers: &HeaderMap,
+) -> HubResult<()> {
+    let v = hub.authenticate(headers, address)?;
+    let missing = || GaiaError::DoesNotExist("File does not exist".into());
+    let Some(bucket) = hub.existing_bucket(address)? else {
+        // Nothing was ever stored, so nothing was revoked either.
+        v.check_revocation(0)?;
+        let path = file_path(raw_path)?;
+        v.scopes.check_delete(address, &path)?;
+        return Err(missing());
+    };
+    v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
+    let path = file_path(raw_path)?;
+    v.scopes.check_delete(address, &path)?;
+    let key = path.as_bytes();
+    let ticket = hub.enqueue(bucket.name(), key)?;
+    let _turn = ticket.turn.clone().blocking_lock_owned();
+    if head(&bucket, key)?.is_none() {
+        return Err(missing());
+    }
+    match bucket.remove(key, DEFAULT_BRANCH) {
+        Ok(_) => Ok(()),
+        Err(cairn_core::Error::NotFound(_)) => Err(missing()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ----- JSON bodies (list-files, revoke-all) -----
+
+/// The hub parses these bodies with `express.json({limit: 4096})`: only JSON content
+/// types are parsed (anything else reads as `{}`), larger bodies are refused.
+async fn small_json(
+    headers: &HeaderMap,
+    body: Body,
+) -> HubResult<serde_json::Map<String, serde_json::Value>> {
+    const LIMIT: usize = 4096;
+    let is_json = header_str(headers, &header::CONTENT_TYPE).is_some_and(|t| {
+        let t = t
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        t == "application/json" || (t.starts_with("application/") && t.ends_with("+json"))
+    });
+    if header_str(headers, &header::CONTENT_LENGTH)
+        .and_then(|l| l.parse::<usize>().ok())
+        .is_some_and(|l| l > LIMIT)
+    {
+        return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
+    }
+    let bytes = axum::body::to_bytes(body, LIMIT)
+        .await
+        .map_err(|_| GaiaError::TooLarge("Invalid JSON: too long".into()))?;
+    if !is_json || bytes.is_empty() {
+        return Ok(Default::default());
+    }
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(serde_json::Value::Array(_)) => Ok(Default::default()),
+        _ => Err(GaiaError::BadRequest("Invalid JSON".into())),
+    }
+}
+
+/// JavaScript truthiness of a JSON value.
+fn truthy(v: Option<&serde_json::Value>) -> bool {
+    use serde_json::Value as J;
+    match v {
+        None | Some(J::Null) => false,
+        Some(J::Bool(b)) => *b,
+        Some(J::Number(n)) => n.as_f64().is_some_and(|x| x != 0.0),
+        Some(J::String(s)) => !s.is_empty(),
+        Some(J::Array(_)) | Some(J::Object(_)) => true,
+    }
+}
+
+// ----- list-files -----
+
+/// One entry of a `stat` listing, fields in the hub's order.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatEntry {
+    exists: bool,
+    etag: String,
+    content_length: u64,
+    content_type: String,
+    last_modified_date: u64,
+    name: String,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Entries {
+    Names(Vec<Option<String>>),
+    Stats(Vec<Option<StatEntry>>),
+}
+
+#[derive(Serialize)]
+struct Listing {
+    entries: Entries,
+    page: Option<String>,
+}
+
+async fn list_files(
+    State(hub): State<Arc<Hub>>,
+    Path(address): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    list_files_at(hub, address, headers, body).await
+}
+
+async fn list_files_rest(
+    State(hub): State<Arc<Hub>>,
+    Path((address, _rest)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    list_files_at(hub, address, headers, body).await
+}
+
+async fn list_files_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body: Body) -> Response {
+    if !valid_address(&address) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let req = match small_json(&headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let page = match req.get("page") {
+        p if !truthy(p) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => Some(other.to_string()),
+        None => None,
+    };
+    let stat = truthy(req.get("stat"));
+    let h = hub.clone();
+    match blocking(move || list_blocking(&h, &address, &headers, page, stat)).await {
+        Ok(listing) => json(StatusCode::ACCEPTED, &listing),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn is_historical(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .unwrap_or(path)
+        .starts_with(".history.")
+}
+
+fn list_blocking(
+    hub: &Arc<Hub>,
+    address: &str,
+    headers: &HeaderMap,
+    page: Option<String>,
+    stat: bool,
+) -> HubResult<Listing> {
+    let v = hub.authenticate(headers, address)?;
+    let empty = |stat: bool| Listing {
+        entries: if stat {
+            Entries::Stats(Vec::new())
+        } else {
+            Entries::Names(Vec::new())
+        },
+        page: None,
+    };
+    let Some(bucket) = hub.existing_bucket(address)? else {
+        v.check_revocation(0)?;
+        return Ok(empty(stat));
+    };
+    v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
+    let page_num = match &page {
+        None => 0,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p
+            .parse::<usize>()
+            .map_err(|_| GaiaError::BadRequest("Invalid page number".into()))?,
+        Some(_) => return Err(GaiaError::BadRequest("Invalid page number".into())),
+    };
+    let names: Vec<String> = bucket
+        .db()
+        .list_keys()?
+        .into_iter()
+        .filter(|k| !k.starts_with(b"\0"))
+        .filter_map(|k| String::from_utf8(k.to_vec()).ok())
+        .collect();
+    let size = hub.cfg.page_size;
+    let start = page_num.saturating_mul(size).min(names.len());
+    let end = start.saturating_add(size).min(names.len());
+    let next = (end < names.len()).then(|| (page_num + 1).to_string());
+    let archival = v.scopes.archival_restricted();
+    let slice = names[start..end]
+        .iter()
+        .filter(|n| !(archival && is_historical(n)));
+    let mut listing = if stat {
+        let mut out = Vec::new();
+        for name in slice {
+            let Some(uid) = head(&bucket, name.as_bytes())? else {
+                continue;
+            };
+            let o = bucket.db().load(&uid)?;
+            let meta = FileMeta::of(&o.context);
+            out.push(Some(StatEntry {
+                exists: true,
+                etag: etag(&uid),
+                content_length: value_len(&o.value),
+                content_type: meta.content_type,
+                last_modified_date: (meta.mtime_ms + 500) / 1000,
+                name: name.clone(),
+            }));
+        }
+        Listing {
+            entries: Entries::Stats(out),
+            page: next,
+        }
+    } else {
+        Listing {
+            entries: Entries::Names(slice.cloned().map(Some).collect()),
+            page: next,
+        }
+    };
+    // The hub's marker for "more pages, though this one was all history files".
+    if archival && listing.page.is_some() {
+        match &mut listing.entries {
+            Entries::Names(n) if n.is_empty() => n.push(None),
+            Entries::Stats(s) if s.is_empty() => s.push(None),
+            _ => {}
+        }
+    }
+    Ok(listing)
+}
+
+fn value_len(v: &Value) -> u64 {
+    match v {
+        Value::Tree(t) => t.count,
+        Value::String(b) => b.len() as u64,
+        _ => 0,
+    }
+}
+
+// ----- revoke-all -----
+
+#[derive(Serialize)]
+struct Success {
+    status: &'static str,
+}
+
+async fn revoke_all(
+    State(hub): State<Arc<Hub>>,
+    Path(address): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    revoke_all_at(hub, address, headers, body).await
+}
+
+async fn revoke_all_rest(
+    State(hub): State<Arc<Hub>>,
+    Path((address, _rest)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    revoke_all_at(hub, address, headers, body).await
+}
+
+/// `parseInt` of the hub: leading whitespace, an optional sign, then digits.
+fn parse_int(v: &serde_json::Value) -> Option<i64> {
+    match v {
+        serde_json::Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|x| x.is_finite())
+                .map(|x| x.trunc() as i64)
+        }),
+        serde_json::Value::String(s) => {
+            let s = s.trim_start();
+            let (neg, digits) = match s.as_bytes().first() {
+                Some(b'-') => (true, &s[1..]),
+                Some(b'+') => (false, &s[1..]),
+                _ => (false, s),
+            };
+            let end = digits
+                .bytes()
+                .position(|b| !b.is_ascii_digit())
+                .unwrap_or(digits.len());
+            let n: i64 = digits[..end].parse().ok()?;
+            Some(if neg { -n } else { n })
+        }
+        _ => None,
+    }
+}
+
+async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body: Body) -> Response {
+    if !valid_address(&address) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let req = match small_json(&headers, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if !truthy(req.get("oldestValidTimestamp")) {
+        return GaiaError::BadRequest("Invalid JSON: missing oldestValidTimestamp".into())
+            .into_response();
+    }
+    let ts = match req.get("oldestValidTimestamp").and_then(parse_int) {
+        Some(t) if t >= 0 => t,
+        _ => {
+            return GaiaError::BadRequest(
+                "Invalid JSON: oldestValidTimestamp is not a valid integer".into(),
+            )
+            .into_response();
+        }
+    };
+    let h = hub.clone();
+    match blocking(move || revoke_blocking(&h, &address, &headers, ts)).await {
+        Ok(()) => json(StatusCode::ACCEPTED, &Success { status: "success" }),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn revoke_blocking(hub: &Arc<Hub>, address: &str, headers: &HeaderMap, ts: i64) -> HubResult<()> {
+    // As in the hub, a revoked token may still move the revocation time.
+    hub.authenticate(headers, address)?;
+    let bucket = hub.bucket(address)?;
+    let ticket = hub.enqueue(bucket.name(), REVOCATION_KEY)?;
+    let _turn = ticket.turn.clone().blocking_lock_owned();
+    let current = Hub::read_revocation(&bucket)?.map_or(0, |(t, _)| t);
+    // Revocation only moves forward: a lower time never re-enables revoked tokens.
+    if ts > current {
+        bucket.put(
+            REVOCATION_KEY,
+            Target::Branch(DEFAULT_BRANCH),
+            NewValue::Integer(ts),
+            &PutOptions::default(),
+        )?;
+    }
+    hub.remember_revocation(address, ts.max(current));
+    Ok(())
+}
+
+// ----- reads (the reader side-car's job in Gaia) -----
+
+fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        "File not found",
+    )
+        .into_response()
+}
+
+/// What a read found: the headers to send and, for a Blob, the tree to stream.
+struct Found {
+    etag: String,
+    content_type: String,
+    mtime_ms: u64,
+    len: u64,
+    body: FoundBody,
+}
+
+enum FoundBody {
+    Inline(Bytes),
+    Blob(Arc<Bucket>, cairn_object::TreeRef),
+}
+
+fn find(hub: &Hub, address: &str, raw_path: &str) -> HubResult<Option<Found>> {
+    // `<address>-auth/authTimestamp`: where the hub keeps (and reads back) revocations.
+    if let Some(owner) = address.strip_suffix("-auth") {
+        if raw_path.strip_suffix('/').unwrap_or(raw_path) != "authTimestamp" {
+            return Ok(None);
+        }
+        let Some(bucket) = hub.existing_bucket(owner)? else {
+            return Ok(None);
+        };
+        return Ok(Hub::read_revocation(&bucket)?.map(|(t, uid)| {
+            let text = Bytes::from(t.to_string());
+            Found {
+                etag: etag(&uid),
+                content_type: "text/plain; charset=UTF-8".into(),
+                mtime_ms: 0,
+                len: text.len() as u64,
+                body: FoundBody::Inline(text),
+            }
+        }));
+    }
+    let Ok(path) = file_path(raw_path) else {
+        return Ok(None);
+    };
+    let Some(bucket) = hub.existing_bucket(address)? else {
+        return Ok(None);
+    };
+    let Some(uid) = head(&bucket, path.as_bytes())? else {
+        return Ok(None);
+    };
+    let o = bucket.db().load_for_key(path.as_bytes(), &uid)?;
+    let meta = FileMeta::of(&o.context);
+    let (len, body) = match o.value {
+        Value::Tree(t) if o.value.value_type() == ValueType::Blob => {
+            (t.count, FoundBody::Blob(bucket.clone(), t))
+        }
+        Value::String(b) => (b.len() as u64, FoundBody::Inline(b)),
+        _ => return Ok(None),
+    };
+    Ok(Some(Found {
+        etag: etag(&uid),
+        content_type: meta.content_type,
+        mtime_ms: meta.mtime_ms,
+        len,
+        body,
+    }))
+}
+
+async fn read(
+    State(hub): State<Arc<Hub>>,
+    method: Method,
+    Path((address, raw_path)): Path<(String, String)>,
+) -> Response {
+    if address.is_empty()
+        || !address
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return not_found();
+    }
+    let h = hub.clone();
+    let found = match blocking(move || find(&h, &address, &raw_path)).await {
+        Ok(Some(f)) => f,
+        Ok(None) => return not_found(),
+        Err(e) => {
+            if let GaiaError::Server(m) = &e {
+                tracing::error!(error = %m, "gaia read failed");
+            }
+            return (StatusCode::BAD_REQUEST, "Could not return file").into_response();
+        }
+    };
+    let mut b = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, found.content_type.as_str())
+        .header(header::ETAG, found.etag.as_str())
+        .header(header::CONTENT_LENGTH, found.len);
+    if found.mtime_ms > 0 {
+        let t = UNIX_EPOCH + Duration::from_millis(found.mtime_ms);
+        b = b.header(header::LAST_MODIFIED, httpdate::fmt_http_date(t));
+    }
+    if !hub.cfg.cache_control.is_empty() {
+        b = b.header(header::CACHE_CONTROL, hub.cfg.cache_control.as_str());
+    }
+    let body = if method == Method::HEAD {
+        Body::empty()
+    } else {
+        hub.node
+            .metrics
+            .bytes_read
+            .with_label_values(&["gaia"])
+            .inc_by(found.len);
+        match found.body {
+            FoundBody::Inline(bytes) => Body::from(bytes),
+            FoundBody::Blob(bucket, tree) => stream_blob(bucket, tree),
+        }
+    };
+    b.body(body)
+        .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())
+}
+
+/// Streams a Blob tree leaf by leaf from a blocking task through a small channel, so a
+/// read holds a few chunks in memory whatever the file's size. A client that goes away
+/// closes the channel, which ends the task.
+fn stream_blob(bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut r = BlobReader::new(bucket.db().chunks(), &tree);
+        loop {
+            let mut buf = vec![0u8; READ_CHUNK];
+            let item = match r.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Ok(Bytes::from(buf))
+                }
+                Err(e) => Err(e),
+            };
+            let stop = item.is_err();
+            if tx.blocking_send(item).is_err() || stop {
+                return;
+            }
+        }
+    });
+    Body::from_stream(tokio_stream_from(rx))
+}
+
+/// A receiver as a stream of body frames.
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+) -> impl futures_util::Stream<Item = io::Result<Bytes>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
