@@ -1,0 +1,717 @@
+//! HTTP tests of the Gaia hub over a real socket: every endpoint, every auth failure
+//! (each a 401 with nothing stored), scopes, `If-Match` / `If-None-Match`, revocation,
+//! paging, size limits, write queues and 100 concurrent writers to one path.
+
+mod gaia_support;
+
+use cairn_node::gaia::{GaiaConfig, bucket_name};
+use cairn_object::{At, Uid};
+use gaia_support::{Hub, Key, now};
+use serde_json::{Value, json};
+
+fn err_name(v: &Value) -> &str {
+    v["error"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_info_with_and_without_slash_and_cors() {
+    let hub = Hub::start(5 << 30).await;
+    for path in ["/hub_info", "/hub_info/"] {
+        let r = hub.http.get(hub.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        assert_eq!(r.headers()["content-type"], "application/json");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["challenge_text"],
+            r#"["gaiahub","0","gaia-0","blockstack_storage_please_sign"]"#
+        );
+        assert_eq!(v["latest_auth_version"], "v1");
+        assert_eq!(v["max_file_upload_size_megabytes"], 5120);
+        assert_eq!(v["read_url_prefix"], format!("{}/read/", hub.base));
+    }
+    // The hub's preflight on a write route.
+    let r = hub
+        .http
+        .request(reqwest::Method::OPTIONS, hub.url("/store/1abc/x.txt"))
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(
+        h["access-control-allow-methods"],
+        "DELETE,POST,GET,OPTIONS,HEAD"
+    );
+    assert_eq!(
+        h["access-control-allow-headers"],
+        "Authorization,Content-Type,If-Match,If-None-Match"
+    );
+    assert_eq!(h["access-control-max-age"], "86400");
+    // The reader's preflight echoes the requested headers.
+    let r = hub
+        .http
+        .request(reqwest::Method::OPTIONS, hub.url("/read/1abc/x.txt"))
+        .header("access-control-request-headers", "range")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(
+        r.headers()["access-control-allow-methods"],
+        "GET,HEAD,OPTIONS"
+    );
+    assert_eq!(r.headers()["access-control-allow-headers"], "range");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_read_url_and_fractional_limit() {
+    let gaia = GaiaConfig {
+        read_url: Some("https://cdn.example/files".into()),
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(3 << 19, 256, gaia).await;
+    let v: Value = hub
+        .http
+        .get(hub.url("/hub_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["read_url_prefix"], "https://cdn.example/files/");
+    assert_eq!(v["max_file_upload_size_megabytes"], 1.5);
+    let k = Key::new(1);
+    let (st, w) = hub
+        .store(&k.bearer(), &k.address(), "a.txt", b"x", &[])
+        .await;
+    assert_eq!(st, 202);
+    assert_eq!(
+        w["publicURL"],
+        format!("https://cdn.example/files/{}/a.txt", k.address())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_read_list_delete() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(2);
+    let (a, auth) = (k.address(), k.bearer());
+    let (st, w) = hub
+        .store(
+            &auth,
+            &a,
+            "dir/hello.txt",
+            b"hello gaia",
+            &[("content-type", "text/plain")],
+        )
+        .await;
+    assert_eq!(st, 202, "{w}");
+    let url = w["publicURL"].as_str().unwrap();
+    assert_eq!(url, format!("{}/read/{a}/dir/hello.txt", hub.base));
+    let tag = w["etag"].as_str().unwrap().to_string();
+    // The ETag is the version uid.
+    let uid: Uid = tag.parse().unwrap();
+    let bucket = hub.node.bucket(&bucket_name(&a).unwrap()).unwrap();
+    assert_eq!(
+        bucket
+            .db()
+            .resolve(b"dir/hello.txt", &At::default_branch())
+            .unwrap(),
+        uid
+    );
+
+    let r = hub.http.get(url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers().clone();
+    assert_eq!(h["etag"], tag.as_str());
+    assert_eq!(h["content-type"], "text/plain");
+    assert_eq!(h["content-length"], "10");
+    assert_eq!(h["cache-control"], "no-cache");
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(h["access-control-expose-headers"], "Content-Type,ETag");
+    assert!(h.contains_key("last-modified"));
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"hello gaia");
+    let r = hub.http.head(url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], "10");
+    assert_eq!(r.headers()["etag"], tag.as_str());
+
+    // A missing content type is stored as application/octet-stream.
+    let (st, _) = hub.store(&auth, &a, "b.bin", &[0, 1, 2], &[]).await;
+    assert_eq!(st, 202);
+    let (_, _, ct, body) = hub.read(&a, "b.bin").await;
+    assert_eq!(ct.as_deref(), Some("application/octet-stream"));
+    assert_eq!(body, [0, 1, 2]);
+
+    assert_eq!(hub.names(&auth, &a).await, ["b.bin", "dir/hello.txt"]);
+    let (st, v) = hub.list(&auth, &a, json!({"stat": true})).await;
+    assert_eq!(st, 202);
+    assert!(v["page"].is_null());
+    let e = &v["entries"][1];
+    assert_eq!(e["name"], "dir/hello.txt");
+    assert_eq!(e["exists"], true);
+    assert_eq!(e["etag"], tag.as_str());
+    assert_eq!(e["contentLength"], 10);
+    assert_eq!(e["contentType"], "text/plain");
+    let lm = e["lastModifiedDate"].as_u64().unwrap() as f64;
+    assert!((lm - now()).abs() < 60.0, "{lm}");
+
+    // Overwrite: a new version on top of the old one (history kept).
+    let (st, w2) = hub.store(&auth, &a, "dir/hello.txt", b"v2", &[]).await;
+    assert_eq!(st, 202);
+    let uid2: Uid = w2["etag"].as_str().unwrap().parse().unwrap();
+    assert_eq!(bucket.db().load(&uid2).unwrap().bases, vec![uid]);
+    assert_eq!(hub.read(&a, "dir/hello.txt").await.3, b"v2");
+
+    // Delete: 202 with an empty body, then 404 on read, on a second delete, gone from lists.
+    let (st, body) = hub.delete(&auth, &a, "dir/hello.txt").await;
+    assert_eq!((st, body.as_str()), (202, ""));
+    let (st, _, ct, body) = hub.read(&a, "dir/hello.txt").await;
+    assert_eq!(st, 404);
+    assert_eq!(ct.as_deref(), Some("text/html; charset=utf-8"));
+    assert_eq!(body, b"File not found");
+    let (st, body) = hub.delete(&auth, &a, "dir/hello.txt").await;
+    assert_eq!(st, 404);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err_name(&v), "DoesNotExist");
+    assert_eq!(hub.names(&auth, &a).await, ["b.bin"]);
+    // The versions stay in the store.
+    assert_eq!(bucket.db().load(&uid2).unwrap().bases, vec![uid]);
+
+    // Reads of unknown addresses and files are 404s; bad paths are 403s.
+    assert_eq!(hub.read(&Key::new(9).address(), "x").await.0, 404);
+    assert_eq!(hub.read("notanaddress", "x").await.0, 404);
+    let (st, v) = hub.store(&auth, &a, "a..b", b"x", &[]).await;
+    assert_eq!((st, err_name(&v)), (403, "BadPathError"));
+    let (st, v) = hub.store(&auth, &a, "a%00b", b"x", &[]).await;
+    assert_eq!((st, err_name(&v)), (403, "BadPathError"));
+    // A trailing slash is dropped, as the hub does.
+    let (st, w) = hub.store(&auth, &a, "t.txt/", b"t", &[]).await;
+    assert_eq!(st, 202);
+    assert!(w["publicURL"].as_str().unwrap().ends_with("/t.txt"));
+
+    // Bytes are counted under api="gaia".
+    let m = hub.node.metrics.render().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("cairn_bytes_written_total{api=\"gaia\"}")),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn if_match_and_if_none_match() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(3);
+    let (a, auth) = (k.address(), k.bearer());
+    let p = "doc.json";
+    let none = [("if-none-match", "*")];
+    let (st, w) = hub.store(&auth, &a, p, b"1", &none).await;
+    assert_eq!(st, 202);
+    let t1 = w["etag"].as_str().unwrap().to_string();
+    let (st, v) = hub.store(&auth, &a, p, b"2", &none).await;
+    assert_eq!((st, err_name(&v)), (412, "PreconditionFailedError"));
+    assert_eq!(
+        v["message"],
+        "The entity you are trying to create already exists"
+    );
+    let (st, v) = hub
+        .store(&auth, &a, p, b"2", &[("if-none-match", "abc")])
+        .await;
+    assert_eq!(st, 412, "{v}");
+    let (st, _) = hub
+        .store(
+            &auth,
+            &a,
+            p,
+            b"2",
+            &[("if-match", &t1), ("if-none-match", "*")],
+        )
+        .await;
+    assert_eq!(st, 412);
+    let (st, w) = hub.store(&auth, &a, p, b"2", &[("if-match", &t1)]).await;
+    assert_eq!(st, 202);
+    let t2 = w["etag"].as_str().unwrap().to_string();
+    // A stale or malformed ETag is refused; nothing changes.
+    for stale in [t1.as_str(), "\"nope\""] {
+        let (st, v) = hub.store(&auth, &a, p, b"3", &[("if-match", stale)]).await;
+        assert_eq!((st, err_name(&v)), (412, "PreconditionFailedError"));
+    }
+    let (_, etag, _, body) = hub.read(&a, p).await;
+    assert_eq!((etag.unwrap(), body), (t2.clone(), b"2".to_vec()));
+    // If-Match on a file that does not exist fails; `*` matches anything.
+    let (st, _) = hub
+        .store(&auth, &a, "new", b"x", &[("if-match", &t2)])
+        .await;
+    assert_eq!(st, 412);
+    let (st, _) = hub.store(&auth, &a, p, b"4", &[("if-match", "*")]).await;
+    assert_eq!(st, 202);
+    // The ETag from a read works for the next write (what @stacks/storage does).
+    let (_, etag, _, _) = hub.read(&a, p).await;
+    let (st, _) = hub
+        .store(&auth, &a, p, b"5", &[("if-match", &etag.unwrap())])
+        .await;
+    assert_eq!(st, 202);
+}
+
+/// Every refused token: 401 with the hub's error name, and nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_failures_store_nothing() {
+    let hub = Hub::start(1 << 20).await;
+    let owner = Key::new(4);
+    let other = Key::new(5);
+    let a = owner.address();
+    let mut cases: Vec<(&str, String)> = vec![
+        ("missing header", String::new()),
+        ("not bearer", "basic abc".into()),
+        ("malformed jwt", "bearer v1:not.a.jwt".into()),
+        ("unknown version", "bearer v9:abc".into()),
+        ("garbage legacy", "bearer !!!".into()),
+    ];
+    // Signed by another key but claiming the owner's iss.
+    let good = owner.jwt(&owner.payload(), false);
+    let forged = other.jwt(&owner.payload(), false);
+    let (head, _) = good.rsplit_once('.').unwrap();
+    let (_, sig) = forged.rsplit_once('.').unwrap();
+    cases.push(("bad signature", format!("bearer v1:{head}.{sig}")));
+    cases.push(("wrong address", other.bearer()));
+    let mut p = owner.payload();
+    p["exp"] = json!(now() - 10.0);
+    cases.push(("expired", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    p["gaiaChallenge"] = json!(r#"["gaiahub","0","other-hub","blockstack_storage_please_sign"]"#);
+    cases.push(("wrong challenge", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    p["scopes"] = json!([{"scope": "putFile", "domain": "only-this.txt"}]);
+    cases.push(("insufficient scope", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    p["scopes"] = json!([{"scope": "readEverything", "domain": "x"}]);
+    cases.push(("unknown scope", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    p["scopes"] = json!(
+        (0..9)
+            .map(|i| json!({"scope": "putFile", "domain": format!("{i}")}))
+            .collect::<Vec<_>>()
+    );
+    cases.push(("too many scopes", owner.bearer_with(&p)));
+    let identity = Key::new(6);
+    let mut p = owner.payload();
+    p["associationToken"] = json!(identity.association(&other, now() + 60.0));
+    cases.push(("association for another child", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    p["associationToken"] = json!(identity.association(&owner, now() - 60.0));
+    cases.push(("expired association", owner.bearer_with(&p)));
+    let mut p = owner.payload();
+    let assoc = identity.association(&owner, now() + 60.0);
+    let (ahead, _) = assoc.rsplit_once('.').unwrap();
+    let wrong = other.association(&owner, now() + 60.0);
+    let (_, wsig) = wrong.rsplit_once('.').unwrap();
+    p["associationToken"] = json!(format!("{ahead}.{wsig}"));
+    cases.push(("badly signed association", owner.bearer_with(&p)));
+    cases.push((
+        "legacy with another hub's challenge",
+        owner.legacy_bearer(r#"["gaiahub","0","elsewhere","blockstack_storage_please_sign"]"#),
+    ));
+
+    for (what, auth) in &cases {
+        let mut r = hub
+            .http
+            .post(hub.url(&format!("/store/{a}/f.txt")))
+            .body("data");
+        if !auth.is_empty() {
+            r = r.header("authorization", auth.as_str());
+        }
+        let resp = r.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{what}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(err_name(&v), "ValidationError", "{what}: {v}");
+        assert!(!v["message"].as_str().unwrap().is_empty());
+        let (st, _) = hub.delete(auth, &a, "f.txt").await;
+        // A token with write scopes only may delete anywhere (the hub's rule): 404 here.
+        let want = if what.contains("insufficient") {
+            404
+        } else {
+            401
+        };
+        assert_eq!(st, want, "delete: {what}");
+        let (st, _) = hub.list(auth, &a, json!({})).await;
+        // Listing ignores path scopes, so a scoped token may list.
+        if !what.contains("insufficient") {
+            assert_eq!(st, 401, "list: {what}");
+        }
+    }
+    assert_eq!(hub.read(&a, "f.txt").await.0, 404);
+    assert!(hub.names(&owner.bearer(), &a).await.is_empty());
+
+    // hubUrl is checked only when required.
+    let gaia = GaiaConfig {
+        require_correct_hub_url: true,
+        valid_hub_urls: vec!["http://hub.example".into()],
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let mut p = owner.payload();
+    let (st, v) = hub.store(&owner.bearer_with(&p), &a, "f", b"x", &[]).await;
+    assert_eq!((st, err_name(&v)), (401, "ValidationError"));
+    p["hubUrl"] = json!("http://evil.example");
+    let (st, v) = hub.store(&owner.bearer_with(&p), &a, "f", b"x", &[]).await;
+    assert_eq!(st, 401, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("claimed hub url"));
+    assert_eq!(hub.read(&a, "f").await.0, 404);
+    for ok in ["http://hub.example/", "https://gaia-0"] {
+        p["hubUrl"] = json!(ok);
+        let (st, v) = hub.store(&owner.bearer_with(&p), &a, "f", b"x", &[]).await;
+        assert_eq!(st, 202, "{ok}: {v}");
+    }
+
+    // A whitelist admits only its signers (an association token's issuer is the signer).
+    let gaia = GaiaConfig {
+        whitelist: Some(vec![identity.address()]),
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let (st, v) = hub.store(&owner.bearer(), &a, "f", b"x", &[]).await;
+    assert_eq!(st, 401);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("not authorized for writes")
+    );
+    let mut p = owner.payload();
+    p["associationToken"] = json!(identity.association(&owner, now() + 60.0));
+    let (st, v) = hub.store(&owner.bearer_with(&p), &a, "f", b"x", &[]).await;
+    assert_eq!(st, 202, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_s_legacy_and_legacy_challenges_are_accepted() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(7);
+    let a = k.address();
+    let high = format!("bearer v1:{}", k.jwt(&k.payload(), true));
+    let (st, v) = hub.store(&high, &a, "h", b"x", &[]).await;
+    assert_eq!(st, 202, "{v}");
+    let legacy = k.legacy_bearer(r#"["gaiahub","0","gaia-0","blockstack_storage_please_sign"]"#);
+    let (st, v) = hub.store(&legacy, &a, "l", b"x", &[]).await;
+    assert_eq!(st, 202, "{v}");
+    let old = k.legacy_bearer(r#"["gaiahub","2018","gaia-0","blockstack_storage_please_sign"]"#);
+    let (st, _) = hub.store(&old, &a, "l2", b"x", &[]).await;
+    assert_eq!(st, 202);
+    let mut p = k.payload();
+    p["gaiaChallenge"] = json!(r#"["gaiahub","2019","gaia-0","blockstack_storage_please_sign"]"#);
+    let (st, _) = hub.store(&k.bearer_with(&p), &a, "v", b"x", &[]).await;
+    assert_eq!(st, 202);
+    // An uncompressed iss has its own address.
+    let un = hex::encode(k.0.verifying_key().to_encoded_point(false).as_bytes());
+    let mut p = k.payload();
+    p["iss"] = json!(un);
+    let ua = cairn_node::gaia::auth::p2pkh_address(&hex::decode(&un).unwrap());
+    assert_ne!(ua, a);
+    let (st, _) = hub.store(&k.bearer_with(&p), &ua, "u", b"x", &[]).await;
+    assert_eq!(st, 202);
+    let (st, _) = hub.store(&k.bearer_with(&p), &a, "u", b"x", &[]).await;
+    assert_eq!(st, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_restrict_writes_and_deletes() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(8);
+    let a = k.address();
+    let full = k.bearer();
+    for f in ["pub/a", "pub/b", "priv/c", "keep"] {
+        assert_eq!(hub.store(&full, &a, f, b"x", &[]).await.0, 202);
+    }
+    let mut p = k.payload();
+    p["scopes"] = json!([
+        {"scope": "putFilePrefix", "domain": "pub/"},
+        {"scope": "putFile", "domain": "exact.txt"},
+        {"scope": "deleteFile", "domain": "pub/a"},
+    ]);
+    let scoped = k.bearer_with(&p);
+    assert_eq!(hub.store(&scoped, &a, "pub/new", b"x", &[]).await.0, 202);
+    assert_eq!(hub.store(&scoped, &a, "exact.txt", b"x", &[]).await.0, 202);
+    let (st, v) = hub.store(&scoped, &a, "priv/c", b"y", &[]).await;
+    assert_eq!((st, err_name(&v)), (401, "ValidationError"));
+    assert_eq!(hub.read(&a, "priv/c").await.3, b"x");
+    assert_eq!(hub.delete(&scoped, &a, "pub/b").await.0, 401);
+    assert_eq!(hub.delete(&scoped, &a, "pub/a").await.0, 202);
+    assert_eq!(hub.read(&a, "pub/b").await.0, 200);
+
+    // Archival scopes: writes only to their paths; listings hide `.history.` files.
+    assert_eq!(
+        hub.store(&full, &a, "arch/.history.1.x.f", b"h", &[])
+            .await
+            .0,
+        202
+    );
+    let mut p = k.payload();
+    p["scopes"] = json!([{"scope": "putFileArchivalPrefix", "domain": "arch/"}]);
+    let arch = k.bearer_with(&p);
+    assert_eq!(hub.store(&arch, &a, "arch/f", b"1", &[]).await.0, 202);
+    assert_eq!(hub.store(&arch, &a, "keep", b"1", &[]).await.0, 401);
+    assert_eq!(hub.delete(&arch, &a, "keep").await.0, 401);
+    let names = hub.names(&arch, &a).await;
+    assert!(names.contains(&"arch/f".to_string()));
+    assert!(!names.iter().any(|n| n.contains(".history.")), "{names:?}");
+    assert!(
+        hub.names(&full, &a)
+            .await
+            .contains(&"arch/.history.1.x.f".to_string())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_files_pages() {
+    let gaia = GaiaConfig {
+        page_size: 2,
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let k = Key::new(10);
+    let (a, auth) = (k.address(), k.bearer());
+    // An address that never stored anything lists nothing.
+    let (st, v) = hub.list(&auth, &a, json!({})).await;
+    assert_eq!((st, v), (202, json!({"entries": [], "page": null})));
+    for i in 0..5 {
+        hub.store(&auth, &a, &format!("f{i}"), b"x", &[]).await;
+    }
+    let mut all = Vec::new();
+    let mut page = Value::Null;
+    let mut pages = 0;
+    loop {
+        let (st, v) = hub.list(&auth, &a, json!({ "page": page })).await;
+        assert_eq!(st, 202);
+        pages += 1;
+        for e in v["entries"].as_array().unwrap() {
+            all.push(e.as_str().unwrap().to_string());
+        }
+        if v["page"].is_null() {
+            break;
+        }
+        page = v["page"].clone();
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(all, ["f0", "f1", "f2", "f3", "f4"]);
+    let (st, _) = hub.list(&auth, &a, json!({"page": "x1"})).await;
+    assert_eq!(st, 400);
+    // A non-JSON body reads as `{}`; trailing path segments are ignored (the hub's regex).
+    let r = hub
+        .http
+        .post(hub.url(&format!("/list-files/{a}/whatever")))
+        .header("authorization", &auth)
+        .body("not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["page"], "1");
+    // Over 4096 bytes of JSON is refused.
+    let big = json!({ "page": "0".repeat(5000) });
+    let (st, _) = hub.list(&auth, &a, big).await;
+    assert_eq!(st, 413);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_all_by_iat() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(11);
+    let a = k.address();
+    let old_auth = k.bearer();
+    assert_eq!(hub.store(&old_auth, &a, "f", b"1", &[]).await.0, 202);
+    let revoke = |auth: String, body: String| {
+        let r = hub
+            .http
+            .post(hub.url(&format!("/revoke-all/{a}")))
+            .header("authorization", auth)
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let resp = r.send().await.unwrap();
+            let st = resp.status().as_u16();
+            (st, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (st, v) = revoke(old_auth.clone(), "{}".into()).await;
+    assert_eq!(
+        (st, v["message"].as_str()),
+        (400, Some("Invalid JSON: missing oldestValidTimestamp"))
+    );
+    let (st, _) = revoke(old_auth.clone(), r#"{"oldestValidTimestamp":"abc"}"#.into()).await;
+    assert_eq!(st, 400);
+    let (st, _) = revoke(old_auth.clone(), r#"{"oldestValidTimestamp":-5}"#.into()).await;
+    assert_eq!(st, 400);
+    let (st, _) = revoke(
+        Key::new(12).bearer(),
+        r#"{"oldestValidTimestamp":1}"#.into(),
+    )
+    .await;
+    assert_eq!(st, 401);
+    let cutoff = now() as i64 + 100;
+    let (st, v) = revoke(
+        old_auth.clone(),
+        format!(r#"{{"oldestValidTimestamp":"{cutoff}"}}"#),
+    )
+    .await;
+    assert_eq!((st, v), (202, json!({"status": "success"})));
+
+    // Tokens issued before the cutoff, or without iat, are refused; newer ones pass.
+    let (st, v) = hub.store(&old_auth, &a, "f", b"2", &[]).await;
+    assert_eq!(
+        (st, err_name(&v)),
+        (401, "AuthTokenTimestampValidationError")
+    );
+    let mut p = k.payload();
+    p.as_object_mut().unwrap().remove("iat");
+    let (st, v) = hub.store(&k.bearer_with(&p), &a, "f", b"2", &[]).await;
+    assert_eq!(
+        (st, err_name(&v)),
+        (401, "AuthTokenTimestampValidationError")
+    );
+    assert_eq!(hub.delete(&old_auth, &a, "f").await.0, 401);
+    assert_eq!(hub.list(&old_auth, &a, json!({})).await.0, 401);
+    assert_eq!(hub.read(&a, "f").await.3, b"1");
+    let mut p = k.payload();
+    p["iat"] = json!(cutoff + 1);
+    let fresh = k.bearer_with(&p);
+    assert_eq!(hub.store(&fresh, &a, "f", b"3", &[]).await.0, 202);
+    // A lower time does not re-enable revoked tokens; the time is readable as in Gaia.
+    let (st, _) = revoke(fresh.clone(), r#"{"oldestValidTimestamp":5}"#.into()).await;
+    assert_eq!(st, 202);
+    assert_eq!(hub.store(&old_auth, &a, "f", b"4", &[]).await.0, 401);
+    let (st, _, ct, body) = hub.read(&format!("{a}-auth"), "authTimestamp").await;
+    assert_eq!(
+        (st, ct.as_deref()),
+        (200, Some("text/plain; charset=UTF-8"))
+    );
+    assert_eq!(String::from_utf8(body).unwrap(), cutoff.to_string());
+    // The revocation key is not a file.
+    assert_eq!(hub.names(&fresh, &a).await, ["f"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_size_uploads_are_413_and_store_nothing() {
+    let hub = Hub::start(1000).await;
+    let k = Key::new(13);
+    let (a, auth) = (k.address(), k.bearer());
+    let (st, v) = hub.store(&auth, &a, "big", &[7u8; 5000], &[]).await;
+    assert_eq!((st, err_name(&v)), (413, "PayloadTooLargeError"));
+    // Without a Content-Length (chunked), the stream is cut at the limit.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..10).map(|_| Ok(vec![1u8; 300])).collect();
+    let resp = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/big")))
+        .header("authorization", &auth)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(err_name(&v), "PayloadTooLargeError");
+    assert_eq!(hub.read(&a, "big").await.0, 404);
+    assert!(hub.names(&auth, &a).await.is_empty());
+    // Exactly the limit is fine.
+    assert_eq!(hub.store(&auth, &a, "big", &[7u8; 1000], &[]).await.0, 202);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_concurrent_writers_to_one_path_all_succeed() {
+    let hub = std::sync::Arc::new(Hub::start(1 << 20).await);
+    let k = Key::new(14);
+    let (a, auth) = (k.address(), k.bearer());
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let (hub, a, auth) = (hub.clone(), a.clone(), auth.clone());
+        tasks.push(tokio::spawn(async move {
+            let body = format!("writer {i} ").repeat(200);
+            hub.store(&auth, &a, "todos.json", body.as_bytes(), &[])
+                .await
+        }));
+    }
+    let mut tags = Vec::new();
+    for t in tasks {
+        let (st, v) = t.await.unwrap();
+        assert_eq!(st, 202, "{v}");
+        tags.push(v["etag"].as_str().unwrap().to_string());
+    }
+    // 100 distinct versions, one chain: the head is 99 versions deep.
+    tags.sort();
+    tags.dedup();
+    assert_eq!(tags.len(), 100);
+    let bucket = hub.node.bucket(&bucket_name(&a).unwrap()).unwrap();
+    let head = bucket
+        .db()
+        .get(b"todos.json", &At::default_branch())
+        .unwrap();
+    assert_eq!(head.object.depth, 99);
+    let (_, etag, _, _) = hub.read(&a, "todos.json").await;
+    assert_eq!(etag.unwrap(), head.uid.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_write_queue_answers_503_with_retry_after() {
+    let hub = Hub::with(1 << 20, 1, GaiaConfig::default()).await;
+    let k = Key::new(15);
+    let (a, auth) = (k.address(), k.bearer());
+    // A slow upload holds the path's only place.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/q")))
+        .header("authorization", &auth)
+        .body(reqwest::Body::wrap_stream(tokio_stream(rx)))
+        .send();
+    let slow = tokio::spawn(slow);
+    tx.send(Ok(b"part one ".to_vec())).await.unwrap();
+    // Wait until the node serves the slow writer (then give it a moment to take its place:
+    // a probe that came first would take the place itself).
+    for _ in 0..500 {
+        if hub.node.metrics.in_flight.get() >= 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut busy = None;
+    for _ in 0..100 {
+        let resp = hub
+            .http
+            .post(hub.url(&format!("/store/{a}/q")))
+            .header("authorization", &auth)
+            .body("other")
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 503 {
+            busy = Some(resp);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let busy = busy.expect("a 503 while the queue is full");
+    assert_eq!(busy.headers()["retry-after"], "1");
+    // Another path is not affected.
+    assert_eq!(hub.store(&auth, &a, "other", b"x", &[]).await.0, 202);
+    tx.send(Ok(b"part two".to_vec())).await.unwrap();
+    drop(tx);
+    let resp = slow.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 202);
+    assert_eq!(hub.read(&a, "q").await.3, b"part one part two");
+}
+
+fn tokio_stream(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
