@@ -1376,3 +1376,51 @@ fn tokio_stream_from(
 ) -> impl futures_util::Stream<Item = io::Result<Bytes>> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaia_table_parses_and_refuses_typos_and_bad_values() {
+        let c: crate::config::Config = toml::from_str(
+            "[gaia]\nserver_name = \"hub.example\"\nread_url = \"https://r.example\"\n\
+             require_correct_hub_url = true\nvalid_hub_urls = [\"https://a\"]\n\
+             whitelist = [\"1abc\"]\npage_size = 7\ncache_control = \"\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.gaia.server_name, "hub.example");
+        assert_eq!(c.gaia.page_size, 7);
+        assert_eq!(c.gaia.whitelist.as_deref(), Some(&["1abc".to_string()][..]));
+        assert_eq!(c.gaia.auth_timestamp_cache_size, 50_000);
+        for bad in [
+            "[gaia]\nservername = \"x\"",
+            "[gaia]\npage_size = 0",
+            "[gaia]\npage_size = 5000",
+            "[gaia]\nauth_timestamp_cache_size = 0",
+        ] {
+            assert!(
+                toml::from_str::<crate::config::Config>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_limits_and_int_parsing() {
+        assert_eq!(file_path("a/b.txt/").unwrap(), "a/b.txt");
+        for bad in ["", "/", "a..b", "a//", "a\0b"] {
+            assert!(file_path(bad).is_err(), "{bad:?}");
+        }
+        assert!(file_path(&"a/".repeat(101)).is_err());
+        assert_eq!(max_upload_megabytes(5 << 30), serde_json::json!(5120));
+        assert_eq!(max_upload_megabytes(3 << 19), serde_json::json!(1.5));
+        assert_eq!(parse_int(&serde_json::json!(" 12x")), Some(12));
+        assert_eq!(parse_int(&serde_json::json!("-3")), Some(-3));
+        assert_eq!(parse_int(&serde_json::json!(7.9)), Some(7));
+        assert_eq!(parse_int(&serde_json::json!("abc")), None);
+        assert_eq!(parse_int(&serde_json::json!(true)), None);
+        assert!(bucket_name("1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMH").is_some());
+        assert!(bucket_name("nope").is_none());
+    }
+}
