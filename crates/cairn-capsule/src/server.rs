@@ -35,8 +35,8 @@ use crate::proof::{
     Anchor, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_root,
 };
 use crate::record::{
-    BodyRef, Record, RecordHeader, RecordName, TAG_JOURNAL, TAG_SUBRECORD, TAG_SUBRECORD_LIST,
-    body_chunk, body_hash,
+    BodyRef, Record, RecordHeader, RecordName, TAG_BODY, TAG_JOURNAL, TAG_SUBRECORD,
+    TAG_SUBRECORD_LIST, body_chunk, body_hash,
 };
 
 /// Signature domain of server acknowledgments.
@@ -815,28 +815,35 @@ impl CapsuleServer {
                 .body
         };
         let header = self.header(name)?;
-        let body = match body {
-            StoredBody::Plain { cid } => {
+        let mismatch = || {
+            Error::corrupt(format!(
+                "stored body of record {name} does not match its header"
+            ))
+        };
+        let body = match (body, &header.body) {
+            (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) => {
+                // The body chunk is `TAG_BODY ‖ sealed`, named by the header's body hash;
+                // the store re-hashed it against that cid on this read, so only the name
+                // and the length are left to check.
+                if cid != *hash {
+                    return Err(mismatch());
+                }
                 let chunk = self
                     .store
                     .get(&cid)?
                     .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing")))?;
-                chunk
-                    .get(2..)
-                    .ok_or_else(|| {
-                        Error::corrupt(format!("body chunk of record {name} is truncated"))
-                    })?
-                    .to_vec()
+                let sealed = chunk.get(2..).ok_or_else(|| {
+                    Error::corrupt(format!("body chunk of record {name} is truncated"))
+                })?;
+                if chunk[..2] != TAG_BODY || sealed.len() as u64 != *len {
+                    return Err(mismatch());
+                }
+                sealed.to_vec()
             }
-            StoredBody::Subrecords { .. } => Vec::new(),
+            (StoredBody::Subrecords { .. }, BodyRef::Subrecords { .. }) => Vec::new(),
+            _ => return Err(mismatch()),
         };
-        let r = Record { header, body };
-        r.check_body().map_err(|_| {
-            Error::corrupt(format!(
-                "stored body of record {name} does not match its header"
-            ))
-        })?;
-        Ok(r)
+        Ok(Record { header, body })
     }
 
     /// Read(subrecord name): the subrecord's bytes.
