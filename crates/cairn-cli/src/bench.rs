@@ -34,6 +34,9 @@ pub enum Which {
     /// DataCapsule evaluation (DCS §6): sequential write/read/prove, manyclient, YCSB
     /// against redb, concurrent clients, Merkle-log proofs (see `bench_capsule`).
     Capsule,
+    /// Gaia-protocol hubs side by side (issue 4): file write/read latency plain and
+    /// client-encrypted, concurrent writers, raw disk (see `bench_hub`).
+    Hub,
 }
 
 /// Arguments of `cairn bench`.
@@ -71,6 +74,9 @@ pub struct BenchArgs {
     /// Options of `cairn bench capsule`.
     #[command(flatten)]
     pub capsule: crate::bench_capsule::CapsuleArgs,
+    /// Options of `cairn bench hub` (boxed: `cli::Command` stays small).
+    #[command(flatten)]
+    pub hub: Box<crate::bench_hub::HubArgs>,
 }
 
 const OPS: [&str; 9] = [
@@ -107,6 +113,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     match args.which {
         Which::Forkbase => forkbase(args)?,
         Which::Capsule => capsule(args)?,
+        Which::Hub => {
+            let root = bench_root(args)?;
+            let levels = durabilities(args, &[Durability::Group]);
+            crate::bench_hub::run(&args.hub, &levels, &root.0)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

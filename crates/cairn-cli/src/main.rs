@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_capsule;
+mod bench_hub;
 mod cli;
 mod demo;
 mod format;
