@@ -75,7 +75,14 @@ impl Bound {
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         let app = router(self.node.clone());
         tracing::info!(addr = %self.addr, data = %self.node.config.data_dir.display(), "cairn node listening");
-        axum::serve(self.listener, app)
+        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs held small responses
+        // back ~40 ms (measured by `cairn bench hub`: 1 MB reads 47 ms → 2.9 ms).
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!("TCP_NODELAY: {e}");
+            }
+        });
+        axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 tokio::select! {
                     _ = shutdown => {}
