@@ -54,6 +54,16 @@ pub struct Cli {
     /// write when missing).
     #[arg(long, global = true, env = "CAIRN_KEY_FILE")]
     pub key_file: Option<PathBuf>,
+    /// Work against the native HTTP API of the node at this URL (e.g.
+    /// http://127.0.0.1:3000) instead of the local store: same commands, same output and
+    /// exit codes.
+    #[arg(long, global = true, env = "CAIRN_SERVER")]
+    pub server: Option<String>,
+    /// The data key of `put --encrypt` / `get --decrypt` (default:
+    /// $XDG_CONFIG_HOME/cairn/data.key or ~/.config/cairn/data.key; created on first
+    /// --encrypt when missing).
+    #[arg(long, global = true, env = "CAIRN_DATA_KEY_FILE")]
+    pub data_key_file: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -157,6 +167,9 @@ pub enum Command {
         /// `cairn verify-proof`).
         #[arg(long, requires = "proof")]
         out: Option<PathBuf>,
+        /// With --server: the capsule name you trust; the node's metadata must hash to it.
+        #[arg(long, requires = "proof")]
+        capsule: Option<CapsuleName>,
     },
     /// Check a proof file written by `cairn verify --proof --out` against a capsule name,
     /// without any store: exit 0 when it proves the version, 11 otherwise.
@@ -252,6 +265,10 @@ pub struct PutArgs {
     /// Application context stored with the version (e.g. a commit message).
     #[arg(long, default_value = "")]
     pub context: String,
+    /// With --server: encrypt the value on this machine before upload (streamed;
+    /// XChaCha20-Poly1305 STREAM under the data key, see --data-key-file).
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 /// `cairn get`.
@@ -271,6 +288,10 @@ pub struct GetArgs {
     /// Print the version's metadata instead of its value.
     #[arg(long)]
     pub meta: bool,
+    /// With --server: decrypt a value put with --encrypt; nothing is written unless all of
+    /// it authenticates.
+    #[arg(long, conflicts_with = "meta")]
+    pub decrypt: bool,
 }
 
 /// `cairn update`.
@@ -394,6 +415,22 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             uid,
         } => return verify_proof_file(file, capsule, metadata, key, uid),
         _ => {}
+    }
+    if let Some(server) = cli.server.clone() {
+        return crate::client::run(cli, &server);
+    }
+    if matches!(
+        &cli.command,
+        Command::Put(PutArgs { encrypt: true, .. })
+            | Command::Get(GetArgs { decrypt: true, .. })
+            | Command::Verify {
+                capsule: Some(_),
+                ..
+            }
+    ) {
+        bail!(Error::invalid(
+            "--encrypt, --decrypt and --capsule work with --server"
+        ));
     }
     if let Command::Serve(a) = &cli.command {
         return serve(&cli, a);
@@ -532,6 +569,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             uid,
             branch,
             out: file,
+            ..
         } => verify_version(&bucket, &key, uid, branch, file.as_deref(), &mut out)?,
         Command::Verify { key, .. } => {
             let pb = progress_bar(None, "verifying");
@@ -1085,7 +1123,7 @@ fn verify_version(
 
 /// Checks `vp` as a reader trusting only `meta` (whose name the caller checked) and prints
 /// the chain. Fails (exit 11) on anything wrong.
-fn print_version_proof(
+pub(crate) fn print_version_proof(
     vp: &VersionProof,
     meta: &CapsuleMetadata,
     key: &[u8],

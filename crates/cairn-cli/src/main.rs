@@ -8,6 +8,8 @@ mod bench;
 mod bench_capsule;
 mod bench_hub;
 mod cli;
+mod client;
+mod crypt;
 mod demo;
 mod format;
 

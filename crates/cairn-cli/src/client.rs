@@ -1,0 +1,1104 @@
+//! Client mode: `cairn --server URL <command>` runs the local commands against a node's
+//! native HTTP API (docs/node.md, Native API) instead of the embedded store, with the same
+//! output and exit codes.
+//!
+//! - Errors: the node's JSON `{"error": {"kind", "message"}}` becomes the same
+//!   [`cairn_core::Error`] variant local mode would fail with (so the exit code is the same);
+//!   `unauthorized` (a refused request signature) is [`Error::Rejected`], `too_large` is
+//!   [`Error::InvalidInput`], a node that cannot be reached is [`Error::Unavailable`].
+//! - Buckets: `--bucket` names a native bucket. A write to a bucket that does not exist
+//!   creates it owned by the writer key (`--key-file`), as local mode makes that key the
+//!   bucket's writer; every mutation of an owned bucket is signed with that key
+//!   (`Cairn-Ed25519`, [`RequestToSign`]). The signature covers the body's BLAKE3 hash,
+//!   so an upload to an owned bucket reads its input twice (hash, then send); stdin is
+//!   first spooled to a temporary file for that.
+//! - Streaming: uploads are streamed from the file or stdin (a sized body when the length
+//!   is known, chunked otherwise), downloads are streamed to the file or stdout; memory
+//!   stays constant whatever the size. Progress bars on stderr when it is a terminal.
+//! - Encryption: `put --encrypt` and `get --decrypt` (see [`crate::crypt`]).
+//! - Proofs: `verify --proof` fetches the proof and the bucket's capsule metadata and checks
+//!   the proof locally against the metadata, whose hash is the capsule name it prints;
+//!   `--capsule NAME` pins the name (a different one fails with exit 11).
+//!
+//! Commands that need the store itself (`verify` without `--proof`, `gc`, `stats`,
+//! `recovery`, `demo`, `serve`) are refused: run them on the node.
+
+use std::fs::File;
+use std::io::{self, BufWriter, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use cairn_capsule::{CapsuleMetadata, CapsuleName, VersionProof};
+use cairn_core::{Error, SigningKey};
+use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
+use cairn_node::native::values::json_bytes;
+use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, Uid, ValueType};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::blocking::{Body, Client as Http, Response};
+use reqwest::{Method, StatusCode, Url};
+use serde_json::{Value as J, json};
+
+use crate::cli::{Cli, Command, GetArgs, MergeArgs, PutArgs, UpdateArgs, progress_bar};
+use crate::{crypt, format};
+
+/// Characters left alone in a path segment or query value: RFC 3986's unreserved set.
+const ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Largest error body read from the node.
+const ERROR_BODY_LIMIT: u64 = 1 << 20;
+/// Largest JSON answer read from the node.
+const JSON_LIMIT: u64 = 64 << 20;
+/// Keys asked for per page.
+const KEYS_PAGE: usize = 10_000;
+/// Farthest history distance the node serves in one log request.
+const MAX_TRACK_DISTANCE: u64 = 10_000;
+
+fn enc(s: &str) -> String {
+    utf8_percent_encode(s, ENCODE).to_string()
+}
+
+/// Runs `cli.command` against the node at `server`.
+pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
+    let mut c = Client::new(&cli, server)?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    match cli.command {
+        Command::Put(a) => c.put(a, cli.data_key_file.as_deref(), &mut out)?,
+        Command::Get(a) => c.get(a, cli.data_key_file.as_deref(), &mut out)?,
+        Command::Update(a) => c.update(a, &mut out)?,
+        Command::Fork { key, from, to } => {
+            let r = c.control("fork", &key, json!({ "from": from, "branch": to }))?;
+            writeln!(out, "{}", str_field(&r, "uid")?)?;
+        }
+        Command::Merge(a) => c.merge(a, &mut out)?,
+        Command::Rename { key, from, to } => {
+            c.control("rename", &key, json!({ "from": from, "to": to }))?;
+        }
+        Command::Remove { key, branch } => {
+            let url = c.url("objects", Some(&key), &[("branch", branch)])?;
+            let signer = c.signer()?;
+            let resp = c.send(
+                Method::DELETE,
+                url,
+                Upload::Bytes(Vec::new()),
+                &[],
+                signer.as_ref(),
+            )?;
+            read_json(resp)?;
+        }
+        Command::Branches { key, untagged } => {
+            let r = c.get_json(c.url("branches", Some(&key), &[])?)?;
+            if untagged {
+                for u in array_field(&r, "untagged")? {
+                    writeln!(out, "{}", u.as_str().unwrap_or_default())?;
+                }
+            } else {
+                let tagged = r
+                    .get("tagged")
+                    .and_then(J::as_object)
+                    .ok_or_else(|| bad_answer("tagged"))?;
+                for (name, u) in tagged {
+                    writeln!(out, "{name}\t{}", u.as_str().unwrap_or_default())?;
+                }
+            }
+        }
+        Command::Keys => c.keys(&mut out)?,
+        Command::Log { key, branch, limit } => c.log(&key, &branch, limit, &mut out)?,
+        Command::Diff { key, a, b } => c.diff(&key, a, b, &mut out)?,
+        Command::Lca { key, a, b } => {
+            let r = c.get_json(c.url("lca", Some(&key), &[("a", a), ("b", b)])?)?;
+            match r.get("lca").and_then(J::as_str) {
+                Some(u) => writeln!(out, "{u}")?,
+                None => bail!(Error::not_found(
+                    "common ancestor (the histories are disjoint)"
+                )),
+            }
+        }
+        Command::Verify {
+            key: Some(key),
+            proof: true,
+            uid,
+            branch,
+            out: file,
+            capsule,
+        } => c.verify_proof(&key, uid, branch, file.as_deref(), capsule, &mut out)?,
+        Command::Bucket { metadata_out } => c.bucket(metadata_out.as_deref(), &mut out)?,
+        Command::Verify { .. }
+        | Command::Gc
+        | Command::Stats
+        | Command::Recovery { .. }
+        | Command::Demo
+        | Command::Serve(_) => bail!(Error::invalid(
+            "this command works on a store directly, not through --server: run it on the node \
+             (verify --proof KEY works remotely)"
+        )),
+        Command::Bench(_) | Command::Keygen { .. } | Command::VerifyProof { .. } => {
+            bail!(Error::invalid("this command does not use --server"))
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a request sends.
+enum Upload {
+    /// A small body held in memory.
+    Bytes(Vec<u8>),
+    /// A streamed body, of known length or chunked.
+    Stream(Box<dyn Read + Send>, Option<u64>),
+}
+
+/// The node connection and what client mode learned about the bucket.
+struct Client {
+    http: Http,
+    base: String,
+    bucket: String,
+    key_file: Option<PathBuf>,
+    /// The bucket's signer once known: `Some(None)` for an open bucket.
+    signer: Option<Option<SigningKey>>,
+}
+
+impl Client {
+    fn new(cli: &Cli, server: &str) -> Result<Self> {
+        let base = server.trim_end_matches('/').to_string();
+        Url::parse(&base)
+            .map_err(|e| Error::invalid(format!("--server {server:?} is not a URL: {e}")))?;
+        let http = Http::builder()
+            // Large transfers take as long as they take; only connecting is bounded.
+            .timeout(None)
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .context("starting the HTTP client")?;
+        Ok(Client {
+            http,
+            base,
+            bucket: cli.bucket.clone(),
+            key_file: cli.key_file.clone(),
+            signer: None,
+        })
+    }
+
+    /// `/v1/buckets/{bucket}[/{op}[/{key}]]?query`.
+    fn url(&self, op: &str, key: Option<&str>, query: &[(&str, String)]) -> Result<Url> {
+        let mut s = format!("{}/v1/buckets/{}", self.base, enc(&self.bucket));
+        if !op.is_empty() {
+            s.push('/');
+            s.push_str(op);
+        }
+        if let Some(k) = key {
+            s.push('/');
+            s.push_str(&enc(k));
+        }
+        for (i, (name, value)) in query.iter().enumerate() {
+            s.push(if i == 0 { '?' } else { '&' });
+            s.push_str(name);
+            s.push('=');
+            s.push_str(&enc(value));
+        }
+        Url::parse(&s).map_err(|e| Error::invalid(format!("bad request URL {s:?}: {e}")).into())
+    }
+
+    /// Sends a request, signing it with `signer` when given (`body_hash` must then be the
+    /// BLAKE3 of the body; it is computed here for [`Upload::Bytes`]).
+    fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Upload,
+        headers: &[(&str, String)],
+        signer: Option<&SigningKey>,
+    ) -> Result<Response> {
+        let retry = match (&body, signer) {
+            (Upload::Bytes(b), Some(_)) => Some(b.clone()),
+            _ => None,
+        };
+        match self.send_hashed(method.clone(), url.clone(), body, headers, signer, None) {
+            // The same request signed twice within one second has the same signature (the
+            // date has whole seconds), which the node refuses as a replay: sign it again
+            // in the next second.
+            Err(e) if retry.is_some() && is_replay(&e) => {
+                std::thread::sleep(Duration::from_millis(1050));
+                let b = retry.unwrap_or_default();
+                self.send_hashed(method, url, Upload::Bytes(b), headers, signer, None)
+            }
+            r => r,
+        }
+    }
+
+    fn send_hashed(
+        &self,
+        method: Method,
+        url: Url,
+        body: Upload,
+        headers: &[(&str, String)],
+        signer: Option<&SigningKey>,
+        body_hash: Option<[u8; 32]>,
+    ) -> Result<Response> {
+        let mut req = self.http.request(method.clone(), url.clone());
+        for (n, v) in headers {
+            req = req.header(*n, v);
+        }
+        if let Some(key) = signer {
+            let hash = match (&body, body_hash) {
+                (_, Some(h)) => h,
+                (Upload::Bytes(b), None) => *blake3::hash(b).as_bytes(),
+                (Upload::Stream(..), None) => {
+                    bail!(Error::invalid("a signed stream needs its hash first"))
+                }
+            };
+            let pq = match url.query() {
+                Some(q) => format!("{}?{q}", url.path()),
+                None => url.path().to_string(),
+            };
+            let header = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.as_bytes())
+                    .unwrap_or_default()
+            };
+            let to_sign = RequestToSign {
+                method: method.as_str(),
+                path_and_query: &pq,
+                unix_secs: now_secs(),
+                body_blake3: hash,
+                content_type: header("content-type"),
+                if_match: header("if-match"),
+                context: header(CONTEXT_HEADER),
+            };
+            for (n, v) in to_sign.sign(key) {
+                req = req.header(n, v);
+            }
+        }
+        req = match body {
+            Upload::Bytes(b) => req.body(b),
+            Upload::Stream(r, Some(n)) => req.body(Body::sized(r, n)),
+            Upload::Stream(r, None) => req.body(Body::new(r)),
+        };
+        let resp = req.send().map_err(|e| transport(&self.base, e))?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(api_error(resp))
+        }
+    }
+
+    fn get_json(&self, url: Url) -> Result<J> {
+        read_json(self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?)
+    }
+
+    /// The key that signs this bucket's mutations (`None` for an open bucket); a bucket that
+    /// does not exist yet is created, owned by the writer key.
+    fn signer(&mut self) -> Result<Option<SigningKey>> {
+        if self.signer.is_none() {
+            let s = self.find_signer()?;
+            self.signer = Some(s);
+        }
+        Ok(self.signer.clone().flatten())
+    }
+
+    fn key_path(&self) -> Result<PathBuf> {
+        match &self.key_file {
+            Some(p) => Ok(p.clone()),
+            None => cairn_node::keys::default_writer_key(),
+        }
+    }
+
+    fn find_signer(&self) -> Result<Option<SigningKey>> {
+        for _ in 0..2 {
+            match self.get_json(self.url("", None, &[])?) {
+                Ok(info) => {
+                    let Some(owner) = info.get("owner").and_then(J::as_str) else {
+                        return Ok(None);
+                    };
+                    let path = self.key_path()?;
+                    if !path.exists() {
+                        bail!(Error::Rejected(format!(
+                            "bucket {} is owned by {owner}; its key is not at {} (--key-file)",
+                            self.bucket,
+                            path.display()
+                        )));
+                    }
+                    let key = cairn_node::keys::read(&path)?;
+                    if key.public().to_string() != owner {
+                        bail!(Error::Rejected(format!(
+                            "bucket {} is owned by {owner}, not by the key in {} ({})",
+                            self.bucket,
+                            path.display(),
+                            key.public()
+                        )));
+                    }
+                    return Ok(Some(key));
+                }
+                Err(e) if matches!(e.downcast_ref::<Error>(), Some(Error::NotFound(_))) => {
+                    let key = cairn_node::keys::read_or_create(&self.key_path()?, "writer", true)?;
+                    let body = serde_json::to_vec(
+                        &json!({ "name": self.bucket, "owner": key.public().to_string() }),
+                    )?;
+                    let url = Url::parse(&format!("{}/v1/buckets", self.base))?;
+                    match self.send(
+                        Method::POST,
+                        url,
+                        Upload::Bytes(body),
+                        &[("content-type", "application/json".into())],
+                        Some(&key),
+                    ) {
+                        Ok(_) => {
+                            eprintln!(
+                                "created bucket {} on {}, owned by writer key {}",
+                                self.bucket,
+                                self.base,
+                                key.public()
+                            );
+                            return Ok(Some(key));
+                        }
+                        // Someone else created it meanwhile: look again.
+                        Err(e)
+                            if matches!(
+                                e.downcast_ref::<Error>(),
+                                Some(Error::AlreadyExists(m)) if !m.contains("outside")
+                            ) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        bail!(Error::Unavailable(format!(
+            "bucket {} could not be opened or created",
+            self.bucket
+        )))
+    }
+
+    /// A signed JSON POST to `/{op}/{key}`.
+    fn control(&mut self, op: &str, key: &str, body: J) -> Result<J> {
+        let url = self.url(op, Some(key), &[])?;
+        let body = serde_json::to_vec(&body)?;
+        let signer = self.signer()?;
+        let resp = self.send(
+            Method::POST,
+            url,
+            Upload::Bytes(body),
+            &[("content-type", "application/json".into())],
+            signer.as_ref(),
+        )?;
+        read_json(resp)
+    }
+
+    fn put(&mut self, a: PutArgs, data_key: Option<&Path>, out: &mut impl Write) -> Result<()> {
+        let mut query = Vec::new();
+        match (&a.branch, &a.base) {
+            (_, Some(b)) => query.push(("base", b.to_string())),
+            (Some(b), None) => query.push(("branch", b.clone())),
+            (None, None) => {}
+        }
+        let ty = a.ty.unwrap_or(if a.value.is_some() && !a.encrypt {
+            ValueType::String
+        } else {
+            ValueType::Blob
+        });
+        if a.encrypt && ty != ValueType::Blob {
+            bail!(Error::invalid(
+                "--encrypt stores a blob (of ciphertext); drop --type or use --type blob"
+            ));
+        }
+        query.push(("type", ty.name().to_string()));
+        let url = self.url("objects", Some(&a.key), &query)?;
+        let mut headers = Vec::new();
+        if let Some(g) = a.guard {
+            headers.push(("if-match", format!("\"{g}\"")));
+        }
+        if !a.context.is_empty() {
+            if a.context.bytes().any(|b| b < 0x20 || b == 0x7f) {
+                bail!(Error::invalid(
+                    "--context travels in an HTTP header: no control characters or newlines"
+                ));
+            }
+            headers.push((CONTEXT_HEADER, a.context.clone()));
+        }
+        let signer = self.signer()?;
+        let key = if a.encrypt {
+            let path = match data_key {
+                Some(p) => p.to_path_buf(),
+                None => crypt::default_key_path()?,
+            };
+            Some(crypt::load_or_create_key(&path, true)?)
+        } else {
+            None
+        };
+        let resp = if let Some(v) = a.value {
+            let body = match &key {
+                Some(k) => {
+                    let mut c = Vec::new();
+                    crypt::EncryptReader::new(v.as_bytes(), k)?.read_to_end(&mut c)?;
+                    c
+                }
+                None => v.into_bytes(),
+            };
+            self.send(
+                Method::PUT,
+                url,
+                Upload::Bytes(body),
+                &headers,
+                signer.as_ref(),
+            )?
+        } else {
+            // A signed upload hashes its body first, which needs a second read: spool stdin.
+            let mut spooled = None;
+            let path = match (&a.file, &signer) {
+                (Some(p), _) => Some(p.clone()),
+                (None, Some(_)) => {
+                    let mut tmp = tempfile::NamedTempFile::new()
+                        .context("creating a temporary file for stdin")?;
+                    io::copy(&mut io::stdin().lock(), &mut tmp).context("reading stdin")?;
+                    let p = tmp.path().to_path_buf();
+                    spooled = Some(tmp);
+                    Some(p)
+                }
+                (None, None) => None,
+            };
+            let open = |p: &Path| -> Result<(File, u64)> {
+                let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                let len = f
+                    .metadata()
+                    .with_context(|| format!("reading {}", p.display()))?
+                    .len();
+                Ok((f, len))
+            };
+            let prefix = match &key {
+                Some(_) => {
+                    let mut p = [0u8; crypt::NONCE_PREFIX];
+                    getrandom::fill(&mut p)
+                        .map_err(|e| anyhow::anyhow!("the system random source failed: {e}"))?;
+                    Some(p)
+                }
+                None => None,
+            };
+            let body_reader = |r: Box<dyn Read + Send>| -> Box<dyn Read + Send> {
+                match (&key, prefix) {
+                    (Some(k), Some(p)) => {
+                        Box::new(crypt::EncryptReader::with_nonce_prefix(r, k, p))
+                    }
+                    _ => r,
+                }
+            };
+            let wire_len = |n: u64| {
+                if key.is_some() {
+                    crypt::encrypted_len(n)
+                } else {
+                    n
+                }
+            };
+            let hash = match (&path, &signer) {
+                (Some(p), Some(_)) => {
+                    let (f, len) = open(p)?;
+                    let pb = progress_bar(Some(len), "hashing");
+                    let mut r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
+                    let mut h = blake3::Hasher::new();
+                    let mut buf = vec![0u8; 1 << 16];
+                    loop {
+                        let n = r.read(&mut buf).context("reading the input")?;
+                        if n == 0 {
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                    }
+                    pb.finish_and_clear();
+                    Some(*h.finalize().as_bytes())
+                }
+                _ => None,
+            };
+            let (reader, len): (Box<dyn Read + Send>, Option<u64>) = match &path {
+                Some(p) => {
+                    let (f, len) = open(p)?;
+                    (
+                        Box::new(io::BufReader::with_capacity(1 << 20, f)),
+                        Some(len),
+                    )
+                }
+                None => {
+                    if io::stdin().is_terminal() {
+                        eprintln!(
+                            "reading the value from stdin (end with Ctrl-D; or use --value / --file)"
+                        );
+                    }
+                    (
+                        Box::new(io::BufReader::with_capacity(1 << 20, io::stdin())),
+                        None,
+                    )
+                }
+            };
+            let pb = progress_bar(len, "put");
+            let reader = body_reader(Box::new(pb.wrap_read(reader)));
+            let resp = self.send_hashed(
+                Method::PUT,
+                url,
+                Upload::Stream(reader, len.map(wire_len)),
+                &headers,
+                signer.as_ref(),
+                hash,
+            );
+            pb.finish_and_clear();
+            drop(spooled);
+            resp?
+        };
+        let r = read_json(resp)?;
+        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        Ok(())
+    }
+
+    fn version_query(uid: Option<Uid>, branch: Option<String>) -> Vec<(&'static str, String)> {
+        match (uid, branch) {
+            (Some(u), _) => vec![("uid", u.to_string())],
+            (None, Some(b)) => vec![("branch", b)],
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// The value of an integer version, for the `= N` its size shows as.
+    fn integer(&self, key: &str, uid: &str) -> Result<String> {
+        let url = self.url("objects", Some(key), &[("uid", uid.to_string())])?;
+        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let mut s = String::new();
+        resp.take(64)
+            .read_to_string(&mut s)
+            .context("reading the node's answer")?;
+        Ok(format!("= {}", s.trim()))
+    }
+
+    fn size_text(&self, key: &str, v: &J) -> Result<String> {
+        let uid = str_field(v, "uid")?;
+        let size = v.get("size").and_then(J::as_u64).unwrap_or(0);
+        Ok(match str_field(v, "type")? {
+            "string" | "blob" => format!("{size} bytes"),
+            "integer" => self.integer(key, uid)?,
+            _ => format!("{size} elements"),
+        })
+    }
+
+    fn get(&mut self, a: GetArgs, data_key: Option<&Path>, out: &mut impl Write) -> Result<()> {
+        let query = Self::version_query(a.uid, a.branch);
+        if a.meta {
+            let m = self.get_json(self.url("meta", Some(&a.key), &query)?)?;
+            writeln!(out, "uid: {}", str_field(&m, "uid")?)?;
+            let key = bytes_field(&m, "key")?;
+            writeln!(out, "key: {}", String::from_utf8_lossy(&key))?;
+            writeln!(out, "type: {}", str_field(&m, "type")?)?;
+            writeln!(out, "size: {}", self.size_text(&a.key, &m)?)?;
+            writeln!(
+                out,
+                "depth: {}",
+                m.get("depth").and_then(J::as_u64).unwrap_or(0)
+            )?;
+            for b in array_field(&m, "bases")? {
+                writeln!(out, "base: {}", b.as_str().unwrap_or_default())?;
+            }
+            if let Some(root) = m.get("root").and_then(J::as_str) {
+                writeln!(out, "root: {root}")?;
+                writeln!(
+                    out,
+                    "height: {}",
+                    m.get("height").and_then(J::as_u64).unwrap_or(0)
+                )?;
+            }
+            let context = bytes_field(&m, "context")?;
+            if !context.is_empty() {
+                writeln!(out, "context: {}", format::show(&context))?;
+            }
+            return Ok(());
+        }
+        let url = self.url("objects", Some(&a.key), &query)?;
+        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let pb = progress_bar(resp.content_length(), "get");
+        let mut body = pb.wrap_read(resp);
+        if a.decrypt {
+            let path = match data_key {
+                Some(p) => p.to_path_buf(),
+                None => crypt::default_key_path()?,
+            };
+            let key = crypt::load_or_create_key(&path, false)?;
+            let r = match &a.out {
+                Some(p) => crypt::decrypt_to_file(&mut body, &key, p),
+                None => crypt::decrypt_to_writer(&mut body, &key, out),
+            };
+            pb.finish_and_clear();
+            r?;
+            return Ok(());
+        }
+        let mut sink: Box<dyn Write> = match &a.out {
+            Some(p) => Box::new(BufWriter::with_capacity(
+                1 << 20,
+                File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            )),
+            None => Box::new(BufWriter::with_capacity(1 << 20, &mut *out)),
+        };
+        copy(&mut body, &mut sink)?;
+        sink.flush().context("writing the output")?;
+        pb.finish_and_clear();
+        Ok(())
+    }
+
+    fn update(&mut self, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
+        let text = a.text.clone().unwrap_or_default();
+        let needs_type = a.splice_at.is_some() || !a.set.is_empty() || !a.unset.is_empty();
+        let ty = if needs_type {
+            let m =
+                self.get_json(self.url("meta", Some(&a.key), &[("branch", a.branch.clone())])?)?;
+            Some(str_field(&m, "type")?.to_string())
+        } else {
+            None
+        };
+        let op = if let Some(x) = a.append {
+            json!({ "op": "append", "value": x })
+        } else if let Some(pos) = a.insert_at {
+            json!({ "op": "insert", "at": pos, "value": text })
+        } else if let Some(x) = a.add {
+            json!({ "op": "add", "by": x })
+        } else if let Some(x) = a.multiply {
+            json!({ "op": "multiply", "by": x })
+        } else if let Some(at) = a.splice_at {
+            if ty.as_deref() == Some("list") {
+                let lines: Vec<J> = format::lines(text.as_bytes())
+                    .into_iter()
+                    .map(|l| J::String(String::from_utf8_lossy(&l).into_owned()))
+                    .collect();
+                json!({ "op": "splice", "at": at, "delete": a.delete, "insert": lines })
+            } else {
+                json!({ "op": "splice", "at": at, "delete": a.delete, "insert": text })
+            }
+        } else if needs_type {
+            if ty.as_deref() == Some("set") {
+                json!({ "op": "update", "add": a.set, "remove": a.unset })
+            } else {
+                let mut set = serde_json::Map::new();
+                for kv in &a.set {
+                    let (k, v) = kv.split_once('=').ok_or_else(|| {
+                        Error::invalid(format!("--set {kv:?}: expected key=value"))
+                    })?;
+                    set.insert(k.to_string(), J::String(v.to_string()));
+                }
+                json!({ "op": "update", "set": set, "unset": a.unset })
+            }
+        } else {
+            bail!(Error::invalid(
+                "nothing to do: give --append, --insert-at, --add, --multiply, --splice-at, --set or --unset"
+            ));
+        };
+        let url = self.url("objects", Some(&a.key), &[("branch", a.branch.clone())])?;
+        let mut headers = vec![("content-type", "application/json".to_string())];
+        if let Some(g) = a.guard {
+            headers.push(("if-match", format!("\"{g}\"")));
+        }
+        let body = serde_json::to_vec(&op)?;
+        let signer = self.signer()?;
+        let resp = self.send(
+            Method::PATCH,
+            url,
+            Upload::Bytes(body),
+            &headers,
+            signer.as_ref(),
+        )?;
+        let r = read_json(resp)?;
+        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        Ok(())
+    }
+
+    fn merge(&mut self, a: MergeArgs, out: &mut impl Write) -> Result<()> {
+        let resolver = resolver_name(a.resolve);
+        let body = if a.untagged {
+            let uids: Vec<String> = a.uids.iter().map(|u| u.to_string()).collect();
+            json!({ "untagged": true, "uids": uids, "resolver": resolver })
+        } else {
+            let into = a.into.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+            let from = a
+                .from
+                .ok_or_else(|| Error::invalid("--from BRANCH_OR_UID is required with --into"))?;
+            json!({ "into": into, "from": from, "resolver": resolver })
+        };
+        let r = self.control("merge", &a.key, body)?;
+        match r.get("outcome").and_then(J::as_str) {
+            Some("fast_forward") => eprintln!("fast-forward"),
+            Some("up_to_date") => eprintln!("already up to date"),
+            _ => {}
+        }
+        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        Ok(())
+    }
+
+    fn keys(&self, out: &mut impl Write) -> Result<()> {
+        let mut after: Option<String> = None;
+        loop {
+            let mut q = vec![("limit", KEYS_PAGE.to_string())];
+            if let Some(a) = &after {
+                q.push(("after", a.clone()));
+            }
+            let r = self.get_json(self.url("keys", None, &q)?)?;
+            for k in array_field(&r, "keys")? {
+                out.write_all(&json_bytes(k, "key")?)?;
+                writeln!(out)?;
+            }
+            match r.get("next") {
+                None | Some(J::Null) => return Ok(()),
+                Some(J::String(s)) => after = Some(s.clone()),
+                Some(_) => bail!(Error::invalid(
+                    "the next page starts after a key that is not UTF-8, which this client \
+                     cannot name; list the keys on the node"
+                )),
+            }
+        }
+    }
+
+    fn log(&self, key: &str, branch: &str, limit: u64, out: &mut impl Write) -> Result<()> {
+        if limit == 0 {
+            bail!(Error::invalid("--limit must be at least 1"));
+        }
+        let mut q = match At::parse(branch) {
+            At::Uid(u) => vec![("uid", u.to_string())],
+            At::Branch(b) => vec![("branch", b)],
+        };
+        q.push(("min", "0".into()));
+        q.push(("max", (limit - 1).min(MAX_TRACK_DISTANCE).to_string()));
+        let r = self.get_json(self.url("log", Some(key), &q)?)?;
+        for e in array_field(&r, "versions")?.iter().take(limit as usize) {
+            write!(
+                out,
+                "{}  depth {}  {} ({})",
+                str_field(e, "uid")?,
+                e.get("depth").and_then(J::as_u64).unwrap_or(0),
+                str_field(e, "type")?,
+                self.size_text(key, e)?
+            )?;
+            let bases = array_field(e, "bases")?;
+            if bases.len() > 1 {
+                let mut short = Vec::new();
+                for b in bases {
+                    let u: Uid = b
+                        .as_str()
+                        .unwrap_or_default()
+                        .parse()
+                        .map_err(|_| bad_answer("bases"))?;
+                    short.push(u.short());
+                }
+                write!(out, "  merge of {}", short.join(" "))?;
+            }
+            let context = bytes_field(e, "context")?;
+            if !context.is_empty() {
+                write!(out, "  {}", format::show(&context))?;
+            }
+            writeln!(out)?;
+        }
+        Ok(())
+    }
+
+    fn diff(&self, key: &str, a: String, b: String, out: &mut impl Write) -> Result<()> {
+        let r = self.get_json(self.url("diff", Some(key), &[("a", a), ("b", b)])?)?;
+        if r.get("same").and_then(J::as_bool) == Some(true) {
+            writeln!(out, "identical")?;
+            return Ok(());
+        }
+        let ty = str_field(&r, "type")?;
+        for c in array_field(&r, "changes")? {
+            if c.get("a_start").is_some() {
+                let n = |f: &str| c.get(f).and_then(J::as_u64).unwrap_or(0);
+                writeln!(
+                    out,
+                    "@ {}..{} -> {}..{}",
+                    n("a_start"),
+                    n("a_end"),
+                    n("b_start"),
+                    n("b_end")
+                )?;
+            } else if let Some(k) = c.get("key") {
+                let k = format::show(&json_bytes(k, "key")?);
+                let side = |f: &str| -> Result<Option<Vec<u8>>> {
+                    match c.get(f) {
+                        None | Some(J::Null) => Ok(None),
+                        Some(v) => Ok(Some(json_bytes(v, f)?)),
+                    }
+                };
+                match (side("left")?, side("right")?) {
+                    (None, Some(v)) if v.is_empty() => writeln!(out, "+ {k}")?,
+                    (Some(v), None) if v.is_empty() => writeln!(out, "- {k}")?,
+                    (None, Some(v)) => writeln!(out, "+ {k}={}", format::show(&v))?,
+                    (Some(v), None) => writeln!(out, "- {k}={}", format::show(&v))?,
+                    (Some(x), Some(y)) => {
+                        writeln!(out, "~ {k}: {} -> {}", format::show(&x), format::show(&y))?
+                    }
+                    (None, None) => {}
+                }
+            } else {
+                let show = |v: Option<&J>| -> Result<String> {
+                    Ok(match v {
+                        Some(J::Number(n)) => n.to_string(),
+                        Some(J::Array(items)) => items
+                            .iter()
+                            .map(|i| json_bytes(i, "element").map(|b| format::show(&b)))
+                            .collect::<cairn_core::Result<Vec<_>>>()?
+                            .join(", "),
+                        Some(J::Object(o)) if o.contains_key("root") => format!(
+                            "{ty} root {}",
+                            o.get("root").and_then(J::as_str).unwrap_or_default()
+                        ),
+                        Some(v) => format::show(&json_bytes(v, "value")?),
+                        None => String::new(),
+                    })
+                };
+                writeln!(out, "- {}", show(c.get("left"))?)?;
+                writeln!(out, "+ {}", show(c.get("right"))?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `verify --proof` against a node: the proof and the metadata come from the node, the
+    /// check is done here.
+    fn verify_proof(
+        &self,
+        key: &str,
+        uid: Option<Uid>,
+        branch: Option<String>,
+        file: Option<&Path>,
+        pinned: Option<CapsuleName>,
+        out: &mut impl Write,
+    ) -> Result<()> {
+        let branch = branch.or_else(|| uid.is_none().then(|| DEFAULT_BRANCH.to_string()));
+        let m = self.get_json(self.url("meta", Some(key), &Self::version_query(uid, branch))?)?;
+        let uid: Uid = str_field(&m, "uid")?
+            .parse()
+            .map_err(|_| bad_answer("uid"))?;
+        let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
+        let meta = CapsuleMetadata::decode(&meta_bytes)?;
+        let capsule = meta.name();
+        if let Some(p) = &pinned
+            && *p != capsule
+        {
+            bail!(Error::Rejected(format!(
+                "the node's metadata for bucket {} hashes to capsule {capsule}, not the pinned \
+                 {p}",
+                self.bucket
+            )));
+        }
+        let proof = self.get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)?;
+        let vp = VersionProof::from_bytes(&proof)?;
+        writeln!(out, "bucket   {}  capsule {capsule}", self.bucket)?;
+        if pinned.is_none() {
+            eprintln!(
+                "note: capsule {capsule} is the name of the metadata the node sent; pin the one \
+                 you trust with --capsule"
+            );
+        }
+        crate::cli::print_version_proof(&vp, &meta, key.as_bytes(), &uid, out)?;
+        let record = cairn_capsule::Mutation::decode(&vp.record.body)?;
+        let mut bases = Vec::new();
+        for b in array_field(&m, "bases")? {
+            bases.push(
+                b.as_str()
+                    .unwrap_or_default()
+                    .parse::<Uid>()
+                    .map_err(|_| bad_answer("bases"))?,
+            );
+        }
+        if bases != record.bases {
+            bail!(Error::Rejected(format!(
+                "the node reports bases for version {uid} that the writer's record does not name"
+            )));
+        }
+        writeln!(
+            out,
+            "content  not re-hashed over HTTP (`cairn get --uid {uid}` reads it; \
+             `cairn verify` on the node re-hashes it)"
+        )?;
+        if let Some(p) = file {
+            std::fs::write(p, vp.to_bytes()).with_context(|| format!("writing {}", p.display()))?;
+            eprintln!(
+                "proof written to {} (check it with `cairn verify-proof`)",
+                p.display()
+            );
+        }
+        writeln!(out, "proof OK")?;
+        Ok(())
+    }
+
+    fn get_bytes(&self, url: Url) -> Result<Vec<u8>> {
+        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let mut b = Vec::new();
+        resp.take(JSON_LIMIT)
+            .read_to_end(&mut b)
+            .context("reading the node's answer")?;
+        Ok(b)
+    }
+
+    fn bucket(&self, metadata_out: Option<&Path>, out: &mut impl Write) -> Result<()> {
+        let info = self.get_json(self.url("", None, &[])?)?;
+        writeln!(out, "bucket: {}", self.bucket)?;
+        match info.get("capsule").and_then(J::as_str) {
+            Some(c) => writeln!(out, "capsule: {c}")?,
+            None => writeln!(out, "capsule: none yet")?,
+        }
+        if let Some(d) = info.get("description").and_then(J::as_str) {
+            writeln!(out, "description: {d}")?;
+        }
+        if let Some(ws) = info.get("writers").and_then(J::as_array) {
+            for (i, w) in ws.iter().enumerate() {
+                writeln!(out, "writer {i}: {}", w.as_str().unwrap_or_default())?;
+            }
+        }
+        match info.get("owner").and_then(J::as_str) {
+            Some(o) => writeln!(out, "owner: {o}")?,
+            None => writeln!(out, "owner: none (open bucket)")?,
+        }
+        if let Some(p) = metadata_out {
+            let bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
+            let meta = CapsuleMetadata::decode(&bytes)?;
+            if info.get("capsule").and_then(J::as_str) != Some(meta.name().to_string().as_str()) {
+                bail!(Error::Rejected(format!(
+                    "the node's metadata hashes to {}, not the capsule it reports",
+                    meta.name()
+                )));
+            }
+            std::fs::write(p, &bytes).with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("metadata written to {}", p.display());
+        }
+        Ok(())
+    }
+}
+
+/// Whether the node refused a request as a replay of an earlier signature.
+fn is_replay(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<Error>(), Some(Error::Rejected(m)) if m.contains("replayed"))
+}
+
+fn resolver_name(r: BuiltinResolver) -> &'static str {
+    match r {
+        BuiltinResolver::Manual => "manual",
+        BuiltinResolver::Ours => "ours",
+        BuiltinResolver::Theirs => "theirs",
+        BuiltinResolver::Append => "append",
+        BuiltinResolver::Sum => "sum",
+        BuiltinResolver::Union => "union",
+    }
+}
+
+/// Copies a download to its sink, naming which side failed.
+fn copy(from: &mut dyn Read, to: &mut dyn Write) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = match from.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io("reading the value from the node", e).into()),
+        };
+        to.write_all(&buf[..k]).context("writing the output")?;
+        n += k as u64;
+    }
+}
+
+fn bad_answer(field: &str) -> anyhow::Error {
+    Error::decode(format!("the node's answer has no valid {field:?}")).into()
+}
+
+fn str_field<'a>(v: &'a J, field: &str) -> Result<&'a str> {
+    v.get(field)
+        .and_then(J::as_str)
+        .ok_or_else(|| bad_answer(field))
+}
+
+fn array_field<'a>(v: &'a J, field: &str) -> Result<&'a Vec<J>> {
+    v.get(field)
+        .and_then(J::as_array)
+        .ok_or_else(|| bad_answer(field))
+}
+
+fn bytes_field(v: &J, field: &str) -> Result<Vec<u8>> {
+    match v.get(field) {
+        None | Some(J::Null) => Ok(Vec::new()),
+        Some(x) => Ok(json_bytes(x, field)?),
+    }
+}
+
+fn read_json(resp: Response) -> Result<J> {
+    let mut b = Vec::new();
+    resp.take(JSON_LIMIT)
+        .read_to_end(&mut b)
+        .context("reading the node's answer")?;
+    serde_json::from_slice(&b)
+        .map_err(|e| Error::decode(format!("the node's answer is not JSON: {e}")).into())
+}
+
+/// A request that did not get an answer.
+fn transport(base: &str, e: reqwest::Error) -> anyhow::Error {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    Error::Unavailable(format!("node {base}: {msg}")).into()
+}
+
+/// The [`Error`] an error answer stands for (the same variant, so the same exit code, as
+/// local mode).
+fn api_error(resp: Response) -> anyhow::Error {
+    let status = resp.status();
+    let mut body = Vec::new();
+    let _ = resp.take(ERROR_BODY_LIMIT).read_to_end(&mut body);
+    let parsed: Option<J> = serde_json::from_slice(&body).ok();
+    let (kind, message) = match parsed
+        .as_ref()
+        .and_then(|j| j.get("error"))
+        .and_then(|e| Some((e.get("kind")?.as_str()?, e.get("message")?.as_str()?)))
+    {
+        Some((k, m)) => (k.to_string(), m.to_string()),
+        None => (
+            String::new(),
+            format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()),
+        ),
+    };
+    if let Some(cs) = parsed
+        .as_ref()
+        .and_then(|j| j.get("conflicts"))
+        .and_then(J::as_array)
+    {
+        for c in cs {
+            eprintln!("conflict: {c}");
+        }
+    }
+    let strip = |prefix: &str| message.strip_prefix(prefix).unwrap_or(&message).to_string();
+    let e = match kind.as_str() {
+        "not_found" => Error::NotFound(strip("not found: ")),
+        "decode" => Error::Decode(strip("decode error: ")),
+        "corrupt" => Error::Corrupt(strip("corrupt: ")),
+        "invalid_input" => Error::InvalidInput(strip("invalid input: ")),
+        "guard_mismatch" => Error::GuardMismatch(strip("guard mismatch: ")),
+        "type_mismatch" => Error::TypeMismatch(strip("type mismatch: ")),
+        "already_exists" => Error::AlreadyExists(strip("already exists: ")),
+        "conflict" => Error::Conflict(strip("merge conflict: ")),
+        "rejected" => Error::Rejected(strip("rejected: ")),
+        "unavailable" => Error::Unavailable(strip("unavailable: ")),
+        "unauthorized" => Error::Rejected(format!("the node refused the request: {message}")),
+        "too_large" | "range_not_satisfiable" => Error::InvalidInput(message),
+        "io" | "internal" => {
+            Error::io("serving the request on the node", io::Error::other(message))
+        }
+        _ => match status {
+            StatusCode::NOT_FOUND => Error::NotFound(message),
+            StatusCode::PRECONDITION_FAILED => Error::GuardMismatch(message),
+            StatusCode::CONFLICT => Error::Conflict(message),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Error::Rejected(message),
+            StatusCode::SERVICE_UNAVAILABLE => Error::Unavailable(message),
+            s if s.is_client_error() => Error::InvalidInput(message),
+            _ => Error::io("serving the request on the node", io::Error::other(message)),
+        },
+    };
+    e.into()
+}
