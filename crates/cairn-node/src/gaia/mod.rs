@@ -63,7 +63,7 @@ use auth::{AuthError, AuthSettings, Verified};
 pub const REVOCATION_KEY: &[u8] = b"\0gaia/oldest-valid-token";
 
 /// Bytes per read when streaming a file out.
-const READ_CHUNK: usize = 64 << 10;
+const READ_CHUNK: usize = 256 << 10;
 
 /// Gaia hub settings (the `[gaia]` table of the config file). The names follow the hub's
 /// `config.json` keys in snake case.
@@ -1352,11 +1352,27 @@ fn stream_blob(bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
     tokio::task::spawn_blocking(move || {
         let mut r = BlobReader::new(bucket.db().chunks(), &tree);
         loop {
+            // A leaf is ~4 KiB: fill a whole frame from as many leaves as it takes, so the
+            // channel, the executor and the socket see one message per READ_CHUNK bytes.
             let mut buf = vec![0u8; READ_CHUNK];
-            let item = match r.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => {
-                    buf.truncate(n);
+            let mut filled = 0;
+            let item = loop {
+                match r.read(&mut buf[filled..]) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => {
+                        filled += n;
+                        if filled == buf.len() {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            let item = match item {
+                Ok(()) if filled == 0 => return,
+                Ok(()) => {
+                    buf.truncate(filled);
                     Ok(Bytes::from(buf))
                 }
                 Err(e) => Err(e),
