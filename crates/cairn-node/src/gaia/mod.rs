@@ -27,7 +27,7 @@
 //! **Fixed failures.** The hub answers 409 to a second concurrent write of one path; here
 //! writes to one path queue (up to `write_queue` per path, then 503 with `Retry-After`)
 //! and all succeed. Bodies stream: the upload goes from the socket through a
-//! [`SyncIoBridge`] into the POS-tree builder, and reads stream leaf by leaf, so memory
+//! [`BodyReader`] into the POS-tree builder, and reads stream leaf by leaf, so memory
 //! does not grow with file size. The body is built into chunks before the path's turn
 //! comes; only the short commit is serialized, and `If-Match` / `If-None-Match` are
 //! re-checked at that moment (atomically with the commit), not only before the upload.
@@ -39,6 +39,7 @@ use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::native::body::BodyReader;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -50,10 +51,8 @@ use cairn_capsule::Bucket;
 use cairn_object::db::DEFAULT_BRANCH;
 use cairn_object::postree::BlobReader;
 use cairn_object::{At, NewValue, PutOptions, Target, Uid, Value, ValueType};
-use futures_util::TryStreamExt;
 use parking_lot::Mutex;
 use serde::{Deserialize, Deserializer, Serialize};
-use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::node::Node;
 use auth::{AuthError, AuthSettings, Verified};
@@ -743,9 +742,7 @@ async fn store(
         return StatusCode::NOT_FOUND.into_response();
     }
     // Made here (it needs the runtime handle); read in the blocking task.
-    let reader = SyncIoBridge::new(StreamReader::new(
-        body.into_data_stream().map_err(io::Error::other),
-    ));
+    let reader = BodyReader::new(body);
     let public_prefix = hub.read_prefix(&headers);
     let h = hub.clone();
     let addr = address.clone();

@@ -1,30 +1,163 @@
 //! Request and response bodies in constant memory.
 //!
 //! - [`read_all`] buffers a small body (control JSON, inline values) up to a limit;
-//! - [`CheckedReader`] turns a streaming body into a blocking [`Read`] for the storage
-//!   calls (through [`SyncIoBridge`]), counting bytes against the upload limit and checking
-//!   the signed BLAKE3 hash at the end, so an oversize or tampered body fails the write
-//!   before any version is committed;
+//! - [`BodyReader`] turns a streaming request body into a blocking [`Read`] for the
+//!   storage calls: a task on the runtime pulls the body and hands it over in batches of
+//!   about 256 KiB through a small bounded channel, so memory stays constant and the
+//!   blocking thread wakes once per batch rather than once per network read (used by the
+//!   native API and the Gaia hub);
+//! - [`CheckedReader`] wraps a [`BodyReader`], counting bytes against the upload limit and
+//!   checking the signed BLAKE3 hash at the end, so an oversize or tampered body fails the
+//!   write before any version is committed;
 //! - [`produce`] runs a blocking producer (a blob reader, a list iterator) that writes into
 //!   a bounded channel feeding the response body.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use cairn_core::{HashAlgo, Hasher};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
-use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::error::{ApiError, ApiResult};
 use crate::node::Node;
 
 /// Bytes per response chunk handed to the HTTP layer.
-const OUT_CHUNK: usize = 64 << 10;
+const OUT_CHUNK: usize = 256 << 10;
 /// Response chunks queued between the producer and the connection.
 const OUT_QUEUE: usize = 4;
+
+/// Request-body bytes the pump gathers before it wakes the blocking reader.
+const IN_BATCH: usize = 256 << 10;
+/// Request-body batches queued between the pump and the blocking reader.
+const IN_QUEUE: usize = 4;
+
+/// What the body pump hands to a [`BodyReader`].
+enum Pumped {
+    /// The next frames of the body, in order.
+    Data(Vec<Bytes>),
+    /// The body ended cleanly after everything sent before.
+    End,
+    /// The body failed (the client went away, a malformed chunked encoding, ...).
+    Failed(String),
+}
+
+/// A streaming request body as a blocking [`Read`], for the storage calls that run on the
+/// blocking pool. A task on the runtime pulls the body and hands its frames over in
+/// batches of about 256 KiB (at most four batches queued), so memory stays constant
+/// whatever the size and the reading thread wakes once per batch. The end of the body is
+/// an explicit message: a body cut short, or a pump that died, reads as an error and never
+/// as a clean end of file, so a truncated upload can never be committed.
+pub struct BodyReader {
+    rx: tokio::sync::mpsc::Receiver<Pumped>,
+    frames: VecDeque<Bytes>,
+    state: ReadState,
+}
+
+/// Where a [`BodyReader`] stands.
+enum ReadState {
+    Open,
+    Ended,
+    Failed(String),
+}
+
+impl BodyReader {
+    /// Starts pulling `body`; must be called on the runtime (it spawns the pump). Reads
+    /// must happen off the runtime's worker threads (e.g. in `spawn_blocking`).
+    pub fn new(body: Body) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(IN_QUEUE);
+        tokio::spawn(async move {
+            let mut stream = body.into_data_stream();
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            loop {
+                let msg = match stream.next().await {
+                    Some(Ok(frame)) => {
+                        if frame.is_empty() {
+                            continue;
+                        }
+                        bytes += frame.len();
+                        batch.push(frame);
+                        if bytes < IN_BATCH {
+                            continue;
+                        }
+                        bytes = 0;
+                        Pumped::Data(std::mem::take(&mut batch))
+                    }
+                    end => {
+                        if !batch.is_empty()
+                            && tx
+                                .send(Pumped::Data(std::mem::take(&mut batch)))
+                                .await
+                                .is_err()
+                        {
+                            return;
+                        }
+                        let last = match end {
+                            Some(Err(e)) => Pumped::Failed(e.to_string()),
+                            _ => Pumped::End,
+                        };
+                        let _ = tx.send(last).await;
+                        return;
+                    }
+                };
+                // The reader is gone (the write failed or was refused): stop pulling.
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        BodyReader {
+            rx,
+            frames: VecDeque::new(),
+            state: ReadState::Open,
+        }
+    }
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            // Copy whatever is already here, across frames, without blocking.
+            let mut n = 0;
+            while n < buf.len() {
+                let Some(front) = self.frames.front_mut() else {
+                    break;
+                };
+                let k = front.len().min(buf.len() - n);
+                buf[n..n + k].copy_from_slice(&front[..k]);
+                front.advance(k);
+                if front.is_empty() {
+                    self.frames.pop_front();
+                }
+                n += k;
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+            match &self.state {
+                ReadState::Ended => return Ok(0),
+                ReadState::Failed(e) => return Err(io::Error::other(e.clone())),
+                ReadState::Open => {}
+            }
+            self.state = match self.rx.blocking_recv() {
+                Some(Pumped::Data(frames)) => {
+                    self.frames.extend(frames);
+                    ReadState::Open
+                }
+                Some(Pumped::End) => ReadState::Ended,
+                Some(Pumped::Failed(e)) => ReadState::Failed(e),
+                None => ReadState::Failed("the request body ended unexpectedly".into()),
+            };
+        }
+    }
+}
 
 /// Counts and hashes a body as it arrives.
 struct Check {
@@ -94,20 +227,17 @@ pub type Failure = Arc<Mutex<Option<ApiError>>>;
 /// signed hash: either failure makes `read` return an error (so the storage call aborts
 /// before it commits anything) and is kept in [`CheckedReader::failure`] for the response.
 pub struct CheckedReader {
-    inner: SyncIoBridge<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    inner: BodyReader,
     check: Check,
     failure: Failure,
     done: bool,
 }
 
 impl CheckedReader {
-    /// Wraps `body`; must be called on the runtime (the bridge keeps its handle).
+    /// Wraps `body`; must be called on the runtime (see [`BodyReader::new`]).
     pub fn new(body: Body, limit: u64, expect: Option<[u8; 32]>) -> Self {
-        let stream = body.into_data_stream().map_err(io::Error::other);
-        let reader: Box<dyn tokio::io::AsyncRead + Send + Unpin> =
-            Box::new(StreamReader::new(stream));
         CheckedReader {
-            inner: SyncIoBridge::new(reader),
+            inner: BodyReader::new(body),
             check: Check::new(limit, expect),
             failure: Arc::new(Mutex::new(None)),
             done: false,
@@ -201,7 +331,7 @@ impl Write for ChannelWriter {
     }
 }
 
-/// A response body written by `f` on the blocking pool, in chunks of at most 64 KiB with
+/// A response body written by `f` on the blocking pool, in chunks of at most 256 KiB with
 /// at most a few in flight (constant memory whatever the size). An error from `f` after the
 /// response has started aborts the body, so the client sees a cut transfer, never a
 /// silently short one.
@@ -234,4 +364,73 @@ where
 /// Maps an I/O error from a [`std::io::Write`] into a [`ChannelWriter`] to Cairn's error.
 pub fn io_err(e: io::Error) -> cairn_core::Error {
     cairn_core::Error::io("streaming the response", e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads a whole [`BodyReader`] over `frames` (with `Err` items for failures) on a
+    /// blocking thread, as the storage calls do, in `buf_len`-byte reads.
+    fn read_body(
+        frames: Vec<Result<Vec<u8>, &'static str>>,
+        buf_len: usize,
+    ) -> io::Result<Vec<u8>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let stream = futures_util::stream::iter(
+            frames
+                .into_iter()
+                .map(|f| f.map(Bytes::from).map_err(io::Error::other)),
+        );
+        let mut reader = {
+            let _guard = rt.enter();
+            BodyReader::new(Body::from_stream(stream))
+        };
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; buf_len];
+            loop {
+                match reader.read(&mut buf)? {
+                    0 => return Ok(out),
+                    n => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn body_reader_returns_every_byte_in_order_across_batches() {
+        // Frames of many sizes, crossing the 256 KiB batch boundary several times.
+        let mut frames = Vec::new();
+        let mut want = Vec::new();
+        for i in 0..400usize {
+            let frame: Vec<u8> = (0..(i * 37) % 9000).map(|j| (i + j) as u8).collect();
+            want.extend_from_slice(&frame);
+            frames.push(Ok(frame));
+        }
+        for buf_len in [1, 7, 4096, 1 << 20] {
+            assert_eq!(
+                read_body(frames.clone(), buf_len).unwrap(),
+                want,
+                "{buf_len}"
+            );
+        }
+        assert_eq!(read_body(Vec::new(), 10).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_failed_body_reads_as_an_error_never_as_a_clean_end() {
+        let frames = vec![
+            Ok(vec![1u8; 1000]),
+            Err("connection reset"),
+            Ok(vec![2u8; 10]),
+        ];
+        let err = read_body(frames, 64).unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+    }
 }
