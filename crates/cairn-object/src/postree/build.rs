@@ -366,10 +366,11 @@ impl CdcWindow {
     }
 }
 
-/// Framed blob leaves waiting to be hashed and stored together. Hashing a batch at once
-/// lets BLAKE3 fill all its SIMD lanes with the chunks of many leaves
-/// ([`cairn_core::HashAlgo::digest_many`]); a leaf alone (4 to 5 KiB) keeps only a few busy.
-/// The batch is small enough to stay in the L2 cache between framing and hashing.
+/// Framed blob leaves waiting to be hashed and stored together, through one
+/// [`cairn_core::HashAlgo::digest_many`] call per batch (today a loop over the leaves; a
+/// multi-message hasher from a well-kept crate could fill more SIMD lanes than a 4 to
+/// 5 KiB leaf alone does, without touching this code). The batch is small enough to stay
+/// in the L2 cache between framing and hashing.
 pub(crate) struct LeafBatch {
     /// Framed leaves back to back.
     buf: Vec<u8>,
