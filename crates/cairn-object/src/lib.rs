@@ -28,5 +28,5 @@ pub use gc::GcReport;
 pub use history::{Diff, TrackEntry};
 pub use merge::{BuiltinResolver, Conflict, ConflictAt, MergeOutcome, Resolution, Resolver};
 pub use postree::{TreeConfig, TreeKind, TreeRef};
-pub use value::{NewValue, Op, Value, ValueType};
+pub use value::{NewValue, Op, Value, ValueType, text_lines};
 pub use verify::{Damage, VerifyReport};

@@ -1,6 +1,7 @@
 //! Value types (ForkBase §3.4): primitive types stored inline in the FObject (String,
 //! Integer, Tuple) and chunkable types stored as POS-trees (Blob, List, Map, Set), plus the
-//! type operations (Append, Insert, Add, Multiply, splices and batched updates).
+//! type operations (Append, Insert, Add, Multiply, splices and batched updates); and the
+//! text forms of values that the CLI and the HTTP API share ([`NewValue::parse_text`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -294,5 +295,59 @@ impl Op {
             Op::MapUpdate(_) => "map update",
             Op::SetUpdate(_) => "set update",
         }
+    }
+}
+
+/// Splits text into lines, dropping one trailing newline (the text form of tuples, lists,
+/// sets and maps).
+pub fn text_lines(input: &[u8]) -> Vec<Vec<u8>> {
+    let input = input.strip_suffix(b"\n").unwrap_or(input);
+    if input.is_empty() {
+        return Vec::new();
+    }
+    input.split(|b| *b == b'\n').map(|l| l.to_vec()).collect()
+}
+
+impl NewValue {
+    /// Parses the text form of a value of type `ty`, as `cairn put` reads it and the HTTP
+    /// API accepts it: string and blob as raw bytes; integer as decimal; tuple, list and
+    /// set as one element per line; map as one `key=value` per line (split at the first
+    /// `=`; a repeated key is an error).
+    pub fn parse_text(ty: ValueType, input: Vec<u8>) -> Result<NewValue> {
+        Ok(match ty {
+            ValueType::String => NewValue::String(input),
+            ValueType::Blob => NewValue::Blob(input),
+            ValueType::Integer => {
+                let s = std::str::from_utf8(&input)
+                    .map_err(|_| Error::invalid("an integer must be decimal text"))?;
+                NewValue::Integer(s.trim().parse().map_err(|e| {
+                    Error::invalid(format!("{:?} is not a 64-bit integer: {e}", s.trim()))
+                })?)
+            }
+            ValueType::Tuple => NewValue::Tuple(text_lines(&input)),
+            ValueType::List => NewValue::List(text_lines(&input)),
+            ValueType::Set => {
+                NewValue::Set(text_lines(&input).into_iter().collect::<BTreeSet<_>>())
+            }
+            ValueType::Map => {
+                let mut m = BTreeMap::new();
+                for (i, l) in text_lines(&input).into_iter().enumerate() {
+                    let eq = l.iter().position(|b| *b == b'=').ok_or_else(|| {
+                        Error::invalid(format!(
+                            "map line {} has no '=' (expected key=value)",
+                            i + 1
+                        ))
+                    })?;
+                    if m.insert(l[..eq].to_vec(), l[eq + 1..].to_vec()).is_some() {
+                        return Err(Error::invalid(format!(
+                            "map line {} repeats key {:?}",
+                            i + 1,
+                            String::from_utf8_lossy(&l[..eq])
+                        )));
+                    }
+                }
+                NewValue::Map(m)
+            }
+        })
     }
 }

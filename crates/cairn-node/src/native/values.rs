@@ -15,7 +15,7 @@
 //! Lists, sets and maps are written out element by element as their POS-tree is walked,
 //! so a large value streams in constant memory in either form.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use cairn_core::{Error, Result};
@@ -141,50 +141,10 @@ pub fn parse_json(ty: Option<ValueType>, body: &[u8]) -> Result<NewValue> {
     })
 }
 
-/// Splits text into lines, dropping one trailing newline (the CLI's rule).
-pub fn lines(input: &[u8]) -> Vec<Vec<u8>> {
-    let input = input.strip_suffix(b"\n").unwrap_or(input);
-    if input.is_empty() {
-        return Vec::new();
-    }
-    input.split(|b| *b == b'\n').map(|l| l.to_vec()).collect()
-}
-
-/// Parses a text body as a value of type `ty` (the CLI's forms).
+/// Parses a text body as a value of type `ty` (the CLI's forms, see
+/// [`NewValue::parse_text`]).
 pub fn parse_text(ty: ValueType, input: Vec<u8>) -> Result<NewValue> {
-    Ok(match ty {
-        ValueType::String => NewValue::String(input),
-        ValueType::Blob => NewValue::Blob(input),
-        ValueType::Integer => {
-            let s = std::str::from_utf8(&input)
-                .map_err(|_| Error::invalid("an integer must be decimal text"))?;
-            NewValue::Integer(s.trim().parse().map_err(|e| {
-                Error::invalid(format!("{:?} is not a 64-bit integer: {e}", s.trim()))
-            })?)
-        }
-        ValueType::Tuple => NewValue::Tuple(lines(&input)),
-        ValueType::List => NewValue::List(lines(&input)),
-        ValueType::Set => NewValue::Set(lines(&input).into_iter().collect::<BTreeSet<_>>()),
-        ValueType::Map => {
-            let mut m = BTreeMap::new();
-            for (i, l) in lines(&input).into_iter().enumerate() {
-                let eq = l.iter().position(|b| *b == b'=').ok_or_else(|| {
-                    Error::invalid(format!(
-                        "map line {} has no '=' (expected key=value)",
-                        i + 1
-                    ))
-                })?;
-                if m.insert(l[..eq].to_vec(), l[eq + 1..].to_vec()).is_some() {
-                    return Err(Error::invalid(format!(
-                        "map line {} repeats key {:?}",
-                        i + 1,
-                        String::from_utf8_lossy(&l[..eq])
-                    )));
-                }
-            }
-            NewValue::Map(m)
-        }
-    })
+    NewValue::parse_text(ty, input)
 }
 
 fn io(e: std::io::Error) -> Error {
