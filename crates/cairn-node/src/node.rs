@@ -30,6 +30,8 @@ pub struct Node {
     /// Request and storage metrics.
     pub metrics: Metrics,
     key: SigningKey,
+    /// The store's one Db; every bucket is a view of it (shared writer and key locks).
+    db: Db,
     buckets: Mutex<HashMap<String, Arc<Bucket>>>,
 }
 
@@ -59,12 +61,19 @@ impl Node {
         ));
         Ok(Arc::new(Node {
             config,
+            db: Db::new(store.clone()),
             store,
             capsules,
             metrics: Metrics::new()?,
             key,
             buckets: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// A [`Db`] over bucket `name` that shares the store's writer and key locks with every
+    /// other bucket of this node (see [`Db::for_bucket`]).
+    pub fn db_for(&self, name: &str) -> cairn_core::Result<Db> {
+        self.db.for_bucket(name)
     }
 
     /// The bucket `name`, opened once and shared; the node key writes its capsule records
@@ -74,7 +83,7 @@ impl Node {
         if let Some(b) = open.get(name) {
             return Ok(b.clone());
         }
-        let db = Db::new(self.store.clone()).in_bucket(name)?;
+        let db = self.db_for(name)?;
         let b = Arc::new(Bucket::open(
             db,
             self.capsules.clone(),
@@ -94,7 +103,7 @@ impl Node {
         settings: &[(&str, String)],
     ) -> cairn_core::Result<Arc<Bucket>> {
         let mut open = self.buckets.lock();
-        let db = Db::new(self.store.clone()).in_bucket(name)?;
+        let db = self.db_for(name)?;
         let mut meta = cairn_capsule::CapsuleMetadata::new(
             db.algo(),
             self.key.public(),

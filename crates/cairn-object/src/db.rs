@@ -154,18 +154,30 @@ pub struct Db {
     algo: HashAlgo,
     cfg: TreeConfig,
     prefix: Vec<u8>,
+    /// Seeds the key hash that picks a key-lock stripe, so equal keys of different buckets
+    /// land on different stripes.
+    bucket_seed: u64,
+    shared: Arc<Shared>,
+}
+
+/// What every bucket of one store shares: the key-lock stripes (with their caches of
+/// recent versions) and the writers' lock that GC takes. GC is store-wide (chunks are
+/// deduplicated across buckets), so all buckets of a store must exclude one another
+/// through the same lock, and one set of stripes serves any number of buckets.
+struct Shared {
     key_locks: Box<[Mutex<Stripe>]>,
     /// Writers hold it shared from their first chunk write to their commit; GC takes it
     /// exclusively for its short final mark-and-sweep (see [`crate::gc`]).
-    pub(crate) gc_lock: RwLock<()>,
+    gc_lock: RwLock<()>,
 }
 
 impl Db {
     /// A Db over `store` with the default POS-tree configuration and the default bucket.
     ///
-    /// Open one Db per store and share it (it is `Sync`): GC's exclusion of writers and the
-    /// cache of recent versions belong to the Db, so two Dbs writing one store could let a
-    /// GC in one remove chunks a put in the other is about to commit.
+    /// Open one Db per store and share it (it is `Sync`); reach other buckets of the store
+    /// with [`Db::for_bucket`]. GC's exclusion of writers and the cache of recent versions
+    /// belong to that Db and its bucket views, so two Dbs opened separately on one store
+    /// could let a GC in one remove chunks a put in the other is about to commit.
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self::with_config(store, TreeConfig::default())
     }
@@ -178,11 +190,29 @@ impl Db {
             algo,
             cfg,
             prefix: format!("bucket/{DEFAULT_BUCKET}/").into_bytes(),
-            key_locks: (0..KEY_LOCK_STRIPES)
-                .map(|_| Mutex::new(Stripe::default()))
-                .collect(),
-            gc_lock: RwLock::new(()),
+            bucket_seed: xxhash_rust::xxh3::xxh3_64(DEFAULT_BUCKET.as_bytes()),
+            shared: Arc::new(Shared {
+                key_locks: (0..KEY_LOCK_STRIPES)
+                    .map(|_| Mutex::new(Stripe::default()))
+                    .collect(),
+                gc_lock: RwLock::new(()),
+            }),
         }
+    }
+
+    /// A view of bucket `name` of the same store that shares this Db's writer lock and
+    /// key locks (as every bucket of a store must, see [`Db::new`]). Cheap: no I/O, and no
+    /// per-bucket lock tables.
+    pub fn for_bucket(&self, name: &str) -> Result<Db> {
+        Db {
+            store: self.store.clone(),
+            algo: self.algo,
+            cfg: self.cfg,
+            prefix: self.prefix.clone(),
+            bucket_seed: self.bucket_seed,
+            shared: self.shared.clone(),
+        }
+        .in_bucket(name)
     }
 
     /// The same Db serving bucket `name` instead of the default one (each bucket is its own
@@ -190,6 +220,7 @@ impl Db {
     pub fn in_bucket(mut self, name: &str) -> Result<Self> {
         check_bucket_name(name)?;
         self.prefix = format!("bucket/{name}/").into_bytes();
+        self.bucket_seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         Ok(self)
     }
 
@@ -282,24 +313,35 @@ impl Db {
     }
 
     pub(crate) fn lock_key(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
-        self.lock_key_hash(xxhash_rust::xxh3::xxh3_64(key))
+        self.lock_key_hash(self.key_hash(key))
     }
 
-    /// Locks the stripe of a key whose xxh3 hash is `key_hash`.
+    /// The hash of `key` in this bucket that picks its key-lock stripe.
+    fn key_hash(&self, key: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64_with_seed(key, self.bucket_seed)
+    }
+
+    /// Locks the stripe of a key whose [`Db::key_hash`] is `key_hash`.
     fn lock_key_hash(&self, key_hash: u64) -> MutexGuard<'_, Stripe> {
-        self.key_locks[(key_hash as usize) % self.key_locks.len()].lock()
+        let locks = &self.shared.key_locks;
+        locks[(key_hash as usize) % locks.len()].lock()
     }
 
     /// Forgets cached facts about versions (GC calls it after removing chunks, so a removed
     /// version is never taken for present).
     pub(crate) fn forget_recent_versions(&self) {
-        for s in self.key_locks.iter() {
+        for s in self.shared.key_locks.iter() {
             s.lock().recent.clear();
         }
     }
 
     pub(crate) fn writer_guard(&self) -> RwLockReadGuard<'_, ()> {
-        self.gc_lock.read_recursive()
+        self.shared.gc_lock.read_recursive()
+    }
+
+    /// GC's exclusive hold on the writers' lock of every bucket of the store.
+    pub(crate) fn gc_write_lock(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.shared.gc_lock.write()
     }
 
     // ----- reads -----
@@ -517,7 +559,9 @@ impl Db {
         check_key(key)?;
         let _w = self.writer_guard();
         let mut w = BlobWriter::new(self.chunks(), &self.cfg);
-        let mut buf = vec![0u8; 1 << 20];
+        // 64 KiB reads: the writer batches leaves itself, and a node running hundreds of
+        // uploads at once keeps only this much per upload in flight here.
+        let mut buf = vec![0u8; 64 << 10];
         let mut total = 0u64;
         loop {
             let n = match reader.read(&mut buf) {
@@ -600,7 +644,7 @@ impl Db {
         needs_base_value: bool,
         make: impl FnOnce(Option<ValueType>, Option<&FObject>) -> Result<Value>,
     ) -> Result<Uid> {
-        let key_hash = xxhash_rust::xxh3::xxh3_64(key);
+        let key_hash = self.key_hash(key);
         let mut stripe = self.lock_key_hash(key_hash);
         // One buffer for every ref name this put looks up or writes: the key's prefix, then
         // a head's kind and name.
@@ -810,7 +854,7 @@ impl Db {
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
         check_branch_name(new_branch)?;
         let _w = self.writer_guard();
-        let key_hash = xxhash_rust::xxh3::xxh3_64(key);
+        let key_hash = self.key_hash(key);
         let stripe = self.lock_key_hash(key_hash);
         let prefix = self.key_prefix(key);
         let uid = match from {

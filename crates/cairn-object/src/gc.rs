@@ -50,7 +50,7 @@ impl Db {
         let mut marked = HashSet::new();
         self.mark_all(&mut marked)?;
         let removed = {
-            let _excl = self.gc_lock.write();
+            let _excl = self.gc_write_lock();
             self.mark_all(&mut marked)?;
             let mut dead: Vec<Uid> = Vec::new();
             for c in candidates.iter().filter(|c| !marked.contains(*c)) {

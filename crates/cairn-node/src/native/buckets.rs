@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use cairn_capsule::Bucket;
 use cairn_core::{Decoder, Encoder, Error, PublicKey};
-use cairn_object::{Db, check_bucket_name};
+use cairn_object::check_bucket_name;
 use cairn_store::RefUpdate;
 use serde::Deserialize;
 use serde_json::json;
@@ -208,11 +208,7 @@ pub async fn create(
         }
         // Refuse a name whose bucket holds data from elsewhere (another front door, the
         // CLI): the native API must not take it over.
-        let probe = Bucket::open(
-            Db::new(node.store.clone()).in_bucket(&name)?,
-            node.capsules.clone(),
-            None,
-        )?;
+        let probe = Bucket::open(node.db_for(&name)?, node.capsules.clone(), None)?;
         if probe.capsule().is_some() || !probe.db().list_keys()?.is_empty() {
             return Err(Error::AlreadyExists(format!(
                 "bucket {name:?} holds data written outside the native API"

@@ -300,7 +300,8 @@ pub(crate) struct CdcWindow {
 impl CdcWindow {
     pub fn new(p: &Params) -> Self {
         let cap = CHUNK_HEADER_LEN + 4 * p.cdc_max;
-        let mut buf = Vec::with_capacity(cap);
+        // Grown on demand up to `cap`: a small blob never pays for the whole window.
+        let mut buf = Vec::new();
         buf.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
         CdcWindow {
             buf,
@@ -385,7 +386,8 @@ const BATCH_BYTES: usize = 256 << 10;
 impl LeafBatch {
     pub fn new() -> Self {
         LeafBatch {
-            buf: Vec::with_capacity(BATCH_BYTES + (64 << 10)),
+            // Grown on demand: a small blob never pays for a whole batch.
+            buf: Vec::new(),
             ends: Vec::new(),
             cids: Vec::new(),
         }
