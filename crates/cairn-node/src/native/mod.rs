@@ -201,6 +201,23 @@ pub fn parse_uid(s: &str) -> ApiResult<Uid> {
         .map_err(|e| ApiError::bad_request(format!("{s:?} is not a version id: {e}")))
 }
 
+/// The query of requests that read one version: `?branch=` or `?uid=`.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct VersionQuery {
+    /// A tagged branch.
+    pub branch: Option<String>,
+    /// A version id.
+    pub uid: Option<String>,
+}
+
+impl VersionQuery {
+    /// The version it names (see [`version_at`]).
+    pub fn at(self) -> ApiResult<At> {
+        version_at(self.branch, self.uid)
+    }
+}
+
 /// The version named by `?branch=` or `?uid=` (default: the `master` head).
 pub fn version_at(branch: Option<String>, uid: Option<String>) -> ApiResult<At> {
     match (branch, uid) {

@@ -27,7 +27,7 @@ use super::body::{self, CheckedReader, produce};
 use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::values::{self, json_bytes};
-use super::{KeyPath, Native, etag, parse_uid, query, version_at};
+use super::{KeyPath, Native, VersionQuery, etag, parse_uid, query};
 use crate::node::Node;
 
 /// Largest body buffered in memory: typed values other than blobs and text lists, JSON.
@@ -153,13 +153,6 @@ pub fn parse_range(h: &str, len: u64) -> RangeAsk {
     RangeAsk::Part(first, end)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ReadQuery {
-    branch: Option<String>,
-    uid: Option<String>,
-}
-
 /// `GET /v1/buckets/{bucket}/objects/{key}`: the value (see the module documentation).
 pub async fn get(
     State(node): State<Arc<Node>>,
@@ -167,8 +160,7 @@ pub async fn get(
     uri: Uri,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let q: ReadQuery = query(&uri)?;
-    let at = version_at(q.branch, q.uid)?;
+    let at = query::<VersionQuery>(&uri)?.at()?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
     let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
@@ -461,8 +453,7 @@ pub async fn meta(
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let q: ReadQuery = query(&uri)?;
-    let at = version_at(q.branch, q.uid)?;
+    let at = query::<VersionQuery>(&uri)?.at()?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let v = blocking(move || Ok(b.db().get(key.as_bytes(), &at)?)).await?;
     let o = &v.object;

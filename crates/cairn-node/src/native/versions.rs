@@ -26,7 +26,7 @@ use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::objects::{CONTROL_LIMIT, is_json};
 use super::values::bytes_json;
-use super::{BucketPath, KeyPath, Native, body, parse_uid, query, version_at};
+use super::{BucketPath, KeyPath, Native, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
 
 /// Most keys one `GET .../keys` page lists.
@@ -431,13 +431,6 @@ pub async fn merge(
     })))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ProofQuery {
-    branch: Option<String>,
-    uid: Option<String>,
-}
-
 /// `GET /v1/buckets/{bucket}/proof/{key}?uid=|branch=`: the proof that the bucket's
 /// writer created the version: `VersionProof::to_bytes()` as `application/octet-stream`
 /// (what `cairn verify-proof` reads), or with `Accept: application/json` a JSON view of the
@@ -449,8 +442,7 @@ pub async fn proof(
     uri: Uri,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let q: ProofQuery = query(&uri)?;
-    let at = version_at(q.branch, q.uid)?;
+    let at = query::<VersionQuery>(&uri)?.at()?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let k = key.clone();
     let (vp, meta, uid, mutation, names) = blocking(move || {
