@@ -868,3 +868,47 @@ fn golden_roots_are_unchanged() {
 
 const GOLDEN_FINGERPRINT: &str =
     "12205b919527667b411b089d9ad6b2f1f08f3673391a22e4ca525177c84a0a8a12ce";
+
+/// Blobs past two 256 KiB batches are hashed on a second thread: the tree (root, every
+/// chunk) is exactly the single-threaded one, for several leaf sizes and write sizes.
+#[test]
+fn pipelined_blob_writer_builds_the_single_threaded_tree() {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let data: Vec<u8> = (0..(3 << 20) + 12_345)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    for (leaf, wsize) in [
+        (64, 1_000),
+        (4096, 77_777),
+        (4096, 1 << 20),
+        (16_384, 300_001),
+    ] {
+        let c = cfg(leaf, 4096);
+        let want = postree::build_blob(&MemoryStore::new(), &c, &data).unwrap();
+        let one = MemoryStore::new();
+        let mut w = BlobWriter::new(&one, &c).single_threaded();
+        for part in data.chunks(wsize) {
+            w.write_all(part).unwrap();
+        }
+        assert_eq!(w.finish().unwrap(), want, "single-threaded, leaf {leaf}");
+        let two = MemoryStore::new();
+        let mut w = BlobWriter::new(&two, &c);
+        for part in data.chunks(wsize) {
+            w.write_all(part).unwrap();
+        }
+        assert_eq!(w.finish().unwrap(), want, "pipelined, leaf {leaf}");
+        walk_ok(&two, &want);
+        let (mut a, mut b) = (one.cids().unwrap(), two.cids().unwrap());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "the same chunks, leaf {leaf}");
+        let mut all = Vec::new();
+        BlobReader::new(&two, &want).read_to_end(&mut all).unwrap();
+        assert!(all == data, "read back, leaf {leaf}");
+    }
+}

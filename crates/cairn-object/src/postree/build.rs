@@ -5,7 +5,7 @@
 use std::io;
 
 use bytes::Bytes;
-use cairn_core::{Error, Result};
+use cairn_core::{Error, HashAlgo, Result};
 use cairn_store::{ChunkStore, Cid};
 
 use super::node::{
@@ -405,8 +405,20 @@ impl LeafBatch {
         self.buf.len() >= BATCH_BYTES
     }
 
+    /// True when no leaf is pending.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
     /// Hashes and stores every pending leaf, in order, and pushes their entries to `levels`.
     pub fn flush(&mut self, store: &dyn ChunkStore, levels: &mut Levels<'_>) -> Result<()> {
+        self.hash(store.algo());
+        self.store_hashed(store, levels)
+    }
+
+    /// Computes the cid of every pending leaf (the part of [`LeafBatch::flush`] that can
+    /// run on another thread).
+    fn hash(&mut self, algo: HashAlgo) {
         let mut msgs = Vec::with_capacity(self.ends.len());
         let mut start = 0;
         for &end in &self.ends {
@@ -414,8 +426,16 @@ impl LeafBatch {
             start = end;
         }
         self.cids.clear();
-        store.algo().digest_many(&msgs, &mut self.cids);
-        for (m, &cid) in msgs.iter().zip(&self.cids) {
+        algo.digest_many(&msgs, &mut self.cids);
+    }
+
+    /// Stores the leaves [`LeafBatch::hash`] hashed, in order, pushes their entries to
+    /// `levels`, and empties the batch for reuse.
+    fn store_hashed(&mut self, store: &dyn ChunkStore, levels: &mut Levels<'_>) -> Result<()> {
+        let mut start = 0;
+        for (&end, &cid) in self.ends.iter().zip(&self.cids) {
+            let m = &self.buf[start..end];
+            start = end;
             store.put_hashed(cid, m)?;
             levels.push(Entry {
                 cid,
@@ -425,7 +445,59 @@ impl LeafBatch {
         }
         self.buf.clear();
         self.ends.clear();
+        self.cids.clear();
         Ok(())
+    }
+}
+
+/// Batches a [`BlobWriter`] keeps in flight on its hashing thread.
+const HASH_PIPE_DEPTH: usize = 2;
+
+/// A second thread that hashes a [`BlobWriter`]'s full leaf batches while the writer cuts
+/// the next ones, handing them back in order. Hashing is the largest single cost of a blob
+/// put (BLAKE3 over 4 KiB leaves), so a large upload uses two cores instead of one. Only
+/// the bytes cross threads: storing the leaves and building the index stay on the
+/// writer's thread, in the original order, so the tree is exactly the one a single thread
+/// builds.
+struct HashPipe {
+    to_hasher: std::sync::mpsc::SyncSender<LeafBatch>,
+    hashed: std::sync::mpsc::Receiver<LeafBatch>,
+    in_flight: usize,
+}
+
+impl HashPipe {
+    /// Starts the thread; `None` when the system refuses one (the writer then hashes
+    /// inline).
+    fn start(algo: HashAlgo) -> Option<HashPipe> {
+        let (to_hasher, todo) = std::sync::mpsc::sync_channel::<LeafBatch>(HASH_PIPE_DEPTH);
+        let (done, hashed) = std::sync::mpsc::sync_channel::<LeafBatch>(HASH_PIPE_DEPTH);
+        std::thread::Builder::new()
+            .name("cairn-blob-hash".into())
+            .spawn(move || {
+                // Ends when the writer drops its sender (finished or abandoned).
+                for mut batch in todo {
+                    batch.hash(algo);
+                    if done.send(batch).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok()?;
+        Some(HashPipe {
+            to_hasher,
+            hashed,
+            in_flight: 0,
+        })
+    }
+
+    /// Takes back the oldest batch in flight, hashed. An error only if the thread died.
+    fn receive(&mut self) -> Result<LeafBatch> {
+        let b = self
+            .hashed
+            .recv()
+            .map_err(|_| Error::Unavailable("the blob hashing thread stopped".into()))?;
+        self.in_flight -= 1;
+        Ok(b)
     }
 }
 
@@ -439,10 +511,20 @@ pub struct BlobWriter<'a> {
     batch: LeafBatch,
     levels: Levels<'a>,
     written: u64,
+    /// Hashing on a second thread, started at the second full batch (so small blobs never
+    /// start a thread); `None` before that or when turned off.
+    pipe: Option<HashPipe>,
+    pipelined: bool,
+    /// Full batches so far.
+    batches: u64,
+    /// Emptied batches to reuse.
+    spare: Vec<LeafBatch>,
 }
 
 impl<'a> BlobWriter<'a> {
-    /// A writer storing chunks in `store` with the node sizes of `cfg`.
+    /// A writer storing chunks in `store` with the node sizes of `cfg`. Blobs larger than
+    /// one batch (256 KiB) are hashed on a second thread ([`BlobWriter::single_threaded`]
+    /// turns that off); the tree is the same either way.
     pub fn new(store: &'a dyn ChunkStore, cfg: &TreeConfig) -> Self {
         let p = Params::new(cfg);
         BlobWriter {
@@ -452,7 +534,55 @@ impl<'a> BlobWriter<'a> {
             batch: LeafBatch::new(),
             levels: Levels::new(store, TreeKind::Blob, p, 0),
             written: 0,
+            pipe: None,
+            pipelined: true,
+            batches: 0,
+            spare: Vec::new(),
         }
+    }
+
+    /// Hashes on the calling thread only (for measuring one core).
+    pub fn single_threaded(mut self) -> Self {
+        self.pipelined = false;
+        self
+    }
+
+    /// Hands a full batch on: to the hashing thread when there is one (storing the oldest
+    /// batch in flight once the pipe is full), else hashes and stores it here.
+    fn submit(&mut self) -> Result<()> {
+        self.batches += 1;
+        if self.pipe.is_none() && self.pipelined && self.batches >= 2 {
+            self.pipe = HashPipe::start(self.store.algo());
+            if self.pipe.is_none() {
+                self.pipelined = false;
+            }
+        }
+        let Some(pipe) = self.pipe.as_mut() else {
+            return self.batch.flush(self.store, &mut self.levels);
+        };
+        if pipe.in_flight == HASH_PIPE_DEPTH {
+            let mut done = pipe.receive()?;
+            done.store_hashed(self.store, &mut self.levels)?;
+            self.spare.push(done);
+        }
+        let next = self.spare.pop().unwrap_or_else(LeafBatch::new);
+        let full = std::mem::replace(&mut self.batch, next);
+        pipe.to_hasher
+            .send(full)
+            .map_err(|_| Error::Unavailable("the blob hashing thread stopped".into()))?;
+        pipe.in_flight += 1;
+        Ok(())
+    }
+
+    /// Stores every batch still on the hashing thread, in order.
+    fn drain(&mut self) -> Result<()> {
+        if let Some(pipe) = self.pipe.as_mut() {
+            while pipe.in_flight > 0 {
+                let mut done = pipe.receive()?;
+                done.store_hashed(self.store, &mut self.levels)?;
+            }
+        }
+        Ok(())
     }
 
     /// Bytes accepted so far.
@@ -466,7 +596,7 @@ impl<'a> BlobWriter<'a> {
         while !rest.is_empty() {
             while self.win.cut_into(&self.p, false, &mut self.batch) {
                 if self.batch.is_full() {
-                    self.batch.flush(self.store, &mut self.levels)?;
+                    self.submit()?;
                 }
             }
             let n = self.win.push(rest);
@@ -480,10 +610,13 @@ impl<'a> BlobWriter<'a> {
     pub fn finish(mut self) -> Result<TreeRef> {
         while self.win.cut_into(&self.p, true, &mut self.batch) {
             if self.batch.is_full() {
-                self.batch.flush(self.store, &mut self.levels)?;
+                self.submit()?;
             }
         }
-        self.batch.flush(self.store, &mut self.levels)?;
+        self.drain()?;
+        if !self.batch.is_empty() {
+            self.batch.flush(self.store, &mut self.levels)?;
+        }
         finish_tree(self.store, TreeKind::Blob, self.levels)
     }
 }
