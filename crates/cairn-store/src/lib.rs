@@ -15,6 +15,8 @@
 
 pub mod log;
 pub mod memory;
+#[cfg(feature = "object-store")]
+pub mod object;
 
 use std::fmt;
 use std::str::FromStr;
@@ -121,6 +123,14 @@ pub trait ChunkStore: Send + Sync {
 
     /// Fetches a chunk, verified against `cid`. `Ok(None)` when absent.
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>>;
+
+    /// Fetches several chunks, in order (`None` for an absent one), each verified against
+    /// its cid exactly as [`ChunkStore::get`] does. Backends that keep chunks written
+    /// together side by side read such neighbours with one request (a blob's leaves, read
+    /// in order).
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
+        cids.iter().map(|c| self.get(c)).collect()
+    }
 
     /// True when the chunk is present (no verification).
     fn has(&self, cid: &Cid) -> Result<bool>;

@@ -256,6 +256,9 @@ impl Loc {
 
 const SHARDS: usize = 16;
 
+/// Most bytes [`LogStore`]'s `get_many` reads with one `pread`.
+const GET_MANY_RUN: u64 = 1 << 20;
+
 /// The commit path keeps the active segment extended with zeros this far ahead of its data,
 /// so that a group's `fdatasync` usually overwrites allocated blocks without changing the
 /// file size (no filesystem journal commit: measurably cheaper). Zeros never parse as a
@@ -1010,6 +1013,13 @@ impl LogStore {
         let frame = self
             .read_frame(seg, loc)
             .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
+        Self::check_chunk_frame(cid, seg, loc, Bytes::from(frame))
+    }
+
+    /// Checks a chunk's record as read from `seg` at `loc`: a chunk record of this cid and
+    /// length whose payload hashes to the cid. Returns the payload.
+    fn check_chunk_frame(cid: &Cid, seg: &Segment, loc: Loc, frame: Bytes) -> Result<Bytes> {
+        let where_ = || format!("{} at offset {}", seg.path.display(), loc.off);
         let h = format::parse_frame_header(&frame)
             .map_err(|why| Error::corrupt(format!("chunk {cid} in {}: {why}", where_())))?;
         if h.kind != KIND_CHUNK || h.cid != Some(*cid) || h.len != loc.len {
@@ -1018,7 +1028,7 @@ impl LogStore {
                 where_()
             )));
         }
-        let payload = Bytes::from(frame).slice(FRAME_HEADER_LEN..);
+        let payload = frame.slice(FRAME_HEADER_LEN..);
         if !cid.matches(&payload) {
             return Err(Error::corrupt(format!(
                 "chunk {cid} in {} does not match its hash",
@@ -1378,6 +1388,73 @@ impl ChunkStore for LogStore {
         Err(Error::corrupt(format!(
             "chunk {cid}: the index points at a segment that no longer exists"
         )))
+    }
+
+    /// Chunks that lie back to back in one segment's written part (a blob's leaves, stored
+    /// in order) are read with one `pread` of up to [`GET_MANY_RUN`] bytes, then each is
+    /// checked like a single get. Anything else (the write buffer, a segment compaction
+    /// just removed) falls back to [`ChunkStore::get`].
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
+        let locs: Vec<Option<Loc>> = cids.iter().map(|c| self.index.get(c)).collect();
+        let mut out = Vec::with_capacity(cids.len());
+        let mut i = 0;
+        while i < cids.len() {
+            let Some(first) = locs[i] else {
+                out.push(None);
+                i += 1;
+                continue;
+            };
+            // The longest run of neighbours starting at i.
+            let mut end = first.off + first.frame_len();
+            let mut j = i + 1;
+            while j < cids.len() {
+                match locs[j] {
+                    Some(l)
+                        if l.seg == first.seg
+                            && l.off == end
+                            && end + l.frame_len() - first.off <= GET_MANY_RUN =>
+                    {
+                        end += l.frame_len();
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let seg = self.segments.read().get(&first.seg).cloned();
+            let readable = seg
+                .as_ref()
+                .is_some_and(|s| end <= s.flushed.load(Ordering::Acquire));
+            match seg {
+                Some(seg) if readable && j > i + 1 => {
+                    let mut run = vec![0u8; (end - first.off) as usize];
+                    match seg.file.read_exact_at(&mut run, first.off) {
+                        Ok(()) => {
+                            let run = Bytes::from(run);
+                            for k in i..j {
+                                let Some(l) = locs[k] else { continue };
+                                let at = (l.off - first.off) as usize;
+                                let frame = run.slice(at..at + l.frame_len() as usize);
+                                out.push(Some(Self::check_chunk_frame(&cids[k], &seg, l, frame)?));
+                            }
+                        }
+                        // A short read or an I/O error: let the single gets report it
+                        // precisely (or find the chunk moved by compaction).
+                        Err(_) => {
+                            for c in &cids[i..j] {
+                                out.push(self.get(c)?);
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    for c in &cids[i..j] {
+                        out.push(self.get(c)?);
+                    }
+                }
+            }
+            i = j;
+        }
+        Ok(out)
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {

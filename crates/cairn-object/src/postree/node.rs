@@ -347,7 +347,20 @@ pub(crate) fn load_index(
 
 /// Loads a blob leaf's bytes and checks their length against the parent's count.
 pub(crate) fn load_blob_leaf(store: &dyn ChunkStore, cid: &Cid, count: u64) -> Result<Bytes> {
-    match load_node(store, TreeKind::Blob, cid, 0)? {
+    blob_leaf_from(cid, load_node(store, TreeKind::Blob, cid, 0)?, count)
+}
+
+/// A blob leaf from a chunk the store already returned (verified against `cid`), checked
+/// like [`load_blob_leaf`]; `None` (an absent chunk) is reported as missing.
+pub(crate) fn blob_leaf_from_chunk(cid: &Cid, chunk: Option<Bytes>, count: u64) -> Result<Bytes> {
+    let chunk = chunk.ok_or_else(|| {
+        Error::not_found(format!("POS-tree chunk {cid} is missing from the store"))
+    })?;
+    blob_leaf_from(cid, parse_node(cid, &chunk, TreeKind::Blob)?, count)
+}
+
+fn blob_leaf_from(cid: &Cid, node: Node, count: u64) -> Result<Bytes> {
+    match node {
         Node::Blob(b) if b.len() as u64 == count => Ok(b),
         Node::Blob(b) => Err(corrupt(
             cid,

@@ -1,5 +1,6 @@
 //! Lazy reads: point look-ups, ranges and streaming, fetching only the nodes on the way.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Bound;
 
@@ -8,7 +9,7 @@ use cairn_core::{Error, Result};
 use cairn_store::ChunkStore;
 
 use super::cursor::{ElemCursor, NodeCursor};
-use super::node::{corrupt_err, load_blob_leaf};
+use super::node::{blob_leaf_from_chunk, corrupt_err, load_blob_leaf};
 use super::{TreeKind, TreeRef, expect_kind};
 
 /// Reads `len` bytes of a Blob tree from `offset` (fewer at the end of the blob). An
@@ -42,16 +43,29 @@ pub fn blob_read(store: &dyn ChunkStore, t: &TreeRef, offset: u64, len: u64) -> 
     Ok(out)
 }
 
-/// Streams a Blob tree (or a slice of one) with [`Read`] and [`Seek`], holding one leaf and
-/// the path to it. Positions are relative to the start of the slice. Errors from the store
-/// surface as [`io::Error`]s wrapping the [`Error`].
+/// Leaves a [`BlobReader`] fetches at once when reading in order.
+const READ_AHEAD_LEAVES: usize = 64;
+/// Bytes of leaves a [`BlobReader`] fetches at once when reading in order.
+const READ_AHEAD_BYTES: u64 = 256 << 10;
+
+/// Streams a Blob tree (or a slice of one) with [`Read`] and [`Seek`], holding the path to
+/// the current leaf and, when reading in order, the next leaves up to 256 KiB (fetched
+/// with one [`ChunkStore::get_many`], so a store that keeps a blob's leaves side by side
+/// reads them with one request; never past the end of the slice). Positions are relative
+/// to the start of the slice. Errors from the store surface as [`io::Error`]s wrapping
+/// the [`Error`].
 pub struct BlobReader<'a> {
     tree: TreeRef,
     cursor: NodeCursor<'a>,
     leaf: Bytes,
     leaf_start: u64,
-    /// The cursor's next leaf starts right after `leaf`.
+    /// The leaf after `leaf` is the front of `ahead` (or the cursor's next when `ahead`
+    /// is empty).
     in_sequence: bool,
+    /// Leaves fetched ahead, in order, with their offsets in the blob.
+    ahead: VecDeque<(u64, Bytes)>,
+    /// Where the cursor's next leaf starts.
+    next_start: u64,
     start: u64,
     end: u64,
     pos: u64,
@@ -72,6 +86,8 @@ impl<'a> BlobReader<'a> {
             leaf: Bytes::new(),
             leaf_start: 0,
             in_sequence: false,
+            ahead: VecDeque::new(),
+            next_start: 0,
             start,
             end: start.saturating_add(len).min(t.count),
             pos: start,
@@ -92,15 +108,18 @@ impl<'a> BlobReader<'a> {
         expect_kind(&self.tree, &[TreeKind::Blob], "BlobReader")?;
         let leaf_end = self.leaf_start + self.leaf.len() as u64;
         if !(self.in_sequence && self.pos == leaf_end) {
-            self.leaf_start = self.cursor.seek(self.pos, false)?;
-        } else {
-            self.leaf_start = leaf_end;
+            self.ahead.clear();
+            self.next_start = self.cursor.seek(self.pos, false)?;
         }
-        let e = self
-            .cursor
-            .next()?
+        if self.ahead.is_empty() {
+            self.fetch_ahead()?;
+        }
+        let (leaf_start, leaf) = self
+            .ahead
+            .pop_front()
             .ok_or_else(|| corrupt_err(&self.tree.root, "blob tree ends before its count"))?;
-        self.leaf = load_blob_leaf(self.cursor.store(), &e.cid, e.count)?;
+        self.leaf_start = leaf_start;
+        self.leaf = leaf;
         self.in_sequence = true;
         if self.leaf.is_empty() || self.pos < self.leaf_start {
             self.in_sequence = false;
@@ -109,6 +128,42 @@ impl<'a> BlobReader<'a> {
                 "blob leaf not where the index says",
             ));
         }
+        Ok(())
+    }
+
+    /// Fetches the cursor's next leaves, up to [`READ_AHEAD_LEAVES`] and
+    /// [`READ_AHEAD_BYTES`] and never past the end of the slice, into `ahead`.
+    fn fetch_ahead(&mut self) -> Result<()> {
+        let mut entries = Vec::new();
+        let mut upto = self.next_start;
+        while entries.len() < READ_AHEAD_LEAVES
+            && upto - self.next_start < READ_AHEAD_BYTES
+            && upto < self.end
+        {
+            match self.cursor.next()? {
+                Some(e) => {
+                    upto = upto.saturating_add(e.count);
+                    entries.push(e);
+                }
+                None => break,
+            }
+        }
+        let cids: Vec<_> = entries.iter().map(|e| e.cid).collect();
+        let chunks = self.cursor.store().get_many(&cids)?;
+        if chunks.len() != entries.len() {
+            return Err(Error::corrupt(format!(
+                "the store returned {} chunks for {} cids",
+                chunks.len(),
+                entries.len()
+            )));
+        }
+        let mut at = self.next_start;
+        for (e, chunk) in entries.iter().zip(chunks) {
+            let leaf = blob_leaf_from_chunk(&e.cid, chunk, e.count)?;
+            self.ahead.push_back((at, leaf));
+            at = at.saturating_add(e.count);
+        }
+        self.next_start = at;
         Ok(())
     }
 }
