@@ -11,7 +11,21 @@
 //!
 //! [gaia]
 //! # see crate::gaia::GaiaConfig
+//!
+//! [backend]                        # where chunks live; refs stay in data_dir
+//! kind = "embedded"                # embedded | s3 | azure | gcs | local
+//! # bucket = "my-bucket"           # s3, gcs: bucket; azure: container
+//! # prefix = "cairn"               # key prefix inside the bucket or directory
+//! # endpoint = "http://127.0.0.1:9000"  # S3-compatible servers, Azurite, fake GCS
+//! # region = "us-east-1"           # s3
+//! # allow_http = false             # plain-HTTP endpoints (test servers)
+//! # path = "/srv/cairn-chunks"     # local
 //! ```
+//!
+//! Cloud credentials are never in the file: they come from the environment
+//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AZURE_STORAGE_ACCOUNT_NAME`,
+//! `GOOGLE_SERVICE_ACCOUNT`, ...). Every kind but `embedded` needs a build with the
+//! `object-store` feature (see `docs/node.md`, "Backends").
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +54,120 @@ pub struct Config {
     pub lock_timeout_secs: f64,
     /// Gaia hub settings.
     pub gaia: crate::gaia::GaiaConfig,
+    /// Where chunks are stored.
+    pub backend: BackendConfig,
+}
+
+/// Where a node keeps its chunks. Refs (branch tables) always stay in the embedded log in
+/// `data_dir`, whose commit is the durability point.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendConfig {
+    /// The kind of chunk store.
+    pub kind: BackendKind,
+    /// Bucket (s3, gcs) or container (azure).
+    pub bucket: Option<String>,
+    /// Key prefix inside the bucket or directory.
+    pub prefix: String,
+    /// Service endpoint URL (S3-compatible servers, emulators).
+    pub endpoint: Option<String>,
+    /// Region (s3).
+    pub region: Option<String>,
+    /// Directory of the `local` kind.
+    pub path: Option<PathBuf>,
+    /// Allow plain-HTTP endpoints.
+    pub allow_http: bool,
+}
+
+/// The chunk store kinds a config may name.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Chunks in the embedded log in `data_dir`, beside the refs (the default).
+    #[default]
+    Embedded,
+    /// Amazon S3 or an S3-compatible server.
+    S3,
+    /// Azure Blob Storage.
+    Azure,
+    /// Google Cloud Storage.
+    Gcs,
+    /// A directory, one file per chunk.
+    Local,
+}
+
+impl BackendKind {
+    /// The name used in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Embedded => "embedded",
+            BackendKind::S3 => "s3",
+            BackendKind::Azure => "azure",
+            BackendKind::Gcs => "gcs",
+            BackendKind::Local => "local",
+        }
+    }
+}
+
+impl BackendConfig {
+    /// The object store this config names; `None` for the embedded kind.
+    #[cfg(feature = "object-store")]
+    pub fn object_store(&self) -> Option<cairn_store::object::ObjectStoreConfig> {
+        use cairn_store::object::{ObjectStoreConfig, ObjectStoreKind};
+        let kind = match self.kind {
+            BackendKind::Embedded => return None,
+            BackendKind::S3 => ObjectStoreKind::S3,
+            BackendKind::Azure => ObjectStoreKind::Azure,
+            BackendKind::Gcs => ObjectStoreKind::Gcs,
+            BackendKind::Local => ObjectStoreKind::Local,
+        };
+        Some(ObjectStoreConfig {
+            kind,
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            allow_http: self.allow_http,
+            path: self.path.clone(),
+        })
+    }
+
+    /// Checks the backend settings; a kind other than `embedded` in a build without the
+    /// `object-store` feature is an error saying how to build with it.
+    pub fn check(&self) -> Result<()> {
+        if self.kind == BackendKind::Embedded {
+            let extra = [
+                ("bucket", self.bucket.is_some()),
+                ("prefix", !self.prefix.is_empty()),
+                ("endpoint", self.endpoint.is_some()),
+                ("region", self.region.is_some()),
+                ("path", self.path.is_some()),
+            ];
+            if let Some((name, _)) = extra.iter().find(|(_, set)| *set) {
+                bail!("[backend] {name} does not apply to kind = \"embedded\"");
+            }
+            return Ok(());
+        }
+        self.check_object_store()
+    }
+
+    #[cfg(feature = "object-store")]
+    fn check_object_store(&self) -> Result<()> {
+        if let Some(os) = self.object_store() {
+            os.check().context("[backend]")?;
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "object-store"))]
+    fn check_object_store(&self) -> Result<()> {
+        bail!(
+            "[backend] kind = \"{}\" needs a build with the object-store feature \
+             (cargo build --release -p cairn-cli --features object-store); \
+             this binary keeps chunks only in the embedded store (kind = \"embedded\")",
+            self.kind.name()
+        )
+    }
 }
 
 /// How logs are printed.
@@ -75,6 +203,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             lock_timeout_secs: 30.0,
             gaia: Default::default(),
+            backend: BackendConfig::default(),
         }
     }
 }
@@ -98,7 +227,7 @@ impl Config {
         if !(0.0..=86_400.0).contains(&self.lock_timeout_secs) {
             bail!("lock_timeout_secs must be between 0 and 86400");
         }
-        Ok(())
+        self.backend.check()
     }
 }
 
@@ -133,5 +262,39 @@ mod tests {
             ..Config::default()
         };
         assert!(bad.check().is_err());
+    }
+
+    #[test]
+    fn backend_table_parses_and_defaults_to_embedded() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c.backend.kind, BackendKind::Embedded);
+        c.check().unwrap();
+        let c: Config = toml::from_str(
+            "[backend]\nkind = \"s3\"\nbucket = \"b\"\nprefix = \"p\"\n\
+             endpoint = \"http://127.0.0.1:9000\"\nregion = \"us-east-1\"\nallow_http = true\n",
+        )
+        .unwrap();
+        assert_eq!(c.backend.kind, BackendKind::S3);
+        assert_eq!(c.backend.bucket.as_deref(), Some("b"));
+        assert!(c.backend.allow_http);
+        assert!(toml::from_str::<Config>("[backend]\nkind = \"ftp\"").is_err());
+        assert!(toml::from_str::<Config>("[backend]\nbuckit = \"b\"").is_err());
+        let stray: Config = toml::from_str("[backend]\nbucket = \"b\"").unwrap();
+        let e = stray.check().unwrap_err().to_string();
+        assert!(e.contains("bucket") && e.contains("embedded"), "{e}");
+        let result = c.check();
+        #[cfg(feature = "object-store")]
+        result.unwrap();
+        #[cfg(not(feature = "object-store"))]
+        {
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains("--features object-store"), "{e}");
+        }
+        #[cfg(feature = "object-store")]
+        {
+            let no_bucket: Config = toml::from_str("[backend]\nkind = \"gcs\"").unwrap();
+            let e = format!("{:#}", no_bucket.check().unwrap_err());
+            assert!(e.contains("bucket"), "{e}");
+        }
     }
 }

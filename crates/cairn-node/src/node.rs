@@ -49,7 +49,7 @@ impl Node {
             tracing::warn!("waiting for the store: {msg}")
         })
         .with_context(|| format!("opening store {}", config.data_dir.display()))?;
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store = with_backend(&config, store)?;
         for note in store.recovery_notes()? {
             tracing::warn!(%note, "crash recovery found damage (see `cairn recovery`)");
         }
@@ -133,4 +133,43 @@ impl Node {
     pub fn public_key(&self) -> cairn_core::PublicKey {
         self.key.public()
     }
+}
+
+/// The node's store: the embedded log alone, or (for any other `[backend] kind`) refs in
+/// the log and chunks in the configured object store.
+#[cfg(feature = "object-store")]
+fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
+    use cairn_store::ChunkStore;
+    use cairn_store::object::SplitStore;
+    let Some(os) = config.backend.object_store() else {
+        return Ok(Arc::new(log));
+    };
+    let kind = config.backend.kind.name();
+    // Chunks already in the log would be invisible behind an object-store backend while
+    // refs still name them: refuse instead of serving a store with holes.
+    let local = log.stats()?.chunks;
+    if local > 0 {
+        anyhow::bail!(
+            "[backend] kind = \"{kind}\", but {} already holds {local} chunks of the embedded \
+             backend; start with an empty data_dir for this backend, or keep kind = \"embedded\"",
+            config.data_dir.display()
+        );
+    }
+    let chunks = os
+        .open(config.durability)
+        .with_context(|| format!("[backend] kind = \"{kind}\""))?;
+    chunks
+        .probe()
+        .with_context(|| format!("[backend] kind = \"{kind}\": the chunk store does not answer"))?;
+    tracing::info!(backend = kind, store = %chunks.object_store(), prefix = %os.prefix, "chunks in an object store");
+    let durability = os.chunk_durability(config.durability);
+    Ok(Arc::new(SplitStore::new(chunks, log, durability)))
+}
+
+/// The node's store: this build has only the embedded log (`Config::check` already refused
+/// any other `[backend] kind`).
+#[cfg(not(feature = "object-store"))]
+fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
+    config.backend.check()?;
+    Ok(Arc::new(log))
 }

@@ -1,0 +1,786 @@
+//! Chunks in an object store: S3 (and S3-compatible servers such as MinIO), Azure Blob,
+//! Google Cloud Storage or a local directory, through the `object_store` crate.
+//!
+//! - [`ObjectChunkStore`] implements [`ChunkStore`] over any
+//!   `Arc<dyn object_store::ObjectStore>`. A chunk lives at
+//!   `<prefix>/chunks/<first digest byte, hex>/<cid hex>`; the cid is the multihash hex of
+//!   [`Hash::to_hex`](crate::Hash::to_hex), so the fan-out directory is the first byte of the
+//!   digest (not the constant algorithm tag).
+//! - [`SplitStore`] is a complete [`Store`](crate::Store): refs (and their atomic, durable
+//!   commits) in an embedded [`LogStore`](crate::LogStore), chunks in an object store.
+//! - [`ObjectStoreConfig`] builds the object store from a bucket name, prefix, endpoint and
+//!   region, with credentials taken from the environment (`object_store`'s `from_env`
+//!   builders: `AWS_*`, `AZURE_*`, `GOOGLE_*`).
+//!
+//! # Durability
+//!
+//! [`ObjectChunkStore::put_hashed`] returns only after the object store acknowledged the
+//! PUT (for S3, Azure and GCS an acknowledged PUT is stored durably by the service; for the
+//! `local` kind the file and its directory are `fsync`ed before the PUT returns). Upper
+//! layers put a version's chunks before they commit the refs that name them, so by the time a
+//! [`SplitStore`] commit starts, every chunk it refers to is already durable; the commit
+//! itself then has the embedded log's [`Durability`]. An acknowledged write therefore
+//! survives kill -9 and power loss of the node at that level, as with the embedded backend.
+//! A crash between the chunk PUTs and the ref commit leaves unreferenced chunks in the
+//! bucket (garbage for GC), never a ref naming a missing chunk.
+//!
+//! # Threads
+//!
+//! `object_store` is async; [`ChunkStore`] is sync. Each [`ObjectChunkStore`] owns a small
+//! multi-thread tokio runtime and runs every request on it, waiting for the result on the
+//! calling thread. This works from any thread and never panics or deadlocks, but it blocks
+//! the caller for the length of a network round trip: call it from blocking threads
+//! (`tokio::task::spawn_blocking`, as the node's handlers do), not directly from an async
+//! task, where it would stall that executor thread.
+
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::{StreamExt, TryStreamExt};
+pub use object_store;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+
+use crate::{
+    Bytes, ChunkStore, Cid, Durability, Error, Hash, HashAlgo, RefStore, RefUpdate, Result,
+    StoreStats,
+};
+
+/// Requests a batch operation keeps in flight at once.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Worker threads of the runtime each [`ObjectChunkStore`] owns.
+const RUNTIME_THREADS: usize = 2;
+
+/// [`ChunkStore`] over an `object_store` backend. See the [module docs](self) for the key
+/// layout, durability and threading.
+pub struct ObjectChunkStore {
+    store: Arc<dyn ObjectStore>,
+    root: ObjectPath,
+    algo: HashAlgo,
+    /// False once the backend said it cannot do create-if-absent puts; then puts use a HEAD
+    /// followed by an overwriting PUT (safe: the bytes under a cid never change).
+    create_supported: Arc<AtomicBool>,
+    /// Always `Some` until drop.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl fmt::Debug for ObjectChunkStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectChunkStore")
+            .field("store", &self.store.to_string())
+            .field("root", &self.root.as_ref())
+            .field("algo", &self.algo)
+            .finish()
+    }
+}
+
+impl ObjectChunkStore {
+    /// A chunk store keeping its objects under `<prefix>/chunks/` in `store`, naming chunks
+    /// with BLAKE3. `prefix` may be empty; it is an object-store path (`a/b`, no `..`, no
+    /// empty segments).
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Self> {
+        let prefix = prefix.trim_matches('/');
+        let base = ObjectPath::parse(prefix)
+            .map_err(|e| Error::invalid(format!("object store prefix {prefix:?}: {e}")))?;
+        let root = base.join("chunks");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("cairn-object-store")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("starting the object store runtime", e))?;
+        Ok(ObjectChunkStore {
+            store,
+            root,
+            algo: HashAlgo::default(),
+            create_supported: Arc::new(AtomicBool::new(true)),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Names chunks with `algo` instead of BLAKE3.
+    pub fn with_algo(mut self, algo: HashAlgo) -> Self {
+        self.algo = algo;
+        self
+    }
+
+    /// The object-store path of `cid`'s chunk: `<prefix>/chunks/<xx>/<cid hex>`.
+    pub fn chunk_path(&self, cid: &Cid) -> ObjectPath {
+        chunk_path(&self.root, cid)
+    }
+
+    /// The object store this chunk store writes to.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Checks that the store answers: lists one level under the chunk root. A missing
+    /// bucket, wrong credentials or an unreachable endpoint fail here with the service's
+    /// message, instead of later reads mistaking a missing bucket for missing chunks.
+    pub fn probe(&self) -> Result<()> {
+        let store = self.store.clone();
+        let root = self.root.clone();
+        let name = self.store.to_string();
+        self.run(async move {
+            store
+                .list_with_delimiter(Some(&root))
+                .await
+                .map(|_| ())
+                .map_err(|e| os_err(&format!("reaching object store {name}"), e))
+        })
+    }
+
+    /// Runs `fut` on the owned runtime and waits for it on the calling thread.
+    fn run<T, F>(&self, fut: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        let Some(rt) = self.runtime.as_ref() else {
+            return Err(Error::Unavailable(
+                "object store runtime is shut down".into(),
+            ));
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            // The receiver only goes away if the caller is gone; nothing to report then.
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| Error::Unavailable("object store request ended without a result".into()))?
+    }
+}
+
+impl Drop for ObjectChunkStore {
+    fn drop(&mut self) {
+        // `shutdown_background` does not block, so dropping the store inside an async
+        // context (e.g. a test's tokio runtime) is fine.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn chunk_path(root: &ObjectPath, cid: &Cid) -> ObjectPath {
+    let fan = hex_byte(cid.digest()[0]);
+    root.clone().join(fan.as_str()).join(cid.to_hex())
+}
+
+fn hex_byte(b: u8) -> String {
+    format!("{b:02x}")
+}
+
+/// Maps an `object_store` error to Cairn's, naming what was being done.
+fn os_err(what: &str, e: object_store::Error) -> Error {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { path, .. } => Error::not_found(format!("{what}: object {path} not found")),
+        E::InvalidPath { source } => Error::invalid(format!("{what}: {source}")),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+            Error::Unavailable(format!("{what}: access denied by the object store: {e}"))
+        }
+        other => Error::Unavailable(format!("{what}: {other}")),
+    }
+}
+
+/// Stores one chunk unless present. True when it was new.
+async fn put_object(
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    bytes: Bytes,
+    create_supported: Arc<AtomicBool>,
+) -> Result<bool> {
+    use object_store::Error as E;
+    if create_supported.load(Ordering::Relaxed) {
+        let payload = PutPayload::from_bytes(bytes.clone());
+        match store.put_opts(&path, payload, PutMode::Create.into()).await {
+            Ok(_) => return Ok(true),
+            Err(E::AlreadyExists { .. }) | Err(E::Precondition { .. }) => return Ok(false),
+            Err(E::NotImplemented { .. }) | Err(E::NotSupported { .. }) => {
+                create_supported.store(false, Ordering::Relaxed);
+            }
+            Err(e) => return Err(os_err(&format!("storing chunk {path}"), e)),
+        }
+    }
+    match store.head(&path).await {
+        Ok(_) => return Ok(false),
+        Err(E::NotFound { .. }) => {}
+        Err(e) => return Err(os_err(&format!("checking chunk {path}"), e)),
+    }
+    store
+        .put(&path, PutPayload::from_bytes(bytes))
+        .await
+        .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
+    Ok(true)
+}
+
+/// Parses the cid out of a chunk object's path (`.../<xx>/<cid hex>`); `None` for objects
+/// that are not chunks (e.g. an operator's stray file).
+fn cid_of(path: &ObjectPath) -> Option<Cid> {
+    let name = path.filename()?;
+    let bytes = hex_decode(name)?;
+    let cid = Hash::from_bytes(&bytes).ok()?;
+    let fan = path.parts().rev().nth(1)?;
+    (fan.as_ref() == hex_byte(cid.digest()[0])).then_some(cid)
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl ChunkStore for ObjectChunkStore {
+    fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
+        crate::check_cid_algo(&cid, self.algo)?;
+        let fut = put_object(
+            self.store.clone(),
+            self.chunk_path(&cid),
+            Bytes::copy_from_slice(chunk),
+            self.create_supported.clone(),
+        );
+        self.run(fut)
+    }
+
+    /// Puts up to [`MAX_IN_FLIGHT`] chunks concurrently; returns when every one was
+    /// acknowledged (or with the first error).
+    fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
+        let mut cids = Vec::with_capacity(chunks.len());
+        let mut jobs = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            let cid = self.algo.digest(chunk);
+            cids.push(cid);
+            jobs.push((self.chunk_path(&cid), Bytes::copy_from_slice(chunk)));
+        }
+        let store = self.store.clone();
+        let create = self.create_supported.clone();
+        self.run(async move {
+            futures_util::stream::iter(jobs)
+                .map(|(path, bytes)| put_object(store.clone(), path, bytes, create.clone()))
+                .buffer_unordered(MAX_IN_FLIGHT)
+                .try_for_each(|_| async { Ok(()) })
+                .await
+        })?;
+        Ok(cids)
+    }
+
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
+        let path = self.chunk_path(cid);
+        let store = self.store.clone();
+        let fetched = self.run(async move {
+            let got = match store.get(&path).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(os_err(&format!("reading chunk {path}"), e)),
+            };
+            got.bytes()
+                .await
+                .map(Some)
+                .map_err(|e| os_err(&format!("reading chunk {path}"), e))
+        })?;
+        let Some(bytes) = fetched else {
+            return Ok(None);
+        };
+        if !cid.matches(&bytes) {
+            return Err(Error::corrupt(format!(
+                "chunk {cid} does not match its hash (object {} in {})",
+                self.chunk_path(cid),
+                self.store
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
+    fn has(&self, cid: &Cid) -> Result<bool> {
+        let path = self.chunk_path(cid);
+        let store = self.store.clone();
+        self.run(async move {
+            match store.head(&path).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(os_err(&format!("checking chunk {path}"), e)),
+            }
+        })
+    }
+
+    fn cids(&self) -> Result<Vec<Cid>> {
+        let store = self.store.clone();
+        let root = self.root.clone();
+        self.run(async move {
+            store
+                .list(Some(&root))
+                .map_err(|e| os_err("listing chunks", e))
+                .try_filter_map(|meta| async move { Ok(cid_of(&meta.location)) })
+                .try_collect()
+                .await
+        })
+    }
+
+    fn remove(&self, cids: &[Cid]) -> Result<()> {
+        let paths: Vec<ObjectPath> = cids.iter().map(|c| self.chunk_path(c)).collect();
+        let store = self.store.clone();
+        self.run(async move {
+            let locations = futures_util::stream::iter(paths.into_iter().map(Ok)).boxed();
+            let mut deleted = store.delete_stream(locations);
+            while let Some(res) = deleted.next().await {
+                match res {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(os_err("removing chunks", e)),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        let store = self.store.clone();
+        let root = self.root.clone();
+        self.run(async move {
+            let mut stats = StoreStats::default();
+            let mut list = store.list(Some(&root));
+            while let Some(meta) = list.next().await {
+                let meta = meta.map_err(|e| os_err("listing chunks", e))?;
+                stats.bytes_on_disk += meta.size;
+                if cid_of(&meta.location).is_some() {
+                    stats.chunks += 1;
+                    stats.chunk_bytes += meta.size;
+                }
+            }
+            Ok(stats)
+        })
+    }
+}
+
+/// A complete store whose chunks live in one backend and refs in another: the node uses an
+/// [`ObjectChunkStore`] for chunks and the embedded [`LogStore`](crate::LogStore) for refs.
+///
+/// Upper layers put chunks before committing the refs that name them, and
+/// [`ChunkStore::put_hashed`] returns only once the chunk backend acknowledged the write, so
+/// a [`RefStore::commit`] here is made only after every chunk it refers to is durable in the
+/// chunk backend. [`RefStore::durability`] is the weaker of the two backends' levels.
+pub struct SplitStore<C, R> {
+    chunks: C,
+    refs: R,
+    chunk_durability: Durability,
+}
+
+impl<C: ChunkStore, R: ChunkStore + RefStore> SplitStore<C, R> {
+    /// Chunks in `chunks` (whose acknowledged puts are durable at `chunk_durability`), refs
+    /// in `refs`. Chunks already in `refs` are not read: start from an empty chunk side or
+    /// copy them over first.
+    pub fn new(chunks: C, refs: R, chunk_durability: Durability) -> Self {
+        SplitStore {
+            chunks,
+            refs,
+            chunk_durability,
+        }
+    }
+
+    /// The chunk backend.
+    pub fn chunks(&self) -> &C {
+        &self.chunks
+    }
+
+    /// The ref backend.
+    pub fn refs(&self) -> &R {
+        &self.refs
+    }
+}
+
+impl<C: ChunkStore, R: ChunkStore + RefStore> ChunkStore for SplitStore<C, R> {
+    fn algo(&self) -> HashAlgo {
+        self.chunks.algo()
+    }
+    fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
+        self.chunks.put_hashed(cid, chunk)
+    }
+    fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
+        self.chunks.put_batch(chunks)
+    }
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
+        self.chunks.get(cid)
+    }
+    fn has(&self, cid: &Cid) -> Result<bool> {
+        self.chunks.has(cid)
+    }
+    fn cids(&self) -> Result<Vec<Cid>> {
+        self.chunks.cids()
+    }
+    fn remove(&self, cids: &[Cid]) -> Result<()> {
+        self.chunks.remove(cids)
+    }
+    fn compact(&self) -> Result<u64> {
+        Ok(self.chunks.compact()? + self.refs.compact()?)
+    }
+    fn stats(&self) -> Result<StoreStats> {
+        let mut s = self.chunks.stats()?;
+        s.bytes_on_disk += self.refs.stats()?.bytes_on_disk;
+        Ok(s)
+    }
+    fn recovery_notes(&self) -> Result<Vec<String>> {
+        let mut notes = self.refs.recovery_notes()?;
+        notes.extend(self.chunks.recovery_notes()?);
+        Ok(notes)
+    }
+    fn clear_recovery_notes(&self) -> Result<()> {
+        self.refs.clear_recovery_notes()?;
+        self.chunks.clear_recovery_notes()
+    }
+}
+
+impl<C: ChunkStore, R: ChunkStore + RefStore> RefStore for SplitStore<C, R> {
+    fn get_ref(&self, name: &[u8]) -> Result<Option<Bytes>> {
+        self.refs.get_ref(name)
+    }
+    fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
+        self.refs.list_refs(prefix)
+    }
+    fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
+        self.refs.commit(updates)
+    }
+    fn durability(&self) -> Durability {
+        let refs = self.refs.durability();
+        if refs == Durability::Buffered || self.chunk_durability == Durability::Buffered {
+            Durability::Buffered
+        } else {
+            refs
+        }
+    }
+}
+
+/// Which object store holds the chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectStoreKind {
+    /// Amazon S3 or an S3-compatible server (MinIO, Ceph RGW, R2, ...).
+    S3,
+    /// Azure Blob Storage.
+    Azure,
+    /// Google Cloud Storage.
+    Gcs,
+    /// A directory on the local file system, one file per chunk.
+    Local,
+}
+
+impl ObjectStoreKind {
+    /// The name used in configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectStoreKind::S3 => "s3",
+            ObjectStoreKind::Azure => "azure",
+            ObjectStoreKind::Gcs => "gcs",
+            ObjectStoreKind::Local => "local",
+        }
+    }
+}
+
+/// Where and how to reach an object store. Credentials are not part of it: they come from
+/// the environment, read by `object_store`'s `from_env` builders (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...; `AZURE_STORAGE_ACCOUNT_NAME`,
+/// `AZURE_STORAGE_ACCOUNT_KEY`, ...; `GOOGLE_SERVICE_ACCOUNT`, ...), so they never sit in a
+/// config file. Fields given here override the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectStoreConfig {
+    /// The kind of store.
+    pub kind: ObjectStoreKind,
+    /// Bucket (S3, GCS) or container (Azure). Required for the cloud kinds.
+    pub bucket: Option<String>,
+    /// Path prefix inside the bucket or directory (may be empty).
+    pub prefix: String,
+    /// Service endpoint URL, e.g. `http://127.0.0.1:9000` for MinIO (S3, Azure; GCS base URL).
+    pub endpoint: Option<String>,
+    /// Region (S3).
+    pub region: Option<String>,
+    /// Allow plain-HTTP endpoints (local test servers).
+    pub allow_http: bool,
+    /// Directory of the `local` kind (created when missing).
+    pub path: Option<PathBuf>,
+}
+
+impl ObjectStoreConfig {
+    /// A config of `kind` with every optional field empty.
+    pub fn new(kind: ObjectStoreKind) -> Self {
+        ObjectStoreConfig {
+            kind,
+            bucket: None,
+            prefix: String::new(),
+            endpoint: None,
+            region: None,
+            allow_http: false,
+            path: None,
+        }
+    }
+
+    /// Rejects combinations that cannot work (a missing bucket, a `path` for a cloud kind,
+    /// a bad prefix), with a message naming the field.
+    pub fn check(&self) -> Result<()> {
+        let kind = self.kind.name();
+        let bad = |msg: String| Err(Error::invalid(format!("backend kind {kind:?}: {msg}")));
+        ObjectPath::parse(self.prefix.trim_matches('/'))
+            .map_err(|e| Error::invalid(format!("backend prefix {:?}: {e}", self.prefix)))?;
+        match self.kind {
+            ObjectStoreKind::Local => {
+                if self.path.is_none() {
+                    return bad("`path` (the chunk directory) is required".into());
+                }
+                for (name, set) in [
+                    ("bucket", self.bucket.is_some()),
+                    ("endpoint", self.endpoint.is_some()),
+                    ("region", self.region.is_some()),
+                ] {
+                    if set {
+                        return bad(format!("`{name}` does not apply to a local directory"));
+                    }
+                }
+            }
+            ObjectStoreKind::S3 | ObjectStoreKind::Azure | ObjectStoreKind::Gcs => {
+                if self.bucket.as_deref().is_none_or(str::is_empty) {
+                    return bad("`bucket` is required".into());
+                }
+                if self.path.is_some() {
+                    return bad("`path` applies only to kind = \"local\"".into());
+                }
+                if self.region.is_some() && self.kind != ObjectStoreKind::S3 {
+                    return bad("`region` applies only to kind = \"s3\"".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How durable an acknowledged put is in this store, when built for refs committed at
+    /// `refs`: the cloud services store an acknowledged PUT durably; the `local` kind
+    /// `fsync`s each chunk unless `refs` is [`Durability::Buffered`].
+    pub fn chunk_durability(&self, refs: Durability) -> Durability {
+        match self.kind {
+            ObjectStoreKind::Local if refs == Durability::Buffered => Durability::Buffered,
+            _ => Durability::PerWrite,
+        }
+    }
+
+    /// Builds the object store (credentials from the environment). `refs` is the durability
+    /// of the ref store it will be paired with (see [`ObjectStoreConfig::chunk_durability`]).
+    pub fn build(&self, refs: Durability) -> Result<Arc<dyn ObjectStore>> {
+        self.check()?;
+        let kind = self.kind.name();
+        let fail = |e: object_store::Error| {
+            Error::invalid(format!(
+                "backend kind {kind:?}: cannot configure the store: {e}"
+            ))
+        };
+        let bucket = self.bucket.clone().unwrap_or_default();
+        let client = object_store::ClientOptions::new().with_allow_http(self.allow_http);
+        Ok(match self.kind {
+            ObjectStoreKind::S3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_allow_http(self.allow_http);
+                if let Some(endpoint) = &self.endpoint {
+                    b = b.with_endpoint(endpoint);
+                }
+                if let Some(region) = &self.region {
+                    b = b.with_region(region);
+                }
+                Arc::new(b.build().map_err(fail)?)
+            }
+            ObjectStoreKind::Azure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(bucket)
+                    .with_allow_http(self.allow_http);
+                if let Some(endpoint) = &self.endpoint {
+                    b = b.with_endpoint(endpoint.clone());
+                }
+                Arc::new(b.build().map_err(fail)?)
+            }
+            ObjectStoreKind::Gcs => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_client_options(client);
+                if let Some(endpoint) = &self.endpoint {
+                    b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, endpoint);
+                }
+                Arc::new(b.build().map_err(fail)?)
+            }
+            ObjectStoreKind::Local => {
+                let Some(dir) = &self.path else {
+                    return Err(Error::invalid("backend kind \"local\": `path` is required"));
+                };
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Error::io(format!("creating chunk directory {}", dir.display()), e)
+                })?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                    .map_err(fail)?
+                    .with_fsync(refs != Durability::Buffered)
+                    .with_automatic_cleanup(true);
+                Arc::new(fs)
+            }
+        })
+    }
+
+    /// Builds the object store and an [`ObjectChunkStore`] over it at [`Self::prefix`]
+    /// (without contacting it: see [`ObjectChunkStore::probe`]).
+    pub fn open(&self, refs: Durability) -> Result<ObjectChunkStore> {
+        ObjectChunkStore::new(self.build(refs)?, &self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_paths_fan_out_by_digest_and_parse_back() {
+        let store =
+            ObjectChunkStore::new(Arc::new(object_store::memory::InMemory::new()), "p/q").unwrap();
+        let cid = HashAlgo::default().digest(b"x");
+        let path = store.chunk_path(&cid);
+        let text = path.as_ref().to_string();
+        assert!(text.starts_with("p/q/chunks/"));
+        assert_eq!(
+            text,
+            format!("p/q/chunks/{:02x}/{}", cid.digest()[0], cid.to_hex())
+        );
+        assert_eq!(cid_of(&path), Some(cid));
+        assert_eq!(cid_of(&ObjectPath::from("p/q/chunks/00/zz")), None);
+        assert_eq!(
+            cid_of(&ObjectPath::from(
+                "p/q/chunks/zz/".to_string() + &cid.to_hex()
+            )),
+            None
+        );
+    }
+
+    #[test]
+    fn config_check_names_the_problem() {
+        let mut c = ObjectStoreConfig::new(ObjectStoreKind::S3);
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("bucket"), "{e}");
+        c.bucket = Some("b".into());
+        c.path = Some("x".into());
+        assert!(c.check().unwrap_err().to_string().contains("path"));
+        let mut l = ObjectStoreConfig::new(ObjectStoreKind::Local);
+        assert!(l.check().unwrap_err().to_string().contains("path"));
+        l.path = Some("x".into());
+        l.region = Some("r".into());
+        assert!(l.check().unwrap_err().to_string().contains("region"));
+        l.region = None;
+        l.prefix = "a/../b".into();
+        assert!(l.check().is_err());
+    }
+
+    /// Puts, gets, batches, lists, overwrites (through the raw object store, behind the
+    /// chunk store's back) and removes chunks through `store`.
+    fn exercise(store: &ObjectChunkStore) {
+        let a = store.put(b"alpha").unwrap();
+        assert!(
+            !store.put_hashed(a, b"alpha").unwrap(),
+            "a second put is not new"
+        );
+        assert_eq!(store.get(&a).unwrap().as_deref(), Some(&b"alpha"[..]));
+        assert!(store.has(&a).unwrap());
+        let missing = HashAlgo::default().digest(b"never stored");
+        assert_eq!(store.get(&missing).unwrap(), None);
+        assert!(!store.has(&missing).unwrap());
+
+        let bodies: Vec<Vec<u8>> = (0..40u32).map(|i| i.to_le_bytes().repeat(100)).collect();
+        let refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+        let cids = store.put_batch(&refs).unwrap();
+        for (cid, body) in cids.iter().zip(&bodies) {
+            assert_eq!(*cid, HashAlgo::default().digest(body));
+            assert_eq!(store.get(cid).unwrap().as_deref(), Some(body.as_slice()));
+        }
+        let mut listed = store.cids().unwrap();
+        listed.sort();
+        let mut want = cids.clone();
+        want.push(a);
+        want.sort();
+        assert_eq!(listed, want);
+        let stats = store.stats().unwrap();
+        assert_eq!(stats.chunks, 41);
+        assert_eq!(stats.chunk_bytes, 5 + 40 * 400);
+
+        // Bytes replaced behind the store's back are reported, never returned.
+        let raw = store.object_store().clone();
+        let path = store.chunk_path(&a);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(raw.put(&path, PutPayload::from_static(b"omega")))
+            .unwrap();
+        let err = store.get(&a).unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains(&a.to_string()), "{err}");
+
+        store.remove(&[a, cids[0], missing]).unwrap();
+        assert!(!store.has(&a).unwrap());
+        assert_eq!(store.get(&cids[0]).unwrap(), None);
+        assert_eq!(store.cids().unwrap().len(), 39);
+        assert!(store.has(&cids[1]).unwrap());
+    }
+
+    #[test]
+    fn in_memory_round_trip() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        exercise(&ObjectChunkStore::new(mem, "tenant/x").unwrap());
+    }
+
+    #[test]
+    fn local_directory_round_trip_and_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ObjectStoreConfig::new(ObjectStoreKind::Local);
+        config.path = Some(dir.path().join("chunks-here"));
+        config.prefix = "p".into();
+        let store = config.open(Durability::Group).unwrap();
+        exercise(&store);
+        // One file per chunk under the directory, fanned out by the first digest byte.
+        let cid = store.put(b"on disk").unwrap();
+        let file = dir
+            .path()
+            .join("chunks-here/p/chunks")
+            .join(format!("{:02x}", cid.digest()[0]))
+            .join(cid.to_hex());
+        assert_eq!(std::fs::read(file).unwrap(), b"on disk");
+        // A stray file is not a chunk: listed neither by cids() nor in the chunk counts.
+        let before = store.cids().unwrap();
+        std::fs::write(dir.path().join("chunks-here/p/chunks/README"), b"x").unwrap();
+        assert_eq!(store.cids().unwrap().len(), before.len());
+        assert!(store.cids().unwrap().contains(&cid));
+        assert_eq!(store.stats().unwrap().chunks, before.len() as u64);
+    }
+
+    #[test]
+    fn split_store_keeps_refs_in_the_log_and_chunks_in_the_object_store() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let chunks = ObjectChunkStore::new(mem.clone(), "").unwrap();
+        let split = SplitStore::new(chunks, crate::MemoryStore::new(), Durability::PerWrite);
+        let cid = split.put(b"payload").unwrap();
+        split
+            .commit(&[RefUpdate::Set {
+                name: b"branch/main".to_vec(),
+                value: cid.to_bytes().to_vec(),
+            }])
+            .unwrap();
+        assert_eq!(split.get(&cid).unwrap().as_deref(), Some(&b"payload"[..]));
+        assert!(
+            split.refs().cids().unwrap().is_empty(),
+            "no chunk in the ref store"
+        );
+        assert_eq!(split.chunks().cids().unwrap(), vec![cid]);
+        assert_eq!(
+            split.get_ref(b"branch/main").unwrap().as_deref(),
+            Some(&cid.to_bytes()[..])
+        );
+        assert_eq!(split.durability(), split.refs().durability());
+    }
+}
