@@ -134,6 +134,18 @@ impl ObjectChunkStore {
         })
     }
 
+    /// Passes `bytes` read for `cid` through only if they hash to it.
+    fn verified(&self, cid: &Cid, bytes: Option<Bytes>) -> Result<Option<Bytes>> {
+        match bytes {
+            Some(bytes) if !cid.matches(&bytes) => Err(Error::corrupt(format!(
+                "chunk {cid} does not match its hash (object {} in {})",
+                self.chunk_path(cid),
+                self.store
+            ))),
+            other => Ok(other),
+        }
+    }
+
     /// Runs `fut` on the owned runtime and waits for it on the calling thread.
     fn run<T, F>(&self, fut: F) -> Result<T>
     where
@@ -218,6 +230,19 @@ async fn put_object(
     Ok(true)
 }
 
+/// Reads one object; `None` when absent.
+async fn fetch_object(store: Arc<dyn ObjectStore>, path: ObjectPath) -> Result<Option<Bytes>> {
+    let got = match store.get(&path).await {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(os_err(&format!("reading chunk {path}"), e)),
+    };
+    got.bytes()
+        .await
+        .map(Some)
+        .map_err(|e| os_err(&format!("reading chunk {path}"), e))
+}
+
 /// Parses the cid out of a chunk object's path (`.../<xx>/<cid hex>`); `None` for objects
 /// that are not chunks (e.g. an operator's stray file).
 fn cid_of(path: &ObjectPath) -> Option<Cid> {
@@ -277,30 +302,26 @@ impl ChunkStore for ObjectChunkStore {
     }
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
-        let path = self.chunk_path(cid);
+        let fetched = self.run(fetch_object(self.store.clone(), self.chunk_path(cid)))?;
+        self.verified(cid, fetched)
+    }
+
+    /// Fetches up to [`MAX_IN_FLIGHT`] chunks concurrently (results in order), each
+    /// verified against its cid like [`ChunkStore::get`].
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
         let store = self.store.clone();
+        let paths: Vec<ObjectPath> = cids.iter().map(|c| self.chunk_path(c)).collect();
         let fetched = self.run(async move {
-            let got = match store.get(&path).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(os_err(&format!("reading chunk {path}"), e)),
-            };
-            got.bytes()
+            futures_util::stream::iter(paths)
+                .map(|path| fetch_object(store.clone(), path))
+                .buffered(MAX_IN_FLIGHT)
+                .try_collect::<Vec<_>>()
                 .await
-                .map(Some)
-                .map_err(|e| os_err(&format!("reading chunk {path}"), e))
         })?;
-        let Some(bytes) = fetched else {
-            return Ok(None);
-        };
-        if !cid.matches(&bytes) {
-            return Err(Error::corrupt(format!(
-                "chunk {cid} does not match its hash (object {} in {})",
-                self.chunk_path(cid),
-                self.store
-            )));
-        }
-        Ok(Some(bytes))
+        cids.iter()
+            .zip(fetched)
+            .map(|(cid, bytes)| self.verified(cid, bytes))
+            .collect()
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
@@ -411,6 +432,9 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> ChunkStore for SplitStore<C, R> {
     }
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
         self.chunks.get(cid)
+    }
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
+        self.chunks.get_many(cids)
     }
     fn has(&self, cid: &Cid) -> Result<bool> {
         self.chunks.has(cid)
@@ -706,6 +730,13 @@ mod tests {
         want.push(a);
         want.sort();
         assert_eq!(listed, want);
+        let mut asked = vec![cids[5], missing, a, cids[5], cids[39]];
+        let many = store.get_many(&asked).unwrap();
+        assert_eq!(many[0].as_deref(), Some(bodies[5].as_slice()));
+        assert_eq!(many[1], None);
+        assert_eq!(many[2].as_deref(), Some(&b"alpha"[..]));
+        assert_eq!(many[3], many[0]);
+        assert_eq!(many[4].as_deref(), Some(bodies[39].as_slice()));
         let stats = store.stats().unwrap();
         assert_eq!(stats.chunks, 41);
         assert_eq!(stats.chunk_bytes, 5 + 40 * 400);
@@ -721,6 +752,12 @@ mod tests {
         let err = store.get(&a).unwrap_err();
         assert!(matches!(err, Error::Corrupt(_)), "{err}");
         assert!(err.to_string().contains(&a.to_string()), "{err}");
+        asked.truncate(3);
+        let err = store.get_many(&asked).unwrap_err();
+        assert!(
+            err.to_string().contains(&a.to_string()),
+            "get_many verifies too: {err}"
+        );
 
         store.remove(&[a, cids[0], missing]).unwrap();
         assert!(!store.has(&a).unwrap());

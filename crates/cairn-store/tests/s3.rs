@@ -56,6 +56,12 @@ fn s3_chunk_store_against_a_real_server() {
             Some(bodies[i].as_slice())
         );
     }
+    // get_many: concurrent reads, in order, each verified.
+    let many = store.get_many(&cids).unwrap();
+    assert_eq!(many.len(), bodies.len());
+    for (got, body) in many.iter().zip(&bodies) {
+        assert_eq!(got.as_deref(), Some(body.as_slice()));
+    }
     let mut listed = store.cids().unwrap();
     listed.sort();
     let mut want = cids.clone();
@@ -89,6 +95,8 @@ fn s3_chunk_store_against_a_real_server() {
     let err = store.get(&a).unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
     assert!(err.to_string().contains(&a.to_string()), "{err}");
+    let err = store.get_many(&[cids[0], a]).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
 
     // Removal, absent cids included.
     store.remove(&[a, cids[3], cids[1101], absent]).unwrap();
