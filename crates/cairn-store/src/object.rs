@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::{StreamExt, TryStreamExt};
+/// The `object_store` crate this module builds on, for callers that build a store themselves.
 pub use object_store;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
