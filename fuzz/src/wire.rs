@@ -88,9 +88,9 @@ pub fn run_wire_request(data: &[u8]) {
         | Request::QueryFresh { .. }
         | Request::LogInclusion { .. }
         | Request::LogConsistency { .. } => true,
-        Request::Prove { session, .. } | Request::ProveSubrecord { session, .. } => {
-            session.is_none()
-        }
+        Request::Prove { session, .. }
+        | Request::ProveSubrecord { session, .. }
+        | Request::ReadProve { session, .. } => session.is_none(),
         _ => false,
     };
     if read_only {
@@ -272,7 +272,14 @@ pub fn requests() -> Vec<Request> {
         Request::OpenSession {
             capsule: c,
             policy: cairn_capsule::CachePolicy::Lru { capacity: 16 },
+            mode: cairn_capsule::cache::MirrorMode::OnAck,
             cached: vec![*r0.hash()],
+        },
+        Request::OpenSession {
+            capsule: c,
+            policy: cairn_capsule::CachePolicy::Lru { capacity: 16 },
+            mode: cairn_capsule::cache::MirrorMode::OnIssue,
+            cached: vec![],
         },
         Request::CloseSession {
             session: cairn_capsule::SessionId(1),
@@ -291,6 +298,16 @@ pub fn requests() -> Vec<Request> {
             capsule: c,
             sub: f.subs[3],
             session: None,
+        },
+        Request::ReadProve {
+            capsule: c,
+            name: f.records[6].name(),
+            session: None,
+        },
+        Request::ReadProve {
+            capsule: c,
+            name: f.records[2].name(),
+            session: Some(cairn_capsule::SessionId(2)),
         },
         Request::Ack {
             session: cairn_capsule::SessionId(1),
@@ -339,6 +356,23 @@ pub fn responses() -> Vec<Response> {
         Request::Prove {
             capsule: c,
             name: f.records[5].name(),
+            session: Some(sid),
+        },
+    ));
+    // A read-and-prove in an optimistic session.
+    let sid = twin
+        .open_session_with(
+            &c,
+            cairn_capsule::CachePolicy::Lru { capacity: 16 },
+            cairn_capsule::cache::MirrorMode::OnIssue,
+            &[],
+        )
+        .expect("session");
+    out.push(dispatch(
+        &twin,
+        Request::ReadProve {
+            capsule: c,
+            name: f.records[4].name(),
             session: Some(sid),
         },
     ));

@@ -4,13 +4,18 @@
 //! so later proofs may stop at any of them. The server keeps an exact mirror of each
 //! session's cache so it can build proofs that stop early. Both sides run the same
 //! deterministic structure ([`VerificationCache`]) with the same policy, and apply the same
-//! insertions in the same order: the reader inserts what a proof verified when it sends its
-//! ack, and the server inserts the same names when that ack arrives. Lookups never reorder
-//! the cache, so only acked insertions move either copy.
+//! insertions in the same order. When they apply them is the session's [`MirrorMode`]:
+//! with [`MirrorMode::OnAck`] the reader stages what a proof verified and inserts it when it
+//! sends the proof's ack, and the server inserts the same names when that ack arrives; with
+//! [`MirrorMode::OnIssue`] the server inserts what a proof names when it issues it and the
+//! reader inserts the same names as soon as the proof verifies (the prototype's
+//! optimistic mirror: pipelined proofs chain off each other, and no acks travel). Lookups
+//! never reorder the cache, so only these insertions move either copy.
 //!
-//! A mirror that drifts (lost acks, a buggy or lying server) can only make the server send
-//! proofs that stop at names the reader does not trust; the reader refuses those and asks
-//! again without the cache. It never makes the reader accept anything.
+//! A mirror that drifts (lost acks, a refused proof under `OnIssue`, a buggy or lying
+//! server) can only make the server send proofs that stop at names the reader does not
+//! trust; the reader refuses those and asks again without the cache, or opens a new
+//! session with its cached names. It never makes the reader accept anything.
 
 use std::num::NonZeroUsize;
 
@@ -62,6 +67,43 @@ impl CachePolicy {
                 Ok(CachePolicy::Lru { capacity: c as u32 })
             }
             other => Err(Error::decode(format!("unknown cache policy {other}"))),
+        }
+    }
+}
+
+/// When a server's mirror of a session's cache takes in the names of a proof it issued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MirrorMode {
+    /// When the reader acks the proof (the reader inserts when it sends the ack). A proof
+    /// issued before an ack arrives cannot stop at what that ack covers, so pipelined
+    /// proofs do not chain off each other; the mirror stays exact whatever the reader
+    /// refuses.
+    #[default]
+    OnAck,
+    /// When the server issues the proof (the reader inserts as soon as it verifies it), as
+    /// the DCS prototype does: a window of pipelined proofs chains off each other and no
+    /// acks are sent. If the reader refuses a proof, the mirror holds names the reader
+    /// does not, so later proofs may stop at names it never verified: it refuses those
+    /// too, and resynchronises (a new session with its cached names) or asks without the
+    /// cache.
+    OnIssue,
+}
+
+impl MirrorMode {
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(match self {
+            MirrorMode::OnAck => 0,
+            MirrorMode::OnIssue => 1,
+        });
+    }
+
+    /// Reads what [`MirrorMode::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        match d.u8()? {
+            0 => Ok(MirrorMode::OnAck),
+            1 => Ok(MirrorMode::OnIssue),
+            other => Err(Error::decode(format!("unknown mirror mode {other}"))),
         }
     }
 }

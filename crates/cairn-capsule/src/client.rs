@@ -5,12 +5,12 @@
 
 use cairn_core::{Error, Hash, Result, SigningKey};
 
-use crate::cache::{CachePolicy, VerificationCache};
+use crate::cache::{CachePolicy, MirrorMode, VerificationCache};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
     DOMAIN_RECORD, RecordProof, SubrecordProof, WriterSignature, subrecord_name, subrecord_root,
 };
-use crate::record::{BodyKey, BodyRef, Record, RecordHeader, RecordName, open, seal};
+use crate::record::{BodyCrypto, BodyKey, BodyRef, Record, RecordHeader, RecordName};
 
 /// Builds, seals and signs records for one capsule as one of its writers.
 pub struct Writer {
@@ -18,7 +18,7 @@ pub struct Writer {
     capsule: CapsuleName,
     key: SigningKey,
     index: u32,
-    body_key: Option<BodyKey>,
+    crypto: BodyCrypto,
     /// The records written so far that skip pointers may reach, newest last (at most 1024).
     recent: Vec<RecordName>,
     count: u64,
@@ -36,12 +36,13 @@ impl Writer {
             ))
         })?;
         let capsule = meta.name();
+        let crypto = BodyCrypto::new(meta.cipher, body_key.as_ref(), &capsule);
         Ok(Writer {
             meta,
             capsule,
             key,
             index,
-            body_key,
+            crypto,
             recent: Vec::new(),
             count: 0,
             skip_pointers: false,
@@ -109,12 +110,7 @@ impl Writer {
     /// Seals `plaintext` into the next record, pointing at the previous one (plus
     /// `extra` backpointers, e.g. other branches' heads to merge them).
     pub fn record(&mut self, plaintext: &[u8], extra: &[RecordName]) -> Result<Record> {
-        let sealed = seal(
-            self.meta.cipher,
-            self.body_key.as_ref(),
-            &self.capsule,
-            plaintext,
-        )?;
+        let sealed = self.crypto.seal(plaintext)?;
         let bp = self.backpointers(extra);
         let r = Record::new(self.capsule, sealed, bp);
         self.advance(r.name());
@@ -143,12 +139,7 @@ impl Writer {
     /// Write(subrecord) of the subrecord API: seals and buffers one subrecord; returns its
     /// name.
     pub fn write_subrecord(&mut self, plaintext: &[u8]) -> Result<Hash> {
-        let sealed = seal(
-            self.meta.cipher,
-            self.body_key.as_ref(),
-            &self.capsule,
-            plaintext,
-        )?;
+        let sealed = self.crypto.seal(plaintext)?;
         let name = subrecord_name(self.meta.algo, &sealed);
         self.pending.push(sealed);
         Ok(name)
@@ -184,11 +175,23 @@ impl Writer {
 
 /// Verifies what a server returns, trusting only the capsule metadata (checked against
 /// the capsule name) and its own verification cache.
+///
+/// What a proof verified goes into the cache as the session's [`MirrorMode`] says (set
+/// it with [`Reader::set_mirror_mode`] to match the session opened): with
+/// [`MirrorMode::OnAck`] (the default) it is staged, and [`Reader::commit_staged`] inserts
+/// everything staged when the caller sends the acks of those proofs, in the order
+/// verified, exactly as the server will; with [`MirrorMode::OnIssue`] it is inserted at
+/// once, as the server did when it issued the proof. Proofs are always checked against
+/// the inserted names only, so a proof that stops at a name the reader has merely staged
+/// (or never verified) is refused.
 pub struct Reader {
     meta: CapsuleMetadata,
     capsule: CapsuleName,
     cache: VerificationCache,
-    body_key: Option<BodyKey>,
+    mode: MirrorMode,
+    /// Names verified but not yet inserted (acks not sent yet), in verification order.
+    staged: Vec<Hash>,
+    crypto: BodyCrypto,
 }
 
 impl Reader {
@@ -205,11 +208,14 @@ impl Reader {
                 "metadata does not hash to capsule name {capsule}"
             )));
         }
+        let crypto = BodyCrypto::new(meta.cipher, body_key.as_ref(), &capsule);
         Ok(Reader {
             meta,
             capsule,
             cache: VerificationCache::new(policy)?,
-            body_key,
+            mode: MirrorMode::OnAck,
+            staged: Vec::new(),
+            crypto,
         })
     }
 
@@ -223,25 +229,89 @@ impl Reader {
         &self.meta
     }
 
-    /// Verifies a record proof for `target`; on success caches every name it verified (in
-    /// the order the server's mirror will insert them once acked) and returns them.
+    /// When verified names enter the cache; must match the mode of the session the proofs
+    /// come from. Switching commits whatever is staged.
+    pub fn set_mirror_mode(&mut self, mode: MirrorMode) {
+        self.commit_staged();
+        self.mode = mode;
+    }
+
+    /// The mirror mode (see [`Reader::set_mirror_mode`]).
+    pub fn mirror_mode(&self) -> MirrorMode {
+        self.mode
+    }
+
+    /// Number of names verified and staged, waiting for [`Reader::commit_staged`].
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Inserts every staged name, in the order verified. Call it when sending the acks of
+    /// all proofs verified since the last call (in that order): the server then inserts
+    /// the same names in the same order, so the mirror stays exact.
+    pub fn commit_staged(&mut self) {
+        self.cache.insert_all(&self.staged);
+        self.staged.clear();
+    }
+
+    /// Drops the staged names without inserting them (the acks will not be sent).
+    pub fn discard_staged(&mut self) {
+        self.staged.clear();
+    }
+
+    fn note_verified(&mut self, names: impl IntoIterator<Item = Hash>) {
+        match self.mode {
+            MirrorMode::OnAck => self.staged.extend(names),
+            MirrorMode::OnIssue => {
+                let names: Vec<Hash> = names.into_iter().collect();
+                self.cache.insert_all(&names);
+            }
+        }
+    }
+
+    /// Verifies a record proof for `target`; on success notes every name it verified (in
+    /// the order the server's mirror will insert them) and returns them.
     pub fn verify_record(
         &mut self,
         target: &RecordName,
         proof: &RecordProof,
     ) -> Result<Vec<RecordName>> {
         let names = proof.verify(&self.meta, target, |h| self.cache.contains(h))?;
-        self.cache.insert_all(names.iter().map(|n| n.hash()));
+        self.note_verified(names.iter().map(|n| *n.hash()));
         Ok(names)
     }
 
-    /// Verifies a subrecord proof for the subrecord named `sub`; on success caches the tree
+    /// Verifies a subrecord proof for the subrecord named `sub`; on success notes the tree
     /// nodes and record names it verified.
     pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
         let (nodes, names) = proof.verify(&self.meta, sub, |h| self.cache.contains(h))?;
-        self.cache.insert_all(&nodes);
-        self.cache.insert_all(names.iter().map(|n| n.hash()));
+        self.note_verified(nodes.into_iter().chain(names.iter().map(|n| *n.hash())));
         Ok(())
+    }
+
+    /// Read-and-prove: verifies `proof` for `target` (its first header is the record's),
+    /// checks the sealed `body` against that header and opens it. The proof's names are
+    /// noted only when all of that succeeds (so under [`MirrorMode::OnAck`], ack the proof
+    /// exactly when this returns `Ok`).
+    pub fn verify_read(
+        &mut self,
+        target: &RecordName,
+        body: Vec<u8>,
+        proof: &RecordProof,
+    ) -> Result<Vec<u8>> {
+        let names = proof.verify(&self.meta, target, |h| self.cache.contains(h))?;
+        let header = proof
+            .chain
+            .first()
+            .ok_or_else(|| Error::Rejected("proof has no headers".into()))?;
+        let record = Record {
+            header: header.clone(),
+            body,
+        };
+        record.check_body()?;
+        let plain = self.crypto.open(&record.body)?;
+        self.note_verified(names.iter().map(|n| *n.hash()));
+        Ok(plain)
     }
 
     /// Checks a record read from a server against `name` (header hash, capsule, body hash)
@@ -257,12 +327,7 @@ impl Reader {
             return Err(Error::Rejected("record belongs to another capsule".into()));
         }
         record.check_body()?;
-        open(
-            self.meta.cipher,
-            self.body_key.as_ref(),
-            &self.capsule,
-            &record.body,
-        )
+        self.crypto.open(&record.body)
     }
 
     /// Checks subrecord bytes against their name and opens them.
@@ -272,11 +337,6 @@ impl Reader {
                 "subrecord bytes do not match name {sub}"
             )));
         }
-        open(
-            self.meta.cipher,
-            self.body_key.as_ref(),
-            &self.capsule,
-            sealed,
-        )
+        self.crypto.open(sealed)
     }
 }

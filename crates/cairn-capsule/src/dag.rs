@@ -75,6 +75,9 @@ pub struct Node {
     pub index: u64,
     /// Where the body is.
     pub body: StoredBody,
+    /// The encoded header (its hash is the record name), kept so reads and proofs need
+    /// not fetch and re-hash the header chunk.
+    pub header: Box<[u8]>,
 }
 
 /// The DAG state of one capsule at one replica.
@@ -157,6 +160,13 @@ impl CapsuleDag {
     /// The node for `name`.
     pub fn node(&self, name: &RecordName) -> Option<&Node> {
         self.nodes.get(name)
+    }
+
+    /// The header of `name`, decoded from the bytes kept in memory.
+    pub fn header(&self, name: &RecordName) -> Option<Result<RecordHeader>> {
+        self.nodes
+            .get(name)
+            .map(|n| RecordHeader::decode(&n.header))
     }
 
     /// The witness of `name`.
@@ -251,6 +261,7 @@ impl CapsuleDag {
                 witness: Witness::Unknown,
                 index,
                 body,
+                header: header.encode().into_boxed_slice(),
             },
         );
         self.unproven += 1;

@@ -287,67 +287,109 @@ impl fmt::Debug for BodyKey {
 
 const NONCE_LEN: usize = 24;
 
-/// Seals `plaintext` for `capsule` under `cipher`: `nonce ‖ ciphertext ‖ tag` for
-/// XChaCha20-Poly1305 (the capsule name is associated data, so a body cannot be moved to
-/// another capsule), the bytes themselves for plaintext capsules.
+/// A capsule's body cipher with its key schedule and associated data set up once, for
+/// sealing or opening many bodies of one capsule ([`seal`] and [`open`] set them up per
+/// call).
+pub struct BodyCrypto {
+    cipher: BodyCipher,
+    aead: Option<XChaCha20Poly1305>,
+    aad: Vec<u8>,
+}
+
+impl BodyCrypto {
+    /// The cipher `cipher` of `capsule` under `key` (`None` for a reader or writer without
+    /// the key: sealing and opening then fail for ciphers that need one).
+    pub fn new(cipher: BodyCipher, key: Option<&BodyKey>, capsule: &CapsuleName) -> Self {
+        let aead = match cipher {
+            BodyCipher::Plaintext => None,
+            BodyCipher::XChaCha20Poly1305 => key.map(|k| XChaCha20Poly1305::new((&k.0).into())),
+        };
+        BodyCrypto {
+            cipher,
+            aead,
+            aad: capsule.hash().to_bytes().to_vec(),
+        }
+    }
+
+    fn aead(&self) -> Result<&XChaCha20Poly1305> {
+        self.aead
+            .as_ref()
+            .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))
+    }
+
+    /// Seals `plaintext`: `nonce ‖ ciphertext ‖ tag` for XChaCha20-Poly1305 (the capsule
+    /// name is associated data, so a body cannot be moved to another capsule), the bytes
+    /// themselves for plaintext capsules.
+    pub fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>> {
+        match self.cipher {
+            BodyCipher::Plaintext => Ok(plaintext.to_vec()),
+            BodyCipher::XChaCha20Poly1305 => {
+                let aead = self.aead()?;
+                let mut nonce = [0u8; NONCE_LEN];
+                getrandom::fill(&mut nonce)
+                    .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
+                let ct = aead
+                    .encrypt(
+                        XNonce::from_slice(&nonce),
+                        Payload {
+                            msg: plaintext,
+                            aad: &self.aad,
+                        },
+                    )
+                    .map_err(|_| Error::invalid("body too large to seal"))?;
+                let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
+                out.extend_from_slice(&nonce);
+                out.extend_from_slice(&ct);
+                Ok(out)
+            }
+        }
+    }
+
+    /// Opens what [`BodyCrypto::seal`] (or [`seal`]) produced; a wrong key, a wrong
+    /// capsule or any changed byte is an error.
+    pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>> {
+        match self.cipher {
+            BodyCipher::Plaintext => Ok(sealed.to_vec()),
+            BodyCipher::XChaCha20Poly1305 => {
+                let aead = self.aead()?;
+                if sealed.len() < NONCE_LEN + 16 {
+                    return Err(Error::Rejected("sealed body is too short".into()));
+                }
+                let (nonce, ct) = sealed.split_at(NONCE_LEN);
+                aead.decrypt(
+                    XNonce::from_slice(nonce),
+                    Payload {
+                        msg: ct,
+                        aad: &self.aad,
+                    },
+                )
+                .map_err(|_| {
+                    Error::Rejected("body does not open with this key for this capsule".into())
+                })
+            }
+        }
+    }
+}
+
+/// Seals `plaintext` for `capsule` under `cipher` (see [`BodyCrypto::seal`]).
 pub fn seal(
     cipher: BodyCipher,
     key: Option<&BodyKey>,
     capsule: &CapsuleName,
     plaintext: &[u8],
 ) -> Result<Vec<u8>> {
-    match cipher {
-        BodyCipher::Plaintext => Ok(plaintext.to_vec()),
-        BodyCipher::XChaCha20Poly1305 => {
-            let key = key
-                .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))?;
-            let mut nonce = [0u8; NONCE_LEN];
-            getrandom::fill(&mut nonce)
-                .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
-            let aead = XChaCha20Poly1305::new((&key.0).into());
-            let aad = capsule.hash().to_bytes();
-            let ct = aead
-                .encrypt(
-                    XNonce::from_slice(&nonce),
-                    Payload {
-                        msg: plaintext,
-                        aad: &aad,
-                    },
-                )
-                .map_err(|_| Error::invalid("body too large to seal"))?;
-            let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
-            out.extend_from_slice(&nonce);
-            out.extend_from_slice(&ct);
-            Ok(out)
-        }
-    }
+    BodyCrypto::new(cipher, key, capsule).seal(plaintext)
 }
 
 /// Opens what [`seal`] produced; a wrong key, a wrong capsule or any changed byte is an
-/// error.
+/// error (see [`BodyCrypto::open`]).
 pub fn open(
     cipher: BodyCipher,
     key: Option<&BodyKey>,
     capsule: &CapsuleName,
     sealed: &[u8],
 ) -> Result<Vec<u8>> {
-    match cipher {
-        BodyCipher::Plaintext => Ok(sealed.to_vec()),
-        BodyCipher::XChaCha20Poly1305 => {
-            let key = key
-                .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))?;
-            if sealed.len() < NONCE_LEN + 16 {
-                return Err(Error::Rejected("sealed body is too short".into()));
-            }
-            let (nonce, ct) = sealed.split_at(NONCE_LEN);
-            let aead = XChaCha20Poly1305::new((&key.0).into());
-            let aad = capsule.hash().to_bytes();
-            aead.decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad: &aad })
-                .map_err(|_| {
-                    Error::Rejected("body does not open with this key for this capsule".into())
-                })
-        }
-    }
+    BodyCrypto::new(cipher, key, capsule).open(sealed)
 }
 
 #[cfg(test)]

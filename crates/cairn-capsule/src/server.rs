@@ -27,7 +27,7 @@ use cairn_store::{RefUpdate, Store};
 use lru::LruCache;
 use parking_lot::Mutex;
 
-use crate::cache::{CachePolicy, VerificationCache};
+use crate::cache::{CachePolicy, MirrorMode, VerificationCache};
 use crate::dag::{CapsuleDag, StoredBody};
 use crate::merkle::{self, Digest, MerkleLog};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
@@ -204,6 +204,7 @@ impl Checkpoint {
 struct Session {
     capsule: CapsuleName,
     mirror: VerificationCache,
+    mode: MirrorMode,
     pending: HashMap<u64, Vec<Hash>>,
     next_proof: u64,
 }
@@ -215,7 +216,8 @@ pub struct SessionId(pub u64);
 /// A proof handed to a session, with the id its ack must name.
 #[derive(Clone, Debug)]
 pub struct Issued<P> {
-    /// Id to acknowledge once verified (see [`CapsuleServer::ack`]).
+    /// Id to acknowledge once verified (see [`CapsuleServer::ack`]); 0 when there is
+    /// nothing to acknowledge (no session, or a [`MirrorMode::OnIssue`] session).
     pub proof_id: u64,
     /// The proof.
     pub proof: P,
@@ -804,23 +806,27 @@ impl CapsuleServer {
         RecordHeader::decode(&bytes)
     }
 
-    /// Read(name): the record's header and (sealed) body, checked against each other.
-    pub fn read(&self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
-        let body = {
-            let cap = self.capsule(capsule)?;
-            let cap = cap.lock();
-            cap.dag
-                .node(name)
-                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
-                .body
-        };
-        let header = self.header(name)?;
+    /// The header of a present record, from the bytes the DAG keeps in memory.
+    fn mem_header(cap: &Capsule, name: &RecordName) -> Result<RecordHeader> {
+        cap.dag.header(name).ok_or_else(|| {
+            Error::NotFound(format!("record {name} in capsule {}", cap.dag.name()))
+        })?
+    }
+
+    /// The sealed body of record `name` whose header is `header` and whose body is stored
+    /// as `body`.
+    fn read_body(
+        &self,
+        name: &RecordName,
+        body: StoredBody,
+        header: &RecordHeader,
+    ) -> Result<Vec<u8>> {
         let mismatch = || {
             Error::corrupt(format!(
                 "stored body of record {name} does not match its header"
             ))
         };
-        let body = match (body, &header.body) {
+        match (body, &header.body) {
             (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) => {
                 // The body chunk is `TAG_BODY ‖ sealed`, named by the header's body hash;
                 // the store re-hashed it against that cid on this read, so only the name
@@ -832,18 +838,58 @@ impl CapsuleServer {
                     .store
                     .get(&cid)?
                     .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing")))?;
-                let sealed = chunk.get(2..).ok_or_else(|| {
-                    Error::corrupt(format!("body chunk of record {name} is truncated"))
-                })?;
-                if chunk[..2] != TAG_BODY || sealed.len() as u64 != *len {
+                if chunk.len() < 2 || chunk[..2] != TAG_BODY || (chunk.len() - 2) as u64 != *len {
                     return Err(mismatch());
                 }
-                sealed.to_vec()
+                // Reuses the chunk's buffer when the store handed over the only reference.
+                let mut sealed = Vec::from(chunk);
+                sealed.drain(..2);
+                Ok(sealed)
             }
-            (StoredBody::Subrecords { .. }, BodyRef::Subrecords { .. }) => Vec::new(),
-            _ => return Err(mismatch()),
+            (StoredBody::Subrecords { .. }, BodyRef::Subrecords { .. }) => Ok(Vec::new()),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Read(name): the record's header and (sealed) body, checked against each other.
+    pub fn read(&self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
+        let (body, header) = {
+            let cap = self.capsule(capsule)?;
+            let cap = cap.lock();
+            let body = cap
+                .dag
+                .node(name)
+                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+                .body;
+            (body, Self::mem_header(&cap, name)?)
         };
+        let body = self.read_body(name, body, &header)?;
         Ok(Record { header, body })
+    }
+
+    /// Read-and-prove: the record's sealed body and [`CapsuleServer::prove`]'s proof for it,
+    /// whose first header is the record's (so the header travels once). The body is read
+    /// before the proof is issued, so a failed read leaves the session's mirror as it was.
+    pub fn read_and_prove(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
+        let cap = self.capsule(capsule)?;
+        let (stored, header) = {
+            let cap = cap.lock();
+            let body = cap
+                .dag
+                .node(name)
+                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+                .body;
+            (body, Self::mem_header(&cap, name)?)
+        };
+        let body = self.read_body(name, stored, &header)?;
+        let cap = cap.lock();
+        let issued = self.prove_locked(&cap, capsule, name, session)?;
+        Ok((body, issued))
     }
 
     /// Read(subrecord name): the subrecord's bytes.
@@ -940,6 +986,19 @@ impl CapsuleServer {
         policy: CachePolicy,
         cached: &[Hash],
     ) -> Result<SessionId> {
+        self.open_session_with(capsule, policy, MirrorMode::OnAck, cached)
+    }
+
+    /// [`CapsuleServer::open_session`] with the mirror mode the reader chose: whether the
+    /// mirror takes in a proof's names when the reader acks it or when this server issues
+    /// it.
+    pub fn open_session_with(
+        &self,
+        capsule: &CapsuleName,
+        policy: CachePolicy,
+        mode: MirrorMode,
+        cached: &[Hash],
+    ) -> Result<SessionId> {
         self.capsule(capsule)?;
         let mut mirror = VerificationCache::new(policy)?;
         mirror.insert_all(cached);
@@ -949,6 +1008,7 @@ impl CapsuleServer {
             Arc::new(Mutex::new(Session {
                 capsule: *capsule,
                 mirror,
+                mode,
                 pending: HashMap::new(),
                 next_proof: 1,
             })),
@@ -975,6 +1035,10 @@ impl CapsuleServer {
     }
 
     fn issue<P>(session: &mut Session, inserts: Vec<Hash>, proof: P) -> Issued<P> {
+        if session.mode == MirrorMode::OnIssue {
+            session.mirror.insert_all(&inserts);
+            return Issued { proof_id: 0, proof };
+        }
         let id = session.next_proof;
         session.next_proof += 1;
         if session.pending.len() >= MAX_PENDING_ACKS {
@@ -1004,7 +1068,7 @@ impl CapsuleServer {
         let (names, cached) = chain_names;
         let mut chain = Vec::with_capacity(names.len());
         for n in &names {
-            chain.push(self.header(n)?);
+            chain.push(Self::mem_header(cap, n)?);
         }
         let anchor = if cached {
             Anchor::Cached
@@ -1033,15 +1097,25 @@ impl CapsuleServer {
     ) -> Result<Issued<RecordProof>> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
+        self.prove_locked(&cap, capsule, name, session)
+    }
+
+    fn prove_locked(
+        &self,
+        cap: &Capsule,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<Issued<RecordProof>> {
         match session {
             None => {
-                let (proof, _) = self.record_proof(&cap, name, None)?;
+                let (proof, _) = self.record_proof(cap, name, None)?;
                 Ok(Issued { proof_id: 0, proof })
             }
             Some(id) => {
                 let s = self.session(id, capsule)?;
                 let mut s = s.lock();
-                let (proof, inserts) = self.record_proof(&cap, name, Some(&s.mirror))?;
+                let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror))?;
                 Ok(Self::issue(&mut s, inserts, proof))
             }
         }

@@ -4,7 +4,7 @@
 //!
 //! - [`Request`] / [`Response`]: one variant per public server operation (create, write,
 //!   sign, read, subrecords, checkpoints, Merkle-log proofs, reader sessions, record and
-//!   subrecord proofs, acks) plus a carrier for anti-entropy [`SyncMsg`]s. An error travels
+//!   subrecord proofs, read-and-prove, acks) plus a carrier for anti-entropy [`SyncMsg`]s. An error travels
 //!   as [`Response::Error`] with a [`WireError`]: an [`ErrorCode`] per
 //!   [`cairn_core::Error`] variant and the message.
 //! - Encodings use [`cairn_core::codec`]: a version byte ([`WIRE_VERSION`], or
@@ -35,7 +35,7 @@ use cairn_net::{Client, ClientConfig, ServerConfig, ServerHandle};
 use lru::LruCache;
 use parking_lot::Mutex;
 
-use crate::cache::CachePolicy;
+use crate::cache::{CachePolicy, MirrorMode};
 use crate::merkle::Digest;
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{RecordProof, SubrecordProof, WriterSignature};
@@ -692,12 +692,14 @@ pub enum Request {
         /// The newer log size.
         second: u64,
     },
-    /// [`CapsuleServer::open_session`].
+    /// [`CapsuleServer::open_session_with`].
     OpenSession {
         /// The capsule.
         capsule: CapsuleName,
         /// The reader's cache policy.
         policy: CachePolicy,
+        /// When the server's mirror takes in a proof's names.
+        mode: MirrorMode,
         /// Names the reader's cache holds, least recent first.
         cached: Vec<Hash>,
     },
@@ -721,6 +723,15 @@ pub enum Request {
         capsule: CapsuleName,
         /// The subrecord's name.
         sub: Hash,
+        /// The reader session whose cache may shorten the proof.
+        session: Option<SessionId>,
+    },
+    /// [`CapsuleServer::read_and_prove`]: a record's body and its proof in one response.
+    ReadProve {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The record.
+        name: RecordName,
         /// The reader session whose cache may shorten the proof.
         session: Option<SessionId>,
     },
@@ -762,6 +773,7 @@ const REQ_PROVE: u8 = 15;
 const REQ_PROVE_SUB: u8 = 16;
 const REQ_ACK: u8 = 17;
 const REQ_SYNC: u8 = 18;
+const REQ_READ_PROVE: u8 = 19;
 
 /// Encodes a [`Request::Write`] from borrowed parts (no copy of the records).
 pub fn encode_write(
@@ -887,11 +899,13 @@ impl Request {
             Request::OpenSession {
                 capsule,
                 policy,
+                mode,
                 cached,
             } => {
                 e.u8(REQ_OPEN_SESSION);
                 enc_capsule(e, capsule);
                 policy.encode(e);
+                mode.encode(e);
                 enc_hashes(e, cached);
             }
             Request::CloseSession { session } => {
@@ -915,6 +929,16 @@ impl Request {
                 e.u8(REQ_PROVE_SUB);
                 enc_capsule(e, capsule);
                 e.hash(sub);
+                enc_session(e, session);
+            }
+            Request::ReadProve {
+                capsule,
+                name,
+                session,
+            } => {
+                e.u8(REQ_READ_PROVE);
+                enc_capsule(e, capsule);
+                e.hash(name.hash());
                 enc_session(e, session);
             }
             Request::Ack { session, proof_id } => {
@@ -987,6 +1011,7 @@ impl Request {
             REQ_OPEN_SESSION => Request::OpenSession {
                 capsule: dec_capsule(d)?,
                 policy: CachePolicy::decode(d)?,
+                mode: MirrorMode::decode(d)?,
                 cached: dec_hashes(d, CachePolicy::MAX_CAPACITY as usize)?,
             },
             REQ_CLOSE_SESSION => Request::CloseSession {
@@ -1000,6 +1025,11 @@ impl Request {
             REQ_PROVE_SUB => Request::ProveSubrecord {
                 capsule: dec_capsule(d)?,
                 sub: d.hash()?,
+                session: dec_session(d)?,
+            },
+            REQ_READ_PROVE => Request::ReadProve {
+                capsule: dec_capsule(d)?,
+                name: dec_name(d)?,
                 session: dec_session(d)?,
             },
             REQ_ACK => Request::Ack {
@@ -1062,6 +1092,7 @@ impl Request {
             Request::CloseSession { .. } => "close_session",
             Request::Prove { .. } => "prove",
             Request::ProveSubrecord { .. } => "prove_subrecord",
+            Request::ReadProve { .. } => "read_prove",
             Request::Ack { .. } => "ack",
             Request::Sync { .. } => "sync",
         }
@@ -1121,6 +1152,16 @@ pub enum Response {
     },
     /// The responder's next anti-entropy message, `None` when its side is over.
     Sync(Option<SyncMsg>),
+    /// A record's sealed body and its proof (the proof's first header is the record's),
+    /// with the id its ack names.
+    RecordAndProof {
+        /// Id to acknowledge (0 when there is nothing to acknowledge).
+        proof_id: u64,
+        /// The sealed body (empty for a subrecord record).
+        body: Vec<u8>,
+        /// The proof.
+        proof: RecordProof,
+    },
 }
 
 const RESP_ERROR: u8 = 0;
@@ -1139,6 +1180,7 @@ const RESP_SESSION: u8 = 12;
 const RESP_RECORD_PROOF: u8 = 13;
 const RESP_SUB_PROOF: u8 = 14;
 const RESP_SYNC: u8 = 15;
+const RESP_RECORD_AND_PROOF: u8 = 16;
 
 impl Response {
     /// Appends the encoding: [`WIRE_VERSION`], a tag, the fields.
@@ -1208,6 +1250,14 @@ impl Response {
                 e.u8(RESP_SUB_PROOF).varint(*proof_id);
                 proof.encode(e);
             }
+            Response::RecordAndProof {
+                proof_id,
+                body,
+                proof,
+            } => {
+                e.u8(RESP_RECORD_AND_PROOF).varint(*proof_id).bytes(body);
+                proof.encode(e);
+            }
             Response::Sync(m) => {
                 e.u8(RESP_SYNC);
                 match m {
@@ -1264,6 +1314,20 @@ impl Response {
                 proof_id: d.varint()?,
                 proof: SubrecordProof::decode(d)?,
             },
+            RESP_RECORD_AND_PROOF => Response::RecordAndProof {
+                proof_id: d.varint()?,
+                body: {
+                    let b = d.bytes()?;
+                    if b.len() > MAX_BODY_LEN {
+                        return Err(Error::decode(format!(
+                            "body of {} bytes is too large",
+                            b.len()
+                        )));
+                    }
+                    b.to_vec()
+                },
+                proof: RecordProof::decode(d)?,
+            },
             RESP_SYNC => Response::Sync(match d.u8()? {
                 0 => None,
                 1 => Some(SyncMsg::decode(d)?),
@@ -1277,6 +1341,9 @@ impl Response {
     pub fn to_bytes(&self) -> Vec<u8> {
         let cap = match self {
             Response::Record(r) => 200 + r.body.len() + 34 * r.header.backpointers.len(),
+            Response::RecordAndProof { body, proof, .. } => {
+                200 + body.len() + 150 * proof.chain.len()
+            }
             Response::Subrecord(b) => 16 + b.len(),
             _ => 256,
         };
@@ -1298,7 +1365,8 @@ impl Response {
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// The name of this response's kind, for error messages.
+    pub fn kind(&self) -> &'static str {
         match self {
             Response::Error(_) => "error",
             Response::Unit => "unit",
@@ -1316,6 +1384,7 @@ impl Response {
             Response::RecordProof { .. } => "record proof",
             Response::SubrecordProof { .. } => "subrecord proof",
             Response::Sync(_) => "sync message",
+            Response::RecordAndProof { .. } => "record and proof",
         }
     }
 }
@@ -1375,8 +1444,9 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
         Request::OpenSession {
             capsule,
             policy,
+            mode,
             cached,
-        } => Response::Session(server.open_session(&capsule, policy, &cached)?),
+        } => Response::Session(server.open_session_with(&capsule, policy, mode, &cached)?),
         Request::CloseSession { session } => {
             server.close_session(session);
             Response::Unit
@@ -1396,6 +1466,19 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
         } => {
             let Issued { proof_id, proof } = server.prove_subrecord(&capsule, &sub, session)?;
             Response::SubrecordProof { proof_id, proof }
+        }
+        Request::ReadProve {
+            capsule,
+            name,
+            session,
+        } => {
+            let (body, Issued { proof_id, proof }) =
+                server.read_and_prove(&capsule, &name, session)?;
+            Response::RecordAndProof {
+                proof_id,
+                body,
+                proof,
+            }
         }
         Request::Ack { session, proof_id } => {
             server.ack(session, proof_id)?;
@@ -1768,9 +1851,21 @@ impl RemoteCapsule {
         policy: CachePolicy,
         cached: &[Hash],
     ) -> Result<SessionId> {
+        self.open_session_with(capsule, policy, MirrorMode::OnAck, cached)
+    }
+
+    /// [`CapsuleServer::open_session_with`].
+    pub fn open_session_with(
+        &mut self,
+        capsule: &CapsuleName,
+        policy: CachePolicy,
+        mode: MirrorMode,
+        cached: &[Hash],
+    ) -> Result<SessionId> {
         match self.call(&Request::OpenSession {
             capsule: *capsule,
             policy,
+            mode,
             cached: cached.to_vec(),
         })? {
             Response::Session(s) => Ok(s),
@@ -1814,6 +1909,27 @@ impl RemoteCapsule {
         })? {
             Response::SubrecordProof { proof_id, proof } => Ok(Issued { proof_id, proof }),
             other => unexpected("prove_subrecord", &other),
+        }
+    }
+
+    /// [`CapsuleServer::read_and_prove`]: the sealed body and the issued proof.
+    pub fn read_and_prove(
+        &mut self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
+        match self.call(&Request::ReadProve {
+            capsule: *capsule,
+            name: *name,
+            session,
+        })? {
+            Response::RecordAndProof {
+                proof_id,
+                body,
+                proof,
+            } => Ok((body, Issued { proof_id, proof })),
+            other => unexpected("read_prove", &other),
         }
     }
 
@@ -2077,11 +2193,13 @@ mod tests {
             Request::OpenSession {
                 capsule: c,
                 policy: CachePolicy::Lru { capacity: 100 },
+                mode: MirrorMode::OnAck,
                 cached: vec![h([8; 32]), Hash::new(HashAlgo::Sha256, [9; 32])],
             },
             Request::OpenSession {
                 capsule: c,
                 policy: CachePolicy::Off,
+                mode: MirrorMode::OnIssue,
                 cached: vec![],
             },
             Request::CloseSession {
@@ -2101,6 +2219,16 @@ mod tests {
                 capsule: c,
                 sub: h([2; 32]),
                 session: Some(SessionId(0)),
+            },
+            Request::ReadProve {
+                capsule: c,
+                name: name(2),
+                session: Some(SessionId(5)),
+            },
+            Request::ReadProve {
+                capsule: c,
+                name: name(3),
+                session: None,
             },
             Request::Ack {
                 session: SessionId(3),
@@ -2172,6 +2300,16 @@ mod tests {
                     record: None,
                 },
             },
+            Response::RecordAndProof {
+                proof_id: 0,
+                body: vec![6; 50],
+                proof: record_proof(2, true),
+            },
+            Response::RecordAndProof {
+                proof_id: 8,
+                body: vec![],
+                proof: record_proof(1, false),
+            },
             Response::Sync(None),
         ];
         for kind in [
@@ -2237,7 +2375,7 @@ mod tests {
         }
         let reqs = requests();
         let tags: std::collections::HashSet<&str> = reqs.iter().map(Request::op).collect();
-        assert_eq!(tags.len(), 19, "every request kind is exercised");
+        assert_eq!(tags.len(), 20, "every request kind is exercised");
         for r in &reqs {
             check(r, Request::to_bytes, Request::from_bytes);
             // The generic encoder agrees with the borrowed fast paths.
@@ -2247,7 +2385,7 @@ mod tests {
         }
         let resps = responses();
         let kinds: std::collections::HashSet<&str> = resps.iter().map(Response::kind).collect();
-        assert_eq!(kinds.len(), 16, "every response kind is exercised");
+        assert_eq!(kinds.len(), 17, "every response kind is exercised");
         for r in &resps {
             check(r, Response::to_bytes, Response::from_bytes);
         }
@@ -2255,10 +2393,10 @@ mod tests {
 
     #[test]
     fn unknown_tags_and_hostile_lengths() {
-        for tag in [19u8, 100, 255] {
+        for tag in [20u8, 100, 255] {
             assert!(Request::from_bytes(&[WIRE_VERSION, tag]).is_err());
         }
-        for tag in [16u8, 200] {
+        for tag in [17u8, 200] {
             assert!(Response::from_bytes(&[WIRE_VERSION, tag]).is_err());
         }
         assert!(SyncMsg::from_bytes(&[SYNC_VERSION, 9]).is_err());
@@ -2502,11 +2640,17 @@ mod tests {
             (
                 c.clone(),
                 proptest::option::of(1u32..=CachePolicy::MAX_CAPACITY),
+                any::<bool>(),
                 proptest::collection::vec(arb_hash(), 0..4)
             )
-                .prop_map(|(capsule, cap, cached)| Request::OpenSession {
+                .prop_map(|(capsule, cap, optimistic, cached)| Request::OpenSession {
                     capsule,
                     policy: cap.map_or(CachePolicy::Off, |capacity| CachePolicy::Lru { capacity }),
+                    mode: if optimistic {
+                        MirrorMode::OnIssue
+                    } else {
+                        MirrorMode::OnAck
+                    },
                     cached,
                 }),
             any::<u64>().prop_map(|s| Request::CloseSession {
@@ -2519,10 +2663,17 @@ mod tests {
                     session,
                 }
             }),
-            (c.clone(), arb_hash(), sess).prop_map(|(capsule, sub, session)| {
+            (c.clone(), arb_hash(), sess.clone()).prop_map(|(capsule, sub, session)| {
                 Request::ProveSubrecord {
                     capsule,
                     sub,
+                    session,
+                }
+            }),
+            (c.clone(), any::<[u8; 32]>(), sess).prop_map(|(capsule, n, session)| {
+                Request::ReadProve {
+                    capsule,
+                    name: RecordName(h(n)),
                     session,
                 }
             }),
@@ -2602,6 +2753,17 @@ mod tests {
                 }
             ),
             proptest::option::of(arb_sync()).prop_map(Response::Sync),
+            (
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..40),
+                1u8..4,
+                any::<bool>()
+            )
+                .prop_map(|(proof_id, body, n, s)| Response::RecordAndProof {
+                    proof_id,
+                    body,
+                    proof: record_proof(n, s),
+                }),
         ]
     }
 

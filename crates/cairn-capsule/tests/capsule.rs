@@ -89,6 +89,7 @@ fn write_read_prove_with_and_without_cache() {
         total_cached += issued.proof.chain.len();
         reader.verify_record(n, &issued.proof).unwrap();
         server.ack(sid, issued.proof_id).unwrap();
+        reader.commit_staged();
     }
     assert_eq!(total_plain, 550);
     assert_eq!(total_cached, 10 * 10 + 90);
@@ -288,6 +289,7 @@ fn subrecords_commit_read_prove() {
         path_total += issued.proof.path.len();
         reader.verify_subrecord(s, &issued.proof).unwrap();
         server.ack(sid, issued.proof_id).unwrap();
+        reader.commit_staged();
     }
     // Sequential proofs share most of their paths: far fewer than 37 full paths (6 each).
     assert!(path_total < 37 * 2, "path_total {path_total}");
@@ -518,4 +520,146 @@ fn object_gc_keeps_capsule_chunks_in_a_shared_store() {
         let p = fresh.prove(&c, n, None).unwrap().proof;
         reader.verify_record(n, &p).unwrap();
     }
+}
+
+/// A window of subrecord proofs issued before any ack (the bench's pipelined mode): the
+/// reader stages what each verified, so none of them "runs past a trusted node"; after the
+/// acks both copies of the cache hold the same names and later proofs stop early.
+#[test]
+fn pipelined_subrecord_proofs_with_acks_after_the_window() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let subs: Vec<_> = (0..16)
+        .map(|i| w.write_subrecord(format!("sub {i}").as_bytes()).unwrap())
+        .collect();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
+    let sid = server.open_session(&c, policy, &[]).unwrap();
+    let window: Vec<_> = subs[..8]
+        .iter()
+        .map(|s| server.prove_subrecord(&c, s, Some(sid)).unwrap())
+        .collect();
+    for (s, issued) in subs[..8].iter().zip(&window) {
+        // Each proof of the window is a full path: nothing was acked when it was issued.
+        assert!(issued.proof.record.is_some());
+        reader.verify_subrecord(s, &issued.proof).unwrap();
+    }
+    assert!(reader.staged() > 0);
+    for issued in &window {
+        server.ack(sid, issued.proof_id).unwrap();
+    }
+    reader.commit_staged();
+    assert_eq!(reader.staged(), 0);
+    // The next proof stops at a node both sides now trust.
+    let next = server.prove_subrecord(&c, &subs[9], Some(sid)).unwrap();
+    assert!(next.proof.record.is_none());
+    reader.verify_subrecord(&subs[9], &next.proof).unwrap();
+}
+
+/// With the mirror moved on issue, a pipelined window of proofs chains off each other: the
+/// second proof stops at the first one's names, and both verify in order.
+#[test]
+fn on_issue_mirror_chains_pipelined_proofs() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 40, 20);
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
+    reader.set_mirror_mode(cache::MirrorMode::OnIssue);
+    let sid = server
+        .open_session_with(&c, policy, cache::MirrorMode::OnIssue, &[])
+        .unwrap();
+    // Newest first, all issued before any is verified.
+    let order: Vec<_> = names.iter().rev().copied().collect();
+    let window: Vec<_> = order
+        .iter()
+        .map(|n| server.prove(&c, n, Some(sid)).unwrap())
+        .collect();
+    let total: usize = window.iter().map(|i| i.proof.chain.len()).sum();
+    // names[39] is signed (1 header); every later proof is the record plus its cached
+    // successor (2 headers), or 1 header for names[19], which is signed.
+    assert_eq!(window[0].proof.chain.len(), 1);
+    assert_eq!(total, 2 * names.len() - 2);
+    for (n, issued) in order.iter().zip(&window) {
+        assert_eq!(issued.proof_id, 0, "nothing to ack on issue");
+        reader.verify_record(n, &issued.proof).unwrap();
+    }
+    // Acks are refused in this mode: there is nothing pending.
+    assert!(server.ack(sid, 1).is_err());
+}
+
+/// With the mirror moved on issue, a proof the reader refuses leaves the server's mirror
+/// ahead of the reader: later proofs stopping at the refused names are refused too (never
+/// accepted), and a new session with the reader's own names restores short proofs.
+#[test]
+fn on_issue_mirror_drift_is_caught_and_resynchronised() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 20, 20);
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let mode = cache::MirrorMode::OnIssue;
+    let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
+    reader.set_mirror_mode(mode);
+    let sid = server.open_session_with(&c, policy, mode, &[]).unwrap();
+    // The proof of names[15] is lost (say the reader dropped it): the server's mirror now
+    // holds names[15..20], the reader's does not.
+    let lost = server.prove(&c, &names[15], Some(sid)).unwrap();
+    assert_eq!(lost.proof.chain.len(), 5);
+    let issued = server.prove(&c, &names[14], Some(sid)).unwrap();
+    assert_eq!(issued.proof.anchor, Anchor::Cached);
+    assert_eq!(issued.proof.chain.len(), 2);
+    assert!(matches!(
+        reader.verify_record(&names[14], &issued.proof),
+        Err(Error::Rejected(_))
+    ));
+    assert!(reader.cache().is_empty());
+    // Resynchronise: a new session seeded with what the reader really holds (nothing), so
+    // the proof runs to the signature again, and the one after it stops at the cache.
+    let sid = server
+        .open_session_with(&c, policy, mode, &reader.cache().names())
+        .unwrap();
+    let issued = server.prove(&c, &names[14], Some(sid)).unwrap();
+    assert_eq!(issued.proof.chain.len(), 6);
+    reader.verify_record(&names[14], &issued.proof).unwrap();
+    let issued = server.prove(&c, &names[13], Some(sid)).unwrap();
+    assert_eq!(issued.proof.chain.len(), 2);
+    reader.verify_record(&names[13], &issued.proof).unwrap();
+}
+
+/// Read-and-prove: the body and the proof in one answer; a tampered body is refused and
+/// notes nothing in the reader's cache.
+#[test]
+fn read_and_prove_checks_body_and_proof_together() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 12, 4);
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let mode = cache::MirrorMode::OnIssue;
+    let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
+    reader.set_mirror_mode(mode);
+    let sid = server.open_session_with(&c, policy, mode, &[]).unwrap();
+    // A tampered body: refused, nothing cached.
+    let (mut body, issued) = server.read_and_prove(&c, &names[2], None).unwrap();
+    body[0] ^= 1;
+    assert!(reader.verify_read(&names[2], body, &issued.proof).is_err());
+    assert!(reader.cache().is_empty());
+    // A proof for another record than the one asked: refused.
+    let (body, other) = server.read_and_prove(&c, &names[3], None).unwrap();
+    assert!(reader.verify_read(&names[2], body, &other.proof).is_err());
+    assert!(reader.cache().is_empty());
+    for (i, n) in names.iter().enumerate().rev() {
+        let (body, issued) = server.read_and_prove(&c, n, Some(sid)).unwrap();
+        let plain = reader.verify_read(n, body, &issued.proof).unwrap();
+        assert_eq!(plain, format!("record {i}").as_bytes());
+    }
+    // An unknown record is a clear not-found and issues nothing.
+    let stranger = RecordName(cairn_core::Hash::new(HashAlgo::Blake3, [3; 32]));
+    assert!(matches!(
+        server.read_and_prove(&c, &stranger, Some(sid)),
+        Err(Error::NotFound(_))
+    ));
 }

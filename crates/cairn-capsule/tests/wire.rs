@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use cairn_capsule::cache::MirrorMode;
 use cairn_capsule::merkle::{verify_consistency, verify_inclusion};
 use cairn_capsule::*;
 use cairn_core::{Error, HashAlgo, SigningKey};
@@ -71,7 +72,13 @@ fn write_read_prove_over_tcp() {
     }
     // Read and verify through a reader session, acking each proof.
     let meta2 = rc.metadata(&c).unwrap();
-    let mut reader = Reader::new(c, meta2, CachePolicy::Lru { capacity: 64 }, Some(bk)).unwrap();
+    let mut reader = Reader::new(
+        c,
+        meta2,
+        CachePolicy::Lru { capacity: 64 },
+        Some(bk.clone()),
+    )
+    .unwrap();
     let session = rc
         .open_session(&c, reader.cache().policy(), &reader.cache().names())
         .unwrap();
@@ -86,11 +93,53 @@ fn write_read_prove_over_tcp() {
         total += issued.proof.chain.len();
         reader.verify_record(n, &issued.proof).unwrap();
         rc.ack_proof(session, issued.proof_id).unwrap();
+        reader.commit_staged();
     }
     assert!(
         total < 40 * 4,
         "the mirrored cache shortens proofs ({total})"
     );
+    // Read-and-prove in a session whose mirror moves on issue: one request per verified
+    // get, pipelined, each proof stopping at the one before it; no acks.
+    let mut fresh = Reader::new(
+        c,
+        rc.metadata(&c).unwrap(),
+        CachePolicy::Lru { capacity: 64 },
+        Some(bk.clone()),
+    )
+    .unwrap();
+    fresh.set_mirror_mode(MirrorMode::OnIssue);
+    let optimistic = rc
+        .open_session_with(&c, fresh.cache().policy(), MirrorMode::OnIssue, &[])
+        .unwrap();
+    for n in names.iter().rev() {
+        rc.send(&Request::ReadProve {
+            capsule: c,
+            name: *n,
+            session: Some(optimistic),
+        })
+        .unwrap();
+    }
+    let mut headers = 0;
+    for (i, n) in names.iter().enumerate().rev() {
+        let Response::RecordAndProof {
+            proof_id,
+            body,
+            proof,
+        } = rc.recv().unwrap()
+        else {
+            panic!("not a record and proof")
+        };
+        assert_eq!(proof_id, 0);
+        headers += proof.chain.len();
+        let plain = fresh.verify_read(n, body, &proof).unwrap();
+        assert_eq!(plain, format!("record {i}").as_bytes());
+    }
+    assert!(
+        headers <= 2 * names.len(),
+        "pipelined proofs chain ({headers})"
+    );
+    rc.close_session(optimistic).unwrap();
     // A replayed ack is refused with the server's error kind, and the connection survives.
     assert!(matches!(rc.ack_proof(session, 1), Err(Error::Rejected(_))));
     rc.close_session(session).unwrap();

@@ -8,8 +8,8 @@
 //! - `seq` (paper §6.3, Figures 5, 6, 10–13): one client writes N records (21-byte bodies,
 //!   as the prototype's `local` bench) with a signature every k records, reads them all,
 //!   then proves them newest first, with and without the verification cache. Each phase
-//!   is pipelined the way the prototype sends it (one batch of requests per phase; proofs
-//!   in windows so acks of one window ride in front of the next).
+//!   is pipelined the way the prototype sends it (one batch of requests per phase; with
+//!   `--mirror ack`, proofs in windows so acks of one window ride in front of the next).
 //! - `many` (prototype `manyclient`, Figure 9's workload): C clients, each on its own
 //!   capsule, each writing N/C records at 1000 per signature, then reading, then proving
 //!   them, all clients at once, each phase one pipelined batch per client.
@@ -32,6 +32,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use cairn_capsule::cache::MirrorMode;
 use cairn_capsule::merkle::{self, Digest, MerkleLog};
 use cairn_capsule::wire::{self, RemoteCapsule, Request, Response};
 use cairn_capsule::{
@@ -72,6 +73,34 @@ pub enum Api {
     Subrecord,
 }
 
+/// When a session's mirror takes in a proof's names ([`MirrorMode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mirror {
+    /// [`MirrorMode::OnIssue`].
+    Issue,
+    /// [`MirrorMode::OnAck`].
+    Ack,
+}
+
+impl Mirror {
+    fn mode(self) -> MirrorMode {
+        match self {
+            Mirror::Issue => MirrorMode::OnIssue,
+            Mirror::Ack => MirrorMode::OnAck,
+        }
+    }
+
+    /// The proof window for `args`: the flag, or this mode's default.
+    fn window(self, args: &CapsuleArgs) -> usize {
+        args.proof_window
+            .unwrap_or(match self {
+                Mirror::Issue => 10_000,
+                Mirror::Ack => 1,
+            })
+            .max(1)
+    }
+}
+
 /// How the benchmark's clients reach the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -109,10 +138,17 @@ pub struct CapsuleArgs {
     /// uncached chains at 1000 per signature are 500 headers on average).
     #[arg(long, default_value_t = 10_000)]
     pub uncached_proofs: usize,
-    /// Proof requests per pipelined window (the acks of one window travel in front of the
-    /// next, so the server's mirror of the reader's cache is exact).
-    #[arg(long, default_value_t = 1)]
-    pub proof_window: usize,
+    /// When the server's mirror of a reader's cache takes in a proof's names: `issue`
+    /// (when the server issues it, as the prototype does; proofs pipeline and chain off
+    /// each other, no acks) or `ack` (when the reader acks it; a window's proofs cannot
+    /// use each other). Comma-separated to run both.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "issue")]
+    pub mirror: Vec<Mirror>,
+    /// Proof requests per pipelined window (with `--mirror ack` the acks of one window
+    /// travel in front of the next). Default: 1 with `ack` (fastest there), 10,000 with
+    /// `issue`.
+    #[arg(long)]
+    pub proof_window: Option<usize>,
     /// Records in all of `many` (split evenly over the clients).
     #[arg(long, default_value_t = 1_000_000)]
     pub many_records: usize,
@@ -163,23 +199,6 @@ const CACHE_CAPACITY: u32 = 100_000;
 
 // ---------------------------------------------------------------------------------------
 // The client/server boundary.
-
-/// The name of a response's kind, for error messages.
-fn kind(r: &Response) -> &'static str {
-    match r {
-        Response::Error(_) => "error",
-        Response::Unit => "unit",
-        Response::Ack(_) => "ack",
-        Response::Record(_) => "record",
-        Response::Subrecord(_) => "subrecord",
-        Response::RecordProof { .. } => "record proof",
-        Response::SubrecordProof { .. } => "subrecord proof",
-        Response::Session(_) => "session",
-        Response::Checkpoint(_) => "checkpoint",
-        Response::Inclusion { .. } => "inclusion proof",
-        _ => "other",
-    }
-}
 
 /// One client's connection to a capsule server: sends a batch of [`Request`]s (pipelined
 /// over TCP) and returns one response per request, in order. Any error, local or
@@ -302,6 +321,8 @@ struct Client {
     capsule: CapsuleName,
     server: PublicKey,
     session: Option<SessionId>,
+    /// The session's mirror mode.
+    mode: MirrorMode,
     /// Proof ids verified but not yet acked (sent in front of the next request batch).
     unacked: Vec<u64>,
     /// Records written one at a time (`conc`).
@@ -319,12 +340,18 @@ fn expect_ack(
             a.verify(server, capsule, want)?;
             Ok(a)
         }
-        other => bail!("expected an ack, got a {}", kind(&other)),
+        other => bail!("expected an ack, got a {}", other.kind()),
     }
 }
 
 impl Client {
-    fn new(conn: Box<dyn Conn>, server: PublicKey, cache: bool, label: &str) -> Result<Client> {
+    fn new(
+        conn: Box<dyn Conn>,
+        server: PublicKey,
+        cache: bool,
+        mode: MirrorMode,
+        label: &str,
+    ) -> Result<Client> {
         let key = SigningKey::generate()?;
         let meta = CapsuleMetadata::new(HashAlgo::Blake3, key.public(), label);
         let capsule = meta.name();
@@ -337,7 +364,8 @@ impl Client {
             CachePolicy::Off
         };
         let writer = cairn_capsule::Writer::new(meta.clone(), key, Some(body_key.clone()))?;
-        let reader = Reader::new(capsule, meta.clone(), policy, Some(body_key))?;
+        let mut reader = Reader::new(capsule, meta.clone(), policy, Some(body_key))?;
+        reader.set_mirror_mode(mode);
         let mut c = Client {
             conn,
             writer,
@@ -345,6 +373,7 @@ impl Client {
             capsule,
             server,
             session: None,
+            mode,
             unacked: Vec::new(),
             written: Vec::new(),
         };
@@ -353,6 +382,7 @@ impl Client {
             reqs.push(Request::OpenSession {
                 capsule,
                 policy,
+                mode,
                 cached: Vec::new(),
             });
         }
@@ -368,8 +398,10 @@ impl Client {
         Ok(c)
     }
 
-    /// Requests acking every verified proof not yet acked.
+    /// Requests acking every verified proof not yet acked; the reader inserts what those
+    /// proofs verified now, as the server will when the acks arrive.
     fn take_acks(&mut self) -> Vec<Request> {
+        self.reader.commit_staged();
         match self.session {
             Some(session) => self
                 .unacked
@@ -390,7 +422,7 @@ impl Client {
             ensure!(
                 matches!(r, Response::Unit),
                 "ack answered with a {}",
-                kind(&r)
+                r.kind()
             );
         }
         Ok(resps)
@@ -487,7 +519,7 @@ impl Client {
         Ok(match (it, r) {
             (Item::Rec(name), Response::Record(rec)) => self.reader.open_record(name, &rec)?,
             (Item::Sub(sub), Response::Subrecord(b)) => self.reader.open_subrecord(sub, &b)?,
-            (_, other) => bail!("read answered with a {}", kind(&other)),
+            (_, other) => bail!("read answered with a {}", other.kind()),
         })
     }
 
@@ -529,29 +561,29 @@ impl Client {
                 };
                 (proof_id, n, t.elapsed())
             }
-            (_, other) => bail!("prove answered with a {}", kind(&other)),
+            (_, other) => bail!("prove answered with a {}", other.kind()),
         };
-        if self.session.is_some() {
-            self.unacked.push(id);
-        }
+        self.note_issued(id);
         Ok((size, took))
+    }
+
+    /// Queues the ack of a verified proof, when the session's mode wants one.
+    fn note_issued(&mut self, proof_id: u64) {
+        if self.session.is_some() && self.mode == MirrorMode::OnAck {
+            self.unacked.push(proof_id);
+        }
     }
 
     /// Prove phase: proves `items` in the order given, `window` requests per batch, and
     /// verifies every proof. Returns (proofs, total encoded bytes, time spent measuring
     /// sizes, which the caller subtracts).
     ///
-    /// Subrecord proofs within a session go one at a time: the reader caches what a proof
-    /// verified at once, while the server's mirror catches up only at the ack, so a
-    /// second proof issued in the same window may run past a node the reader now trusts,
-    /// which `SubrecordProof::verify` refuses.
+    /// With [`MirrorMode::OnAck`] a window's proofs cannot stop at each other's names (the
+    /// acks travel with the next window); with [`MirrorMode::OnIssue`] they do.
     fn prove_all(&mut self, items: &[Item], window: usize) -> Result<(usize, u64, Duration)> {
         let mut bytes = 0u64;
         let mut excluded = Duration::ZERO;
-        let window = match items.first() {
-            Some(Item::Sub(_)) if self.session.is_some() => 1,
-            _ => window.max(1),
-        };
+        let window = window.max(1);
         for chunk in items.chunks(window) {
             let reqs = chunk.iter().map(|it| self.prove_req(it)).collect();
             let resps = self.call(reqs)?;
@@ -608,6 +640,7 @@ fn phases(
     per_sig: usize,
     cache: bool,
     max_proofs: usize,
+    mirror: Mirror,
     window: usize,
 ) -> Result<PhaseResult> {
     let server = backend.public_key();
@@ -617,6 +650,7 @@ fn phases(
             backend.connect()?,
             server,
             cache,
+            mirror.mode(),
             &format!("bench capsule {i}"),
         )?);
     }
@@ -718,12 +752,21 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
     );
     println!();
     println!(
-        "| API | records per signature | cache | write rec/s | read rec/s | prove+verify /s | proofs | mean proof B | commits per fsync group | write CPU µs/rec |"
+        "| API | records per signature | cache | mirror | write rec/s | read rec/s | prove+verify /s | proofs | mean proof B | commits per fsync group | write CPU µs/rec |"
     );
-    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut cells = Vec::new();
     for &api in &args.api {
         for &k in &args.per_sig {
-            for cache in [false, true] {
+            cells.push((api, k, false, args.mirror[0]));
+            for &m in &args.mirror {
+                cells.push((api, k, true, m));
+            }
+        }
+    }
+    {
+        for (api, k, cache, mirror) in cells {
+            {
                 let backend = Backend::start(&root.join("seq"), d, t)?;
                 let max = if cache {
                     usize::MAX
@@ -738,11 +781,17 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
                     k,
                     cache,
                     max,
-                    args.proof_window,
+                    mirror,
+                    mirror.window(args),
                 )?;
                 println!(
-                    "| {api:?} | {k} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {} |",
+                    "| {api:?} | {k} | {} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {} |",
                     if cache { "on" } else { "off" },
+                    if cache {
+                        format!("{mirror:?}")
+                    } else {
+                        "—".into()
+                    },
                     kps(r.write),
                     kps(r.read),
                     kps(r.prove),
@@ -765,7 +814,13 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
 /// checkpoint (the capsule's log is the one `merkle` measures).
 fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
     let backend = Backend::start(&root.join("logcheck"), d, t)?;
-    let mut c = Client::new(backend.connect()?, backend.public_key(), false, "log check")?;
+    let mut c = Client::new(
+        backend.connect()?,
+        backend.public_key(),
+        false,
+        MirrorMode::OnAck,
+        "log check",
+    )?;
     let data = bodies(1000, 100, 7);
     let items = c.write_all(Api::Flexible, &data, 100)?;
     let mut reqs = vec![Request::QueryFresh { capsule: c.capsule }];
@@ -815,10 +870,15 @@ fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
     );
     println!();
     println!(
-        "| API | clients × records | write rec/s | read rec/s | prove+verify /s | mean proof B | commits per fsync group |"
+        "| API | mirror | clients × records | write rec/s | read rec/s | prove+verify /s | mean proof B | commits per fsync group |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
-    for &api in &args.api {
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let cells: Vec<(Api, Mirror)> = args
+        .api
+        .iter()
+        .flat_map(|&a| args.mirror.iter().map(move |&m| (a, m)))
+        .collect();
+    for (api, mirror) in cells {
         for &clients in &args.many_clients {
             ensure!(clients >= 1, "--many-clients must be at least 1");
             let per = args.many_records / clients;
@@ -831,10 +891,11 @@ fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
                 1000,
                 true,
                 usize::MAX,
-                args.proof_window,
+                mirror,
+                mirror.window(args),
             )?;
             println!(
-                "| {api:?} | {clients} × {per} | {} | {} | {} | {:.0} | {:.1} |",
+                "| {api:?} | {mirror:?} | {clients} × {per} | {} | {} | {} | {:.0} | {:.1} |",
                 kps(r.write),
                 kps(r.read),
                 kps(r.prove),
@@ -884,6 +945,7 @@ fn conc(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
                 backend.connect()?,
                 server,
                 true,
+                args.mirror[0].mode(),
                 &format!("conc {i}"),
             )?);
         }
@@ -1208,10 +1270,15 @@ impl CapsuleKv {
             });
         }
         for (_, name, _) in &gets {
-            let it = Item::Rec(*name);
-            reqs.push(self.c.read_req(&it));
             if self.proofs {
-                reqs.push(self.c.prove_req(&it));
+                // Read-and-prove: body and proof in one response, the header sent once.
+                reqs.push(Request::ReadProve {
+                    capsule: self.c.capsule,
+                    name: *name,
+                    session: self.c.session,
+                });
+            } else {
+                reqs.push(self.c.read_req(&Item::Rec(*name)));
             }
         }
         let mut resps = self.c.call(reqs)?.into_iter();
@@ -1220,19 +1287,27 @@ impl CapsuleKv {
             expect_ack(r, &self.c.server, &self.c.capsule, &AckKind::Wrote(wrote))?;
         }
         for (k, name, want) in &gets {
-            let it = Item::Rec(*name);
-            let body = self
-                .c
-                .open(&it, resps.next().context("no read response")?)?;
+            let r = resps.next().context("no read response")?;
+            let body = if self.proofs {
+                let Response::RecordAndProof {
+                    proof_id,
+                    body,
+                    proof,
+                } = r
+                else {
+                    bail!("read-and-prove answered with a {}", r.kind());
+                };
+                let plain = self.c.reader.verify_read(name, body, &proof)?;
+                self.c.note_issued(proof_id);
+                plain
+            } else {
+                self.c.open(&Item::Rec(*name), r)?
+            };
             let (gk, gv) = kv_parse(&body)?;
             ensure!(
                 gk == &k[..] && gv == &want[..],
                 "get returned another value than the last put"
             );
-            if self.proofs {
-                let p = resps.next().context("no proof response")?;
-                self.c.check_proof(&it, p, false)?;
-            }
         }
         Ok(())
     }
@@ -1314,8 +1389,8 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
         };
         for &b in &args.ycsb_batch {
             let b = b.max(1);
-            let on = ycsb_capsule(&wl, root, d, t, true, b)?;
-            let off = ycsb_capsule(&wl, root, d, t, false, b)?;
+            let on = ycsb_capsule(&wl, root, d, t, true, args.mirror[0], b)?;
+            let off = ycsb_capsule(&wl, root, d, t, false, args.mirror[0], b)?;
             let base = ycsb_redb(&wl, root, d, b)?;
             let ratio = base / on;
             let target = if w == 'a' {
@@ -1344,10 +1419,17 @@ fn ycsb_capsule(
     d: Durability,
     t: Transport,
     proofs: bool,
+    mirror: Mirror,
     batch: usize,
 ) -> Result<f64> {
     let backend = Backend::start(&root.join("ycsb-capsule"), d, t)?;
-    let c = Client::new(backend.connect()?, backend.public_key(), proofs, "ycsb")?;
+    let c = Client::new(
+        backend.connect()?,
+        backend.public_key(),
+        proofs,
+        mirror.mode(),
+        "ycsb",
+    )?;
     let mut kv = CapsuleKv {
         c,
         index: HashMap::new(),
@@ -1510,6 +1592,7 @@ pub fn run(args: &CapsuleArgs, durability: Durability, dir: &Path) -> Result<()>
         dir.display()
     );
     println!();
+    ensure!(!args.mirror.is_empty(), "--mirror needs at least one mode");
     for &part in &args.parts {
         if part == Part::Merkle {
             merkle_part(args)?;
@@ -1554,7 +1637,8 @@ mod tests {
             seq_records: 200,
             per_sig: vec![1, 100],
             uncached_proofs: 50,
-            proof_window: 4,
+            mirror: vec![Mirror::Issue, Mirror::Ack],
+            proof_window: Some(4),
             many_records: 400,
             many_clients: vec![1, 4],
             ycsb: vec!['a', 'b', 'c', 'd'],
