@@ -47,8 +47,9 @@ use crate::server::{
 };
 use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
 
-/// Format version of encoded [`Request`]s and [`Response`]s.
-pub const WIRE_VERSION: u8 = 1;
+/// Format version of encoded [`Request`]s and [`Response`]s (2: sessions carry a
+/// [`MirrorMode`]; read-and-prove).
+pub const WIRE_VERSION: u8 = 2;
 /// Format version of a standalone encoded [`SyncMsg`].
 pub const SYNC_VERSION: u8 = 1;
 /// Largest frame the TCP glue sends or accepts: a largest record body plus 1 MiB.
