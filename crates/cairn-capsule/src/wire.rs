@@ -2365,8 +2365,10 @@ mod tests {
         long.push(0);
         assert!(from(&long).is_err(), "{v:?} with a trailing byte");
         let mut other = bytes.clone();
-        other[0] = 2;
-        assert!(from(&other).is_err(), "{v:?} as version 2");
+        other[0] = other[0].wrapping_add(1);
+        assert!(from(&other).is_err(), "{v:?} as the next version");
+        other[0] = other[0].wrapping_sub(2);
+        assert!(from(&other).is_err(), "{v:?} as the previous version");
     }
 
     #[test]
