@@ -71,9 +71,9 @@ pub struct BenchArgs {
     /// Size of the blob for the throughput measurement, in MiB.
     #[arg(long, default_value_t = 512)]
     pub throughput_mib: usize,
-    /// Options of `cairn bench capsule`.
+    /// Options of `cairn bench capsule` (boxed: `cli::Command` stays small).
     #[command(flatten)]
-    pub capsule: crate::bench_capsule::CapsuleArgs,
+    pub capsule: Box<crate::bench_capsule::CapsuleArgs>,
     /// Options of `cairn bench hub` (boxed: `cli::Command` stays small).
     #[command(flatten)]
     pub hub: Box<crate::bench_hub::HubArgs>,

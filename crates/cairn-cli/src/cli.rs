@@ -217,7 +217,7 @@ pub enum Command {
     /// Run a node: the native HTTP API and a drop-in Gaia hub over this data directory.
     Serve(ServeArgs),
     /// Benchmarks (see docs/benchmarks.md).
-    Bench(Box<crate::bench::BenchArgs>),
+    Bench(crate::bench::BenchArgs),
 }
 
 /// `cairn serve`: flags and their environment variables override the config file.
