@@ -22,7 +22,9 @@
 //!           bit 0 set: "mutation": next byte = which valid proof of the fixture (modulo),
 //!           (`subrecord_proof` only) one byte = another subrecord to try the mutated
 //!           proof for, then up to MAX_EDITS edits of 4 bytes applied to that proof's
-//!           encoding:
+//!           encoding; (`record_proof` only) with bit 1 also set, "read-and-prove": the
+//!           valid proof is one without a session, the edits apply to
+//!           `len (u32 LE) ‖ body ‖ proof`, and `Reader::verify_read` checks the pair:
 //! u8 op     low 2 bits: 0 xor · 1 set · 2 insert · 3 delete
 //! u16 off   little-endian, modulo the current length (length + 1 for insert)
 //! u8 val
@@ -94,6 +96,8 @@ pub struct ValidRecordProof {
     pub names: Vec<RecordName>,
     /// Names the verifier trusts (the session's cache when the server issued it in one).
     pub trusted: Vec<Hash>,
+    /// The record's sealed body (its plaintext: the fixture's bodies are not encrypted).
+    pub body: Vec<u8>,
 }
 
 /// A valid subrecord proof of the fixture and what verifying it must give.
@@ -305,6 +309,7 @@ fn build_fixture() -> Fixture {
                 proof,
                 names,
                 trusted,
+                body: server.read(&c, &n).unwrap().body,
             });
         }
         for s in f.subs.clone() {
@@ -442,6 +447,10 @@ pub fn run_record_proof(data: &[u8]) {
     let Some((&which, edits)) = rest.split_first() else {
         return;
     };
+    if mode & 2 != 0 {
+        run_read_and_prove(f, which, edits);
+        return;
+    }
     let v = &f.record_proofs[which as usize % f.record_proofs.len()];
     let mut bytes = v.bytes.clone();
     apply_edits(&mut bytes, edits);
@@ -472,6 +481,52 @@ pub fn run_record_proof(data: &[u8]) {
             names, v.names,
             "FORGERY: mutated proof verifies another chain"
         );
+    }
+}
+
+/// Read-and-prove: a valid `(body, proof)` answer without a session, laid out as
+/// `len (u32 LE) ‖ body ‖ proof` and then edited; whatever `Reader::verify_read` accepts
+/// must be exactly the record's body and proof.
+fn run_read_and_prove(f: &Fixture, which: u8, edits: &[u8]) {
+    let plain: Vec<&ValidRecordProof> = f
+        .record_proofs
+        .iter()
+        .filter(|v| v.trusted.is_empty())
+        .collect();
+    let v = plain[which as usize % plain.len()];
+    let mut bytes = (v.body.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&v.body);
+    bytes.extend_from_slice(&v.bytes);
+    apply_edits(&mut bytes, edits);
+    let Some((len, rest)) = bytes.split_first_chunk::<4>() else {
+        return;
+    };
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > rest.len() {
+        return;
+    }
+    let (body, proof) = rest.split_at(len);
+    let Some(p) = decode_record_proof(proof) else {
+        return;
+    };
+    let mut reader = cairn_capsule::Reader::new(
+        f.meta.name(),
+        f.meta.clone(),
+        CachePolicy::Lru { capacity: 64 },
+        None,
+    )
+    .expect("fixture reader");
+    reader.set_mirror_mode(cairn_capsule::cache::MirrorMode::OnIssue);
+    match reader.verify_read(&v.target, body.to_vec(), &p) {
+        Ok(opened) => {
+            assert_eq!(opened, v.body, "FORGERY: read-and-prove accepted another body");
+            assert_eq!(p, v.proof, "read-and-prove accepted another proof");
+            assert_eq!(reader.cache().len(), v.names.len());
+        }
+        Err(_) => assert!(
+            reader.cache().is_empty(),
+            "a refused read-and-prove left names in the reader's cache"
+        ),
     }
 }
 
