@@ -68,7 +68,9 @@ fn build() -> Fixture {
     let o = PutOptions::default();
     let s = |v: &str| NewValue::String(v.as_bytes().to_vec());
     let mut made: Vec<(Vec<u8>, Uid)> = Vec::new();
-    let v1 = b.put(b"doc", Target::Branch("master"), s("one"), &o).expect("put");
+    let v1 = b
+        .put(b"doc", Target::Branch("master"), s("one"), &o)
+        .expect("put");
     made.push((b"doc".to_vec(), v1));
     b.fork(b"doc", &At::Branch("master".into()), "dev")
         .expect("fork");
@@ -126,7 +128,11 @@ fn build() -> Fixture {
 /// `bucket_mutation`.
 pub fn run_mutation(data: &[u8]) {
     if let Ok(m) = Mutation::decode(data) {
-        assert_eq!(m.encode(), data, "Mutation decoded from non-canonical bytes");
+        assert_eq!(
+            m.encode(),
+            data,
+            "Mutation decoded from non-canonical bytes"
+        );
     }
 }
 
@@ -149,7 +155,11 @@ pub fn run_version_proof(data: &[u8]) {
     let Ok(p) = VersionProof::from_bytes(&bytes) else {
         return;
     };
-    assert_eq!(p.to_bytes(), bytes, "VersionProof decoded from non-canonical bytes");
+    assert_eq!(
+        p.to_bytes(),
+        bytes,
+        "VersionProof decoded from non-canonical bytes"
+    );
     let genuine: HashMap<(&[u8], Uid), &Record> = f
         .versions
         .iter()

@@ -519,7 +519,10 @@ fn run_read_and_prove(f: &Fixture, which: u8, edits: &[u8]) {
     reader.set_mirror_mode(cairn_capsule::cache::MirrorMode::OnIssue);
     match reader.verify_read(&v.target, body.to_vec(), &p) {
         Ok(opened) => {
-            assert_eq!(opened, v.body, "FORGERY: read-and-prove accepted another body");
+            assert_eq!(
+                opened, v.body,
+                "FORGERY: read-and-prove accepted another body"
+            );
             assert_eq!(p, v.proof, "read-and-prove accepted another proof");
             assert_eq!(reader.cache().len(), v.names.len());
         }
