@@ -13,8 +13,9 @@
 //!   so an upload to an owned bucket reads its input twice (hash, then send); stdin is
 //!   first spooled to a temporary file for that.
 //! - Streaming: uploads are streamed from the file or stdin (a sized body when the length
-//!   is known, chunked otherwise), downloads are streamed to the file or stdout; memory
-//!   stays constant whatever the size. Progress bars on stderr when it is a terminal.
+//!   is known, chunked otherwise) in 256 KiB pieces read on their own thread and sent by
+//!   reqwest's async client; downloads are streamed to the file or stdout; memory stays
+//!   constant whatever the size. Progress bars on stderr when it is a terminal.
 //! - Encryption: `put --encrypt` and `get --decrypt` (see [`crate::crypt`]).
 //! - Proofs: `verify --proof` fetches the proof and the bucket's capsule metadata and checks
 //!   the proof locally against the metadata, whose hash is the capsule name it prints;
@@ -36,7 +37,7 @@ use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
 use cairn_node::native::values::json_bytes;
 use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, Uid, ValueType};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::blocking::{Body, Client as Http, Response};
+use reqwest::blocking::{Client as Http, Response};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
@@ -54,6 +55,14 @@ const ENCODE: &AsciiSet = &NON_ALPHANUMERIC
 const ERROR_BODY_LIMIT: u64 = 1 << 20;
 /// Largest JSON answer read from the node.
 const JSON_LIMIT: u64 = 64 << 20;
+/// Bytes per piece of a streamed upload. reqwest's blocking client hands a request body
+/// from the caller's thread to its runtime thread 8 KiB at a time (131,072 hand-offs per
+/// GiB; a third of the client's samples in `perf`, docs/benchmarks.md "Cold reads and CLI
+/// writes"), so streamed uploads go through its async client instead, read on their own
+/// thread in pieces of this size.
+const UPLOAD_PIECE: usize = 256 << 10;
+/// Streamed pieces read ahead of the connection.
+const UPLOAD_QUEUE: usize = 4;
 /// Keys asked for per page.
 const KEYS_PAGE: usize = 10_000;
 /// Farthest history distance the node serves in one log request.
@@ -83,13 +92,7 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
         Command::Remove { key, branch } => {
             let url = c.url("objects", Some(&key), &[("branch", branch)])?;
             let signer = c.signer()?;
-            let resp = c.send(
-                Method::DELETE,
-                url,
-                Upload::Bytes(Vec::new()),
-                &[],
-                signer.as_ref(),
-            )?;
+            let resp = c.send(Method::DELETE, url, Vec::new(), &[], signer.as_ref())?;
             read_json(resp)?;
         }
         Command::Branches { key, untagged } => {
@@ -146,14 +149,6 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a request sends.
-enum Upload {
-    /// A small body held in memory.
-    Bytes(Vec<u8>),
-    /// A streamed body, of known length or chunked.
-    Stream(Box<dyn Read + Send>, Option<u64>),
-}
-
 /// The node connection and what client mode learned about the bucket.
 struct Client {
     http: Http,
@@ -205,84 +200,46 @@ impl Client {
         Url::parse(&s).map_err(|e| Error::invalid(format!("bad request URL {s:?}: {e}")).into())
     }
 
-    /// Sends a request, signing it with `signer` when given (`body_hash` must then be the
-    /// BLAKE3 of the body; it is computed here for [`Upload::Bytes`]).
+    /// Sends a request, signing it with `signer` when given.
     fn send(
         &self,
         method: Method,
         url: Url,
-        body: Upload,
+        body: Vec<u8>,
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
     ) -> Result<Response> {
-        let retry = match (&body, signer) {
-            (Upload::Bytes(b), Some(_)) => Some(b.clone()),
-            _ => None,
-        };
-        match self.send_hashed(method.clone(), url.clone(), body, headers, signer, None) {
+        let retry = signer.map(|_| body.clone());
+        match self.send_once(method.clone(), url.clone(), body, headers, signer) {
             // The same request signed twice within one second has the same signature (the
             // date has whole seconds), which the node refuses as a replay: sign it again
             // in the next second.
             Err(e) if retry.is_some() && is_replay(&e) => {
                 std::thread::sleep(Duration::from_millis(1050));
                 let b = retry.unwrap_or_default();
-                self.send_hashed(method, url, Upload::Bytes(b), headers, signer, None)
+                self.send_once(method, url, b, headers, signer)
             }
             r => r,
         }
     }
 
-    fn send_hashed(
+    fn send_once(
         &self,
         method: Method,
         url: Url,
-        body: Upload,
+        body: Vec<u8>,
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
-        body_hash: Option<[u8; 32]>,
     ) -> Result<Response> {
+        let hash = signer.map(|_| *blake3::hash(&body).as_bytes());
         let mut req = self.http.request(method.clone(), url.clone());
-        for (n, v) in headers {
-            req = req.header(*n, v);
+        for (n, v) in request_headers(&method, &url, headers, signer, hash) {
+            req = req.header(n, v);
         }
-        if let Some(key) = signer {
-            let hash = match (&body, body_hash) {
-                (_, Some(h)) => h,
-                (Upload::Bytes(b), None) => *blake3::hash(b).as_bytes(),
-                (Upload::Stream(..), None) => {
-                    bail!(Error::invalid("a signed stream needs its hash first"))
-                }
-            };
-            let pq = match url.query() {
-                Some(q) => format!("{}?{q}", url.path()),
-                None => url.path().to_string(),
-            };
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                    .map(|(_, v)| v.as_bytes())
-                    .unwrap_or_default()
-            };
-            let to_sign = RequestToSign {
-                method: method.as_str(),
-                path_and_query: &pq,
-                unix_secs: now_secs(),
-                body_blake3: hash,
-                content_type: header("content-type"),
-                if_match: header("if-match"),
-                context: header(CONTEXT_HEADER),
-            };
-            for (n, v) in to_sign.sign(key) {
-                req = req.header(n, v);
-            }
-        }
-        req = match body {
-            Upload::Bytes(b) => req.body(b),
-            Upload::Stream(r, Some(n)) => req.body(Body::sized(r, n)),
-            Upload::Stream(r, None) => req.body(Body::new(r)),
-        };
-        let resp = req.send().map_err(|e| transport(&self.base, e))?;
+        let resp = req
+            .body(body)
+            .send()
+            .map_err(|e| transport(&self.base, e))?;
         if resp.status().is_success() {
             Ok(resp)
         } else {
@@ -290,8 +247,102 @@ impl Client {
         }
     }
 
+    /// Streams `body` (`len` bytes, or chunked when `None`) as the body of a request and
+    /// returns the node's JSON answer. The body is read on its own thread in
+    /// [`UPLOAD_PIECE`]s and sent by reqwest's async client on a current-thread runtime. A
+    /// signed request needs the body's BLAKE3 hash (`body_hash`) up front.
+    #[allow(clippy::too_many_arguments)]
+    fn send_stream(
+        &self,
+        method: Method,
+        url: Url,
+        mut body: Box<dyn Read + Send>,
+        len: Option<u64>,
+        headers: &[(&str, String)],
+        signer: Option<&SigningKey>,
+        body_hash: Option<[u8; 32]>,
+    ) -> Result<J> {
+        if signer.is_some() && body_hash.is_none() {
+            bail!(Error::invalid("a signed stream needs its hash first"));
+        }
+        let mut all = request_headers(&method, &url, headers, signer, body_hash);
+        if let Some(n) = len {
+            all.push(("content-length".to_string(), n.to_string()));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the upload runtime")?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .context("starting the HTTP client")?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<bytes::Bytes>>(UPLOAD_QUEUE);
+        // The reader thread stops at the end of the input, on a read error (sent on, so
+        // the request fails instead of ending short), or when the request is gone.
+        let reader = std::thread::Builder::new()
+            .name("cairn-upload".into())
+            .spawn(move || {
+                loop {
+                    let mut piece = vec![0u8; UPLOAD_PIECE];
+                    let mut n = 0;
+                    let res = loop {
+                        match body.read(&mut piece[n..]) {
+                            Ok(0) => break Ok(()),
+                            Ok(k) => {
+                                n += k;
+                                if n == piece.len() {
+                                    break Ok(());
+                                }
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    if n > 0 {
+                        piece.truncate(n);
+                        if tx.blocking_send(Ok(piece.into())).is_err() {
+                            return;
+                        }
+                    }
+                    match res {
+                        Ok(()) if n == UPLOAD_PIECE => {}
+                        Ok(()) => return,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })
+            .context("starting the upload reader thread")?;
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|piece| (piece, rx))
+        });
+        let answer = rt.block_on(async {
+            let mut req = http
+                .request(method, url)
+                .body(reqwest::Body::wrap_stream(stream));
+            for (n, v) in &all {
+                req = req.header(n.as_str(), v.as_str());
+            }
+            let resp = req.send().await?;
+            let status = resp.status();
+            let body = resp.bytes().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        });
+        let _ = reader.join();
+        let (status, answer) = answer.map_err(|e| transport(&self.base, e))?;
+        if status.is_success() {
+            parse_json(&answer)
+        } else {
+            Err(error_from(status, &answer))
+        }
+    }
+
     fn get_json(&self, url: Url) -> Result<J> {
-        read_json(self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?)
+        read_json(self.send(Method::GET, url, Vec::new(), &[], None)?)
     }
 
     /// The key that signs this bucket's mutations (`None` for an open bucket); a bucket that
@@ -346,7 +397,7 @@ impl Client {
                     match self.send(
                         Method::POST,
                         url,
-                        Upload::Bytes(body),
+                        body,
                         &[("content-type", "application/json".into())],
                         Some(&key),
                     ) {
@@ -385,7 +436,7 @@ impl Client {
         let resp = self.send(
             Method::POST,
             url,
-            Upload::Bytes(body),
+            body,
             &[("content-type", "application/json".into())],
             signer.as_ref(),
         )?;
@@ -433,7 +484,7 @@ impl Client {
         } else {
             None
         };
-        let resp = if let Some(v) = a.value {
+        let r = if let Some(v) = a.value {
             let body = match &key {
                 Some(k) => {
                     let mut c = Vec::new();
@@ -442,13 +493,7 @@ impl Client {
                 }
                 None => v.into_bytes(),
             };
-            self.send(
-                Method::PUT,
-                url,
-                Upload::Bytes(body),
-                &headers,
-                signer.as_ref(),
-            )?
+            read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin.
             let mut spooled = None;
@@ -537,19 +582,19 @@ impl Client {
             };
             let pb = progress_bar(len, "put");
             let reader = body_reader(Box::new(pb.wrap_read(reader)));
-            let resp = self.send_hashed(
+            let answer = self.send_stream(
                 Method::PUT,
                 url,
-                Upload::Stream(reader, len.map(wire_len)),
+                reader,
+                len.map(wire_len),
                 &headers,
                 signer.as_ref(),
                 hash,
             );
             pb.finish_and_clear();
             drop(spooled);
-            resp?
+            answer?
         };
-        let r = read_json(resp)?;
         writeln!(out, "{}", str_field(&r, "uid")?)?;
         Ok(())
     }
@@ -565,7 +610,7 @@ impl Client {
     /// The value of an integer version, for the `= N` its size shows as.
     fn integer(&self, key: &str, uid: &str) -> Result<String> {
         let url = self.url("objects", Some(key), &[("uid", uid.to_string())])?;
-        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
         let mut s = String::new();
         resp.take(64)
             .read_to_string(&mut s)
@@ -615,7 +660,7 @@ impl Client {
             return Ok(());
         }
         let url = self.url("objects", Some(&a.key), &query)?;
-        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
         let pb = progress_bar(resp.content_length(), "get");
         let mut body = pb.wrap_read(resp);
         if a.decrypt {
@@ -698,13 +743,7 @@ impl Client {
         }
         let body = serde_json::to_vec(&op)?;
         let signer = self.signer()?;
-        let resp = self.send(
-            Method::PATCH,
-            url,
-            Upload::Bytes(body),
-            &headers,
-            signer.as_ref(),
-        )?;
+        let resp = self.send(Method::PATCH, url, body, &headers, signer.as_ref())?;
         let r = read_json(resp)?;
         writeln!(out, "{}", str_field(&r, "uid")?)?;
         Ok(())
@@ -927,7 +966,7 @@ impl Client {
     }
 
     fn get_bytes(&self, url: Url) -> Result<Vec<u8>> {
-        let resp = self.send(Method::GET, url, Upload::Bytes(Vec::new()), &[], None)?;
+        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
         let mut b = Vec::new();
         resp.take(JSON_LIMIT)
             .read_to_end(&mut b)
@@ -1030,8 +1069,57 @@ fn read_json(resp: Response) -> Result<J> {
     resp.take(JSON_LIMIT)
         .read_to_end(&mut b)
         .context("reading the node's answer")?;
-    serde_json::from_slice(&b)
+    parse_json(&b)
+}
+
+/// The node's JSON answer.
+fn parse_json(b: &[u8]) -> Result<J> {
+    if b.len() as u64 > JSON_LIMIT {
+        bail!(Error::decode(format!(
+            "the node's answer is over {JSON_LIMIT} bytes"
+        )));
+    }
+    serde_json::from_slice(b)
         .map_err(|e| Error::decode(format!("the node's answer is not JSON: {e}")).into())
+}
+
+/// The headers of a request: `headers`, and with `signer` the `Cairn-Ed25519` signature
+/// over method, path and query, date, the body's BLAKE3 `hash` and the signed headers.
+fn request_headers(
+    method: &Method,
+    url: &Url,
+    headers: &[(&str, String)],
+    signer: Option<&SigningKey>,
+    hash: Option<[u8; 32]>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.clone()))
+        .collect();
+    if let (Some(key), Some(hash)) = (signer, hash) {
+        let pq = match url.query() {
+            Some(q) => format!("{}?{q}", url.path()),
+            None => url.path().to_string(),
+        };
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_bytes())
+                .unwrap_or_default()
+        };
+        let to_sign = RequestToSign {
+            method: method.as_str(),
+            path_and_query: &pq,
+            unix_secs: now_secs(),
+            body_blake3: hash,
+            content_type: header("content-type"),
+            if_match: header("if-match"),
+            context: header(CONTEXT_HEADER),
+        };
+        out.extend(to_sign.sign(key).map(|(n, v)| (n.to_string(), v)));
+    }
+    out
 }
 
 /// A request that did not get an answer.
@@ -1052,7 +1140,14 @@ fn api_error(resp: Response) -> anyhow::Error {
     let status = resp.status();
     let mut body = Vec::new();
     let _ = resp.take(ERROR_BODY_LIMIT).read_to_end(&mut body);
-    let parsed: Option<J> = serde_json::from_slice(&body).ok();
+    error_from(status, &body)
+}
+
+/// The [`Error`] an error answer (`status` and up to [`ERROR_BODY_LIMIT`] bytes of `body`)
+/// stands for.
+fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
+    let body = &body[..body.len().min(ERROR_BODY_LIMIT as usize)];
+    let parsed: Option<J> = serde_json::from_slice(body).ok();
     let (kind, message) = match parsed
         .as_ref()
         .and_then(|j| j.get("error"))
@@ -1061,7 +1156,7 @@ fn api_error(resp: Response) -> anyhow::Error {
         Some((k, m)) => (k.to_string(), m.to_string()),
         None => (
             String::new(),
-            format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()),
+            format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim()),
         ),
     };
     if let Some(cs) = parsed
