@@ -256,7 +256,7 @@ impl Client {
         &self,
         method: Method,
         url: Url,
-        mut body: Box<dyn Read + Send>,
+        body: Box<dyn Read + Send>,
         len: Option<u64>,
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
@@ -278,45 +278,7 @@ impl Client {
             .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("starting the HTTP client")?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<bytes::Bytes>>(UPLOAD_QUEUE);
-        // The reader thread stops at the end of the input, on a read error (sent on, so
-        // the request fails instead of ending short), or when the request is gone.
-        let reader = std::thread::Builder::new()
-            .name("cairn-upload".into())
-            .spawn(move || {
-                loop {
-                    let mut piece = vec![0u8; UPLOAD_PIECE];
-                    let mut n = 0;
-                    let res = loop {
-                        match body.read(&mut piece[n..]) {
-                            Ok(0) => break Ok(()),
-                            Ok(k) => {
-                                n += k;
-                                if n == piece.len() {
-                                    break Ok(());
-                                }
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => break Err(e),
-                        }
-                    };
-                    if n > 0 {
-                        piece.truncate(n);
-                        if tx.blocking_send(Ok(piece.into())).is_err() {
-                            return;
-                        }
-                    }
-                    match res {
-                        Ok(()) if n == UPLOAD_PIECE => {}
-                        Ok(()) => return,
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(e));
-                            return;
-                        }
-                    }
-                }
-            })
-            .context("starting the upload reader thread")?;
+        let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE)?;
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|piece| (piece, rx))
         });
@@ -1072,6 +1034,57 @@ fn read_json(resp: Response) -> Result<J> {
     parse_json(&b)
 }
 
+/// Reads `body` on its own thread into pieces of `piece` bytes (the last one shorter),
+/// at most [`UPLOAD_QUEUE`] ahead of the receiver. A read error is passed on as the last
+/// item, so the request fails instead of ending short; the thread also stops when the
+/// receiver is dropped.
+fn read_in_pieces(
+    mut body: Box<dyn Read + Send>,
+    piece: usize,
+) -> Result<(
+    std::thread::JoinHandle<()>,
+    tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
+)> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<bytes::Bytes>>(UPLOAD_QUEUE);
+    let handle = std::thread::Builder::new()
+        .name("cairn-upload".into())
+        .spawn(move || {
+            loop {
+                let mut buf = vec![0u8; piece];
+                let mut n = 0;
+                let res = loop {
+                    match body.read(&mut buf[n..]) {
+                        Ok(0) => break Ok(()),
+                        Ok(k) => {
+                            n += k;
+                            if n == buf.len() {
+                                break Ok(());
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => break Err(e),
+                    }
+                };
+                if n > 0 {
+                    buf.truncate(n);
+                    if tx.blocking_send(Ok(buf.into())).is_err() {
+                        return;
+                    }
+                }
+                match res {
+                    Ok(()) if n == piece => {}
+                    Ok(()) => return,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                }
+            }
+        })
+        .context("starting the upload reader thread")?;
+    Ok((handle, rx))
+}
+
 /// The node's JSON answer.
 fn parse_json(b: &[u8]) -> Result<J> {
     if b.len() as u64 > JSON_LIMIT {
@@ -1196,4 +1209,86 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
         },
     };
     e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gives `data`, then `error` (when set), in reads of at most `step` bytes, with an
+    /// `Interrupted` before every other read.
+    struct Feeder {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+        error: bool,
+        interrupt: bool,
+    }
+
+    impl Read for Feeder {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.interrupt = !self.interrupt;
+            if self.interrupt {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            if self.at == self.data.len() {
+                return if self.error {
+                    Err(io::Error::other("disk went away"))
+                } else {
+                    Ok(0)
+                };
+            }
+            let n = buf.len().min(self.step).min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    fn pieces(len: usize, piece: usize, error: bool) -> Vec<io::Result<bytes::Bytes>> {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let feeder = Feeder {
+            data,
+            at: 0,
+            step: 3000,
+            error,
+            interrupt: false,
+        };
+        let (handle, mut rx) = read_in_pieces(Box::new(feeder), piece).unwrap();
+        let mut out = Vec::new();
+        while let Some(p) = rx.blocking_recv() {
+            out.push(p);
+        }
+        handle.join().unwrap();
+        out
+    }
+
+    #[test]
+    fn upload_pieces_are_full_but_the_last_and_add_up() {
+        for (len, want) in [
+            (0, vec![]),
+            (5000, vec![5000]),
+            (10_000, vec![8192, 1808]),
+            (16_384, vec![8192, 8192]),
+        ] {
+            let got: Vec<usize> = pieces(len, 8192, false)
+                .into_iter()
+                .map(|p| p.unwrap().len())
+                .collect();
+            assert_eq!(got, want, "len {len}");
+        }
+        let got = pieces(20_000, 8192, false);
+        let bytes: Vec<u8> = got.into_iter().flat_map(|p| p.unwrap().to_vec()).collect();
+        let want: Vec<u8> = (0..20_000).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(bytes, want);
+    }
+
+    #[test]
+    fn a_read_error_ends_the_upload_with_that_error() {
+        let got = pieces(20_000, 8192, true);
+        let (last, ok) = got.split_last().unwrap();
+        assert!(last.is_err(), "the error is passed on");
+        let n: usize = ok.iter().map(|p| p.as_ref().unwrap().len()).sum();
+        assert_eq!(n, 20_000, "every byte read before the error is sent");
+    }
 }
