@@ -288,8 +288,7 @@ impl fmt::Debug for BodyKey {
 const NONCE_LEN: usize = 24;
 
 /// A capsule's body cipher with its key schedule and associated data set up once, for
-/// sealing or opening many bodies of one capsule ([`seal`] and [`open`] set them up per
-/// call).
+/// sealing or opening many bodies of one capsule.
 pub struct BodyCrypto {
     cipher: BodyCipher,
     aead: Option<XChaCha20Poly1305>,
@@ -345,7 +344,7 @@ impl BodyCrypto {
         }
     }
 
-    /// Opens what [`BodyCrypto::seal`] (or [`seal`]) produced; a wrong key, a wrong
+    /// Opens what [`BodyCrypto::seal`] produced; a wrong key, a wrong
     /// capsule or any changed byte is an error.
     pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>> {
         match self.cipher {
@@ -369,27 +368,6 @@ impl BodyCrypto {
             }
         }
     }
-}
-
-/// Seals `plaintext` for `capsule` under `cipher` (see [`BodyCrypto::seal`]).
-pub fn seal(
-    cipher: BodyCipher,
-    key: Option<&BodyKey>,
-    capsule: &CapsuleName,
-    plaintext: &[u8],
-) -> Result<Vec<u8>> {
-    BodyCrypto::new(cipher, key, capsule).seal(plaintext)
-}
-
-/// Opens what [`seal`] produced; a wrong key, a wrong capsule or any changed byte is an
-/// error (see [`BodyCrypto::open`]).
-pub fn open(
-    cipher: BodyCipher,
-    key: Option<&BodyKey>,
-    capsule: &CapsuleName,
-    sealed: &[u8],
-) -> Result<Vec<u8>> {
-    BodyCrypto::new(cipher, key, capsule).open(sealed)
 }
 
 #[cfg(test)]
@@ -427,17 +405,24 @@ mod tests {
     fn seal_open() {
         let c = capsule();
         let k = BodyKey::generate().unwrap();
-        let s = seal(BodyCipher::XChaCha20Poly1305, Some(&k), &c, b"secret").unwrap();
+        let x = BodyCipher::XChaCha20Poly1305;
+        let s = BodyCrypto::new(x, Some(&k), &c).seal(b"secret").unwrap();
         assert_eq!(
-            open(BodyCipher::XChaCha20Poly1305, Some(&k), &c, &s).unwrap(),
+            BodyCrypto::new(x, Some(&k), &c).open(&s).unwrap(),
             b"secret"
         );
         let other = CapsuleName(HashAlgo::Blake3.digest(b"x"));
-        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k), &other, &s).is_err());
+        assert!(BodyCrypto::new(x, Some(&k), &other).open(&s).is_err());
         let k2 = BodyKey::generate().unwrap();
-        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k2), &c, &s).is_err());
+        assert!(BodyCrypto::new(x, Some(&k2), &c).open(&s).is_err());
         let mut bad = s.clone();
         bad[30] ^= 1;
-        assert!(open(BodyCipher::XChaCha20Poly1305, Some(&k), &c, &bad).is_err());
+        assert!(BodyCrypto::new(x, Some(&k), &c).open(&bad).is_err());
+        // Without the key: a clear error, for sealing and for opening.
+        assert!(BodyCrypto::new(x, None, &c).seal(b"secret").is_err());
+        assert!(BodyCrypto::new(x, None, &c).open(&s).is_err());
+        // Plaintext capsules keep the bytes as they are.
+        let p = BodyCrypto::new(BodyCipher::Plaintext, None, &c);
+        assert_eq!(p.open(&p.seal(b"open").unwrap()).unwrap(), b"open");
     }
 }

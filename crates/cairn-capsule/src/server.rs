@@ -876,17 +876,8 @@ impl CapsuleServer {
         name: &RecordName,
         session: Option<SessionId>,
     ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
+        let Record { body, .. } = self.read(capsule, name)?;
         let cap = self.capsule(capsule)?;
-        let (stored, header) = {
-            let cap = cap.lock();
-            let body = cap
-                .dag
-                .node(name)
-                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
-                .body;
-            (body, Self::mem_header(&cap, name)?)
-        };
-        let body = self.read_body(name, stored, &header)?;
         let cap = cap.lock();
         let issued = self.prove_locked(&cap, capsule, name, session)?;
         Ok((body, issued))

@@ -71,13 +71,10 @@ fn scenario(
                 }
             }
         }
-        let sealed = cairn_capsule::record::seal(
-            meta.cipher,
-            Some(&BodyKey([3; 32])),
-            &c,
-            format!("r{i}").as_bytes(),
-        )
-        .unwrap();
+        let sealed =
+            cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c)
+                .seal(format!("r{i}").as_bytes())
+                .unwrap();
         let r = Record::new(c, sealed, bp);
         let name = r.name();
         tips[br] = Some(name);
