@@ -561,6 +561,45 @@ fn encrypted_round_trip_tampering_and_truncation() {
     u.fails(srv, &["get", "clear", "--decrypt"], 6);
 }
 
+/// An unsigned upload of unknown length (stdin into an open bucket) goes out chunked, in
+/// pieces (several full ones and a short last one), and reads back byte for byte; an empty
+/// stdin stores an empty blob.
+#[test]
+fn chunked_upload_from_stdin_to_an_open_bucket() {
+    let server = Server::start();
+    let srv = Some(server.base.as_str());
+    let created = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/buckets", server.base))
+        .header("content-type", "application/json")
+        .body(r#"{"name":"pub"}"#)
+        .send()
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    let u = User::new();
+    for (key, data) in [
+        ("piped", pseudo_random((5 << 18) + 12_345, 7)),
+        ("empty", Vec::new()),
+    ] {
+        let mut child = u
+            .command(srv, &["--bucket", "pub", "put", key, "--type", "blob"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&data).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "put {key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let back = u.run(srv, &["--bucket", "pub", "get", key]);
+        assert!(back.status.success());
+        assert!(back.stdout == data, "{key} reads back as written");
+    }
+}
+
 fn max_child_rss_kib() -> i64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a rusage struct into the pointer it is given.
