@@ -1050,30 +1050,16 @@ fn read_in_pieces(
         .name("cairn-upload".into())
         .spawn(move || {
             loop {
-                let mut buf = vec![0u8; piece];
-                let mut n = 0;
-                let res = loop {
-                    match body.read(&mut buf[n..]) {
-                        Ok(0) => break Ok(()),
-                        Ok(k) => {
-                            n += k;
-                            if n == buf.len() {
-                                break Ok(());
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => break Err(e),
-                    }
-                };
-                if n > 0 {
-                    buf.truncate(n);
-                    if tx.blocking_send(Ok(buf.into())).is_err() {
-                        return;
-                    }
+                let mut buf = Vec::with_capacity(piece);
+                // `read_to_end` retries `Interrupted` and keeps what it read before an error.
+                let res = (&mut body).take(piece as u64).read_to_end(&mut buf);
+                let n = buf.len();
+                if n > 0 && tx.blocking_send(Ok(buf.into())).is_err() {
+                    return;
                 }
                 match res {
-                    Ok(()) if n == piece => {}
-                    Ok(()) => return,
+                    Ok(_) if n == piece => {}
+                    Ok(_) => return,
                     Err(e) => {
                         let _ = tx.blocking_send(Err(e));
                         return;
