@@ -1158,12 +1158,24 @@ impl CapsuleServer {
             None => None,
         };
         let mut guard = sess.as_ref().map(|s| s.lock());
-        let nodes = merkle::inclusion_nodes(algo, index, count, &leaf, &full);
-        let cut = guard.as_ref().and_then(|s| {
-            nodes
-                .iter()
-                .position(|d| s.mirror.contains(&Hash::new(algo, *d)))
-        });
+        // Within a session, walk up from the leaf only as far as the first node the mirror
+        // holds: those nodes are what the proof verifies (and the mirror takes in). Without
+        // a session nothing is cut and nothing is inserted.
+        let mut nodes: Vec<Hash> = Vec::new();
+        let cut = match guard.as_ref() {
+            None => None,
+            Some(s) => {
+                let walk = merkle::inclusion_walk(algo, index, count, &leaf, &full, |d| {
+                    let h = Hash::new(algo, *d);
+                    nodes.push(h);
+                    s.mirror.contains(&h)
+                })?;
+                match walk {
+                    merkle::Walk::Stopped { steps, .. } => Some(steps),
+                    merkle::Walk::Root(_) => None,
+                }
+            }
+        };
         let (path, record_proof, mut inserts) = match cut {
             Some(steps) => (full[..steps].to_vec(), None, Vec::new()),
             None => {
@@ -1172,10 +1184,7 @@ impl CapsuleServer {
                 (full.clone(), Some(rp), names)
             }
         };
-        let mut node_inserts: Vec<Hash> = nodes[..=cut.unwrap_or(nodes.len() - 1)]
-            .iter()
-            .map(|d| Hash::new(algo, *d))
-            .collect();
+        let mut node_inserts = nodes;
         node_inserts.append(&mut inserts);
         let proof = SubrecordProof {
             index,
