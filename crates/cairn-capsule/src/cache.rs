@@ -109,9 +109,15 @@ impl MirrorMode {
 }
 
 /// A bounded set of verified names with a deterministic eviction order.
+///
+/// Memory grows with the names actually held, not with the policy's capacity: a session
+/// that asks for a large cache and verifies little costs little (a server mirrors one per
+/// reader session, so a preallocated table per session would let idle sessions pin
+/// memory and would zero pages no name ever uses).
 pub struct VerificationCache {
     policy: CachePolicy,
-    lru: Option<LruCache<Hash, ()>>,
+    /// The names, with the capacity the policy allows.
+    lru: Option<(LruCache<Hash, ()>, NonZeroUsize)>,
 }
 
 impl VerificationCache {
@@ -128,7 +134,7 @@ impl VerificationCache {
                 }
                 let cap = NonZeroUsize::new(capacity as usize)
                     .ok_or_else(|| Error::invalid("cache capacity must be at least 1"))?;
-                Some(LruCache::new(cap))
+                Some((LruCache::unbounded(), cap))
             }
         };
         Ok(VerificationCache { policy, lru })
@@ -141,21 +147,24 @@ impl VerificationCache {
 
     /// Whether `name` is cached. Does not change the eviction order.
     pub fn contains(&self, name: &Hash) -> bool {
-        self.lru.as_ref().is_some_and(|l| l.contains(name))
+        self.lru.as_ref().is_some_and(|(l, _)| l.contains(name))
     }
 
     /// Inserts `names` in order (each becomes the most recent).
     pub fn insert_all<'a>(&mut self, names: impl IntoIterator<Item = &'a Hash>) {
-        if let Some(l) = self.lru.as_mut() {
+        if let Some((l, cap)) = self.lru.as_mut() {
             for n in names {
                 l.put(*n, ());
+                if l.len() > cap.get() {
+                    l.pop_lru();
+                }
             }
         }
     }
 
     /// Number of names held.
     pub fn len(&self) -> usize {
-        self.lru.as_ref().map_or(0, |l| l.len())
+        self.lru.as_ref().map_or(0, |(l, _)| l.len())
     }
 
     /// Whether the cache is empty.
@@ -168,7 +177,7 @@ impl VerificationCache {
     /// mirror in a new session).
     pub fn names(&self) -> Vec<Hash> {
         match &self.lru {
-            Some(l) => l.iter().rev().map(|(k, _)| *k).collect(),
+            Some((l, _)) => l.iter().rev().map(|(k, _)| *k).collect(),
             None => Vec::new(),
         }
     }
@@ -199,5 +208,24 @@ mod tests {
         c.insert_all(&a.names());
         assert_eq!(c.names(), a.names());
         assert!(!a.contains(&h(0)) && a.contains(&h(9)));
+    }
+
+    proptest::proptest! {
+        /// The cache behaves as a least-recently-inserted list of at most `capacity` names.
+        #[test]
+        fn matches_a_list_model(cap in 1u32..8, ops in proptest::collection::vec(0u32..12, 0..64)) {
+            let mut c = VerificationCache::new(CachePolicy::Lru { capacity: cap }).unwrap();
+            let mut model: Vec<Hash> = Vec::new();
+            for i in ops {
+                c.insert_all(&[h(i)]);
+                model.retain(|n| *n != h(i));
+                model.push(h(i));
+                if model.len() > cap as usize {
+                    model.remove(0);
+                }
+                proptest::prop_assert_eq!(c.names(), model.clone());
+                proptest::prop_assert_eq!(c.len(), model.len());
+            }
+        }
     }
 }
