@@ -267,17 +267,24 @@ const PREALLOC: u64 = 1 << 20;
 
 /// The cid → location index, sharded to keep readers and the writer off each other.
 struct Index {
-    shards: Vec<RwLock<HashMap<Cid, Loc>>>,
+    shards: Vec<RwLock<ChunkMap>>,
 }
+
+/// One index shard. Keyed by foldhash with a per-process random seed: cheaper than
+/// std's SipHash per lookup (every leaf of a streamed blob is one lookup), still keyed, so
+/// a writer who grinds contents for colliding cids cannot aim at this process's buckets.
+type ChunkMap = HashMap<Cid, Loc, foldhash::fast::RandomState>;
 
 impl Index {
     fn new() -> Self {
         Index {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| RwLock::new(ChunkMap::default()))
+                .collect(),
         }
     }
 
-    fn shard(&self, cid: &Cid) -> &RwLock<HashMap<Cid, Loc>> {
+    fn shard(&self, cid: &Cid) -> &RwLock<ChunkMap> {
         &self.shards[cid.digest()[31] as usize % SHARDS]
     }
 
@@ -992,9 +999,8 @@ impl LogStore {
                 };
             }
         }
-        let mut frame = vec![0u8; total as usize];
-        match seg.file.read_exact_at(&mut frame, loc.off) {
-            Ok(()) => Ok(frame),
+        match seg.read_at(total as usize, loc.off) {
+            Ok(frame) => Ok(frame),
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(Error::corrupt(format!(
                 "{} ends inside the record at offset {}",
                 seg.path.display(),
@@ -1426,9 +1432,8 @@ impl ChunkStore for LogStore {
                 .is_some_and(|s| end <= s.flushed.load(Ordering::Acquire));
             match seg {
                 Some(seg) if readable && j > i + 1 => {
-                    let mut run = vec![0u8; (end - first.off) as usize];
-                    match seg.file.read_exact_at(&mut run, first.off) {
-                        Ok(()) => {
+                    match seg.read_at((end - first.off) as usize, first.off) {
+                        Ok(run) => {
                             let run = Bytes::from(run);
                             for k in i..j {
                                 let Some(l) = locs[k] else { continue };

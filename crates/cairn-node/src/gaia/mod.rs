@@ -49,7 +49,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use cairn_capsule::Bucket;
 use cairn_object::db::DEFAULT_BRANCH;
-use cairn_object::postree::BlobReader;
 use cairn_object::{At, NewValue, PutOptions, Target, Uid, Value, ValueType};
 use parking_lot::Mutex;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -60,9 +59,6 @@ use auth::{AuthError, AuthSettings, Verified};
 /// The key holding a bucket's revocation time (seconds since the epoch): it starts with a
 /// NUL byte, which Gaia paths may not contain, so it never collides with a file.
 pub const REVOCATION_KEY: &[u8] = b"\0gaia/oldest-valid-token";
-
-/// Bytes per read when streaming a file out.
-const READ_CHUNK: usize = 256 << 10;
 
 /// Gaia hub settings (the `[gaia]` table of the config file). The names follow the hub's
 /// `config.json` keys in snake case.
@@ -1334,60 +1330,30 @@ async fn read(
             .inc_by(found.len);
         match found.body {
             FoundBody::Inline(bytes) => Body::from(bytes),
-            FoundBody::Blob(bucket, tree) => stream_blob(bucket, tree),
+            FoundBody::Blob(bucket, tree) => stream_blob(&hub, bucket, tree),
         }
     };
     b.body(body)
         .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())
 }
 
-/// Streams a Blob tree leaf by leaf from a blocking task through a small channel, so a
-/// read holds a few chunks in memory whatever the file's size. A client that goes away
-/// closes the channel, which ends the task.
-fn stream_blob(bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
-    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut r = BlobReader::new(bucket.db().chunks(), &tree);
-        loop {
-            // A leaf is ~4 KiB: fill a whole frame from as many leaves as it takes, so the
-            // channel, the executor and the socket see one message per READ_CHUNK bytes.
-            let mut buf = vec![0u8; READ_CHUNK];
-            let mut filled = 0;
-            let item = loop {
-                match r.read(&mut buf[filled..]) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => {
-                        filled += n;
-                        if filled == buf.len() {
-                            break Ok(());
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
-                }
-            };
-            let item = match item {
-                Ok(()) if filled == 0 => return,
-                Ok(()) => {
-                    buf.truncate(filled);
-                    Ok(Bytes::from(buf))
-                }
-                Err(e) => Err(e),
-            };
-            let stop = item.is_err();
-            if tx.blocking_send(item).is_err() || stop {
-                return;
-            }
-        }
-    });
-    Body::from_stream(tokio_stream_from(rx))
-}
-
-/// A receiver as a stream of body frames.
-fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
-) -> impl futures_util::Stream<Item = io::Result<Bytes>> {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// Streams a Blob tree from a blocking task through a small channel
+/// ([`crate::native::body::produce_as`]), fetching and verifying leaves on a few threads
+/// ([`cairn_object::postree::copy_blob`]), so a read holds a few windows in memory
+/// whatever the file's size. A client that goes away closes the channel, which ends the
+/// task.
+fn stream_blob(hub: &Hub, bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
+    crate::native::body::produce_as(hub.node.clone(), None, move |w| {
+        cairn_object::postree::copy_blob(
+            bucket.db().chunks(),
+            &tree,
+            0,
+            tree.count,
+            crate::native::values::read_workers(),
+            w,
+        )
+        .map(|_| ())
+    })
 }
 
 #[cfg(test)]

@@ -294,6 +294,8 @@ pub struct ChannelWriter {
     tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
     buf: BytesMut,
     node: Arc<Node>,
+    /// The `bytes_read` label the sent bytes count under (`None`: the caller counts).
+    label: Option<&'static str>,
 }
 
 impl ChannelWriter {
@@ -302,15 +304,20 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = self.buf.split().freeze();
+        // The split left no room: take a whole chunk's worth now, not by doubling (each
+        // doubling copied what was buffered).
+        self.buf.reserve(OUT_CHUNK);
         let n = chunk.len() as u64;
         self.tx
             .blocking_send(Ok(chunk))
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))?;
-        self.node
-            .metrics
-            .bytes_read
-            .with_label_values(&["native"])
-            .inc_by(n);
+        if let Some(label) = self.label {
+            self.node
+                .metrics
+                .bytes_read
+                .with_label_values(&[label])
+                .inc_by(n);
+        }
         Ok(())
     }
 }
@@ -339,19 +346,29 @@ pub fn produce<F>(node: Arc<Node>, f: F) -> Body
 where
     F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
 {
+    produce_as(node, Some("native"), f)
+}
+
+/// [`produce`], counting the bytes sent under the `bytes_read` label `label` (`None`: not
+/// counted here).
+pub fn produce_as<F>(node: Arc<Node>, label: Option<&'static str>, f: F) -> Body
+where
+    F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
+{
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(OUT_QUEUE);
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter {
             tx: tx.clone(),
             buf: BytesMut::with_capacity(OUT_CHUNK),
             node,
+            label,
         };
         let result = f(&mut w).and_then(|()| {
             w.send()
                 .map_err(|e| cairn_core::Error::io("sending the response", e))
         });
         if let Err(e) = result {
-            tracing::warn!(error = %e, "native API response cut short");
+            tracing::warn!(error = %e, "response cut short");
             let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
         }
     });

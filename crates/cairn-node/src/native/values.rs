@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use cairn_core::{Error, Result};
-use cairn_object::postree::{self, BlobReader};
+use cairn_object::postree;
 use cairn_object::{Db, NewValue, Value, ValueType};
 use serde_json::Value as Json;
 
@@ -171,9 +171,16 @@ pub fn write_blob_range(
         .tree()
         .filter(|t| t.kind == postree::TreeKind::Blob)
         .ok_or_else(|| Error::TypeMismatch(format!("a {} is not a blob", v.value_type())))?;
-    let mut r = BlobReader::range(db.chunks(), t, offset, len);
-    std::io::copy(&mut r, w).map_err(io)?;
+    postree::copy_blob(db.chunks(), t, offset, len, read_workers(), w)?;
     Ok(())
+}
+
+/// Threads a blob read fetches and verifies leaves on: the cores, up to
+/// [`postree::COPY_BLOB_MAX_WORKERS`].
+pub fn read_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(postree::COPY_BLOB_MAX_WORKERS)
 }
 
 /// Writes a value in its text form.

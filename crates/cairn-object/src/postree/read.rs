@@ -9,7 +9,7 @@ use cairn_core::{Error, Result};
 use cairn_store::ChunkStore;
 
 use super::cursor::{ElemCursor, NodeCursor};
-use super::node::{blob_leaf_from_chunk, corrupt_err, load_blob_leaf};
+use super::node::{Entry, blob_leaf_from_chunk, corrupt_err, load_blob_leaf};
 use super::{TreeKind, TreeRef, expect_kind};
 
 /// Reads `len` bytes of a Blob tree from `offset` (fewer at the end of the blob). An
@@ -166,6 +166,170 @@ impl<'a> BlobReader<'a> {
         self.next_start = at;
         Ok(())
     }
+}
+
+/// Most threads [`copy_blob`] fetches and verifies windows of leaves on.
+pub const COPY_BLOB_MAX_WORKERS: usize = 4;
+/// Leaves in one [`copy_blob`] window.
+const COPY_WINDOW_LEAVES: usize = 256;
+/// Bytes of leaves in one [`copy_blob`] window (the store reads neighbours up to 1 MiB
+/// with one request).
+const COPY_WINDOW_BYTES: u64 = 1 << 20;
+
+/// Writes `len` bytes of a Blob tree from `offset` (clamped to the blob) to `out`, with
+/// `workers` threads (at most [`COPY_BLOB_MAX_WORKERS`]) each fetching and verifying whole
+/// windows of leaves (up to 1 MiB, one [`ChunkStore::get_many`]) while the calling
+/// thread walks the tree and writes finished windows in order. A cold read then keeps the
+/// disk and several cores busy at once instead of alternating one read and one hash;
+/// memory stays bounded (two windows in flight per worker). Every leaf is verified
+/// against its cid before a byte of it is written. Returns the bytes written.
+pub fn copy_blob(
+    store: &dyn ChunkStore,
+    t: &TreeRef,
+    offset: u64,
+    len: u64,
+    workers: usize,
+    out: &mut dyn io::Write,
+) -> Result<u64> {
+    use std::sync::mpsc;
+
+    expect_kind(t, &[TreeKind::Blob], "copy_blob")?;
+    let start = offset.min(t.count);
+    let end = start.saturating_add(len).min(t.count);
+    if start == end {
+        return Ok(0);
+    }
+    // A slice of a couple of windows gains nothing from threads.
+    let workers = if end - start <= 2 * COPY_WINDOW_BYTES {
+        1
+    } else {
+        workers.clamp(1, COPY_BLOB_MAX_WORKERS)
+    };
+    let write_err = |e: io::Error| Error::io("writing a blob", e);
+    let mut cursor = NodeCursor::new(store, t, 0);
+    // Blob offset of the next leaf the cursor yields.
+    let mut next_leaf = cursor.seek(start, false)?;
+    // Takes the cursor's next window: its leaves and where the first one starts.
+    let mut take_window = |cursor: &mut NodeCursor<'_>| -> Result<Option<(u64, Vec<Entry>)>> {
+        let from = next_leaf;
+        let mut entries = Vec::new();
+        while entries.len() < COPY_WINDOW_LEAVES
+            && next_leaf - from < COPY_WINDOW_BYTES
+            && next_leaf < end
+        {
+            match cursor.next()? {
+                Some(e) => {
+                    next_leaf = next_leaf.saturating_add(e.count);
+                    entries.push(e);
+                }
+                None => break,
+            }
+        }
+        Ok((!entries.is_empty()).then_some((from, entries)))
+    };
+    let fetch = |entries: &[Entry]| -> Result<Vec<Bytes>> {
+        let cids: Vec<_> = entries.iter().map(|e| e.cid).collect();
+        let chunks = store.get_many(&cids)?;
+        if chunks.len() != entries.len() {
+            return Err(Error::corrupt(format!(
+                "the store returned {} chunks for {} cids",
+                chunks.len(),
+                entries.len()
+            )));
+        }
+        entries
+            .iter()
+            .zip(chunks)
+            .map(|(e, c)| blob_leaf_from_chunk(&e.cid, c, e.count))
+            .collect()
+    };
+    // Writes a window's leaves, trimmed to start..end; returns the bytes written.
+    let emit = |from: u64, leaves: Vec<Bytes>, out: &mut dyn io::Write| -> Result<u64> {
+        let mut at = from;
+        let mut n = 0u64;
+        for leaf in leaves {
+            let leaf_end = at + leaf.len() as u64;
+            if leaf.is_empty() || leaf_end <= start || at >= end {
+                if leaf.is_empty() {
+                    return Err(corrupt_err(&t.root, "empty blob leaf"));
+                }
+                at = leaf_end;
+                continue;
+            }
+            let s = (start.max(at) - at) as usize;
+            let x = (end.min(leaf_end) - at) as usize;
+            out.write_all(&leaf[s..x]).map_err(write_err)?;
+            n += (x - s) as u64;
+            at = leaf_end;
+        }
+        Ok(n)
+    };
+
+    let mut written = 0u64;
+    if workers == 1 {
+        while let Some((from, entries)) = take_window(&mut cursor)? {
+            written += emit(from, fetch(&entries)?, out)?;
+        }
+    } else {
+        std::thread::scope(|scope| -> Result<()> {
+            // Window k goes to worker k % workers; each worker answers in order, so window
+            // k's answer is the next one on that worker's channel.
+            let mut jobs = Vec::with_capacity(workers);
+            let mut results = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let (job_tx, job_rx) = mpsc::channel::<Vec<Entry>>();
+                let (res_tx, res_rx) = mpsc::channel::<Result<Vec<Bytes>>>();
+                let fetch = &fetch;
+                scope.spawn(move || {
+                    for entries in job_rx {
+                        if res_tx.send(fetch(&entries)).is_err() {
+                            return;
+                        }
+                    }
+                });
+                jobs.push(job_tx);
+                results.push(res_rx);
+            }
+            let mut starts = VecDeque::new();
+            let (mut sent, mut done) = (0usize, 0usize);
+            let mut more = true;
+            loop {
+                while more && sent - done < 2 * workers {
+                    match take_window(&mut cursor)? {
+                        Some((from, entries)) => {
+                            starts.push_back(from);
+                            jobs[sent % workers].send(entries).map_err(|_| {
+                                Error::io(
+                                    "reading a blob",
+                                    io::Error::other("a reader thread stopped"),
+                                )
+                            })?;
+                            sent += 1;
+                        }
+                        None => more = false,
+                    }
+                }
+                let Some(from) = starts.pop_front() else {
+                    break;
+                };
+                let leaves = results[done % workers].recv().map_err(|_| {
+                    Error::io(
+                        "reading a blob",
+                        io::Error::other("a reader thread stopped"),
+                    )
+                })??;
+                done += 1;
+                written += emit(from, leaves, out)?;
+            }
+            // Dropping the job senders ends the workers.
+            drop(jobs);
+            Ok(())
+        })?;
+    }
+    if written != end - start {
+        return Err(corrupt_err(&t.root, "blob tree ends before its count"));
+    }
+    Ok(written)
 }
 
 impl Read for BlobReader<'_> {

@@ -26,6 +26,12 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
+    /// Reads exactly `len` bytes at `off` into a new buffer, without first zeroing it (the
+    /// zeroing cost about 8% of a node's CPU streaming a blob from the page cache). Errors as [`std::os::unix::fs::FileExt::read_exact_at`] does.
+    pub fn read_at(&self, len: usize, off: u64) -> std::io::Result<Vec<u8>> {
+        read_exact_at_uninit(&self.file, len, off)
+    }
+
     /// Creates segment `id` with its header, durably (file and directory entry synced),
     /// so that data appended to it later can be made durable with `fdatasync` alone.
     pub fn create(dir: &Path, id: u32, algo: HashAlgo) -> Result<Arc<Segment>> {
@@ -585,4 +591,48 @@ pub(crate) fn all_zeros(file: &File, path: &Path, from: u64, to: u64) -> Result<
         off += n as u64;
     }
     Ok(true)
+}
+
+/// `pread`s exactly `len` bytes at `off` into a new buffer whose bytes are never read
+/// before the kernel has written them.
+fn read_exact_at_uninit(file: &File, len: usize, off: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind};
+    use std::os::fd::AsRawFd;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    let mut done = 0usize;
+    while done < len {
+        let at = off
+            .checked_add(done as u64)
+            .and_then(|a| libc::off_t::try_from(a).ok())
+            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "read offset out of range"))?;
+        // SAFETY: the destination is the buffer's unfilled capacity, `len - done` bytes
+        // starting `done` bytes in; pread writes at most that many bytes there and reads
+        // none, and `file` keeps the descriptor open for the call.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().add(done).cast(),
+                len - done,
+                at,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => {
+                return Err(Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "failed to fill whole buffer",
+                ));
+            }
+            _ => {
+                let e = Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: the first `len` bytes were all written by pread above.
+    unsafe { buf.set_len(len) };
+    Ok(buf)
 }
