@@ -11,7 +11,7 @@ use cairn_capsule::{
     Bucket, CapsuleMetadata, CapsuleName, CapsuleServer, ServerOptions, VersionProof,
 };
 use cairn_core::{Error, HashAlgo};
-use cairn_object::postree::{self, BlobReader};
+use cairn_object::postree;
 use cairn_object::{
     At, BuiltinResolver, DEFAULT_BRANCH, DEFAULT_BUCKET, Db, Diff, MergeOutcome, PutOptions,
     Target, Uid, Value, ValueType,
@@ -796,23 +796,11 @@ pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
         Value::Tree(t) => match v.value_type() {
             ValueType::Blob => {
                 let pb = progress_bar(Some(t.count), "get");
-                let mut r = pb.wrap_read(BlobReader::new(db.chunks(), t));
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = match r.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            return Err(match e.into_inner().map(|i| i.downcast::<Error>()) {
-                                Some(Ok(err)) => anyhow::Error::from(*err),
-                                Some(Err(other)) => anyhow::anyhow!("reading the blob: {other}"),
-                                None => anyhow::anyhow!("reading the blob failed"),
-                            });
-                        }
-                    };
-                    sink.write_all(&buf[..n]).context("writing the output")?;
-                }
+                let workers = std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .min(postree::COPY_BLOB_MAX_WORKERS);
+                let mut out = pb.wrap_write(&mut *sink);
+                postree::copy_blob(db.chunks(), t, 0, t.count, workers, &mut out)?;
                 pb.finish_and_clear();
             }
             ty => {
