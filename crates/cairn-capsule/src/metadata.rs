@@ -47,9 +47,15 @@ pub enum BodyCipher {
     /// Bodies are stored as written (public data; integrity still holds).
     Plaintext,
     /// XChaCha20-Poly1305 with a random 24-byte nonce per body and the capsule name as
-    /// associated data. The default.
-    #[default]
+    /// associated data.
     XChaCha20Poly1305,
+    /// AES-256-GCM-SIV (RFC 8452) with a random 12-byte nonce per body and the capsule name
+    /// as associated data. The default: nonce-misuse resistant (two bodies sealed under a
+    /// repeated nonce reveal only whether they are equal), and with AES instructions
+    /// several times faster than XChaCha20-Poly1305 on the small bodies capsules often
+    /// hold (`docs/benchmarks.md`).
+    #[default]
+    Aes256GcmSiv,
 }
 
 impl BodyCipher {
@@ -57,6 +63,7 @@ impl BodyCipher {
         match self {
             BodyCipher::Plaintext => 0,
             BodyCipher::XChaCha20Poly1305 => 1,
+            BodyCipher::Aes256GcmSiv => 2,
         }
     }
 
@@ -64,6 +71,7 @@ impl BodyCipher {
         match c {
             0 => Ok(BodyCipher::Plaintext),
             1 => Ok(BodyCipher::XChaCha20Poly1305),
+            2 => Ok(BodyCipher::Aes256GcmSiv),
             other => Err(Error::decode(format!("unknown body cipher {other}"))),
         }
     }

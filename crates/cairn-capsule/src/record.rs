@@ -14,6 +14,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use aes_gcm_siv::Aes256GcmSiv;
 use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, Result};
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -285,15 +286,46 @@ impl fmt::Debug for BodyKey {
     }
 }
 
-const NONCE_LEN: usize = 24;
-
 /// A capsule's body cipher with its key schedule and associated data set up once, for
 /// sealing or opening many bodies of one capsule.
 pub struct BodyCrypto {
     cipher: BodyCipher,
-    aead: Option<XChaCha20Poly1305>,
+    aead: Option<BodyAead>,
     aad: Vec<u8>,
 }
+
+/// The keyed AEAD of a sealing cipher.
+enum BodyAead {
+    XChaCha(Box<XChaCha20Poly1305>),
+    GcmSiv(Box<Aes256GcmSiv>),
+}
+
+impl BodyAead {
+    /// Nonce length of the cipher.
+    fn nonce_len(&self) -> usize {
+        match self {
+            BodyAead::XChaCha(_) => 24,
+            BodyAead::GcmSiv(_) => 12,
+        }
+    }
+
+    fn encrypt(&self, nonce: &[u8], p: Payload<'_, '_>) -> Option<Vec<u8>> {
+        match self {
+            BodyAead::XChaCha(a) => a.encrypt(XNonce::from_slice(nonce), p).ok(),
+            BodyAead::GcmSiv(a) => a.encrypt(aes_gcm_siv::Nonce::from_slice(nonce), p).ok(),
+        }
+    }
+
+    fn decrypt(&self, nonce: &[u8], p: Payload<'_, '_>) -> Option<Vec<u8>> {
+        match self {
+            BodyAead::XChaCha(a) => a.decrypt(XNonce::from_slice(nonce), p).ok(),
+            BodyAead::GcmSiv(a) => a.decrypt(aes_gcm_siv::Nonce::from_slice(nonce), p).ok(),
+        }
+    }
+}
+
+/// Length of the AEAD tag both sealing ciphers append.
+const TAG_LEN: usize = 16;
 
 impl BodyCrypto {
     /// The cipher `cipher` of `capsule` under `key` (`None` for a reader or writer without
@@ -301,7 +333,12 @@ impl BodyCrypto {
     pub fn new(cipher: BodyCipher, key: Option<&BodyKey>, capsule: &CapsuleName) -> Self {
         let aead = match cipher {
             BodyCipher::Plaintext => None,
-            BodyCipher::XChaCha20Poly1305 => key.map(|k| XChaCha20Poly1305::new((&k.0).into())),
+            BodyCipher::XChaCha20Poly1305 => {
+                key.map(|k| BodyAead::XChaCha(Box::new(XChaCha20Poly1305::new((&k.0).into()))))
+            }
+            BodyCipher::Aes256GcmSiv => {
+                key.map(|k| BodyAead::GcmSiv(Box::new(Aes256GcmSiv::new((&k.0).into()))))
+            }
         };
         BodyCrypto {
             cipher,
@@ -310,63 +347,58 @@ impl BodyCrypto {
         }
     }
 
-    fn aead(&self) -> Result<&XChaCha20Poly1305> {
+    fn aead(&self) -> Result<&BodyAead> {
         self.aead
             .as_ref()
             .ok_or_else(|| Error::invalid("this capsule seals bodies: a body key is needed"))
     }
 
-    /// Seals `plaintext`: `nonce ‖ ciphertext ‖ tag` for XChaCha20-Poly1305 (the capsule
-    /// name is associated data, so a body cannot be moved to another capsule), the bytes
-    /// themselves for plaintext capsules.
+    /// Seals `plaintext`: `nonce ‖ ciphertext ‖ tag` for the sealing ciphers, with a fresh
+    /// random nonce (the capsule name is associated data, so a body cannot be moved to
+    /// another capsule); the bytes themselves for plaintext capsules.
     pub fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>> {
-        match self.cipher {
-            BodyCipher::Plaintext => Ok(plaintext.to_vec()),
-            BodyCipher::XChaCha20Poly1305 => {
-                let aead = self.aead()?;
-                let mut nonce = [0u8; NONCE_LEN];
-                getrandom::fill(&mut nonce)
-                    .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
-                let ct = aead
-                    .encrypt(
-                        XNonce::from_slice(&nonce),
-                        Payload {
-                            msg: plaintext,
-                            aad: &self.aad,
-                        },
-                    )
-                    .map_err(|_| Error::invalid("body too large to seal"))?;
-                let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
-                out.extend_from_slice(&nonce);
-                out.extend_from_slice(&ct);
-                Ok(out)
-            }
+        if self.cipher == BodyCipher::Plaintext {
+            return Ok(plaintext.to_vec());
         }
+        let aead = self.aead()?;
+        let mut nonce = [0u8; 24];
+        let nonce = &mut nonce[..aead.nonce_len()];
+        getrandom::fill(nonce)
+            .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
+        let ct = aead
+            .encrypt(
+                nonce,
+                Payload {
+                    msg: plaintext,
+                    aad: &self.aad,
+                },
+            )
+            .ok_or_else(|| Error::invalid("body too large to seal"))?;
+        let mut out = Vec::with_capacity(nonce.len() + ct.len());
+        out.extend_from_slice(nonce);
+        out.extend_from_slice(&ct);
+        Ok(out)
     }
 
     /// Opens what [`BodyCrypto::seal`] produced; a wrong key, a wrong
     /// capsule or any changed byte is an error.
     pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>> {
-        match self.cipher {
-            BodyCipher::Plaintext => Ok(sealed.to_vec()),
-            BodyCipher::XChaCha20Poly1305 => {
-                let aead = self.aead()?;
-                if sealed.len() < NONCE_LEN + 16 {
-                    return Err(Error::Rejected("sealed body is too short".into()));
-                }
-                let (nonce, ct) = sealed.split_at(NONCE_LEN);
-                aead.decrypt(
-                    XNonce::from_slice(nonce),
-                    Payload {
-                        msg: ct,
-                        aad: &self.aad,
-                    },
-                )
-                .map_err(|_| {
-                    Error::Rejected("body does not open with this key for this capsule".into())
-                })
-            }
+        if self.cipher == BodyCipher::Plaintext {
+            return Ok(sealed.to_vec());
         }
+        let aead = self.aead()?;
+        if sealed.len() < aead.nonce_len() + TAG_LEN {
+            return Err(Error::Rejected("sealed body is too short".into()));
+        }
+        let (nonce, ct) = sealed.split_at(aead.nonce_len());
+        aead.decrypt(
+            nonce,
+            Payload {
+                msg: ct,
+                aad: &self.aad,
+            },
+        )
+        .ok_or_else(|| Error::Rejected("body does not open with this key for this capsule".into()))
     }
 }
 
@@ -405,22 +437,48 @@ mod tests {
     fn seal_open() {
         let c = capsule();
         let k = BodyKey::generate().unwrap();
-        let x = BodyCipher::XChaCha20Poly1305;
-        let s = BodyCrypto::new(x, Some(&k), &c).seal(b"secret").unwrap();
-        assert_eq!(
-            BodyCrypto::new(x, Some(&k), &c).open(&s).unwrap(),
-            b"secret"
-        );
-        let other = CapsuleName(HashAlgo::Blake3.digest(b"x"));
-        assert!(BodyCrypto::new(x, Some(&k), &other).open(&s).is_err());
-        let k2 = BodyKey::generate().unwrap();
-        assert!(BodyCrypto::new(x, Some(&k2), &c).open(&s).is_err());
-        let mut bad = s.clone();
-        bad[30] ^= 1;
-        assert!(BodyCrypto::new(x, Some(&k), &c).open(&bad).is_err());
-        // Without the key: a clear error, for sealing and for opening.
-        assert!(BodyCrypto::new(x, None, &c).seal(b"secret").is_err());
-        assert!(BodyCrypto::new(x, None, &c).open(&s).is_err());
+        for (x, nonce_len) in [
+            (BodyCipher::XChaCha20Poly1305, 24),
+            (BodyCipher::Aes256GcmSiv, 12),
+        ] {
+            let s = BodyCrypto::new(x, Some(&k), &c).seal(b"secret").unwrap();
+            assert_eq!(s.len(), nonce_len + 6 + TAG_LEN);
+            assert_eq!(
+                BodyCrypto::new(x, Some(&k), &c).open(&s).unwrap(),
+                b"secret"
+            );
+            // Fresh nonces: sealing the same body twice gives different bytes.
+            assert_ne!(BodyCrypto::new(x, Some(&k), &c).seal(b"secret").unwrap(), s);
+            let other = CapsuleName(HashAlgo::Blake3.digest(b"x"));
+            assert!(BodyCrypto::new(x, Some(&k), &other).open(&s).is_err());
+            let k2 = BodyKey::generate().unwrap();
+            assert!(BodyCrypto::new(x, Some(&k2), &c).open(&s).is_err());
+            // Any flipped byte (nonce, ciphertext or tag) and any cut is refused.
+            for i in 0..s.len() {
+                let mut bad = s.clone();
+                bad[i] ^= 1;
+                assert!(
+                    BodyCrypto::new(x, Some(&k), &c).open(&bad).is_err(),
+                    "byte {i}"
+                );
+            }
+            for n in 0..s.len() {
+                assert!(
+                    BodyCrypto::new(x, Some(&k), &c).open(&s[..n]).is_err(),
+                    "cut {n}"
+                );
+            }
+            // The other cipher does not open it.
+            let y = if x == BodyCipher::Aes256GcmSiv {
+                BodyCipher::XChaCha20Poly1305
+            } else {
+                BodyCipher::Aes256GcmSiv
+            };
+            assert!(BodyCrypto::new(y, Some(&k), &c).open(&s).is_err());
+            // Without the key: a clear error, for sealing and for opening.
+            assert!(BodyCrypto::new(x, None, &c).seal(b"secret").is_err());
+            assert!(BodyCrypto::new(x, None, &c).open(&s).is_err());
+        }
         // Plaintext capsules keep the bytes as they are.
         let p = BodyCrypto::new(BodyCipher::Plaintext, None, &c);
         assert_eq!(p.open(&p.seal(b"open").unwrap()).unwrap(), b"open");

@@ -2040,10 +2040,10 @@ mod tests {
             writers: vec![key(seed).public(), key(seed.wrapping_add(1)).public()],
             description,
             created_ms: seed as u64 * 12345,
-            cipher: if seed.is_multiple_of(2) {
-                BodyCipher::Plaintext
-            } else {
-                BodyCipher::XChaCha20Poly1305
+            cipher: match seed % 3 {
+                0 => BodyCipher::Plaintext,
+                1 => BodyCipher::XChaCha20Poly1305,
+                _ => BodyCipher::Aes256GcmSiv,
             },
             key_distribution: "kds".into(),
             settings,

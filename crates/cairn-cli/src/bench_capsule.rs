@@ -37,8 +37,8 @@ use cairn_capsule::cache::MirrorMode;
 use cairn_capsule::merkle::{self, Digest, MerkleLog};
 use cairn_capsule::wire::{self, RemoteCapsule, Request, Response};
 use cairn_capsule::{
-    Ack, AckKind, BodyKey, CachePolicy, CapsuleDag, CapsuleMetadata, CapsuleName, CapsuleServer,
-    Reader, Record, RecordName, ServerOptions, SessionId,
+    Ack, AckKind, BodyCipher, BodyKey, CachePolicy, CapsuleDag, CapsuleMetadata, CapsuleName,
+    CapsuleServer, Reader, Record, RecordName, ServerOptions, SessionId,
 };
 use cairn_core::{Hash, HashAlgo, PublicKey, SigningKey};
 use cairn_net::ServerHandle;
@@ -49,6 +49,29 @@ use rand::{Rng, RngCore, SeedableRng};
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::bench::process_cpu_seconds;
+
+/// Body ciphers `cairn bench capsule` can seal with (`--cipher`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Cipher {
+    /// AES-256-GCM-SIV, Cairn's default.
+    #[value(name = "aes-256-gcm-siv")]
+    Aes256GcmSiv,
+    /// XChaCha20-Poly1305.
+    #[value(name = "xchacha20-poly1305")]
+    XChaCha20Poly1305,
+    /// No sealing.
+    Plaintext,
+}
+
+impl From<Cipher> for BodyCipher {
+    fn from(c: Cipher) -> BodyCipher {
+        match c {
+            Cipher::Aes256GcmSiv => BodyCipher::Aes256GcmSiv,
+            Cipher::XChaCha20Poly1305 => BodyCipher::XChaCha20Poly1305,
+            Cipher::Plaintext => BodyCipher::Plaintext,
+        }
+    }
+}
 
 /// Parts of `cairn bench capsule`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -129,6 +152,9 @@ pub struct CapsuleArgs {
     /// APIs to run `seq` and `many` with (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "flexible")]
     pub api: Vec<Api>,
+    /// Body cipher of the capsules the clients create.
+    #[arg(long, value_enum, default_value = "aes-256-gcm-siv")]
+    pub cipher: Cipher,
     /// Records written and read in `seq`.
     #[arg(long, default_value_t = 100_000)]
     pub seq_records: usize,
@@ -245,10 +271,17 @@ struct Backend {
     transport: Transport,
     tcp: Option<ServerHandle>,
     dir: PathBuf,
+    /// Body cipher of the capsules clients of this backend create.
+    cipher: BodyCipher,
 }
 
 impl Backend {
-    fn start(dir: &Path, durability: Durability, transport: Transport) -> Result<Backend> {
+    fn start(
+        dir: &Path,
+        durability: Durability,
+        transport: Transport,
+        cipher: BodyCipher,
+    ) -> Result<Backend> {
         let _ = std::fs::remove_dir_all(dir);
         let log = Arc::new(LogStore::open(
             dir,
@@ -274,6 +307,7 @@ impl Backend {
             transport,
             tcp,
             dir: dir.to_path_buf(),
+            cipher,
         })
     }
 
@@ -352,9 +386,11 @@ impl Client {
         cache: bool,
         mode: MirrorMode,
         label: &str,
+        cipher: BodyCipher,
     ) -> Result<Client> {
         let key = SigningKey::generate()?;
-        let meta = CapsuleMetadata::new(HashAlgo::Blake3, key.public(), label);
+        let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, key.public(), label);
+        meta.cipher = cipher;
         let capsule = meta.name();
         let body_key = BodyKey::generate()?;
         let policy = if cache {
@@ -653,6 +689,7 @@ fn phases(
             cache,
             mirror.mode(),
             &format!("bench capsule {i}"),
+            backend.cipher,
         )?);
     }
     let data: Vec<Vec<Vec<u8>>> = (0..clients)
@@ -768,7 +805,7 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
     {
         for (api, k, cache, mirror) in cells {
             {
-                let backend = Backend::start(&root.join("seq"), d, t)?;
+                let backend = Backend::start(&root.join("seq"), d, t, args.cipher.into())?;
                 let max = if cache {
                     usize::MAX
                 } else {
@@ -807,20 +844,21 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
     println!();
     // Merkle log of the last capsule of the run: a signed checkpoint and an inclusion
     // proof checked against its root.
-    log_check(root, d, t)?;
+    log_check(root, d, t, args.cipher.into())?;
     Ok(())
 }
 
 /// Writes a few records and checks a Merkle-log inclusion proof of each against a signed
 /// checkpoint (the capsule's log is the one `merkle` measures).
-fn log_check(root: &Path, d: Durability, t: Transport) -> Result<()> {
-    let backend = Backend::start(&root.join("logcheck"), d, t)?;
+fn log_check(root: &Path, d: Durability, t: Transport, cipher: BodyCipher) -> Result<()> {
+    let backend = Backend::start(&root.join("logcheck"), d, t, cipher)?;
     let mut c = Client::new(
         backend.connect()?,
         backend.public_key(),
         false,
         MirrorMode::OnAck,
         "log check",
+        backend.cipher,
     )?;
     let data = bodies(1000, 100, 7);
     let items = c.write_all(Api::Flexible, &data, 100)?;
@@ -883,7 +921,7 @@ fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
         for &clients in &args.many_clients {
             ensure!(clients >= 1, "--many-clients must be at least 1");
             let per = args.many_records / clients;
-            let backend = Backend::start(&root.join("many"), d, t)?;
+            let backend = Backend::start(&root.join("many"), d, t, args.cipher.into())?;
             let r = phases(
                 &backend,
                 api,
@@ -938,7 +976,7 @@ fn conc(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
     for &clients in &args.conc_clients {
         ensure!(clients >= 1, "--conc-clients must be at least 1");
         let per = (args.conc_records / clients).max(1);
-        let backend = Backend::start(&root.join("conc"), d, t)?;
+        let backend = Backend::start(&root.join("conc"), d, t, args.cipher.into())?;
         let server = backend.public_key();
         let mut cs = Vec::with_capacity(clients);
         for i in 0..clients {
@@ -948,6 +986,7 @@ fn conc(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
                 true,
                 args.mirror[0].mode(),
                 &format!("conc {i}"),
+                backend.cipher,
             )?);
         }
         let data: Vec<Vec<Vec<u8>>> = (0..clients).map(|i| bodies(per, 1000, i as u64)).collect();
@@ -1383,8 +1422,17 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
         };
         for &b in &args.ycsb_batch {
             let b = b.max(1);
-            let on = ycsb_capsule(&wl, root, d, t, true, args.mirror[0], b)?;
-            let off = ycsb_capsule(&wl, root, d, t, false, args.mirror[0], b)?;
+            let on = ycsb_capsule(&wl, root, d, t, true, args.mirror[0], b, args.cipher.into())?;
+            let off = ycsb_capsule(
+                &wl,
+                root,
+                d,
+                t,
+                false,
+                args.mirror[0],
+                b,
+                args.cipher.into(),
+            )?;
             let base = ycsb_redb(&wl, root, d, b)?;
             let ratio = base / on;
             let target = if w == 'a' {
@@ -1407,6 +1455,7 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ycsb_capsule(
     wl: &Workload,
     root: &Path,
@@ -1415,14 +1464,16 @@ fn ycsb_capsule(
     proofs: bool,
     mirror: Mirror,
     batch: usize,
+    cipher: BodyCipher,
 ) -> Result<f64> {
-    let backend = Backend::start(&root.join("ycsb-capsule"), d, t)?;
+    let backend = Backend::start(&root.join("ycsb-capsule"), d, t, cipher)?;
     let c = Client::new(
         backend.connect()?,
         backend.public_key(),
         proofs,
         mirror.mode(),
         "ycsb",
+        backend.cipher,
     )?;
     let mut kv = CapsuleKv {
         c,
@@ -1643,7 +1694,18 @@ mod tests {
             conc_records: 60,
             merkle_sizes: vec![10, 1000],
             merkle_samples: 20,
+            cipher: Cipher::Aes256GcmSiv,
         };
         run(&args, Durability::Buffered, dir.path()).unwrap();
+        // The other ciphers, on the parts that read bodies back.
+        for cipher in [Cipher::XChaCha20Poly1305, Cipher::Plaintext] {
+            let args = CapsuleArgs {
+                parts: vec![Part::Seq, Part::Many, Part::Ycsb],
+                transport: vec![Transport::Inproc],
+                cipher,
+                ..args.clone()
+            };
+            run(&args, Durability::Buffered, dir.path()).unwrap();
+        }
     }
 }
