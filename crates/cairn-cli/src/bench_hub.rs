@@ -23,6 +23,8 @@
 //!   without `fdatasync`, and read back, so "within 2× of raw local disk" is measured in
 //!   the same run.
 //! - Before measuring, one untimed 1 MB write and read per hub (connections, warm caches).
+//! - `--cold`: the page cache is emptied before every timed read (hubs' and raw disk's),
+//!   so reads come from the disk; without it they mostly come from memory.
 //!
 //! Hubs: `--hub LABEL=URL[,READ_URL_PREFIX]` (repeatable; the read prefix defaults to the
 //! hub's `/hub_info` `read_url_prefix`), plus, unless `--no-cairn`, a Cairn node started in
@@ -84,6 +86,11 @@ pub struct HubArgs {
     /// Label whose medians the others are compared with (default: the first `--hub`).
     #[arg(long)]
     pub baseline: Option<String>,
+    /// Empty the page cache before every timed read, hubs' and raw disk's alike (`sync`,
+    /// then `3` into `/proc/sys/vm/drop_caches`: Linux, as root), so reads come from the
+    /// disk.
+    #[arg(long)]
+    pub cold: bool,
 }
 
 /// A hub under test.
@@ -184,7 +191,7 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
     }
     // One untimed 1 MB write and read per hub first: connections, caches, JIT (Node.js).
     for h in &hubs {
-        let c = client_rt.block_on(file_cell(&http, h, 1_000_000, false, 1, 0));
+        let c = client_rt.block_on(file_cell(&http, h, 1_000_000, false, 1, 0, false));
         ensure!(
             c.read_ms.len() == 1 && c.bad.is_empty(),
             "{}: warm-up write and read failed: refused {:?}, {:?}",
@@ -202,9 +209,17 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
             .unwrap_or_else(|| hubs[0].label.clone()),
     };
 
+    if args.cold {
+        drop_caches().context("--cold")?;
+    }
     println!(
-        "# cairn bench hub: {} runs per file cell, writers {:?} × {} B × {} rounds, {} cores",
+        "# cairn bench hub: {} runs per file cell{}, writers {:?} × {} B × {} rounds, {} cores",
         args.runs,
+        if args.cold {
+            " (page cache emptied before every read)"
+        } else {
+            ""
+        },
         args.writers,
         args.writer_bytes,
         args.rounds,
@@ -228,14 +243,16 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
 
     // Raw disk, files.
     let sizes: Vec<usize> = args.file_mb.iter().map(|m| (m * 1e6) as usize).collect();
-    let raw = raw_disk(root, &sizes, args.runs)?;
+    let raw = raw_disk(root, &sizes, args.runs, args.cold)?;
     let mut files: BTreeMap<(String, usize, bool), Cell> = BTreeMap::new();
     let mut seed = 1u64;
     for &size in &sizes {
         for encrypt in [false, true] {
             for h in &hubs {
                 seed += 1;
-                let cell = client_rt.block_on(file_cell(&http, h, size, encrypt, args.runs, seed));
+                let cell = client_rt.block_on(file_cell(
+                    &http, h, size, encrypt, args.runs, seed, args.cold,
+                ));
                 eprintln!(
                     "{:>14} {:>6} {:>9}: write {} ms, read {} ms{}",
                     h.label,
@@ -462,6 +479,7 @@ async fn file_cell(
     encrypted: bool,
     runs: usize,
     seed: u64,
+    cold: bool,
 ) -> Cell {
     let mut cell = Cell::default();
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -498,6 +516,10 @@ async fn file_cell(
             }
         };
         cell.write_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        if cold && let Err(e) = drop_caches() {
+            cell.bad.push(format!("emptying the page cache: {e:#}"));
+            continue;
+        }
         let t0 = Instant::now();
         let got = match read(http, h, &path).await {
             Ok((200, got_etag, body)) => {
@@ -623,7 +645,25 @@ async fn conc_cell(
 }
 
 /// Raw local disk: per size, (write+fdatasync ms, write without sync ms, read ms) medians.
-fn raw_disk(root: &Path, sizes: &[usize], runs: usize) -> Result<BTreeMap<usize, [f64; 3]>> {
+/// Writes back dirty pages (`sync`) and empties the page cache (Linux, as root).
+fn drop_caches() -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sync(2) takes no arguments and cannot fail.
+        unsafe { libc::sync() };
+        std::fs::write("/proc/sys/vm/drop_caches", b"3")
+            .context("emptying the page cache needs root (writing /proc/sys/vm/drop_caches)")
+    }
+    #[cfg(not(target_os = "linux"))]
+    bail!("emptying the page cache is only supported on Linux")
+}
+
+fn raw_disk(
+    root: &Path,
+    sizes: &[usize],
+    runs: usize,
+    cold: bool,
+) -> Result<BTreeMap<usize, [f64; 3]>> {
     let dir = root.join("raw-disk");
     std::fs::create_dir_all(&dir)?;
     let mut rng = SmallRng::seed_from_u64(3);
@@ -644,6 +684,9 @@ fn raw_disk(root: &Path, sizes: &[usize], runs: usize) -> Result<BTreeMap<usize,
                 drop(f);
                 t[k].push(t0.elapsed().as_secs_f64() * 1e3);
                 if sync {
+                    if cold {
+                        drop_caches()?;
+                    }
                     let t0 = Instant::now();
                     let back = std::fs::read(&path)?;
                     t[2].push(t0.elapsed().as_secs_f64() * 1e3);
