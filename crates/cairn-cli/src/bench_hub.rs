@@ -71,8 +71,9 @@ pub struct HubArgs {
     /// Runs per file size and mode (write then read, each to a new path).
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
-    /// Numbers of concurrent writers, comma-separated (empty list: skip).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,10,100")]
+    /// Numbers of concurrent writers, comma-separated (`--writers` with no value: skip
+    /// the concurrent-writer cells).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,2,10,100")]
     pub writers: Vec<usize>,
     /// Bytes each concurrent writer uploads.
     #[arg(long, default_value_t = 100_000)]
@@ -920,6 +921,23 @@ fn print_conc(hubs: &[Hub], writers: &[usize], conc: &BTreeMap<(String, usize, b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writers_and_cold_parse() {
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: HubArgs,
+        }
+        use clap::Parser;
+        let p = |args: &[&str]| T::try_parse_from([&["bench"], args].concat()).unwrap().a;
+        assert_eq!(p(&[]).writers, vec![1, 2, 10, 100]);
+        assert!(!p(&[]).cold);
+        assert!(p(&["--writers"]).writers.is_empty());
+        assert!(p(&["--writers", "--cold"]).cold);
+        assert_eq!(p(&["--writers", "3,4"]).writers, vec![3, 4]);
+        assert!(T::try_parse_from(["bench", "--writers", "x"]).is_err());
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {
