@@ -437,7 +437,7 @@ async fn store(http: &reqwest::Client, h: &Hub, path: &str, body: Bytes) -> Stor
 
 /// Reads `path`: (status, bare ETag, body).
 async fn read(http: &reqwest::Client, h: &Hub, path: &str) -> Result<(u16, String, Bytes)> {
-    let resp = http
+    let mut resp = http
         .get(format!("{}{}/{path}", h.read_prefix, h.address))
         .send()
         .await?;
@@ -448,7 +448,14 @@ async fn read(http: &reqwest::Client, h: &Hub, path: &str) -> Result<(u16, Strin
         .and_then(|v| v.to_str().ok())
         .map(|v| bare_etag(v).to_string())
         .unwrap_or_default();
-    Ok((status, etag, resp.bytes().await?))
+    // One buffer of the announced length (as the raw-disk read gets from `fs::read`),
+    // not one regrown as chunks arrive; a length over 8 GiB is not trusted up front.
+    let announced = resp.content_length().unwrap_or(0).min(8 << 30) as usize;
+    let mut body = Vec::with_capacity(announced);
+    while let Some(chunk) = resp.chunk().await? {
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, etag, Bytes::from(body)))
 }
 
 /// Client-side encryption: `nonce ‖ ChaCha20-Poly1305(plain)`.
