@@ -796,10 +796,8 @@ pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
         Value::Tree(t) => match v.value_type() {
             ValueType::Blob => {
                 let pb = progress_bar(Some(t.count), "get");
-                let workers = std::thread::available_parallelism()
-                    .map_or(1, |n| n.get())
-                    .min(postree::COPY_BLOB_MAX_WORKERS);
                 let mut out = pb.wrap_write(&mut *sink);
+                let workers = postree::copy_blob_workers();
                 postree::copy_blob(db.chunks(), t, 0, t.count, workers, &mut out)?;
                 pb.finish_and_clear();
             }

@@ -1349,7 +1349,7 @@ fn stream_blob(hub: &Hub, bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> B
             &tree,
             0,
             tree.count,
-            crate::native::values::read_workers(),
+            cairn_object::postree::copy_blob_workers(),
             w,
         )
         .map(|_| ())

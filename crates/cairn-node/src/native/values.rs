@@ -171,16 +171,8 @@ pub fn write_blob_range(
         .tree()
         .filter(|t| t.kind == postree::TreeKind::Blob)
         .ok_or_else(|| Error::TypeMismatch(format!("a {} is not a blob", v.value_type())))?;
-    postree::copy_blob(db.chunks(), t, offset, len, read_workers(), w)?;
+    postree::copy_blob(db.chunks(), t, offset, len, postree::copy_blob_workers(), w)?;
     Ok(())
-}
-
-/// Threads a blob read fetches and verifies leaves on: the cores, up to
-/// [`postree::COPY_BLOB_MAX_WORKERS`].
-pub fn read_workers() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(postree::COPY_BLOB_MAX_WORKERS)
 }
 
 /// Writes a value in its text form.

@@ -170,6 +170,14 @@ impl<'a> BlobReader<'a> {
 
 /// Most threads [`copy_blob`] fetches and verifies windows of leaves on.
 pub const COPY_BLOB_MAX_WORKERS: usize = 4;
+/// Threads a [`copy_blob`] should use on this machine: one per core, up to
+/// [`COPY_BLOB_MAX_WORKERS`].
+pub fn copy_blob_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(COPY_BLOB_MAX_WORKERS)
+}
+
 /// Leaves in one [`copy_blob`] window.
 const COPY_WINDOW_LEAVES: usize = 256;
 /// Bytes of leaves in one [`copy_blob`] window (the store reads neighbours up to 1 MiB
