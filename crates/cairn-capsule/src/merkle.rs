@@ -102,6 +102,20 @@ pub fn inclusion_walk(
     size: u64,
     leaf: &Digest,
     path: &[Digest],
+    stop: impl FnMut(&Digest) -> bool,
+) -> Result<Walk> {
+    walk_with(algo, index, size, leaf, path.len(), |i| path[i], stop)
+}
+
+/// [`inclusion_walk`] over a path of `len` elements that `sibling(i)` produces when the
+/// walk reaches element `i` (never past the element it stops at).
+fn walk_with(
+    algo: HashAlgo,
+    index: u64,
+    size: u64,
+    leaf: &Digest,
+    len: usize,
+    mut sibling: impl FnMut(usize) -> Digest,
     mut stop: impl FnMut(&Digest) -> bool,
 ) -> Result<Walk> {
     if index >= size {
@@ -114,12 +128,13 @@ pub fn inclusion_walk(
     if stop(&r) {
         return Ok(Walk::Stopped { node: r, steps: 0 });
     }
-    for (i, p) in path.iter().enumerate() {
+    for i in 0..len {
         if snode == 0 {
             return Err(Error::Rejected("inclusion proof is too long".into()));
         }
+        let p = sibling(i);
         if fnode & 1 == 1 || fnode == snode {
-            r = node_hash(algo, p, &r);
+            r = node_hash(algo, &p, &r);
             if fnode & 1 == 0 {
                 while fnode & 1 == 0 && fnode != 0 {
                     fnode >>= 1;
@@ -127,7 +142,7 @@ pub fn inclusion_walk(
                 }
             }
         } else {
-            r = node_hash(algo, &r, p);
+            r = node_hash(algo, &r, &p);
         }
         fnode >>= 1;
         snode >>= 1;
@@ -342,6 +357,60 @@ impl MerkleLog {
         Ok(out)
     }
 
+    /// Walks leaf `index`'s inclusion path in the first `size` leaves up from `leaf` (its
+    /// leaf hash) as [`inclusion_walk`] does, stopping at the first node for which `stop`
+    /// is true, but computes each sibling only when the walk reaches it: a walk that stops
+    /// low never hashes the right-edge subtrees near the top. Returns the siblings
+    /// consumed (the proof's path, cut where the walk stopped) and how the walk ended.
+    pub fn walk_inclusion(
+        &self,
+        index: u64,
+        size: u64,
+        leaf: &Digest,
+        stop: impl FnMut(&Digest) -> bool,
+    ) -> Result<(Vec<Digest>, Walk)> {
+        if size > self.size() || index >= size {
+            return Err(Error::NotFound(format!(
+                "no leaf {index} in a tree of {size} (log has {})",
+                self.size()
+            )));
+        }
+        let mut ranges = Vec::new();
+        Self::path_ranges(index, 0, size, &mut ranges);
+        let mut used = Vec::with_capacity(ranges.len());
+        let walk = walk_with(
+            self.algo,
+            index,
+            size,
+            leaf,
+            ranges.len(),
+            |i| {
+                let d = self.subtree(ranges[i].0, ranges[i].1);
+                used.push(d);
+                d
+            },
+            stop,
+        )?;
+        Ok((used, walk))
+    }
+
+    /// The leaf ranges whose subtree hashes make up leaf `m`'s inclusion path in
+    /// `start..end`, leaf level first.
+    fn path_ranges(m: u64, start: u64, end: u64, out: &mut Vec<(u64, u64)>) {
+        let n = end - start;
+        if n <= 1 {
+            return;
+        }
+        let k = split_point(n);
+        if m < k {
+            Self::path_ranges(m, start, start + k, out);
+            out.push((start + k, end));
+        } else {
+            Self::path_ranges(m - k, start + k, end, out);
+            out.push((start, start + k));
+        }
+    }
+
     fn path(&self, m: u64, start: u64, end: u64, out: &mut Vec<Digest>) {
         let n = end - start;
         if n <= 1 {
@@ -526,5 +595,45 @@ mod tests {
                 steps: 2
             }
         );
+    }
+
+    /// The lazy walk gives exactly what the eager one gives over the full path: for every
+    /// size, leaf and stopping node (none, the leaf, each node up to the root), the same
+    /// end and exactly the path elements consumed.
+    #[test]
+    fn lazy_walk_matches_the_full_path_walk() {
+        let algo = HashAlgo::Blake3;
+        let mut log = MerkleLog::new(algo);
+        for i in 0..70u32 {
+            log.push(leaf_hash(algo, &i.to_le_bytes()));
+        }
+        for size in 1..=70u64 {
+            for index in 0..size {
+                let leaf = log.leaf(index).unwrap();
+                let full = log.inclusion_proof(index, size).unwrap();
+                let nodes = inclusion_nodes(algo, index, size, &leaf, &full);
+                let mut stops: Vec<Option<Digest>> = vec![None];
+                stops.extend(nodes.iter().copied().map(Some));
+                for stop in stops {
+                    let eager =
+                        inclusion_walk(algo, index, size, &leaf, &full, |d| Some(*d) == stop)
+                            .unwrap();
+                    let (used, lazy) = log
+                        .walk_inclusion(index, size, &leaf, |d| Some(*d) == stop)
+                        .unwrap();
+                    assert_eq!(lazy, eager, "size {size} index {index}");
+                    let steps = match eager {
+                        Walk::Stopped { steps, .. } => steps,
+                        Walk::Root(r) => {
+                            assert_eq!(r, log.root_at(size).unwrap());
+                            full.len()
+                        }
+                    };
+                    assert_eq!(used, full[..steps], "size {size} index {index}");
+                }
+            }
+        }
+        assert!(log.walk_inclusion(70, 70, &[0; 32], |_| false).is_err());
+        assert!(log.walk_inclusion(0, 71, &[0; 32], |_| false).is_err());
     }
 }

@@ -1151,7 +1151,6 @@ impl CapsuleServer {
         let algo = cap.dag.meta().algo;
         let count = tree.size();
         let index = index as u64;
-        let full = tree.inclusion_proof(index, count)?;
         let leaf = subrecord_leaf(sub);
         let sess = match session {
             Some(id) => Some(self.session(id, capsule)?),
@@ -1159,30 +1158,27 @@ impl CapsuleServer {
         };
         let mut guard = sess.as_ref().map(|s| s.lock());
         // Within a session, walk up from the leaf only as far as the first node the mirror
-        // holds: those nodes are what the proof verifies (and the mirror takes in). Without
-        // a session nothing is cut and nothing is inserted.
+        // holds, computing only the siblings the walk reaches: those nodes are what the
+        // proof verifies (and the mirror takes in). Without a session nothing is cut and
+        // nothing is inserted.
         let mut nodes: Vec<Hash> = Vec::new();
-        let cut = match guard.as_ref() {
-            None => None,
+        let (path, cut) = match guard.as_ref() {
+            None => (tree.inclusion_proof(index, count)?, false),
             Some(s) => {
-                let walk = merkle::inclusion_walk(algo, index, count, &leaf, &full, |d| {
+                let (used, walk) = tree.walk_inclusion(index, count, &leaf, |d| {
                     let h = Hash::new(algo, *d);
                     nodes.push(h);
                     s.mirror.contains(&h)
                 })?;
-                match walk {
-                    merkle::Walk::Stopped { steps, .. } => Some(steps),
-                    merkle::Walk::Root(_) => None,
-                }
+                (used, matches!(walk, merkle::Walk::Stopped { .. }))
             }
         };
-        let (path, record_proof, mut inserts) = match cut {
-            Some(steps) => (full[..steps].to_vec(), None, Vec::new()),
-            None => {
-                let (rp, names) =
-                    self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror))?;
-                (full.clone(), Some(rp), names)
-            }
+        let (record_proof, mut inserts) = if cut {
+            (None, Vec::new())
+        } else {
+            let (rp, names) =
+                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror))?;
+            (Some(rp), names)
         };
         let mut node_inserts = nodes;
         node_inserts.append(&mut inserts);
