@@ -58,6 +58,10 @@ pub struct ServerOptions {
     pub max_unproven: usize,
     /// Subrecord trees kept in memory for proofs.
     pub tree_cache: usize,
+    /// Bytes of verified sealed bodies and subrecords (each up to
+    /// [`MAX_CACHED_BODY`] bytes) kept in memory so reads of them skip the store; 0 keeps
+    /// none.
+    pub body_cache_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -65,6 +69,75 @@ impl Default for ServerOptions {
         ServerOptions {
             max_unproven: 1_000_000,
             tree_cache: 256,
+            body_cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Largest sealed body or subrecord the server's body cache holds.
+pub const MAX_CACHED_BODY: usize = 4096;
+
+/// Sealed bodies and subrecords this server has verified (on write, against the header's
+/// body hash or the subrecord root, or read back from the store, which checks every chunk
+/// against its cid), keyed by that hash and kept up to a byte budget, so a read of a
+/// recent record needs no store read and no re-hash. Records are immutable and named by
+/// their hash, so an entry never goes stale. Sharded least-recently-used lists.
+struct BodyCache {
+    shards: Vec<Mutex<BodyShard>>,
+    budget_per_shard: usize,
+}
+
+struct BodyShard {
+    lru: LruCache<Hash, Arc<[u8]>>,
+    bytes: usize,
+}
+
+/// Bookkeeping bytes counted per cache entry on top of the body.
+const BODY_ENTRY_OVERHEAD: usize = 96;
+const BODY_SHARDS: usize = 16;
+
+impl BodyCache {
+    fn new(budget: usize) -> Self {
+        BodyCache {
+            shards: (0..BODY_SHARDS)
+                .map(|_| {
+                    Mutex::new(BodyShard {
+                        lru: LruCache::unbounded(),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
+            budget_per_shard: budget / BODY_SHARDS,
+        }
+    }
+
+    fn shard(&self, h: &Hash) -> &Mutex<BodyShard> {
+        &self.shards[h.digest()[0] as usize % BODY_SHARDS]
+    }
+
+    fn get(&self, h: &Hash) -> Option<Arc<[u8]>> {
+        if self.budget_per_shard == 0 {
+            return None;
+        }
+        self.shard(h).lock().lru.get(h).cloned()
+    }
+
+    /// Keeps `sealed` under `h`, which the caller has verified it hashes to.
+    fn insert(&self, h: Hash, sealed: &[u8]) {
+        let cost = sealed.len() + BODY_ENTRY_OVERHEAD;
+        if sealed.len() > MAX_CACHED_BODY || cost > self.budget_per_shard {
+            return;
+        }
+        let mut shard = self.shard(&h).lock();
+        if let Some(old) = shard.lru.put(h, Arc::from(sealed)) {
+            shard.bytes -= old.len() + BODY_ENTRY_OVERHEAD;
+        }
+        shard.bytes += cost;
+        while shard.bytes > self.budget_per_shard {
+            match shard.lru.pop_lru() {
+                Some((_, v)) => shard.bytes -= v.len() + BODY_ENTRY_OVERHEAD,
+                None => break,
+            }
         }
     }
 }
@@ -243,6 +316,8 @@ pub struct CapsuleServer {
     next_session: AtomicU64,
     /// Per (capsule, peer server): this server's log size when their last sync finished.
     cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
+    /// Verified sealed bodies and subrecords of recent records.
+    bodies: BodyCache,
 }
 
 enum JournalEntry {
@@ -349,6 +424,7 @@ impl CapsuleServer {
         CapsuleServer {
             store,
             key,
+            bodies: BodyCache::new(opts.body_cache_bytes),
             opts,
             capsules: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
@@ -442,6 +518,7 @@ impl CapsuleServer {
             chunk.extend_from_slice(&TAG_SUBRECORD);
             chunk.extend_from_slice(data);
             self.store.put_hashed(*n, &chunk)?;
+            self.bodies.insert(*n, data);
             list.hash(n);
         }
         self.store.put(&list.finish())
@@ -649,6 +726,7 @@ impl CapsuleServer {
                 continue;
             };
             self.store.put_hashed(cid, &body_chunk(&r.body))?;
+            self.bodies.insert(cid, &r.body);
             self.store.put_hashed(*names[i].hash(), &encoded[i])?;
             entries.push(JournalEntry::Record {
                 name: names[i],
@@ -834,6 +912,12 @@ impl CapsuleServer {
                 if cid != *hash {
                     return Err(mismatch());
                 }
+                if let Some(sealed) = self.bodies.get(&cid) {
+                    if sealed.len() as u64 != *len {
+                        return Err(mismatch());
+                    }
+                    return Ok(sealed.to_vec());
+                }
                 let chunk = self
                     .store
                     .get(&cid)?
@@ -841,6 +925,7 @@ impl CapsuleServer {
                 if chunk.len() < 2 || chunk[..2] != TAG_BODY || (chunk.len() - 2) as u64 != *len {
                     return Err(mismatch());
                 }
+                self.bodies.insert(cid, &chunk[2..]);
                 // Reuses the chunk's buffer when the store handed over the only reference.
                 let mut sealed = Vec::from(chunk);
                 sealed.drain(..2);
@@ -893,11 +978,16 @@ impl CapsuleServer {
                 )));
             }
         }
+        if let Some(sealed) = self.bodies.get(sub) {
+            return Ok(sealed.to_vec());
+        }
         let chunk = self
             .store
             .get(sub)?
             .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
-        Ok(chunk.get(2..).unwrap_or_default().to_vec())
+        let sealed = chunk.get(2..).unwrap_or_default();
+        self.bodies.insert(*sub, sealed);
+        Ok(sealed.to_vec())
     }
 
     /// Subrecords(record): the names of a record's subrecords, in tree order.
@@ -1456,6 +1546,7 @@ impl CapsuleServer {
             let body = match (&r.body, r.header.body) {
                 (SyncBody::Plain(b), BodyRef::Plain { hash, .. }) => {
                     self.store.put_hashed(hash, &body_chunk(b))?;
+                    self.bodies.insert(hash, b);
                     StoredBody::Plain { cid: hash }
                 }
                 (SyncBody::Subrecords(subs), _) => {

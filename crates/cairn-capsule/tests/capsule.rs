@@ -663,3 +663,88 @@ fn read_and_prove_checks_body_and_proof_together() {
         Err(Error::NotFound(_))
     ));
 }
+
+/// The server's body cache hands out only what it verified: reads through a warm cache,
+/// a cold one and none at all agree; a chunk damaged in the store after the write is
+/// refused by every server that has to read it from the store (and is not cached by the
+/// refusal), while the writing server keeps serving the bytes it verified; a tiny budget
+/// evicts and falls back to the store.
+#[test]
+fn body_cache_serves_only_verified_bytes() {
+    let mem = Arc::new(MemoryStore::new());
+    let store: Arc<dyn Store> = mem.clone();
+    let server_with = |bytes: usize| {
+        CapsuleServer::new(
+            store.clone(),
+            SigningKey::from_seed(&[9; 32]),
+            ServerOptions {
+                body_cache_bytes: bytes,
+                ..ServerOptions::default()
+            },
+        )
+    };
+    let warm = server_with(64 << 20);
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "cache");
+    let c = meta.name();
+    let bk = BodyKey([7; 32]);
+    warm.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(bk.clone())).unwrap();
+    let names = write_chain(&warm, &mut w, 200, 10);
+    let mut subs = Vec::new();
+    for i in 0..20 {
+        subs.push(w.write_subrecord(format!("sub {i}").as_bytes()).unwrap());
+    }
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    warm.commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let reader = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk)).unwrap();
+    let none = server_with(0);
+    let tiny = server_with(16 * 300);
+    for (i, n) in names.iter().enumerate() {
+        for s in [&warm, &none, &tiny] {
+            let r = s.read(&c, n).unwrap();
+            assert_eq!(
+                reader.open_record(n, &r).unwrap(),
+                format!("record {i}").as_bytes()
+            );
+        }
+    }
+    for (i, sub) in subs.iter().enumerate() {
+        for s in [&warm, &none, &tiny] {
+            let data = s.read_subrecord(&c, sub).unwrap();
+            assert_eq!(
+                reader.open_subrecord(sub, &data).unwrap(),
+                format!("sub {i}").as_bytes()
+            );
+        }
+    }
+    // Damage one body and one subrecord in the store.
+    let n = names[57];
+    let BodyRef::Plain { hash: body_cid, .. } = warm.read(&c, &n).unwrap().header.body else {
+        panic!("a plain record")
+    };
+    for cid in [body_cid, subs[7]] {
+        let mut bad = store.get(&cid).unwrap().unwrap().to_vec();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(mem.tamper(&cid, bad));
+    }
+    let cold = server_with(64 << 20);
+    for s in [&none, &cold] {
+        for _ in 0..2 {
+            assert!(matches!(s.read(&c, &n), Err(Error::Corrupt(_))));
+            assert!(matches!(
+                s.read_subrecord(&c, &subs[7]),
+                Err(Error::Corrupt(_))
+            ));
+        }
+    }
+    // The writing server verified these bytes on write and still serves them.
+    assert_eq!(
+        reader.open_record(&n, &warm.read(&c, &n).unwrap()).unwrap(),
+        b"record 57"
+    );
+    let data = warm.read_subrecord(&c, &subs[7]).unwrap();
+    assert_eq!(reader.open_subrecord(&subs[7], &data).unwrap(), b"sub 7");
+}
