@@ -69,7 +69,7 @@ impl Default for ServerOptions {
         ServerOptions {
             max_unproven: 1_000_000,
             tree_cache: 256,
-            body_cache_bytes: 64 << 20,
+            body_cache_bytes: 256 << 20,
         }
     }
 }
