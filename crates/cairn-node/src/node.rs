@@ -62,9 +62,8 @@ impl Node {
             key.clone(),
             ServerOptions {
                 // A node's capsules hold its buckets' mutation records, read for logs and
-                // proofs rather than in bulk: a small body cache keeps a long-running
-                // node's memory near its streaming buffers (a 2 GiB upload stays under
-                // 300 MiB of RSS whatever ran before it).
+                // proofs rather than in bulk: a small body cache adds at most 16 MiB to a
+                // long-running node's memory, next to its streaming buffers.
                 body_cache_bytes: NODE_BODY_CACHE_BYTES,
                 ..ServerOptions::default()
             },
