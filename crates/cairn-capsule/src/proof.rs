@@ -249,15 +249,14 @@ impl SubrecordProof {
             ));
         }
         let leaf = subrecord_leaf(sub);
+        // The nodes the walk computes (the leaf, then each parent), noted as it goes: they
+        // are what a verified proof lets the reader trust.
+        let mut nodes = Vec::new();
         let walk = merkle::inclusion_walk(algo, self.index, self.count, &leaf, &self.path, |d| {
-            trusted(&Hash::new(algo, *d))
+            let h = Hash::new(algo, *d);
+            nodes.push(h);
+            trusted(&h)
         })?;
-        let nodes = |steps: usize| -> Vec<Hash> {
-            merkle::inclusion_nodes(algo, self.index, self.count, &leaf, &self.path[..steps])
-                .into_iter()
-                .map(|d| Hash::new(algo, d))
-                .collect()
-        };
         match walk {
             Walk::Stopped { steps, .. } => {
                 if steps != self.path.len() || self.record.is_some() {
@@ -265,7 +264,7 @@ impl SubrecordProof {
                         "subrecord proof continues past a trusted node".into(),
                     ));
                 }
-                Ok((nodes(steps), Vec::new()))
+                Ok((nodes, Vec::new()))
             }
             Walk::Root(root) => {
                 let rp = self.record.as_ref().ok_or_else(|| {
@@ -285,7 +284,7 @@ impl SubrecordProof {
                     }
                 }
                 let names = rp.verify(meta, &head.name(), &trusted)?;
-                Ok((nodes(self.path.len()), names))
+                Ok((nodes, names))
             }
         }
     }

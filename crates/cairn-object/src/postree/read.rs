@@ -134,38 +134,65 @@ impl<'a> BlobReader<'a> {
     /// Fetches the cursor's next leaves, up to [`READ_AHEAD_LEAVES`] and
     /// [`READ_AHEAD_BYTES`] and never past the end of the slice, into `ahead`.
     fn fetch_ahead(&mut self) -> Result<()> {
-        let mut entries = Vec::new();
-        let mut upto = self.next_start;
-        while entries.len() < READ_AHEAD_LEAVES
-            && upto - self.next_start < READ_AHEAD_BYTES
-            && upto < self.end
-        {
-            match self.cursor.next()? {
-                Some(e) => {
-                    upto = upto.saturating_add(e.count);
-                    entries.push(e);
-                }
-                None => break,
-            }
-        }
-        let cids: Vec<_> = entries.iter().map(|e| e.cid).collect();
-        let chunks = self.cursor.store().get_many(&cids)?;
-        if chunks.len() != entries.len() {
-            return Err(Error::corrupt(format!(
-                "the store returned {} chunks for {} cids",
-                chunks.len(),
-                entries.len()
-            )));
-        }
+        let (entries, _) = take_leaves(
+            &mut self.cursor,
+            self.next_start,
+            self.end,
+            READ_AHEAD_LEAVES,
+            READ_AHEAD_BYTES,
+        )?;
+        let leaves = fetch_leaves(self.cursor.store(), &entries)?;
         let mut at = self.next_start;
-        for (e, chunk) in entries.iter().zip(chunks) {
-            let leaf = blob_leaf_from_chunk(&e.cid, chunk, e.count)?;
+        for leaf in leaves {
+            let len = leaf.len() as u64;
             self.ahead.push_back((at, leaf));
-            at = at.saturating_add(e.count);
+            at = at.saturating_add(len);
         }
         self.next_start = at;
         Ok(())
     }
+}
+
+/// Takes the cursor's next leaves, the first starting at blob offset `from`: at most
+/// `max_leaves` of them, stopping once they reach `max_bytes` or `end`. Returns them and
+/// the offset after the last.
+fn take_leaves(
+    cursor: &mut NodeCursor<'_>,
+    from: u64,
+    end: u64,
+    max_leaves: usize,
+    max_bytes: u64,
+) -> Result<(Vec<Entry>, u64)> {
+    let mut entries = Vec::new();
+    let mut upto = from;
+    while entries.len() < max_leaves && upto - from < max_bytes && upto < end {
+        match cursor.next()? {
+            Some(e) => {
+                upto = upto.saturating_add(e.count);
+                entries.push(e);
+            }
+            None => break,
+        }
+    }
+    Ok((entries, upto))
+}
+
+/// Fetches leaves with one [`ChunkStore::get_many`] and checks each (kind, length).
+fn fetch_leaves(store: &dyn ChunkStore, entries: &[Entry]) -> Result<Vec<Bytes>> {
+    let cids: Vec<_> = entries.iter().map(|e| e.cid).collect();
+    let chunks = store.get_many(&cids)?;
+    if chunks.len() != entries.len() {
+        return Err(Error::corrupt(format!(
+            "the store returned {} chunks for {} cids",
+            chunks.len(),
+            entries.len()
+        )));
+    }
+    entries
+        .iter()
+        .zip(chunks)
+        .map(|(e, c)| blob_leaf_from_chunk(&e.cid, c, e.count))
+        .collect()
 }
 
 /// Most threads [`copy_blob`] fetches and verifies windows of leaves on.
@@ -220,47 +247,22 @@ pub fn copy_blob(
     // Takes the cursor's next window: its leaves and where the first one starts.
     let mut take_window = |cursor: &mut NodeCursor<'_>| -> Result<Option<(u64, Vec<Entry>)>> {
         let from = next_leaf;
-        let mut entries = Vec::new();
-        while entries.len() < COPY_WINDOW_LEAVES
-            && next_leaf - from < COPY_WINDOW_BYTES
-            && next_leaf < end
-        {
-            match cursor.next()? {
-                Some(e) => {
-                    next_leaf = next_leaf.saturating_add(e.count);
-                    entries.push(e);
-                }
-                None => break,
-            }
-        }
+        let (entries, upto) =
+            take_leaves(cursor, from, end, COPY_WINDOW_LEAVES, COPY_WINDOW_BYTES)?;
+        next_leaf = upto;
         Ok((!entries.is_empty()).then_some((from, entries)))
     };
-    let fetch = |entries: &[Entry]| -> Result<Vec<Bytes>> {
-        let cids: Vec<_> = entries.iter().map(|e| e.cid).collect();
-        let chunks = store.get_many(&cids)?;
-        if chunks.len() != entries.len() {
-            return Err(Error::corrupt(format!(
-                "the store returned {} chunks for {} cids",
-                chunks.len(),
-                entries.len()
-            )));
-        }
-        entries
-            .iter()
-            .zip(chunks)
-            .map(|(e, c)| blob_leaf_from_chunk(&e.cid, c, e.count))
-            .collect()
-    };
+    let fetch = |entries: &[Entry]| fetch_leaves(store, entries);
     // Writes a window's leaves, trimmed to start..end; returns the bytes written.
     let emit = |from: u64, leaves: Vec<Bytes>, out: &mut dyn io::Write| -> Result<u64> {
         let mut at = from;
         let mut n = 0u64;
         for leaf in leaves {
             let leaf_end = at + leaf.len() as u64;
-            if leaf.is_empty() || leaf_end <= start || at >= end {
-                if leaf.is_empty() {
-                    return Err(corrupt_err(&t.root, "empty blob leaf"));
-                }
+            if leaf.is_empty() {
+                return Err(corrupt_err(&t.root, "empty blob leaf"));
+            }
+            if leaf_end <= start || at >= end {
                 at = leaf_end;
                 continue;
             }
