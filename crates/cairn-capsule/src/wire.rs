@@ -1687,6 +1687,21 @@ impl RemoteCapsule {
             .collect())
     }
 
+    /// Sends all `reqs` pipelined and hands each one's result to `each` as soon as its
+    /// response arrives, in order: the caller verifies early responses while the server
+    /// still works on later ones. The first error `each` returns ends the call (the
+    /// remaining responses are read and dropped) and is returned.
+    pub fn call_batch_each(
+        &mut self,
+        reqs: &[Request],
+        mut each: impl FnMut(usize, Result<Response>) -> Result<()>,
+    ) -> Result<()> {
+        let encoded: Vec<Vec<u8>> = reqs.iter().map(Request::to_bytes).collect();
+        self.client.call_batch_each(&encoded, |i, b| {
+            each(i, Response::from_bytes(b).and_then(Response::into_result))
+        })
+    }
+
     fn ack(&mut self, op: &str, req: &[u8]) -> Result<Ack> {
         match self.call_bytes(req)? {
             Response::Ack(a) => Ok(a),

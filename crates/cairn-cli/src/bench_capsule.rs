@@ -233,6 +233,19 @@ const CACHE_CAPACITY: u32 = 100_000;
 pub trait Conn: Send {
     /// Sends `reqs` and returns their responses in order.
     fn call(&mut self, reqs: Vec<Request>) -> Result<Vec<Response>>;
+
+    /// Sends `reqs` and hands each response to `each` in order as it arrives (over TCP,
+    /// while the server still works on later requests).
+    fn call_each(
+        &mut self,
+        reqs: Vec<Request>,
+        each: &mut dyn FnMut(usize, Response) -> Result<()>,
+    ) -> Result<()> {
+        for (i, r) in self.call(reqs)?.into_iter().enumerate() {
+            each(i, r)?;
+        }
+        Ok(())
+    }
 }
 
 /// In-process transport: each request is a direct call into a shared [`CapsuleServer`]
@@ -261,6 +274,27 @@ impl Conn for Tcp {
             out.push(r?);
         }
         Ok(out)
+    }
+
+    fn call_each(
+        &mut self,
+        reqs: Vec<Request>,
+        each: &mut dyn FnMut(usize, Response) -> Result<()>,
+    ) -> Result<()> {
+        // `each`'s errors travel through the capsule layer's error type and back.
+        let mut failed: Option<anyhow::Error> = None;
+        let res = self.0.call_batch_each(&reqs, |i, r| {
+            let r = r?;
+            each(i, r).map_err(|e| {
+                let msg = e.to_string();
+                failed = Some(e);
+                cairn_core::Error::invalid(msg)
+            })
+        });
+        match (failed, res) {
+            (Some(e), _) => Err(e),
+            (None, r) => Ok(r?),
+        }
     }
 }
 
@@ -465,6 +499,33 @@ impl Client {
         Ok(resps)
     }
 
+    /// As [`Client::call`], handing each response to `reqs` to `each` (with its index
+    /// in `reqs`) as it arrives.
+    fn call_each(
+        &mut self,
+        reqs: Vec<Request>,
+        mut each: impl FnMut(&mut Reader, &mut Vec<u64>, usize, Response) -> Result<()>,
+    ) -> Result<usize> {
+        let mut all = self.take_acks();
+        let n_acks = all.len();
+        all.extend(reqs);
+        let mut seen = 0;
+        let (reader, unacked) = (&mut self.reader, &mut self.unacked);
+        self.conn.call_each(all, &mut |i, r| {
+            seen += 1;
+            if i < n_acks {
+                ensure!(
+                    matches!(r, Response::Unit),
+                    "ack answered with a {}",
+                    r.kind()
+                );
+                return Ok(());
+            }
+            each(reader, unacked, i - n_acks, r)
+        })?;
+        Ok(seen - n_acks)
+    }
+
     /// Sends the pending acks, if any.
     fn flush_acks(&mut self) -> Result<()> {
         if !self.unacked.is_empty() {
@@ -528,14 +589,19 @@ impl Client {
 
     /// Read phase: reads every item in one pipelined batch and compares each opened body
     /// with what was written.
+    /// Each response is checked as it arrives, while the server still reads later ones.
     fn read_all(&mut self, items: &[Item], bodies: &[Vec<u8>]) -> Result<()> {
         let reqs = items.iter().map(|it| self.read_req(it)).collect();
-        let resps = self.call(reqs)?;
-        ensure!(resps.len() == items.len(), "wrong number of read responses");
-        for ((it, r), want) in items.iter().zip(resps).zip(bodies) {
-            let got = self.open(it, r)?;
+        let n = self.call_each(reqs, |reader, _, i, r| {
+            let (it, want) = items
+                .get(i)
+                .zip(bodies.get(i))
+                .context("more read responses than requests")?;
+            let got = open_item(reader, it, r)?;
             ensure!(&got == want, "read returned other bytes than were written");
-        }
+            Ok(())
+        })?;
+        ensure!(n == items.len(), "wrong number of read responses");
         Ok(())
     }
 
@@ -550,14 +616,6 @@ impl Client {
                 sub,
             },
         }
-    }
-
-    fn open(&self, it: &Item, r: Response) -> Result<Vec<u8>> {
-        Ok(match (it, r) {
-            (Item::Rec(name), Response::Record(rec)) => self.reader.open_record(name, &rec)?,
-            (Item::Sub(sub), Response::Subrecord(b)) => self.reader.open_subrecord(sub, &b)?,
-            (_, other) => bail!("read answered with a {}", other.kind()),
-        })
     }
 
     fn prove_req(&self, it: &Item) -> Request {
@@ -579,34 +637,18 @@ impl Client {
     /// proof to learn its size (the encoding is not the client's work: the time it took
     /// is returned so the caller can leave it out).
     fn check_proof(&mut self, it: &Item, r: Response, measure: bool) -> Result<(usize, Duration)> {
-        let (id, size, took) = match (it, r) {
-            (Item::Rec(name), Response::RecordProof { proof_id, proof }) => {
-                self.reader.verify_record(name, &proof)?;
-                let t = Instant::now();
-                let n = if measure { proof.to_bytes().len() } else { 0 };
-                (proof_id, n, t.elapsed())
-            }
-            (Item::Sub(sub), Response::SubrecordProof { proof_id, proof }) => {
-                self.reader.verify_subrecord(sub, &proof)?;
-                let t = Instant::now();
-                let n = if measure {
-                    let mut e = cairn_core::Encoder::new();
-                    proof.encode(&mut e);
-                    e.finish().len()
-                } else {
-                    0
-                };
-                (proof_id, n, t.elapsed())
-            }
-            (_, other) => bail!("prove answered with a {}", other.kind()),
-        };
-        self.note_issued(id);
-        Ok((size, took))
+        let acks = self.wants_acks();
+        check_proof(&mut self.reader, &mut self.unacked, acks, it, r, measure)
+    }
+
+    /// Whether verified proofs must be acked (a session in [`MirrorMode::OnAck`]).
+    fn wants_acks(&self) -> bool {
+        self.session.is_some() && self.mode == MirrorMode::OnAck
     }
 
     /// Queues the ack of a verified proof, when the session's mode wants one.
     fn note_issued(&mut self, proof_id: u64) {
-        if self.session.is_some() && self.mode == MirrorMode::OnAck {
+        if self.wants_acks() {
             self.unacked.push(proof_id);
         }
     }
@@ -621,22 +663,69 @@ impl Client {
         let mut bytes = 0u64;
         let mut excluded = Duration::ZERO;
         let window = window.max(1);
+        let acks = self.wants_acks();
         for chunk in items.chunks(window) {
             let reqs = chunk.iter().map(|it| self.prove_req(it)).collect();
-            let resps = self.call(reqs)?;
-            ensure!(
-                resps.len() == chunk.len(),
-                "wrong number of proof responses"
-            );
-            for (it, r) in chunk.iter().zip(resps) {
-                let (size, took) = self.check_proof(it, r, true)?;
+            // Each proof is verified as it arrives, while the server works on later ones.
+            let n = self.call_each(reqs, |reader, unacked, i, r| {
+                let it = chunk.get(i).context("more proof responses than requests")?;
+                let (size, took) = check_proof(reader, unacked, acks, it, r, true)?;
                 bytes += size as u64;
                 excluded += took;
-            }
+                Ok(())
+            })?;
+            ensure!(n == chunk.len(), "wrong number of proof responses");
         }
         self.flush_acks()?;
         Ok((items.len(), bytes, excluded))
     }
+}
+
+/// Opens one read response: checks it against the item's name and decrypts it.
+fn open_item(reader: &Reader, it: &Item, r: Response) -> Result<Vec<u8>> {
+    Ok(match (it, r) {
+        (Item::Rec(name), Response::Record(rec)) => reader.open_record(name, &rec)?,
+        (Item::Sub(sub), Response::Subrecord(b)) => reader.open_subrecord(sub, &b)?,
+        (_, other) => bail!("read answered with a {}", other.kind()),
+    })
+}
+
+/// Verifies one proof response and, when `acks`, queues its ack in `unacked`. With
+/// `measure`, also encodes the proof to learn its size (the encoding is not the client's
+/// work: the time it took is returned so the caller can leave it out).
+fn check_proof(
+    reader: &mut Reader,
+    unacked: &mut Vec<u64>,
+    acks: bool,
+    it: &Item,
+    r: Response,
+    measure: bool,
+) -> Result<(usize, Duration)> {
+    let (id, size, took) = match (it, r) {
+        (Item::Rec(name), Response::RecordProof { proof_id, proof }) => {
+            reader.verify_record(name, &proof)?;
+            let t = Instant::now();
+            let n = if measure { proof.to_bytes().len() } else { 0 };
+            (proof_id, n, t.elapsed())
+        }
+        (Item::Sub(sub), Response::SubrecordProof { proof_id, proof }) => {
+            reader.verify_subrecord(sub, &proof)?;
+            let t = Instant::now();
+            let n = if measure {
+                let mut e = cairn_core::Encoder::new();
+                proof.encode(&mut e);
+                e.finish().len()
+            } else {
+                0
+            };
+            (proof_id, n, t.elapsed())
+        }
+        (_, other) => bail!("prove answered with a {}", other.kind()),
+    };
+    if acks {
+        unacked.push(id);
+    }
+    Ok((size, took))
 }
 
 /// The prototype's record bodies: `"data:"`, the commit number and the index in it.
@@ -1056,7 +1145,11 @@ fn conc_phase(c: &mut Client, phase: &str, data: &[Vec<u8>]) -> Result<Vec<u32>>
                 let t = Instant::now();
                 let it = Item::Rec(*name);
                 let r = c.call(vec![c.read_req(&it)])?;
-                let got = c.open(&it, r.into_iter().next().context("no read response")?)?;
+                let got = open_item(
+                    &c.reader,
+                    &it,
+                    r.into_iter().next().context("no read response")?,
+                )?;
                 ensure!(&got == want, "read returned other bytes than were written");
                 lat.push(nanos(t.elapsed()));
             }
@@ -1334,7 +1427,7 @@ impl CapsuleKv {
                 self.c.note_issued(proof_id);
                 plain
             } else {
-                self.c.open(&Item::Rec(*name), r)?
+                open_item(&self.c.reader, &Item::Rec(*name), r)?
             };
             let (gk, gv) = kv_parse(&body)?;
             ensure!(

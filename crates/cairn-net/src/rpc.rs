@@ -454,6 +454,24 @@ impl Client {
 
     /// Sends all `requests` pipelined and returns their responses in order.
     pub fn call_batch<R: AsRef<[u8]> + Sync>(&mut self, requests: &[R]) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::with_capacity(requests.len());
+        self.call_batch_each(requests, |_, r| {
+            out.push(r.to_vec());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Sends all `requests` pipelined and hands each response to `each` (with its
+    /// request's index) as soon as it arrives, in order, so the caller's work on early
+    /// responses overlaps the server's work on later ones. If `each` fails, the remaining
+    /// responses are still read (and dropped), so the connection stays usable, and the
+    /// first error is returned.
+    pub fn call_batch_each<R: AsRef<[u8]> + Sync>(
+        &mut self,
+        requests: &[R],
+        mut each: impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         self.check()?;
         if self.in_flight != 0 {
             return Err(Error::invalid(format!(
@@ -468,16 +486,26 @@ impl Client {
                 self.max_frame
             )));
         }
+        // The first error `each` returns; later responses are drained without it.
+        let mut failed: Option<Error> = None;
+        let mut deliver = |i: usize, buf: &[u8]| {
+            if failed.is_none() {
+                if let Err(e) = each(i, buf) {
+                    failed = Some(e);
+                }
+            }
+        };
         let total: usize = requests.iter().map(|r| r.as_ref().len() + 4).sum();
         if total <= BATCH_INLINE_BYTES {
             for r in requests {
                 self.send(r.as_ref())?;
             }
-            let mut out = Vec::with_capacity(requests.len());
-            for _ in requests {
-                out.push(self.recv()?);
+            let mut buf = Vec::new();
+            for i in 0..requests.len() {
+                self.recv_into(&mut buf)?;
+                deliver(i, &buf);
             }
-            return Ok(out);
+            return failed.map_or(Ok(()), Err);
         }
         // Large: write from a second thread while this one reads, so neither direction's
         // buffers can fill up and stall the other.
@@ -500,12 +528,11 @@ impl Client {
                 }
                 res
             });
-            let mut out = Vec::with_capacity(n);
             let mut res = Ok(());
-            for _ in 0..n {
-                let mut buf = Vec::new();
+            let mut buf = Vec::new();
+            for i in 0..n {
                 match read_frame(reader, max, &mut buf) {
-                    Ok(true) => out.push(buf),
+                    Ok(true) => deliver(i, &buf),
                     Ok(false) => {
                         res = Err(Error::io(
                             "waiting for an RPC response",
@@ -529,10 +556,10 @@ impl Client {
             let sent = w
                 .join()
                 .unwrap_or_else(|_| Err(Error::Unavailable("RPC writer thread panicked".into())));
-            (sent, res.map(|()| out))
+            (sent, res)
         });
         match (sent, received) {
-            (Ok(()), Ok(out)) => Ok(out),
+            (Ok(()), Ok(())) => failed.map_or(Ok(()), Err),
             (_, Err(e)) | (Err(e), _) => self.fail(e),
         }
     }

@@ -90,6 +90,39 @@ fn batches_small_and_large() {
     assert_eq!(c.call(b"after").unwrap(), b"re:after");
 }
 
+/// `call_batch_each` hands over every response in order; an error from the callback is
+/// returned after the rest of the batch is drained, and the connection stays usable.
+#[test]
+fn call_batch_each_streams_and_survives_a_failing_callback() {
+    let (h, _) = echo(ServerConfig::default());
+    let mut c = Client::connect(h.local_addr()).unwrap();
+    for size in [10usize, 64 << 10] {
+        let reqs: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; size]).collect();
+        let mut seen = Vec::new();
+        c.call_batch_each(&reqs, |i, r| {
+            assert_eq!(&r[3..], &reqs[i][..]);
+            seen.push(i);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, (0..40).collect::<Vec<_>>());
+        let mut calls = 0;
+        let err = c
+            .call_batch_each(&reqs, |i, _| {
+                calls += 1;
+                if i == 5 {
+                    Err(Error::invalid("stop at 5"))
+                } else {
+                    Ok(())
+                }
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("stop at 5"), "{err}");
+        assert_eq!(calls, 6, "no response is handed over after the failure");
+        assert_eq!(c.call(b"after").unwrap(), b"re:after");
+    }
+}
+
 #[test]
 fn many_clients_at_once() {
     let (h, calls) = echo(ServerConfig::default());
