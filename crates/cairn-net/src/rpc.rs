@@ -489,10 +489,10 @@ impl Client {
         // The first error `each` returns; later responses are drained without it.
         let mut failed: Option<Error> = None;
         let mut deliver = |i: usize, buf: &[u8]| {
-            if failed.is_none() {
-                if let Err(e) = each(i, buf) {
-                    failed = Some(e);
-                }
+            if failed.is_none()
+                && let Err(e) = each(i, buf)
+            {
+                failed = Some(e);
             }
         };
         let total: usize = requests.iter().map(|r| r.as_ref().len() + 4).sum();
