@@ -81,63 +81,60 @@ pub const MAX_CACHED_BODY: usize = 4096;
 /// body hash or the subrecord root, or read back from the store, which checks every chunk
 /// against its cid), keyed by that hash and kept up to a byte budget, so a read of a
 /// recent record needs no store read and no re-hash. Records are immutable and named by
-/// their hash, so an entry never goes stale. Sharded least-recently-used lists.
+/// their hash, so an entry never goes stale. Eviction is `quick_cache`'s (CLOCK-PRO-like, sharded):
+/// a hit takes a shard's read lock and marks the entry, with no list to relink.
 struct BodyCache {
-    shards: Vec<Mutex<BodyShard>>,
-    budget_per_shard: usize,
+    cache:
+        Option<quick_cache::sync::Cache<Hash, Arc<[u8]>, BodyWeight, foldhash::fast::RandomState>>,
 }
 
-struct BodyShard {
-    lru: LruCache<Hash, Arc<[u8]>>,
-    bytes: usize,
+/// What a cached body costs the budget: its bytes plus the bookkeeping per entry.
+#[derive(Clone)]
+struct BodyWeight;
+
+impl quick_cache::Weighter<Hash, Arc<[u8]>> for BodyWeight {
+    fn weight(&self, _: &Hash, sealed: &Arc<[u8]>) -> u64 {
+        (sealed.len() + BODY_ENTRY_OVERHEAD) as u64
+    }
 }
 
 /// Bookkeeping bytes counted per cache entry on top of the body.
 const BODY_ENTRY_OVERHEAD: usize = 96;
-const BODY_SHARDS: usize = 16;
 
 impl BodyCache {
+    /// A cache of at most `budget` bytes (none when 0).
     fn new(budget: usize) -> Self {
-        BodyCache {
-            shards: (0..BODY_SHARDS)
-                .map(|_| {
-                    Mutex::new(BodyShard {
-                        lru: LruCache::unbounded(),
-                        bytes: 0,
-                    })
-                })
-                .collect(),
-            budget_per_shard: budget / BODY_SHARDS,
-        }
-    }
-
-    fn shard(&self, h: &Hash) -> &Mutex<BodyShard> {
-        &self.shards[h.digest()[0] as usize % BODY_SHARDS]
+        let cache = (budget > 0)
+            .then(|| {
+                quick_cache::OptionsBuilder::new()
+                    .estimated_items_capacity((budget / (BODY_ENTRY_OVERHEAD + 64)).max(1))
+                    .weight_capacity(budget as u64)
+                    .build()
+                    .ok()
+            })
+            .flatten()
+            .map(|opts| {
+                quick_cache::sync::Cache::with_options(
+                    opts,
+                    BodyWeight,
+                    foldhash::fast::RandomState::default(),
+                    Default::default(),
+                )
+            });
+        BodyCache { cache }
     }
 
     fn get(&self, h: &Hash) -> Option<Arc<[u8]>> {
-        if self.budget_per_shard == 0 {
-            return None;
-        }
-        self.shard(h).lock().lru.get(h).cloned()
+        self.cache.as_ref()?.get(h)
     }
 
     /// Keeps `sealed` under `h`, which the caller has verified it hashes to.
     fn insert(&self, h: Hash, sealed: &[u8]) {
-        let cost = sealed.len() + BODY_ENTRY_OVERHEAD;
-        if sealed.len() > MAX_CACHED_BODY || cost > self.budget_per_shard {
+        if sealed.len() > MAX_CACHED_BODY {
             return;
         }
-        let mut shard = self.shard(&h).lock();
-        if let Some(old) = shard.lru.put(h, Arc::from(sealed)) {
-            shard.bytes -= old.len() + BODY_ENTRY_OVERHEAD;
-        }
-        shard.bytes += cost;
-        while shard.bytes > self.budget_per_shard {
-            match shard.lru.pop_lru() {
-                Some((_, v)) => shard.bytes -= v.len() + BODY_ENTRY_OVERHEAD,
-                None => break,
-            }
+        if let Some(c) = &self.cache {
+            c.insert(h, Arc::from(sealed));
         }
     }
 }
@@ -302,7 +299,7 @@ struct Capsule {
     journal_head: Option<Hash>,
     journal_seq: u64,
     /// Subrecord name → (record, index).
-    subrecords: HashMap<Hash, (RecordName, u32)>,
+    subrecords: foldhash::HashMap<Hash, (RecordName, u32)>,
     trees: LruCache<RecordName, Arc<MerkleLog>>,
 }
 
@@ -311,8 +308,8 @@ pub struct CapsuleServer {
     store: Arc<dyn Store>,
     key: SigningKey,
     opts: ServerOptions,
-    capsules: Mutex<HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
-    sessions: Mutex<HashMap<SessionId, Arc<Mutex<Session>>>>,
+    capsules: Mutex<foldhash::HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
+    sessions: Mutex<foldhash::HashMap<SessionId, Arc<Mutex<Session>>>>,
     next_session: AtomicU64,
     /// Per (capsule, peer server): this server's log size when their last sync finished.
     cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
@@ -426,8 +423,8 @@ impl CapsuleServer {
             key,
             bodies: BodyCache::new(opts.body_cache_bytes),
             opts,
-            capsules: Mutex::new(HashMap::new()),
-            sessions: Mutex::new(HashMap::new()),
+            capsules: Mutex::new(Default::default()),
+            sessions: Mutex::new(Default::default()),
             next_session: AtomicU64::new(1),
             cursors: Mutex::new(HashMap::new()),
         }
@@ -503,7 +500,7 @@ impl CapsuleServer {
             dag: CapsuleDag::new(meta),
             journal_head: Some(journal_head),
             journal_seq: 0,
-            subrecords: HashMap::new(),
+            subrecords: Default::default(),
             trees: LruCache::new(trees),
         }
     }
