@@ -1267,7 +1267,12 @@ impl CapsuleServer {
                 self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror))?;
             (Some(rp), names)
         };
+        // As the reader notes them: the walk's nodes, the siblings it consumed (bound by
+        // where it ended), then the record proof's names.
         let mut node_inserts = nodes;
+        if guard.is_some() {
+            node_inserts.extend(path.iter().map(|d| Hash::new(algo, *d)));
+        }
         node_inserts.append(&mut inserts);
         let proof = SubrecordProof {
             index,

@@ -305,6 +305,47 @@ fn subrecords_commit_read_prove() {
     assert!(cold.verify_subrecord(&subs[5], &cut).is_err());
 }
 
+/// A verified subrecord proof makes the siblings on its path trusted, on the reader and
+/// in the server's mirror alike: proving newest first, every second subrecord's leaf is
+/// already trusted, so its proof is empty, and every proof still verifies.
+#[test]
+fn subrecord_proof_siblings_become_trusted() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let mut subs = Vec::new();
+    for i in 0..37 {
+        subs.push(w.write_subrecord(format!("sub {i}").as_bytes()).unwrap());
+    }
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
+    let sid = server.open_session(&c, policy, &[]).unwrap();
+    let mut empty = 0;
+    for s in subs.iter().rev() {
+        let issued = server.prove_subrecord(&c, s, Some(sid)).unwrap();
+        if issued.proof.path.is_empty() && issued.proof.record.is_none() {
+            empty += 1;
+        }
+        reader.verify_subrecord(s, &issued.proof).unwrap();
+        server.ack(sid, issued.proof_id).unwrap();
+        reader.commit_staged();
+    }
+    // Leaves 35, 33, ..., 1 come with a path; 34, 32, ..., 0 were siblings before.
+    assert_eq!(empty, 18, "empty proofs");
+    // A trusted sibling proves only itself: a neighbour the reader never saw still needs
+    // a path, and an empty proof for it is refused.
+    let mut other = Reader::new(c, server.metadata(&c).unwrap(), policy, None).unwrap();
+    let p = server.prove_subrecord(&c, &subs[3], None).unwrap().proof;
+    other.verify_subrecord(&subs[3], &p).unwrap();
+    let mut forged = server.prove_subrecord(&c, &subs[3], None).unwrap().proof;
+    forged.path.clear();
+    forged.record = None;
+    assert!(other.verify_subrecord(&subs[5], &forged).is_err());
+}
+
 #[test]
 fn merkle_log_checkpoints_and_proofs() {
     let (server, mut w, meta, _) = setup();
