@@ -958,10 +958,20 @@ impl CapsuleServer {
         name: &RecordName,
         session: Option<SessionId>,
     ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
-        let Record { body, .. } = self.read(capsule, name)?;
         let cap = self.capsule(capsule)?;
+        let (stored, header) = {
+            let cap = cap.lock();
+            let stored = cap
+                .dag
+                .node(name)
+                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+                .body;
+            (stored, Self::mem_header(&cap, name)?)
+        };
+        // Outside the lock: this may read the store.
+        let body = self.read_body(name, stored, &header)?;
         let cap = cap.lock();
-        let issued = self.prove_locked(&cap, capsule, name, session)?;
+        let issued = self.prove_locked(&cap, capsule, name, session, Some(header))?;
         Ok((body, issued))
     }
 
@@ -1132,11 +1142,13 @@ impl CapsuleServer {
         }
     }
 
+    /// `first`, when given, is `name`'s header, already decoded by the caller.
     fn record_proof(
         &self,
         cap: &Capsule,
         name: &RecordName,
         trusted: Option<&VerificationCache>,
+        mut first: Option<RecordHeader>,
     ) -> Result<(RecordProof, Vec<Hash>)> {
         let chain_names =
             match trusted.and_then(|m| cap.dag.chain_to_trusted(name, |h| m.contains(h))) {
@@ -1146,7 +1158,10 @@ impl CapsuleServer {
         let (names, cached) = chain_names;
         let mut chain = Vec::with_capacity(names.len());
         for n in &names {
-            chain.push(Self::mem_header(cap, n)?);
+            chain.push(match first.take() {
+                Some(h) if n == name => h,
+                _ => Self::mem_header(cap, n)?,
+            });
         }
         let anchor = if cached {
             Anchor::Cached
@@ -1175,25 +1190,27 @@ impl CapsuleServer {
     ) -> Result<Issued<RecordProof>> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
-        self.prove_locked(&cap, capsule, name, session)
+        self.prove_locked(&cap, capsule, name, session, None)
     }
 
+    /// `first`, when given, is `name`'s header, already decoded by the caller.
     fn prove_locked(
         &self,
         cap: &Capsule,
         capsule: &CapsuleName,
         name: &RecordName,
         session: Option<SessionId>,
+        first: Option<RecordHeader>,
     ) -> Result<Issued<RecordProof>> {
         match session {
             None => {
-                let (proof, _) = self.record_proof(cap, name, None)?;
+                let (proof, _) = self.record_proof(cap, name, None, first)?;
                 Ok(Issued { proof_id: 0, proof })
             }
             Some(id) => {
                 let s = self.session(id, capsule)?;
                 let mut s = s.lock();
-                let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror))?;
+                let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror), first)?;
                 Ok(Self::issue(&mut s, inserts, proof))
             }
         }
@@ -1264,7 +1281,7 @@ impl CapsuleServer {
             (None, Vec::new())
         } else {
             let (rp, names) =
-                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror))?;
+                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror), None)?;
             (Some(rp), names)
         };
         // As the reader notes them: the walk's nodes, the siblings it consumed (bound by

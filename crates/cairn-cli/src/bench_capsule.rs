@@ -27,7 +27,6 @@
 //! dispatches them to the server directly; [`Tcp`] encodes them and sends them pipelined
 //! over a loopback connection to `wire::serve_tcp`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -1335,9 +1334,13 @@ fn traces(dir: &Path, w: char) -> Result<Workload> {
 /// key was written since the last signature) and proves and verifies it.
 struct CapsuleKv {
     c: Client,
-    index: HashMap<Vec<u8>, RecordName>,
+    index: foldhash::HashMap<Vec<u8>, RecordName>,
     proofs: bool,
 }
+
+/// The expected value of every key, shared by the capsule store's and redb's runs (values
+/// behind `Arc` so a get's expectation is a reference count, not a copy).
+type Model = foldhash::HashMap<Vec<u8>, Arc<[u8]>>;
 
 fn kv_body(k: &[u8], v: &[u8]) -> Vec<u8> {
     let mut b = Vec::with_capacity(2 + k.len() + v.len());
@@ -1361,7 +1364,7 @@ impl CapsuleKv {
     /// Runs `ops` as one batch: one Write request (every put of the batch and any
     /// signature the gets need), then a Read (and a Prove) per get. `model` holds the
     /// expected value of every key.
-    fn batch(&mut self, ops: &[Op], model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<()> {
+    fn batch(&mut self, ops: &[Op], model: &mut Model) -> Result<()> {
         let mut records = Vec::new();
         let mut gets = Vec::new();
         for op in ops {
@@ -1370,12 +1373,12 @@ impl CapsuleKv {
                     let r = self.c.writer.record(&kv_body(k, v), &[])?;
                     self.index.insert(k.clone(), r.name());
                     records.push(r);
-                    model.insert(k.clone(), v.clone());
+                    model.insert(k.clone(), Arc::from(&v[..]));
                 }
                 Op::Get(k) => {
                     let name = *self.index.get(k).context("get of a key never put")?;
                     let want = model.get(k).context("key missing from the model")?.clone();
-                    gets.push((k.clone(), name, want));
+                    gets.push((&k[..], name, want));
                 }
             }
         }
@@ -1448,7 +1451,7 @@ struct RedbKv {
 }
 
 impl RedbKv {
-    fn batch(&self, ops: &[Op], model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<()> {
+    fn batch(&self, ops: &[Op], model: &mut Model) -> Result<()> {
         let check = |got: Option<redb::AccessGuard<&[u8]>>, want: &[u8]| -> Result<()> {
             let g = got.context("redb lost a key")?;
             ensure!(g.value() == want, "redb returned another value");
@@ -1463,7 +1466,7 @@ impl RedbKv {
                     match op {
                         Op::Put(k, v) => {
                             t.insert(&k[..], &v[..])?;
-                            model.insert(k.clone(), v.clone());
+                            model.insert(k.clone(), Arc::from(&v[..]));
                         }
                         Op::Get(k) => {
                             let want = model.get(k).context("key missing from the model")?;
@@ -1570,10 +1573,10 @@ fn ycsb_capsule(
     )?;
     let mut kv = CapsuleKv {
         c,
-        index: HashMap::new(),
+        index: Default::default(),
         proofs,
     };
-    let mut model = HashMap::new();
+    let mut model = Model::default();
     let load: Vec<Op> = wl
         .load
         .iter()
@@ -1601,7 +1604,7 @@ fn ycsb_redb(wl: &Workload, root: &Path, d: Durability, batch: usize) -> Result<
             _ => redb::Durability::Immediate,
         },
     };
-    let mut model = HashMap::new();
+    let mut model = Model::default();
     let load: Vec<Op> = wl
         .load
         .iter()
