@@ -282,10 +282,21 @@ impl Reader {
     }
 
     /// Verifies a subrecord proof for the subrecord named `sub`; on success notes the tree
-    /// nodes and record names it verified.
+    /// nodes it computed, the siblings its path consumed and the record names it verified.
     pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
         let (nodes, names) = proof.verify(&self.meta, sub, |h| self.cache.contains(h))?;
-        self.note_verified(nodes.into_iter().chain(names.iter().map(|n| *n.hash())));
+        // The siblings the path consumed are bound by where the walk ended (a trusted node,
+        // or the root the record proof binds): trusting them too, as DCS does, lets a
+        // later proof of a neighbouring subrecord stop at its leaf. The server's mirror
+        // notes the same names in the same order: nodes, siblings, record names.
+        let algo = self.meta.algo;
+        let siblings = proof.path.iter().map(|d| Hash::new(algo, *d));
+        self.note_verified(
+            nodes
+                .into_iter()
+                .chain(siblings)
+                .chain(names.iter().map(|n| *n.hash())),
+        );
         Ok(())
     }
 

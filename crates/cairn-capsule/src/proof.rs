@@ -234,8 +234,9 @@ pub struct SubrecordProof {
 
 impl SubrecordProof {
     /// Verifies that the subrecord named `sub` belongs to the capsule. Returns the tree
-    /// nodes computed on the way (leaf first) followed by the path's siblings, all
-    /// trustworthy once this returns Ok, and the record names verified.
+    /// nodes computed on the way (leaf first; they are trustworthy once this returns Ok)
+    /// and the record names verified. On Ok the whole `path` was consumed, so its
+    /// siblings are bound by the node the walk ended at and are trustworthy too.
     pub fn verify(
         &self,
         meta: &CapsuleMetadata,
@@ -257,11 +258,6 @@ impl SubrecordProof {
             nodes.push(h);
             trusted(&h)
         })?;
-        // The siblings the walk consumed are bound by the node it ended at (trusted, or
-        // the root the record proof binds), so a verified proof makes them trusted too,
-        // as in DCS: a later proof of a neighbouring subrecord can then stop at its leaf.
-        // The server's mirror notes the same names in the same order.
-        nodes.extend(self.path.iter().map(|d| Hash::new(algo, *d)));
         match walk {
             Walk::Stopped { steps, .. } => {
                 if steps != self.path.len() || self.record.is_some() {

@@ -81,8 +81,10 @@ pub const MAX_CACHED_BODY: usize = 4096;
 /// body hash or the subrecord root, or read back from the store, which checks every chunk
 /// against its cid), keyed by that hash and kept up to a byte budget, so a read of a
 /// recent record needs no store read and no re-hash. Records are immutable and named by
-/// their hash, so an entry never goes stale. Eviction is `quick_cache`'s (CLOCK-PRO-like, sharded):
-/// a hit takes a shard's read lock and marks the entry, with no list to relink.
+/// their hash, so an entry never goes stale. Eviction is `quick_cache`'s CLOCK-Pro
+/// (sharded): a hit marks the entry under a read lock and relinks nothing. Half the
+/// budget is for entries read since they were inserted, so a stream of writes nobody
+/// reads yet still keeps the newest bodies.
 struct BodyCache {
     cache:
         Option<quick_cache::sync::Cache<Hash, Arc<[u8]>, BodyWeight, foldhash::fast::RandomState>>,
@@ -106,13 +108,17 @@ impl BodyCache {
     fn new(budget: usize) -> Self {
         let cache = (budget > 0)
             .then(|| {
+                // Both capacities and the allocations are set and in range: `build`
+                // cannot fail. Ghosts (recently evicted names, about 72 bytes each, kept
+                // outside the budget) are capped near a tenth of the estimated entries.
                 quick_cache::OptionsBuilder::new()
-                    .estimated_items_capacity((budget / (BODY_ENTRY_OVERHEAD + 64)).max(1))
+                    .estimated_items_capacity((budget / (BODY_ENTRY_OVERHEAD + 160)).max(1))
                     .weight_capacity(budget as u64)
+                    .hot_allocation(0.5)
+                    .ghost_allocation(0.1)
                     .build()
-                    .ok()
+                    .expect("body cache options are complete and in range")
             })
-            .flatten()
             .map(|opts| {
                 quick_cache::sync::Cache::with_options(
                     opts,

@@ -335,15 +335,37 @@ fn subrecord_proof_siblings_become_trusted() {
     }
     // Leaves 35, 33, ..., 1 come with a path; 34, 32, ..., 0 were siblings before.
     assert_eq!(empty, 18, "empty proofs");
-    // A trusted sibling proves only itself: a neighbour the reader never saw still needs
-    // a path, and an empty proof for it is refused.
+    // The same with the mirror moved on issue: the whole window is issued before the
+    // reader verifies any of it, and the proofs still chain off each other's siblings.
+    let mut quick = Reader::new(c, server.metadata(&c).unwrap(), policy, None).unwrap();
+    quick.set_mirror_mode(cache::MirrorMode::OnIssue);
+    let sid = server
+        .open_session_with(&c, policy, cache::MirrorMode::OnIssue, &[])
+        .unwrap();
+    let window: Vec<_> = subs
+        .iter()
+        .rev()
+        .map(|s| server.prove_subrecord(&c, s, Some(sid)).unwrap())
+        .collect();
+    let empty = window.iter().filter(|i| i.proof.path.is_empty()).count();
+    assert_eq!(empty, 18, "empty proofs on issue");
+    for (s, issued) in subs.iter().rev().zip(&window) {
+        quick.verify_subrecord(s, &issued.proof).unwrap();
+    }
+    // On a reader of its own: a full proof of leaf 3 makes its sibling, leaf 2, trusted,
+    // so an empty proof of 2 verifies; leaf 5 was on no verified path, and an empty proof
+    // of it is refused.
     let mut other = Reader::new(c, server.metadata(&c).unwrap(), policy, None).unwrap();
     let p = server.prove_subrecord(&c, &subs[3], None).unwrap().proof;
     other.verify_subrecord(&subs[3], &p).unwrap();
-    let mut forged = server.prove_subrecord(&c, &subs[3], None).unwrap().proof;
-    forged.path.clear();
-    forged.record = None;
-    assert!(other.verify_subrecord(&subs[5], &forged).is_err());
+    other.commit_staged();
+    let mut empty = p.clone();
+    empty.path.clear();
+    empty.record = None;
+    empty.index = 2;
+    other.verify_subrecord(&subs[2], &empty).unwrap();
+    empty.index = 5;
+    assert!(other.verify_subrecord(&subs[5], &empty).is_err());
 }
 
 #[test]

@@ -522,7 +522,7 @@ impl Client {
             }
             each(reader, unacked, i - n_acks, r)
         })?;
-        Ok(seen - n_acks)
+        Ok(seen.saturating_sub(n_acks))
     }
 
     /// Sends the pending acks, if any.

@@ -20,7 +20,8 @@
 //! socket buffers hold (a few hundred KiB of requests is always safe): a client that
 //! writes an unbounded stream without reading can fill both directions and stall, as with
 //! any pipelined TCP protocol. `call_batch` writes from a second thread when its requests
-//! are large, so it never stalls.
+//! are large, so it never stalls; [`Client::call_batch_each`] does the same and hands each
+//! response to the caller as it arrives.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -464,9 +465,11 @@ impl Client {
 
     /// Sends all `requests` pipelined and hands each response to `each` (with its
     /// request's index) as soon as it arrives, in order, so the caller's work on early
-    /// responses overlaps the server's work on later ones. If `each` fails, the remaining
-    /// responses are still read (and dropped), so the connection stays usable, and the
-    /// first error is returned.
+    /// responses overlaps the server's work on later ones. If `each` fails (or panics),
+    /// the remaining responses are still read and dropped, so the connection stays in
+    /// step and usable; then `each`'s panic is resumed, or its first error returned. A
+    /// transport error ends the batch and breaks the connection; it is returned instead
+    /// of `each`'s error (a panic is still resumed).
     pub fn call_batch_each<R: AsRef<[u8]> + Sync>(
         &mut self,
         requests: &[R],
@@ -486,13 +489,18 @@ impl Client {
                 self.max_frame
             )));
         }
-        // The first error `each` returns; later responses are drained without it.
+        // The first error `each` returns, or its panic; later responses are drained
+        // without it.
         let mut failed: Option<Error> = None;
+        let mut panicked: Option<Box<dyn std::any::Any + Send>> = None;
         let mut deliver = |i: usize, buf: &[u8]| {
-            if failed.is_none()
-                && let Err(e) = each(i, buf)
-            {
-                failed = Some(e);
+            if failed.is_some() || panicked.is_some() {
+                return;
+            }
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| each(i, buf))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failed = Some(e),
+                Err(p) => panicked = Some(p),
             }
         };
         let total: usize = requests.iter().map(|r| r.as_ref().len() + 4).sum();
@@ -504,6 +512,9 @@ impl Client {
             for i in 0..requests.len() {
                 self.recv_into(&mut buf)?;
                 deliver(i, &buf);
+            }
+            if let Some(p) = panicked {
+                std::panic::resume_unwind(p);
             }
             return failed.map_or(Ok(()), Err);
         }
@@ -558,9 +569,13 @@ impl Client {
                 .unwrap_or_else(|_| Err(Error::Unavailable("RPC writer thread panicked".into())));
             (sent, res)
         });
-        match (sent, received) {
+        let res = match (sent, received) {
             (Ok(()), Ok(())) => failed.map_or(Ok(()), Err),
             (_, Err(e)) | (Err(e), _) => self.fail(e),
+        };
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
         }
+        res
     }
 }

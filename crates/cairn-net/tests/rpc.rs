@@ -120,6 +120,16 @@ fn call_batch_each_streams_and_survives_a_failing_callback() {
         assert!(err.to_string().contains("stop at 5"), "{err}");
         assert_eq!(calls, 6, "no response is handed over after the failure");
         assert_eq!(c.call(b"after").unwrap(), b"re:after");
+        // A panicking callback: the batch is drained, the panic resumed, and the
+        // connection still answers in step.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            c.call_batch_each(&reqs, |i, _| {
+                assert!(i != 3, "handler panics at 3");
+                Ok(())
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(c.call(b"again").unwrap(), b"re:again");
     }
 }
 

@@ -62,8 +62,9 @@ impl Node {
             key.clone(),
             ServerOptions {
                 // A node's capsules hold its buckets' mutation records, read for logs and
-                // proofs rather than in bulk: a small body cache adds at most 16 MiB to a
-                // long-running node's memory, next to its streaming buffers.
+                // proofs rather than in bulk: a small body cache adds about 16 MiB (its
+                // budget, plus a few percent of bookkeeping for recently evicted names) to
+                // a long-running node's memory, next to its streaming buffers.
                 body_cache_bytes: NODE_BODY_CACHE_BYTES,
                 ..ServerOptions::default()
             },
