@@ -508,7 +508,7 @@ impl Client {
         let mut all = self.take_acks();
         let n_acks = all.len();
         all.extend(reqs);
-        let mut seen = 0;
+        let mut seen: usize = 0;
         let (reader, unacked) = (&mut self.reader, &mut self.unacked);
         self.conn.call_each(all, &mut |i, r| {
             seen += 1;
