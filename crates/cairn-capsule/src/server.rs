@@ -85,17 +85,27 @@ pub const MAX_CACHED_BODY: usize = 4096;
 /// (sharded): a hit marks the entry under a read lock and relinks nothing. Half the
 /// budget is for entries read since they were inserted, so a stream of writes nobody
 /// reads yet still keeps the newest bodies.
+///
+/// Keyed by capsule and hash: an entry exists only for a body or subrecord that capsule
+/// accepted, so a hit also answers "is this subrecord in this capsule?" without the
+/// capsule's lock.
 struct BodyCache {
-    cache:
-        Option<quick_cache::sync::Cache<Hash, Arc<[u8]>, BodyWeight, foldhash::fast::RandomState>>,
+    cache: Option<
+        quick_cache::sync::Cache<
+            (CapsuleName, Hash),
+            Arc<[u8]>,
+            BodyWeight,
+            foldhash::fast::RandomState,
+        >,
+    >,
 }
 
 /// What a cached body costs the budget: its bytes plus the bookkeeping per entry.
 #[derive(Clone)]
 struct BodyWeight;
 
-impl quick_cache::Weighter<Hash, Arc<[u8]>> for BodyWeight {
-    fn weight(&self, _: &Hash, sealed: &Arc<[u8]>) -> u64 {
+impl quick_cache::Weighter<(CapsuleName, Hash), Arc<[u8]>> for BodyWeight {
+    fn weight(&self, _: &(CapsuleName, Hash), sealed: &Arc<[u8]>) -> u64 {
         (sealed.len() + BODY_ENTRY_OVERHEAD) as u64
     }
 }
@@ -130,17 +140,19 @@ impl BodyCache {
         BodyCache { cache }
     }
 
-    fn get(&self, h: &Hash) -> Option<Arc<[u8]>> {
-        self.cache.as_ref()?.get(h)
+    fn get(&self, capsule: &CapsuleName, h: &Hash) -> Option<Arc<[u8]>> {
+        self.cache.as_ref()?.get(&(*capsule, *h))
     }
 
-    /// Keeps `sealed` under `h`, which the caller has verified it hashes to.
-    fn insert(&self, h: Hash, sealed: &[u8]) {
+    /// Keeps `sealed` under `capsule` and `h`: the caller has verified that `sealed`
+    /// hashes to `h`, and the capsule holds it (or, for a record body, holds or is about
+    /// to hold its record, which every read looks up first).
+    fn insert(&self, capsule: &CapsuleName, h: Hash, sealed: &[u8]) {
         if sealed.len() > MAX_CACHED_BODY {
             return;
         }
         if let Some(c) = &self.cache {
-            c.insert(h, Arc::from(sealed));
+            c.insert((*capsule, h), Arc::from(sealed));
         }
     }
 }
@@ -521,7 +533,6 @@ impl CapsuleServer {
             chunk.extend_from_slice(&TAG_SUBRECORD);
             chunk.extend_from_slice(data);
             self.store.put_hashed(*n, &chunk)?;
-            self.bodies.insert(*n, data);
             list.hash(n);
         }
         self.store.put(&list.finish())
@@ -729,7 +740,7 @@ impl CapsuleServer {
                 continue;
             };
             self.store.put_hashed(cid, &body_chunk(&r.body))?;
-            self.bodies.insert(cid, &r.body);
+            self.bodies.insert(capsule, cid, &r.body);
             self.store.put_hashed(*names[i].hash(), &encoded[i])?;
             entries.push(JournalEntry::Record {
                 name: names[i],
@@ -871,6 +882,10 @@ impl CapsuleServer {
         for (i, n) in names.iter().enumerate() {
             cap.subrecords.entry(*n).or_insert((name, i as u32));
         }
+        // Only now that the capsule holds them (see `BodyCache`).
+        for (data, n) in subrecords.iter().zip(&names) {
+            self.bodies.insert(capsule, *n, data);
+        }
         cap.dag.insert(name, header, body);
         if let Some(ws) = sig {
             cap.dag.insert_verified_signature(name, ws);
@@ -898,6 +913,7 @@ impl CapsuleServer {
     /// as `body`.
     fn read_body(
         &self,
+        capsule: &CapsuleName,
         name: &RecordName,
         body: StoredBody,
         header: &RecordHeader,
@@ -915,7 +931,7 @@ impl CapsuleServer {
                 if cid != *hash {
                     return Err(mismatch());
                 }
-                if let Some(sealed) = self.bodies.get(&cid) {
+                if let Some(sealed) = self.bodies.get(capsule, &cid) {
                     if sealed.len() as u64 != *len {
                         return Err(mismatch());
                     }
@@ -928,7 +944,7 @@ impl CapsuleServer {
                 if chunk.len() < 2 || chunk[..2] != TAG_BODY || (chunk.len() - 2) as u64 != *len {
                     return Err(mismatch());
                 }
-                self.bodies.insert(cid, &chunk[2..]);
+                self.bodies.insert(capsule, cid, &chunk[2..]);
                 // Reuses the chunk's buffer when the store handed over the only reference.
                 let mut sealed = Vec::from(chunk);
                 sealed.drain(..2);
@@ -951,7 +967,7 @@ impl CapsuleServer {
                 .body;
             (body, Self::mem_header(&cap, name)?)
         };
-        let body = self.read_body(name, body, &header)?;
+        let body = self.read_body(capsule, name, body, &header)?;
         Ok(Record { header, body })
     }
 
@@ -975,7 +991,7 @@ impl CapsuleServer {
             (stored, Self::mem_header(&cap, name)?)
         };
         // Outside the lock: this may read the store.
-        let body = self.read_body(name, stored, &header)?;
+        let body = self.read_body(capsule, name, stored, &header)?;
         let cap = cap.lock();
         let issued = self.prove_locked(&cap, capsule, name, session, Some(header))?;
         Ok((body, issued))
@@ -983,6 +999,10 @@ impl CapsuleServer {
 
     /// Read(subrecord name): the subrecord's bytes.
     pub fn read_subrecord(&self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
+        // A hit means the capsule accepted this subrecord (see `BodyCache`).
+        if let Some(sealed) = self.bodies.get(capsule, sub) {
+            return Ok(sealed.to_vec());
+        }
         {
             let cap = self.capsule(capsule)?;
             if !cap.lock().subrecords.contains_key(sub) {
@@ -991,15 +1011,12 @@ impl CapsuleServer {
                 )));
             }
         }
-        if let Some(sealed) = self.bodies.get(sub) {
-            return Ok(sealed.to_vec());
-        }
         let chunk = self
             .store
             .get(sub)?
             .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
         let sealed = chunk.get(2..).unwrap_or_default();
-        self.bodies.insert(*sub, sealed);
+        self.bodies.insert(capsule, *sub, sealed);
         Ok(sealed.to_vec())
     }
 
@@ -1571,7 +1588,7 @@ impl CapsuleServer {
             let body = match (&r.body, r.header.body) {
                 (SyncBody::Plain(b), BodyRef::Plain { hash, .. }) => {
                     self.store.put_hashed(hash, &body_chunk(b))?;
-                    self.bodies.insert(hash, b);
+                    self.bodies.insert(capsule, hash, b);
                     StoredBody::Plain { cid: hash }
                 }
                 (SyncBody::Subrecords(subs), _) => {

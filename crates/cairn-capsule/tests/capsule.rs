@@ -368,6 +368,45 @@ fn subrecord_proof_siblings_become_trusted() {
     assert!(other.verify_subrecord(&subs[5], &empty).is_err());
 }
 
+/// The verified-body cache answers a read only for the capsule that accepted the body: a
+/// subrecord of one capsule, cached by its commit and by reads, is not found through
+/// another capsule on the same server, nor is a subrecord whose commit was refused.
+#[test]
+fn cached_subrecords_stay_in_their_capsule() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let wk2 = SigningKey::from_seed(&[2; 32]);
+    let meta2 = CapsuleMetadata::new(HashAlgo::Blake3, wk2.public(), "second");
+    server.create(&meta2).unwrap();
+    let c2 = meta2.name();
+    let sub = w.write_subrecord(b"only in the first").unwrap();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    assert_eq!(server.read_subrecord(&c, &sub).unwrap(), sealed[0]);
+    assert!(matches!(
+        server.read_subrecord(&c2, &sub),
+        Err(Error::NotFound(_))
+    ));
+    // A commit refused for a bad signature caches nothing either.
+    let lost = w.write_subrecord(b"refused").unwrap();
+    let (header, sealed, _) = w.commit_subrecords(&[]).unwrap();
+    let forged = WriterSignature {
+        writer: 0,
+        sig: wk2.sign(b"cairn/record", header.name().hash().digest()),
+    };
+    assert!(
+        server
+            .commit_subrecords(&c, &header, &sealed, Some(forged))
+            .is_err()
+    );
+    assert!(matches!(
+        server.read_subrecord(&c, &lost),
+        Err(Error::NotFound(_))
+    ));
+}
+
 #[test]
 fn merkle_log_checkpoints_and_proofs() {
     let (server, mut w, meta, _) = setup();
