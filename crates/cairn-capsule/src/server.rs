@@ -90,15 +90,16 @@ pub const MAX_CACHED_BODY: usize = 4096;
 /// accepted, so a hit also answers "is this subrecord in this capsule?" without the
 /// capsule's lock.
 struct BodyCache {
-    cache: Option<
-        quick_cache::sync::Cache<
-            (CapsuleName, Hash),
-            Arc<[u8]>,
-            BodyWeight,
-            foldhash::fast::RandomState,
-        >,
-    >,
+    cache: Option<BodyMap>,
 }
+
+/// The cache proper: sealed bytes by (capsule, hash), weighed in bytes.
+type BodyMap = quick_cache::sync::Cache<
+    (CapsuleName, Hash),
+    Arc<[u8]>,
+    BodyWeight,
+    foldhash::fast::RandomState,
+>;
 
 /// What a cached body costs the budget: its bytes plus the bookkeeping per entry.
 #[derive(Clone)]
