@@ -958,18 +958,24 @@ impl CapsuleServer {
 
     /// Read(name): the record's header and (sealed) body, checked against each other.
     pub fn read(&self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
-        let (body, header) = {
-            let cap = self.capsule(capsule)?;
-            let cap = cap.lock();
-            let body = cap
-                .dag
-                .node(name)
-                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
-                .body;
-            (body, Self::mem_header(&cap, name)?)
-        };
+        let cap = self.capsule(capsule)?;
+        let (body, header) = Self::stored_record(&cap.lock(), capsule, name)?;
         let body = self.read_body(capsule, name, body, &header)?;
         Ok(Record { header, body })
+    }
+
+    /// How record `name` of a locked capsule is stored, and its header.
+    fn stored_record(
+        cap: &Capsule,
+        capsule: &CapsuleName,
+        name: &RecordName,
+    ) -> Result<(StoredBody, RecordHeader)> {
+        let body = cap
+            .dag
+            .node(name)
+            .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
+            .body;
+        Ok((body, Self::mem_header(cap, name)?))
     }
 
     /// Read-and-prove: the record's sealed body and [`CapsuleServer::prove`]'s proof for it,
@@ -982,15 +988,7 @@ impl CapsuleServer {
         session: Option<SessionId>,
     ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
         let cap = self.capsule(capsule)?;
-        let (stored, header) = {
-            let cap = cap.lock();
-            let stored = cap
-                .dag
-                .node(name)
-                .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
-                .body;
-            (stored, Self::mem_header(&cap, name)?)
-        };
+        let (stored, header) = Self::stored_record(&cap.lock(), capsule, name)?;
         // Outside the lock: this may read the store.
         let body = self.read_body(capsule, name, stored, &header)?;
         let cap = cap.lock();

@@ -254,6 +254,19 @@ fn wrong_mirror_slows_but_never_fools_the_reader() {
     reader.verify_record(&names[3], &full).unwrap();
 }
 
+/// Writes `n` subrecords ("sub 0", "sub 1", ...), commits them as one signed record and
+/// returns their names.
+fn commit_subrecords(server: &CapsuleServer, w: &mut Writer, n: usize) -> Vec<cairn_core::Hash> {
+    let subs = (0..n)
+        .map(|i| w.write_subrecord(format!("sub {i}").as_bytes()).unwrap())
+        .collect();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&w.capsule(), &header, &sealed, Some(sig))
+        .unwrap();
+    subs
+}
+
 #[test]
 fn subrecords_commit_read_prove() {
     let (server, mut w, meta, bk) = setup();
@@ -312,14 +325,7 @@ fn subrecords_commit_read_prove() {
 fn subrecord_proof_siblings_become_trusted() {
     let (server, mut w, meta, bk) = setup();
     let c = meta.name();
-    let mut subs = Vec::new();
-    for i in 0..37 {
-        subs.push(w.write_subrecord(format!("sub {i}").as_bytes()).unwrap());
-    }
-    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
-    server
-        .commit_subrecords(&c, &header, &sealed, Some(sig))
-        .unwrap();
+    let subs = commit_subrecords(&server, &mut w, 37);
     let policy = CachePolicy::Lru { capacity: 1000 };
     let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
     let sid = server.open_session(&c, policy, &[]).unwrap();
@@ -631,13 +637,7 @@ fn object_gc_keeps_capsule_chunks_in_a_shared_store() {
 fn pipelined_subrecord_proofs_with_acks_after_the_window() {
     let (server, mut w, meta, bk) = setup();
     let c = meta.name();
-    let subs: Vec<_> = (0..16)
-        .map(|i| w.write_subrecord(format!("sub {i}").as_bytes()).unwrap())
-        .collect();
-    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
-    server
-        .commit_subrecords(&c, &header, &sealed, Some(sig))
-        .unwrap();
+    let subs = commit_subrecords(&server, &mut w, 16);
     let policy = CachePolicy::Lru { capacity: 1000 };
     let mut reader = Reader::new(c, meta, policy, Some(bk)).unwrap();
     let sid = server.open_session(&c, policy, &[]).unwrap();
