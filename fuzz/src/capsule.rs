@@ -572,6 +572,15 @@ fn check_subrecord(
         &pos.nodes[..nodes.len()],
         "FORGERY: verified nodes that are not on the subrecord's path: {p:?}"
     );
+    // A reader also trusts the siblings a verified path consumed: each must be a real node
+    // of one of the fixture's subrecord trees (every node is on some leaf's path).
+    for d in &p.path {
+        let h = Hash::new(f.meta.algo, *d);
+        assert!(
+            f.positions.values().any(|q| q.nodes.contains(&h)),
+            "FORGERY: a verified path makes {h} trusted, which is no node of any tree: {p:?}"
+        );
+    }
     match &p.record {
         Some(rp) => {
             assert_eq!(nodes.len(), pos.nodes.len(), "stopped short of the root");
