@@ -27,7 +27,8 @@ use std::sync::Arc;
 
 use cairn_core::{Decoder, Encoder, Error, Hash, Result, SigningKey};
 use cairn_object::{
-    At, Db, MergeOutcome, NewValue, Op, PutOptions, Resolver, Target, Uid, check_bucket_name,
+    At, Db, MergeOutcome, NewValue, Op, PutOptions, Resolver, Target, TreeConfig, Uid,
+    check_bucket_name,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -36,6 +37,14 @@ use crate::metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
 use crate::proof::RecordProof;
 use crate::record::{Record, RecordHeader, RecordName};
 use crate::server::CapsuleServer;
+
+/// Capsule metadata setting that fixes a bucket's average POS-tree leaf size in bytes
+/// (decimal). Written when the bucket's capsule is created, from the creating Db's
+/// [`cairn_object::TreeConfig`], and applied to the bucket's Db on every open, so that
+/// every version of the bucket is chunked alike (dedup, history-independent roots) however
+/// the process that opens it is configured. A bucket created before this setting existed
+/// has none and keeps the 4 KiB default it was written with.
+pub const LEAF_SIZE_SETTING: &str = "cairn.leaf_size";
 
 /// Format version of an encoded [`Mutation`].
 pub const MUTATION_VERSION: u8 = 1;
@@ -302,6 +311,25 @@ struct Chain {
     writing: bool,
 }
 
+/// The POS-tree configuration of the bucket whose capsule `meta` describes: its
+/// [`LEAF_SIZE_SETTING`], or the 4 KiB default for a bucket created without one.
+fn bucket_tree_config(bucket: &str, meta: &CapsuleMetadata) -> Result<TreeConfig> {
+    let cfg = TreeConfig::default();
+    let Some(v) = meta.settings.get(LEAF_SIZE_SETTING) else {
+        return Ok(cfg);
+    };
+    v.parse::<u64>()
+        .map_err(|_| Error::invalid(format!("not a number of bytes: {v:?}")))
+        .and_then(|n| cfg.with_leaf_target(n))
+        .map_err(|e| {
+            Error::invalid(format!(
+                "bucket {bucket}: capsule {} has setting {LEAF_SIZE_SETTING} = {v:?}, which \
+                 this version cannot use: {e}",
+                meta.name()
+            ))
+        })
+}
+
 /// A bucket of objects whose every mutation is a signed record of its capsule.
 pub struct Bucket {
     db: Db,
@@ -343,6 +371,8 @@ impl Bucket {
                 db.algo()
             )));
         }
+        // Refuse an unusable leaf size before creating anything.
+        bucket_tree_config(bucket, &meta)?;
         Self::open_inner(db, server, writer, Some(meta))
     }
 
@@ -399,6 +429,10 @@ impl Bucket {
                         meta.key_distribution = "none: mutation records are plaintext".into();
                         meta.settings
                             .insert(BUCKET_SETTING.to_string(), bucket.clone());
+                        meta.settings.insert(
+                            LEAF_SIZE_SETTING.to_string(),
+                            db.tree_config().leaf_target.to_string(),
+                        );
                         meta
                     }
                 };
@@ -410,6 +444,10 @@ impl Bucket {
                 Some(meta)
             }
             (None, None) => None,
+        };
+        let db = match &meta {
+            Some(meta) => db.with_tree_config(bucket_tree_config(&bucket, meta)?),
+            None => db,
         };
         let chain = match (&meta, writer) {
             (Some(meta), Some(key)) => {

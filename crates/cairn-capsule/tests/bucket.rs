@@ -326,3 +326,136 @@ fn a_bucket_can_list_several_writers() {
         Bucket::open_with_metadata(Db::new(store.clone()), server(&store), None, other).is_err()
     );
 }
+
+/// Random-looking bytes (xorshift), so content-defined chunking finds its boundaries.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The tree root `data` gets as a Blob under `leaf` bytes per leaf.
+fn blob_root(leaf: u64, data: &[u8]) -> cairn_object::TreeRef {
+    let cfg = cairn_object::TreeConfig::default()
+        .with_leaf_target(leaf)
+        .unwrap();
+    cairn_object::postree::build_blob(&MemoryStore::new(), &cfg, data).unwrap()
+}
+
+#[test]
+fn a_bucket_keeps_the_leaf_size_it_was_created_with() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let big = cairn_object::TreeConfig::default()
+        .with_leaf_target(64 << 10)
+        .unwrap();
+    let db = Db::new(store.clone()).with_tree_config(big);
+    let b = Bucket::open(db, server(&store), Some(writer())).unwrap();
+    let meta = b.metadata().unwrap();
+    assert_eq!(
+        meta.settings
+            .get(bucket::LEAF_SIZE_SETTING)
+            .map(String::as_str),
+        Some("65536")
+    );
+    let data = noise(700_000, 7);
+    let o = PutOptions::default();
+    let v1 = b
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::Blob(data.clone()),
+            &o,
+        )
+        .unwrap();
+    drop(b);
+    // Reopened by a process configured for 4 KiB leaves: the bucket's own size wins.
+    let b = open(&store, Some(writer())).unwrap();
+    assert_eq!(b.db().tree_config().leaf_target, 64 << 10);
+    let mut more = data.clone();
+    more.extend_from_slice(&noise(300_000, 8));
+    let v2 = b
+        .put_blob_stream(
+            b"k",
+            Target::Branch("master"),
+            &mut more.as_slice(),
+            &o,
+            &mut |_| {},
+        )
+        .unwrap();
+    let root = |uid| {
+        *b.db()
+            .get(b"k", &At::Uid(uid))
+            .unwrap()
+            .object
+            .value
+            .tree()
+            .unwrap()
+    };
+    assert_eq!(root(v1), blob_root(64 << 10, &data));
+    assert_eq!(root(v2), blob_root(64 << 10, &more));
+    assert_ne!(root(v2), blob_root(4096, &more));
+    proven(&b, b"k", &v2);
+}
+
+#[test]
+fn a_bucket_without_a_leaf_size_setting_keeps_4_kib_and_a_bad_one_is_refused() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let big = cairn_object::TreeConfig::default()
+        .with_leaf_target(64 << 10)
+        .unwrap();
+    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, writer().public(), "old");
+    meta.cipher = BodyCipher::Plaintext;
+    meta.settings
+        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    // Unusable sizes: refused with a clear error, and no capsule is created.
+    for bad in ["abc", "65537", "32", "4194304", "-1"] {
+        let mut m = meta.clone();
+        m.settings
+            .insert(bucket::LEAF_SIZE_SETTING.into(), bad.into());
+        let e = Bucket::open_with_metadata(
+            Db::new(store.clone()).with_tree_config(big),
+            server(&store),
+            Some(writer()),
+            m,
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(e, Error::InvalidInput(_)), "{bad}: {e}");
+        assert!(e.to_string().contains(bucket::LEAF_SIZE_SETTING), "{e}");
+        let probe = open(&store, None).unwrap();
+        assert_eq!(probe.capsule(), None, "{bad}: nothing may be created");
+    }
+    // Metadata written before the setting existed: the 4 KiB default, whatever the Db says.
+    let b = Bucket::open_with_metadata(
+        Db::new(store.clone()).with_tree_config(big),
+        server(&store),
+        Some(writer()),
+        meta,
+    )
+    .unwrap();
+    assert_eq!(b.db().tree_config().leaf_target, 4096);
+    let data = noise(200_000, 3);
+    let v = b
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::Blob(data.clone()),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    let t = *b
+        .db()
+        .get(b"k", &At::Uid(v))
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    assert_eq!(t, blob_root(4096, &data));
+}

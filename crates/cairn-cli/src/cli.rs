@@ -235,6 +235,10 @@ pub struct ServeArgs {
     /// Log format on stderr: text or json [default: text]. Filter with RUST_LOG.
     #[arg(long, env = "CAIRN_LOG_FORMAT")]
     pub log_format: Option<cairn_node::config::LogFormat>,
+    /// Average POS-tree leaf size, in bytes, of the buckets the node creates [default:
+    /// 65536]; a bucket keeps the size it was created with.
+    #[arg(long, env = "CAIRN_LEAF_SIZE")]
+    pub leaf_size: Option<u64>,
 }
 
 /// `cairn put`.
@@ -988,6 +992,9 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<ExitCode> {
     }
     if let Some(f) = a.log_format {
         config.log_format = f;
+    }
+    if let Some(n) = a.leaf_size {
+        config.leaf_size = n;
     }
     config.lock_timeout_secs = cli.lock_timeout;
     cairn_node::init_logging(config.log_format);

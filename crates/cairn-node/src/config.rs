@@ -7,6 +7,7 @@
 //! durability = "group"            # fsync | group | buffered
 //! max_upload_bytes = 5368709120   # 5 GiB
 //! write_queue = 256               # writers waiting on one path before 503 + Retry-After
+//! leaf_size = 65536               # average POS-tree leaf of new buckets (bytes)
 //! log_format = "text"             # text | json
 //!
 //! [gaia]
@@ -33,6 +34,9 @@ use anyhow::{Context, Result, bail};
 use cairn_store::Durability;
 use serde::Deserialize;
 
+/// Default [`Config::leaf_size`]: 64 KiB.
+pub const DEFAULT_LEAF_SIZE: u64 = 64 << 10;
+
 /// Everything a node needs to start.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -48,6 +52,13 @@ pub struct Config {
     pub max_upload_bytes: u64,
     /// Writers that may wait on one path before further ones get 503 with Retry-After.
     pub write_queue: usize,
+    /// Average POS-tree leaf size, in bytes, of the buckets this node creates (Gaia
+    /// buckets and native ones that do not choose): 64 KiB by default, because a node
+    /// mostly holds whole files (media, documents, datasets), where larger leaves hash
+    /// several times faster and need a sixteenth of the index entries of the object
+    /// engine's 4 KiB default, at the cost of coarser dedup between versions. A bucket
+    /// keeps the size it was created with (see `docs/node.md`).
+    pub leaf_size: u64,
     /// Log format on stderr: `text` or `json`.
     pub log_format: LogFormat,
     /// Seconds to wait for a store another process has open.
@@ -200,6 +211,7 @@ impl Default for Config {
             durability: Durability::Group,
             max_upload_bytes: 5 << 30,
             write_queue: 256,
+            leaf_size: DEFAULT_LEAF_SIZE,
             log_format: LogFormat::Text,
             lock_timeout_secs: 30.0,
             gaia: Default::default(),
@@ -224,6 +236,9 @@ impl Config {
         if self.write_queue == 0 {
             bail!("write_queue must be at least 1");
         }
+        cairn_object::TreeConfig::default()
+            .with_leaf_target(self.leaf_size)
+            .context("leaf_size")?;
         if !(0.0..=86_400.0).contains(&self.lock_timeout_secs) {
             bail!("lock_timeout_secs must be between 0 and 86400");
         }
@@ -262,6 +277,18 @@ mod tests {
             ..Config::default()
         };
         assert!(bad.check().is_err());
+        let c: Config = toml::from_str("leaf_size = 16384").unwrap();
+        assert_eq!(c.leaf_size, 16384);
+        c.check().unwrap();
+        assert_eq!(Config::default().leaf_size, 65536);
+        for n in [0, 63, 4097, 4 << 20] {
+            let bad = Config {
+                leaf_size: n,
+                ..Config::default()
+            };
+            let e = format!("{:#}", bad.check().unwrap_err());
+            assert!(e.contains("leaf_size") && e.contains("leaf size"), "{e}");
+        }
     }
 
     #[test]

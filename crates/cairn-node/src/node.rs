@@ -86,6 +86,14 @@ impl Node {
         self.db.for_bucket(name)
     }
 
+    /// [`Node::db_for`] building values with `leaf_size`-byte leaves: the Db a bucket the
+    /// node creates starts with (an existing bucket's capsule overrides it with the leaf
+    /// size it was created with).
+    fn db_for_new(&self, name: &str, leaf_size: u64) -> cairn_core::Result<Db> {
+        let cfg = self.db.tree_config().with_leaf_target(leaf_size)?;
+        Ok(self.db_for(name)?.with_tree_config(cfg))
+    }
+
     /// The bucket `name`, opened once and shared; the node key writes its capsule records
     /// (the bucket's capsule is created on first use).
     pub fn bucket(&self, name: &str) -> cairn_core::Result<Arc<Bucket>> {
@@ -93,7 +101,7 @@ impl Node {
         if let Some(b) = open.get(name) {
             return Ok(b.clone());
         }
-        let db = self.db_for(name)?;
+        let db = self.db_for_new(name, self.config.leaf_size)?;
         let b = Arc::new(Bucket::open(
             db,
             self.capsules.clone(),
@@ -105,15 +113,18 @@ impl Node {
 
     /// Creates bucket `name` with a new capsule whose metadata carries `settings` besides
     /// the usual ones, so they are bound into the capsule name (the native API records a
-    /// bucket's owner key this way), and opens it like [`Node::bucket`]. Fails when the
-    /// bucket already has a capsule.
+    /// bucket's owner key this way), and opens it like [`Node::bucket`]. Its leaves
+    /// average `leaf_size` bytes (default: the config's `leaf_size`), recorded in the
+    /// metadata too. Fails when the bucket already has a capsule.
     pub fn create_bucket(
         &self,
         name: &str,
+        leaf_size: Option<u64>,
         settings: &[(&str, String)],
     ) -> cairn_core::Result<Arc<Bucket>> {
         let mut open = self.buckets.lock();
-        let db = self.db_for(name)?;
+        let leaf_size = leaf_size.unwrap_or(self.config.leaf_size);
+        let db = self.db_for_new(name, leaf_size)?;
         let mut meta = cairn_capsule::CapsuleMetadata::new(
             db.algo(),
             self.key.public(),
@@ -124,6 +135,10 @@ impl Node {
         meta.settings.insert(
             cairn_capsule::bucket::BUCKET_SETTING.to_string(),
             name.to_string(),
+        );
+        meta.settings.insert(
+            cairn_capsule::bucket::LEAF_SIZE_SETTING.to_string(),
+            leaf_size.to_string(),
         );
         for (k, v) in settings {
             meta.settings.insert(k.to_string(), v.clone());

@@ -124,6 +124,12 @@ async fn store_read_list_delete() {
             .unwrap(),
         uid
     );
+    // The address's bucket chunks with the node's leaf size, recorded in its capsule.
+    assert_eq!(bucket.db().tree_config().leaf_target, 65536);
+    assert_eq!(
+        bucket.metadata().unwrap().settings["cairn.leaf_size"],
+        "65536"
+    );
 
     let r = hub.http.get(url).send().await.unwrap();
     assert_eq!(r.status(), 200);

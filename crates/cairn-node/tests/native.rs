@@ -33,6 +33,9 @@ async fn buckets_create_list_info_metadata() {
     // An open bucket says so in its metadata (bound into the capsule name).
     assert_eq!(meta.settings["cairn.native.owner"], "open");
     assert_eq!(info["settings"]["cairn.native.owner"], "open");
+    // The node's default leaf size, recorded in the metadata.
+    assert_eq!(info["leaf_size"], 65536);
+    assert_eq!(meta.settings["cairn.leaf_size"], "65536");
     let r = s.get("/v1/buckets/photos/metadata").await;
     assert_eq!(r.status(), 200);
     assert_eq!(
@@ -75,8 +78,28 @@ async fn buckets_create_list_info_metadata() {
     assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
     let (st, e) = s.get_json("/v1/no/such/route").await;
     assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    // A leaf size of its own: recorded and reported; an unusable one is refused and
+    // creates nothing.
+    for bad in [
+        json!(63),
+        json!(65537),
+        json!(1u64 << 22),
+        json!("big"),
+        json!(-2),
+    ] {
+        let body = json!({ "name": "sized", "leaf_size": bad }).to_string();
+        let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+        assert_eq!((st, kind(&e)), (400, "invalid_input"), "{bad}: {e}");
+    }
     let (_, list) = s.get_json("/v1/buckets").await;
     assert_eq!(list["buckets"].as_array().unwrap().len(), 2);
+    let body = json!({ "name": "sized", "leaf_size": 8192 }).to_string();
+    let (st, info) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!(st, 201, "{info}");
+    assert_eq!(info["leaf_size"], 8192);
+    assert_eq!(info["settings"]["cairn.leaf_size"], "8192");
+    let b = s.node.bucket("sized").unwrap();
+    assert_eq!(b.db().tree_config().leaf_target, 8192);
     s.stop().await;
 }
 

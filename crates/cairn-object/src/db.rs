@@ -250,6 +250,16 @@ impl Db {
         &self.cfg
     }
 
+    /// The same Db building new values with `cfg` (reads need no configuration: a tree
+    /// records its own boundaries). Keep one configuration per bucket for its whole life:
+    /// versions built under different ones share few chunks, and the same content gives
+    /// the same root only under one configuration (buckets record theirs, see
+    /// `cairn_capsule::bucket`).
+    pub fn with_tree_config(mut self, cfg: TreeConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
     /// Where `key`'s heads live in the store's refs: the bucket prefix, the key escaped
     /// (0x00 → 0x00 0xFF) and terminated by 0x00 0x01, so that names sort by key bytes and
     /// one key's refs are one range. Each head is its own ref, so an update costs the same

@@ -152,6 +152,7 @@ fn info(name: &str, entry: &Entry, bucket: &Bucket) -> serde_json::Value {
         "capsule": meta.map(|m| m.name().to_string()),
         "writers": meta.map(|m| m.writers.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
         "hash_algo": meta.map(|m| m.algo.name()),
+        "leaf_size": bucket.db().tree_config().leaf_target,
         "description": meta.map(|m| m.description.clone()),
         "settings": meta.map(|m| m.settings.clone()),
         "metadata": meta.map(|m| hex::encode(m.encode())),
@@ -165,6 +166,9 @@ struct CreateBody {
     name: String,
     #[serde(default)]
     owner: Option<String>,
+    /// Average POS-tree leaf size in bytes (default: the node's `leaf_size`).
+    #[serde(default)]
+    leaf_size: Option<u64>,
 }
 
 /// `POST /v1/buckets`: creates a bucket, open or with an owner key. With an owner key the
@@ -178,9 +182,15 @@ pub async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
-    let req: CreateBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the body must be {{name, owner?}}: {e}")))?;
+    let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body must be {{name, owner?, leaf_size?}}: {e}"
+        ))
+    })?;
     check_bucket_name(&req.name)?;
+    if let Some(n) = req.leaf_size {
+        cairn_object::TreeConfig::default().with_leaf_target(n)?;
+    }
     let owner = match &req.owner {
         Some(s) => Some(s.parse::<PublicKey>()?),
         None => None,
@@ -202,6 +212,7 @@ pub async fn create(
     }
     let _one_at_a_time = native.create.lock().await;
     let name = req.name;
+    let leaf_size = req.leaf_size;
     let info = blocking(move || {
         if entry(&node, &name)?.is_some() {
             return Err(Error::AlreadyExists(format!("bucket {name:?}")).into());
@@ -222,7 +233,7 @@ pub async fn create(
         // The capsule first, with the owner in its metadata, then the registry entry that
         // makes the bucket visible here.
         let owner_setting = owner.map_or_else(|| OPEN.to_string(), |k| k.to_string());
-        let bucket = node.create_bucket(&name, &[(OWNER_SETTING, owner_setting)])?;
+        let bucket = node.create_bucket(&name, leaf_size, &[(OWNER_SETTING, owner_setting)])?;
         node.store.commit(&[RefUpdate::Set {
             name: registry_ref(&name),
             value: entry.encode(),

@@ -76,6 +76,34 @@ pub struct TreeConfig {
     pub index_target: u32,
 }
 
+impl TreeConfig {
+    /// Smallest node target accepted by [`TreeConfig::with_leaf_target`].
+    pub const MIN_TARGET: u32 = node::MIN_TARGET;
+    /// Largest node target accepted by [`TreeConfig::with_leaf_target`].
+    pub const MAX_TARGET: u32 = node::MAX_TARGET;
+
+    /// This configuration with average leaf size `bytes`; an even number in
+    /// [`TreeConfig::MIN_TARGET`] ..= [`TreeConfig::MAX_TARGET`], or an error saying so (a
+    /// value outside is refused rather than clamped, so a stored setting means exactly
+    /// what it says).
+    pub fn with_leaf_target(self, bytes: u64) -> Result<Self> {
+        if bytes < Self::MIN_TARGET as u64
+            || bytes > Self::MAX_TARGET as u64
+            || !bytes.is_multiple_of(2)
+        {
+            return Err(Error::invalid(format!(
+                "leaf size {bytes} must be an even number of bytes from {} to {}",
+                Self::MIN_TARGET,
+                Self::MAX_TARGET
+            )));
+        }
+        Ok(TreeConfig {
+            leaf_target: bytes as u32,
+            ..self
+        })
+    }
+}
+
 impl Default for TreeConfig {
     fn default() -> Self {
         TreeConfig {
