@@ -71,6 +71,9 @@ pub struct BenchArgs {
     /// Size of the blob for the throughput measurement, in MiB.
     #[arg(long, default_value_t = 512)]
     pub throughput_mib: usize,
+    /// Average POS-tree leaf size in bytes for `forkbase` (Table 3, dedup, throughput).
+    #[arg(long, default_value_t = 4096)]
+    pub leaf_size: u64,
     /// Options of `cairn bench capsule` (boxed: `cli::Command` stays small).
     #[command(flatten)]
     pub capsule: Box<crate::bench_capsule::CapsuleArgs>,
@@ -161,6 +164,7 @@ fn durabilities(args: &BenchArgs, default: &[Durability]) -> Vec<Durability> {
 }
 
 fn forkbase(args: &BenchArgs) -> Result<()> {
+    let cfg = TreeConfig::default().with_leaf_target(args.leaf_size)?;
     let ops: Vec<&str> = if args.ops.is_empty() {
         OPS.to_vec()
     } else {
@@ -203,7 +207,7 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
             },
         )?);
         let store: Arc<dyn Store> = log.clone();
-        let db = Db::new(store);
+        let db = Db::with_config(store, cfg);
         for &size in &args.sizes {
             let fixture = Fixture::prepare(&db, args.clients, size)?;
             for op in &ops {
@@ -239,8 +243,8 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
     }
     print_table(args, &levels, &ops, &results);
     if !args.no_dedup {
-        dedup(&root.0)?;
-        throughput(&root.0, args.throughput_mib)?;
+        dedup(&root.0, cfg)?;
+        throughput(&root.0, args.throughput_mib, cfg)?;
     }
     Ok(())
 }
@@ -518,7 +522,7 @@ fn one_op(
 
 /// 100 successive versions of a 10 MB blob, each with a small random insert, delete or
 /// overwrite, against the ideal: one version plus the bytes each edit adds.
-fn dedup(root: &Path) -> Result<()> {
+fn dedup(root: &Path, cfg: TreeConfig) -> Result<()> {
     let dir = root.join("dedup");
     let _ = std::fs::remove_dir_all(&dir);
     let store: Arc<dyn Store> = Arc::new(LogStore::open(
@@ -528,7 +532,7 @@ fn dedup(root: &Path) -> Result<()> {
             ..Default::default()
         },
     )?);
-    let db = Db::new(store.clone());
+    let db = Db::with_config(store.clone(), cfg);
     let mut rng = SmallRng::seed_from_u64(7);
     let size = 10_000_000usize;
     let mut model = random_bytes(&mut rng, size);
@@ -589,8 +593,8 @@ fn dedup(root: &Path) -> Result<()> {
     let stored = store.stats()?.chunk_bytes as f64;
     let naive = 100.0 * size as f64;
     println!(
-        "## dedup: 100 versions of a 10 MB blob ({} inserts, {} deletes, {} overwrites of 1-64 bytes)",
-        edits[0], edits[1], edits[2]
+        "## dedup: 100 versions of a 10 MB blob ({} inserts, {} deletes, {} overwrites of 1-64 bytes; {} B leaves)",
+        edits[0], edits[1], edits[2], cfg.leaf_target
     );
     println!();
     println!("| measure | bytes | × ideal |");
@@ -617,11 +621,13 @@ fn dedup(root: &Path) -> Result<()> {
 
 /// Blob put throughput: content-defined chunking + hashing + store, on one thread and with
 /// the streaming writer's second (hashing) thread.
-fn throughput(root: &Path, mib: usize) -> Result<()> {
+fn throughput(root: &Path, mib: usize, cfg: TreeConfig) -> Result<()> {
     let mut rng = SmallRng::seed_from_u64(11);
     let data = random_bytes(&mut rng, mib << 20);
-    let cfg = TreeConfig::default();
-    println!("## Blob put throughput, {mib} MiB of random bytes");
+    println!(
+        "## Blob put throughput, {mib} MiB of random bytes, {} B leaves",
+        cfg.leaf_target
+    );
     println!();
     println!("| store | MB/s |");
     println!("| --- | ---: |");
@@ -685,7 +691,7 @@ fn throughput(root: &Path, mib: usize) -> Result<()> {
                 ..Default::default()
             },
         )?;
-        let db = Db::new(Arc::new(store));
+        let db = Db::with_config(Arc::new(store), cfg);
         let t0 = Instant::now();
         db.put_blob_stream(
             b"big",

@@ -84,6 +84,10 @@ pub struct HubArgs {
     /// Upload limit of the in-process Cairn node, in MiB.
     #[arg(long, default_value_t = 5120)]
     pub cairn_max_mib: u64,
+    /// Average POS-tree leaf size, in bytes, of the in-process Cairn node's buckets
+    /// (default: the node's, 65536).
+    #[arg(long)]
+    pub cairn_leaf_size: Option<u64>,
     /// Label whose medians the others are compared with (default: the first `--hub`).
     #[arg(long)]
     pub baseline: Option<String>,
@@ -153,6 +157,9 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
                 listen: "127.0.0.1:0".into(),
                 durability: *d,
                 max_upload_bytes: args.cairn_max_mib << 20,
+                leaf_size: args
+                    .cairn_leaf_size
+                    .unwrap_or(cairn_node::config::DEFAULT_LEAF_SIZE),
                 ..Config::default()
             };
             let node = Node::open(config).context("opening the in-process Cairn node")?;
