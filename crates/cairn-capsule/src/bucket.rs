@@ -43,7 +43,10 @@ use crate::server::CapsuleServer;
 /// [`cairn_object::TreeConfig`], and applied to the bucket's Db on every open, so that
 /// every version of the bucket is chunked alike (dedup, history-independent roots) however
 /// the process that opens it is configured. A bucket created before this setting existed
-/// has none and keeps the 4 KiB default it was written with.
+/// has none and keeps the 4 KiB default it was written with, as does one created by
+/// [`Bucket::open_with_metadata`] from metadata without it (set it there to choose the
+/// size). Only the leaf size is per bucket (index nodes use the default target). A
+/// read-only open ignores a value it cannot use: reads need no configuration.
 pub const LEAF_SIZE_SETTING: &str = "cairn.leaf_size";
 
 /// Format version of an encoded [`Mutation`].
@@ -312,22 +315,25 @@ struct Chain {
 }
 
 /// The POS-tree configuration of the bucket whose capsule `meta` describes: its
-/// [`LEAF_SIZE_SETTING`], or the 4 KiB default for a bucket created without one.
+/// [`LEAF_SIZE_SETTING`], or the 4 KiB default for a bucket created without one. Only the
+/// leaf size is per bucket; index nodes always use the default target, so the
+/// configuration depends on the metadata alone, never on the process that opens it.
 fn bucket_tree_config(bucket: &str, meta: &CapsuleMetadata) -> Result<TreeConfig> {
     let cfg = TreeConfig::default();
     let Some(v) = meta.settings.get(LEAF_SIZE_SETTING) else {
         return Ok(cfg);
     };
-    v.parse::<u64>()
-        .map_err(|_| Error::invalid(format!("not a number of bytes: {v:?}")))
-        .and_then(|n| cfg.with_leaf_target(n))
-        .map_err(|e| {
-            Error::invalid(format!(
-                "bucket {bucket}: capsule {} has setting {LEAF_SIZE_SETTING} = {v:?}, which \
-                 this version cannot use: {e}",
-                meta.name()
-            ))
-        })
+    let why = match v.parse::<u64>() {
+        Ok(n) => match cfg.with_leaf_target(n) {
+            Ok(cfg) => return Ok(cfg),
+            Err(Error::InvalidInput(m)) => m,
+            Err(e) => e.to_string(),
+        },
+        Err(_) => "not a number of bytes".to_string(),
+    };
+    Err(Error::invalid(format!(
+        "bucket {bucket}: metadata setting {LEAF_SIZE_SETTING} = {v:?} is unusable: {why}"
+    )))
 }
 
 /// A bucket of objects whose every mutation is a signed record of its capsule.
@@ -436,6 +442,8 @@ impl Bucket {
                         meta
                     }
                 };
+                // Refuse an unusable leaf size before anything is created.
+                bucket_tree_config(&bucket, &meta)?;
                 server.create(&meta)?;
                 store.commit(&[cairn_store::RefUpdate::Set {
                     name: capsule_ref(&bucket),
@@ -446,7 +454,15 @@ impl Bucket {
             (None, None) => None,
         };
         let db = match &meta {
-            Some(meta) => db.with_tree_config(bucket_tree_config(&bucket, meta)?),
+            // A writer builds values, so it needs the bucket's own leaf size.
+            Some(meta) if writer.is_some() => {
+                db.with_tree_config(bucket_tree_config(&bucket, meta)?)
+            }
+            // Reads need no configuration (a tree records its own boundaries): a setting
+            // this version cannot use must not make the bucket unreadable.
+            Some(meta) => {
+                db.with_tree_config(bucket_tree_config(&bucket, meta).unwrap_or_default())
+            }
             None => db,
         };
         let chain = match (&meta, writer) {

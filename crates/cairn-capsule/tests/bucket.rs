@@ -401,6 +401,71 @@ fn a_bucket_keeps_the_leaf_size_it_was_created_with() {
     assert_eq!(root(v2), blob_root(64 << 10, &more));
     assert_ne!(root(v2), blob_root(4096, &more));
     proven(&b, b"k", &v2);
+    // An edit re-chunks with the bucket's size too: the root a fresh build gives.
+    let insert = noise(3000, 9);
+    let v3 = b
+        .update(
+            b"k",
+            Target::Branch("master"),
+            cairn_object::Op::BlobSplice {
+                offset: 400_000,
+                delete: 5000,
+                insert: insert.clone(),
+            },
+            &o,
+        )
+        .unwrap();
+    more.splice(400_000..405_000, insert);
+    assert_eq!(root(v3), blob_root(64 << 10, &more));
+    proven(&b, b"k", &v3);
+}
+
+#[test]
+fn an_unusable_leaf_size_creates_nothing_and_does_not_block_reads() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    // A Db configured with an odd leaf size: refused before the capsule is created.
+    let odd = cairn_object::TreeConfig {
+        leaf_target: 4097,
+        index_target: 4096,
+    };
+    let e = Bucket::open(
+        Db::new(store.clone()).with_tree_config(odd),
+        server(&store),
+        Some(writer()),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "invalid input: bucket default: metadata setting cairn.leaf_size = \"4097\" is \
+         unusable: leaf size 4097 must be an even number of bytes from 64 to 2097152"
+    );
+    assert_eq!(open(&store, None).unwrap().capsule(), None);
+
+    // A capsule written by some other version with a size this one cannot use (made by
+    // hand here): writers are refused, readers are not.
+    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, writer().public(), "x");
+    meta.cipher = BodyCipher::Plaintext;
+    meta.settings
+        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    meta.settings
+        .insert(bucket::LEAF_SIZE_SETTING.into(), "8388608".into());
+    let srv = server(&store);
+    srv.create(&meta).unwrap();
+    store
+        .commit(&[cairn_store::RefUpdate::Set {
+            name: b"bucket-capsule/default".to_vec(),
+            value: meta.name().hash().to_bytes().to_vec(),
+        }])
+        .unwrap();
+    let e = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer()))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("8388608"), "{e}");
+    let r = Bucket::open(Db::new(store.clone()), srv, None).unwrap();
+    assert_eq!(r.capsule(), Some(meta.name()));
+    assert!(r.db().list_keys().unwrap().is_empty());
 }
 
 #[test]

@@ -1098,3 +1098,38 @@ async fn openapi_document_is_served() {
     assert!(doc["components"]["securitySchemes"]["CairnEd25519"].is_object());
     s.stop().await;
 }
+
+#[test]
+fn a_restarted_node_keeps_each_buckets_leaf_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |leaf_size| cairn_node::Config {
+        data_dir: dir.path().join("data"),
+        leaf_size,
+        durability: cairn_store::Durability::Buffered,
+        ..cairn_node::Config::default()
+    };
+    let node = cairn_node::Node::open(config(16384)).unwrap();
+    let native = node.create_bucket("native", None, &[]).unwrap();
+    let sized = node.create_bucket("sized", Some(2048), &[]).unwrap();
+    let gaia = node.bucket("gaia-00").unwrap();
+    for (b, want) in [(&native, 16384), (&sized, 2048), (&gaia, 16384)] {
+        assert_eq!(b.db().tree_config().leaf_target, want);
+    }
+    drop((native, sized, gaia, node));
+    // Restarted with another default: existing buckets keep theirs, new ones take it.
+    let node = cairn_node::Node::open(config(65536)).unwrap();
+    for (name, want) in [
+        ("native", 16384),
+        ("sized", 2048),
+        ("gaia-00", 16384),
+        ("new", 65536),
+    ] {
+        let b = node.bucket(name).unwrap();
+        assert_eq!(b.db().tree_config().leaf_target, want, "{name}");
+        assert_eq!(
+            b.metadata().unwrap().settings["cairn.leaf_size"],
+            want.to_string(),
+            "{name}"
+        );
+    }
+}
