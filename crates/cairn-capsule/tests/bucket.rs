@@ -327,17 +327,22 @@ fn a_bucket_can_list_several_writers() {
     );
 }
 
-/// Random-looking bytes (xorshift), so content-defined chunking finds its boundaries.
+/// Seeded random bytes, so content-defined chunking finds its boundaries.
 fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    use rand::{RngCore, SeedableRng};
+    let mut v = vec![0; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// Metadata the default bucket accepts (plaintext, naming the bucket), with `writer()`
+/// as its writer and no leaf size setting.
+fn default_bucket_metadata() -> CapsuleMetadata {
+    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, writer().public(), "b");
+    meta.cipher = BodyCipher::Plaintext;
+    meta.settings
+        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    meta
 }
 
 /// The tree root `data` gets as a Blob under `leaf` bytes per leaf.
@@ -445,10 +450,7 @@ fn an_unusable_leaf_size_creates_nothing_and_does_not_block_reads() {
 
     // A capsule written by some other version with a size this one cannot use (made by
     // hand here): writers are refused, readers are not.
-    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, writer().public(), "x");
-    meta.cipher = BodyCipher::Plaintext;
-    meta.settings
-        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    let mut meta = default_bucket_metadata();
     meta.settings
         .insert(bucket::LEAF_SIZE_SETTING.into(), "8388608".into());
     let srv = server(&store);
@@ -474,10 +476,7 @@ fn a_bucket_without_a_leaf_size_setting_keeps_4_kib_and_a_bad_one_is_refused() {
     let big = cairn_object::TreeConfig::default()
         .with_leaf_target(64 << 10)
         .unwrap();
-    let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, writer().public(), "old");
-    meta.cipher = BodyCipher::Plaintext;
-    meta.settings
-        .insert(bucket::BUCKET_SETTING.into(), "default".into());
+    let meta = default_bucket_metadata();
     // Unusable sizes: refused with a clear error, and no capsule is created.
     for bad in ["abc", "65537", "32", "4194304", "-1"] {
         let mut m = meta.clone();
