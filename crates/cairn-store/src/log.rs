@@ -63,7 +63,14 @@
 //! 4. The active segment is scanned record by record.
 //!    - *Torn tail*: after its last intact commit record, the first record that is
 //!      incomplete, fails a checksum, or whose payload does not hash to its cid starts a
-//!      torn tail: the file is truncated there.
+//!      torn tail: the file is truncated there. A write interrupted part way (a crash
+//!      mid-`pwrite`, a page that never reached the disk) was never acknowledged, so that
+//!      cut is not damage. But when the cut holds a commit record whose header is intact
+//!      and whose payload fails its checksum without being zeros from a page boundary on
+//!      (which is what an interrupted write leaves, the segment being zero-filled ahead),
+//!      a commit is lost that may have been acknowledged (bit rot after its sync): the cut
+//!      is then reported as damage (one entry in `damage`, kept as a recovery note)
+//!      rather than passed over in silence.
 //!    - *Last group*: the records after the last commit record that is followed by a
 //!      non-commit record (or after the segment header), up to and including the run of
 //!      commit records that ends with the last intact one (a sync marker is a commit

@@ -733,6 +733,8 @@ enum Hurt {
     Flip(u64),
     /// Zero this many bytes from this offset (a page that never reached the disk).
     Zero(u64, u64),
+    /// Cut the file at this offset (a write interrupted part way).
+    Truncate(u64),
 }
 
 /// A copy of the store with `hurt` done to its segment.
@@ -748,6 +750,7 @@ fn hurt_copy(g: &Groups, hurt: &Hurt) -> (tempfile::TempDir, PathBuf) {
             f.write_all_at(&[b[0] ^ 0x44], at).unwrap();
         }
         Hurt::Zero(at, n) => f.write_all_at(&vec![0u8; n as usize], at).unwrap(),
+        Hurt::Truncate(at) => f.set_len(at).unwrap(),
     }
     (copy, p)
 }
@@ -822,15 +825,32 @@ fn torn_last_group_is_cut() {
         assert_eq!(all_refs(&s), want, "{what}");
         assert!(s.get(&c).unwrap().is_some(), "{what}");
     }
-    // Damage to the last commit record itself is an ordinary torn tail (not reported as
-    // damage): group 2's commit stays.
+    // Damage to the payload of the last commit record itself: group 2's commit stays and
+    // the last one is cut. That commit record was written whole, so it may have been
+    // acknowledged (bit rot after its sync, or a power loss during it): the loss is
+    // reported as damage and kept as a recovery note, never silent.
     let (copy, p) = hurt_copy(&g, &Hurt::Flip(g.commits[3].0 + 55));
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(all_refs(&s), g.commits[2].1);
+    assert_eq!(file_len(&p), g.commits[3].0);
+    let r = s.recovery().clone();
+    assert_eq!(r.damage.len(), 1, "{r:?}");
+    assert!(
+        r.damage[0].contains("commit record is damaged") && r.damage[0].contains("not applied"),
+        "{r:?}"
+    );
+    assert!(r.segment_bytes_truncated > 0, "{r:?}");
+    assert_eq!(s.recovery_notes().unwrap(), r.damage);
+    // A write cut short inside that record (a crash mid-write: never acknowledged) is an
+    // ordinary torn tail, not damage.
+    let (copy, p) = hurt_copy(&g, &Hurt::Truncate(g.commits[3].0 + 40));
     let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
     assert_eq!(all_refs(&s), g.commits[2].1);
     assert_eq!(file_len(&p), g.commits[3].0);
     let r = s.recovery().clone();
     assert!(r.damage.is_empty(), "{r:?}");
     assert!(r.segment_bytes_truncated > 0, "{r:?}");
+    assert!(s.recovery_notes().unwrap().is_empty());
 }
 
 /// The same damage in an earlier group is bit rot in acknowledged data: reported, never
