@@ -294,6 +294,12 @@ impl Client {
             let body = resp.bytes().await?;
             Ok::<_, reqwest::Error>((status, body))
         });
+        // A node that answers before reading the whole body (413, 401, ...) leaves the
+        // body stream, and with it the reader thread's receiver, inside a connection task
+        // of this runtime: drop them, so the reader's next send fails and it stops, before
+        // waiting for it.
+        drop(http);
+        drop(rt);
         let _ = reader.join();
         let (status, answer) = answer.map_err(|e| transport(&self.base, e))?;
         if status.is_success() {

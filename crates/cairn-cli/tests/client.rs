@@ -19,6 +19,11 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_limited(Config::default().max_upload_bytes)
+    }
+
+    /// A node refusing bodies over `max_upload_bytes`.
+    fn start_limited(max_upload_bytes: u64) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -29,6 +34,9 @@ impl Server {
             data_dir: dir.path().join("node"),
             listen: "127.0.0.1:0".into(),
             durability: cairn_store::Durability::Buffered,
+            max_upload_bytes,
+            // Local mode's leaf size, so that the same value gets the same uid both ways.
+            leaf_size: 4096,
             ..Config::default()
         };
         let node = Node::open(config).unwrap();
@@ -597,6 +605,49 @@ fn chunked_upload_from_stdin_to_an_open_bucket() {
         let back = u.run(srv, &["--bucket", "pub", "get", key]);
         assert!(back.status.success());
         assert!(back.stdout == data, "{key} reads back as written");
+    }
+}
+
+/// A node that refuses an upload before reading it (413 on its Content-Length) must not
+/// leave the client waiting on its own upload thread: every try ends, with exit code 8
+/// and the node's reason.
+#[test]
+fn an_upload_the_node_refuses_ends_with_its_reason() {
+    let s = Server::start_limited(1_000_000);
+    let u = User::new();
+    let big = u.path().join("big.bin");
+    std::fs::write(&big, pseudo_random(24 << 20, 5)).unwrap();
+    let srv = Some(s.base.as_str());
+    u.ok(srv, &["put", "small", "--value", "fits"]);
+    for _ in 0..3 {
+        let mut child = u
+            .command(srv, &["put", "k", "--file", big.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("the refused upload did not end within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        // The node's 413 when it reaches the client; a closed connection otherwise.
+        assert!(matches!(status.code(), Some(8 | 9)), "{status:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
 
