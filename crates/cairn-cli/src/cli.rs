@@ -443,6 +443,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .data
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let writes = matches!(
+        cli.command,
+        Command::Put(_)
+            | Command::Update(_)
+            | Command::Fork { .. }
+            | Command::Merge(_)
+            | Command::Rename { .. }
+            | Command::Remove { .. }
+            | Command::Demo
+    );
+    // Only a write creates a store: a read of a mistyped directory must not leave an
+    // empty store there and answer as if it were one.
+    if !writes && !data.exists() {
+        bail!(Error::NotFound(format!(
+            "no store at {} (a write such as `cairn put` creates one; check --data or \
+             CAIRN_DATA)",
+            data.display()
+        )));
+    }
     let store = open_store(
         &data,
         cli.durability.unwrap_or(Durability::Group),
@@ -461,16 +480,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
     }
-    let writes = matches!(
-        cli.command,
-        Command::Put(_)
-            | Command::Update(_)
-            | Command::Fork { .. }
-            | Command::Merge(_)
-            | Command::Rename { .. }
-            | Command::Remove { .. }
-            | Command::Demo
-    );
     let writer = if writes {
         Some(cairn_node::keys::read_or_create(
             &writer_key_path(&cli)?,
@@ -774,16 +783,48 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
         }
         return Ok(());
     }
-    let mut sink: Box<dyn Write> = match &a.out {
-        Some(p) => Box::new(BufWriter::with_capacity(
-            1 << 20,
-            File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => Box::new(BufWriter::with_capacity(1 << 20, &mut *out)),
-    };
-    write_value(db, &v.object.value, &mut sink)?;
-    sink.flush().context("writing the output")?;
+    match &a.out {
+        Some(p) => {
+            write_whole_file(p, &mut |w| write_value(db, &v.object.value, w).map(|()| 0))?;
+        }
+        None => {
+            let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);
+            write_value(db, &v.object.value, &mut sink)?;
+            sink.flush().context("writing the output")?;
+        }
+    }
     Ok(())
+}
+
+/// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it (same
+/// permissions a new file gets), which replaces `dest` only once `fill` succeeded and
+/// everything is flushed. On failure `dest` is left as it was and the temporary file is
+/// removed. Returns what `fill` returned.
+pub fn write_whole_file(
+    dest: &Path,
+    fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
+) -> Result<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new()
+        .prefix(".cairn-out-")
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .with_context(|| format!("creating {}", dest.display()))?;
+    let n = {
+        let mut w = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let n = fill(&mut w)?;
+        w.flush()
+            .with_context(|| format!("writing {}", dest.display()))?;
+        n
+    };
+    tmp.persist(dest)
+        .map_err(|e| e.error)
+        .with_context(|| format!("writing {}", dest.display()))?;
+    Ok(n)
 }
 
 /// Writes a value in its command-line text form (blobs streamed with a progress bar).

@@ -645,15 +645,16 @@ impl Client {
             r?;
             return Ok(());
         }
-        let mut sink: Box<dyn Write> = match &a.out {
-            Some(p) => Box::new(BufWriter::with_capacity(
-                1 << 20,
-                File::create(p).with_context(|| format!("creating {}", p.display()))?,
-            )),
-            None => Box::new(BufWriter::with_capacity(1 << 20, &mut *out)),
-        };
-        copy(&mut body, &mut sink)?;
-        sink.flush().context("writing the output")?;
+        match &a.out {
+            Some(p) => {
+                crate::cli::write_whole_file(p, &mut |w| copy(&mut body, w))?;
+            }
+            None => {
+                let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);
+                copy(&mut body, &mut sink)?;
+                sink.flush().context("writing the output")?;
+            }
+        }
         pb.finish_and_clear();
         Ok(())
     }

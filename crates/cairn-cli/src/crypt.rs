@@ -377,24 +377,7 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
 /// Decrypts into a temporary file beside `dest` and renames it to `dest` only when the whole
 /// value verified; on failure `dest` is left as it was and the temporary file is removed.
 pub fn decrypt_to_file(input: &mut dyn Read, key: &DataKey, dest: &Path) -> Result<u64> {
-    let dir = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tempfile::Builder::new()
-        .prefix(".cairn-decrypt-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    let n = {
-        let mut w = io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-        let n = decrypt(input, key, &mut w)?;
-        w.flush().context("writing the decrypted value")?;
-        n
-    };
-    tmp.persist(dest)
-        .map_err(|e| e.error)
-        .with_context(|| format!("renaming the decrypted value to {}", dest.display()))?;
-    Ok(n)
+    crate::cli::write_whole_file(dest, &mut |w| decrypt(input, key, w))
 }
 
 /// Decrypts into an anonymous temporary file, then copies the verified plaintext to `out`

@@ -38,7 +38,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(a) => a,
+        Err(e) => return usage_error(e),
+    };
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
@@ -49,14 +52,72 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            let code = match e.downcast_ref::<Error>() {
+            // The kind of the innermost Cairn error decides; an operating-system error
+            // anywhere (a missing input file, an unwritable output) is an I/O error; what
+            // is left is a setting or argument the command could not use.
+            let code = match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
                 Some(err) => exit_code(err),
-                None => 1,
+                None if e.chain().any(|c| c.is::<std::io::Error>()) => 10,
+                None => 8,
             };
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(code)
         }
     }
+}
+
+/// The error and its causes on one line, `outer: inner: ...`, leaving out a cause whose
+/// text the message before it already ends with (an I/O error names its OS error itself).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        // Multi-line messages (a TOML parser's) lose their source-snippet lines.
+        let text = cause
+            .to_string()
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                let snippet = l
+                    .trim_start_matches(|c: char| c.is_ascii_digit())
+                    .trim_start();
+                !l.is_empty() && !snippet.starts_with('|')
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// A command line the parser refused: help and version print as usual; anything else is
+/// bad input, told on one line (clap's message, its hints folded in, without the usage
+/// block) with exit status 8, like every other refused input.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    let text = e.render().to_string();
+    let line = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    eprintln!("error: {line} (see --help)");
+    ExitCode::from(8)
 }
 
 /// Exit status for each kind of error, so scripts can tell them apart.

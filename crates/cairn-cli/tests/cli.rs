@@ -152,9 +152,15 @@ fn errors_are_one_clear_line_and_change_nothing() {
     fails(dir, &["fork", "k", "--from", "master", "--to", "master"], 8);
     fails(dir, &["get", "k", "--uid", &"1e20".repeat(17)], 3);
     fails(dir, &["lca", "k", &v1, &other], 8);
-    // A malformed uid is a usage error from the argument parser.
-    let out = cairn(dir, &["get", "k", "--uid", "zz"]);
-    assert_eq!(out.status.code(), Some(2));
+    // Arguments the parser refuses are bad input too: one line, exit 8.
+    let e = fails(dir, &["get", "k", "--uid", "zz"], 8);
+    assert!(e.contains("--uid"), "{e}");
+    let e = fails(dir, &["--durability", "bogus", "keys"], 8);
+    assert!(e.contains("expected fsync, group or buffered"), "{e}");
+    fails(dir, &["put", "k", "--value", "v", "--no-such-flag"], 8);
+    // Files the command cannot read or write: I/O errors.
+    fails(dir, &["put", "f", "--file", "/nonexistent/input"], 10);
+    fails(dir, &["get", "k", "--out", "/nonexistent/dir/out"], 10);
     assert_eq!(ok(dir, &["get", "k"]), "v");
     assert_eq!(ok(dir, &["log", "k"]).lines().count(), 1);
 }
@@ -202,12 +208,22 @@ fn verify_detects_flipped_bytes_in_the_data_dir() {
     // The damage stays reported (and GC refuses) until an operator clears it.
     fails(&store, &["verify"], 6);
     fails(&store, &["gc"], 6);
-    // Reading the damaged blob fails loudly rather than returning wrong bytes.
-    let out = cairn(
-        &store,
-        &["get", "doc", "--out", dir.join("out.bin").to_str().unwrap()],
-    );
+    // Reading the damaged blob fails loudly rather than returning wrong bytes, and leaves
+    // no partial file behind: the output file is replaced whole or not at all.
+    let out_path = dir.join("out.bin");
+    let out = cairn(&store, &["get", "doc", "--out", out_path.to_str().unwrap()]);
     assert!(!out.status.success());
+    assert!(!out_path.exists());
+    std::fs::write(&out_path, b"kept").unwrap();
+    let out = cairn(&store, &["get", "doc", "--out", out_path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&out_path).unwrap(), b"kept");
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".cairn-out-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
 /// Kills a writer with SIGKILL in the middle of a streamed put; every acknowledged
