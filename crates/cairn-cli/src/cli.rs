@@ -420,6 +420,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => return verify_proof_file(file, capsule, metadata, key, uid),
         _ => {}
     }
+    // A node serves its own data directory: a client's `--server` / CAIRN_SERVER (say,
+    // exported for the shell's other commands) has no meaning for it.
+    if let Command::Serve(a) = &cli.command {
+        return serve(&cli, a);
+    }
     if let Some(server) = cli.server.clone() {
         return crate::client::run(cli, &server);
     }
@@ -435,9 +440,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         bail!(Error::invalid(
             "--encrypt, --decrypt and --capsule work with --server"
         ));
-    }
-    if let Command::Serve(a) = &cli.command {
-        return serve(&cli, a);
     }
     let data = cli
         .data
@@ -513,7 +515,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             bucket.rename(key.as_bytes(), &from, &to)?;
         }
         Command::Remove { key, branch } => {
-            bucket.remove(key.as_bytes(), &branch)?;
+            let uid = bucket.remove(key.as_bytes(), &branch)?;
+            if db.list_tagged(key.as_bytes()).is_err() {
+                eprintln!("{}", last_branch_removed(&key, &branch, &uid.to_string()));
+            }
         }
         Command::Branches { key, untagged } => {
             if untagged {
@@ -794,6 +799,15 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `cairn remove` tells when it removed a key's last branch: the key is gone from
+/// `keys`, and how to bring it back while its versions are still in the store.
+pub fn last_branch_removed(key: &str, branch: &str, uid: &str) -> String {
+    format!(
+        "note: {key:?} has no branch left, so it is no longer listed; its versions stay until \
+         `cairn gc` reclaims them: `cairn fork {key} --from {uid} --to {branch}` restores it"
+    )
 }
 
 /// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it (same

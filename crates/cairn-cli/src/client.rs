@@ -90,10 +90,18 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
             c.control("rename", &key, json!({ "from": from, "to": to }))?;
         }
         Command::Remove { key, branch } => {
-            let url = c.url("objects", Some(&key), &[("branch", branch)])?;
+            let url = c.url("objects", Some(&key), &[("branch", branch.clone())])?;
             let signer = c.signer()?;
             let resp = c.send(Method::DELETE, url, Vec::new(), &[], signer.as_ref())?;
-            read_json(resp)?;
+            let r = read_json(resp)?;
+            let gone = match c.get_json(c.url("branches", Some(&key), &[])?) {
+                Err(e) => matches!(e.downcast_ref::<Error>(), Some(Error::NotFound(_))),
+                Ok(_) => false,
+            };
+            if gone {
+                let uid = r.get("removed").and_then(J::as_str).unwrap_or("UID");
+                eprintln!("{}", crate::cli::last_branch_removed(&key, &branch, uid));
+            }
         }
         Command::Branches { key, untagged } => {
             let r = c.get_json(c.url("branches", Some(&key), &[])?)?;
@@ -162,8 +170,13 @@ struct Client {
 impl Client {
     fn new(cli: &Cli, server: &str) -> Result<Self> {
         let base = server.trim_end_matches('/').to_string();
-        Url::parse(&base)
+        let url = Url::parse(&base)
             .map_err(|e| Error::invalid(format!("--server {server:?} is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            bail!(Error::invalid(format!(
+                "--server {server:?} must start with http:// or https://"
+            )));
+        }
         let http = Http::builder()
             // Large transfers take as long as they take; only connecting is bounded.
             .timeout(None)
@@ -182,6 +195,10 @@ impl Client {
 
     /// `/v1/buckets/{bucket}[/{op}[/{key}]]?query`.
     fn url(&self, op: &str, key: Option<&str>, query: &[(&str, String)]) -> Result<Url> {
+        if key == Some("") {
+            // As in local mode (the node could only answer that no route matches).
+            bail!(Error::invalid("key must not be empty"));
+        }
         let mut s = format!("{}/v1/buckets/{}", self.base, enc(&self.bucket));
         if !op.is_empty() {
             s.push('/');

@@ -57,7 +57,13 @@ fn main() -> ExitCode {
             // is left is a setting or argument the command could not use.
             let code = match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
                 Some(err) => exit_code(err),
-                None if e.chain().any(|c| c.is::<std::io::Error>()) => 10,
+                None if e.chain().any(|c| {
+                    c.downcast_ref::<std::io::Error>()
+                        .is_some_and(|io| io.kind() != std::io::ErrorKind::InvalidInput)
+                }) =>
+                {
+                    10
+                }
                 None => 8,
             };
             eprintln!("error: {}", one_line(&e));

@@ -133,6 +133,19 @@ fn branches_merge_log_diff_lca() {
     ok(dir, &["rename", "doc", "dev", "wip"]);
     ok(dir, &["remove", "doc", "wip"]);
     assert_eq!(ok(dir, &["branches", "doc"]).lines().count(), 1);
+
+    // Removing a key's last branch says so, and forking one of its versions restores it.
+    let uid = ok(dir, &["put", "solo", "--value", "s"]).trim().to_string();
+    let out = cairn(dir, &["remove", "solo", "master"]);
+    assert!(out.status.success());
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.contains("no branch left") && note.contains(&uid),
+        "{note}"
+    );
+    assert!(!ok(dir, &["keys"]).lines().any(|k| k == "solo"));
+    ok(dir, &["fork", "solo", "--from", &uid, "--to", "master"]);
+    assert_eq!(ok(dir, &["get", "solo"]), "s");
 }
 
 #[test]
@@ -158,6 +171,31 @@ fn errors_are_one_clear_line_and_change_nothing() {
     let e = fails(dir, &["--durability", "bogus", "keys"], 8);
     assert!(e.contains("expected fsync, group or buffered"), "{e}");
     fails(dir, &["put", "k", "--value", "v", "--no-such-flag"], 8);
+    // Client-mode input checked before any request is sent.
+    let e = fails(dir, &["--server", "localhost:3917", "keys"], 8);
+    assert!(e.contains("http://"), "{e}");
+    let e = fails(
+        dir,
+        &["--server", "http://127.0.0.1:9", "put", "", "--value", "1"],
+        8,
+    );
+    assert!(e.contains("key must not be empty"), "{e}");
+    // `serve` is not a client: a CAIRN_SERVER exported for the shell does not stop it (here
+    // it gets as far as refusing its own bad listen address).
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .env("CAIRN_SERVER", "http://127.0.0.1:9")
+        .args(["serve", "--listen", "nonsense"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{err}");
+    assert!(err.contains("nonsense"), "{err}");
+    // A read of a data directory that does not exist does not create one.
+    let missing = dir.join("no-such-store");
+    fails(&missing, &["keys"], 3);
+    assert!(!missing.exists());
     // Files the command cannot read or write: I/O errors.
     fails(dir, &["put", "f", "--file", "/nonexistent/input"], 10);
     fails(dir, &["get", "k", "--out", "/nonexistent/dir/out"], 10);

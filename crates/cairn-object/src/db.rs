@@ -872,8 +872,8 @@ impl Db {
                 Error::not_found(format!("branch {b:?} of key {}", show_key(key)))
             })?,
             At::Uid(u) => {
-                self.existing_table(key)?;
-                // A uid from outside must name a version of this key.
+                // A uid from outside must name a version of this key (which may have no
+                // branch left: forking one of its versions brings it back).
                 let known = stripe.recall(u).is_some_and(|i| i.key_hash == key_hash);
                 if !known {
                     self.load_for_key(key, u)?;

@@ -109,7 +109,10 @@ pub async fn open(node: &Arc<Node>, name: &str) -> ApiResult<Opened> {
     let name = name.to_string();
     blocking(move || {
         let entry = entry(&node, &name)?.ok_or_else(|| {
-            Error::not_found(format!("bucket {name:?} (create it with POST /v1/buckets)"))
+            Error::not_found(format!(
+                "bucket {name:?} (create it with POST /v1/buckets; `cairn --server URL put` \
+                 creates it on its first write)"
+            ))
         })?;
         let bucket = node.bucket(&name)?;
         Ok(Opened { entry, bucket })
