@@ -14,6 +14,8 @@
 //! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
 //! | `seg-NNNNNN.hint` | For a sealed segment: its records in file order without chunk payloads (see below), so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it (unless the segment is damaged). |
 //! | `refs.snap` | Snapshot of the whole refs map and the sequence number of the last commit it includes, written atomically and durably (temporary file, fsync, rename, fsync directory) when [`LogStoreOptions::refs_log_max`] bytes of commit records were written since the last one (and twice the snapshot's size), and by compaction before it deletes a segment holding commit records the snapshot does not cover. |
+//! | `RECOVERY.log` | Damage crash recovery found, one line per place, appended durably; kept until an operator clears it ([`ChunkStore::clear_recovery_notes`]). |
+//! | `RECOVERY.cleared` | The notes an operator cleared: damage that stays in the file (bit rot in the durable region is never cut) is not raised again, new damage is. |
 //!
 //! # Segment records
 //!
@@ -1305,19 +1307,43 @@ impl Drop for LogStore {
 /// it, until an operator clears it.
 pub const RECOVERY_NOTES: &str = "RECOVERY.log";
 
+/// File in the store directory holding the recovery notes an operator cleared. Damage in
+/// the durable region is not cut away, so every open finds it again; a note cleared once
+/// is not raised again for the same damage (the same line), while new damage is.
+pub const RECOVERY_CLEARED: &str = "RECOVERY.cleared";
+
+/// The lines of `path`, or nothing when it does not exist.
+fn read_lines_file(path: &Path) -> Result<String> {
+    match fs::read_to_string(path) {
+        Ok(s) => Ok(s),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// Appends `text` to `path` and makes it durable (the file and its directory entry).
+fn append_durably(dir: &Path, path: &Path, text: &str) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .ctx(|| format!("opening {}", path.display()))?;
+    std::io::Write::write_all(&mut f, text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .ctx(|| format!("writing {}", path.display()))?;
+    format::sync_dir(dir)
+}
+
 /// Appends the damage `report` describes to the store's recovery notes (once per distinct
-/// line), durably.
+/// line, and not a line an operator already cleared), durably.
 fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
     if report.damage.is_empty() {
         return Ok(());
     }
     let path = dir.join(RECOVERY_NOTES);
-    let existing = match fs::read_to_string(&path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
-    };
-    let known: HashSet<&str> = existing.lines().collect();
+    let existing = read_lines_file(&path)?;
+    let cleared = read_lines_file(&dir.join(RECOVERY_CLEARED))?;
+    let known: HashSet<&str> = existing.lines().chain(cleared.lines()).collect();
     let mut add = String::new();
     for d in &report.damage {
         let line = d.replace('\n', " ");
@@ -1329,15 +1355,7 @@ fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
     if add.is_empty() {
         return Ok(());
     }
-    let mut f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .ctx(|| format!("opening {}", path.display()))?;
-    std::io::Write::write_all(&mut f, add.as_bytes())
-        .and_then(|_| f.sync_all())
-        .ctx(|| format!("writing {}", path.display()))?;
-    format::sync_dir(dir)
+    append_durably(dir, &path, &add)
 }
 
 impl ChunkStore for LogStore {
@@ -1356,6 +1374,11 @@ impl ChunkStore for LogStore {
 
     fn clear_recovery_notes(&self) -> Result<()> {
         let path = self.dir.join(RECOVERY_NOTES);
+        // Remember what was cleared first, so the next open does not raise it again.
+        let notes = read_lines_file(&path)?;
+        if !notes.is_empty() {
+            append_durably(&self.dir, &self.dir.join(RECOVERY_CLEARED), &notes)?;
+        }
         match fs::remove_file(&path) {
             Ok(()) => format::sync_dir(&self.dir),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),

@@ -853,6 +853,38 @@ fn torn_last_group_is_cut() {
     assert!(s.recovery_notes().unwrap().is_empty());
 }
 
+/// Bit rot in the durable region stays in the file, so every open finds it again: once an
+/// operator clears its note it is not raised again, but new damage is.
+#[test]
+fn cleared_damage_stays_cleared_and_new_damage_is_raised() {
+    let g = groups();
+    let mid = &g.chunks[1];
+    let (copy, p) = hurt_copy(&g, &Hurt::Flip(mid[0].0 + 50 + 1000));
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    let first = s.recovery_notes().unwrap();
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.clear_recovery_notes().unwrap();
+    assert!(s.recovery_notes().unwrap().is_empty());
+    drop(s);
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(s.recovery().damage, first, "still found at open");
+    assert!(
+        s.recovery_notes().unwrap().is_empty(),
+        "but not raised again"
+    );
+    drop(s);
+    // New damage elsewhere: raised (and the old stays cleared).
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let at = mid[2].0 + 50 + 7;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x44], at).unwrap();
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    let notes = s.recovery_notes().unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_ne!(notes, first);
+}
+
 /// The same damage in an earlier group is bit rot in acknowledged data: reported, never
 /// cut, and the later commits still apply.
 #[test]
