@@ -26,43 +26,74 @@ use crate::format;
 #[derive(Parser, Debug)]
 #[command(name = "cairn", version, about, long_about = None)]
 pub struct Cli {
-    /// Data directory of the embedded store, created on first use [default: ./cairn-data,
+    /// Data directory of the embedded store, created by the first write [default: ./cairn-data,
     /// or the config file's for `serve`].
-    #[arg(long, global = true, env = "CAIRN_DATA")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_DATA"
+    )]
     pub data: Option<PathBuf>,
     /// Durability of writes: fsync (sync each write), group (group commit, the default:
     /// same guarantee, syncs shared by concurrent writers), buffered (no sync: survives a
     /// process crash, not power loss).
-    #[arg(long, global = true, env = "CAIRN_DURABILITY")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_DURABILITY"
+    )]
     pub durability: Option<Durability>,
     /// Hash algorithm for a new store (blake3 or sha256); an existing store keeps its own.
-    #[arg(long, global = true, default_value = "blake3")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        default_value = "blake3"
+    )]
     pub hash: HashAlgo,
     /// Seconds to wait for a store another `cairn` process has open.
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         env = "CAIRN_LOCK_TIMEOUT",
         default_value_t = 30.0
     )]
     pub lock_timeout: f64,
     /// The bucket (namespace of keys, backed by one capsule) the command works on.
-    #[arg(long, global = true, env = "CAIRN_BUCKET", default_value = DEFAULT_BUCKET)]
+    #[arg(long, global = true, help_heading = "Global options", env = "CAIRN_BUCKET", default_value = DEFAULT_BUCKET)]
     pub bucket: String,
     /// The writer key that signs the bucket's records (default:
     /// $XDG_CONFIG_HOME/cairn/writer.key or ~/.config/cairn/writer.key; created on first
     /// write when missing).
-    #[arg(long, global = true, env = "CAIRN_KEY_FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_KEY_FILE"
+    )]
     pub key_file: Option<PathBuf>,
     /// Work against the native HTTP API of the node at this URL (e.g.
     /// http://127.0.0.1:3000) instead of the local store: same commands, same output and
     /// exit codes.
-    #[arg(long, global = true, env = "CAIRN_SERVER")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_SERVER"
+    )]
     pub server: Option<String>,
     /// The data key of `put --encrypt` / `get --decrypt` (default:
     /// $XDG_CONFIG_HOME/cairn/data.key or ~/.config/cairn/data.key; created on first
     /// --encrypt when missing).
-    #[arg(long, global = true, env = "CAIRN_DATA_KEY_FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_DATA_KEY_FILE"
+    )]
     pub data_key_file: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
