@@ -638,7 +638,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             if report.is_intact() && !matches!(audit, Some(Err(_))) {
                 writeln!(
                     out,
-                    "intact: {} keys, {} versions, {} chunks re-hashed",
+                    "intact: {} key(s), {} version(s), {} chunk(s) re-hashed",
                     report.keys, report.versions, report.chunks
                 )?;
                 if let Some(Ok((records, sigs))) = audit {
@@ -658,7 +658,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     eprintln!("damaged: {d}");
                 }
                 bail!(Error::corrupt(format!(
-                    "{} damaged item(s) found in {} keys",
+                    "{} damaged item(s) found in {} key(s)",
                     report.damage.len(),
                     report.keys
                 )));

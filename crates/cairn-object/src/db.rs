@@ -768,10 +768,19 @@ impl Db {
     fn apply_op(&self, v: &Value, op: Op) -> Result<Value> {
         let s = self.chunks();
         let mismatch = |v: &Value| {
+            let t = v.value_type();
+            let takes = match t {
+                ValueType::String | ValueType::Tuple => "append, insert",
+                ValueType::Integer => "add, multiply",
+                ValueType::Blob => "blob splice",
+                ValueType::List => "list splice",
+                ValueType::Map => "map update",
+                ValueType::Set => "set update",
+            };
+            let a = if t == ValueType::Integer { "an" } else { "a" };
             Error::TypeMismatch(format!(
-                "{} does not apply to a {}",
-                op.name(),
-                v.value_type()
+                "{} does not apply to {a} {t} (it takes: {takes})",
+                op.name()
             ))
         };
         Ok(match (v, &op) {
