@@ -469,7 +469,9 @@ impl Bucket {
             (Some(meta), Some(key)) => {
                 let public = key.public();
                 let mut w = Writer::new(meta.clone(), key, None).map_err(|_| {
-                    Error::invalid(format!(
+                    // Refused like a node refuses a request signed by a key that is not
+                    // the bucket's: the signature would not be accepted.
+                    Error::Rejected(format!(
                         "key {public} is not a writer of bucket {bucket} (capsule {}); \
                          writers: {}",
                         meta.name(),

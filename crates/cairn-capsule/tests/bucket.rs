@@ -178,7 +178,7 @@ fn reopen_continues_the_chain_and_guards_the_writer_key() {
     let e = open(&store, Some(SigningKey::from_seed(&[2; 32])))
         .err()
         .unwrap();
-    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert!(matches!(e, Error::Rejected(_)), "{e}");
     assert!(
         e.to_string().contains("not a writer of bucket default"),
         "{e}"
