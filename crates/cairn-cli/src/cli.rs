@@ -841,15 +841,33 @@ pub fn last_branch_removed(key: &str, branch: &str, uid: &str) -> String {
     )
 }
 
-/// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it (same
-/// permissions a new file gets), which replaces `dest` only once `fill` succeeded and
-/// everything is flushed. On failure `dest` is left as it was and the temporary file is
-/// removed. Returns what `fill` returned.
+/// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it, which
+/// replaces `dest` only once `fill` succeeded and everything is flushed (with the
+/// permissions of the file it replaces, or those a new file gets). On failure `dest` is left
+/// as it was and the temporary file is removed. A `dest` that exists and is not a regular
+/// file (`/dev/null`, a pipe, a symlink) is written in place instead, as a shell redirection
+/// would. Returns what `fill` returned.
 pub fn write_whole_file(
     dest: &Path,
     fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
 ) -> Result<u64> {
     use std::os::unix::fs::PermissionsExt;
+    let existing = match std::fs::symlink_metadata(dest) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("opening {}", dest.display())),
+    };
+    if let Some(m) = &existing
+        && !m.file_type().is_file()
+    {
+        let f = File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        let n = fill(&mut w)?;
+        w.flush()
+            .with_context(|| format!("writing {}", dest.display()))?;
+        return Ok(n);
+    }
+    let mode = existing.map_or(0o666, |m| m.permissions().mode() & 0o7777);
     let dir = dest
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -859,6 +877,12 @@ pub fn write_whole_file(
         .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(dir)
         .with_context(|| format!("creating {}", dest.display()))?;
+    if mode != 0o666 {
+        // Keep the mode of the file being replaced (a private file stays private).
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("creating {}", dest.display()))?;
+    }
     let n = {
         let mut w = BufWriter::with_capacity(1 << 20, tmp.as_file());
         let n = fill(&mut w)?;

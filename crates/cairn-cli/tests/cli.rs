@@ -513,3 +513,38 @@ fn bucket_mutations_are_signed_records_with_proofs() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a writer of bucket default"));
     assert_eq!(ok(dir, &["get", "doc"]), "two");
 }
+
+/// `get --out` replaces a regular file whole, keeping its permissions; it writes through a
+/// symlink and into a device in place, never replacing them.
+#[test]
+fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "secret"]);
+    let private = dir.join("private.txt");
+    std::fs::write(&private, b"old").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    ok(dir, &["get", "k", "--out", private.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&private).unwrap(), b"secret");
+    let mode = std::fs::metadata(&private).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let link = dir.join("link.txt");
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    ok(dir, &["put", "k", "--value", "newer"]);
+    ok(dir, &["get", "k", "--out", link.to_str().unwrap()]);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(std::fs::read(&private).unwrap(), b"newer");
+    ok(dir, &["get", "k", "--out", "/dev/null"]);
+    assert!(
+        std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+}
