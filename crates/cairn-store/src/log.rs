@@ -347,6 +347,10 @@ struct Writer {
     next_seq: u64,
     /// Chunk or tombstone records were appended after the last commit record.
     dirty: bool,
+    /// The active segment held damage when the store was opened: it gets no hint file when
+    /// sealed, so every open rescans it and reports the damage again (a hint would carry a
+    /// damaged commit's payload as if it were intact).
+    damaged: bool,
     /// End of the zeros written ahead of the data of the active segment (see [`PREALLOC`]).
     alloc_end: u64,
 }
@@ -718,6 +722,7 @@ impl LogStore {
         }
 
         // The active segment.
+        let mut active_damaged = false;
         let (active, hints, active_commits) = match last {
             None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
@@ -762,6 +767,7 @@ impl LogStore {
                             .and_then(|_| file.sync_all())
                             .ctx(|| format!("truncating torn tail of {}", path.display()))?;
                     }
+                    active_damaged = scan.damaged > 0;
                     report.damaged_records += scan.damaged;
                     report.damaged_bytes += scan.skipped;
                     report.damage.extend(scan.damage);
@@ -836,6 +842,7 @@ impl LogStore {
                 commits: active_commits,
                 next_seq: max_seq + 1,
                 dirty: false,
+                damaged: active_damaged,
                 alloc_end: 0,
             }),
             lookup: RwLock::new(map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
@@ -978,8 +985,10 @@ impl LogStore {
         w.seg = new;
         let hints = std::mem::take(&mut w.hints);
         let mut commits = std::mem::take(&mut w.commits);
-        // The hint is an optimisation: if it is lost, open rescans the segment.
-        if segment::read_commit_ops(&old, end, &mut commits).is_ok() {
+        let damaged = std::mem::replace(&mut w.damaged, false);
+        // The hint is an optimisation: if it is lost, open rescans the segment. A segment
+        // that held damage gets none, so that every open finds and reports the damage.
+        if !damaged && segment::read_commit_ops(&old, end, &mut commits).is_ok() {
             let _ = format::write_atomic(
                 &self.dir,
                 &format::hint_path(&self.dir, old.id),

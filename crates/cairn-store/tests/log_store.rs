@@ -885,6 +885,40 @@ fn cleared_damage_stays_cleared_and_new_damage_is_raised() {
     assert_ne!(notes, first);
 }
 
+/// A segment that held damage when it was opened as the active one is sealed without a
+/// hint: every later open rescans it, so a damaged commit never comes back as if intact,
+/// and its damage is still found.
+#[test]
+fn a_segment_damaged_at_open_is_sealed_without_a_hint() {
+    let g = groups();
+    let (copy, p) = hurt_copy(&g, &Hurt::Flip(g.commits[1].0 + 60));
+    let mut without_g1 = g.commits[3].1.clone();
+    without_g1.remove(&b"g1"[..]);
+    let small = LogStoreOptions {
+        segment_size: g.len + 4096,
+        ..opts(Durability::Group)
+    };
+    let s = LogStore::open(copy.path(), small.clone()).unwrap();
+    assert_eq!(all_refs(&s), without_g1);
+    let first = s.recovery().damage.clone();
+    assert!(!first.is_empty());
+    // Fill the segment until it is sealed and another one started.
+    for i in 0..4u32 {
+        let c = s.put(&i.to_le_bytes().repeat(1000)).unwrap();
+        s.commit(&[set(&format!("after{i}"), &c.to_bytes())]).unwrap();
+    }
+    let segs = s.segment_paths();
+    assert!(segs.len() >= 2, "{segs:?}");
+    let mut want = all_refs(&s);
+    drop(s);
+    assert!(!p.with_extension("hint").exists(), "a hint for the damaged segment");
+    let s = LogStore::open(copy.path(), small).unwrap();
+    assert_eq!(s.recovery().damage, first, "the damage is found again");
+    want.remove(&b"g1"[..]);
+    assert_eq!(all_refs(&s), want);
+    assert!(!all_refs(&s).contains_key(&b"g1"[..]));
+}
+
 /// The same damage in an earlier group is bit rot in acknowledged data: reported, never
 /// cut, and the later commits still apply.
 #[test]
