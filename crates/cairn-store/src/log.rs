@@ -68,8 +68,9 @@
 //!      torn tail: the file is truncated there. A write interrupted part way (a crash
 //!      mid-`pwrite`, a page that never reached the disk) was never acknowledged, so that
 //!      cut is not damage. But when the cut holds a commit record whose header is intact
-//!      and whose payload fails its checksum without being zeros from a page boundary on
-//!      (which is what an interrupted write leaves, the segment being zero-filled ahead),
+//!      and whose payload fails its checksum without being zeros from a 512-byte sector
+//!      boundary on (what an interrupted write or a torn sector leaves, the segment being
+//!      zero-filled ahead),
 //!      a commit is lost that may have been acknowledged (bit rot after its sync): the cut
 //!      is then reported as damage (one entry in `damage`, kept as a recovery note)
 //!      rather than passed over in silence.
@@ -801,8 +802,18 @@ impl LogStore {
                 continue;
             }
             since += FRAME_HEADER_LEN as u64 + c.len as u64;
+            // File names only: a note must read the same however the directory is spelled
+            // (a cleared note is recognised by its text).
             let seg = format::segment_path(&dir, id);
-            let at = || format!("{} at offset {}: commit {}", seg.display(), c.off, c.seq);
+            let seg = seg.file_name().map_or(seg.as_os_str(), |n| n);
+            let at = || {
+                format!(
+                    "{} at offset {}: commit {}",
+                    seg.to_string_lossy(),
+                    c.off,
+                    c.seq
+                )
+            };
             if !c.intact {
                 // Already described in `damage`.
                 report.commits_dropped += 1;
@@ -1269,7 +1280,8 @@ fn sealed_records(
         Err(e) => Err(format!("unreadable header: {e}")),
     };
     if let Err(why) = &header {
-        damage.push(format!("sealed segment {}: {why}", seg.path.display()));
+        let name = seg.path.file_name().unwrap_or(seg.path.as_os_str());
+        damage.push(format!("sealed segment {}: {why}", name.to_string_lossy()));
     }
     let keep = if write_hint { 0 } else { keep_after };
     let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep, before)?;
@@ -1344,7 +1356,7 @@ fn append_durably(dir: &Path, path: &Path, text: &str) -> Result<()> {
 }
 
 /// Appends the damage `report` describes to the store's recovery notes (once per distinct
-/// line, and not a line an operator already cleared), durably.
+/// line, and not a line an operator already cleared unless it reports a cut), durably.
 fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
     if report.damage.is_empty() {
         return Ok(());
@@ -1352,11 +1364,22 @@ fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
     let path = dir.join(RECOVERY_NOTES);
     let existing = read_lines_file(&path)?;
     let cleared = read_lines_file(&dir.join(RECOVERY_CLEARED))?;
-    let known: HashSet<&str> = existing.lines().chain(cleared.lines()).collect();
+    let pending: HashSet<&str> = existing.lines().collect();
+    let cleared: HashSet<&str> = cleared.lines().collect();
+    // A cut is gone from the file once made, so the same text at a later open is a new
+    // loss (offsets and sequence numbers are reused after a cut): never suppressed.
+    let is_cut = |line: &str| {
+        report
+            .segment_stop
+            .as_deref()
+            .is_some_and(|why| line.ends_with(why))
+    };
     let mut add = String::new();
     for d in &report.damage {
         let line = d.replace('\n', " ");
-        if !known.contains(line.as_str()) {
+        let known =
+            pending.contains(line.as_str()) || (cleared.contains(line.as_str()) && !is_cut(&line));
+        if !known {
             add.push_str(&line);
             add.push('\n');
         }

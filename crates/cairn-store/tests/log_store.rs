@@ -905,18 +905,45 @@ fn a_segment_damaged_at_open_is_sealed_without_a_hint() {
     // Fill the segment until it is sealed and another one started.
     for i in 0..4u32 {
         let c = s.put(&i.to_le_bytes().repeat(1000)).unwrap();
-        s.commit(&[set(&format!("after{i}"), &c.to_bytes())]).unwrap();
+        s.commit(&[set(&format!("after{i}"), &c.to_bytes())])
+            .unwrap();
     }
     let segs = s.segment_paths();
     assert!(segs.len() >= 2, "{segs:?}");
     let mut want = all_refs(&s);
     drop(s);
-    assert!(!p.with_extension("hint").exists(), "a hint for the damaged segment");
+    assert!(
+        !p.with_extension("hint").exists(),
+        "a hint for the damaged segment"
+    );
     let s = LogStore::open(copy.path(), small).unwrap();
     assert_eq!(s.recovery().damage, first, "the damage is found again");
     want.remove(&b"g1"[..]);
     assert_eq!(all_refs(&s), want);
     assert!(!all_refs(&s).contains_key(&b"g1"[..]));
+}
+
+/// A cut is made once; the same text at a later open is a new loss (the offset and the
+/// sequence number are reused after a cut), raised even after the first one was cleared.
+#[test]
+fn a_later_cut_with_the_same_text_is_raised_again() {
+    let g = groups();
+    let at = g.commits[3].0;
+    let (copy, p) = hurt_copy(&g, &Hurt::Flip(at + 55));
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    let first = s.recovery_notes().unwrap();
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.clear_recovery_notes().unwrap();
+    // The next commit takes the cut one's place and number; then the same damage again.
+    s.commit(&[set("again", b"x")]).unwrap();
+    drop(s);
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at + 52).unwrap();
+    f.write_all_at(&[b[0] ^ 0x44], at + 52).unwrap();
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(s.recovery().damage, first, "the same text");
+    assert_eq!(s.recovery_notes().unwrap(), first, "raised again");
 }
 
 /// The same damage in an earlier group is bit rot in acknowledged data: reported, never

@@ -502,34 +502,33 @@ pub(crate) fn scan(
             if let Some(at) = first_mismatch(&mut rd, &out.records, last_commit_end, limit)? {
                 first_bad = Some(at);
             }
-            cut = first_bad.map(|(at, why)| {
-                // A write interrupted before its commit record was complete was never
-                // acknowledged: cut silently. But a commit record written whole whose
-                // payload fails its checksum is a commit lost, maybe an acknowledged one
-                // (bit rot in the last group, or a power loss during its sync): say so.
-                let mut lost: Vec<u64> = Vec::new();
-                for c in out.commits.iter().filter(|c| c.off >= at && !c.intact) {
-                    let end = c.off + FRAME_HEADER_LEN as u64 + c.len as u64;
-                    match rd.get(c.off, (end - c.off) as usize) {
-                        Ok(rec) if !cut_short(c.off, rec) => lost.push(c.seq),
-                        _ => {}
+            // A write interrupted before its commit record was complete was never
+            // acknowledged: cut silently. But a commit record written whole whose payload
+            // fails its checksum is a commit lost, maybe an acknowledged one (bit rot in
+            // the last group): say so.
+            let mut lost: Vec<u64> = Vec::new();
+            if let Some((at, _)) = &first_bad {
+                for c in out.commits.iter().filter(|c| c.off >= *at && !c.intact) {
+                    let n = FRAME_HEADER_LEN + c.len as usize;
+                    if !cut_short(c.off, rd.get(c.off, n)?) {
+                        lost.push(c.seq);
                     }
                 }
-                match (lost.first(), lost.last()) {
-                    (Some(a), Some(b)) => {
-                        let seqs = if a == b {
-                            format!("commit {a}")
-                        } else {
-                            format!("commits {a}..={b}")
-                        };
-                        let msg = format!(
-                            "the last write's commit record is damaged ({why}): cut at offset \
+            }
+            cut = first_bad.map(|(at, why)| match (lost.first(), lost.last()) {
+                (Some(a), Some(b)) => {
+                    let seqs = if a == b {
+                        format!("commit {a}")
+                    } else {
+                        format!("commits {a}..={b}")
+                    };
+                    let msg = format!(
+                        "the last write's commit record is damaged ({why}): cut at offset \
                              {at}, {seqs} not applied (lost if it had been acknowledged)"
-                        );
-                        (at, msg, true)
-                    }
-                    _ => (at, why, false),
+                    );
+                    (at, msg, true)
                 }
+                _ => (at, why, false),
             });
         }
     }
@@ -555,19 +554,21 @@ pub(crate) fn scan(
     Ok(out)
 }
 
-/// Page size of the page cache: a write interrupted part way, or a page that never
-/// reached the disk, leaves a record whole up to such a boundary and zeros (the zeros the
-/// segment was extended with) from there on.
-const PAGE: u64 = 4096;
+/// Disk sector size: a write interrupted part way (the kernel stops a buffered write at a
+/// page boundary, a disk tears a write at a sector boundary) leaves a record whole up to
+/// such a boundary and, since the segment is zero-filled ahead of its data, zeros from
+/// there on. Pages are whole sectors.
+const SECTOR: u64 = 512;
 
-/// Whether the record at file offset `off` with bytes `rec` looks cut short rather than
-/// damaged in place: its bytes are zero from a page boundary inside it to its end.
+/// Whether the record at file offset `off` with bytes `rec` (header and payload) looks cut
+/// short rather than damaged in place: its bytes are zero from a sector boundary inside
+/// its payload to its end. (The header passed its checksum, so a cut lies after it.)
 pub(super) fn cut_short(off: u64, rec: &[u8]) -> bool {
     let end = off + rec.len() as u64;
     let zeros = rec.iter().rev().take_while(|&&b| b == 0).count() as u64;
-    // First page boundary inside the record's trailing zeros.
-    let boundary = (end - zeros).div_ceil(PAGE) * PAGE;
-    boundary > off && boundary < end
+    // First sector boundary inside the record's trailing zeros.
+    let boundary = (end - zeros).div_ceil(SECTOR) * SECTOR;
+    boundary >= off + FRAME_HEADER_LEN as u64 && boundary < end
 }
 
 /// The first chunk record in `[from, to)` whose payload does not hash to its cid.

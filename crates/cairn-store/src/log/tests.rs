@@ -146,28 +146,34 @@ fn stray_commit_after_a_resync_is_ignored() {
 }
 
 #[test]
-fn a_record_cut_short_at_a_page_boundary_is_told_from_one_damaged_in_place() {
+fn a_record_cut_short_at_a_sector_boundary_is_told_from_one_damaged_in_place() {
     use segment::cut_short;
-    // A record at 4000..4300: the page boundary 4096 lies inside it.
+    // A record at 4000..4300 (its payload from 4050): the sector boundary 4096 lies
+    // inside its payload.
     let mut rec = vec![7u8; 300];
     assert!(!cut_short(4000, &rec), "intact bytes");
     rec[290] = 0;
     assert!(!cut_short(4000, &rec), "a zero byte is not a cut");
-    // Zeros from the boundary on: the write stopped there (or that page never landed).
+    // Zeros from the boundary on: the write stopped there (or that sector never landed).
     rec[96..].fill(0);
     assert!(cut_short(4000, &rec));
     // Zeros from before the boundary on: still a cut at the boundary.
-    rec[50..].fill(0);
+    rec[60..].fill(0);
     assert!(cut_short(4000, &rec));
     // A flipped byte after the boundary: damage in place, not a cut.
     rec[200] = 0xff;
     assert!(!cut_short(4000, &rec));
-    // No page boundary inside the record: it cannot have been cut short.
+    // No sector boundary inside the record: it cannot have been cut short.
     let mut small = vec![7u8; 100];
-    small[50..].fill(0);
-    assert!(!cut_short(4200, &small));
+    small[60..].fill(0);
+    assert!(!cut_short(4100, &small));
+    // Zeros from a boundary inside the header (4096, six bytes in): the header passed its
+    // checksum, so the write was not cut there.
+    let mut head = vec![7u8; 100];
+    head[6..].fill(0);
+    assert!(!cut_short(4090, &head));
     // A record ending exactly at a boundary, zeros before it: the boundary is its end.
     let mut at_end = vec![7u8; 96];
-    at_end[40..].fill(0);
+    at_end[60..].fill(0);
     assert!(!cut_short(4000, &at_end));
 }
