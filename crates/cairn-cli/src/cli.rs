@@ -488,7 +488,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     );
     // Only a write creates a store: a read of a mistyped directory must not leave an
     // empty store there and answer as if it were one.
-    if !writes && !data.exists() {
+    // A store has its MANIFEST (a directory holding segments without one is a damaged
+    // store, which opening reports).
+    let is_store = data
+        .join("MANIFEST")
+        .try_exists()
+        .with_context(|| format!("opening store {}", data.display()))?
+        || std::fs::read_dir(&data).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("seg-"))
+        });
+    if !writes && !is_store {
         bail!(Error::NotFound(format!(
             "no store at {} (a write such as `cairn put` creates one; check --data or \
              CAIRN_DATA)",
@@ -547,7 +558,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Remove { key, branch } => {
             let uid = bucket.remove(key.as_bytes(), &branch)?;
-            if db.list_tagged(key.as_bytes()).is_err() {
+            if let Err(Error::NotFound(_)) = db.list_tagged(key.as_bytes()) {
                 eprintln!("{}", last_branch_removed(&key, &branch, &uid.to_string()));
             }
         }
@@ -821,7 +832,9 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
     }
     match &a.out {
         Some(p) => {
-            write_whole_file(p, &mut |w| write_value(db, &v.object.value, w).map(|()| 0))?;
+            write_whole_file(p, 0o666, &mut |w| {
+                write_value(db, &v.object.value, w).map(|()| 0)
+            })?;
         }
         None => {
             let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);
@@ -841,43 +854,85 @@ pub fn last_branch_removed(key: &str, branch: &str, uid: &str) -> String {
     )
 }
 
+/// Where [`write_whole_file`] writes.
+pub enum OutTarget {
+    /// A regular file (new or existing; a symlink resolved to it), replaced whole.
+    File(PathBuf),
+    /// Something else that exists (a device such as `/dev/null`, a pipe): written in
+    /// place, as a shell redirection would.
+    InPlace,
+}
+
+/// Decides how `dest` is written: a symlink is followed, and an existing file must be
+/// writable by us (a shell redirection into a read-only file fails too).
+pub fn out_target(dest: &Path) -> Result<OutTarget> {
+    let real = match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(dest) {
+            Ok(p) => p,
+            // A dangling link: write where it points, by name, in place.
+            Err(_) => return Ok(OutTarget::InPlace),
+        },
+        Ok(_) => dest.to_path_buf(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutTarget::File(dest.into())),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", dest.display())),
+    };
+    let m = std::fs::metadata(&real).with_context(|| format!("opening {}", dest.display()))?;
+    if !m.file_type().is_file() {
+        return Ok(OutTarget::InPlace);
+    }
+    // Opening for writing without truncating checks permission and changes nothing.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&real)
+        .with_context(|| format!("opening {}", dest.display()))?;
+    Ok(OutTarget::File(real))
+}
+
 /// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it, which
-/// replaces `dest` only once `fill` succeeded and everything is flushed (with the
-/// permissions of the file it replaces, or those a new file gets). On failure `dest` is left
-/// as it was and the temporary file is removed. A `dest` that exists and is not a regular
-/// file (`/dev/null`, a pipe, a symlink) is written in place instead, as a shell redirection
-/// would. Returns what `fill` returned.
+/// replaces `dest` only once `fill` succeeded and everything is flushed. The result keeps
+/// the permissions of the file it replaces; a new file gets `new_mode` (less the umask).
+/// On failure `dest` is left as it was and the temporary file is removed. A `dest` that is
+/// not a regular file (`/dev/null`, a pipe) is written in place, and so is one in a
+/// directory where no temporary file can be made or renamed (as a shell redirection
+/// would). Returns what `fill` returned.
 pub fn write_whole_file(
     dest: &Path,
+    new_mode: u32,
     fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
 ) -> Result<u64> {
     use std::os::unix::fs::PermissionsExt;
-    let existing = match std::fs::symlink_metadata(dest) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("opening {}", dest.display())),
-    };
-    if let Some(m) = &existing
-        && !m.file_type().is_file()
-    {
+    let in_place = |fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>| -> Result<u64> {
         let f = File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = fill(&mut w)?;
         w.flush()
             .with_context(|| format!("writing {}", dest.display()))?;
-        return Ok(n);
-    }
-    let mode = existing.map_or(0o666, |m| m.permissions().mode() & 0o7777);
-    let dir = dest
+        Ok(n)
+    };
+    let real = match out_target(dest)? {
+        OutTarget::InPlace => return in_place(fill),
+        OutTarget::File(p) => p,
+    };
+    let keep = std::fs::metadata(&real)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o777);
+    let dir = real
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let tmp = tempfile::Builder::new()
+    let tmp = match tempfile::Builder::new()
         .prefix(".cairn-out-")
-        .permissions(std::fs::Permissions::from_mode(0o666))
+        .permissions(std::fs::Permissions::from_mode(new_mode))
         .tempfile_in(dir)
-        .with_context(|| format!("creating {}", dest.display()))?;
-    if mode != 0o666 {
+    {
+        Ok(t) => t,
+        // No temporary file here (a directory we may not write): in place, like `>`.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied && keep.is_some() => {
+            return in_place(fill);
+        }
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
+    };
+    if let Some(mode) = keep {
         // Keep the mode of the file being replaced (a private file stays private).
         tmp.as_file()
             .set_permissions(std::fs::Permissions::from_mode(mode))
@@ -890,9 +945,13 @@ pub fn write_whole_file(
             .with_context(|| format!("writing {}", dest.display()))?;
         n
     };
-    tmp.persist(dest)
-        .map_err(|e| e.error)
-        .with_context(|| format!("writing {}", dest.display()))?;
+    if let Err(e) = tmp.persist(&real) {
+        // The file cannot be replaced (sticky directory, bind mount, ...): the content is
+        // complete and checked, so copy it in place.
+        let mut from = e.file.reopen().context("reading the temporary file")?;
+        let mut to = File::create(&real).with_context(|| format!("opening {}", dest.display()))?;
+        io::copy(&mut from, &mut to).with_context(|| format!("writing {}", dest.display()))?;
+    }
     Ok(n)
 }
 

@@ -317,7 +317,11 @@ impl Client {
         // waiting for it.
         drop(http);
         drop(rt);
-        let _ = reader.join();
+        // After a complete upload the reader has finished; after a failure it may still
+        // wait on a slow input (a terminal, a pipe): leave it, the process is ending.
+        if matches!(&answer, Ok((status, _)) if status.is_success()) {
+            let _ = reader.join();
+        }
         let (status, answer) = answer.map_err(|e| transport(&self.base, e))?;
         if status.is_success() {
             parse_json(&answer)
@@ -664,7 +668,7 @@ impl Client {
         }
         match &a.out {
             Some(p) => {
-                crate::cli::write_whole_file(p, &mut |w| copy(&mut body, w))?;
+                crate::cli::write_whole_file(p, 0o666, &mut |w| copy(&mut body, w))?;
             }
             None => {
                 let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);

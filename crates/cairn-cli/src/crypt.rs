@@ -377,7 +377,18 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
 /// Decrypts into a temporary file beside `dest` and renames it to `dest` only when the whole
 /// value verified; on failure `dest` is left as it was and the temporary file is removed.
 pub fn decrypt_to_file(input: &mut dyn Read, key: &DataKey, dest: &Path) -> Result<u64> {
-    crate::cli::write_whole_file(dest, &mut |w| decrypt(input, key, w))
+    match crate::cli::out_target(dest)? {
+        // A device or pipe: nothing may reach it before the whole value verified.
+        crate::cli::OutTarget::InPlace => {
+            let mut f =
+                File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
+            decrypt_to_writer(input, key, &mut f)
+        }
+        // A new plaintext file is private (0600), as the data key is.
+        crate::cli::OutTarget::File(_) => {
+            crate::cli::write_whole_file(dest, 0o600, &mut |w| decrypt(input, key, w))
+        }
+    }
 }
 
 /// Decrypts into an anonymous temporary file, then copies the verified plaintext to `out`

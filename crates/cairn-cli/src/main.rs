@@ -58,8 +58,10 @@ fn main() -> ExitCode {
             let code = match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
                 Some(err) => exit_code(err),
                 None if e.chain().any(|c| {
-                    c.downcast_ref::<std::io::Error>()
-                        .is_some_and(|io| io.kind() != std::io::ErrorKind::InvalidInput)
+                    // An address that does not parse is bad input; an OS error is I/O.
+                    c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                        io.kind() != std::io::ErrorKind::InvalidInput || io.raw_os_error().is_some()
+                    })
                 }) =>
                 {
                     10
@@ -115,12 +117,17 @@ fn usage_error(e: clap::Error) -> ExitCode {
         e.exit()
     }
     let text = e.render().to_string();
-    let line = text
+    let mut line = String::new();
+    for l in text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more"))
-        .collect::<Vec<_>>()
-        .join("; ");
+    {
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(l);
+    }
     let line = line.strip_prefix("error: ").unwrap_or(&line);
     eprintln!("error: {line} (see --help)");
     ExitCode::from(8)

@@ -192,10 +192,17 @@ fn errors_are_one_clear_line_and_change_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(8), "{err}");
     assert!(err.contains("nonsense"), "{err}");
-    // A read of a data directory that does not exist does not create one.
+    // A read of a data directory that does not exist does not create one, nor does a read
+    // of a directory that is not a store turn it into one.
     let missing = dir.join("no-such-store");
     fails(&missing, &["keys"], 3);
     assert!(!missing.exists());
+    let plain = dir.join("plain-dir");
+    std::fs::create_dir(&plain).unwrap();
+    fails(&plain, &["keys"], 3);
+    assert_eq!(std::fs::read_dir(&plain).unwrap().count(), 0);
+    let e = fails(dir, &["get"], 8);
+    assert!(e.contains("not provided: <KEY>"), "{e}");
     // Files the command cannot read or write: I/O errors.
     fails(dir, &["put", "f", "--file", "/nonexistent/input"], 10);
     fails(dir, &["get", "k", "--out", "/nonexistent/dir/out"], 10);
@@ -529,6 +536,12 @@ fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
     assert_eq!(std::fs::read(&private).unwrap(), b"secret");
     let mode = std::fs::metadata(&private).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+    let shared = dir.join("shared.txt");
+    std::fs::write(&shared, b"old").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).unwrap();
+    ok(dir, &["get", "k", "--out", shared.to_str().unwrap()]);
+    let mode = std::fs::metadata(&shared).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666);
     let link = dir.join("link.txt");
     std::os::unix::fs::symlink(&private, &link).unwrap();
     ok(dir, &["put", "k", "--value", "newer"]);
