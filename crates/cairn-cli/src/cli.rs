@@ -571,6 +571,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 for (name, u) in db.list_tagged(key.as_bytes())? {
                     writeln!(out, "{name}\t{u}")?;
                 }
+                let n = db.list_untagged(key.as_bytes())?.len();
+                if n > 0 {
+                    eprintln!("{}", untagged_note(&key, n));
+                }
             }
         }
         Command::Keys => {
@@ -843,6 +847,14 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `cairn branches KEY` adds (on stderr) when the key also has untagged heads.
+pub fn untagged_note(key: &str, n: usize) -> String {
+    format!(
+        "note: {key:?} also has {n} untagged head(s) (concurrent puts on one base): \
+         `cairn branches {key} --untagged` lists them, `cairn merge {key} --untagged` merges them"
+    )
 }
 
 /// What `cairn remove` tells when it removed a key's last branch: the key is gone from

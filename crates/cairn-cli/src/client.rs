@@ -117,6 +117,10 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
                 for (name, u) in tagged {
                     writeln!(out, "{name}\t{}", u.as_str().unwrap_or_default())?;
                 }
+                let n = array_field(&r, "untagged")?.len();
+                if n > 0 {
+                    eprintln!("{}", crate::cli::untagged_note(&key, n));
+                }
             }
         }
         Command::Keys => c.keys(&mut out)?,

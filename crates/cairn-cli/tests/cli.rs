@@ -125,6 +125,11 @@ fn branches_merge_log_diff_lca() {
         ok(dir, &["branches", "doc", "--untagged"]).lines().count(),
         2
     );
+    // The tagged listing points at them.
+    let out = cairn(dir, &["branches", "doc"]);
+    assert!(out.status.success());
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(note.contains("2 untagged head(s)"), "{note}");
     ok(dir, &["merge", "doc", "--untagged", "--resolve", "append"]);
     assert_eq!(
         ok(dir, &["branches", "doc", "--untagged"]).lines().count(),

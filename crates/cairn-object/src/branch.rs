@@ -23,6 +23,22 @@ pub struct BranchTable {
 }
 
 impl BranchTable {
+    /// The heads, for an error message: the tagged branch names, and how many untagged
+    /// heads there are (`branches KEY --untagged` lists them).
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        if !self.tagged.is_empty() {
+            let names: Vec<&str> = self.tagged.keys().map(String::as_str).collect();
+            parts.push(format!("branches: {}", names.join(", ")));
+        } else {
+            parts.push("no tagged branch".into());
+        }
+        if !self.untagged.is_empty() {
+            parts.push(format!("{} untagged head(s)", self.untagged.len()));
+        }
+        parts.join("; ")
+    }
+
     /// True when the key has no heads at all (it no longer exists).
     pub fn is_empty(&self) -> bool {
         self.tagged.is_empty() && self.untagged.is_empty()

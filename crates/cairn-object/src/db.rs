@@ -423,9 +423,9 @@ impl Db {
                 let t = self.existing_table(key)?;
                 t.tagged.get(b.as_str()).copied().ok_or_else(|| {
                     Error::not_found(format!(
-                        "branch {b:?} of key {} (branches: {})",
+                        "branch {b:?} of key {} ({})",
                         show_key(key),
-                        t.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
+                        t.describe()
                     ))
                 })
             }
@@ -688,9 +688,9 @@ impl Db {
                     let table = self.table(key)?;
                     if !table.is_empty() {
                         return Err(Error::not_found(format!(
-                            "branch {b:?} of key {} (branches: {}); use fork to create it",
+                            "branch {b:?} of key {} ({}); use fork to create it",
                             show_key(key),
-                            table.tagged.keys().cloned().collect::<Vec<_>>().join(", ")
+                            table.describe()
                         )));
                     }
                 }
