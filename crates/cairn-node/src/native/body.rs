@@ -35,6 +35,33 @@ const IN_BATCH: usize = 256 << 10;
 /// Request-body batches queued between the pump and the blocking reader.
 const IN_QUEUE: usize = 4;
 
+/// Most bytes of a refused request body the node still reads and throws away, and for how
+/// long: most HTTP clients send the whole body before they read the answer, and a node
+/// that closed the connection at once would leave them a reset connection instead of the
+/// refusal. Beyond either bound the connection is closed.
+const DRAIN_MAX: u64 = 16 << 20;
+/// See [`DRAIN_MAX`].
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads and throws away what the client still sends of a request the node refused
+/// (bounded by [`DRAIN_MAX`] and [`DRAIN_TIME`]), on a task of its own, so the client gets
+/// the answer. Nothing of it is stored.
+pub fn drain_refused(body: Body) {
+    tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut left = DRAIN_MAX;
+        let _ = tokio::time::timeout(DRAIN_TIME, async {
+            while let Some(Ok(frame)) = stream.next().await {
+                match left.checked_sub(frame.len() as u64) {
+                    Some(l) => left = l,
+                    None => break,
+                }
+            }
+        })
+        .await;
+    });
+}
+
 /// What the body pump hands to a [`BodyReader`].
 enum Pumped {
     /// The next frames of the body, in order.

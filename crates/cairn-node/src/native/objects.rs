@@ -365,6 +365,7 @@ pub async fn put(
     }
     let max = node.config.max_upload_bytes;
     if content_length(&headers).is_some_and(|n| n > max) {
+        body::drain_refused(body);
         return Err(ApiError::too_large(max));
     }
     let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
