@@ -377,8 +377,6 @@ impl Bucket {
                 db.algo()
             )));
         }
-        // Refuse an unusable leaf size before creating anything.
-        bucket_tree_config(bucket, &meta)?;
         Self::open_inner(db, server, writer, Some(meta))
     }
 

@@ -70,10 +70,9 @@
 //!      cut is not damage. But when the cut holds a commit record whose header is intact
 //!      and whose payload fails its checksum without being zeros from a 512-byte sector
 //!      boundary on (what an interrupted write or a torn sector leaves, the segment being
-//!      zero-filled ahead),
-//!      a commit is lost that may have been acknowledged (bit rot after its sync): the cut
-//!      is then reported as damage (one entry in `damage`, kept as a recovery note)
-//!      rather than passed over in silence.
+//!      zero-filled ahead), a commit is lost that may have been acknowledged (bit rot after
+//!      its sync): the cut is then reported as damage (one entry in `damage`, kept as a
+//!      recovery note) rather than passed over in silence.
 //!    - *Last group*: the records after the last commit record that is followed by a
 //!      non-commit record (or after the segment header), up to and including the run of
 //!      commit records that ends with the last intact one (a sync marker is a commit
@@ -802,18 +801,8 @@ impl LogStore {
                 continue;
             }
             since += FRAME_HEADER_LEN as u64 + c.len as u64;
-            // File names only: a note must read the same however the directory is spelled
-            // (a cleared note is recognised by its text).
-            let seg = format::segment_path(&dir, id);
-            let seg = seg.file_name().map_or(seg.as_os_str(), |n| n);
-            let at = || {
-                format!(
-                    "{} at offset {}: commit {}",
-                    seg.to_string_lossy(),
-                    c.off,
-                    c.seq
-                )
-            };
+            let seg = format::segment_name(id);
+            let at = || format!("{seg} at offset {}: commit {}", c.off, c.seq);
             if !c.intact {
                 // Already described in `damage`.
                 report.commits_dropped += 1;
@@ -1280,8 +1269,10 @@ fn sealed_records(
         Err(e) => Err(format!("unreadable header: {e}")),
     };
     if let Err(why) = &header {
-        let name = seg.path.file_name().unwrap_or(seg.path.as_os_str());
-        damage.push(format!("sealed segment {}: {why}", name.to_string_lossy()));
+        damage.push(format!(
+            "sealed segment {}: {why}",
+            format::segment_name(seg.id)
+        ));
     }
     let keep = if write_hint { 0 } else { keep_after };
     let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep, before)?;

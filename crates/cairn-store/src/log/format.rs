@@ -55,7 +55,13 @@ pub(crate) const REFS_SNAP: &str = "refs.snap";
 
 /// Path of segment `id`.
 pub(crate) fn segment_path(dir: &Path, id: u32) -> PathBuf {
-    dir.join(format!("seg-{id:06}.log"))
+    dir.join(segment_name(id))
+}
+
+/// File name of segment `id` (what recovery notes name: they must read the same however
+/// the directory is spelled).
+pub(crate) fn segment_name(id: u32) -> String {
+    format!("seg-{id:06}.log")
 }
 
 /// Path of the hint file of segment `id`.
