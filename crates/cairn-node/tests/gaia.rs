@@ -631,6 +631,38 @@ async fn over_size_uploads_are_413_and_store_nothing() {
     assert_eq!(hub.store(&auth, &a, "big", &[7u8; 1000], &[]).await.0, 202);
 }
 
+/// A store the hub refuses before reading the body (too large by its Content-Length, bad
+/// token, stale `If-Match`) still gets its answer while the client is sending a body of
+/// several MiB: the node reads and drops what follows, so clients see the refusal and not
+/// a reset connection. Nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_stores_answer_even_while_the_body_is_still_coming() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(15);
+    let (a, auth) = (k.address(), k.bearer());
+    let big = vec![9u8; 12 << 20];
+    let fits = vec![8u8; 1 << 19];
+    let stale = [("if-match", "\"0000\"")];
+    for round in 0..4 {
+        let (st, v) = hub.store(&auth, &a, "big", &big, &[]).await;
+        assert_eq!(
+            (st, err_name(&v)),
+            (413, "PayloadTooLargeError"),
+            "round {round}"
+        );
+        let (st, _) = hub.store("bearer v1:not-a-jwt", &a, "f", &big, &[]).await;
+        assert_eq!(st, 401, "round {round}");
+        let (st, v) = hub.store(&auth, &a, "f", &big, &stale).await;
+        assert_eq!(
+            (st, err_name(&v)),
+            (412, "PreconditionFailedError"),
+            "round {round}"
+        );
+    }
+    assert!(hub.names(&auth, &a).await.is_empty());
+    assert_eq!(hub.store(&auth, &a, "f", &fits, &[]).await.0, 202);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_concurrent_writers_to_one_path_all_succeed() {
     let hub = std::sync::Arc::new(Hub::start(1 << 20).await);

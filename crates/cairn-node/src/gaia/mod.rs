@@ -735,6 +735,7 @@ async fn store(
     body: Body,
 ) -> Response {
     if !valid_address(&address) {
+        crate::native::body::drain_refused(body);
         return StatusCode::NOT_FOUND.into_response();
     }
     // Made here (it needs the runtime handle); read in the blocking task.

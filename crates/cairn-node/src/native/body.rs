@@ -47,19 +47,21 @@ const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 /// (bounded by [`DRAIN_MAX`] and [`DRAIN_TIME`]), on a task of its own, so the client gets
 /// the answer. Nothing of it is stored.
 pub fn drain_refused(body: Body) {
-    tokio::spawn(async move {
-        let mut stream = body.into_data_stream();
-        let mut left = DRAIN_MAX;
-        let _ = tokio::time::timeout(DRAIN_TIME, async {
-            while let Some(Ok(frame)) = stream.next().await {
-                match left.checked_sub(frame.len() as u64) {
-                    Some(l) => left = l,
-                    None => break,
-                }
+    tokio::spawn(drain(body.into_data_stream()));
+}
+
+/// Reads and drops the rest of a request body, within [`DRAIN_MAX`] and [`DRAIN_TIME`].
+async fn drain(mut stream: axum::body::BodyDataStream) {
+    let mut left = DRAIN_MAX;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(frame)) = stream.next().await {
+            match left.checked_sub(frame.len() as u64) {
+                Some(l) => left = l,
+                None => break,
             }
-        })
-        .await;
-    });
+        }
+    })
+    .await;
 }
 
 /// What the body pump hands to a [`BodyReader`].
@@ -131,8 +133,11 @@ impl BodyReader {
                         return;
                     }
                 };
-                // The reader is gone (the write failed or was refused): stop pulling.
+                // The reader is gone (the write failed or was refused): stop storing, but
+                // read and drop what the client still sends (bounded), so it gets the
+                // answer rather than a reset connection.
                 if tx.send(msg).await.is_err() {
+                    drain(stream).await;
                     return;
                 }
             }
