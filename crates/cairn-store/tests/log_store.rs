@@ -524,7 +524,29 @@ fn commit_record_damage() {
         let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
         assert_eq!(s.list_refs(b"").unwrap().len(), 6, "{what}");
     }
-    // The last commit record: a torn tail, cut (the chunk before it is kept).
+    // The last commit record's header zeroed (its sector never reached the disk) or cut
+    // off part way: an interrupted write, cut in silence (the chunk before it is kept).
+    for hurt in ["zeroed", "truncated"] {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), copy.path());
+        let p = copy.path().join("seg-000001.log");
+        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        if hurt == "zeroed" {
+            let n = file_len(&p) - commits[5];
+            f.write_all_at(&vec![0u8; n as usize], commits[5]).unwrap();
+        } else {
+            f.set_len(commits[5] + 20).unwrap();
+        }
+        let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+        assert_eq!(names(&s), ["k0", "k1", "k2", "k3", "k4"], "{hurt}");
+        assert_eq!(file_len(&p), commits[5], "{hurt}");
+        assert!(s.has(&z).unwrap(), "{hurt}");
+        assert!(s.recovery().damage.is_empty(), "{hurt}: {:?}", s.recovery());
+        assert!(s.recovery_notes().unwrap().is_empty(), "{hurt}");
+    }
+    // A flipped byte in the last commit record's header: that header reached the disk
+    // whole, so the commit it held may have been acknowledged. It is cut (nothing can
+    // vouch for it) but reported as damage and kept as a recovery note, never silent.
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -535,8 +557,14 @@ fn commit_record_damage() {
     assert_eq!(names(&s), ["k0", "k1", "k2", "k3", "k4"]);
     assert_eq!(file_len(&seg), commits[5]);
     assert!(s.has(&z).unwrap());
-    assert!(s.recovery().segment_bytes_truncated > 0);
-    assert!(s.recovery().damage.is_empty());
+    let r = s.recovery().clone();
+    assert!(r.segment_bytes_truncated > 0, "{r:?}");
+    assert_eq!(r.damage.len(), 1, "{r:?}");
+    assert!(
+        r.damage[0].contains("header at offset") && r.damage[0].contains("not applied"),
+        "{r:?}"
+    );
+    assert_eq!(s.recovery_notes().unwrap(), r.damage);
 }
 
 type Refs = BTreeMap<Vec<u8>, Vec<u8>>;

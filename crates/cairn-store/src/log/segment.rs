@@ -515,21 +515,41 @@ pub(crate) fn scan(
                     }
                 }
             }
-            cut = first_bad.map(|(at, why)| match (lost.first(), lost.last()) {
-                (Some(a), Some(b)) => {
-                    let seqs = if a == b {
-                        format!("commit {a}")
-                    } else {
-                        format!("commits {a}..={b}")
-                    };
-                    let msg = format!(
-                        "the last write's commit record is damaged ({why}): cut at offset \
-                             {at}, {seqs} not applied (lost if it had been acknowledged)"
-                    );
-                    (at, msg, true)
+            // Likewise a record header that reached the disk whole but fails its checks
+            // (rather than being zeros from a sector boundary on, as an interrupted write
+            // leaves it) was damaged in place: it may be the last, acknowledged, commit.
+            let mut rotted = None;
+            if let Some((at, why)) = &first_bad
+                && lost.is_empty()
+                && len.saturating_sub(*at) >= FRAME_HEADER_LEN as u64
+            {
+                let hdr = rd.get(*at, FRAME_HEADER_LEN)?;
+                if parse_frame_header(hdr).is_err() && !header_cut_short(*at, hdr) {
+                    rotted = Some(format!(
+                        "the record header at offset {at} is damaged ({why}), not cut short by \
+                         an interrupted write: cut at offset {at}; if it was the last commit \
+                         record, that commit is not applied (lost if it had been acknowledged)"
+                    ));
                 }
-                _ => (at, why, false),
-            });
+            }
+            cut = match (first_bad, rotted) {
+                (Some((at, _)), Some(msg)) => Some((at, msg, true)),
+                (first_bad, _) => first_bad.map(|(at, why)| match (lost.first(), lost.last()) {
+                    (Some(a), Some(b)) => {
+                        let seqs = if a == b {
+                            format!("commit {a}")
+                        } else {
+                            format!("commits {a}..={b}")
+                        };
+                        let msg = format!(
+                            "the last write's commit record is damaged ({why}): cut at offset \
+                             {at}, {seqs} not applied (lost if it had been acknowledged)"
+                        );
+                        (at, msg, true)
+                    }
+                    _ => (at, why, false),
+                }),
+            };
         }
     }
     let mut group_cut = None;
@@ -569,6 +589,17 @@ pub(super) fn cut_short(off: u64, rec: &[u8]) -> bool {
     // First sector boundary inside the record's trailing zeros.
     let boundary = (end - zeros).div_ceil(SECTOR) * SECTOR;
     boundary >= off + FRAME_HEADER_LEN as u64 && boundary < end
+}
+
+/// Whether the record header at file offset `off` with bytes `hdr` (a whole header that
+/// fails its checks) looks cut short rather than damaged in place: all zeros, or zeros
+/// from a sector boundary inside it to its end (its first sector landed, the next did not).
+pub(super) fn header_cut_short(off: u64, hdr: &[u8]) -> bool {
+    let Some(last) = hdr.iter().rposition(|&b| b != 0) else {
+        return true;
+    };
+    let boundary = (off + last as u64 + 1).div_ceil(SECTOR) * SECTOR;
+    boundary < off + hdr.len() as u64
 }
 
 /// The first chunk record in `[from, to)` whose payload does not hash to its cid.

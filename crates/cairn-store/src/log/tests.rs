@@ -177,3 +177,22 @@ fn a_record_cut_short_at_a_sector_boundary_is_told_from_one_damaged_in_place() {
     at_end[60..].fill(0);
     assert!(!cut_short(4000, &at_end));
 }
+
+#[test]
+fn a_header_cut_short_at_a_sector_boundary_is_told_from_one_damaged_in_place() {
+    use segment::header_cut_short;
+    let len = FRAME_HEADER_LEN;
+    // All zeros: the zero fill ahead of the data, or a sector that never landed.
+    assert!(header_cut_short(4000, &vec![0u8; len]));
+    // Zeros from a sector boundary inside the header (4096, six bytes in) on.
+    let mut hdr = vec![7u8; len];
+    hdr[6..].fill(0);
+    assert!(header_cut_short(4090, &hdr));
+    // The same bytes with no boundary inside: written whole, so damaged in place.
+    assert!(!header_cut_short(4000, &hdr));
+    // A whole header with a flipped byte.
+    assert!(!header_cut_short(4090, &vec![7u8; len]));
+    // Non-zero bytes after the boundary: that sector landed too.
+    hdr[len - 1] = 1;
+    assert!(!header_cut_short(4090, &hdr));
+}
