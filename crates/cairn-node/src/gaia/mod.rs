@@ -1345,13 +1345,13 @@ async fn read(
 /// task.
 fn stream_blob(hub: &Hub, bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
     crate::native::body::produce_as(hub.node.clone(), None, move |w| {
-        cairn_object::postree::copy_blob(
+        cairn_object::postree::copy_blob_into(
             bucket.db().chunks(),
             &tree,
             0,
             tree.count,
             cairn_object::postree::copy_blob_workers(),
-            w,
+            &mut |leaf| w.write_shared(leaf),
         )
         .map(|_| ())
     })

@@ -323,7 +323,10 @@ impl Read for CheckedReader {
 /// The blocking end of a streamed response: [`Write`] into bounded chunks handed to the
 /// connection. A write fails once the client has gone away, which stops the producer.
 pub struct ChannelWriter {
-    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+    tx: tokio::sync::mpsc::Sender<io::Result<Vec<Bytes>>>,
+    /// Pending bytes: `shared` (pieces handed over whole), then `buf` (bytes copied in).
+    shared: Vec<Bytes>,
+    shared_len: usize,
     buf: BytesMut,
     node: Arc<Node>,
     /// The `bytes_read` label the sent bytes count under (`None`: the caller counts).
@@ -331,17 +334,38 @@ pub struct ChannelWriter {
 }
 
 impl ChannelWriter {
+    /// Queues `piece` without copying it (e.g. a verified leaf that shares the store's read
+    /// buffer); sends once about [`OUT_CHUNK`] bytes are pending. Errors as `write` does.
+    pub fn write_shared(&mut self, piece: Bytes) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            let copied = self.buf.split().freeze();
+            self.shared_len += copied.len();
+            self.shared.push(copied);
+        }
+        self.shared_len += piece.len();
+        self.shared.push(piece);
+        if self.shared_len >= OUT_CHUNK {
+            self.send()?;
+        }
+        Ok(())
+    }
+
     fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
+        if self.buf.is_empty() && self.shared.is_empty() {
             return Ok(());
         }
-        let chunk = self.buf.split().freeze();
-        // The split left no room: take a whole chunk's worth now, not by doubling (each
-        // doubling copied what was buffered).
-        self.buf.reserve(OUT_CHUNK);
-        let n = chunk.len() as u64;
+        let mut frames = std::mem::take(&mut self.shared);
+        let mut n = std::mem::take(&mut self.shared_len) as u64;
+        if !self.buf.is_empty() {
+            let chunk = self.buf.split().freeze();
+            // The split left no room: take a whole chunk's worth now, not by doubling
+            // (each doubling copied what was buffered).
+            self.buf.reserve(OUT_CHUNK);
+            n += chunk.len() as u64;
+            frames.push(chunk);
+        }
         self.tx
-            .blocking_send(Ok(chunk))
+            .blocking_send(Ok(frames))
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))?;
         if let Some(label) = self.label {
             self.node
@@ -356,10 +380,12 @@ impl ChannelWriter {
 
 impl Write for ChannelWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let room = OUT_CHUNK - self.buf.len();
+        let room = OUT_CHUNK
+            .saturating_sub(self.shared_len + self.buf.len())
+            .max(1);
         let n = data.len().min(room);
         self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() >= OUT_CHUNK {
+        if self.shared_len + self.buf.len() >= OUT_CHUNK {
             self.send()?;
         }
         Ok(n)
@@ -387,10 +413,12 @@ pub fn produce_as<F>(node: Arc<Node>, label: Option<&'static str>, f: F) -> Body
 where
     F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(OUT_QUEUE);
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Vec<Bytes>>>(OUT_QUEUE);
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter {
             tx: tx.clone(),
+            shared: Vec::new(),
+            shared_len: 0,
             buf: BytesMut::with_capacity(OUT_CHUNK),
             node,
             label,
@@ -406,6 +434,13 @@ where
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
+    })
+    .flat_map(|item| {
+        let frames: Vec<io::Result<Bytes>> = match item {
+            Ok(frames) => frames.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        futures_util::stream::iter(frames)
     });
     Body::from_stream(stream)
 }

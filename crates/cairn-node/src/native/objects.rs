@@ -211,7 +211,7 @@ pub async fn get(
             };
             let n = end - start;
             let body = produce(node.clone(), move |w| {
-                values::write_blob_range(b.db(), &value, start, n, w)
+                values::send_blob_range(b.db(), &value, start, n, w)
             });
             let mut resp = (status, ok_headers("application/octet-stream"), body).into_response();
             let h = resp.headers_mut();

@@ -167,12 +167,38 @@ pub fn write_blob_range(
     len: u64,
     w: &mut dyn Write,
 ) -> Result<()> {
-    let t = v
-        .tree()
-        .filter(|t| t.kind == postree::TreeKind::Blob)
-        .ok_or_else(|| Error::TypeMismatch(format!("a {} is not a blob", v.value_type())))?;
-    postree::copy_blob(db.chunks(), t, offset, len, postree::copy_blob_workers(), w)?;
+    postree::copy_blob(
+        db.chunks(),
+        blob_tree(v)?,
+        offset,
+        len,
+        postree::copy_blob_workers(),
+        w,
+    )?;
     Ok(())
+}
+
+/// [`write_blob_range`] into a response: the verified leaves go out without being copied.
+pub fn send_blob_range(
+    db: &Db,
+    v: &Value,
+    offset: u64,
+    len: u64,
+    w: &mut super::body::ChannelWriter,
+) -> Result<()> {
+    let t = blob_tree(v)?;
+    let workers = postree::copy_blob_workers();
+    postree::copy_blob_into(db.chunks(), t, offset, len, workers, &mut |leaf| {
+        w.write_shared(leaf)
+    })?;
+    Ok(())
+}
+
+/// The tree of a Blob value.
+fn blob_tree(v: &Value) -> Result<&postree::TreeRef> {
+    v.tree()
+        .filter(|t| t.kind == postree::TreeKind::Blob)
+        .ok_or_else(|| Error::TypeMismatch(format!("a {} is not a blob", v.value_type())))
 }
 
 /// Writes a value in its text form.

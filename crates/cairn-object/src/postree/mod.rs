@@ -60,8 +60,8 @@ pub use build::{BlobWriter, build_blob, build_list, build_map, build_set, empty}
 pub use diff::{KeyChange, SeqChange, diff_seq, diff_sorted};
 pub use edit::{blob_splice, list_splice, map_update, set_update};
 pub use read::{
-    BlobReader, COPY_BLOB_MAX_WORKERS, Element, Iter, blob_read, copy_blob, copy_blob_workers,
-    iter, list_get, list_range, map_get, map_range, set_contains,
+    BlobReader, COPY_BLOB_MAX_WORKERS, Element, Iter, blob_read, copy_blob, copy_blob_into,
+    copy_blob_workers, iter, list_get, list_range, map_get, map_range, set_contains,
 };
 pub use walk::{child_cids, walk};
 

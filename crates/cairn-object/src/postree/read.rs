@@ -226,6 +226,22 @@ pub fn copy_blob(
     workers: usize,
     out: &mut dyn io::Write,
 ) -> Result<u64> {
+    copy_blob_into(store, t, offset, len, workers, &mut |b: Bytes| {
+        out.write_all(&b)
+    })
+}
+
+/// [`copy_blob`], handing each verified leaf (trimmed to the range) to `out` as a
+/// [`Bytes`] that shares the store's read buffer, so a caller that forwards the bytes
+/// (a network response) makes no copy of its own.
+pub fn copy_blob_into(
+    store: &dyn ChunkStore,
+    t: &TreeRef,
+    offset: u64,
+    len: u64,
+    workers: usize,
+    out: &mut dyn FnMut(Bytes) -> io::Result<()>,
+) -> Result<u64> {
     use std::sync::mpsc;
 
     expect_kind(t, &[TreeKind::Blob], "copy_blob")?;
@@ -254,7 +270,10 @@ pub fn copy_blob(
     };
     let fetch = |entries: &[Entry]| fetch_leaves(store, entries);
     // Writes a window's leaves, trimmed to start..end; returns the bytes written.
-    let emit = |from: u64, leaves: Vec<Bytes>, out: &mut dyn io::Write| -> Result<u64> {
+    let emit = |from: u64,
+                leaves: Vec<Bytes>,
+                out: &mut dyn FnMut(Bytes) -> io::Result<()>|
+     -> Result<u64> {
         let mut at = from;
         let mut n = 0u64;
         for leaf in leaves {
@@ -268,7 +287,7 @@ pub fn copy_blob(
             }
             let s = (start.max(at) - at) as usize;
             let x = (end.min(leaf_end) - at) as usize;
-            out.write_all(&leaf[s..x]).map_err(write_err)?;
+            out(leaf.slice(s..x)).map_err(write_err)?;
             n += (x - s) as u64;
             at = leaf_end;
         }
