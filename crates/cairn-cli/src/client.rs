@@ -1139,6 +1139,9 @@ fn request_headers(
                 .map(|(_, v)| v.as_bytes())
                 .unwrap_or_default()
         };
+        // A fresh nonce per request: two identical requests in one second would otherwise
+        // carry the same (deterministic) signature, and the node refuses replays.
+        let nonce = hex::encode(rand::random::<[u8; 16]>());
         let to_sign = RequestToSign {
             method: method.as_str(),
             path_and_query: &pq,
@@ -1147,8 +1150,14 @@ fn request_headers(
             content_type: header("content-type"),
             if_match: header("if-match"),
             context: header(CONTEXT_HEADER),
+            nonce: nonce.as_bytes(),
         };
-        out.extend(to_sign.sign(key).map(|(n, v)| (n.to_string(), v)));
+        out.extend(
+            to_sign
+                .sign(key)
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v)),
+        );
     }
     out
 }

@@ -384,6 +384,31 @@ fn proofs_buckets_and_owner_keys() {
     u.fails(None, &["put", "x", "--value", "v", "--encrypt"], 8);
 }
 
+/// Ed25519 signatures are deterministic: the same put twice in one second would carry the
+/// same signature, and the node refuses a signature it has seen (replays). The client signs
+/// a fresh nonce into every request, so repeated identical writes all land.
+#[test]
+fn identical_signed_writes_in_one_second_all_land() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    // Each put takes well under a second, so some of these share one.
+    let f = u.path().join("same.bin");
+    std::fs::write(&f, b"the same bytes each time").unwrap();
+    let mut uids = Vec::new();
+    for _ in 0..6 {
+        uids.push(u.ok(srv, &["put", "k", "--file", f.to_str().unwrap()]));
+    }
+    uids.dedup();
+    assert_eq!(uids.len(), 6, "{uids:?}");
+    let log = u.ok(srv, &["log", "k"]);
+    assert_eq!(
+        log.lines().filter(|l| !l.trim().is_empty()).count(),
+        6,
+        "{log}"
+    );
+}
+
 fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..n)

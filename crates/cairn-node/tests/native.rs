@@ -933,8 +933,9 @@ async fn owner_keys_gate_mutations() {
         content_type: b"",
         if_match: b"",
         context: b"",
+        nonce: b"",
     };
-    let [(an, av), (dn, dv), (hn, hv)] = for_j.sign(&owner);
+    let [(an, av), (dn, dv), (hn, hv)]: [_; 3] = for_j.sign(&owner).try_into().unwrap();
     let hdrs = [(an, av.as_str()), (dn, dv.as_str()), (hn, hv.as_str())];
     let (st, _) = s.send(Method::PUT, path, &hdrs, body.to_vec()).await;
     assert_eq!(st, 401, "signed for another path");
@@ -956,8 +957,9 @@ async fn owner_keys_gate_mutations() {
         content_type: b"",
         if_match: b"",
         context: b"",
+        nonce: b"",
     };
-    let [(_, auth), (dn, dv), (hn, hv)] = req.sign(&owner);
+    let [(_, auth), (dn, dv), (hn, hv)]: [_; 3] = req.sign(&owner).try_into().unwrap();
     let mut sig = hex::decode(auth.strip_prefix("Cairn-Ed25519 ").unwrap()).unwrap();
     sig[5] ^= 0x10;
     let bad_auth = format!("Cairn-Ed25519 {}", hex::encode(&sig));
@@ -987,7 +989,7 @@ async fn owner_keys_gate_mutations() {
         unix_secs: now + 2,
         ..req.clone()
     };
-    let [(an, av), (dn2, dv2), (hn2, hv2)] = req_ct.sign(&owner);
+    let [(an, av), (dn2, dv2), (hn2, hv2)]: [_; 3] = req_ct.sign(&owner).try_into().unwrap();
     let (st, _) = s
         .send(
             Method::PUT,
@@ -1006,11 +1008,13 @@ async fn owner_keys_gate_mutations() {
     assert_eq!(st, 404, "a refused request wrote the key");
 
     // Correctly signed: accepted once; the same request replayed is refused.
-    let [(an, av), (dn, dv), (hn, hv)] = cairn_node::native::auth::RequestToSign {
+    let [(an, av), (dn, dv), (hn, hv)]: [_; 3] = cairn_node::native::auth::RequestToSign {
         unix_secs: now + 3,
         ..req.clone()
     }
-    .sign(&owner);
+    .sign(&owner)
+    .try_into()
+    .unwrap();
     let hdrs = [(an, av.as_str()), (dn, dv.as_str()), (hn, hv.as_str())];
     let (st, w) = s.send(Method::PUT, path, &hdrs, body.to_vec()).await;
     assert_eq!(st, 201, "{w}");

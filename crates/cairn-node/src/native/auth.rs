@@ -29,6 +29,12 @@
 //!   <X-Cairn-Context, or empty>
 //!   ```
 //!
+//!   followed by one more line, `<X-Cairn-Nonce>`, when the request has that header: 1 to
+//!   64 characters from `A-Z a-z 0-9 - _`, chosen at random per request. Ed25519 signatures
+//!   are deterministic, so without a nonce two identical requests signed in the same
+//!   second carry the same signature, and the node refuses the second as a replay; `cairn
+//!   --server` always sends one.
+//!
 //! A signature is accepted once: the node remembers the signatures it accepted until their
 //! date leaves the window, so a captured request cannot be replayed. Every failure is 401
 //! with a message naming the check that failed, and nothing is written.
@@ -52,6 +58,10 @@ pub const VERSION_LINE: &str = "CAIRN-ED25519-V1";
 pub const DATE_HEADER: &str = "x-cairn-date";
 /// Header with the hex BLAKE3 hash of the body.
 pub const BODY_HASH_HEADER: &str = "x-cairn-content-blake3";
+/// Header with a per-request random string (covered by the signature; optional).
+pub const NONCE_HEADER: &str = "x-cairn-nonce";
+/// Longest accepted [`NONCE_HEADER`] value.
+pub const MAX_NONCE_LEN: usize = 64;
 /// Header with application metadata stored in a new version (covered by the signature).
 pub const CONTEXT_HEADER: &str = "x-cairn-context";
 /// How far a request's date may be from the node's clock, either way, in seconds.
@@ -77,6 +87,8 @@ pub struct RequestToSign<'a> {
     pub if_match: &'a [u8],
     /// `X-Cairn-Context` header value (empty when absent).
     pub context: &'a [u8],
+    /// `X-Cairn-Nonce` header value (empty when absent: then no nonce line is signed).
+    pub nonce: &'a [u8],
 }
 
 impl RequestToSign<'_> {
@@ -92,10 +104,14 @@ impl RequestToSign<'_> {
             self.content_type,
             self.if_match,
             self.context,
+            self.nonce,
         ]
         .into_iter()
         .enumerate()
         {
+            if i == 8 && part.is_empty() {
+                break;
+            }
             if i > 0 {
                 m.push(b'\n');
             }
@@ -104,18 +120,25 @@ impl RequestToSign<'_> {
         m
     }
 
-    /// The three headers that authorize this request with `key`: `Authorization`,
-    /// `X-Cairn-Date` and `X-Cairn-Content-BLAKE3`.
-    pub fn sign(&self, key: &SigningKey) -> [(&'static str, String); 3] {
+    /// The headers that authorize this request with `key`: `Authorization`,
+    /// `X-Cairn-Date`, `X-Cairn-Content-BLAKE3`, and `X-Cairn-Nonce` when there is one.
+    pub fn sign(&self, key: &SigningKey) -> Vec<(&'static str, String)> {
         let sig = key.sign(DOMAIN, &self.message());
-        [
+        let mut h = vec![
             (
                 "authorization",
                 format!("{SCHEME} {}", hex::encode(sig.raw())),
             ),
             (DATE_HEADER, self.unix_secs.to_string()),
             (BODY_HASH_HEADER, hex::encode(self.body_blake3)),
-        ]
+        ];
+        if !self.nonce.is_empty() {
+            h.push((
+                NONCE_HEADER,
+                String::from_utf8_lossy(self.nonce).into_owned(),
+            ));
+        }
+        h
     }
 }
 
@@ -219,6 +242,18 @@ pub fn check(
         &mut body_hash,
     )
     .map_err(|_| ApiError::unauthorized(format!("{BODY_HASH_HEADER} must be 64 hex digits")))?;
+    let nonce = header_bytes(headers, NONCE_HEADER);
+    if headers.contains_key(NONCE_HEADER)
+        && (nonce.is_empty()
+            || nonce.len() > MAX_NONCE_LEN
+            || !nonce
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_'))
+    {
+        return Err(ApiError::unauthorized(format!(
+            "{NONCE_HEADER} must be 1 to {MAX_NONCE_LEN} characters from A-Z a-z 0-9 - _"
+        )));
+    }
     let path_and_query = uri
         .path_and_query()
         .map(|p| p.as_str())
@@ -231,6 +266,7 @@ pub fn check(
         content_type: header_bytes(headers, header::CONTENT_TYPE.as_str()),
         if_match: header_bytes(headers, header::IF_MATCH.as_str()),
         context: header_bytes(headers, CONTEXT_HEADER),
+        nonce,
     };
     owner.verify(DOMAIN, &req.message(), &sig).map_err(|_| {
         ApiError::unauthorized(format!(
@@ -250,6 +286,15 @@ mod tests {
     use super::*;
 
     fn request(key: &SigningKey, date: u64, body: &[u8]) -> (Uri, HeaderMap) {
+        request_with_nonce(key, date, body, b"")
+    }
+
+    fn request_with_nonce(
+        key: &SigningKey,
+        date: u64,
+        body: &[u8],
+        nonce: &[u8],
+    ) -> (Uri, HeaderMap) {
         let uri: Uri = "/v1/buckets/b/objects/k?branch=dev".parse().unwrap();
         let req = RequestToSign {
             method: "PUT",
@@ -259,6 +304,7 @@ mod tests {
             content_type: b"text/plain",
             if_match: b"",
             context: b"",
+            nonce,
         };
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
@@ -278,6 +324,7 @@ mod tests {
             content_type: b"application/json",
             if_match: b"\"u\"",
             context: b"c",
+            nonce: b"",
         };
         let expected = format!(
             "CAIRN-ED25519-V1\nPOST\n/x?y=1\n7\n{}\napplication/json\n\"u\"\nc",
@@ -287,12 +334,52 @@ mod tests {
         assert_eq!(req.message(), expected.as_bytes());
         // The signed bytes are len(D) ‖ D ‖ M, checkable with the key alone.
         let key = SigningKey::from_seed(&[3; 32]);
-        let [(_, auth), _, _] = req.sign(&key);
-        let sig_hex = auth.strip_prefix("Cairn-Ed25519 ").unwrap();
+        let h = req.sign(&key);
+        assert_eq!(h.len(), 3, "no nonce header without a nonce");
+        let sig_hex = h[0].1.strip_prefix("Cairn-Ed25519 ").unwrap();
         let sig = Signature::from_raw(&hex::decode(sig_hex).unwrap()).unwrap();
         key.public()
             .verify(DOMAIN, expected.as_bytes(), &sig)
             .unwrap();
+        // A nonce is one more line, and one more header.
+        let with = RequestToSign {
+            nonce: b"n-1_A",
+            ..req
+        };
+        assert_eq!(with.message(), format!("{expected}\nn-1_A").as_bytes());
+        let h = with.sign(&key);
+        assert_eq!(h[3], (NONCE_HEADER, "n-1_A".to_string()));
+    }
+
+    #[test]
+    fn nonces_let_identical_requests_through_and_are_checked() {
+        let key = SigningKey::from_seed(&[4; 32]);
+        let guard = ReplayGuard::default();
+        let now = 1_700_000_000;
+        // Two identical requests in the same second, told apart by their nonces.
+        for nonce in [&b"aaaa"[..], b"bbbb"] {
+            let (uri, h) = request_with_nonce(&key, now, b"same", nonce);
+            check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap();
+        }
+        // Each is still accepted once.
+        let (uri, h) = request_with_nonce(&key, now, b"same", b"aaaa");
+        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        assert!(e.message.contains("replayed"), "{}", e.message);
+        // The nonce is signed: changing or dropping it breaks the signature.
+        let (uri, mut h) = request_with_nonce(&key, now, b"same", b"cccc");
+        h.insert(NONCE_HEADER, "dddd".parse().unwrap());
+        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        assert!(e.message.contains("does not verify"), "{}", e.message);
+        let (uri, mut h) = request_with_nonce(&key, now, b"same", b"eeee");
+        h.remove(NONCE_HEADER);
+        assert!(check(&key.public(), &guard, &Method::PUT, &uri, &h, now).is_err());
+        // Malformed nonces are refused before the signature is looked at.
+        for bad in ["", "a b", "a\tb", &"x".repeat(MAX_NONCE_LEN + 1)] {
+            let (uri, mut h) = request_with_nonce(&key, now, b"same", b"ffff");
+            h.insert(NONCE_HEADER, bad.parse().unwrap());
+            let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+            assert!(e.message.contains(NONCE_HEADER), "{bad:?}: {}", e.message);
+        }
     }
 
     #[test]

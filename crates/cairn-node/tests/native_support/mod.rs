@@ -118,6 +118,7 @@ impl Server {
             content_type: find("content-type"),
             if_match: find("if-match"),
             context: find("x-cairn-context"),
+            nonce: find("x-cairn-nonce"),
         };
         let mut all: Vec<(String, String)> = headers
             .iter()
