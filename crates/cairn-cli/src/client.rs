@@ -221,30 +221,9 @@ impl Client {
         Url::parse(&s).map_err(|e| Error::invalid(format!("bad request URL {s:?}: {e}")).into())
     }
 
-    /// Sends a request, signing it with `signer` when given.
+    /// Sends a request, signing it with `signer` when given (each signature carries a
+    /// fresh nonce, so the same request sent twice within a second is not a replay).
     fn send(
-        &self,
-        method: Method,
-        url: Url,
-        body: Vec<u8>,
-        headers: &[(&str, String)],
-        signer: Option<&SigningKey>,
-    ) -> Result<Response> {
-        let retry = signer.map(|_| body.clone());
-        match self.send_once(method.clone(), url.clone(), body, headers, signer) {
-            // The same request signed twice within one second has the same signature (the
-            // date has whole seconds), which the node refuses as a replay: sign it again
-            // in the next second.
-            Err(e) if retry.is_some() && is_replay(&e) => {
-                std::thread::sleep(Duration::from_millis(1050));
-                let b = retry.unwrap_or_default();
-                self.send_once(method, url, b, headers, signer)
-            }
-            r => r,
-        }
-    }
-
-    fn send_once(
         &self,
         method: Method,
         url: Url,
@@ -1001,11 +980,6 @@ impl Client {
         }
         Ok(())
     }
-}
-
-/// Whether the node refused a request as a replay of an earlier signature.
-fn is_replay(e: &anyhow::Error) -> bool {
-    matches!(e.downcast_ref::<Error>(), Some(Error::Rejected(m)) if m.contains("replayed"))
 }
 
 fn resolver_name(r: BuiltinResolver) -> &'static str {
