@@ -407,15 +407,11 @@ fn identical_signed_writes_in_one_second_all_land() {
         6,
         "{log}"
     );
-    // Buffered bodies (`--value`) too, with no wait between them.
-    let t = Instant::now();
+    // Buffered bodies (`--value`) too: the client no longer retries a replay refusal, so
+    // these land only because each request has its own nonce.
     for _ in 0..4 {
         u.ok(srv, &["put", "v", "--value", "same"]);
     }
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(4),
-        "identical puts should not wait for the next second"
-    );
 }
 
 fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
