@@ -378,18 +378,32 @@ pub(crate) struct LeafBatch {
     /// End of each leaf in `buf`.
     ends: Vec<usize>,
     cids: Vec<Cid>,
+    /// Bytes of leaves collected before the batch is hashed and stored.
+    limit: usize,
 }
 
-/// Bytes of leaves collected before a batch is hashed and stored.
-const BATCH_BYTES: usize = 256 << 10;
+/// Bytes of leaves collected before a batch is hashed and stored, at least: small enough
+/// to stay in the L2 cache between framing and hashing at the default 4 KiB leaves.
+const BATCH_MIN_BYTES: usize = 256 << 10;
+/// Leaves per batch, at least, within [`BATCH_MAX_BYTES`]: with large leaves (a node's
+/// 64 KiB) a batch of 256 KiB held only four, and a 100 MB upload handed 400 batches to the
+/// hashing thread and back; batches of 16 leaves (1 MiB) wrote it 7% faster
+/// (`docs/benchmarks.md`, "Leaf batches").
+const BATCH_MIN_LEAVES: usize = 16;
+/// Bytes of leaves collected before a batch is hashed and stored, at most (a writer holds
+/// up to four batches: memory per concurrent upload stays near 4 MiB).
+const BATCH_MAX_BYTES: usize = 1 << 20;
 
 impl LeafBatch {
-    pub fn new() -> Self {
+    /// An empty batch for leaves cut with `p`.
+    pub fn new(p: &Params) -> Self {
         LeafBatch {
             // Grown on demand: a small blob never pays for a whole batch.
             buf: Vec::new(),
             ends: Vec::new(),
             cids: Vec::new(),
+            limit: (BATCH_MIN_LEAVES * p.leaf_target as usize)
+                .clamp(BATCH_MIN_BYTES, BATCH_MAX_BYTES),
         }
     }
 
@@ -402,7 +416,7 @@ impl LeafBatch {
 
     /// True when the batch should be flushed.
     pub fn is_full(&self) -> bool {
-        self.buf.len() >= BATCH_BYTES
+        self.buf.len() >= self.limit
     }
 
     /// True when no leaf is pending.
@@ -502,7 +516,7 @@ impl HashPipe {
 }
 
 /// Streams a blob into a POS-tree: implements [`io::Write`], stores leaves as soon as their
-/// content-defined boundaries are known (in batches of about 256 KiB, hashed together), and
+/// content-defined boundaries are known (in batches of 256 KiB to 1 MiB, hashed together), and
 /// keeps only a bounded window in memory.
 pub struct BlobWriter<'a> {
     store: &'a dyn ChunkStore,
@@ -523,7 +537,7 @@ pub struct BlobWriter<'a> {
 
 impl<'a> BlobWriter<'a> {
     /// A writer storing chunks in `store` with the node sizes of `cfg`. Blobs larger than
-    /// one batch (256 KiB) are hashed on a second thread ([`BlobWriter::single_threaded`]
+    /// one batch (256 KiB to 1 MiB) are hashed on a second thread ([`BlobWriter::single_threaded`]
     /// turns that off); the tree is the same either way.
     pub fn new(store: &'a dyn ChunkStore, cfg: &TreeConfig) -> Self {
         let p = Params::new(cfg);
@@ -531,7 +545,7 @@ impl<'a> BlobWriter<'a> {
             store,
             p,
             win: CdcWindow::new(&p),
-            batch: LeafBatch::new(),
+            batch: LeafBatch::new(&p),
             levels: Levels::new(store, TreeKind::Blob, p, 0),
             written: 0,
             pipe: None,
@@ -565,7 +579,8 @@ impl<'a> BlobWriter<'a> {
             done.store_hashed(self.store, &mut self.levels)?;
             self.spare.push(done);
         }
-        let next = self.spare.pop().unwrap_or_else(LeafBatch::new);
+        let p = self.p;
+        let next = self.spare.pop().unwrap_or_else(|| LeafBatch::new(&p));
         let full = std::mem::replace(&mut self.batch, next);
         pipe.to_hasher
             .send(full)
@@ -637,7 +652,7 @@ impl io::Write for BlobWriter<'_> {
 pub fn build_blob(store: &dyn ChunkStore, cfg: &TreeConfig, data: &[u8]) -> Result<TreeRef> {
     let p = Params::new(cfg);
     let mut levels = Levels::new(store, TreeKind::Blob, p, 0);
-    let mut batch = LeafBatch::new();
+    let mut batch = LeafBatch::new(&p);
     let mut rest = data;
     while !rest.is_empty() {
         let n = p.cut(rest).clamp(1, rest.len());
