@@ -73,8 +73,10 @@
 //!      zero-filled ahead), a commit is lost that may have been acknowledged (bit rot after
 //!      its sync): the cut is then reported as damage (one entry in `damage`, kept as a
 //!      recovery note) rather than passed over in silence. So is a cut that starts at a
-//!      whole record header failing its checks (not all zeros, nor zeros from a sector
-//!      boundary inside it on): it may have been the last commit record.
+//!      whole record header failing its checks when none of the sectors it touches holds
+//!      only zeros from where the record starts (an unwritten sector reads as the zeros the
+//!      segment was filled with ahead, and sectors land in any order): it may have been the
+//!      last commit record.
 //!    - *Last group*: the records after the last commit record that is followed by a
 //!      non-commit record (or after the segment header), up to and including the run of
 //!      commit records that ends with the last intact one (a sync marker is a commit

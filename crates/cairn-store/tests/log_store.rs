@@ -561,7 +561,8 @@ fn commit_record_damage() {
     assert!(r.segment_bytes_truncated > 0, "{r:?}");
     assert_eq!(r.damage.len(), 1, "{r:?}");
     assert!(
-        r.damage[0].contains("header at offset") && r.damage[0].contains("not applied"),
+        r.damage[0].contains("not what an interrupted write leaves")
+            && r.damage[0].contains("not applied"),
         "{r:?}"
     );
     assert_eq!(s.recovery_notes().unwrap(), r.damage);

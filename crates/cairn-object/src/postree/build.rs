@@ -391,7 +391,7 @@ const BATCH_MIN_BYTES: usize = 256 << 10;
 /// (`docs/benchmarks.md`, "Leaf batches").
 const BATCH_MIN_LEAVES: usize = 16;
 /// Bytes of leaves collected before a batch is hashed and stored, at most (a writer holds
-/// up to four batches: memory per concurrent upload stays near 4 MiB).
+/// up to four batches and its cutting window: about 6 MiB per concurrent upload at most).
 const BATCH_MAX_BYTES: usize = 1 << 20;
 
 impl LeafBatch {

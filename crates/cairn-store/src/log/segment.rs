@@ -523,12 +523,16 @@ pub(crate) fn scan(
                 && lost.is_empty()
                 && len.saturating_sub(*at) >= FRAME_HEADER_LEN as u64
             {
-                let hdr = rd.get(*at, FRAME_HEADER_LEN)?;
-                if parse_frame_header(hdr).is_err() && !header_cut_short(*at, hdr) {
+                // The header and the rest of the sectors it touches (see header_cut_short).
+                let to = (*at + FRAME_HEADER_LEN as u64).div_ceil(SECTOR) * SECTOR;
+                let region = rd.get(*at, (to.min(len) - *at) as usize)?;
+                if parse_frame_header(&region[..FRAME_HEADER_LEN]).is_err()
+                    && !header_cut_short(*at, region)
+                {
                     rotted = Some(format!(
-                        "the record header at offset {at} is damaged ({why}), not cut short by \
-                         an interrupted write: cut at offset {at}; if it was the last commit \
-                         record, that commit is not applied (lost if it had been acknowledged)"
+                        "{why}, and those bytes are not what an interrupted write leaves: cut \
+                         there; if it was the last commit record, that commit is not applied \
+                         (lost if it had been acknowledged)"
                     ));
                 }
             }
@@ -591,15 +595,32 @@ pub(super) fn cut_short(off: u64, rec: &[u8]) -> bool {
     boundary >= off + FRAME_HEADER_LEN as u64 && boundary < end
 }
 
-/// Whether the record header at file offset `off` with bytes `hdr` (a whole header that
-/// fails its checks) looks cut short rather than damaged in place: all zeros, or zeros
-/// from a sector boundary inside it to its end (its first sector landed, the next did not).
-pub(super) fn header_cut_short(off: u64, hdr: &[u8]) -> bool {
-    let Some(last) = hdr.iter().rposition(|&b| b != 0) else {
-        return true;
+/// Whether a record header at file offset `off` that fails its checks may be an
+/// interrupted write rather than damage in place. `region` is the file from `off` to the
+/// end of the last sector the header touches (or to the end of the file). A power loss
+/// leaves whole sectors unwritten, in any order, and an unwritten sector reads as the
+/// zeros the segment was filled with ahead of its data. So the header may be torn when
+/// one of its sectors holds only zeros from where this record starts: the part of its
+/// first sector from `off` on, or a whole later sector (not just the header's bytes of
+/// it: a commit header ends in reserved zeros, and its payload follows in that sector).
+pub(super) fn header_cut_short(off: u64, region: &[u8]) -> bool {
+    let end = off + region.len() as u64;
+    let zeros = |from: u64, to: u64| {
+        let (a, b) = ((from - off) as usize, (to.min(end) - off) as usize);
+        region[a..b].iter().all(|&x| x == 0)
     };
-    let boundary = (off + last as u64 + 1).div_ceil(SECTOR) * SECTOR;
-    boundary < off + hdr.len() as u64
+    let mut sector_end = (off / SECTOR + 1) * SECTOR;
+    if zeros(off, sector_end) {
+        return true;
+    }
+    let header_end = off + FRAME_HEADER_LEN as u64;
+    while sector_end < header_end && sector_end < end {
+        if zeros(sector_end, sector_end + SECTOR) {
+            return true;
+        }
+        sector_end += SECTOR;
+    }
+    false
 }
 
 /// The first chunk record in `[from, to)` whose payload does not hash to its cid.
@@ -716,6 +737,7 @@ fn read_exact_at_uninit(file: &File, len: usize, off: u64) -> std::io::Result<Ve
 /// without waiting (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Durability still comes from
 /// `fdatasync` alone; this only starts the disk's work earlier. Errors are ignored: they
 /// surface at the next `fdatasync`.
+#[cfg(target_os = "linux")]
 pub(crate) fn start_writeback(file: &File, off: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(off), Ok(len)) = (libc::off64_t::try_from(off), libc::off64_t::try_from(len)) else {
@@ -727,3 +749,7 @@ pub(crate) fn start_writeback(file: &File, off: u64, len: u64) {
         libc::sync_file_range(file.as_raw_fd(), off, len, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
+
+/// Elsewhere there is no `sync_file_range`: the commit's `fdatasync` does all the work.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn start_writeback(_file: &File, _off: u64, _len: u64) {}

@@ -182,17 +182,114 @@ fn a_record_cut_short_at_a_sector_boundary_is_told_from_one_damaged_in_place() {
 fn a_header_cut_short_at_a_sector_boundary_is_told_from_one_damaged_in_place() {
     use segment::header_cut_short;
     let len = FRAME_HEADER_LEN;
+    // `region` runs from the header to the end of the last sector it touches.
+    let region = |off: u64, fill: &dyn Fn(u64) -> u8| -> Vec<u8> {
+        let to = (off + len as u64).div_ceil(512) * 512;
+        (off..to).map(fill).collect()
+    };
     // All zeros: the zero fill ahead of the data, or a sector that never landed.
-    assert!(header_cut_short(4000, &vec![0u8; len]));
-    // Zeros from a sector boundary inside the header (4096, six bytes in) on.
-    let mut hdr = vec![7u8; len];
-    hdr[6..].fill(0);
-    assert!(header_cut_short(4090, &hdr));
-    // The same bytes with no boundary inside: written whole, so damaged in place.
-    assert!(!header_cut_short(4000, &hdr));
-    // A whole header with a flipped byte.
-    assert!(!header_cut_short(4090, &vec![7u8; len]));
-    // Non-zero bytes after the boundary: that sector landed too.
-    hdr[len - 1] = 1;
-    assert!(!header_cut_short(4090, &hdr));
+    assert!(header_cut_short(4000, &region(4000, &|_| 0)));
+    // A header across 4096 whose first sector landed and whose second did not.
+    assert!(header_cut_short(
+        4090,
+        &region(4090, &|o| u8::from(o < 4096) * 7)
+    ));
+    // The reverse order: the second sector landed, the first (from the header on) did not.
+    assert!(header_cut_short(
+        500,
+        &region(500, &|o| u8::from(o >= 512) * 7)
+    ));
+    // A whole header with a flipped byte: damage in place, wherever it lies.
+    for off in [4000, 4090, 500] {
+        assert!(!header_cut_short(off, &region(off, &|_| 7)), "{off}");
+    }
+    // A commit header ends in reserved zeros. A boundary inside them is not a cut while
+    // that sector holds the payload that follows: the flipped header was written whole.
+    let commit = |o: u64| match o - 480 {
+        0..=17 => 9,
+        18..=49 => 0,
+        _ => 5,
+    };
+    assert!(!header_cut_short(480, &region(480, &commit)));
+    // The same with the later sector really missing (zeros to its end): a cut.
+    assert!(header_cut_short(
+        480,
+        &region(480, &|o| if o < 512 { commit(o) } else { 0 })
+    ));
+    // A region cut short by the end of the file counts as far as it goes.
+    let short: Vec<u8> = region(4090, &|o| u8::from(o < 4096) * 7)[..len].to_vec();
+    assert!(header_cut_short(4090, &short));
+}
+
+/// A closed store whose active segment ends `want` bytes past a 512-byte boundary; returns
+/// its directory, segment path and length.
+fn store_ending_at(want: u64) -> (tempfile::TempDir, std::path::PathBuf, u64) {
+    for vlen in 0..1200usize {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+            s.commit(&[RefUpdate::Set {
+                name: b"k".to_vec(),
+                value: vec![7u8; vlen],
+            }])
+            .unwrap();
+        }
+        let p = dir.path().join("seg-000001.log");
+        let len = std::fs::metadata(&p).unwrap().len();
+        if len % 512 == want {
+            return (dir, p, len);
+        }
+    }
+    panic!("no value length puts the segment's end at {want} mod 512");
+}
+
+/// Appends `rec` at the end of the segment and reopens the store.
+fn reopen_after_appending(
+    dir: &std::path::Path,
+    seg: &std::path::Path,
+    at: u64,
+    rec: &[u8],
+) -> LogStore {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
+    f.write_all_at(rec, at).unwrap();
+    drop(f);
+    LogStore::open(dir, LogStoreOptions::default()).unwrap()
+}
+
+/// A power loss during an unacknowledged write whose record header crosses a sector
+/// boundary, the later sector on disk and the earlier one not: a silent torn tail.
+#[test]
+fn a_header_whose_earlier_sector_never_landed_is_a_torn_tail() {
+    let (dir, seg, len) = store_ending_at(500);
+    let payload = vec![0x55u8; 3000];
+    let cid = crate::HashAlgo::Blake3.digest(&payload);
+    let mut rec = format::frame_header(KIND_CHUNK, &cid, &payload).to_vec();
+    rec.extend_from_slice(&payload);
+    rec[..12].fill(0);
+    let s = reopen_after_appending(dir.path(), &seg, len, &rec);
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert!(s.recovery().segment_bytes_truncated > 0);
+    assert!(s.get_ref(b"k").unwrap().is_some());
+}
+
+/// Bit rot in the last commit record's header is reported wherever the header lies,
+/// including when a sector boundary falls inside its reserved zero bytes.
+#[test]
+fn a_rotted_last_commit_header_is_reported_wherever_it_lies() {
+    for want in [480, 100] {
+        let (dir, seg, len) = store_ending_at(want);
+        let (ops, _) = refs::encode_ops(&[RefUpdate::Set {
+            name: b"acked".to_vec(),
+            value: b"v".to_vec(),
+        }]);
+        let mut rec = format::commit_header(2, &ops).to_vec();
+        rec.extend_from_slice(&ops);
+        rec[5] ^= 0x10;
+        let s = reopen_after_appending(dir.path(), &seg, len, &rec);
+        let r = s.recovery().clone();
+        assert_eq!(r.damage.len(), 1, "at {want} mod 512: {r:?}");
+        assert!(s.get_ref(b"acked").unwrap().is_none());
+        assert!(s.get_ref(b"k").unwrap().is_some());
+    }
 }
