@@ -1340,20 +1340,12 @@ async fn read(
 
 /// Streams a Blob tree from a blocking task through a small channel
 /// ([`crate::native::body::produce_as`]), fetching and verifying leaves on a few threads
-/// ([`cairn_object::postree::copy_blob`]), so a read holds a few windows in memory
+/// ([`crate::native::values::send_tree_range`]), so a read holds a few windows in memory
 /// whatever the file's size. A client that goes away closes the channel, which ends the
 /// task.
 fn stream_blob(hub: &Hub, bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
     crate::native::body::produce_as(hub.node.clone(), None, move |w| {
-        cairn_object::postree::copy_blob_into(
-            bucket.db().chunks(),
-            &tree,
-            0,
-            tree.count,
-            cairn_object::postree::copy_blob_workers(),
-            &mut |leaf| w.write_shared(leaf),
-        )
-        .map(|_| ())
+        crate::native::values::send_tree_range(bucket.db(), &tree, 0, tree.count, w)
     })
 }
 

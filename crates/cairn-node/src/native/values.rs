@@ -186,7 +186,18 @@ pub fn send_blob_range(
     len: u64,
     w: &mut super::body::ChannelWriter,
 ) -> Result<()> {
-    let t = blob_tree(v)?;
+    send_tree_range(db, blob_tree(v)?, offset, len, w)
+}
+
+/// Sends `len` bytes of Blob tree `t` from `offset` into a response, each leaf verified and
+/// handed on without being copied (the native API's reads and the Gaia read endpoint).
+pub fn send_tree_range(
+    db: &Db,
+    t: &postree::TreeRef,
+    offset: u64,
+    len: u64,
+    w: &mut super::body::ChannelWriter,
+) -> Result<()> {
     let workers = postree::copy_blob_workers();
     postree::copy_blob_into(db.chunks(), t, offset, len, workers, &mut |leaf| {
         w.write_shared(leaf)

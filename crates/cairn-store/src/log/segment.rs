@@ -536,9 +536,11 @@ pub(crate) fn scan(
                     ));
                 }
             }
-            cut = match (first_bad, rotted) {
-                (Some((at, _)), Some(msg)) => Some((at, msg, true)),
-                (first_bad, _) => first_bad.map(|(at, why)| match (lost.first(), lost.last()) {
+            cut = first_bad.map(|(at, why)| {
+                if let Some(msg) = rotted {
+                    return (at, msg, true);
+                }
+                match (lost.first(), lost.last()) {
                     (Some(a), Some(b)) => {
                         let seqs = if a == b {
                             format!("commit {a}")
@@ -552,8 +554,8 @@ pub(crate) fn scan(
                         (at, msg, true)
                     }
                     _ => (at, why, false),
-                }),
-            };
+                }
+            });
         }
     }
     let mut group_cut = None;
