@@ -116,6 +116,25 @@ proptest! {
         let t = postree::build_blob(&s, &c, &data).unwrap();
         prop_assert_eq!(t.count, data.len() as u64);
         walk_ok(&s, &t);
+        // blob_leaf_lengths names exactly the leaves the tree holds.
+        let mut leaves = BTreeSet::new();
+        postree::walk(&s, &t, &mut |_, chunk| {
+            if let (cairn_object::chunk::ChunkKind::Blob, payload) = cairn_object::chunk::parse(chunk)? {
+                leaves.insert(payload.to_vec());
+            }
+            Ok(())
+        }).unwrap();
+        let lengths = postree::blob_leaf_lengths(&c, &data);
+        prop_assert_eq!(lengths.iter().sum::<usize>(), data.len());
+        let mut at = 0;
+        let mut cut = BTreeSet::new();
+        for n in lengths {
+            cut.insert(data[at..at + n].to_vec());
+            at += n;
+        }
+        if !data.is_empty() {
+            prop_assert_eq!(cut, leaves);
+        }
         prop_assert_eq!(postree::blob_read(&s, &t, 0, u64::MAX).unwrap(), data.clone());
         // The streaming writer gives the same tree whatever the write sizes.
         let mut w = BlobWriter::new(&s, &c);

@@ -666,6 +666,22 @@ pub fn build_blob(store: &dyn ChunkStore, cfg: &TreeConfig, data: &[u8]) -> Resu
     finish_tree(store, TreeKind::Blob, levels)
 }
 
+/// The lengths of the leaves [`build_blob`] cuts `data` into (content-defined, so the
+/// same bytes always give the same lengths), without hashing or storing anything: for
+/// estimating dedup and for measuring chunking on its own. Empty data has no lengths (its
+/// tree is one empty leaf).
+pub fn blob_leaf_lengths(cfg: &TreeConfig, data: &[u8]) -> Vec<usize> {
+    let p = Params::new(cfg);
+    let mut out = Vec::with_capacity(data.len() / p.cdc_avg.max(1) + 1);
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = p.cut(rest).clamp(1, rest.len());
+        out.push(n);
+        rest = &rest[n..];
+    }
+    out
+}
+
 fn build_elems(
     store: &dyn ChunkStore,
     cfg: &TreeConfig,

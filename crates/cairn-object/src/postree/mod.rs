@@ -56,7 +56,9 @@ mod walk;
 use cairn_core::{Decoder, Encoder, Error, Result};
 use cairn_store::Cid;
 
-pub use build::{BlobWriter, build_blob, build_list, build_map, build_set, empty};
+pub use build::{
+    BlobWriter, blob_leaf_lengths, build_blob, build_list, build_map, build_set, empty,
+};
 pub use diff::{KeyChange, SeqChange, diff_seq, diff_sorted};
 pub use edit::{blob_splice, list_splice, map_update, set_update};
 pub use read::{
