@@ -944,6 +944,7 @@ pub fn write_whole_file(
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
     };
+    let _interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
     if let Some(mode) = keep {
         // Keep the mode of the file being replaced (a private file stays private).
         tmp.as_file()

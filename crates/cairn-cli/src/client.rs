@@ -474,9 +474,10 @@ impl Client {
                 (None, Some(_)) => {
                     let mut tmp = tempfile::NamedTempFile::new()
                         .context("creating a temporary file for stdin")?;
+                    let interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
                     io::copy(&mut io::stdin().lock(), &mut tmp).context("reading stdin")?;
                     let p = tmp.path().to_path_buf();
-                    spooled = Some(tmp);
+                    spooled = Some((tmp, interrupt));
                     Some(p)
                 }
                 (None, None) => None,

@@ -7,6 +7,7 @@
 mod bench;
 mod bench_capsule;
 mod bench_hub;
+mod cleanup;
 mod cli;
 mod client;
 mod crypt;

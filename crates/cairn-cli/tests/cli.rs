@@ -566,3 +566,59 @@ fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
             .is_char_device()
     );
 }
+
+/// Interrupting `get --out` removes its temporary file: no partial copy is left behind
+/// (with `--decrypt` it would be unauthenticated plaintext), and the destination keeps
+/// what it held.
+#[test]
+fn an_interrupted_get_leaves_no_partial_file() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let mut put = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .env("CAIRN_KEY_FILE", dir.join("writer.key"))
+        .args(["--durability", "buffered", "put", "big"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = put.stdin.take().unwrap();
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x2545F4914F6CDD1Du64;
+    for _ in 0..192 {
+        for b in block.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        stdin.write_all(&block).unwrap();
+    }
+    drop(stdin);
+    assert!(put.wait().unwrap().success());
+    let out_dir = dir.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let dest = out_dir.join("big.bin");
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .args(["get", "big", "--out", dest.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(&out_dir).unwrap().next().is_none() {
+        assert!(t0.elapsed().as_secs() < 20, "no temporary file appeared");
+        std::thread::yield_now();
+    }
+    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "stderr: {err}");
+    let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -784,3 +784,51 @@ fn large_encrypted_upload_in_constant_memory() {
 fn two_gib_encrypted_upload() {
     big_encrypted_transfer(2 << 30, 64);
 }
+
+/// Waits (up to 20 s) until `dir` holds an entry, then sends SIGINT to `child`; the command
+/// must exit 130 and leave `dir` empty.
+fn interrupt_once_a_file_appears(child: std::process::Child, dir: &Path) {
+    let t0 = Instant::now();
+    while std::fs::read_dir(dir).unwrap().next().is_none() {
+        assert!(
+            t0.elapsed().as_secs() < 20,
+            "no temporary file appeared in {}",
+            dir.display()
+        );
+        std::thread::yield_now();
+    }
+    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "stderr: {err}");
+    assert!(err.contains("interrupted"), "stderr: {err}");
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Interrupting a signed upload from stdin removes the copy of stdin it spools.
+#[test]
+fn an_interrupted_upload_leaves_no_spool_file() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    u.ok(srv, &["put", "first", "--value", "x"]);
+    let tmp = u.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut child = u
+        .command(srv, &["put", "big"])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stdin stays open, so the client is still spooling it when interrupted.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&pseudo_random(1 << 20, 5)).unwrap();
+    interrupt_once_a_file_appears(child, &tmp);
+    drop(stdin);
+    // Nothing was stored under the key.
+    u.fails(srv, &["get", "big"], 3);
+}
