@@ -337,24 +337,25 @@ pub struct UpdateArgs {
     /// Branch whose head is updated.
     #[arg(long, default_value = DEFAULT_BRANCH)]
     pub branch: String,
-    /// String: append text. Tuple: append an element.
-    #[arg(long)]
+    /// String: append text. Tuple: append an element. (One operation per update: --append,
+    /// --insert-at, --add, --multiply, --splice-at, or --set/--unset.)
+    #[arg(long, conflicts_with_all = ["insert_at", "add", "multiply", "splice_at", "set", "unset"])]
     pub append: Option<String>,
     /// String/Tuple: insert at this offset/index (with --text).
-    #[arg(long, requires = "text")]
+    #[arg(long, requires = "text", conflicts_with_all = ["add", "multiply", "splice_at", "set", "unset"])]
     pub insert_at: Option<u64>,
     /// Text inserted by --insert-at or --splice-at.
     #[arg(long)]
     pub text: Option<String>,
     /// Integer: add.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["multiply", "splice_at", "set", "unset"])]
     pub add: Option<i64>,
     /// Integer: multiply.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["splice_at", "set", "unset"])]
     pub multiply: Option<i64>,
     /// Blob/List: replace --delete bytes/elements at this offset/index with --text
     /// (List: one element per line).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["set", "unset"])]
     pub splice_at: Option<u64>,
     /// Bytes/elements removed by --splice-at.
     #[arg(long, default_value_t = 0)]

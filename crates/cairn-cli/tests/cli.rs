@@ -48,6 +48,9 @@ fn typed_values_round_trip() {
     ok(dir, &["put", "n", "--type", "integer", "--value", "40"]);
     ok(dir, &["update", "n", "--add", "2"]);
     assert_eq!(ok(dir, &["get", "n"]), "42\n");
+    // One operation per update: two are refused, and nothing changes.
+    fails(dir, &["update", "n", "--add", "5", "--multiply", "2"], 8);
+    assert_eq!(ok(dir, &["get", "n"]), "42\n");
     ok(dir, &["put", "m", "--type", "map", "--value", "b=2\na=1\n"]);
     ok(dir, &["update", "m", "--set", "c=3", "--unset", "a"]);
     assert_eq!(ok(dir, &["get", "m"]), "b=2\nc=3\n");
