@@ -53,15 +53,15 @@ pub struct Cli {
         default_value = "blake3"
     )]
     pub hash: HashAlgo,
-    /// Seconds to wait for a store another `cairn` process has open.
+    /// Seconds to wait for a store another `cairn` process has open [default: 30; for
+    /// `serve`, the config file's `lock_timeout_secs`].
     #[arg(
         long,
         global = true,
         help_heading = "Global options",
-        env = "CAIRN_LOCK_TIMEOUT",
-        default_value_t = 30.0
+        env = "CAIRN_LOCK_TIMEOUT"
     )]
-    pub lock_timeout: f64,
+    pub lock_timeout: Option<f64>,
     /// The bucket (namespace of keys, backed by one capsule) the command works on.
     #[arg(long, global = true, help_heading = "Global options", env = "CAIRN_BUCKET", default_value = DEFAULT_BUCKET)]
     pub bucket: String,
@@ -511,7 +511,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         &data,
         cli.durability.unwrap_or(Durability::Group),
         cli.hash,
-        cli.lock_timeout,
+        cli.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT_SECS),
     )?;
     if !matches!(
         cli.command,
@@ -1152,6 +1152,9 @@ fn show_value(v: &Value) -> String {
 
 use cairn_node::node::NODE_KEY_FILE;
 
+/// Seconds a command waits for a store another process has open, unless told otherwise.
+pub const DEFAULT_LOCK_TIMEOUT_SECS: f64 = 30.0;
+
 /// The data directory when neither `--data` nor `CAIRN_DATA` names one.
 pub const DEFAULT_DATA_DIR: &str = "./cairn-data";
 
@@ -1179,7 +1182,9 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<ExitCode> {
     if let Some(n) = a.leaf_size {
         config.leaf_size = n;
     }
-    config.lock_timeout_secs = cli.lock_timeout;
+    if let Some(t) = cli.lock_timeout {
+        config.lock_timeout_secs = t;
+    }
     cairn_node::init_logging(config.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -832,3 +832,26 @@ fn an_interrupted_upload_leaves_no_spool_file() {
     // Nothing was stored under the key.
     u.fails(srv, &["get", "big"], 3);
 }
+
+/// `lock_timeout_secs` from the config file is used when no flag or variable overrides it:
+/// a second node on a data directory in use gives up after it, exit 9.
+#[test]
+fn serve_takes_the_lock_timeout_from_its_config_file() {
+    let s = Server::start();
+    let u = User::new();
+    let config = u.path().join("node.toml");
+    std::fs::write(&config, "lock_timeout_secs = 0.5\n").unwrap();
+    let t0 = Instant::now();
+    let out = u
+        .command(None, &["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data")
+        .arg(s._dir.path().join("node"))
+        .env_remove("CAIRN_LOCK_TIMEOUT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(9), "stderr: {err}");
+    // The flag's old default (30 s) no longer overrides the file.
+    assert!(t0.elapsed().as_secs() < 20, "waited {:?}", t0.elapsed());
+}
