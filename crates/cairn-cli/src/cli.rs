@@ -1093,13 +1093,17 @@ fn merge(db: &Bucket, a: MergeArgs, out: &mut impl Write) -> Result<ExitCode> {
             for c in &cs {
                 eprintln!("conflict: {c}");
             }
-            bail!(Error::Conflict(format!(
-                "{} unresolved conflict(s); nothing was written (try --resolve ours|theirs|append|sum|union)",
-                cs.len()
-            )));
+            bail!(Error::Conflict(conflict_summary(cs.len())));
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The error line after `n` unresolved merge conflicts (local and client mode alike).
+pub fn conflict_summary(n: usize) -> String {
+    format!(
+        "{n} unresolved conflict(s); nothing was written (try --resolve ours|theirs|append|sum|union)"
+    )
 }
 
 fn print_diff(d: &Diff, out: &mut impl Write) -> Result<()> {

@@ -1174,14 +1174,20 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
             format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim()),
         ),
     };
+    let mut message = message;
     if let Some(cs) = parsed
         .as_ref()
         .and_then(|j| j.get("conflicts"))
         .and_then(J::as_array)
     {
+        // Printed as local mode prints them, with local mode's hint.
         for c in cs {
-            eprintln!("conflict: {c}");
+            match cairn_node::native::versions::conflict_from_json(c) {
+                Some(c) => eprintln!("conflict: {c}"),
+                None => eprintln!("conflict: {c}"),
+            }
         }
+        message = format!("merge conflict: {}", crate::cli::conflict_summary(cs.len()));
     }
     let strip = |prefix: &str| message.strip_prefix(prefix).unwrap_or(&message).to_string();
     let e = match kind.as_str() {

@@ -260,6 +260,14 @@ fn every_command_matches_local_mode() {
     run(&["put", "c", "--value", "ours"]);
     run(&["put", "c", "--branch", "other", "--value", "theirs"]);
     run(&["merge", "c", "--into", "master", "--from", "other"]); // 5
+    // The conflicts and the hint read the same both ways.
+    let conflict = ["merge", "c", "--into", "master", "--from", "other"];
+    let (local, remote) = (u.run(None, &conflict), u.run(Some(srv), &conflict));
+    assert_eq!(local.status.code(), Some(5));
+    assert_eq!(
+        String::from_utf8_lossy(&local.stderr),
+        String::from_utf8_lossy(&remote.stderr)
+    );
     run(&[
         "merge",
         "c",

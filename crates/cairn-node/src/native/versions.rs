@@ -25,7 +25,7 @@ use serde_json::{Value as J, json};
 use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::objects::{CONTROL_LIMIT, is_json};
-use super::values::bytes_json;
+use super::values::{bytes_json, json_bytes};
 use super::{BucketPath, KeyPath, Native, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
 
@@ -336,7 +336,8 @@ struct MergeBody {
     resolver: Option<String>,
 }
 
-fn conflict_json(c: &Conflict) -> J {
+/// A merge conflict as the API reports it (in the `conflicts` list of a 409).
+pub fn conflict_json(c: &Conflict) -> J {
     let at = match &c.at {
         ConflictAt::Value => json!({ "kind": "value" }),
         ConflictAt::MapKey(k) => json!({ "kind": "map_key", "key": bytes_json(k) }),
@@ -349,6 +350,32 @@ fn conflict_json(c: &Conflict) -> J {
         "base": opt_bytes(&c.base),
         "ours": opt_bytes(&c.ours),
         "theirs": opt_bytes(&c.theirs),
+    })
+}
+
+/// Reads a conflict written by [`conflict_json`] (`None` if it is not one).
+pub fn conflict_from_json(c: &J) -> Option<Conflict> {
+    let side = |v: &J| -> Option<Option<bytes::Bytes>> {
+        match v {
+            J::Null => Some(None),
+            v => json_bytes(v, "conflict").ok().map(|b| Some(b.into())),
+        }
+    };
+    let at = c.get("at")?;
+    let at = match at.get("kind")?.as_str()? {
+        "value" => ConflictAt::Value,
+        "map_key" => ConflictAt::MapKey(json_bytes(at.get("key")?, "conflict").ok()?.into()),
+        "range" => ConflictAt::Range {
+            start: at.get("start")?.as_u64()?,
+            end: at.get("end")?.as_u64()?,
+        },
+        _ => return None,
+    };
+    Some(Conflict {
+        at,
+        base: side(c.get("base")?)?,
+        ours: side(c.get("ours")?)?,
+        theirs: side(c.get("theirs")?)?,
     })
 }
 
