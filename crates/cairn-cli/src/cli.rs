@@ -817,22 +817,24 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
     };
     let v = db.get(a.key.as_bytes(), &at)?;
     if a.meta {
+        let mut meta = Vec::new();
         let o = &v.object;
-        writeln!(out, "uid: {}", v.uid)?;
-        writeln!(out, "key: {}", String::from_utf8_lossy(&o.key))?;
-        writeln!(out, "type: {}", o.value_type())?;
-        writeln!(out, "size: {}", size_of(&o.value))?;
-        writeln!(out, "depth: {}", o.depth)?;
+        writeln!(meta, "uid: {}", v.uid)?;
+        writeln!(meta, "key: {}", String::from_utf8_lossy(&o.key))?;
+        writeln!(meta, "type: {}", o.value_type())?;
+        writeln!(meta, "size: {}", size_of(&o.value))?;
+        writeln!(meta, "depth: {}", o.depth)?;
         for b in &o.bases {
-            writeln!(out, "base: {b}")?;
+            writeln!(meta, "base: {b}")?;
         }
         if let Some(t) = o.value.tree() {
-            writeln!(out, "root: {}", t.root)?;
-            writeln!(out, "height: {}", t.height)?;
+            writeln!(meta, "root: {}", t.root)?;
+            writeln!(meta, "height: {}", t.height)?;
         }
         if !o.context.is_empty() {
-            writeln!(out, "context: {}", format::show(&o.context))?;
+            writeln!(meta, "context: {}", format::show(&o.context))?;
         }
+        crate::cli::emit_text(&meta, a.out.as_deref(), out)?;
         return Ok(());
     }
     match &a.out {
@@ -846,6 +848,21 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
             write_value(db, &v.object.value, &mut sink)?;
             sink.flush().context("writing the output")?;
         }
+    }
+    Ok(())
+}
+
+/// Writes a command's text output to `--out` (whole or not at all) or to `out`.
+pub fn emit_text(text: &[u8], dest: Option<&Path>, out: &mut impl Write) -> Result<()> {
+    match dest {
+        Some(p) => {
+            write_whole_file(p, 0o666, &mut |w| {
+                w.write_all(text)
+                    .with_context(|| format!("writing {}", p.display()))?;
+                Ok(text.len() as u64)
+            })?;
+        }
+        None => out.write_all(text)?,
     }
     Ok(())
 }

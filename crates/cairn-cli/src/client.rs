@@ -604,32 +604,34 @@ impl Client {
     fn get(&mut self, a: GetArgs, data_key: Option<&Path>, out: &mut impl Write) -> Result<()> {
         let query = Self::version_query(a.uid, a.branch);
         if a.meta {
+            let mut meta = Vec::new();
             let m = self.get_json(self.url("meta", Some(&a.key), &query)?)?;
-            writeln!(out, "uid: {}", str_field(&m, "uid")?)?;
+            writeln!(meta, "uid: {}", str_field(&m, "uid")?)?;
             let key = bytes_field(&m, "key")?;
-            writeln!(out, "key: {}", String::from_utf8_lossy(&key))?;
-            writeln!(out, "type: {}", str_field(&m, "type")?)?;
-            writeln!(out, "size: {}", self.size_text(&a.key, &m)?)?;
+            writeln!(meta, "key: {}", String::from_utf8_lossy(&key))?;
+            writeln!(meta, "type: {}", str_field(&m, "type")?)?;
+            writeln!(meta, "size: {}", self.size_text(&a.key, &m)?)?;
             writeln!(
-                out,
+                meta,
                 "depth: {}",
                 m.get("depth").and_then(J::as_u64).unwrap_or(0)
             )?;
             for b in array_field(&m, "bases")? {
-                writeln!(out, "base: {}", b.as_str().unwrap_or_default())?;
+                writeln!(meta, "base: {}", b.as_str().unwrap_or_default())?;
             }
             if let Some(root) = m.get("root").and_then(J::as_str) {
-                writeln!(out, "root: {root}")?;
+                writeln!(meta, "root: {root}")?;
                 writeln!(
-                    out,
+                    meta,
                     "height: {}",
                     m.get("height").and_then(J::as_u64).unwrap_or(0)
                 )?;
             }
             let context = bytes_field(&m, "context")?;
             if !context.is_empty() {
-                writeln!(out, "context: {}", format::show(&context))?;
+                writeln!(meta, "context: {}", format::show(&context))?;
             }
+            crate::cli::emit_text(&meta, a.out.as_deref(), out)?;
             return Ok(());
         }
         let url = self.url("objects", Some(&a.key), &query)?;

@@ -45,6 +45,20 @@ fn typed_values_round_trip() {
     assert_eq!(uid.trim().len(), 68);
     assert_eq!(ok(dir, &["get", "s"]), "hello");
     assert_eq!(ok(dir, &["get", "s", "--uid", uid.trim()]), "hello");
+    // --meta honours --out.
+    let meta = dir.join("meta.txt");
+    assert_eq!(
+        ok(
+            dir,
+            &["get", "s", "--meta", "--out", meta.to_str().unwrap()]
+        ),
+        ""
+    );
+    let text = std::fs::read_to_string(&meta).unwrap();
+    assert!(
+        text.starts_with(&format!("uid: {}\nkey: s\n", uid.trim())),
+        "{text}"
+    );
     ok(dir, &["put", "n", "--type", "integer", "--value", "40"]);
     ok(dir, &["update", "n", "--add", "2"]);
     assert_eq!(ok(dir, &["get", "n"]), "42\n");
