@@ -438,6 +438,21 @@ pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
     pb
 }
 
+/// A progress bar on stderr counting items (not bytes), hidden when stderr is not a
+/// terminal; the total is set with `set_length` once known.
+pub fn count_bar(what: &str, unit: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::no_length();
+    let tmpl = format!("{{msg}} {{bar:30}} {{pos}}/{{len}} {unit} eta {{eta}}");
+    if let Ok(style) = ProgressStyle::with_template(&tmpl) {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb
+}
+
 /// Runs one parsed command.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
@@ -637,7 +652,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             ..
         } => verify_version(&bucket, &key, uid, branch, file.as_deref(), &mut out)?,
         Command::Verify { key, .. } => {
-            let pb = progress_bar(None, "verifying");
+            let pb = count_bar("verifying", "keys");
             let report = db.verify(key.as_deref().map(str::as_bytes), &mut |done, total| {
                 pb.set_length(total);
                 pb.set_position(done);
