@@ -702,12 +702,24 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 "gc: {} chunks examined, {} live, {} removed, {} bytes reclaimed",
                 r.candidates, r.live, r.removed, r.bytes_reclaimed
             )?;
+            if r.removed > 0 && r.bytes_reclaimed == 0 {
+                eprintln!(
+                    "note: compaction rewrites only segment files that are at least half \
+                     garbage, so the removed chunks' space returns once more of theirs is \
+                     garbage; `cairn stats` shows chunk bytes against bytes on disk"
+                );
+            }
         }
         Command::Stats => {
             let s = db.store().stats()?;
             writeln!(out, "hash: {}", db.algo())?;
             writeln!(out, "durability: {}", db.store().durability())?;
-            writeln!(out, "keys: {}", db.list_keys()?.len())?;
+            writeln!(
+                out,
+                "keys in bucket {}: {}",
+                bucket.name(),
+                db.list_keys()?.len()
+            )?;
             writeln!(out, "chunks: {}", s.chunks)?;
             writeln!(out, "chunk bytes: {}", s.chunk_bytes)?;
             writeln!(out, "bytes on disk: {}", s.bytes_on_disk)?;
