@@ -253,6 +253,7 @@ fn every_command_matches_local_mode() {
     run(&["merge", "u", "--untagged"]);
     // Failures: same exit codes.
     run(&["get", "nope"]); // 3
+    run(&["get", ""]); // 8, as for a put
     run(&["get", "s", "--branch", "nope"]); // 3
     run(&["put", "s", "--value", "x", "--guard", uid.trim()]); // 4
     run(&["put", "c", "--value", "base"]);

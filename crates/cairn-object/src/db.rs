@@ -356,8 +356,10 @@ impl Db {
 
     // ----- reads -----
 
-    /// The branch table of `key`, or an empty one when the key does not exist.
+    /// The branch table of `key`, or an empty one when the key does not exist (a key no
+    /// put accepts, empty or too long, is [`Error::InvalidInput`]).
     pub fn table(&self, key: &[u8]) -> Result<BranchTable> {
+        check_key(key)?;
         let prefix = self.key_prefix(key);
         let mut t = BranchTable::default();
         for (name, value) in self.store.list_refs(&prefix)? {
