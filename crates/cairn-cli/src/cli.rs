@@ -744,7 +744,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Bucket { metadata_out } => {
             show_bucket(&bucket, metadata_out.as_deref(), &mut out)?
         }
-        Command::Demo => crate::demo::run(&bucket, &mut out)?,
+        Command::Demo => crate::demo::run(&bucket, cli.data.as_deref(), &mut out)?,
         Command::Bench(_)
         | Command::Keygen { .. }
         | Command::VerifyProof { .. }

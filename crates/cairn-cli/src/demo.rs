@@ -9,7 +9,7 @@ use cairn_capsule::Bucket;
 use cairn_object::{At, BuiltinResolver, MergeOutcome, NewValue, Op, PutOptions, Target, Value};
 
 /// Runs the tour, narrating on `out`.
-pub fn run(bucket: &Bucket, out: &mut impl Write) -> Result<()> {
+pub fn run(bucket: &Bucket, data: Option<&std::path::Path>, out: &mut impl Write) -> Result<()> {
     let db = bucket.db();
     let opts = PutOptions::default();
     let key = format!("demo/{}", std::process::id());
@@ -159,11 +159,24 @@ pub fn run(bucket: &Bucket, out: &mut impl Write) -> Result<()> {
         chain[0].hash().short(),
         chain.len() - 1
     )?;
-    writeln!(
-        out,
-        "try: cairn log {}   cairn verify --proof {}",
-        String::from_utf8_lossy(key),
-        String::from_utf8_lossy(key)
-    )?;
+    // The follow-up commands name the data directory the demo used.
+    let cairn = match data {
+        Some(d) => format!("cairn --data {}", shell_word(&d.to_string_lossy())),
+        None => "cairn".to_string(),
+    };
+    let key = shell_word(&String::from_utf8_lossy(key));
+    writeln!(out, "try: {cairn} log {key}   {cairn} verify --proof {key}")?;
     Ok(())
+}
+
+/// `w` as one shell word: as is when it holds only safe characters, else single-quoted.
+fn shell_word(w: &str) -> String {
+    if !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
+    {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
 }
