@@ -280,8 +280,8 @@ pub struct PutArgs {
     /// The value, inline (default type string).
     #[arg(long, conflicts_with = "file")]
     pub value: Option<String>,
-    /// Read the value from this file (default type blob, streamed). Without --value or
-    /// --file the value is read from stdin.
+    /// Read the value from this file (default type blob, streamed; `-` is stdin). Without
+    /// --value or --file the value is read from stdin.
     #[arg(long)]
     pub file: Option<PathBuf>,
     /// Value type: string, integer, tuple, blob, list, map or set.
@@ -454,7 +454,13 @@ pub fn count_bar(what: &str, unit: &str) -> ProgressBar {
 }
 
 /// Runs one parsed command.
-pub fn run(cli: Cli) -> Result<ExitCode> {
+pub fn run(mut cli: Cli) -> Result<ExitCode> {
+    // `put --file -` reads stdin, as most tools read it.
+    if let Command::Put(a) = &mut cli.command
+        && a.file.as_deref() == Some(Path::new("-"))
+    {
+        a.file = None;
+    }
     match &cli.command {
         Command::Bench(args) => return crate::bench::run(args),
         Command::Keygen { force } => return keygen(&cli, *force),

@@ -45,6 +45,19 @@ fn typed_values_round_trip() {
     assert_eq!(uid.trim().len(), 68);
     assert_eq!(ok(dir, &["get", "s"]), "hello");
     assert_eq!(ok(dir, &["get", "s", "--uid", uid.trim()]), "hello");
+    // `--file -` is stdin.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .env("CAIRN_KEY_FILE", dir.join("writer.key"))
+        .args(["put", "from-stdin", "--file", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"piped").unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    assert_eq!(ok(dir, &["get", "from-stdin"]), "piped");
     // --meta honours --out.
     let meta = dir.join("meta.txt");
     assert_eq!(
@@ -75,7 +88,7 @@ fn typed_values_round_trip() {
     ok(dir, &["put", "t", "--type", "tuple", "--value", "1\n2"]);
     assert_eq!(ok(dir, &["get", "t"]), "1\n2\n");
     let keys = ok(dir, &["keys"]);
-    assert_eq!(keys, "l\nm\nn\ns\nst\nt\n");
+    assert_eq!(keys, "from-stdin\nl\nm\nn\ns\nst\nt\n");
     let meta = ok(dir, &["get", "m", "--meta"]);
     assert!(
         meta.contains("type: map") && meta.contains("depth: 1"),
