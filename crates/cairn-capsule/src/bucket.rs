@@ -788,6 +788,8 @@ impl Bucket {
                 self.name()
             ))
         })?;
+        // A version that does not exist at all is just that, not a missing record.
+        self.db().load(uid)?;
         let name = self.record_of(uid)?.ok_or_else(|| {
             Error::not_found(format!(
                 "a record of bucket {} that created version {uid} (the version predates the \

@@ -254,6 +254,14 @@ fn every_command_matches_local_mode() {
     // Failures: same exit codes.
     run(&["get", "nope"]); // 3
     run(&["get", ""]); // 8, as for a put
+    // A version that does not exist: not found both ways.
+    let fake = format!("{}00", &uid.trim()[..66]);
+    assert_ne!(fake, uid.trim());
+    run(&["verify", "--proof", "s", "--uid", &fake]); // 3
+    assert!(
+        u.fails(None, &["verify", "--proof", "s", "--uid", &fake], 3)
+            .contains("not found: version")
+    );
     run(&["get", "s", "--branch", "nope"]); // 3
     run(&["put", "s", "--value", "x", "--guard", uid.trim()]); // 4
     run(&["put", "c", "--value", "base"]);

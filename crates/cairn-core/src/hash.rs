@@ -223,14 +223,13 @@ impl FromStr for Hash {
         let s = s.trim();
         if s.len() != ENCODED_LEN * 2 {
             return Err(Error::invalid(format!(
-                "a version id is {} hex characters, got {} ({s:?})",
+                "a hash (a version id or capsule name) is {} hex characters, got {} ({s:?})",
                 ENCODED_LEN * 2,
                 s.len()
             )));
         }
-        let bytes =
-            hex::decode(s).map_err(|e| Error::invalid(format!("bad version id {s:?}: {e}")))?;
-        Hash::from_bytes(&bytes).map_err(|e| Error::invalid(format!("bad version id {s:?}: {e}")))
+        let bytes = hex::decode(s).map_err(|e| Error::invalid(format!("bad hash {s:?}: {e}")))?;
+        Hash::from_bytes(&bytes).map_err(|e| Error::invalid(format!("bad hash {s:?}: {e}")))
     }
 }
 
