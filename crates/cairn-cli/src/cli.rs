@@ -297,8 +297,9 @@ pub struct PutArgs {
     /// Write only if the branch head is this version.
     #[arg(long)]
     pub guard: Option<Uid>,
-    /// Application context stored with the version (e.g. a commit message).
-    #[arg(long, default_value = "")]
+    /// Application context stored with the version (e.g. a commit message): one line,
+    /// no control characters.
+    #[arg(long, default_value = "", value_parser = parse_context)]
     pub context: String,
     /// With --server: encrypt the value on this machine before upload (streamed;
     /// XChaCha20-Poly1305 STREAM under the data key, see --data-key-file).
@@ -1205,6 +1206,15 @@ fn show_value(v: &Value) -> String {
 }
 
 use cairn_node::node::NODE_KEY_FILE;
+
+/// `--context`: one line of text, the same in local and client mode (`cairn log` shows it
+/// on the version's line, and a node receives it in an HTTP header).
+fn parse_context(s: &str) -> std::result::Result<String, String> {
+    if s.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return Err("context is one line of text: no newlines or other control characters".into());
+    }
+    Ok(s.to_string())
+}
 
 /// Seconds a command waits for a store another process has open, unless told otherwise.
 pub const DEFAULT_LOCK_TIMEOUT_SECS: f64 = 30.0;

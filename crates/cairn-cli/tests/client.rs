@@ -254,6 +254,7 @@ fn every_command_matches_local_mode() {
     // Failures: same exit codes.
     run(&["get", "nope"]); // 3
     run(&["get", ""]); // 8, as for a put
+    run(&["put", "ctx", "--value", "x", "--context", "two\nlines"]); // 8 both ways
     // A version that does not exist: not found both ways.
     let fake = format!("{}00", &uid.trim()[..66]);
     assert_ne!(fake, uid.trim());
