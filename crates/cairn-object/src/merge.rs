@@ -315,6 +315,15 @@ impl Db {
                 show_key(key)
             )));
         }
+        if let Some((_, u)) = inputs
+            .iter()
+            .enumerate()
+            .find(|(i, u)| inputs[..*i].contains(u))
+        {
+            return Err(Error::invalid(format!(
+                "version {u} is named twice; a merge needs two different untagged heads"
+            )));
+        }
         if inputs.len() < 2 {
             return Err(Error::invalid(format!(
                 "key {} has {} untagged head(s); a merge needs at least two",

@@ -925,7 +925,7 @@ fn unrelated_histories_conflict_instead_of_dropping_a_side() {
 fn merge_untagged_takes_only_untagged_heads() {
     let (db, _) = db();
     let v1 = put_str(&db, "k", Target::Branch("master"), "1");
-    put_str(&db, "k", Target::Base(v1), "2");
+    let v2 = put_str(&db, "k", Target::Base(v1), "2");
     put_str(&db, "k", Target::Base(v1), "3");
     let err = db.merge_untagged(
         b"k",
@@ -934,6 +934,19 @@ fn merge_untagged_takes_only_untagged_heads() {
         &PutOptions::default(),
     );
     assert!(matches!(err, Err(Error::InvalidInput(_))));
+    // One untagged head named twice is not a merge (it used to answer with that head).
+    let heads = db.list_untagged(b"k").unwrap();
+    let err = db.merge_untagged(
+        b"k",
+        &[v2, v2],
+        &BuiltinResolver::Ours,
+        &PutOptions::default(),
+    );
+    assert!(
+        matches!(&err, Err(Error::InvalidInput(m)) if m.contains("named twice")),
+        "{err:?}"
+    );
+    assert_eq!(db.list_untagged(b"k").unwrap(), heads);
 }
 
 #[test]
