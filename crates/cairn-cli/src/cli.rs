@@ -814,14 +814,19 @@ fn put(db: &Bucket, a: PutArgs, out: &mut impl Write) -> Result<()> {
                 pb.finish_and_clear();
                 uid
             } else if ty == ValueType::List {
-                let lines =
-                    io::BufRead::split(io::BufReader::with_capacity(1 << 20, reader), b'\n');
-                db.put_list_stream(
+                let pb = progress_bar(len, "put");
+                let lines = io::BufRead::split(
+                    io::BufReader::with_capacity(1 << 20, pb.wrap_read(reader)),
+                    b'\n',
+                );
+                let uid = db.put_list_stream(
                     key,
                     target,
                     &mut lines.map(|l| l.map_err(|e| Error::io("reading the input", e))),
                     &opts,
-                )?
+                )?;
+                pb.finish_and_clear();
+                uid
             } else {
                 if matches!(
                     ty,
