@@ -1422,7 +1422,8 @@ fn verify_proof_file(
 ) -> Result<ExitCode> {
     let mbytes =
         std::fs::read(metadata).with_context(|| format!("reading {}", metadata.display()))?;
-    let meta = CapsuleMetadata::decode(&mbytes)?;
+    let meta = CapsuleMetadata::decode(&mbytes)
+        .with_context(|| format!("{} is not capsule metadata", metadata.display()))?;
     if meta.name() != *capsule {
         bail!(Error::Rejected(format!(
             "metadata {} hashes to capsule {}, not {capsule}",
@@ -1431,7 +1432,12 @@ fn verify_proof_file(
         )));
     }
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let vp = VersionProof::from_bytes(&bytes)?;
+    let vp = VersionProof::from_bytes(&bytes).with_context(|| {
+        format!(
+            "{} is not a version proof (`cairn verify --proof KEY --out FILE` writes one)",
+            file.display()
+        )
+    })?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
     writeln!(out, "capsule  {capsule}")?;
