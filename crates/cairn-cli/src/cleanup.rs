@@ -18,8 +18,9 @@ static INSTALL: Once = Once::new();
 /// Exit status after an interruption (as a shell reports SIGINT: 128 + 2).
 const INTERRUPTED: i32 = 130;
 
-/// Removes `path` if the process is interrupted while the returned guard lives.
-pub fn remove_on_interrupt(path: &Path) -> Registered {
+/// Installs the interrupt handler (once). Call it before creating a file that
+/// [`remove_on_interrupt`] will name, so that no interruption falls between the two.
+pub fn arm() {
     INSTALL.call_once(|| {
         // If no handler can be installed the default action (exit) stays: the file may
         // then be left behind, as before; nothing else changes.
@@ -32,6 +33,11 @@ pub fn remove_on_interrupt(path: &Path) -> Registered {
             std::process::exit(INTERRUPTED);
         });
     });
+}
+
+/// Removes `path` if the process is interrupted while the returned guard lives.
+pub fn remove_on_interrupt(path: &Path) -> Registered {
+    arm();
     PATHS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

@@ -989,6 +989,7 @@ pub fn write_whole_file(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    crate::cleanup::arm();
     let tmp = match tempfile::Builder::new()
         .prefix(".cairn-out-")
         .permissions(std::fs::Permissions::from_mode(new_mode))

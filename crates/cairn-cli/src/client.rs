@@ -468,6 +468,7 @@ impl Client {
             let path = match (&a.file, &signer) {
                 (Some(p), _) => Some(p.clone()),
                 (None, Some(_)) => {
+                    crate::cleanup::arm();
                     let mut tmp = tempfile::NamedTempFile::new()
                         .context("creating a temporary file for stdin")?;
                     let interrupt = crate::cleanup::remove_on_interrupt(tmp.path());

@@ -803,11 +803,15 @@ fn two_gib_encrypted_upload() {
     big_encrypted_transfer(2 << 30, 64);
 }
 
-/// Waits (up to 20 s) until `dir` holds an entry, then sends SIGINT to `child`; the command
+/// Waits (up to 20 s) until `dir` holds a file with bytes in it, then sends SIGINT to `child`; the command
 /// must exit 130 and leave `dir` empty.
 fn interrupt_once_a_file_appears(child: std::process::Child, dir: &Path) {
     let t0 = Instant::now();
-    while std::fs::read_dir(dir).unwrap().next().is_none() {
+    // Once the file holds bytes, the command is well past creating it.
+    while !std::fs::read_dir(dir)
+        .unwrap()
+        .any(|e| e.unwrap().metadata().unwrap().len() > 0)
+    {
         assert!(
             t0.elapsed().as_secs() < 20,
             "no temporary file appeared in {}",
