@@ -129,7 +129,16 @@ async fn buckets_written_elsewhere_are_not_taken_over() {
     assert_eq!(st, 404, "{e}");
     let body = json!({ "name": "gaia-x" }).to_string();
     let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
-    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    assert_eq!((st, kind(&e)), (400, "invalid_input"), "{e}");
+    // Nor can anyone create the bucket of a Gaia address before its owner stores there
+    // (it would be an open bucket the hub then writes into).
+    let unused = cairn_node::gaia::bucket_name("1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMH").unwrap();
+    let body = json!({ "name": unused }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (400, "invalid_input"), "{e}");
+    let (st, e) = s.get_json("/v1/buckets").await;
+    assert_eq!(st, 200);
+    assert!(e["buckets"].as_array().unwrap().is_empty(), "{e}");
     s.stop().await;
 }
 

@@ -409,10 +409,14 @@ fn valid_address(a: &str) -> bool {
     !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
+/// What the names of the hub's buckets start with; the native API refuses such names, so
+/// no one can create (and then write into) the bucket of an address before its owner.
+pub const BUCKET_PREFIX: &str = "gaia-";
+
 /// The bucket of a Gaia address: `gaia-<hex of its hash160>` (`None` for a string that is
 /// no version-0 P2PKH address, which no token can own).
 pub fn bucket_name(address: &str) -> Option<String> {
-    auth::address_hash160(address).map(|h| format!("gaia-{}", hex::encode(h)))
+    auth::address_hash160(address).map(|h| format!("{BUCKET_PREFIX}{}", hex::encode(h)))
 }
 
 /// A Gaia file path as the hub takes it: one trailing `/` dropped; `..`, a trailing `/`,

@@ -191,6 +191,13 @@ pub async fn create(
         ))
     })?;
     check_bucket_name(&req.name)?;
+    if req.name.starts_with(crate::gaia::BUCKET_PREFIX) {
+        return Err(Error::invalid(format!(
+            "bucket names starting with {:?} are kept for the Gaia hub's addresses",
+            crate::gaia::BUCKET_PREFIX
+        ))
+        .into());
+    }
     if let Some(n) = req.leaf_size {
         cairn_object::TreeConfig::default().with_leaf_target(n)?;
     }
