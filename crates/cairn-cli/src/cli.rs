@@ -1260,7 +1260,11 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(cairn_node::serve(config))?;
+    let served = rt.block_on(cairn_node::serve(config));
+    // Requests still running after the grace period (a client that stopped reading) must
+    // not hold the process: their blocking tasks are left behind.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

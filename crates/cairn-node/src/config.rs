@@ -63,6 +63,19 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Seconds to wait for a store another process has open.
     pub lock_timeout_secs: f64,
+    /// Seconds a connection may take to send a request's headers, and may stay idle between
+    /// requests, before it is closed.
+    pub header_timeout_secs: f64,
+    /// Seconds an upload body or a streamed response may go without moving a byte before
+    /// it is cut (the upload stores nothing; the download ends short of its length).
+    pub stall_timeout_secs: f64,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Streamed uploads and downloads in progress at once; further ones get 503 with
+    /// `Retry-After` (each streamed download holds up to about 9 MiB of buffers).
+    pub max_transfers: usize,
+    /// Seconds a shutdown waits for in-flight requests before it closes them.
+    pub shutdown_grace_secs: f64,
     /// Gaia hub settings.
     pub gaia: crate::gaia::GaiaConfig,
     /// Where chunks are stored.
@@ -214,6 +227,11 @@ impl Default for Config {
             leaf_size: DEFAULT_LEAF_SIZE,
             log_format: LogFormat::Text,
             lock_timeout_secs: 30.0,
+            header_timeout_secs: 30.0,
+            stall_timeout_secs: 60.0,
+            max_connections: 4096,
+            max_transfers: 256,
+            shutdown_grace_secs: 30.0,
             gaia: Default::default(),
             backend: BackendConfig::default(),
         }
@@ -241,6 +259,18 @@ impl Config {
             .context("leaf_size")?;
         if !(0.0..=86_400.0).contains(&self.lock_timeout_secs) {
             bail!("lock_timeout_secs must be between 0 and 86400");
+        }
+        for (name, v) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("stall_timeout_secs", self.stall_timeout_secs),
+            ("shutdown_grace_secs", self.shutdown_grace_secs),
+        ] {
+            if !(v > 0.0 && v <= 86_400.0) {
+                bail!("{name} must be above 0 and at most 86400");
+            }
+        }
+        if self.max_connections == 0 || self.max_transfers == 0 {
+            bail!("max_connections and max_transfers must be at least 1");
         }
         self.backend.check()
     }

@@ -8,7 +8,10 @@
 //! - [`gaia`]: a drop-in Gaia hub (the endpoints and auth of stacks-network/gaia).
 //!
 //! [`router`] assembles the routes; [`serve`] binds, serves and shuts down gracefully
-//! (in-flight requests finish) on SIGINT/SIGTERM or when the given future completes.
+//! (in-flight requests finish, within a grace period) on SIGINT/SIGTERM or when the given
+//! future completes. Slow or stalled clients are bounded: headers must arrive within a
+//! timeout, transfers that move no byte are cut, and connections and streamed transfers
+//! are capped (see [`Config`]).
 
 pub mod config;
 pub mod gaia;
@@ -20,6 +23,7 @@ pub mod node;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
@@ -71,28 +75,83 @@ impl Bound {
     }
 
     /// Serves until `shutdown` completes or a termination signal arrives; then stops
-    /// accepting connections and waits for in-flight requests to finish.
+    /// accepting connections and waits for in-flight requests to finish, at most
+    /// `shutdown_grace_secs` (connections still open then are closed).
+    ///
+    /// Each connection must send a request's headers within `header_timeout_secs` (and is
+    /// closed after idling that long between requests); at most `max_connections` are
+    /// served at once, further ones waiting in the listen backlog.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        let app = router(self.node.clone());
-        tracing::info!(addr = %self.addr, data = %self.node.config.data_dir.display(), "cairn node listening");
-        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs held small responses
-        // back ~40 ms (measured by `cairn bench hub`: 1 MB reads 47 ms → 2.9 ms).
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+        let node = self.node.clone();
+        let cfg = &node.config;
+        tracing::info!(addr = %self.addr, data = %cfg.data_dir.display(), "cairn node listening");
+        let service = hyper_util::service::TowerToHyperService::new(router(node.clone()));
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
+        let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let stop = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = termination() => {}
+            }
+        };
+        tokio::pin!(stop);
+        loop {
+            let permit = tokio::select! {
+                p = connections.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                _ = &mut stop => break,
+            };
+            let tcp = tokio::select! {
+                r = self.listener.accept() => match r {
+                    Ok((tcp, _)) => tcp,
+                    Err(e) => {
+                        // Out of file descriptors, a connection reset before accept: wait
+                        // a moment rather than spin.
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = &mut stop => break,
+            };
+            // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs held small responses
+            // back ~40 ms (measured by `cairn bench hub`: 1 MB reads 47 ms → 2.9 ms).
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::warn!("TCP_NODELAY: {e}");
             }
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = shutdown => {}
-                    _ = termination() => {}
+            let builder = builder.clone();
+            let service = service.clone();
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+                if let Err(e) = watcher.watch(conn).await {
+                    tracing::debug!("connection: {e}");
                 }
-                tracing::info!("shutting down: finishing in-flight requests");
-            })
-            .await
-            .context("serving HTTP")?;
-        tracing::info!("stopped");
+            });
+        }
+        drop(self.listener);
+        let grace = Duration::from_secs_f64(cfg.shutdown_grace_secs);
+        let open = graceful.count();
+        tracing::info!(
+            connections = open,
+            "shutting down: finishing in-flight requests"
+        );
+        tokio::select! {
+            _ = graceful.shutdown() => tracing::info!("stopped"),
+            _ = tokio::time::sleep(grace) => tracing::warn!(
+                "stopped after the {} s shutdown grace period; requests still open were cut",
+                grace.as_secs_f64()
+            ),
+        }
         Ok(())
     }
 }

@@ -36,6 +36,8 @@ pub struct Node {
     /// The store's one Db; every bucket is a view of it (shared writer and key locks).
     db: Db,
     buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+    /// Permits for streamed transfers (`max_transfers`).
+    transfers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Node {
@@ -70,6 +72,7 @@ impl Node {
             },
         ));
         Ok(Arc::new(Node {
+            transfers: Arc::new(tokio::sync::Semaphore::new(config.max_transfers)),
             config,
             db: Db::new(store.clone()),
             store,
@@ -78,6 +81,17 @@ impl Node {
             key,
             buckets: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// A permit for one streamed upload or download, held until it ends; `None` while
+    /// `max_transfers` are in progress (the caller answers 503 with `Retry-After`).
+    pub fn transfer_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.transfers.clone().try_acquire_owned().ok()
+    }
+
+    /// How long a transfer may move no byte before it is cut (`stall_timeout_secs`).
+    pub fn stall_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.config.stall_timeout_secs)
     }
 
     /// A [`Db`] over bucket `name` that shares the store's writer and key locks with every

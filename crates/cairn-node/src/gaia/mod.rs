@@ -742,12 +742,20 @@ async fn store(
         crate::native::body::drain_refused(body);
         return StatusCode::NOT_FOUND.into_response();
     }
+    let Some(permit) = hub.node.transfer_permit() else {
+        crate::native::body::drain_refused(body);
+        return busy_transfers(&hub).into_response();
+    };
     // Made here (it needs the runtime handle); read in the blocking task.
-    let reader = BodyReader::new(body);
+    let reader = BodyReader::new(body, hub.node.stall_timeout());
     let public_prefix = hub.read_prefix(&headers);
     let h = hub.clone();
     let addr = address.clone();
-    let result = blocking(move || store_blocking(&h, &addr, &raw_path, &headers, reader)).await;
+    let result = blocking(move || {
+        let _permit = permit;
+        store_blocking(&h, &addr, &raw_path, &headers, reader)
+    })
+    .await;
     match result {
         Ok((path, uid, bytes)) => {
             hub.node
@@ -1335,11 +1343,22 @@ async fn read(
             .inc_by(found.len);
         match found.body {
             FoundBody::Inline(bytes) => Body::from(bytes),
-            FoundBody::Blob(bucket, tree) => stream_blob(&hub, bucket, tree),
+            FoundBody::Blob(bucket, tree) => match hub.node.transfer_permit() {
+                Some(permit) => stream_blob(&hub, bucket, tree, permit),
+                None => return busy_transfers(&hub).into_response(),
+            },
         }
     };
     b.body(body)
         .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())
+}
+
+/// 503 with `Retry-After`: `max_transfers` streamed uploads and downloads are in progress.
+fn busy_transfers(hub: &Hub) -> GaiaError {
+    GaiaError::Busy(format!(
+        "{} transfers are in progress; retry shortly",
+        hub.node.config.max_transfers
+    ))
 }
 
 /// Streams a Blob tree from a blocking task through a small channel
@@ -1347,8 +1366,13 @@ async fn read(
 /// ([`crate::native::values::send_tree_range`]), so a read holds a few windows in memory
 /// whatever the file's size. A client that goes away closes the channel, which ends the
 /// task.
-fn stream_blob(hub: &Hub, bucket: Arc<Bucket>, tree: cairn_object::TreeRef) -> Body {
-    crate::native::body::produce_as(hub.node.clone(), None, move |w| {
+fn stream_blob(
+    hub: &Hub,
+    bucket: Arc<Bucket>,
+    tree: cairn_object::TreeRef,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Body {
+    crate::native::body::produce_as(hub.node.clone(), None, permit, move |w| {
         crate::native::values::send_tree_range(bucket.db(), &tree, 0, tree.count, w)
     })
 }

@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
@@ -95,15 +96,24 @@ enum ReadState {
 
 impl BodyReader {
     /// Starts pulling `body`; must be called on the runtime (it spawns the pump). Reads
-    /// must happen off the runtime's worker threads (e.g. in `spawn_blocking`).
-    pub fn new(body: Body) -> Self {
+    /// must happen off the runtime's worker threads (e.g. in `spawn_blocking`). A body that
+    /// sends nothing for `stall` fails (the read errors; nothing is stored).
+    pub fn new(body: Body, stall: Duration) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(IN_QUEUE);
         tokio::spawn(async move {
             let mut stream = body.into_data_stream();
             let mut batch = Vec::new();
             let mut bytes = 0;
             loop {
-                let msg = match stream.next().await {
+                let Ok(next) = tokio::time::timeout(stall, stream.next()).await else {
+                    let why = format!(
+                        "the request body stalled: no bytes for {} s",
+                        stall.as_secs_f64()
+                    );
+                    let _ = tx.send(Pumped::Failed(why)).await;
+                    return;
+                };
+                let msg = match next {
                     Some(Ok(frame)) => {
                         if frame.is_empty() {
                             continue;
@@ -267,9 +277,9 @@ pub struct CheckedReader {
 
 impl CheckedReader {
     /// Wraps `body`; must be called on the runtime (see [`BodyReader::new`]).
-    pub fn new(body: Body, limit: u64, expect: Option<[u8; 32]>) -> Self {
+    pub fn new(body: Body, limit: u64, expect: Option<[u8; 32]>, stall: Duration) -> Self {
         CheckedReader {
-            inner: BodyReader::new(body),
+            inner: BodyReader::new(body, stall),
             check: Check::new(limit, expect),
             failure: Arc::new(Mutex::new(None)),
             done: false,
@@ -320,10 +330,25 @@ impl Read for CheckedReader {
     }
 }
 
+/// What a response producer hands to the connection.
+enum Out {
+    /// The next frames of the body.
+    Data(Vec<Bytes>),
+    /// The body failed: the connection aborts it.
+    Failed(io::Error),
+    /// The body is complete. A channel that closes without it (a producer that died) is a
+    /// failure too, so a response never ends short while looking complete.
+    End,
+}
+
 /// The blocking end of a streamed response: [`Write`] into bounded chunks handed to the
-/// connection. A write fails once the client has gone away, which stops the producer.
+/// connection. A write fails once the client has gone away, or has read nothing for the
+/// stall timeout, which stops the producer (and frees its thread and buffers).
 pub struct ChannelWriter {
-    tx: tokio::sync::mpsc::Sender<io::Result<Vec<Bytes>>>,
+    tx: tokio::sync::mpsc::Sender<Out>,
+    /// The runtime, whose timer bounds each hand-over.
+    handle: tokio::runtime::Handle,
+    stall: Duration,
     /// Pending bytes: `shared` (pieces handed over whole), then `buf` (bytes copied in).
     shared: Vec<Bytes>,
     shared_len: usize,
@@ -364,9 +389,7 @@ impl ChannelWriter {
             n += chunk.len() as u64;
             frames.push(chunk);
         }
-        self.tx
-            .blocking_send(Ok(frames))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))?;
+        self.hand_over(Out::Data(frames))?;
         if let Some(label) = self.label {
             self.node
                 .metrics
@@ -375,6 +398,26 @@ impl ChannelWriter {
                 .inc_by(n);
         }
         Ok(())
+    }
+}
+
+impl ChannelWriter {
+    /// Queues `out` for the connection, waiting at most the stall timeout for room.
+    fn hand_over(&self, out: Out) -> io::Result<()> {
+        let sent = self
+            .handle
+            .block_on(tokio::time::timeout(self.stall, self.tx.send(out)));
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the client went away",
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {} s", self.stall.as_secs_f64()),
+            )),
+        }
     }
 }
 
@@ -396,44 +439,91 @@ impl Write for ChannelWriter {
     }
 }
 
+/// A permit for one streamed transfer ([`Node::transfer_permit`]), or 503 with
+/// `Retry-After` while `max_transfers` are in progress.
+pub fn transfer_permit(node: &Node) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
+    node.transfer_permit().ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!(
+                "{} transfers are in progress (max_transfers); retry shortly",
+                node.config.max_transfers
+            ),
+        )
+        .with_header(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        )
+    })
+}
+
 /// A response body written by `f` on the blocking pool, in chunks of at most 256 KiB with
 /// at most a few in flight (constant memory whatever the size). An error from `f` after the
 /// response has started aborts the body, so the client sees a cut transfer, never a
-/// silently short one.
-pub fn produce<F>(node: Arc<Node>, f: F) -> Body
+/// silently short one. `permit` (see [`Node::transfer_permit`]) is held until the
+/// producer ends; a client that reads nothing for the stall timeout ends it too.
+pub fn produce<F>(node: Arc<Node>, permit: tokio::sync::OwnedSemaphorePermit, f: F) -> Body
 where
     F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
 {
-    produce_as(node, Some("native"), f)
+    produce_as(node, Some("native"), permit, f)
 }
 
 /// [`produce`], counting the bytes sent under the `bytes_read` label `label` (`None`: not
 /// counted here).
-pub fn produce_as<F>(node: Arc<Node>, label: Option<&'static str>, f: F) -> Body
+pub fn produce_as<F>(
+    node: Arc<Node>,
+    label: Option<&'static str>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    f: F,
+) -> Body
 where
     F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Vec<Bytes>>>(OUT_QUEUE);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Out>(OUT_QUEUE);
+    let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let mut w = ChannelWriter {
-            tx: tx.clone(),
+            tx,
+            handle,
+            stall: node.stall_timeout(),
             shared: Vec::new(),
             shared_len: 0,
             buf: BytesMut::with_capacity(OUT_CHUNK),
             node,
             label,
         };
-        let result = f(&mut w).and_then(|()| {
-            w.send()
-                .map_err(|e| cairn_core::Error::io("sending the response", e))
-        });
+        let result = f(&mut w)
+            .and_then(|()| {
+                w.send()
+                    .map_err(|e| cairn_core::Error::io("sending the response", e))
+            })
+            .and_then(|()| {
+                w.hand_over(Out::End)
+                    .map_err(|e| cairn_core::Error::io("sending the response", e))
+            });
         if let Err(e) = result {
             tracing::warn!(error = %e, "response cut short");
-            let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+            // Best effort: if the queue is full the client is not reading, and the channel
+            // closing without `End` aborts the body anyway.
+            let _ = w.tx.try_send(Out::Failed(io::Error::other(e.to_string())));
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
+    let stream = futures_util::stream::unfold((rx, false), |(mut rx, ended)| async move {
+        if ended {
+            return None;
+        }
+        match rx.recv().await {
+            Some(Out::Data(frames)) => Some((Ok(frames), (rx, false))),
+            Some(Out::Failed(e)) => Some((Err(e), (rx, true))),
+            Some(Out::End) => None,
+            None => Some((
+                Err(io::Error::other("the response producer stopped")),
+                (rx, true),
+            )),
+        }
     })
     .flat_map(|item| {
         let frames: Vec<io::Result<Bytes>> = match item {
@@ -462,6 +552,7 @@ mod tests {
     ) -> io::Result<Vec<u8>> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            .enable_time()
             .build()
             .unwrap();
         let stream = futures_util::stream::iter(
@@ -471,7 +562,7 @@ mod tests {
         );
         let mut reader = {
             let _guard = rt.enter();
-            BodyReader::new(Body::from_stream(stream))
+            BodyReader::new(Body::from_stream(stream), Duration::from_secs(60))
         };
         std::thread::spawn(move || {
             let mut out = Vec::new();

@@ -210,7 +210,8 @@ pub async fn get(
                 }
             };
             let n = end - start;
-            let body = produce(node.clone(), move |w| {
+            let permit = body::transfer_permit(&node)?;
+            let body = produce(node.clone(), permit, move |w| {
                 values::send_blob_range(b.db(), &value, start, n, w)
             });
             let mut resp = (status, ok_headers("application/octet-stream"), body).into_response();
@@ -228,7 +229,8 @@ pub async fn get(
             Ok(resp)
         }
         Value::Tree(_) => {
-            let body = produce(node.clone(), move |w| {
+            let permit = body::transfer_permit(&node)?;
+            let body = produce(node.clone(), permit, move |w| {
                 if json {
                     values::write_json(b.db(), &value, w)
                 } else {
@@ -374,11 +376,19 @@ pub async fn put(
     // Text bodies default to a blob; JSON bodies name their type or have it inferred.
     let text_ty = ty.unwrap_or(ValueType::Blob);
     if !json && matches!(text_ty, ValueType::Blob | ValueType::List) {
-        let mut reader = CheckedReader::new(body, max, expect);
+        let permit = match body::transfer_permit(&node) {
+            Ok(p) => p,
+            Err(e) => {
+                body::drain_refused(body);
+                return Err(e);
+            }
+        };
+        let mut reader = CheckedReader::new(body, max, expect, node.stall_timeout());
         let failure = reader.failure();
         let d = dest.clone();
         let k = key.clone();
         let (result, n) = blocking(move || {
+            let _permit = permit;
             let target = d.target();
             let r = if text_ty == ValueType::Blob {
                 b.put_blob_stream(k.as_bytes(), target, &mut reader, &opts, &mut |_| {})

@@ -26,14 +26,19 @@ pub struct Server {
 impl Server {
     /// Starts a node accepting uploads up to `max_upload_bytes`.
     pub async fn start(max_upload_bytes: u64) -> Server {
+        Server::start_with(|c| c.max_upload_bytes = max_upload_bytes).await
+    }
+
+    /// Starts a node with the test defaults changed by `tune`.
+    pub async fn start_with(tune: impl FnOnce(&mut Config)) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = Config {
+        let mut config = Config {
             data_dir: dir.path().join("data"),
             listen: "127.0.0.1:0".into(),
-            max_upload_bytes,
             durability: cairn_store::Durability::Buffered,
             ..Config::default()
         };
+        tune(&mut config);
         let node = Node::open(config).expect("open node");
         let bound = Bound::bind(node.clone()).await.expect("bind");
         let base = format!("http://{}", bound.addr);

@@ -1,0 +1,149 @@
+//! The node's resource limits, over a real socket: a connection that never finishes its
+//! headers is closed, a stalled upload is cut and stores nothing, a reader that stops
+//! reading gives its transfer back, `max_transfers` answers 503, and a shutdown stops
+//! waiting after its grace period.
+
+mod native_support;
+
+use std::time::{Duration, Instant};
+
+use native_support::Server;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn connect(s: &Server) -> TcpStream {
+    TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// Reads until the peer closes, `want` shows up, or 10 s pass; returns what was read and
+/// whether the connection was closed.
+async fn read_until(tcp: &mut TcpStream, want: &str) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => {
+                got.extend_from_slice(&buf[..n]);
+                if !want.is_empty() && String::from_utf8_lossy(&got).contains(want) {
+                    return (String::from_utf8_lossy(&got).into(), false);
+                }
+            }
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_finishes_its_headers_is_closed() {
+    let s = Server::start_with(|c| c.header_timeout_secs = 0.5).await;
+    let mut tcp = connect(&s).await;
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let (_, closed) = read_until(&mut tcp, "").await;
+    assert!(closed, "the connection was still open after 10 s");
+    assert!(t0.elapsed() >= Duration::from_millis(400));
+    assert_eq!(s.get("/healthz").await.status(), 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_cut_and_stores_nothing() {
+    let s = Server::start_with(|c| c.stall_timeout_secs = 0.5).await;
+    s.open_bucket("b").await;
+    let mut tcp = connect(&s).await;
+    tcp.write_all(
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    let (answer, _) = read_until(&mut tcp, "stalled").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("stalled"), "{answer}");
+    let (st, v) = s.get_json("/v1/buckets/b/objects/k").await;
+    assert_eq!(st, 404, "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_reading_gives_its_transfer_back() {
+    let s = Server::start_with(|c| {
+        c.stall_timeout_secs = 0.5;
+        c.max_transfers = 1;
+    })
+    .await;
+    s.open_bucket("b").await;
+    // More than the socket buffers and the node's read-ahead hold.
+    let mut x = 0x9E3779B97F4A7C15u64;
+    let data: Vec<u8> = (0..64u32 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/big")
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // A client asks for it and reads nothing.
+    let mut stalled = connect(&s).await;
+    stalled
+        .write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The one transfer is taken.
+    let r = s.get("/v1/buckets/b/objects/big").await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    // Once the stall timeout cuts the stalled reader, the blob reads back whole.
+    let t0 = Instant::now();
+    loop {
+        let r = s.get("/v1/buckets/b/objects/big").await;
+        if r.status() == 200 {
+            assert!(
+                r.bytes().await.unwrap() == data[..],
+                "the blob read back differs"
+            );
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the transfer never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(stalled);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_waiting_after_its_grace_period() {
+    let s = Server::start_with(|c| c.shutdown_grace_secs = 0.5).await;
+    s.open_bucket("b").await;
+    // An upload that stalls (the stall timeout, 60 s by default, is far away).
+    let mut tcp = connect(&s).await;
+    tcp.write_all(
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    s.stop().await;
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+}
