@@ -86,22 +86,50 @@ pub async fn handler(State(node): State<Arc<Node>>) -> Response {
 /// Middleware counting and timing every request by its route pattern (not its path, so
 /// the number of series stays bounded).
 pub async fn track(State(node): State<Arc<Node>>, req: Request, next: Next) -> Response {
-    let method = req.method().as_str().to_string();
+    // Labels come from a fixed set, so clients cannot grow the label space (a method
+    // outside the standard ones is counted as `other`; an unrouted path as `unmatched`).
+    let method: &'static str = match req.method().as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let m = &node.metrics;
-    m.in_flight.inc();
+    // Decremented on drop: a request whose connection goes away mid-way is dropped
+    // without returning here.
+    let _in_flight = InFlight::enter(&m.in_flight);
     let start = Instant::now();
     let resp = next.run(req).await;
-    m.in_flight.dec();
     m.latency
-        .with_label_values(&[&method, &route])
+        .with_label_values(&[method, &route])
         .observe(start.elapsed().as_secs_f64());
     m.requests
-        .with_label_values(&[&method, &route, resp.status().as_str()])
+        .with_label_values(&[method, &route, resp.status().as_str()])
         .inc();
     resp
+}
+
+/// One request counted in `http_requests_in_flight` while it lives.
+struct InFlight<'a>(&'a IntGauge);
+
+impl<'a> InFlight<'a> {
+    fn enter(g: &'a IntGauge) -> Self {
+        g.inc();
+        InFlight(g)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }

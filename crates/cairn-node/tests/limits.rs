@@ -147,3 +147,43 @@ async fn shutdown_stops_waiting_after_its_grace_period() {
     s.stop().await;
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_labels_stay_bounded_and_dropped_requests_leave_the_gauge() {
+    let s = Server::start_with(|_| {}).await;
+    for m in ["FOO", "BAR", "BAZ"] {
+        let method = reqwest::Method::from_bytes(m.as_bytes()).unwrap();
+        s.req(method, "/healthz").send().await.unwrap();
+    }
+    // A request whose client goes away mid-body.
+    s.open_bucket("b").await;
+    let mut tcp = connect(&s).await;
+    tcp.write_all(
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(tcp);
+    let t0 = Instant::now();
+    loop {
+        let m = s.get("/metrics").await.text().await.unwrap();
+        assert!(!m.contains("FOO") && m.contains("method=\"other\""), "{m}");
+        let in_flight = m
+            .lines()
+            .find(|l| l.starts_with("cairn_http_requests_in_flight "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<i64>().ok());
+        // The /metrics request itself is the one in flight.
+        if in_flight == Some(1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "in flight: {in_flight:?}\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.stop().await;
+}
