@@ -452,6 +452,20 @@ fn header_str<'a>(h: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// A conditional header as the hub sees it: every value of it joined with `, ` (as
+/// Node.js joins repeated headers), bytes that are not text kept as replacement
+/// characters, so an undecodable or repeated condition still applies (and fails to match)
+/// rather than being dropped; `None` when absent or empty.
+fn condition_header(h: &HeaderMap, name: &header::HeaderName) -> Option<String> {
+    let values: Vec<String> = h
+        .get_all(name)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    let joined = values.join(", ");
+    (!joined.is_empty()).then_some(joined)
+}
+
 /// What a stored version's context holds: the upload's content type and time.
 #[derive(Serialize, Deserialize)]
 struct FileMeta {
@@ -619,9 +633,9 @@ enum Precondition {
 
 impl Precondition {
     fn from_headers(h: &HeaderMap) -> HubResult<Self> {
-        let m = header_str(h, &header::IF_MATCH).filter(|s| !s.is_empty());
-        let n = header_str(h, &header::IF_NONE_MATCH).filter(|s| !s.is_empty());
-        match (m, n) {
+        let m = condition_header(h, &header::IF_MATCH);
+        let n = condition_header(h, &header::IF_NONE_MATCH);
+        match (m.as_deref(), n.as_deref()) {
             (Some(_), Some(_)) => Err(GaiaError::Precondition(
                 "Request should not contain both if-match and if-none-match headers".into(),
             )),
@@ -1380,6 +1394,34 @@ fn stream_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_that_are_not_text_or_repeated_still_apply() {
+        let with = |name: header::HeaderName, values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(name.clone(), HeaderValue::from_bytes(v).unwrap());
+            }
+            Precondition::from_headers(&h)
+        };
+        // Not dropped (which made the write unconditional): they can only fail to match.
+        match with(header::IF_MATCH, &[b"stale-\xe9tag"]) {
+            Ok(Precondition::Match(tag)) => assert!(tag.starts_with("stale-")),
+            _ => panic!("an undecodable If-Match was not kept"),
+        }
+        match with(header::IF_MATCH, &[b"*", b"abc"]) {
+            Ok(Precondition::Match(tag)) => assert_eq!(tag, "*, abc"),
+            _ => panic!("a repeated If-Match was not kept"),
+        }
+        assert!(matches!(
+            with(header::IF_NONE_MATCH, &[b"\xe9"]),
+            Err(GaiaError::Precondition(_))
+        ));
+        assert!(matches!(
+            with(header::IF_MATCH, &[b"*"]),
+            Ok(Precondition::None)
+        ));
+    }
 
     #[test]
     fn gaia_table_parses_and_refuses_typos_and_bad_values() {
