@@ -68,6 +68,11 @@ fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
     let Some(v) = headers.get(header::IF_MATCH) else {
         return Ok(None);
     };
+    if headers.get_all(header::IF_MATCH).iter().nth(1).is_some() {
+        return Err(ApiError::bad_request(
+            "If-Match must be given once, as one quoted version id",
+        ));
+    }
     let s = v
         .to_str()
         .map_err(|_| ApiError::bad_request("If-Match is not ASCII text"))?
