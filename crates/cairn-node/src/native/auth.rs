@@ -36,7 +36,10 @@
 //!   --server` always sends one.
 //!
 //! A signature is accepted once: the node remembers the signatures it accepted until their
-//! date leaves the window, so a captured request cannot be replayed. Every failure is 401
+//! date leaves the window, so a captured request cannot be replayed while the node runs
+//! (the memory is not persisted: across a restart, a request captured within the window
+//! before it could be replayed once; TLS keeps requests from being captured). Every
+//! failure is 401
 //! with a message naming the check that failed, and nothing is written.
 
 use std::collections::HashMap;
