@@ -753,3 +753,28 @@ fn tokio_stream(
 ) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+
+/// A JSON body that breaks off (a bad chunked encoding) is 400, not 413 "too long".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_json_body_is_a_bad_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(12);
+    let (a, auth) = (k.address(), k.bearer());
+    let mut tcp = tokio::net::TcpStream::connect(hub.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let req = format!(
+        "POST /list-files/{a} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"
+    );
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tcp.read_to_end(&mut got),
+    )
+    .await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+}

@@ -953,9 +953,19 @@ async fn small_json(
     {
         return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
     }
-    let bytes = axum::body::to_bytes(body, LIMIT)
-        .await
-        .map_err(|_| GaiaError::TooLarge("Invalid JSON: too long".into()))?;
+    // Too long is 413; a body that breaks off (a bad chunked encoding, fewer bytes than
+    // its Content-Length) is 400.
+    let mut bytes = Vec::new();
+    let mut stream = body.into_data_stream();
+    while let Some(frame) = futures_util::StreamExt::next(&mut stream).await {
+        let frame = frame.map_err(|e| {
+            GaiaError::BadRequest(format!("Invalid JSON: the body could not be read ({e})"))
+        })?;
+        if bytes.len() + frame.len() > LIMIT {
+            return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
+        }
+        bytes.extend_from_slice(&frame);
+    }
     if !is_json || bytes.is_empty() {
         return Ok(Default::default());
     }
