@@ -1176,14 +1176,12 @@ async fn revoke_all_rest(
     revoke_all_at(hub, address, headers, body).await
 }
 
-/// `parseInt` of the hub: leading whitespace, an optional sign, then digits.
+/// `parseInt` of the hub: leading whitespace, an optional sign, then digits. A JSON number
+/// is first turned into text as JavaScript does, so `1e300` ("1e+300") gives 1, as it does
+/// for the hub, and never saturates to a revocation that lasts forever.
 fn parse_int(v: &serde_json::Value) -> Option<i64> {
     match v {
-        serde_json::Value::Number(n) => n.as_i64().or_else(|| {
-            n.as_f64()
-                .filter(|x| x.is_finite())
-                .map(|x| x.trunc() as i64)
-        }),
+        serde_json::Value::Number(n) => n.as_i64().or_else(|| n.as_f64().and_then(js_parse_int)),
         serde_json::Value::String(s) => {
             let s = s.trim_start();
             let (neg, digits) = match s.as_bytes().first() {
@@ -1200,6 +1198,23 @@ fn parse_int(v: &serde_json::Value) -> Option<i64> {
         }
         _ => None,
     }
+}
+
+/// JavaScript's `parseInt(x)` for a number `x`: `String(x)` uses exponent notation from
+/// 1e21 up and below 1e-6, and `parseInt` then stops at the `.` or `e`.
+fn js_parse_int(x: f64) -> Option<i64> {
+    if !x.is_finite() {
+        return None;
+    }
+    let a = x.abs();
+    if a != 0.0 && !(1e-6..1e21).contains(&a) {
+        // Rust's `{:e}` gives the same leading digits: "1e300", "1.5e-7".
+        let text = format!("{a:e}");
+        let lead: String = text.chars().take_while(char::is_ascii_digit).collect();
+        let d: i64 = lead.parse().ok()?;
+        return Some(if x < 0.0 { -d } else { d });
+    }
+    Some(x.trunc() as i64)
 }
 
 async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body: Body) -> Response {
@@ -1404,6 +1419,23 @@ fn stream_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revocation_times_parse_as_javascript_parse_int() {
+        use serde_json::json;
+        for (v, want) in [
+            (json!(1700000000), Some(1700000000)),
+            (json!(1700000000.9), Some(1700000000)),
+            (json!(1e300), Some(1)),
+            (json!(-2.5e30), Some(-2)),
+            (json!(1.5e-7), Some(1)),
+            (json!(" 42abc"), Some(42)),
+            (json!("abc"), None),
+            (json!(true), None),
+        ] {
+            assert_eq!(parse_int(&v), want, "{v}");
+        }
+    }
 
     #[test]
     fn conditions_that_are_not_text_or_repeated_still_apply() {
