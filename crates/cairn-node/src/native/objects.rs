@@ -114,7 +114,13 @@ pub enum RangeAsk {
 /// Parses one `bytes=` range (RFC 9110 §14.1.2). Several ranges are served as the whole
 /// representation, which the RFC allows.
 pub fn parse_range(h: &str, len: u64) -> RangeAsk {
-    let Some(spec) = h.trim().strip_prefix("bytes=") else {
+    // The unit is case-insensitive (RFC 9110, 14.1).
+    let h = h.trim();
+    let Some(spec) = h
+        .get(..6)
+        .filter(|u| u.eq_ignore_ascii_case("bytes="))
+        .map(|_| &h[6..])
+    else {
         return RangeAsk::Full;
     };
     if spec.contains(',') {
@@ -124,11 +130,13 @@ pub fn parse_range(h: &str, len: u64) -> RangeAsk {
         return RangeAsk::Full;
     };
     let (a, b) = (a.trim(), b.trim());
+    // Digits only; a number past u64 (larger than any blob) reads as u64::MAX, so a last
+    // position beyond the end is clamped as for any other large one.
     let num = |s: &str| -> Option<u64> {
         if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
             None
         } else {
-            s.parse().ok()
+            Some(s.parse().unwrap_or(u64::MAX))
         }
     };
     if a.is_empty() {
@@ -654,5 +662,16 @@ mod tests {
         assert_eq!(parse_range("items=0-1", 100), Full);
         assert_eq!(parse_range("bytes=x-1", 100), Full);
         assert_eq!(parse_range("bytes=+1-2", 100), Full);
+        // Numbers past u64 are larger than any blob; the unit is case-insensitive.
+        assert_eq!(
+            parse_range("bytes=0-99999999999999999999999", 1000),
+            Part(0, 1000)
+        );
+        assert_eq!(
+            parse_range("bytes=99999999999999999999999-", 1000),
+            Unsatisfiable
+        );
+        assert_eq!(parse_range("BYTES=0-0", 100), Part(0, 1));
+        assert_eq!(parse_range("Bytes=", 100), Full);
     }
 }
