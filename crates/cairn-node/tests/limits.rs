@@ -17,6 +17,18 @@ async fn connect(s: &Server) -> TcpStream {
         .unwrap()
 }
 
+/// Starts an upload of 1,000,000 bytes to key `k` of open bucket `b` and sends 1000 of them.
+async fn stalled_upload(s: &Server) -> TcpStream {
+    let mut tcp = connect(s).await;
+    tcp.write_all(
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    tcp
+}
+
 /// Reads until the peer closes, `want` shows up, or 10 s pass; returns what was read and
 /// whether the connection was closed.
 async fn read_until(tcp: &mut TcpStream, want: &str) -> (String, bool) {
@@ -57,13 +69,7 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
 async fn a_stalled_upload_is_cut_and_stores_nothing() {
     let s = Server::start_with(|c| c.stall_timeout_secs = 0.5).await;
     s.open_bucket("b").await;
-    let mut tcp = connect(&s).await;
-    tcp.write_all(
-        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    let mut tcp = stalled_upload(&s).await;
     let (answer, _) = read_until(&mut tcp, "stalled").await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("stalled"), "{answer}");
@@ -135,13 +141,7 @@ async fn shutdown_stops_waiting_after_its_grace_period() {
     let s = Server::start_with(|c| c.shutdown_grace_secs = 0.5).await;
     s.open_bucket("b").await;
     // An upload that stalls (the stall timeout, 60 s by default, is far away).
-    let mut tcp = connect(&s).await;
-    tcp.write_all(
-        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    let _held = stalled_upload(&s).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t0 = Instant::now();
     s.stop().await;
@@ -157,13 +157,7 @@ async fn metrics_labels_stay_bounded_and_dropped_requests_leave_the_gauge() {
     }
     // A request whose client goes away mid-body.
     s.open_bucket("b").await;
-    let mut tcp = connect(&s).await;
-    tcp.write_all(
-        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    tcp.write_all(&[7u8; 1000]).await.unwrap();
+    let tcp = stalled_upload(&s).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(tcp);
     let t0 = Instant::now();
