@@ -90,6 +90,10 @@ impl Bound {
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
+            // A client that sends its whole request, then shuts down its write side, still
+            // gets the answer (without this the connection closed unanswered, while the
+            // handler could still go on and store the write).
+            .half_close(true)
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
         let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));

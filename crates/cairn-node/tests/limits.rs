@@ -1,7 +1,8 @@
 //! The node's resource limits, over a real socket: a connection that never finishes its
 //! headers is closed, a stalled upload is cut and stores nothing, a reader that stops
-//! reading gives its transfer back, `max_transfers` answers 503, and a shutdown stops
-//! waiting after its grace period.
+//! reading gives its transfer back, `max_transfers` answers 503, a shutdown stops waiting
+//! after its grace period, metric labels stay bounded, and a client that half-closes after
+//! its request still gets the answer.
 
 mod native_support;
 
@@ -179,5 +180,23 @@ async fn metrics_labels_stay_bounded_and_dropped_requests_leave_the_gauge() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
+    let s = Server::start_with(|_| {}).await;
+    s.open_bucket("b").await;
+    let mut tcp = connect(&s).await;
+    tcp.write_all(
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await
+    .unwrap();
+    tcp.shutdown().await.unwrap();
+    let (answer, _) = read_until(&mut tcp, "\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer:?}");
+    let r = s.get("/v1/buckets/b/objects/k").await;
+    assert_eq!(r.bytes().await.unwrap(), "hello");
     s.stop().await;
 }
