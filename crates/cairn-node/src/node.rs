@@ -38,6 +38,8 @@ pub struct Node {
     buckets: Mutex<HashMap<String, Arc<Bucket>>>,
     /// Permits for streamed transfers (`max_transfers`).
     transfers: Arc<tokio::sync::Semaphore>,
+    /// Signatures of the native API accepted recently, including before a restart.
+    pub replay: crate::native::auth::ReplayGuard,
 }
 
 impl Node {
@@ -71,7 +73,11 @@ impl Node {
                 ..ServerOptions::default()
             },
         ));
+        let replay =
+            crate::native::auth::ReplayGuard::load(&*store, crate::native::auth::now_secs())
+                .context("loading the signatures accepted before the last restart")?;
         Ok(Arc::new(Node {
+            replay,
             transfers: Arc::new(tokio::sync::Semaphore::new(config.max_transfers)),
             config,
             db: Db::new(store.clone()),

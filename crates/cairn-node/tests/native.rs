@@ -1146,3 +1146,41 @@ fn a_restarted_node_keeps_each_buckets_leaf_size() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_cannot_be_replayed_after_a_restart() {
+    let s = Server::start(1 << 20).await;
+    let owner = SigningKey::from_seed(&[21; 32]);
+    let create = json!({ "name": "mine", "owner": owner.public().to_string() }).to_string();
+    let (st, e) = s
+        .send_now(
+            &owner,
+            Method::POST,
+            "/v1/buckets",
+            &[JSON],
+            create.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, 201, "{e}");
+    let path = "/v1/buckets/mine/objects/k";
+    let now = now_secs();
+    let (st, e) = s
+        .send_signed(&owner, now, Method::PUT, path, &[], b"OLD", b"OLD")
+        .await;
+    assert_eq!(st, 201, "{e}");
+    let (st, e) = s.send_now(&owner, Method::PUT, path, &[], b"NEW").await;
+    assert_eq!(st, 201, "{e}");
+    let s = s.restart().await;
+    // The first request, captured and sent again after the restart, is refused.
+    let (st, e) = s
+        .send_signed(&owner, now, Method::PUT, path, &[], b"OLD", b"OLD")
+        .await;
+    assert_eq!((st, kind(&e)), (401, "unauthorized"), "{e}");
+    assert!(e.to_string().contains("replayed"), "{e}");
+    let r = s.get(path).await;
+    assert_eq!(r.bytes().await.unwrap(), "NEW");
+    // New requests still go through.
+    let (st, e) = s.send_now(&owner, Method::PUT, path, &[], b"NEWER").await;
+    assert_eq!(st, 201, "{e}");
+    s.stop().await;
+}

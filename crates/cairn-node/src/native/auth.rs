@@ -36,10 +36,10 @@
 //!   --server` always sends one.
 //!
 //! A signature is accepted once: the node remembers the signatures it accepted until their
-//! date leaves the window, so a captured request cannot be replayed while the node runs
-//! (the memory is not persisted: across a restart, a request captured within the window
-//! before it could be replayed once; TLS keeps requests from being captured). Every
-//! failure is 401
+//! date leaves the window, so a captured request cannot be replayed. They are kept in
+//! memory and, before the request's write, committed to the store as refs under
+//! [`REPLAY_REFS`] (through the same group commit as every write, so at the node's
+//! durability level), so a restart still refuses them. Every failure is 401
 //! with a message naming the check that failed, and nothing is written.
 
 use std::collections::HashMap;
@@ -47,6 +47,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, Method, Uri, header};
 use cairn_core::{HashAlgo, PublicKey, Signature, SigningKey};
+use cairn_store::{RefStore, RefUpdate};
 use parking_lot::Mutex;
 
 use super::error::{ApiError, ApiResult};
@@ -158,13 +159,93 @@ pub fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Prefix of the refs that remember accepted signatures across restarts: the 64-byte
+/// signature follows, the value is the Unix second (u64, little-endian) after which the
+/// signature's date is out of the window.
+pub const REPLAY_REFS: &[u8] = b"native/replay/";
+
+/// Persisted signatures between two sweeps of expired replay refs.
+const SWEEP_EVERY: u64 = 4096;
+
+/// What [`check`] accepted: the hash the body must have, and the signature to remember.
+#[derive(Clone, Copy, Debug)]
+pub struct Checked {
+    /// BLAKE3 hash the body must have (checked while it is read).
+    pub body_blake3: [u8; 32],
+    /// The request's signature.
+    pub signature: [u8; 64],
+    /// When the signature's date leaves the window (Unix seconds).
+    pub expires: u64,
+}
+
 /// Signatures accepted recently (until their date leaves the window), against replays.
 #[derive(Default)]
 pub struct ReplayGuard {
     seen: Mutex<HashMap<[u8; 64], u64>>,
+    persisted: std::sync::atomic::AtomicU64,
 }
 
 impl ReplayGuard {
+    /// The guard with the signatures an earlier run of the node accepted and persisted
+    /// whose date is still in the window at `now`; expired replay refs are removed.
+    pub fn load(store: &dyn RefStore, now: u64) -> cairn_core::Result<Self> {
+        let guard = ReplayGuard::default();
+        let mut expired = Vec::new();
+        {
+            let mut seen = guard.seen.lock();
+            for (name, value) in store.list_refs(REPLAY_REFS)? {
+                let (Ok(sig), Ok(exp)) = (
+                    <[u8; 64]>::try_from(&name[REPLAY_REFS.len()..]),
+                    <[u8; 8]>::try_from(&value[..]),
+                ) else {
+                    // Not a ref this module wrote: leave it, and it cannot match.
+                    continue;
+                };
+                let exp = u64::from_le_bytes(exp);
+                if exp >= now {
+                    seen.insert(sig, exp);
+                } else {
+                    expired.push(RefUpdate::Delete {
+                        name: name.to_vec(),
+                    });
+                }
+            }
+        }
+        if !expired.is_empty() {
+            store.commit(&expired)?;
+        }
+        Ok(guard)
+    }
+
+    /// Commits an accepted signature to `store` (blocking: run it off the runtime, before
+    /// the request's write), and now and then removes the expired ones.
+    pub fn persist(&self, store: &dyn RefStore, c: &Checked, now: u64) -> cairn_core::Result<()> {
+        let mut name = REPLAY_REFS.to_vec();
+        name.extend_from_slice(&c.signature);
+        store.commit(&[RefUpdate::Set {
+            name,
+            value: c.expires.to_le_bytes().to_vec(),
+        }])?;
+        let n = self
+            .persisted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let mut expired = Vec::new();
+            for (name, value) in store.list_refs(REPLAY_REFS)? {
+                let exp = <[u8; 8]>::try_from(&value[..]).map(u64::from_le_bytes);
+                if exp.is_ok_and(|e| e < now) {
+                    expired.push(RefUpdate::Delete {
+                        name: name.to_vec(),
+                    });
+                }
+            }
+            if !expired.is_empty() {
+                store.commit(&expired)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Records `sig` as used until `expires`; false when it was used already.
     fn first_use(&self, sig: [u8; 64], expires: u64, now: u64) -> ApiResult<bool> {
         let mut seen = self.seen.lock();
@@ -200,7 +281,9 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> ApiResult<&'h str> {
 }
 
 /// Checks that a request is signed by `owner` (see the module documentation) at `now`.
-/// Returns the BLAKE3 hash the body must have; the caller checks it while reading the body.
+/// Returns the BLAKE3 hash the body must have (the caller checks it while reading the
+/// body) and the signature, which the caller persists ([`ReplayGuard::persist`]) before
+/// it writes anything.
 pub fn check(
     owner: &PublicKey,
     replay: &ReplayGuard,
@@ -208,7 +291,7 @@ pub fn check(
     uri: &Uri,
     headers: &HeaderMap,
     now: u64,
-) -> ApiResult<[u8; 32]> {
+) -> ApiResult<Checked> {
     let auth = headers.get(header::AUTHORIZATION).ok_or_else(|| {
         ApiError::unauthorized(format!(
             "this bucket has an owner key: sign the request ({SCHEME}, see /openapi.json)"
@@ -276,12 +359,17 @@ pub fn check(
             "the signature does not verify under the bucket's owner key {owner}"
         ))
     })?;
-    if !replay.first_use(sig_raw, date.saturating_add(WINDOW_SECS), now)? {
+    let expires = date.saturating_add(WINDOW_SECS);
+    if !replay.first_use(sig_raw, expires, now)? {
         return Err(ApiError::unauthorized(
             "this signature was used already (replayed request); sign each request anew",
         ));
     }
-    Ok(body_hash)
+    Ok(Checked {
+        body_blake3: body_hash,
+        signature: sig_raw,
+        expires,
+    })
 }
 
 #[cfg(test)]
@@ -386,6 +474,26 @@ mod tests {
     }
 
     #[test]
+    fn accepted_signatures_survive_a_reload_until_they_expire() {
+        let store = cairn_store::MemoryStore::new();
+        let key = SigningKey::from_seed(&[5; 32]);
+        let now = 1_700_000_000;
+        let first = ReplayGuard::default();
+        let (uri, h) = request(&key, now, b"kept");
+        let kept = check(&key.public(), &first, &Method::PUT, &uri, &h, now).unwrap();
+        first.persist(&store, &kept, now).unwrap();
+        let (uri2, h2) = request(&key, now - WINDOW_SECS + 10, b"old");
+        let old = check(&key.public(), &first, &Method::PUT, &uri2, &h2, now).unwrap();
+        first.persist(&store, &old, now).unwrap();
+        // A restart 20 s later: the first is still in its window, the second is not.
+        let later = now + 20;
+        let second = ReplayGuard::load(&store, later).unwrap();
+        let e = check(&key.public(), &second, &Method::PUT, &uri, &h, later).unwrap_err();
+        assert!(e.message.contains("replayed"), "{}", e.message);
+        assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 1);
+    }
+
+    #[test]
     fn checks_key_window_and_replays() {
         let key = SigningKey::from_seed(&[1; 32]);
         let other = SigningKey::from_seed(&[2; 32]);
@@ -393,7 +501,7 @@ mod tests {
         let now = 1_700_000_000;
         let (uri, h) = request(&key, now, b"hello");
         let got = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap();
-        assert_eq!(got, body_blake3(b"hello"));
+        assert_eq!(got.body_blake3, body_blake3(b"hello"));
         // The same signature again is a replay.
         let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);

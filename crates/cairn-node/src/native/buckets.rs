@@ -120,11 +120,22 @@ pub async fn open(node: &Arc<Node>, name: &str) -> ApiResult<Opened> {
     .await
 }
 
+/// Persists an accepted signature before the request writes anything, so that a restart
+/// still refuses its replay.
+async fn remember(node: &Arc<Node>, checked: auth::Checked) -> ApiResult<()> {
+    let n = node.clone();
+    blocking(move || {
+        n.replay
+            .persist(&*n.store, &checked, auth::now_secs())
+            .map_err(Into::into)
+    })
+    .await
+}
+
 /// Opens bucket `name` for a mutation: checks the request signature when the bucket has
 /// an owner key. Returns the bucket and the BLAKE3 hash its body must have, if signed.
 pub async fn open_for_write(
     node: &Arc<Node>,
-    native: &Native,
     name: &str,
     method: &Method,
     uri: &Uri,
@@ -132,14 +143,11 @@ pub async fn open_for_write(
 ) -> ApiResult<(Opened, Option<[u8; 32]>)> {
     let opened = open(node, name).await?;
     let expect = match &opened.entry.owner {
-        Some(owner) => Some(auth::check(
-            owner,
-            &native.replay,
-            method,
-            uri,
-            headers,
-            auth::now_secs(),
-        )?),
+        Some(owner) => {
+            let checked = auth::check(owner, &node.replay, method, uri, headers, auth::now_secs())?;
+            remember(node, checked).await?;
+            Some(checked.body_blake3)
+        }
         None => None,
     };
     Ok((opened, expect))
@@ -206,15 +214,16 @@ pub async fn create(
         None => None,
     };
     if let Some(owner) = &owner {
-        let expect = auth::check(
+        let checked = auth::check(
             owner,
-            &native.replay,
+            &node.replay,
             &method,
             &uri,
             &headers,
             auth::now_secs(),
         )?;
-        if auth::body_blake3(&bytes) != expect {
+        remember(&node, checked).await?;
+        if auth::body_blake3(&bytes) != checked.body_blake3 {
             return Err(ApiError::unauthorized(
                 "the body's BLAKE3 hash differs from the signed one",
             ));

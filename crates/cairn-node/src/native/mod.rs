@@ -39,11 +39,10 @@ use error::{ApiError, ApiResult};
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
-/// State the native API keeps beside [`Node`].
+/// State the native API keeps beside [`Node`] (signatures accepted recently are in
+/// [`Node::replay`], loaded from the store at start).
 #[derive(Default)]
 pub struct Native {
-    /// Signatures accepted recently (replay protection).
-    pub replay: auth::ReplayGuard,
     /// Serializes bucket creation.
     pub create: tokio::sync::Mutex<()>,
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Extension, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use cairn_core::Error;
@@ -27,7 +27,7 @@ use super::body::{self, CheckedReader, produce};
 use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::values::{self, json_bytes};
-use super::{KeyPath, Native, VersionQuery, etag, parse_uid, query};
+use super::{KeyPath, VersionQuery, etag, parse_uid, query};
 use crate::node::Node;
 
 /// Largest body buffered in memory: typed values other than blobs and text lists, JSON.
@@ -356,7 +356,6 @@ fn written(node: &Node, key: &str, dest: &Dest, uid: Uid, n: u64, status: Status
 #[allow(clippy::too_many_arguments)]
 pub async fn put(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
@@ -383,7 +382,7 @@ pub async fn put(
         body::drain_refused(body);
         return Err(ApiError::too_large(max));
     }
-    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions { guard, context };
     // Text bodies default to a blob; JSON bodies name their type or have it inferred.
@@ -451,7 +450,6 @@ struct BranchQuery {
 /// goes when its last head does; versions stay until GC finds them unreachable).
 pub async fn remove(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
@@ -460,7 +458,7 @@ pub async fn remove(
 ) -> ApiResult<Json<serde_json::Value>> {
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
-    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     body::read_all(body, CONTROL_LIMIT, expect).await?;
     let b = opened.bucket;
     let br = branch.clone();
@@ -599,7 +597,6 @@ fn patch_op(ty: ValueType, p: PatchBody) -> cairn_core::Result<Op> {
 /// branch head and writes the result as its new head (guarded by `If-Match` if given).
 pub async fn patch(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
@@ -609,7 +606,7 @@ pub async fn patch(
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     let guard = if_match(&headers)?;
-    let (opened, expect) = open_for_write(&node, &native, &bucket, &method, &uri, &headers).await?;
+    let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
     let p: PatchBody = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body must be one operation: {e}")))?;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Extension, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use cairn_capsule::Anchor;
@@ -26,7 +26,7 @@ use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::objects::{CONTROL_LIMIT, is_json};
 use super::values::{bytes_json, json_bytes};
-use super::{BucketPath, KeyPath, Native, VersionQuery, body, parse_uid, query, version_at};
+use super::{BucketPath, KeyPath, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
 
 /// Most keys one `GET .../keys` page lists.
@@ -247,7 +247,6 @@ pub async fn lca(
 /// Authorizes a control mutation and reads its JSON body.
 async fn control<T: DeserializeOwned>(
     node: &Arc<Node>,
-    native: &Native,
     bucket: &str,
     method: &Method,
     uri: &Uri,
@@ -255,7 +254,7 @@ async fn control<T: DeserializeOwned>(
     body: Body,
 ) -> ApiResult<(Arc<cairn_capsule::Bucket>, T)> {
     let _: NoQuery = query(uri)?;
-    let (opened, expect) = open_for_write(node, native, bucket, method, uri, headers).await?;
+    let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
     let req = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("bad request body: {e}")))?;
@@ -275,15 +274,13 @@ struct ForkBody {
 #[allow(clippy::too_many_arguments)]
 pub async fn fork(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let (b, req): (_, ForkBody) =
-        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let (b, req): (_, ForkBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
     let from = At::parse(req.from.as_deref().unwrap_or(DEFAULT_BRANCH));
     let (k, br) = (key.clone(), req.branch.clone());
     let uid = blocking(move || Ok(b.fork(k.as_bytes(), &from, &br)?)).await?;
@@ -304,15 +301,13 @@ struct RenameBody {
 /// `POST /v1/buckets/{bucket}/rename/{key}` `{from, to}`: renames a tagged branch.
 pub async fn rename(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<J>> {
-    let (b, req): (_, RenameBody) =
-        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let (b, req): (_, RenameBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
     let k = key.clone();
     let (from, to) = (req.from.clone(), req.to.clone());
     let uid = blocking(move || Ok(b.rename(k.as_bytes(), &from, &to)?)).await?;
@@ -386,15 +381,13 @@ pub fn conflict_from_json(c: &J) -> Option<Conflict> {
 #[allow(clippy::too_many_arguments)]
 pub async fn merge(
     State(node): State<Arc<Node>>,
-    Extension(native): Extension<Arc<Native>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<J>> {
-    let (b, req): (_, MergeBody) =
-        control(&node, &native, &bucket, &method, &uri, &headers, body).await?;
+    let (b, req): (_, MergeBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
     let resolver: BuiltinResolver = req.resolver.as_deref().unwrap_or("manual").parse()?;
     let k = key.clone();
     let into = req.into.clone();

@@ -163,6 +163,34 @@ impl Server {
         v
     }
 
+    /// Stops the node, then starts a new one on the same data directory and config.
+    pub async fn restart(mut self) -> Server {
+        let config = self.node.config.clone();
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("join").expect("serve");
+        }
+        let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().expect("temp dir"));
+        drop(self);
+        let node = Node::open(config).expect("reopen node");
+        let bound = Bound::bind(node.clone()).await.expect("bind");
+        let base = format!("http://{}", bound.addr);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(bound.serve(async {
+            let _ = rx.await;
+        }));
+        Server {
+            base,
+            http: reqwest::Client::new(),
+            node,
+            stop: Some(tx),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
     /// Stops the node and waits for it.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
