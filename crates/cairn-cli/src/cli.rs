@@ -996,8 +996,16 @@ pub fn write_whole_file(
         .tempfile_in(dir)
     {
         Ok(t) => t,
-        // No temporary file here (a directory we may not write): in place, like `>`.
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied && keep.is_some() => {
+        // No temporary file here (a directory we may not write, or a virtual file system
+        // such as /proc): in place, like `>`, so the error, if any, names the file itself.
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::PermissionDenied
+                    | io::ErrorKind::NotFound
+                    | io::ErrorKind::ReadOnlyFilesystem
+            ) && keep.is_some() =>
+        {
             return in_place(fill);
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
