@@ -43,7 +43,24 @@ pub fn router(node: Arc<Node>) -> Router {
             node.clone(),
             metrics::track,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            stall_bodies,
+        ))
         .with_state(node)
+}
+
+/// Every request body fails once it sends nothing for `stall_timeout_secs` while it is
+/// being read (small JSON bodies included, not only the streamed uploads, whose pump has
+/// the same timer).
+async fn stall_bodies(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let stall = node.stall_timeout();
+    let req = req.map(|b| axum::body::Body::new(tower_http::timeout::TimeoutBody::new(stall, b)));
+    next.run(req).await
 }
 
 async fn healthz() -> &'static str {
@@ -76,20 +93,20 @@ impl Bound {
 
     /// Serves until `shutdown` completes or a termination signal arrives; then stops
     /// accepting connections and waits for in-flight requests to finish, at most
-    /// `shutdown_grace_secs` (connections still open then are closed).
+    /// `shutdown_grace_secs`; connections still open then are closed.
     ///
-    /// Each connection must send a request's headers within `header_timeout_secs` (and is
-    /// closed after idling that long between requests); at most `max_connections` are
-    /// served at once, further ones waiting in the listen backlog.
+    /// HTTP/1.1. Each connection must send a request's headers within
+    /// `header_timeout_secs` (from when it opens, and after each response) or is closed;
+    /// at most `max_connections` are served at once, further ones waiting in the listen
+    /// backlog.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+        use hyper_util::rt::{TokioIo, TokioTimer};
         let node = self.node.clone();
         let cfg = &node.config;
         tracing::info!(addr = %self.addr, data = %cfg.data_dir.display(), "cairn node listening");
         let service = hyper_util::service::TowerToHyperService::new(router(node.clone()));
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let mut builder = hyper::server::conn::http1::Builder::new();
         builder
-            .http1()
             // A client that sends its whole request, then shuts down its write side, still
             // gets the answer (without this the connection closed unanswered, while the
             // handler could still go on and store the write).
@@ -98,6 +115,7 @@ impl Bound {
             .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
         let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut tasks = tokio::task::JoinSet::new();
         let stop = async move {
             tokio::select! {
                 _ = shutdown => {}
@@ -106,6 +124,8 @@ impl Bound {
         };
         tokio::pin!(stop);
         loop {
+            // Reap finished connection tasks, so the set holds only open connections.
+            while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 p = connections.clone().acquire_owned() => match p {
                     Ok(p) => p,
@@ -131,30 +151,31 @@ impl Bound {
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::warn!("TCP_NODELAY: {e}");
             }
-            let builder = builder.clone();
-            let service = service.clone();
-            let watcher = graceful.watcher();
-            tokio::spawn(async move {
+            let conn = builder.serve_connection(TokioIo::new(tcp), service.clone());
+            let conn = graceful.watch(conn);
+            tasks.spawn(async move {
                 let _permit = permit;
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                if let Err(e) = watcher.watch(conn).await {
+                if let Err(e) = conn.await {
                     tracing::debug!("connection: {e}");
                 }
             });
         }
         drop(self.listener);
         let grace = Duration::from_secs_f64(cfg.shutdown_grace_secs);
-        let open = graceful.count();
         tracing::info!(
-            connections = open,
+            connections = tasks.len(),
             "shutting down: finishing in-flight requests"
         );
         tokio::select! {
             _ = graceful.shutdown() => tracing::info!("stopped"),
-            _ = tokio::time::sleep(grace) => tracing::warn!(
-                "stopped after the {} s shutdown grace period; requests still open were cut",
-                grace.as_secs_f64()
-            ),
+            _ = tokio::time::sleep(grace) => {
+                tracing::warn!(
+                    connections = tasks.len(),
+                    "stopped after the {} s shutdown grace period; closing the connections still open",
+                    grace.as_secs_f64()
+                );
+                tasks.abort_all();
+            }
         }
         Ok(())
     }

@@ -62,7 +62,19 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
     let (_, closed) = read_until(&mut tcp, "").await;
     assert!(closed, "the connection was still open after 10 s");
     assert!(t0.elapsed() >= Duration::from_millis(400));
+    // Nor does one that sends nothing at all keep its place (here the only one).
+    drop(tcp);
+    let s2 = Server::start_with(|c| {
+        c.header_timeout_secs = 0.5;
+        c.max_connections = 1;
+    })
+    .await;
+    let mut silent = connect(&s2).await;
+    let (_, closed) = read_until(&mut silent, "").await;
+    assert!(closed, "a silent connection was still open after 10 s");
+    assert_eq!(s2.get("/healthz").await.status(), 200);
     assert_eq!(s.get("/healthz").await.status(), 200);
+    s2.stop().await;
     s.stop().await;
 }
 
@@ -115,6 +127,14 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
     let r = s.get("/v1/buckets/b/objects/big").await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
+    // A HEAD reads nothing and takes no transfer.
+    let r = s
+        .req(reqwest::Method::HEAD, "/v1/buckets/b/objects/big")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], (64u64 << 20).to_string());
     // Once the stall timeout cuts the stalled reader, the blob reads back whole.
     let t0 = Instant::now();
     loop {
@@ -142,11 +162,14 @@ async fn shutdown_stops_waiting_after_its_grace_period() {
     let s = Server::start_with(|c| c.shutdown_grace_secs = 0.5).await;
     s.open_bucket("b").await;
     // An upload that stalls (the stall timeout, 60 s by default, is far away).
-    let _held = stalled_upload(&s).await;
+    let mut held = stalled_upload(&s).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t0 = Instant::now();
     s.stop().await;
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // And the connection still open at the end of the grace period is closed.
+    let (_, closed) = read_until(&mut held, "").await;
+    assert!(closed, "the stalled connection outlived the shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,5 +221,23 @@ async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer:?}");
     let r = s.get("/v1/buckets/b/objects/k").await;
     assert_eq!(r.bytes().await.unwrap(), "hello");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_small_body_is_cut_too() {
+    let s = Server::start_with(|c| c.stall_timeout_secs = 0.5).await;
+    let mut tcp = connect(&s).await;
+    tcp.write_all(
+        b"POST /v1/buckets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"na",
+    )
+    .await
+    .unwrap();
+    let (answer, _) = read_until(&mut tcp, "\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer:?}");
+    let (st, v) = s.get_json("/v1/buckets").await;
+    assert_eq!(st, 200);
+    assert!(v["buckets"].as_array().unwrap().is_empty(), "{v}");
     s.stop().await;
 }

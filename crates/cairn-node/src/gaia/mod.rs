@@ -539,11 +539,20 @@ impl Hub {
         Ok(v)
     }
 
-    /// The bucket of an authenticated address, opened (created on first use).
+    /// The bucket of an authenticated address, opened (created on first use). A bucket of
+    /// that name registered through the native API (possible before such names were
+    /// refused there) is open to anyone through it, so the hub refuses to write into it.
     fn bucket(&self, address: &str) -> HubResult<Arc<Bucket>> {
         let name = bucket_name(address).ok_or_else(|| {
             AuthError::Validation("Address not allowed to write on this path".into())
         })?;
+        if crate::native::buckets::entry(&self.node, &name)?.is_some() {
+            return Err(GaiaError::Server(format!(
+                "bucket {name} was registered through the native API, which anyone may \
+                 write; the hub will not store into it (remove its registry ref \
+                 native/bucket/{name})"
+            )));
+        }
         Ok(self.node.bucket(&name)?)
     }
 
@@ -959,7 +968,10 @@ async fn small_json(
     let mut stream = body.into_data_stream();
     while let Some(frame) = futures_util::StreamExt::next(&mut stream).await {
         let frame = frame.map_err(|e| {
-            GaiaError::BadRequest(format!("Invalid JSON: the body could not be read ({e})"))
+            GaiaError::BadRequest(format!(
+                "Invalid JSON: the body could not be read ({})",
+                crate::native::body::body_error(&e)
+            ))
         })?;
         if bytes.len() + frame.len() > LIMIT {
             return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
@@ -1375,18 +1387,19 @@ async fn read(
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
-        hub.node
-            .metrics
-            .bytes_read
-            .with_label_values(&["gaia"])
-            .inc_by(found.len);
-        match found.body {
+        let body = match found.body {
             FoundBody::Inline(bytes) => Body::from(bytes),
             FoundBody::Blob(bucket, tree) => match hub.node.transfer_permit() {
                 Some(permit) => stream_blob(&hub, bucket, tree, permit),
                 None => return busy_transfers(&hub).into_response(),
             },
-        }
+        };
+        hub.node
+            .metrics
+            .bytes_read
+            .with_label_values(&["gaia"])
+            .inc_by(found.len);
+        body
     };
     b.body(body)
         .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())

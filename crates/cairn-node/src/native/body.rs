@@ -65,6 +65,19 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
     .await;
 }
 
+/// Why reading a request body failed, in words: a body that sent nothing for the stall
+/// timeout (the node's `TimeoutBody` around every request body) says so.
+pub fn body_error(e: &axum::Error) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<tower_http::timeout::TimeoutError>() {
+            return "the request body stalled: it sent no bytes for the stall timeout".into();
+        }
+        cause = c.source();
+    }
+    e.to_string()
+}
+
 /// What the body pump hands to a [`BodyReader`].
 enum Pumped {
     /// The next frames of the body, in order.
@@ -136,7 +149,7 @@ impl BodyReader {
                             return;
                         }
                         let last = match end {
-                            Some(Err(e)) => Pumped::Failed(e.to_string()),
+                            Some(Err(e)) => Pumped::Failed(body_error(&e)),
                             _ => Pumped::End,
                         };
                         let _ = tx.send(last).await;
@@ -250,11 +263,9 @@ pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiRe
     let mut check = Check::new(limit, expect);
     let mut buf = BytesMut::new();
     let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream
-        .try_next()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?
-    {
+    while let Some(chunk) = stream.try_next().await.map_err(|e| {
+        ApiError::bad_request(format!("reading the request body: {}", body_error(&e)))
+    })? {
         check.feed(&chunk)?;
         buf.extend_from_slice(&chunk);
     }

@@ -108,7 +108,13 @@ pub async fn open(node: &Arc<Node>, name: &str) -> ApiResult<Opened> {
     let node = node.clone();
     let name = name.to_string();
     blocking(move || {
-        let entry = entry(&node, &name)?.ok_or_else(|| {
+        // The Gaia hub's buckets are never served here, even one registered before such
+        // names were refused at creation.
+        let entry = (!name.starts_with(crate::gaia::BUCKET_PREFIX))
+            .then(|| entry(&node, &name))
+            .transpose()?
+            .flatten();
+        let entry = entry.ok_or_else(|| {
             Error::not_found(format!(
                 "bucket {name:?} (create it with POST /v1/buckets; `cairn --server URL put` \
                  creates it on its first write)"
@@ -339,5 +345,39 @@ mod tests {
             assert!(Entry::decode(&longer).is_err());
             assert!(Entry::decode(&b[..b.len() - 1]).is_err());
         }
+    }
+
+    /// A `gaia-` bucket registered before such names were refused (as an attacker could)
+    /// is not served by the native API.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gaia_bucket_in_the_registry_is_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::open(crate::Config {
+            data_dir: dir.path().join("data"),
+            durability: cairn_store::Durability::Buffered,
+            ..crate::Config::default()
+        })
+        .unwrap();
+        let name = crate::gaia::bucket_name("1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMH").unwrap();
+        let entry = Entry {
+            owner: None,
+            created_ms: 0,
+        };
+        node.store
+            .commit(&[RefUpdate::Set {
+                name: registry_ref(&name),
+                value: entry.encode(),
+            }])
+            .unwrap();
+        let e = open(&node, &name).await.err().unwrap();
+        assert_eq!(e.status, 404, "{}", e.message);
+        // An ordinary name in the registry is served.
+        node.store
+            .commit(&[RefUpdate::Set {
+                name: registry_ref("plain"),
+                value: entry.encode(),
+            }])
+            .unwrap();
+        assert!(open(&node, "plain").await.is_ok());
     }
 }

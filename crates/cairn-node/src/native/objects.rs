@@ -170,9 +170,12 @@ pub fn parse_range(h: &str, len: u64) -> RangeAsk {
 pub async fn get(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
+    method: Method,
     uri: Uri,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    // HEAD answers the same headers with no body: nothing is read, no transfer is taken.
+    let head = method == Method::HEAD;
     let at = query::<VersionQuery>(&uri)?.at()?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
@@ -223,10 +226,14 @@ pub async fn get(
                 }
             };
             let n = end - start;
-            let permit = body::transfer_permit(&node)?;
-            let body = produce(node.clone(), permit, move |w| {
-                values::send_blob_range(b.db(), &value, start, n, w)
-            });
+            let body = if head {
+                Body::empty()
+            } else {
+                let permit = body::transfer_permit(&node)?;
+                produce(node.clone(), permit, move |w| {
+                    values::send_blob_range(b.db(), &value, start, n, w)
+                })
+            };
             let mut resp = (status, ok_headers("application/octet-stream"), body).into_response();
             let h = resp.headers_mut();
             h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
@@ -242,14 +249,18 @@ pub async fn get(
             Ok(resp)
         }
         Value::Tree(_) => {
-            let permit = body::transfer_permit(&node)?;
-            let body = produce(node.clone(), permit, move |w| {
-                if json {
-                    values::write_json(b.db(), &value, w)
-                } else {
-                    values::write_text(b.db(), &value, w)
-                }
-            });
+            let body = if head {
+                Body::empty()
+            } else {
+                let permit = body::transfer_permit(&node)?;
+                produce(node.clone(), permit, move |w| {
+                    if json {
+                        values::write_json(b.db(), &value, w)
+                    } else {
+                        values::write_text(b.db(), &value, w)
+                    }
+                })
+            };
             let ctype = if json {
                 "application/json"
             } else {
