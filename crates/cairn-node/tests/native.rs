@@ -1151,16 +1151,7 @@ fn a_restarted_node_keeps_each_buckets_leaf_size() {
 async fn a_signed_request_cannot_be_replayed_after_a_restart() {
     let s = Server::start(1 << 20).await;
     let owner = SigningKey::from_seed(&[21; 32]);
-    let create = json!({ "name": "mine", "owner": owner.public().to_string() }).to_string();
-    let (st, e) = s
-        .send_now(
-            &owner,
-            Method::POST,
-            "/v1/buckets",
-            &[JSON],
-            create.as_bytes(),
-        )
-        .await;
+    let (st, e) = s.create_owned(&owner, "mine").await;
     assert_eq!(st, 201, "{e}");
     let path = "/v1/buckets/mine/objects/k";
     let now = now_secs();

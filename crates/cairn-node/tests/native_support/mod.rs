@@ -39,6 +39,11 @@ impl Server {
             ..Config::default()
         };
         tune(&mut config);
+        Server::serve(config, dir).await
+    }
+
+    /// Opens a node with `config` (its data in `dir`) and serves it.
+    async fn serve(config: Config, dir: tempfile::TempDir) -> Server {
         let node = Node::open(config).expect("open node");
         let bound = Bound::bind(node.clone()).await.expect("bind");
         let base = format!("http://{}", bound.addr);
@@ -149,6 +154,21 @@ impl Server {
             .await
     }
 
+    /// Creates bucket `name` owned by `owner` (the request signed by it); returns the
+    /// status and the answer.
+    pub async fn create_owned(&self, owner: &SigningKey, name: &str) -> (u16, serde_json::Value) {
+        let create =
+            serde_json::json!({ "name": name, "owner": owner.public().to_string() }).to_string();
+        self.send_now(
+            owner,
+            Method::POST,
+            "/v1/buckets",
+            &[("content-type", "application/json")],
+            create.as_bytes(),
+        )
+        .await
+    }
+
     /// Creates an open bucket.
     pub async fn open_bucket(&self, name: &str) -> serde_json::Value {
         let (s, v) = self
@@ -174,21 +194,7 @@ impl Server {
         }
         let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().expect("temp dir"));
         drop(self);
-        let node = Node::open(config).expect("reopen node");
-        let bound = Bound::bind(node.clone()).await.expect("bind");
-        let base = format!("http://{}", bound.addr);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(bound.serve(async {
-            let _ = rx.await;
-        }));
-        Server {
-            base,
-            http: reqwest::Client::new(),
-            node,
-            stop: Some(tx),
-            task: Some(task),
-            _dir: dir,
-        }
+        Server::serve(config, dir).await
     }
 
     /// Stops the node and waits for it.
