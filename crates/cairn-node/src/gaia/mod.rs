@@ -770,7 +770,7 @@ async fn store(
         return busy_transfers(&hub).into_response();
     };
     // Made here (it needs the runtime handle); read in the blocking task.
-    let reader = BodyReader::new(body, hub.node.stall_timeout());
+    let reader = BodyReader::new(body);
     let public_prefix = hub.read_prefix(&headers);
     let h = hub.clone();
     let addr = address.clone();

@@ -110,23 +110,16 @@ enum ReadState {
 impl BodyReader {
     /// Starts pulling `body`; must be called on the runtime (it spawns the pump). Reads
     /// must happen off the runtime's worker threads (e.g. in `spawn_blocking`). A body that
-    /// sends nothing for `stall` fails (the read errors; nothing is stored).
-    pub fn new(body: Body, stall: Duration) -> Self {
+    /// stalls fails through the node's stall timer on every request body (the read errors;
+    /// nothing is stored).
+    pub fn new(body: Body) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(IN_QUEUE);
         tokio::spawn(async move {
             let mut stream = body.into_data_stream();
             let mut batch = Vec::new();
             let mut bytes = 0;
             loop {
-                let Ok(next) = tokio::time::timeout(stall, stream.next()).await else {
-                    let why = format!(
-                        "the request body stalled: no bytes for {} s",
-                        stall.as_secs_f64()
-                    );
-                    let _ = tx.send(Pumped::Failed(why)).await;
-                    return;
-                };
-                let msg = match next {
+                let msg = match stream.next().await {
                     Some(Ok(frame)) => {
                         if frame.is_empty() {
                             continue;
@@ -288,9 +281,9 @@ pub struct CheckedReader {
 
 impl CheckedReader {
     /// Wraps `body`; must be called on the runtime (see [`BodyReader::new`]).
-    pub fn new(body: Body, limit: u64, expect: Option<[u8; 32]>, stall: Duration) -> Self {
+    pub fn new(body: Body, limit: u64, expect: Option<[u8; 32]>) -> Self {
         CheckedReader {
-            inner: BodyReader::new(body, stall),
+            inner: BodyReader::new(body),
             check: Check::new(limit, expect),
             failure: Arc::new(Mutex::new(None)),
             done: false,
@@ -563,7 +556,6 @@ mod tests {
     ) -> io::Result<Vec<u8>> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .enable_time()
             .build()
             .unwrap();
         let stream = futures_util::stream::iter(
@@ -573,7 +565,7 @@ mod tests {
         );
         let mut reader = {
             let _guard = rt.enter();
-            BodyReader::new(Body::from_stream(stream), Duration::from_secs(60))
+            BodyReader::new(Body::from_stream(stream))
         };
         std::thread::spawn(move || {
             let mut out = Vec::new();

@@ -406,7 +406,7 @@ pub async fn put(
                 return Err(e);
             }
         };
-        let mut reader = CheckedReader::new(body, max, expect, node.stall_timeout());
+        let mut reader = CheckedReader::new(body, max, expect);
         let failure = reader.failure();
         let d = dest.clone();
         let k = key.clone();
