@@ -5,6 +5,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+mod support;
+
 fn cairn(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data")
@@ -639,20 +641,7 @@ fn an_interrupted_get_leaves_no_partial_file() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Once the temporary file holds bytes, the get is well under way.
-    let t0 = std::time::Instant::now();
-    while !std::fs::read_dir(&out_dir)
-        .unwrap()
-        .any(|e| e.unwrap().metadata().unwrap().len() > 0)
-    {
-        assert!(t0.elapsed().as_secs() < 20, "no temporary file appeared");
-        std::thread::yield_now();
-    }
-    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "stderr: {err}");
+    support::interrupt_once_a_file_fills(child, &out_dir);
     // No temporary file is left. On a busy machine the signal can land after the whole
     // value was written and renamed into place: the destination is then complete.
     for e in std::fs::read_dir(&out_dir).unwrap() {

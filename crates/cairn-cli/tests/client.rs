@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use cairn_node::{Bound, Config, Node};
 
+mod support;
+
 /// A node serving a temporary data directory on 127.0.0.1 (port 0) until dropped.
 struct Server {
     base: String,
@@ -803,32 +805,6 @@ fn two_gib_encrypted_upload() {
     big_encrypted_transfer(2 << 30, 64);
 }
 
-/// Waits (up to 20 s) until `dir` holds a file with bytes in it, then sends SIGINT to `child`; the command
-/// must exit 130 and leave `dir` empty.
-fn interrupt_once_a_file_appears(child: std::process::Child, dir: &Path) {
-    let t0 = Instant::now();
-    // Once the file holds bytes, the command is well past creating it.
-    while !std::fs::read_dir(dir)
-        .unwrap()
-        .any(|e| e.unwrap().metadata().unwrap().len() > 0)
-    {
-        assert!(
-            t0.elapsed().as_secs() < 20,
-            "no temporary file appeared in {}",
-            dir.display()
-        );
-        std::thread::yield_now();
-    }
-    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "stderr: {err}");
-    assert!(err.contains("interrupted"), "stderr: {err}");
-    let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
-}
-
 /// Interrupting a signed upload from stdin removes the copy of stdin it spools.
 #[test]
 fn an_interrupted_upload_leaves_no_spool_file() {
@@ -849,7 +825,9 @@ fn an_interrupted_upload_leaves_no_spool_file() {
     // Stdin stays open, so the client is still spooling it when interrupted.
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(&pseudo_random(1 << 20, 5)).unwrap();
-    interrupt_once_a_file_appears(child, &tmp);
+    support::interrupt_once_a_file_fills(child, &tmp);
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
     drop(stdin);
     // Nothing was stored under the key.
     u.fails(srv, &["get", "big"], 3);
