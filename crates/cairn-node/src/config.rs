@@ -8,6 +8,7 @@
 //! max_upload_bytes = 5368709120   # 5 GiB
 //! write_queue = 256               # writers waiting on one path before 503 + Retry-After
 //! leaf_size = 65536               # average POS-tree leaf of new buckets (bytes)
+//! page_cache_window_mib = 256     # newest log data kept in the page cache (0: all)
 //! log_format = "text"             # text | json
 //!
 //! [gaia]
@@ -59,6 +60,10 @@ pub struct Config {
     /// engine's 4 KiB default, at the cost of coarser dedup between versions. A bucket
     /// keeps the size it was created with (see `docs/node.md`).
     pub leaf_size: u64,
+    /// MiB of the most recently written log kept in the page cache; older parts are dropped
+    /// from it once written back, so that writes reuse memory (0: leave it all to the
+    /// kernel). See `cairn_store::LogStoreOptions::page_cache_window`.
+    pub page_cache_window_mib: u64,
     /// Log format on stderr: `text` or `json`.
     pub log_format: LogFormat,
     /// Seconds to wait for a store another process has open.
@@ -225,6 +230,7 @@ impl Default for Config {
             max_upload_bytes: 5 << 30,
             write_queue: 256,
             leaf_size: DEFAULT_LEAF_SIZE,
+            page_cache_window_mib: 256,
             log_format: LogFormat::Text,
             lock_timeout_secs: 30.0,
             header_timeout_secs: 30.0,
@@ -257,6 +263,9 @@ impl Config {
         cairn_object::TreeConfig::default()
             .with_leaf_target(self.leaf_size)
             .context("leaf_size")?;
+        if self.page_cache_window_mib > 1 << 30 {
+            bail!("page_cache_window_mib must be at most 1073741824 (0 keeps everything)");
+        }
         if !(0.0..=86_400.0).contains(&self.lock_timeout_secs) {
             bail!("lock_timeout_secs must be between 0 and 86400");
         }
@@ -273,6 +282,11 @@ impl Config {
             bail!("max_connections and max_transfers must be at least 1");
         }
         self.backend.check()
+    }
+
+    /// [`Config::page_cache_window_mib`] in bytes, as the store takes it.
+    pub fn page_cache_window(&self) -> Option<u64> {
+        (self.page_cache_window_mib > 0).then_some(self.page_cache_window_mib << 20)
     }
 }
 

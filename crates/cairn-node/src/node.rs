@@ -49,6 +49,7 @@ impl Node {
         config.check()?;
         let opts = LogStoreOptions {
             durability: config.durability,
+            page_cache_window: config.page_cache_window(),
             ..Default::default()
         };
         let timeout = Duration::from_secs_f64(config.lock_timeout_secs);

@@ -214,6 +214,15 @@ pub struct LogStoreOptions {
     /// is written (default 64 MiB; they must also be twice the size of the last snapshot).
     /// Compaction writes one too when it needs to delete a segment holding commit records.
     pub refs_log_max: u64,
+    /// Bytes of the most recently written log kept in the page cache (default 256 MiB;
+    /// `None`: all of it, until the kernel needs the memory). Older parts are dropped from
+    /// the page cache once written back (`posix_fadvise(DONTNEED)`, Linux only), so that
+    /// writing keeps reusing the same memory instead of taking fresh pages: on a virtual
+    /// machine that hands freed memory back to its host, a write into never-touched
+    /// memory cost about six times the CPU of one into reused memory (see
+    /// `docs/benchmarks.md`, "Page-cache window"). Reads of dropped data come from the
+    /// disk (and are cached again by the kernel).
+    pub page_cache_window: Option<u64>,
 }
 
 impl Default for LogStoreOptions {
@@ -224,6 +233,7 @@ impl Default for LogStoreOptions {
             segment_size: 256 << 20,
             write_buffer: 1 << 20,
             refs_log_max: 64 << 20,
+            page_cache_window: Some(256 << 20),
         }
     }
 }
@@ -360,7 +370,32 @@ struct Writer {
     /// Offset of the active segment up to which the kernel was asked to start writing
     /// pages back (see [`WRITEBACK_STEP`]).
     writeback: u64,
+    /// Bytes written to the segments sealed since the store was opened: the position of the
+    /// active segment's first byte in the stream of everything written since then.
+    base: u64,
+    /// Offset of the active segment up to which it was dropped from the page cache (see
+    /// [`LogStoreOptions::page_cache_window`]).
+    dropped: u64,
+    /// Start of the last range dropped: asked again with the next one, since pages that were
+    /// still dirty then stayed (the request started their writeback).
+    redrop: u64,
+    /// Ranges of sealed segments not yet dropped from the page cache, oldest first.
+    behind: VecDeque<Behind>,
 }
+
+/// A range of a sealed segment still in the page cache.
+struct Behind {
+    /// Not kept open by this: a segment deleted by compaction is simply skipped.
+    seg: std::sync::Weak<Segment>,
+    from: u64,
+    to: u64,
+    /// Position of `from` in the stream of everything written since the store was opened.
+    at: u64,
+}
+
+/// Bytes that must pass out of the page-cache window before the next part of the log is
+/// dropped from the page cache (one `posix_fadvise` call each time).
+const DROP_STEP: u64 = 8 << 20;
 
 /// Bytes of chunk records written to the active segment (not yet synced) after which the
 /// kernel is asked to start writing them to the disk (`sync_file_range` with
@@ -386,6 +421,44 @@ impl Writer {
 
     fn end(&self) -> u64 {
         self.seg.flushed.load(Ordering::Acquire) + self.buf.len() as u64
+    }
+
+    /// Drops from the page cache what was written more than `window` bytes before the end of
+    /// the data written so far, [`DROP_STEP`] bytes at a time (`None`: never). Sealed
+    /// segments are synced, so one request drops their pages; the active segment's pages
+    /// may still be dirty (not yet written back), so each range is asked twice.
+    fn drop_behind(&mut self, window: Option<u64>) {
+        let Some(window) = window else {
+            return;
+        };
+        let flushed = self.seg.flushed.load(Ordering::Acquire);
+        let Some(cut) = (self.base + flushed).checked_sub(window) else {
+            return;
+        };
+        while let Some(b) = self.behind.front_mut() {
+            let upto = b.to.min(b.from + cut.saturating_sub(b.at));
+            if upto < b.to && upto < b.from + DROP_STEP {
+                return;
+            }
+            if upto > b.from
+                && let Some(seg) = b.seg.upgrade()
+            {
+                segment::drop_cached(&seg.file, b.from, upto - b.from);
+            }
+            if upto < b.to {
+                b.at += upto - b.from;
+                b.from = upto;
+                return;
+            }
+            self.behind.pop_front();
+        }
+        let upto = cut.saturating_sub(self.base).min(flushed);
+        if upto < self.dropped + DROP_STEP {
+            return;
+        }
+        segment::drop_cached(&self.seg.file, self.redrop, upto - self.redrop);
+        self.redrop = self.dropped;
+        self.dropped = upto;
     }
 
     fn append(
@@ -873,6 +946,10 @@ impl LogStore {
                 damaged: active_damaged,
                 alloc_end: 0,
                 writeback: 0,
+                base: 0,
+                dropped: 0,
+                redrop: 0,
+                behind: VecDeque::new(),
             }),
             lookup: RwLock::new(map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
             refs: RwLock::new(RefsState {
@@ -992,6 +1069,7 @@ impl LogStore {
             if self.opts.durability != Durability::Buffered {
                 w.start_writeback();
             }
+            w.drop_behind(self.opts.page_cache_window);
         }
         if w.end() >= self.opts.segment_size {
             self.roll(w)?;
@@ -1014,8 +1092,19 @@ impl LogStore {
             .ok_or_else(|| Error::invalid("segment ids exhausted"))?;
         let new = Segment::create(&self.dir, id, self.algo)?;
         self.segments.write().insert(id, new.clone());
+        if self.opts.page_cache_window.is_some() {
+            w.behind.push_back(Behind {
+                seg: Arc::downgrade(&old),
+                from: w.redrop,
+                to: end,
+                at: w.base + w.redrop,
+            });
+        }
+        w.base += end;
         w.seg = new;
         w.writeback = 0;
+        w.dropped = 0;
+        w.redrop = 0;
         let hints = std::mem::take(&mut w.hints);
         let mut commits = std::mem::take(&mut w.commits);
         let damaged = std::mem::replace(&mut w.damaged, false);
@@ -1177,7 +1266,11 @@ impl LogStore {
         if self.failed_flag.load(Ordering::Acquire) {
             return;
         }
-        self.writer.lock().prealloc();
+        {
+            let mut w = self.writer.lock();
+            w.prealloc();
+            w.drop_behind(self.opts.page_cache_window);
+        }
         if !self.refs.read().pending.is_empty() {
             drain_pending(&mut self.refs.write());
         }

@@ -293,3 +293,88 @@ fn a_rotted_last_commit_header_is_reported_wherever_it_lies() {
         assert!(s.get_ref(b"k").unwrap().is_some());
     }
 }
+
+#[test]
+fn the_page_cache_window_follows_the_write_head_and_loses_nothing() {
+    const MIB: u64 = 1 << 20;
+    for durability in Durability::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = LogStoreOptions {
+            durability,
+            segment_size: 4 * MIB,
+            page_cache_window: Some(2 * MIB),
+            ..Default::default()
+        };
+        let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+        let mut cids = Vec::new();
+        for i in 0..480u32 {
+            let mut chunk: Vec<u8> = (0..64 << 10).map(|j| (i * 31 + j) as u8).collect();
+            chunk[..4].copy_from_slice(&i.to_le_bytes());
+            cids.push(s.put(&chunk).unwrap());
+            if i % 16 == 15 {
+                s.commit(&[RefUpdate::Set {
+                    name: b"n".to_vec(),
+                    value: i.to_le_bytes().to_vec(),
+                }])
+                .unwrap();
+            }
+        }
+        {
+            let w = s.writer.lock();
+            let written = w.base + w.seg.flushed.load(Ordering::Acquire);
+            assert!(written > 30 * MIB, "{durability:?}: {written}");
+            // Everything up to a step short of the window is dropped (or asked to be):
+            // sealed segments behind it are gone from the list, the active one's cursor
+            // follows the head.
+            let kept: u64 = w.behind.iter().map(|b| b.to - b.from).sum::<u64>()
+                + (w.seg.flushed.load(Ordering::Acquire) - w.dropped);
+            assert!(
+                kept <= 2 * MIB + DROP_STEP + opts.segment_size,
+                "{durability:?}: {kept} bytes never dropped; behind {:?}, dropped {} of {}",
+                w.behind
+                    .iter()
+                    .map(|b| (b.from, b.to, b.at))
+                    .collect::<Vec<_>>(),
+                w.dropped,
+                w.base
+            );
+            assert!(w.behind.len() <= 3, "{durability:?}: {}", w.behind.len());
+            assert!(w.redrop <= w.dropped);
+        }
+        for (i, c) in cids.iter().enumerate() {
+            let got = s.get(c).unwrap().unwrap();
+            assert_eq!(got.len(), 64 << 10);
+            assert_eq!(got[..4], (i as u32).to_le_bytes());
+            assert_eq!(got[9], (i as u32 * 31 + 9) as u8);
+        }
+        drop(s);
+        let s = LogStore::open(dir.path(), opts).unwrap();
+        for c in &cids {
+            assert!(s.get(c).unwrap().is_some());
+        }
+        assert_eq!(
+            s.get_ref(b"n").unwrap().unwrap().as_ref(),
+            479u32.to_le_bytes()
+        );
+    }
+}
+
+#[test]
+fn without_a_window_nothing_is_tracked() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        segment_size: 1 << 20,
+        page_cache_window: None,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    for i in 0..64u32 {
+        let chunk = vec![i as u8; 64 << 10];
+        s.put(&chunk).unwrap();
+    }
+    s.commit(&[]).unwrap();
+    let w = s.writer.lock();
+    assert!(w.base > 2 << 20);
+    assert!(w.behind.is_empty());
+    assert_eq!(w.dropped, 0);
+}
