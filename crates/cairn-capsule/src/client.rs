@@ -192,7 +192,13 @@ pub struct Reader {
     /// Names verified but not yet inserted (acks not sent yet), in verification order.
     staged: Vec<Hash>,
     crypto: BodyCrypto,
+    /// Signatures this process made itself (see [`Reader::trust_own_signature`]), newest
+    /// last, at most [`OWN_SIGNATURES`].
+    own: std::collections::VecDeque<(RecordName, WriterSignature)>,
 }
+
+/// How many of its own signatures a [`Reader`] remembers.
+pub const OWN_SIGNATURES: usize = 64;
 
 impl Reader {
     /// A reader of `capsule`. `meta` usually comes from an untrusted server: it is checked
@@ -215,6 +221,7 @@ impl Reader {
             cache: VerificationCache::new(policy)?,
             mode: MirrorMode::OnAck,
             staged: Vec::new(),
+            own: std::collections::VecDeque::new(),
             crypto,
         })
     }
@@ -222,6 +229,24 @@ impl Reader {
     /// The verification cache (its policy and names go to the server when a session opens).
     pub fn cache(&self) -> &VerificationCache {
         &self.cache
+    }
+
+    /// Notes a signature that this process made itself with one of the capsule's writer
+    /// keys ([`Writer::sign`]), for a reader that reads what it writes. A proof anchored
+    /// on a byte-equal copy of it, for the same name, then skips the Ed25519 check: a copy
+    /// of a signature made here is authentic, whoever sends it back. Any other signature
+    /// is checked as always. Keeps the newest [`OWN_SIGNATURES`].
+    pub fn trust_own_signature(&mut self, name: RecordName, sig: WriterSignature) {
+        if self.own.len() == OWN_SIGNATURES {
+            self.own.pop_front();
+        }
+        self.own.push_back((name, sig));
+    }
+
+    /// True when `sig` on `name` is one of this process's own (see
+    /// [`Reader::trust_own_signature`]).
+    fn is_own(&self, name: &RecordName, sig: &WriterSignature) -> bool {
+        self.own.iter().rev().any(|(n, s)| n == name && s == sig)
     }
 
     /// The capsule metadata.
@@ -276,7 +301,12 @@ impl Reader {
         target: &RecordName,
         proof: &RecordProof,
     ) -> Result<Vec<RecordName>> {
-        let names = proof.verify(&self.meta, target, |h| self.cache.contains(h))?;
+        let names = proof.verify_with(
+            &self.meta,
+            target,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )?;
         self.note_verified(names.iter().map(|n| *n.hash()));
         Ok(names)
     }
@@ -284,7 +314,12 @@ impl Reader {
     /// Verifies a subrecord proof for the subrecord named `sub`; on success notes the tree
     /// nodes it computed, the siblings its path consumed and the record names it verified.
     pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
-        let (nodes, names) = proof.verify(&self.meta, sub, |h| self.cache.contains(h))?;
+        let (nodes, names) = proof.verify_with(
+            &self.meta,
+            sub,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )?;
         // The siblings the path consumed are bound by where the walk ended (a trusted node,
         // or the root the record proof binds): trusting them too, as DCS does, lets a
         // later proof of a neighbouring subrecord stop at its leaf. The server's mirror
@@ -310,7 +345,12 @@ impl Reader {
         body: Vec<u8>,
         proof: &RecordProof,
     ) -> Result<Vec<u8>> {
-        let names = proof.verify(&self.meta, target, |h| self.cache.contains(h))?;
+        let names = proof.verify_with(
+            &self.meta,
+            target,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )?;
         let header = proof
             .chain
             .first()

@@ -34,7 +34,7 @@ pub mod wire;
 
 pub use bucket::{Bucket, Mutation, MutationKind, VersionProof};
 pub use cache::{CachePolicy, VerificationCache};
-pub use client::{Reader, Writer};
+pub use client::{OWN_SIGNATURES, Reader, Writer};
 pub use dag::{CapsuleDag, Witness};
 pub use metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
 pub use proof::{Anchor, RecordProof, SubrecordProof, WriterSignature};

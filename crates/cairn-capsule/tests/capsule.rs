@@ -850,3 +850,54 @@ fn body_cache_serves_only_verified_bytes() {
     let data = warm.read_subrecord(&c, &subs[7]).unwrap();
     assert_eq!(reader.open_subrecord(&subs[7], &data).unwrap(), b"sub 7");
 }
+
+#[test]
+fn a_reader_skips_only_its_own_signature_byte_for_byte() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 20, 5);
+    let good = server.prove(&c, &names[1], None).unwrap().proof;
+    let Anchor::Signed(ws) = good.anchor.clone() else {
+        panic!("a fresh reader's proof ends in a signature");
+    };
+    let anchor = good.chain.last().unwrap().name();
+    // A signature this process noted as its own is not checked again: even a bogus one
+    // passes, which shows the Ed25519 check was skipped (callers note only signatures
+    // they made).
+    let bogus = WriterSignature {
+        writer: ws.writer,
+        sig: SigningKey::from_seed(&[5; 32]).sign(cairn_capsule::proof::DOMAIN_RECORD, b"x"),
+    };
+    let mut forged = good.clone();
+    forged.anchor = Anchor::Signed(bogus);
+    let mut trusting = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    trusting.trust_own_signature(anchor, bogus);
+    trusting.verify_record(&names[1], &forged).unwrap();
+    // Everything else is still checked: the same bogus signature on another name, another
+    // signature on the noted name, and a reader that noted nothing.
+    let mut other = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    other.trust_own_signature(names[19], bogus);
+    assert!(matches!(
+        other.verify_record(&names[1], &forged),
+        Err(Error::Rejected(_))
+    ));
+    let mut noted = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    noted.trust_own_signature(anchor, ws);
+    assert!(matches!(
+        noted.verify_record(&names[1], &forged),
+        Err(Error::Rejected(_))
+    ));
+    noted.verify_record(&names[1], &good).unwrap();
+    let mut plain = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    assert!(matches!(
+        plain.verify_record(&names[1], &forged),
+        Err(Error::Rejected(_))
+    ));
+    // Only the newest OWN_SIGNATURES are remembered.
+    let mut forgetful = Reader::new(c, meta, CachePolicy::Off, None).unwrap();
+    forgetful.trust_own_signature(anchor, bogus);
+    for _ in 0..OWN_SIGNATURES {
+        forgetful.trust_own_signature(names[0], ws);
+    }
+    assert!(forgetful.verify_record(&names[1], &forged).is_err());
+}
