@@ -9,6 +9,8 @@
 //! write_queue = 256               # writers waiting on one path before 503 + Retry-After
 //! leaf_size = 65536               # average POS-tree leaf of new buckets (bytes)
 //! page_cache_window_mib = 256     # newest log data kept in the page cache (0: all)
+//! stall_timeout_secs = 60         # a transfer that moves no byte this long is cut
+//! min_rate_bytes_per_sec = 500    # ... and one slower than this, counted over that window
 //! log_format = "text"             # text | json
 //!
 //! [gaia]
@@ -74,6 +76,10 @@ pub struct Config {
     /// Seconds an upload body or a streamed response may go without moving a byte before
     /// it is cut (the upload stores nothing; the download ends short of its length).
     pub stall_timeout_secs: f64,
+    /// Least average rate, in bytes per second, at which an upload body must arrive and a
+    /// streamed download must be read, counting only the time the node waits for the
+    /// client, checked over each `stall_timeout_secs` of waiting (0: no floor).
+    pub min_rate_bytes_per_sec: u64,
     /// Connections served at once; further ones wait in the listen backlog.
     pub max_connections: usize,
     /// Streamed uploads and downloads in progress at once; further ones get 503 with
@@ -235,6 +241,7 @@ impl Default for Config {
             lock_timeout_secs: 30.0,
             header_timeout_secs: 30.0,
             stall_timeout_secs: 60.0,
+            min_rate_bytes_per_sec: 500,
             max_connections: 4096,
             max_transfers: 256,
             shutdown_grace_secs: 30.0,

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod metrics;
 pub mod native;
 pub mod node;
+pub mod rate;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -51,15 +52,20 @@ pub fn router(node: Arc<Node>) -> Router {
 }
 
 /// Every request body fails once it sends nothing for `stall_timeout_secs` while it is
-/// being read (small JSON bodies included, not only the streamed uploads, whose pump has
-/// the same timer).
+/// being read (small JSON bodies included, not only the streamed uploads), or sends less
+/// than `min_rate_bytes_per_sec` on average while the node waits for it (see
+/// [`rate`]).
 async fn stall_bodies(
     axum::extract::State(node): axum::extract::State<Arc<Node>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let stall = node.stall_timeout();
-    let req = req.map(|b| axum::body::Body::new(tower_http::timeout::TimeoutBody::new(stall, b)));
+    let floor = node.rate_floor();
+    let req = req.map(|b| {
+        let timed = axum::body::Body::new(tower_http::timeout::TimeoutBody::new(stall, b));
+        axum::body::Body::new(rate::FloorBody::new(timed, floor))
+    });
     next.run(req).await
 }
 

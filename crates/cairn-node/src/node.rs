@@ -101,6 +101,12 @@ impl Node {
         Duration::from_secs_f64(self.config.stall_timeout_secs)
     }
 
+    /// A fresh count against the minimum transfer rate (`min_rate_bytes_per_sec`, checked
+    /// over each stall timeout's worth of waiting for the client).
+    pub fn rate_floor(&self) -> crate::rate::RateFloor {
+        crate::rate::RateFloor::new(self.config.min_rate_bytes_per_sec, self.stall_timeout())
+    }
+
     /// A [`Db`] over bucket `name` that shares the store's writer and key locks with every
     /// other bucket of this node (see [`Db::for_bucket`]).
     pub fn db_for(&self, name: &str) -> cairn_core::Result<Db> {

@@ -1,6 +1,7 @@
 //! The node's resource limits, over a real socket: a connection that never finishes its
 //! headers is closed, a stalled upload is cut and stores nothing, a reader that stops
-//! reading gives its transfer back, `max_transfers` answers 503, a shutdown stops waiting
+//! reading gives its transfer back, uploads and readers that trickle below the minimum
+//! rate are cut, `max_transfers` answers 503, a shutdown stops waiting
 //! after its grace period, metric labels stay bounded, and a client that half-closes after
 //! its request still gets the answer.
 
@@ -239,5 +240,110 @@ async fn a_stalled_small_body_is_cut_too() {
     let (st, v) = s.get_json("/v1/buckets").await;
     assert_eq!(st, 200);
     assert!(v["buckets"].as_array().unwrap().is_empty(), "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_upload_is_cut_and_stores_nothing() {
+    // Each byte comes well inside the stall timeout, but far below the floor.
+    let s = Server::start_with(|c| {
+        c.stall_timeout_secs = 0.5;
+        c.min_rate_bytes_per_sec = 10_000;
+    })
+    .await;
+    s.open_bucket("b").await;
+    let mut tcp = stalled_upload(&s).await;
+    let t0 = Instant::now();
+    let mut answer = String::new();
+    let mut buf = [0u8; 4096];
+    while t0.elapsed() < Duration::from_secs(10) {
+        if tcp.write_all(&[1u8]).await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if answer.contains("slow") {
+                    break;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(answer.contains("too slow"), "{answer}");
+    let (st, v) = s.get_json("/v1/buckets/b/objects/k").await;
+    assert_eq!(st, 404, "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_reader_gives_its_transfer_back() {
+    let s = Server::start_with(|c| {
+        c.stall_timeout_secs = 2.0;
+        c.min_rate_bytes_per_sec = 32 << 20;
+        c.max_transfers = 1;
+    })
+    .await;
+    s.open_bucket("b").await;
+    let data: Vec<u8> = (0..64u32 << 20)
+        .map(|i| i.wrapping_mul(2654435761) as u8)
+        .collect();
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/big")
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // A client that reads 1 MiB every 100 ms (about 10 MiB/s): never idle for the stall
+    // timeout, but below the floor. Unchecked, it would read all 64 MiB in about 7 s.
+    let mut slow = connect(&s).await;
+    slow.write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Once told to, it drains what the socket buffers hold at full speed: the node must
+    // have ended the connection short of the blob.
+    let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain_now = drain.clone();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0usize;
+        loop {
+            let fast = drain_now.load(std::sync::atomic::Ordering::Relaxed);
+            let want = if fast { buf.len() } else { 1 << 20 };
+            match slow.read(&mut buf[..want]).await {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got += n,
+            }
+            if !fast {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.get("/v1/buckets/b/objects/big").await.status(), 503);
+    // The floor cuts the trickling reader; the transfer comes back and the blob reads whole.
+    let t0 = Instant::now();
+    loop {
+        let r = s.get("/v1/buckets/b/objects/big").await;
+        if r.status() == 200 {
+            assert!(r.bytes().await.unwrap() == data[..], "read back differs");
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the trickling reader kept its transfer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drain.store(true, std::sync::atomic::Ordering::Relaxed);
+    let got = tokio::time::timeout(Duration::from_secs(30), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got < data.len(), "the trickling reader got everything");
     s.stop().await;
 }

@@ -73,6 +73,9 @@ pub fn body_error(e: &axum::Error) -> String {
         if c.is::<tower_http::timeout::TimeoutError>() {
             return "the request body stalled: it sent no bytes for the stall timeout".into();
         }
+        if let Some(slow) = c.downcast_ref::<crate::rate::TooSlow>() {
+            return format!("the request body was too slow: {slow}");
+        }
         cause = c.source();
     }
     e.to_string()
@@ -353,6 +356,8 @@ pub struct ChannelWriter {
     /// The runtime, whose timer bounds each hand-over.
     handle: tokio::runtime::Handle,
     stall: Duration,
+    /// The minimum rate at which the client must read (time blocked handing over counts).
+    floor: crate::rate::RateFloor,
     /// Pending bytes: `shared` (pieces handed over whole), then `buf` (bytes copied in).
     shared: Vec<Bytes>,
     shared_len: usize,
@@ -383,6 +388,7 @@ impl ChannelWriter {
         if self.buf.is_empty() && self.shared.is_empty() {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         let mut frames = std::mem::take(&mut self.shared);
         let mut n = std::mem::take(&mut self.shared_len) as u64;
         if !self.buf.is_empty() {
@@ -394,6 +400,10 @@ impl ChannelWriter {
             frames.push(chunk);
         }
         self.hand_over(Out::Data(frames))?;
+        let waited = t0.elapsed();
+        if let Err(e) = self.floor.record(n, waited) {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, e.to_string()));
+        }
         if let Some(label) = self.label {
             self.node
                 .metrics
@@ -493,6 +503,7 @@ where
             tx,
             handle,
             stall: node.stall_timeout(),
+            floor: node.rate_floor(),
             shared: Vec::new(),
             shared_len: 0,
             buf: BytesMut::with_capacity(OUT_CHUNK),
