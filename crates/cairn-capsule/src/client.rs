@@ -249,6 +249,20 @@ impl Reader {
         self.own.iter().rev().any(|(n, s)| n == name && s == sig)
     }
 
+    /// Checks a record proof against this reader's cache and own signatures; notes nothing.
+    fn check_record_proof(
+        &self,
+        target: &RecordName,
+        proof: &RecordProof,
+    ) -> Result<Vec<RecordName>> {
+        proof.verify_with(
+            &self.meta,
+            target,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )
+    }
+
     /// The capsule metadata.
     pub fn meta(&self) -> &CapsuleMetadata {
         &self.meta
@@ -301,12 +315,7 @@ impl Reader {
         target: &RecordName,
         proof: &RecordProof,
     ) -> Result<Vec<RecordName>> {
-        let names = proof.verify_with(
-            &self.meta,
-            target,
-            |h| self.cache.contains(h),
-            |n, s| self.is_own(n, s),
-        )?;
+        let names = self.check_record_proof(target, proof)?;
         self.note_verified(names.iter().map(|n| *n.hash()));
         Ok(names)
     }
@@ -345,12 +354,7 @@ impl Reader {
         body: Vec<u8>,
         proof: &RecordProof,
     ) -> Result<Vec<u8>> {
-        let names = proof.verify_with(
-            &self.meta,
-            target,
-            |h| self.cache.contains(h),
-            |n, s| self.is_own(n, s),
-        )?;
+        let names = self.check_record_proof(target, proof)?;
         let header = proof
             .chain
             .first()

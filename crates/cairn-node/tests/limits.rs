@@ -31,6 +31,46 @@ async fn stalled_upload(s: &Server) -> TcpStream {
     tcp
 }
 
+/// Stores `len` bytes of pseudo-random data as object `big` of open bucket `b`; returns them.
+async fn put_big(s: &Server, len: usize) -> Vec<u8> {
+    let mut x = 0x9E3779B97F4A7C15u64;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/big")
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    data
+}
+
+/// Asks for `big` until the one transfer is free again (503 until then, for at most
+/// `within`), then checks it reads back as `data`.
+async fn read_big_once_free(s: &Server, data: &[u8], within: Duration, why: &str) {
+    let t0 = Instant::now();
+    loop {
+        let r = s.get("/v1/buckets/b/objects/big").await;
+        if r.status() == 200 {
+            assert!(
+                r.bytes().await.unwrap() == data,
+                "the blob read back differs"
+            );
+            return;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(t0.elapsed() < within, "{why}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Reads until the peer closes, `want` shows up, or 10 s pass; returns what was read and
 /// whether the connection was closed.
 async fn read_until(tcp: &mut TcpStream, want: &str) -> (String, bool) {
@@ -101,22 +141,7 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
     .await;
     s.open_bucket("b").await;
     // More than the socket buffers and the node's read-ahead hold.
-    let mut x = 0x9E3779B97F4A7C15u64;
-    let data: Vec<u8> = (0..64u32 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    let r = s
-        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/big")
-        .body(data.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let data = put_big(&s, 64 << 20).await;
     // A client asks for it and reads nothing.
     let mut stalled = connect(&s).await;
     stalled
@@ -137,23 +162,8 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-length"], (64u64 << 20).to_string());
     // Once the stall timeout cuts the stalled reader, the blob reads back whole.
-    let t0 = Instant::now();
-    loop {
-        let r = s.get("/v1/buckets/b/objects/big").await;
-        if r.status() == 200 {
-            assert!(
-                r.bytes().await.unwrap() == data[..],
-                "the blob read back differs"
-            );
-            break;
-        }
-        assert_eq!(r.status(), 503);
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the transfer never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = "the transfer never came back";
+    read_big_once_free(&s, &data, Duration::from_secs(10), why).await;
     drop(stalled);
     s.stop().await;
 }
@@ -287,16 +297,7 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     })
     .await;
     s.open_bucket("b").await;
-    let data: Vec<u8> = (0..64u32 << 20)
-        .map(|i| i.wrapping_mul(2654435761) as u8)
-        .collect();
-    let r = s
-        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/big")
-        .body(data.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let data = put_big(&s, 64 << 20).await;
     // A client that reads 1 MiB every 100 ms (about 10 MiB/s): never idle for the stall
     // timeout, but below the floor. Unchecked, it would read all 64 MiB in about 7 s.
     let mut slow = connect(&s).await;
@@ -325,20 +326,8 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(s.get("/v1/buckets/b/objects/big").await.status(), 503);
     // The floor cuts the trickling reader; the transfer comes back and the blob reads whole.
-    let t0 = Instant::now();
-    loop {
-        let r = s.get("/v1/buckets/b/objects/big").await;
-        if r.status() == 200 {
-            assert!(r.bytes().await.unwrap() == data[..], "read back differs");
-            break;
-        }
-        assert_eq!(r.status(), 503);
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the trickling reader kept its transfer"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = "the trickling reader kept its transfer";
+    read_big_once_free(&s, &data, Duration::from_secs(20), why).await;
     drain.store(true, std::sync::atomic::Ordering::Relaxed);
     let got = tokio::time::timeout(Duration::from_secs(30), reader)
         .await
