@@ -136,6 +136,15 @@ impl Writer {
         }
     }
 
+    /// [`Writer::sign`], noting the signature in `reader` (this process reads what it
+    /// writes): a proof that comes back anchored on exactly this signature then skips its
+    /// Ed25519 check, since the signature was made here.
+    pub fn sign_for(&self, name: &RecordName, reader: &mut Reader) -> WriterSignature {
+        let sig = self.sign(name);
+        reader.trust_own_signature(*name, sig);
+        sig
+    }
+
     /// Write(subrecord) of the subrecord API: seals and buffers one subrecord; returns its
     /// name.
     pub fn write_subrecord(&mut self, plaintext: &[u8]) -> Result<Hash> {
@@ -232,11 +241,11 @@ impl Reader {
     }
 
     /// Notes a signature that this process made itself with one of the capsule's writer
-    /// keys ([`Writer::sign`]), for a reader that reads what it writes. A proof anchored
-    /// on a byte-equal copy of it, for the same name, then skips the Ed25519 check: a copy
-    /// of a signature made here is authentic, whoever sends it back. Any other signature
-    /// is checked as always. Keeps the newest [`OWN_SIGNATURES`].
-    pub fn trust_own_signature(&mut self, name: RecordName, sig: WriterSignature) {
+    /// keys (only [`Writer::sign_for`] calls this, so nothing received can be noted). A
+    /// proof anchored on a byte-equal copy of it, for the same name, then skips the
+    /// Ed25519 check: a copy of a signature made here is authentic, whoever sends it back.
+    /// Any other signature is checked as always. Keeps the newest [`OWN_SIGNATURES`].
+    fn trust_own_signature(&mut self, name: RecordName, sig: WriterSignature) {
         if self.own.len() == OWN_SIGNATURES {
             self.own.pop_front();
         }

@@ -861,43 +861,47 @@ fn a_reader_skips_only_its_own_signature_byte_for_byte() {
         panic!("a fresh reader's proof ends in a signature");
     };
     let anchor = good.chain.last().unwrap().name();
-    // A signature this process noted as its own is not checked again: even a bogus one
-    // passes, which shows the Ed25519 check was skipped (callers note only signatures
-    // they made).
-    let bogus = WriterSignature {
-        writer: ws.writer,
-        sig: SigningKey::from_seed(&[5; 32]).sign(cairn_capsule::proof::DOMAIN_RECORD, b"x"),
-    };
+    // A writer in this process whose key is not the capsule's (writer index 0 all the
+    // same): its signature is not authentic, so a proof anchored on it is refused...
+    let intruder = Writer::new(
+        CapsuleMetadata {
+            writers: vec![SigningKey::from_seed(&[3; 32]).public()],
+            ..meta.clone()
+        },
+        SigningKey::from_seed(&[3; 32]),
+        None,
+    )
+    .unwrap();
+    let mut plain = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    let bogus = intruder.sign(&anchor);
+    assert_eq!(bogus.writer, ws.writer);
+    assert_ne!(bogus, ws);
     let mut forged = good.clone();
     forged.anchor = Anchor::Signed(bogus);
-    let mut trusting = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
-    trusting.trust_own_signature(anchor, bogus);
-    trusting.verify_record(&names[1], &forged).unwrap();
-    // Everything else is still checked: the same bogus signature on another name, another
-    // signature on the noted name, and a reader that noted nothing.
-    let mut other = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
-    other.trust_own_signature(names[19], bogus);
-    assert!(matches!(
-        other.verify_record(&names[1], &forged),
-        Err(Error::Rejected(_))
-    ));
-    let mut noted = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
-    noted.trust_own_signature(anchor, ws);
-    assert!(matches!(
-        noted.verify_record(&names[1], &forged),
-        Err(Error::Rejected(_))
-    ));
-    noted.verify_record(&names[1], &good).unwrap();
-    let mut plain = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
     assert!(matches!(
         plain.verify_record(&names[1], &forged),
         Err(Error::Rejected(_))
     ));
+    // ... unless the reader was told this process made it (`sign_for`): then the Ed25519
+    // check is skipped, which is what it is for.
+    let mut trusting = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    assert_eq!(intruder.sign_for(&anchor, &mut trusting), bogus);
+    trusting.verify_record(&names[1], &forged).unwrap();
+    // Noted for another name, it is checked (and refused).
+    let mut other = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    intruder.sign_for(&names[19], &mut other);
+    assert!(other.verify_record(&names[1], &forged).is_err());
+    // The real writer's own signature noted: the forged proof is still refused, the good
+    // one passes.
+    let mut own = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    assert_eq!(w.sign_for(&anchor, &mut own), ws);
+    assert!(own.verify_record(&names[1], &forged).is_err());
+    own.verify_record(&names[1], &good).unwrap();
     // Only the newest OWN_SIGNATURES are remembered.
     let mut forgetful = Reader::new(c, meta, CachePolicy::Off, None).unwrap();
-    forgetful.trust_own_signature(anchor, bogus);
-    for _ in 0..OWN_SIGNATURES {
-        forgetful.trust_own_signature(names[0], ws);
+    intruder.sign_for(&anchor, &mut forgetful);
+    for n in names.iter().cycle().take(OWN_SIGNATURES) {
+        w.sign_for(n, &mut forgetful);
     }
     assert!(forgetful.verify_record(&names[1], &forged).is_err());
 }

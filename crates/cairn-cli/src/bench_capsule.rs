@@ -18,7 +18,7 @@
 //!   the writer's signature of its newest record; a get looks the key up in the client's
 //!   index and reads the record, with proofs on as one read-and-prove whose proof the
 //!   reader verifies; the reader is the writer, so a proof anchored on the writer's own
-//!   signature skips re-checking it, `Reader::trust_own_signature`), against redb at the
+//!   signature skips re-checking it, `Writer::sign_for`), against redb at the
 //!   same durability.
 //! - `conc` (§6.5, Figure 9): C closed-loop clients, one request at a time, with
 //!   throughput and latency percentiles for writes, reads and proofs.
@@ -1394,9 +1394,7 @@ impl CapsuleKv {
             // proof comes back anchored on it.
             let sigs = match wrote.last() {
                 Some(last) if self.proofs => {
-                    let sig = self.c.writer.sign(last);
-                    self.c.reader.trust_own_signature(*last, sig);
-                    vec![(*last, sig)]
+                    vec![(*last, self.c.writer.sign_for(last, &mut self.c.reader))]
                 }
                 _ => Vec::new(),
             };

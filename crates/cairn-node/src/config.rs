@@ -8,7 +8,7 @@
 //! max_upload_bytes = 5368709120   # 5 GiB
 //! write_queue = 256               # writers waiting on one path before 503 + Retry-After
 //! leaf_size = 65536               # average POS-tree leaf of new buckets (bytes)
-//! page_cache_window_mib = 256     # newest log data kept in the page cache (0: all)
+//! page_cache_window_mib = 256     # sealed log data kept in the page cache (0: all)
 //! stall_timeout_secs = 60         # a transfer that moves no byte this long is cut
 //! min_rate_bytes_per_sec = 500    # ... and one slower than this, counted over that window
 //! log_format = "text"             # text | json
@@ -270,6 +270,9 @@ impl Config {
         cairn_object::TreeConfig::default()
             .with_leaf_target(self.leaf_size)
             .context("leaf_size")?;
+        if self.min_rate_bytes_per_sec > 1 << 30 {
+            bail!("min_rate_bytes_per_sec must be at most 1073741824 (0: no minimum)");
+        }
         if self.page_cache_window_mib > 1 << 30 {
             bail!("page_cache_window_mib must be at most 1073741824 (0 keeps everything)");
         }

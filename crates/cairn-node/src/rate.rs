@@ -131,7 +131,10 @@ where
                     .waiting_since
                     .take()
                     .map_or(Duration::ZERO, |t| t.elapsed());
-                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                // Only data counts: trailers (or an empty frame) neither help nor hurt.
+                let Some(n) = frame.data_ref().map(|d| d.len() as u64) else {
+                    return Poll::Ready(Some(Ok(frame)));
+                };
                 match this.floor.record(n, waited) {
                     Ok(()) => Poll::Ready(Some(Ok(frame))),
                     Err(e) => Poll::Ready(Some(Err(Box::new(e)))),

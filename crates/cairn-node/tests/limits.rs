@@ -257,7 +257,7 @@ async fn a_stalled_small_body_is_cut_too() {
 async fn a_trickled_upload_is_cut_and_stores_nothing() {
     // Each byte comes well inside the stall timeout, but far below the floor.
     let s = Server::start_with(|c| {
-        c.stall_timeout_secs = 0.5;
+        c.stall_timeout_secs = 1.0;
         c.min_rate_bytes_per_sec = 10_000;
     })
     .await;
@@ -292,7 +292,7 @@ async fn a_trickled_upload_is_cut_and_stores_nothing() {
 async fn a_trickling_reader_gives_its_transfer_back() {
     let s = Server::start_with(|c| {
         c.stall_timeout_secs = 2.0;
-        c.min_rate_bytes_per_sec = 32 << 20;
+        c.min_rate_bytes_per_sec = 16 << 20;
         c.max_transfers = 1;
     })
     .await;
@@ -308,10 +308,13 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     // have ended the connection short of the blob.
     let drain = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let drain_now = drain.clone();
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let progress_now = progress.clone();
     let reader = tokio::spawn(async move {
         let mut buf = vec![0u8; 1 << 20];
         let mut got = 0usize;
         loop {
+            progress_now.store(got, std::sync::atomic::Ordering::Relaxed);
             let fast = drain_now.load(std::sync::atomic::Ordering::Relaxed);
             let want = if fast { buf.len() } else { 1 << 20 };
             match slow.read(&mut buf[..want]).await {
@@ -323,7 +326,15 @@ async fn a_trickling_reader_gives_its_transfer_back() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Once the slow reader has its transfer, a second reader is turned away.
+    let t0 = Instant::now();
+    while progress.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the slow read never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(s.get("/v1/buckets/b/objects/big").await.status(), 503);
     // The floor cuts the trickling reader; the transfer comes back and the blob reads whole.
     let why = "the trickling reader kept its transfer";

@@ -214,9 +214,10 @@ pub struct LogStoreOptions {
     /// is written (default 64 MiB; they must also be twice the size of the last snapshot).
     /// Compaction writes one too when it needs to delete a segment holding commit records.
     pub refs_log_max: u64,
-    /// Bytes of the most recently written log kept in the page cache (default 256 MiB;
-    /// `None`: all of it, until the kernel needs the memory). Older parts are dropped from
-    /// the page cache once written back (`posix_fadvise(DONTNEED)`, Linux only), so that
+    /// Bytes of the most recently written log kept in the page cache besides the active
+    /// segment (default 256 MiB; `None`: all of it, until the kernel needs the memory).
+    /// Sealed segments are dropped from the page cache once this many bytes were written
+    /// after them (`posix_fadvise(DONTNEED)`, 8 MiB at a time, Linux only), so that
     /// writing keeps reusing the same memory instead of taking fresh pages: on a virtual
     /// machine that hands freed memory back to its host, a write into never-touched
     /// memory cost about six times the CPU of one into reused memory (see
@@ -373,13 +374,8 @@ struct Writer {
     /// Bytes written to the segments sealed since the store was opened: the position of the
     /// active segment's first byte in the stream of everything written since then.
     base: u64,
-    /// Offset of the active segment up to which it was dropped from the page cache (see
+    /// Ranges of sealed segments not yet dropped from the page cache, oldest first (see
     /// [`LogStoreOptions::page_cache_window`]).
-    dropped: u64,
-    /// Start of the last range dropped: asked again with the next one, since pages that were
-    /// still dirty then stayed (the request started their writeback).
-    redrop: u64,
-    /// Ranges of sealed segments not yet dropped from the page cache, oldest first.
     behind: VecDeque<Behind>,
 }
 
@@ -423,42 +419,38 @@ impl Writer {
         self.seg.flushed.load(Ordering::Acquire) + self.buf.len() as u64
     }
 
-    /// Drops from the page cache what was written more than `window` bytes before the end of
-    /// the data written so far, [`DROP_STEP`] bytes at a time (`None`: never). Sealed
-    /// segments are synced, so one request drops their pages; the active segment's pages
-    /// may still be dirty (not yet written back), so each range is asked twice.
-    fn drop_behind(&mut self, window: Option<u64>) {
+    /// The parts of sealed segments written more than `window` bytes before the end of the
+    /// data written so far, [`DROP_STEP`] bytes at a time (`None`: none), to be dropped from
+    /// the page cache by [`drop_cached`]. Sealed segments were synced when sealed, so their
+    /// pages are clean and one request drops them. The active segment is never dropped: its
+    /// commit records are read back when it is sealed.
+    fn drop_behind(&mut self, window: Option<u64>) -> Vec<(Arc<Segment>, u64, u64)> {
+        let mut jobs = Vec::new();
         let Some(window) = window else {
-            return;
+            return jobs;
         };
         let flushed = self.seg.flushed.load(Ordering::Acquire);
         let Some(cut) = (self.base + flushed).checked_sub(window) else {
-            return;
+            return jobs;
         };
         while let Some(b) = self.behind.front_mut() {
             let upto = b.to.min(b.from + cut.saturating_sub(b.at));
             if upto < b.to && upto < b.from + DROP_STEP {
-                return;
+                break;
             }
             if upto > b.from
                 && let Some(seg) = b.seg.upgrade()
             {
-                segment::drop_cached(&seg.file, b.from, upto - b.from);
+                jobs.push((seg, b.from, upto - b.from));
             }
             if upto < b.to {
                 b.at += upto - b.from;
                 b.from = upto;
-                return;
+                break;
             }
             self.behind.pop_front();
         }
-        let upto = cut.saturating_sub(self.base).min(flushed);
-        if upto < self.dropped + DROP_STEP {
-            return;
-        }
-        segment::drop_cached(&self.seg.file, self.redrop, upto - self.redrop);
-        self.redrop = self.dropped;
-        self.dropped = upto;
+        jobs
     }
 
     fn append(
@@ -947,8 +939,6 @@ impl LogStore {
                 alloc_end: 0,
                 writeback: 0,
                 base: 0,
-                dropped: 0,
-                redrop: 0,
                 behind: VecDeque::new(),
             }),
             lookup: RwLock::new(map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
@@ -1069,10 +1059,12 @@ impl LogStore {
             if self.opts.durability != Durability::Buffered {
                 w.start_writeback();
             }
-            w.drop_behind(self.opts.page_cache_window);
         }
         if w.end() >= self.opts.segment_size {
             self.roll(w)?;
+            // A large put may roll many segments before its commit: drop them as it goes
+            // (sealed segments are clean, so this starts no disk writes).
+            drop_cached(w.drop_behind(self.opts.page_cache_window));
         }
         Ok(())
     }
@@ -1095,16 +1087,14 @@ impl LogStore {
         if self.opts.page_cache_window.is_some() {
             w.behind.push_back(Behind {
                 seg: Arc::downgrade(&old),
-                from: w.redrop,
+                from: 0,
                 to: end,
-                at: w.base + w.redrop,
+                at: w.base,
             });
         }
         w.base += end;
         w.seg = new;
         w.writeback = 0;
-        w.dropped = 0;
-        w.redrop = 0;
         let hints = std::mem::take(&mut w.hints);
         let mut commits = std::mem::take(&mut w.commits);
         let damaged = std::mem::replace(&mut w.damaged, false);
@@ -1266,11 +1256,12 @@ impl LogStore {
         if self.failed_flag.load(Ordering::Acquire) {
             return;
         }
-        {
+        let jobs = {
             let mut w = self.writer.lock();
             w.prealloc();
-            w.drop_behind(self.opts.page_cache_window);
-        }
+            w.drop_behind(self.opts.page_cache_window)
+        };
+        drop_cached(jobs);
         if !self.refs.read().pending.is_empty() {
             drain_pending(&mut self.refs.write());
         }
@@ -1863,6 +1854,13 @@ impl RefStore for LogStore {
 
     fn durability(&self) -> Durability {
         self.opts.durability
+    }
+}
+
+/// Drops the given ranges of segments from the page cache (see [`Writer::drop_behind`]).
+fn drop_cached(jobs: Vec<(Arc<Segment>, u64, u64)>) {
+    for (seg, from, len) in jobs {
+        segment::drop_cached(&seg.file, from, len);
     }
 }
 

@@ -759,6 +759,10 @@ pub(crate) fn start_writeback(file: &File, off: u64, len: u64) {
 #[cfg(target_os = "linux")]
 pub(crate) fn drop_cached(file: &File, off: u64, len: u64) {
     use std::os::fd::AsRawFd;
+    // A length of 0 would mean "to the end of the file".
+    if len == 0 {
+        return;
+    }
     let (Ok(off), Ok(len)) = (libc::off64_t::try_from(off), libc::off64_t::try_from(len)) else {
         return;
     };

@@ -294,20 +294,54 @@ fn a_rotted_last_commit_header_is_reported_wherever_it_lies() {
     }
 }
 
+/// Pages of `path` in the page cache and pages in all, by `mincore`; `None` on tmpfs,
+/// whose pages `posix_fadvise` cannot drop.
+#[cfg(target_os = "linux")]
+fn resident_pages(path: &std::path::Path) -> Option<(usize, usize)> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a zeroed statfs is a valid out-parameter; the descriptor is open.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) }, 0);
+    if st.f_type as i64 == 0x0102_1994 || len == 0 {
+        return None;
+    }
+    let page = 4096usize;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a private read-only mapping of an open file, unmapped before returning;
+    // `vec` has one byte per page of it.
+    unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(m, len, vec.as_mut_ptr()), 0);
+        libc::munmap(m, len);
+    }
+    Some((vec.iter().filter(|b| **b & 1 == 1).count(), pages))
+}
+
 #[test]
-fn the_page_cache_window_follows_the_write_head_and_loses_nothing() {
+fn the_page_cache_window_drops_old_segments_and_loses_nothing() {
     const MIB: u64 = 1 << 20;
     for durability in Durability::ALL {
         let dir = tempfile::tempdir().unwrap();
         let opts = LogStoreOptions {
             durability,
             segment_size: 4 * MIB,
-            page_cache_window: Some(2 * MIB),
+            page_cache_window: Some(4 * MIB),
             ..Default::default()
         };
         let s = LogStore::open(dir.path(), opts.clone()).unwrap();
         let mut cids = Vec::new();
-        for i in 0..480u32 {
+        for i in 0..640u32 {
             let mut chunk: Vec<u8> = (0..64 << 10).map(|j| (i * 31 + j) as u8).collect();
             chunk[..4].copy_from_slice(&i.to_le_bytes());
             cids.push(s.put(&chunk).unwrap());
@@ -319,27 +353,37 @@ fn the_page_cache_window_follows_the_write_head_and_loses_nothing() {
                 .unwrap();
             }
         }
-        {
+        let written = {
             let w = s.writer.lock();
             let written = w.base + w.seg.flushed.load(Ordering::Acquire);
-            assert!(written > 30 * MIB, "{durability:?}: {written}");
-            // Everything up to a step short of the window is dropped (or asked to be):
-            // sealed segments behind it are gone from the list, the active one's cursor
-            // follows the head.
-            let kept: u64 = w.behind.iter().map(|b| b.to - b.from).sum::<u64>()
-                + (w.seg.flushed.load(Ordering::Acquire) - w.dropped);
+            assert!(written > 40 * MIB, "{durability:?}: {written}");
+            // What is still to be dropped lies within the window and one step of it.
+            let kept: u64 = w.behind.iter().map(|b| b.to - b.from).sum();
             assert!(
-                kept <= 2 * MIB + DROP_STEP + opts.segment_size,
-                "{durability:?}: {kept} bytes never dropped; behind {:?}, dropped {} of {}",
-                w.behind
-                    .iter()
-                    .map(|b| (b.from, b.to, b.at))
-                    .collect::<Vec<_>>(),
-                w.dropped,
-                w.base
+                kept <= 4 * MIB + DROP_STEP,
+                "{durability:?}: {kept} bytes of sealed segments never dropped"
             );
-            assert!(w.behind.len() <= 3, "{durability:?}: {}", w.behind.len());
-            assert!(w.redrop <= w.dropped);
+            written
+        };
+        // The sealed segments that ended a window and a step before the end are out of
+        // the page cache (checked where the file system lets pages go).
+        #[cfg(target_os = "linux")]
+        {
+            let paths = s.segment_paths();
+            let mut end = 0u64;
+            for p in &paths[..paths.len() - 1] {
+                end += std::fs::metadata(p).unwrap().len();
+                if end + 4 * MIB + DROP_STEP > written {
+                    break;
+                }
+                if let Some((resident, pages)) = resident_pages(p) {
+                    assert!(
+                        resident * 10 <= pages,
+                        "{durability:?}: {} keeps {resident} of {pages} pages cached",
+                        p.display()
+                    );
+                }
+            }
         }
         for (i, c) in cids.iter().enumerate() {
             let got = s.get(c).unwrap().unwrap();
@@ -354,7 +398,7 @@ fn the_page_cache_window_follows_the_write_head_and_loses_nothing() {
         }
         assert_eq!(
             s.get_ref(b"n").unwrap().unwrap().as_ref(),
-            479u32.to_le_bytes()
+            639u32.to_le_bytes()
         );
     }
 }
@@ -376,5 +420,4 @@ fn without_a_window_nothing_is_tracked() {
     let w = s.writer.lock();
     assert!(w.base > 2 << 20);
     assert!(w.behind.is_empty());
-    assert_eq!(w.dropped, 0);
 }
