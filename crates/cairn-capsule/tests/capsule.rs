@@ -27,6 +27,19 @@ fn setup() -> (CapsuleServer, Writer, CapsuleMetadata, BodyKey) {
 }
 
 /// Writes `n` records, signing every `per_sig`-th (and the last); returns their names.
+/// A writer whose key is not one of the capsule's writers (at writer index 0 all the same).
+fn intruder(meta: &CapsuleMetadata) -> Writer {
+    Writer::new(
+        CapsuleMetadata {
+            writers: vec![SigningKey::from_seed(&[3; 32]).public()],
+            ..meta.clone()
+        },
+        SigningKey::from_seed(&[3; 32]),
+        None,
+    )
+    .unwrap()
+}
+
 fn write_chain(
     server: &CapsuleServer,
     w: &mut Writer,
@@ -129,15 +142,7 @@ fn server_refuses_bad_writes_and_changes_nothing() {
     ));
     // A forged signature: made by a key that is not a writer.
     let r = w.record(b"z", &[]).unwrap();
-    let intruder = Writer::new(
-        CapsuleMetadata {
-            writers: vec![SigningKey::from_seed(&[3; 32]).public()],
-            ..meta.clone()
-        },
-        SigningKey::from_seed(&[3; 32]),
-        None,
-    )
-    .unwrap();
+    let intruder = intruder(&meta);
     let forged = intruder.sign(&r.name());
     assert!(matches!(
         server.write(&c, std::slice::from_ref(&r), &[(r.name(), forged)]),
@@ -863,15 +868,7 @@ fn a_reader_skips_only_its_own_signature_byte_for_byte() {
     let anchor = good.chain.last().unwrap().name();
     // A writer in this process whose key is not the capsule's (writer index 0 all the
     // same): its signature is not authentic, so a proof anchored on it is refused...
-    let intruder = Writer::new(
-        CapsuleMetadata {
-            writers: vec![SigningKey::from_seed(&[3; 32]).public()],
-            ..meta.clone()
-        },
-        SigningKey::from_seed(&[3; 32]),
-        None,
-    )
-    .unwrap();
+    let intruder = intruder(&meta);
     let mut plain = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
     let bogus = intruder.sign(&anchor);
     assert_eq!(bogus.writer, ws.writer);
