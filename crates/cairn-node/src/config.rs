@@ -62,9 +62,10 @@ pub struct Config {
     /// engine's 4 KiB default, at the cost of coarser dedup between versions. A bucket
     /// keeps the size it was created with (see `docs/node.md`).
     pub leaf_size: u64,
-    /// MiB of the most recently written log kept in the page cache; older parts are dropped
-    /// from it once written back, so that writes reuse memory (0: leave it all to the
-    /// kernel). See `cairn_store::LogStoreOptions::page_cache_window`.
+    /// MiB of the most recently written log kept in the page cache besides the active
+    /// segment; older parts of sealed segments are dropped from it, so that writes reuse
+    /// memory (0: leave it all to the kernel). See
+    /// `cairn_store::LogStoreOptions::page_cache_window`.
     pub page_cache_window_mib: u64,
     /// Log format on stderr: `text` or `json`.
     pub log_format: LogFormat,

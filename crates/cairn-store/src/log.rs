@@ -385,8 +385,9 @@ struct Behind {
     seg: std::sync::Weak<Segment>,
     from: u64,
     to: u64,
-    /// Position of `from` in the stream of everything written since the store was opened.
-    at: u64,
+    /// Position of the segment's first byte in the stream of everything written since the
+    /// store was opened.
+    start: u64,
 }
 
 /// Bytes that must pass out of the page-cache window before the next part of the log is
@@ -434,7 +435,7 @@ impl Writer {
             return jobs;
         };
         while let Some(b) = self.behind.front_mut() {
-            let upto = b.to.min(b.from + cut.saturating_sub(b.at));
+            let upto = b.to.min(cut.saturating_sub(b.start)).max(b.from);
             if upto < b.to && upto < b.from + DROP_STEP {
                 break;
             }
@@ -444,7 +445,6 @@ impl Writer {
                 jobs.push((seg, b.from, upto - b.from));
             }
             if upto < b.to {
-                b.at += upto - b.from;
                 b.from = upto;
                 break;
             }
@@ -1089,7 +1089,7 @@ impl LogStore {
                 seg: Arc::downgrade(&old),
                 from: 0,
                 to: end,
-                at: w.base,
+                start: w.base,
             });
         }
         w.base += end;

@@ -388,7 +388,6 @@ impl ChannelWriter {
         if self.buf.is_empty() && self.shared.is_empty() {
             return Ok(());
         }
-        let t0 = std::time::Instant::now();
         let mut frames = std::mem::take(&mut self.shared);
         let mut n = std::mem::take(&mut self.shared_len) as u64;
         if !self.buf.is_empty() {
@@ -399,6 +398,7 @@ impl ChannelWriter {
             n += chunk.len() as u64;
             frames.push(chunk);
         }
+        let t0 = std::time::Instant::now();
         self.hand_over(Out::Data(frames))?;
         let waited = t0.elapsed();
         if let Err(e) = self.floor.record(n, waited) {

@@ -752,6 +752,10 @@ pub(crate) fn start_writeback(file: &File, off: u64, len: u64) {
     }
 }
 
+/// Elsewhere there is no `sync_file_range`: the commit's `fdatasync` does all the work.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn start_writeback(_file: &File, _off: u64, _len: u64) {}
+
 /// Asks the kernel to drop `len` bytes of `file` from `off` from the page cache
 /// (`posix_fadvise(POSIX_FADV_DONTNEED)`). Pages still dirty are not dropped (the call
 /// starts their writeback instead), so no data is lost; reads of the range afterwards come
@@ -776,7 +780,3 @@ pub(crate) fn drop_cached(file: &File, off: u64, len: u64) {
 /// Elsewhere the page cache is left to the kernel.
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn drop_cached(_file: &File, _off: u64, _len: u64) {}
-
-/// Elsewhere there is no `sync_file_range`: the commit's `fdatasync` does all the work.
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn start_writeback(_file: &File, _off: u64, _len: u64) {}
