@@ -301,6 +301,25 @@ fn subrecord_proof_seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
+fn subrecords_proof_seeds() -> Vec<Vec<u8>> {
+    let f = capsule::fixture();
+    let mut seeds = Vec::new();
+    for (k, v) in f.subrecords_proofs.iter().enumerate() {
+        let mut raw = vec![(v.list as u8) << 1];
+        raw.extend_from_slice(&v.bytes);
+        seeds.push(raw);
+        seeds.push(vec![1, k as u8]);
+    }
+    // The stray list, with the mixed list's proof; and mutations of a sibling and a position.
+    let stray = (f.sub_lists.len() - 1) as u8;
+    let mut raw = vec![stray << 1];
+    raw.extend_from_slice(&f.subrecords_proofs[2].bytes);
+    seeds.push(raw);
+    seeds.push(vec![1, 3, 0, 8, 0, 1]);
+    seeds.push(vec![1, 2, 0, 4, 0, 2]);
+    seeds
+}
+
 fn merkle_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     for algo in [HashAlgo::Blake3, HashAlgo::Sha256] {
@@ -358,6 +377,7 @@ fn check_capsule_seeds(all: &[(&str, Vec<Vec<u8>>)]) {
             "record_header" => capsule::run_record_header,
             "record_proof" => capsule::run_record_proof,
             "subrecord_proof" => capsule::run_subrecord_proof,
+            "subrecords_proof" => capsule::run_subrecords_proof,
             "merkle_proofs" => cairn_fuzz::merkle::run,
             _ => unreachable!(),
         };
@@ -380,6 +400,7 @@ fn main() {
         ("record_header", record_header_seeds()),
         ("record_proof", record_proof_seeds()),
         ("subrecord_proof", subrecord_proof_seeds()),
+        ("subrecords_proof", subrecords_proof_seeds()),
         ("merkle_proofs", merkle_seeds()),
     ];
     check_capsule_seeds(&capsule_seeds);

@@ -1,6 +1,6 @@
 //! Targets for `cairn-capsule`'s decoders and verifiers: `capsule_metadata`,
-//! `record_header`, `record_proof`, `subrecord_proof` (this module) and `merkle_proofs`
-//! ([`crate::merkle`]).
+//! `record_header`, `record_proof`, `subrecord_proof`, `subrecords_proof` (this module)
+//! and `merkle_proofs` ([`crate::merkle`]).
 //!
 //! Every decoder must be canonical (a value that decodes re-encodes to exactly the input
 //! bytes) and every verifier must return `Ok` or `Err`, never panic. The proof targets also
@@ -25,6 +25,12 @@
 //!           encoding; (`record_proof` only) with bit 1 also set, "read-and-prove": the
 //!           valid proof is one without a session, the edits apply to
 //!           `len (u32 LE) ‖ body ‖ proof`, and `Reader::verify_read` checks the pair:
+//!
+//! `subrecords_proof` (multiproofs): bit 0 clear, "raw": the rest is an encoded
+//! multiproof, verified for the fixture's list of subrecords numbered mode >> 1 (modulo;
+//! the last list holds a name that is in no tree); bit 0 set, "mutation": next byte =
+//! which valid multiproof (modulo), then edits as above.
+//!
 //! u8 op     low 2 bits: 0 xor · 1 set · 2 insert · 3 delete
 //! u16 off   little-endian, modulo the current length (length + 1 for insert)
 //! u8 val
@@ -37,7 +43,7 @@ use cairn_capsule::merkle::{self, MerkleLog};
 use cairn_capsule::proof::{subrecord_leaf, subrecord_name};
 use cairn_capsule::{
     Anchor, BodyCipher, CachePolicy, CapsuleMetadata, CapsuleServer, RecordHeader, RecordName,
-    RecordProof, ServerOptions, SubrecordProof, Writer,
+    RecordProof, ServerOptions, SubrecordProof, SubrecordsProof, Writer,
 };
 use cairn_core::{Decoder, Encoder, Hash, HashAlgo, SigningKey};
 use cairn_store::{MemoryStore, Store};
@@ -148,6 +154,22 @@ pub struct Fixture {
     pub record_proofs: Vec<ValidRecordProof>,
     /// Valid subrecord proofs: one without a session per subrecord, then session proofs.
     pub subrecord_proofs: Vec<ValidSubrecordProof>,
+    /// Lists of subrecords the multiproofs are for; the last holds a name in no tree.
+    pub sub_lists: Vec<Vec<Hash>>,
+    /// Valid multiproofs, for the lists without a session, then with one.
+    pub subrecords_proofs: Vec<ValidSubrecordsProof>,
+}
+
+/// A valid multiproof of the fixture and what verifying it must give.
+pub struct ValidSubrecordsProof {
+    /// The list proved (one of [`Fixture::sub_lists`]).
+    pub list: usize,
+    /// Its encoding.
+    pub bytes: Vec<u8>,
+    /// What `verify_with` returns for it: per group, the root and the record names.
+    pub verified: Vec<(Hash, Vec<RecordName>)>,
+    /// Names the verifier trusts.
+    pub trusted: Vec<Hash>,
 }
 
 /// Writer keys of the fixture.
@@ -248,6 +270,8 @@ fn build_fixture() -> Fixture {
         trusted: Vec::new(),
         record_proofs: Vec::new(),
         subrecord_proofs: Vec::new(),
+        sub_lists: Vec::new(),
+        subrecords_proofs: Vec::new(),
     };
     let mut w = Writer::new(meta.clone(), k0, None).unwrap();
     for i in 0..13 {
@@ -341,6 +365,41 @@ fn build_fixture() -> Fixture {
             });
         }
     }
+    // Multiproofs: all of S1, all of S2, a mix of both out of order, a few of S1.
+    let (s1_subs, s2_subs) = f.subs.split_at(13);
+    f.sub_lists = vec![
+        s1_subs.to_vec(),
+        s2_subs.to_vec(),
+        vec![s1_subs[3], s2_subs[5], s1_subs[12], s1_subs[0], s2_subs[1]],
+        vec![s1_subs[1], s1_subs[2], s1_subs[7]],
+    ];
+    for session in [false, true] {
+        for (list, subs) in f.sub_lists.iter().enumerate() {
+            let proof = server
+                .prove_subrecords(&c, subs, session.then_some(sid))
+                .unwrap()
+                .proof;
+            let trusted = if session {
+                f.trusted.clone()
+            } else {
+                Vec::new()
+            };
+            let verified = proof
+                .verify_with(&meta, subs, |h| trusted.contains(h), |_, _| false)
+                .unwrap();
+            let mut e = Encoder::new();
+            proof.encode(&mut e);
+            f.subrecords_proofs.push(ValidSubrecordsProof {
+                list,
+                bytes: e.finish(),
+                verified,
+                trusted,
+            });
+        }
+    }
+    let mut stray = f.sub_lists[2].clone();
+    stray.push(subrecord_name(f.meta.algo, b"not a subrecord"));
+    f.sub_lists.push(stray);
     assert!(
         f.record_proofs
             .iter()
@@ -595,6 +654,101 @@ fn check_subrecord(
                 "cut proof ends at an untrusted node"
             );
         }
+    }
+}
+
+fn decode_subrecords_proof(bytes: &[u8]) -> Option<SubrecordsProof> {
+    let mut d = Decoder::new(bytes, "subrecords proof");
+    let p = SubrecordsProof::decode(&mut d).ok()?;
+    d.finish().ok()?;
+    let mut e = Encoder::new();
+    p.encode(&mut e);
+    assert_eq!(
+        e.finish(),
+        bytes,
+        "SubrecordsProof::decode accepted non-canonical bytes: {p:?}"
+    );
+    Some(p)
+}
+
+/// Checks what `SubrecordsProof::verify_with` returned for `list`: every name is a
+/// subrecord of the fixture, each group's leaves sit where the fixture put them, in one
+/// record, whose true subrecord root was returned, and its record proof checks out.
+fn check_subrecords(
+    f: &Fixture,
+    list: &[Hash],
+    p: &SubrecordsProof,
+    verified: &[(Hash, Vec<RecordName>)],
+    trusted: &HashSet<Hash>,
+) {
+    assert_eq!(verified.len(), p.groups.len(), "one result per group");
+    let mut proven = vec![0u32; list.len()];
+    for (g, (root, names)) in p.groups.iter().zip(verified) {
+        let mut record = None;
+        for &(index, at) in &g.leaves {
+            let sub = &list[at as usize];
+            proven[at as usize] += 1;
+            let Some(pos) = f.positions.get(sub) else {
+                panic!("FORGERY: verified subrecord {sub}, which is in no record: {p:?}");
+            };
+            assert_eq!(index, pos.index, "FORGERY: verified at another index");
+            assert!(
+                record.is_none_or(|r| r == pos.record),
+                "FORGERY: one group proves subrecords of two records"
+            );
+            record = Some(pos.record);
+            assert_eq!(
+                pos.nodes.last(),
+                Some(root),
+                "FORGERY: verified another subrecord root"
+            );
+        }
+        let record = record.expect("a verified group proves a leaf");
+        assert_eq!(names.first(), Some(&record), "proved another record");
+        check_record_names(f, &g.record, &record, names, trusted);
+    }
+    assert!(proven.iter().all(|&n| n == 1), "every name proven once");
+}
+
+/// `subrecords_proof` (input format in the module documentation).
+pub fn run_subrecords_proof(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let f = fixture();
+    if mode & 1 == 0 {
+        let list = &f.sub_lists[(mode >> 1) as usize % f.sub_lists.len()];
+        let trusted: HashSet<Hash> = f.trusted.iter().copied().collect();
+        let Some(p) = decode_subrecords_proof(rest) else {
+            return;
+        };
+        if let Ok(v) = p.verify_with(&f.meta, list, |h| trusted.contains(h), |_, _| false) {
+            check_subrecords(f, list, &p, &v, &trusted);
+        }
+        return;
+    }
+    let [which, edits @ ..] = rest else {
+        return;
+    };
+    let v = &f.subrecords_proofs[*which as usize % f.subrecords_proofs.len()];
+    let mut bytes = v.bytes.clone();
+    apply_edits(&mut bytes, edits);
+    let Some(p) = decode_subrecords_proof(&bytes) else {
+        return;
+    };
+    let trusted: HashSet<Hash> = v.trusted.iter().copied().collect();
+    let list = &f.sub_lists[v.list];
+    if let Ok(got) = p.verify_with(&f.meta, list, |h| trusted.contains(h), |_, _| false) {
+        check_subrecords(f, list, &p, &got, &trusted);
+        // Groups may come in another order; each must verify what the original did.
+        let mut got = got;
+        let mut want = v.verified.clone();
+        got.sort();
+        want.sort();
+        assert_eq!(
+            got, want,
+            "FORGERY: mutated multiproof verifies other names"
+        );
     }
 }
 

@@ -84,12 +84,14 @@ pub fn run_wire_request(data: &[u8]) {
         | Request::Metadata { .. }
         | Request::Read { .. }
         | Request::ReadSubrecord { .. }
+        | Request::ReadSubrecords { .. }
         | Request::Subrecords { .. }
         | Request::QueryFresh { .. }
         | Request::LogInclusion { .. }
         | Request::LogConsistency { .. } => true,
         Request::Prove { session, .. }
         | Request::ProveSubrecord { session, .. }
+        | Request::ProveSubrecords { session, .. }
         | Request::ReadProve { session, .. } => session.is_none(),
         _ => false,
     };
@@ -298,6 +300,15 @@ pub fn requests() -> Vec<Request> {
             capsule: c,
             sub: f.subs[3],
             session: None,
+        },
+        Request::ProveSubrecords {
+            capsule: c,
+            subs: vec![f.subs[4], f.subs[0], f.subs[2]],
+            session: None,
+        },
+        Request::ReadSubrecords {
+            capsule: c,
+            subs: vec![f.subs[1], f.subs[3]],
         },
         Request::ReadProve {
             capsule: c,

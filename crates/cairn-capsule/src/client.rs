@@ -8,7 +8,8 @@ use cairn_core::{Error, Hash, Result, SigningKey};
 use crate::cache::{CachePolicy, MirrorMode, VerificationCache};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
-    DOMAIN_RECORD, RecordProof, SubrecordProof, WriterSignature, subrecord_name, subrecord_root,
+    DOMAIN_RECORD, RecordProof, SubrecordProof, SubrecordsProof, WriterSignature, subrecord_name,
+    subrecord_root,
 };
 use crate::record::{BodyCrypto, BodyKey, BodyRef, Record, RecordHeader, RecordName};
 
@@ -350,6 +351,27 @@ impl Reader {
                 .chain(siblings)
                 .chain(names.iter().map(|n| *n.hash())),
         );
+        Ok(())
+    }
+
+    /// Verifies a proof that every subrecord in `subs` belongs to the capsule (the list
+    /// the proof was requested for, in the same order); on success notes each record's
+    /// subrecord root and the record names verified, as the server's mirror does.
+    pub fn verify_subrecords(&mut self, subs: &[Hash], proof: &SubrecordsProof) -> Result<()> {
+        let verified = proof.verify_with(
+            &self.meta,
+            subs,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )?;
+        // The server's mirror inserts group by group: the root, then that record's names.
+        let noted: Vec<Hash> = verified
+            .into_iter()
+            .flat_map(|(root, names)| {
+                std::iter::once(root).chain(names.into_iter().map(|n| *n.hash()))
+            })
+            .collect();
+        self.note_verified(noted);
         Ok(())
     }
 

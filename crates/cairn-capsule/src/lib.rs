@@ -37,7 +37,10 @@ pub use cache::{CachePolicy, VerificationCache};
 pub use client::{OWN_SIGNATURES, Reader, Writer};
 pub use dag::{CapsuleDag, Witness};
 pub use metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
-pub use proof::{Anchor, RecordProof, SubrecordProof, WriterSignature};
+pub use proof::{
+    Anchor, MAX_BATCH_SUBRECORDS, RecordProof, SubrecordGroup, SubrecordProof, SubrecordsProof,
+    WriterSignature,
+};
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
 pub use server::{
     Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, ServerOptions, SessionId, SyncBody,

@@ -159,6 +159,78 @@ fn walk_with(
     Ok(Walk::Root(r))
 }
 
+/// Recomputes the root of a tree of `size` leaves from some of its leaves and a
+/// multiproof (see [`MerkleLog::multi_proof`]): `leaves` are `(index, leaf hash)` pairs in
+/// strictly increasing index order, `siblings` the hashes of the subtrees that hold none of
+/// them, left to right. Every sibling must be used: a proof with one too many or too few
+/// is rejected, as are indices out of order or outside the tree.
+///
+/// As with a single inclusion path, the root does not bind `size` by itself (leaves
+/// proven only in a tree's left part give the same root for sizes that differ on the
+/// right): check `size` against what the root was signed with.
+pub fn multi_root(
+    algo: HashAlgo,
+    size: u64,
+    leaves: &[(u64, Digest)],
+    siblings: &[Digest],
+) -> Result<Digest> {
+    if leaves.is_empty() {
+        return Err(Error::Rejected("multiproof proves no leaf".into()));
+    }
+    for w in leaves.windows(2) {
+        if w[0].0 >= w[1].0 {
+            return Err(Error::Rejected(
+                "multiproof leaves are not in strictly increasing order".into(),
+            ));
+        }
+    }
+    if let Some(&(last, _)) = leaves.last()
+        && last >= size
+    {
+        return Err(Error::Rejected(format!(
+            "leaf index {last} is outside a tree of {size}"
+        )));
+    }
+    let mut next = 0usize;
+    let root = multi_walk(algo, 0, size, leaves, siblings, &mut next)?;
+    if next != siblings.len() {
+        return Err(Error::Rejected(format!(
+            "multiproof has {} siblings, {next} used",
+            siblings.len()
+        )));
+    }
+    Ok(root)
+}
+
+/// The subtree hash of leaves `start..end` given the proven `leaves` inside it (sorted,
+/// all within the range) and the siblings from `next` on.
+fn multi_walk(
+    algo: HashAlgo,
+    start: u64,
+    end: u64,
+    leaves: &[(u64, Digest)],
+    siblings: &[Digest],
+    next: &mut usize,
+) -> Result<Digest> {
+    if leaves.is_empty() {
+        let d = siblings
+            .get(*next)
+            .ok_or_else(|| Error::Rejected("multiproof is missing siblings".into()))?;
+        *next += 1;
+        return Ok(*d);
+    }
+    let n = end - start;
+    if n == 1 {
+        // The caller checked the order and the bounds: the one leaf here is `start`.
+        return Ok(leaves[0].1);
+    }
+    let k = split_point(n);
+    let split = leaves.partition_point(|(i, _)| *i < start + k);
+    let left = multi_walk(algo, start, start + k, &leaves[..split], siblings, next)?;
+    let right = multi_walk(algo, start + k, end, &leaves[split..], siblings, next)?;
+    Ok(node_hash(algo, &left, &right))
+}
+
 /// The nodes an inclusion path computes, leaf first (the leaf, then each parent), for the
 /// first `steps` elements of `path`. Only meaningful after the path verified.
 pub fn inclusion_nodes(
@@ -392,6 +464,50 @@ impl MerkleLog {
             stop,
         )?;
         Ok((used, walk))
+    }
+
+    /// A multiproof for the leaves at `indices` (strictly increasing) in the tree of the
+    /// first `size` leaves: the hashes of the maximal subtrees that hold none of them, left
+    /// to right. With the leaves, they give the root ([`multi_root`]); proving every leaf
+    /// of a tree takes no sibling at all, and each sibling is shared by all the leaves
+    /// beside it, where separate paths would repeat it.
+    pub fn multi_proof(&self, indices: &[u64], size: u64) -> Result<Vec<Digest>> {
+        if size > self.size() {
+            return Err(Error::NotFound(format!(
+                "no tree of {size} leaves (log has {})",
+                self.size()
+            )));
+        }
+        if indices.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::invalid(
+                "multiproof indices must be strictly increasing",
+            ));
+        }
+        if let Some(&last) = indices.last()
+            && last >= size
+        {
+            return Err(Error::NotFound(format!(
+                "no leaf {last} in a tree of {size}"
+            )));
+        }
+        let mut out = Vec::new();
+        self.multi_siblings(0, size, indices, &mut out);
+        Ok(out)
+    }
+
+    fn multi_siblings(&self, start: u64, end: u64, indices: &[u64], out: &mut Vec<Digest>) {
+        if indices.is_empty() {
+            out.push(self.subtree(start, end));
+            return;
+        }
+        let n = end - start;
+        if n == 1 {
+            return;
+        }
+        let k = split_point(n);
+        let split = indices.partition_point(|i| *i < start + k);
+        self.multi_siblings(start, start + k, &indices[..split], out);
+        self.multi_siblings(start + k, end, &indices[split..], out);
     }
 
     /// The leaf ranges whose subtree hashes make up leaf `m`'s inclusion path in
@@ -635,5 +751,85 @@ mod tests {
         }
         assert!(log.walk_inclusion(70, 70, &[0; 32], |_| false).is_err());
         assert!(log.walk_inclusion(0, 71, &[0; 32], |_| false).is_err());
+    }
+
+    /// Multiproofs against a model: for random subsets of random trees, the proof gives
+    /// the tree's root, proving every leaf takes no sibling, and no proof takes more
+    /// siblings than separate paths would; any sibling changed, dropped or added, and any
+    /// leaf moved or changed, is refused or gives another root.
+    mod multiproof {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn log_of(algo: HashAlgo, n: u64) -> MerkleLog {
+            let mut log = MerkleLog::new(algo);
+            for i in 0..n {
+                log.push(leaf_hash(algo, &i.to_le_bytes()));
+            }
+            log
+        }
+
+        proptest! {
+            #[test]
+            fn multiproofs_give_the_root_and_tampering_fails(
+                size in 1u64..300,
+                picks in proptest::collection::vec(any::<u64>(), 1..40),
+                flip in any::<usize>(),
+            ) {
+                let algo = HashAlgo::Blake3;
+                let log = log_of(algo, size + 5);
+                let mut idx: Vec<u64> = picks.iter().map(|p| p % size).collect();
+                idx.sort_unstable();
+                idx.dedup();
+                let leaves: Vec<(u64, Digest)> =
+                    idx.iter().map(|&i| (i, log.leaf(i).unwrap())).collect();
+                let sib = log.multi_proof(&idx, size).unwrap();
+                let root = log.root_at(size).unwrap();
+                prop_assert_eq!(multi_root(algo, size, &leaves, &sib).unwrap(), root);
+                let separate: usize =
+                    idx.iter().map(|&i| log.inclusion_proof(i, size).unwrap().len()).sum();
+                prop_assert!(sib.len() <= separate);
+                // Tampering.
+                if !sib.is_empty() {
+                    let mut bad = sib.clone();
+                    bad[flip % sib.len()][flip % 32] ^= 1 << (flip % 8);
+                    prop_assert_ne!(multi_root(algo, size, &leaves, &bad).ok(), Some(root));
+                    prop_assert!(multi_root(algo, size, &leaves, &sib[1..]).is_err());
+                }
+                let mut more = sib.clone();
+                more.push([7; 32]);
+                prop_assert!(multi_root(algo, size, &leaves, &more).is_err());
+                let mut changed = leaves.clone();
+                let j = flip % changed.len();
+                changed[j].1[0] ^= 1;
+                prop_assert_ne!(multi_root(algo, size, &changed, &sib).ok(), Some(root));
+                // Move one leaf to an index not proven: refused or another root.
+                if let Some(free) = (0..size).find(|i| !idx.contains(i)) {
+                    let mut moved = leaves.clone();
+                    moved[j].0 = free;
+                    moved.sort_by_key(|l| l.0);
+                    prop_assert_ne!(multi_root(algo, size, &moved, &sib).ok(), Some(root));
+                }
+            }
+        }
+
+        #[test]
+        fn every_leaf_takes_no_sibling_and_bad_input_is_refused() {
+            let algo = HashAlgo::Sha256;
+            let log = log_of(algo, 1000);
+            let all: Vec<u64> = (0..1000).collect();
+            assert!(log.multi_proof(&all, 1000).unwrap().is_empty());
+            let leaves: Vec<(u64, Digest)> =
+                all.iter().map(|&i| (i, log.leaf(i).unwrap())).collect();
+            assert_eq!(multi_root(algo, 1000, &leaves, &[]).unwrap(), log.root());
+            assert!(log.multi_proof(&[3, 3], 10).is_err());
+            assert!(log.multi_proof(&[5, 2], 10).is_err());
+            assert!(log.multi_proof(&[10], 10).is_err());
+            assert!(log.multi_proof(&[1], 1001).is_err());
+            let two = [(5, leaves[5].1), (5, leaves[5].1)];
+            assert!(multi_root(algo, 10, &two, &[]).is_err());
+            assert!(multi_root(algo, 10, &[(10, leaves[0].1)], &[]).is_err());
+            assert!(multi_root(algo, 10, &[], &[]).is_err());
+        }
     }
 }

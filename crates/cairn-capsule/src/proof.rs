@@ -365,3 +365,156 @@ impl SubrecordProof {
         })
     }
 }
+
+/// Most subrecords one [`SubrecordsProof`] proves (and one request may name).
+pub const MAX_BATCH_SUBRECORDS: usize = 100_000;
+
+/// A proof that several subrecords belong to the capsule, for a reader that wants many
+/// at once (the whole of a record, or a client's batch): one [`SubrecordGroup`] per
+/// record they belong to. Each group is a Merkle multiproof from its subrecords up to the
+/// record's subrecord root, then the record's proof; the siblings two leaves share are
+/// sent and hashed once, and proving every subrecord of a record takes no sibling at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubrecordsProof {
+    /// One group per record, each proving some of the requested subrecords.
+    pub groups: Vec<SubrecordGroup>,
+}
+
+/// The part of a [`SubrecordsProof`] for the subrecords of one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubrecordGroup {
+    /// The number of subrecords in the record's tree (checked against its header).
+    pub count: u64,
+    /// The subrecords proven: `(index in the tree, position in the list the reader asked
+    /// about)`, in strictly increasing index order.
+    pub leaves: Vec<(u64, u32)>,
+    /// The multiproof's siblings ([`crate::merkle::MerkleLog::multi_proof`]).
+    pub siblings: Vec<Digest>,
+    /// The record's proof: its first header is the record whose subrecord root the
+    /// leaves and siblings must give.
+    pub record: RecordProof,
+}
+
+impl SubrecordsProof {
+    /// Verifies that every subrecord named in `subs` belongs to the capsule. Returns, per
+    /// group, the record's subrecord root and the record names its proof verified (all
+    /// trustworthy once this returns Ok). A proof that leaves any of `subs` out, proves
+    /// one twice, or names a position outside `subs` is refused.
+    pub fn verify_with(
+        &self,
+        meta: &CapsuleMetadata,
+        subs: &[Hash],
+        trusted: impl Fn(&Hash) -> bool,
+        authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+    ) -> Result<Vec<(Hash, Vec<RecordName>)>> {
+        let algo = meta.algo;
+        if subs.iter().any(|s| s.algo() != algo) {
+            return Err(Error::Rejected(
+                "subrecord name uses another algorithm".into(),
+            ));
+        }
+        let mut covered = vec![false; subs.len()];
+        let mut verified = Vec::with_capacity(self.groups.len());
+        let mut leaves = Vec::new();
+        for g in &self.groups {
+            leaves.clear();
+            for &(index, pos) in &g.leaves {
+                let seen = covered.get_mut(pos as usize).ok_or_else(|| {
+                    Error::Rejected(format!(
+                        "proof names subrecord {pos} of a list of {}",
+                        subs.len()
+                    ))
+                })?;
+                if std::mem::replace(seen, true) {
+                    return Err(Error::Rejected(format!(
+                        "proof proves subrecord {} twice",
+                        subs[pos as usize]
+                    )));
+                }
+                leaves.push((index, subrecord_leaf(&subs[pos as usize])));
+            }
+            let root = merkle::multi_root(algo, g.count, &leaves, &g.siblings)?;
+            let head = g
+                .record
+                .chain
+                .first()
+                .ok_or_else(|| Error::Rejected("record proof has no headers".into()))?;
+            match head.body {
+                BodyRef::Subrecords { root: r, count }
+                    if r == Hash::new(algo, root) && count == g.count => {}
+                _ => {
+                    return Err(Error::Rejected(
+                        "subrecord multiproof does not lead to the record's subrecord root".into(),
+                    ));
+                }
+            }
+            let names = g
+                .record
+                .verify_with(meta, &head.name(), &trusted, &authentic)?;
+            verified.push((Hash::new(algo, root), names));
+        }
+        if let Some(pos) = covered.iter().position(|c| !c) {
+            return Err(Error::Rejected(format!(
+                "proof does not cover subrecord {}",
+                subs[pos]
+            )));
+        }
+        Ok(verified)
+    }
+
+    /// Appends the encoding.
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u8(PROOF_VERSION).varint(self.groups.len() as u64);
+        for g in &self.groups {
+            e.varint(g.count).varint(g.leaves.len() as u64);
+            for &(index, pos) in &g.leaves {
+                e.varint(index).varint(pos as u64);
+            }
+            e.varint(g.siblings.len() as u64);
+            for s in &g.siblings {
+                e.raw(s);
+            }
+            g.record.encode(e);
+        }
+    }
+
+    /// Reads what [`SubrecordsProof::encode`] wrote.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        d.version(&[PROOF_VERSION])?;
+        // A group takes at least 3 bytes before its record proof.
+        let n = d.count(3)?;
+        let mut groups = Vec::with_capacity(n.min(1024));
+        let mut total = 0usize;
+        for _ in 0..n {
+            let count = d.varint()?;
+            let k = d.count(2)?;
+            total += k;
+            if total > MAX_BATCH_SUBRECORDS {
+                return Err(Error::decode(format!(
+                    "subrecord multiproof proves more than {MAX_BATCH_SUBRECORDS} subrecords"
+                )));
+            }
+            let mut leaves = Vec::with_capacity(k);
+            for _ in 0..k {
+                let index = d.varint()?;
+                let pos = u32::try_from(d.varint()?)
+                    .map_err(|_| Error::decode("subrecord position too large"))?;
+                leaves.push((index, pos));
+            }
+            let m = d.count(32)?;
+            let mut siblings = Vec::with_capacity(m);
+            for _ in 0..m {
+                let mut x = [0u8; 32];
+                x.copy_from_slice(d.raw(32)?);
+                siblings.push(x);
+            }
+            groups.push(SubrecordGroup {
+                count,
+                leaves,
+                siblings,
+                record: RecordProof::decode(d)?,
+            });
+        }
+        Ok(SubrecordsProof { groups })
+    }
+}

@@ -32,7 +32,8 @@ use crate::dag::{CapsuleDag, StoredBody};
 use crate::merkle::{self, Digest, MerkleLog};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
-    Anchor, RecordProof, SubrecordProof, WriterSignature, subrecord_leaf, subrecord_root,
+    Anchor, MAX_BATCH_SUBRECORDS, RecordProof, SubrecordGroup, SubrecordProof, SubrecordsProof,
+    WriterSignature, subrecord_leaf, subrecord_name, subrecord_root,
 };
 use crate::record::{
     BodyRef, Record, RecordHeader, RecordName, TAG_BODY, TAG_JOURNAL, TAG_SUBRECORD,
@@ -850,8 +851,13 @@ impl CapsuleServer {
                 subrecords.len()
             )));
         }
-        let (computed, names) = subrecord_root(algo, subrecords);
-        if computed != root {
+        // The tree the root is checked with is the one later proofs walk: keep it.
+        let names: Vec<Hash> = subrecords.iter().map(|s| subrecord_name(algo, s)).collect();
+        let mut tree = MerkleLog::new(algo);
+        for n in &names {
+            tree.push(subrecord_leaf(n));
+        }
+        if Hash::new(algo, tree.root()) != root {
             return Err(Error::Rejected(
                 "subrecords do not hash to the header's root".into(),
             ));
@@ -891,6 +897,7 @@ impl CapsuleServer {
         if let Some(ws) = sig {
             cap.dag.insert_verified_signature(name, ws);
         }
+        cap.trees.put(name, Arc::new(tree));
         let size = cap.dag.log().size();
         Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size))
     }
@@ -1017,6 +1024,21 @@ impl CapsuleServer {
         let sealed = chunk.get(2..).unwrap_or_default();
         self.bodies.insert(capsule, *sub, sealed);
         Ok(sealed.to_vec())
+    }
+
+    /// Read(many subrecord names): their bytes, in the order named; all or nothing (a name
+    /// the capsule does not hold fails the whole request). At most
+    /// [`MAX_BATCH_SUBRECORDS`] names.
+    pub fn read_subrecords(&self, capsule: &CapsuleName, subs: &[Hash]) -> Result<Vec<Vec<u8>>> {
+        if subs.len() > MAX_BATCH_SUBRECORDS {
+            return Err(Error::invalid(format!(
+                "{} subrecords in one read request; at most {MAX_BATCH_SUBRECORDS}",
+                subs.len()
+            )));
+        }
+        subs.iter()
+            .map(|s| self.read_subrecord(capsule, s))
+            .collect()
     }
 
     /// Subrecords(record): the names of a record's subrecords, in tree order.
@@ -1321,6 +1343,81 @@ impl CapsuleServer {
         };
         Ok(match guard.as_deref_mut() {
             Some(s) => Self::issue(s, node_inserts, proof),
+            None => Issued { proof_id: 0, proof },
+        })
+    }
+
+    /// Prove(many subrecord names) at once: one Merkle multiproof per record they belong
+    /// to, each up to the record's subrecord root, then the record's proof (cut, within a
+    /// session, at a record the reader's cache holds). The reader then trusts each
+    /// record's subrecord root and the record names verified, and the mirror notes the
+    /// same, in the same order. All names must be distinct and in the capsule; at most
+    /// [`MAX_BATCH_SUBRECORDS`].
+    pub fn prove_subrecords(
+        &self,
+        capsule: &CapsuleName,
+        subs: &[Hash],
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordsProof>> {
+        if subs.len() > MAX_BATCH_SUBRECORDS {
+            return Err(Error::invalid(format!(
+                "{} subrecords in one proof request; at most {MAX_BATCH_SUBRECORDS}",
+                subs.len()
+            )));
+        }
+        let pos_of = |i: usize| u32::try_from(i).map_err(|_| Error::invalid("too many subrecords"));
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        // Group the names by record, in the order their records first appear.
+        let mut groups: Vec<(RecordName, Vec<(u64, u32)>)> = Vec::new();
+        let mut group_of: HashMap<RecordName, usize> = HashMap::new();
+        for (pos, sub) in subs.iter().enumerate() {
+            let (record, index) = *cap
+                .subrecords
+                .get(sub)
+                .ok_or_else(|| Error::NotFound(format!("subrecord {sub} in capsule {capsule}")))?;
+            let g = *group_of.entry(record).or_insert_with(|| {
+                groups.push((record, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push((index as u64, pos_of(pos)?));
+        }
+        let algo = cap.dag.meta().algo;
+        let sess = match session {
+            Some(id) => Some(self.session(id, capsule)?),
+            None => None,
+        };
+        let mut guard = sess.as_ref().map(|s| s.lock());
+        let mut out = Vec::with_capacity(groups.len());
+        let mut inserts = Vec::new();
+        let mut indices = Vec::new();
+        for (record, mut leaves) in groups {
+            leaves.sort_unstable_by_key(|l| l.0);
+            if let Some(w) = leaves.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(Error::invalid(format!(
+                    "subrecord {} named twice in one proof request",
+                    subs[w[1].1 as usize]
+                )));
+            }
+            let tree = self.tree(&mut cap, &record)?;
+            let count = tree.size();
+            indices.clear();
+            indices.extend(leaves.iter().map(|l| l.0));
+            let siblings = tree.multi_proof(&indices, count)?;
+            let (rp, mut names) =
+                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror), None)?;
+            inserts.push(Hash::new(algo, tree.root()));
+            inserts.append(&mut names);
+            out.push(SubrecordGroup {
+                count,
+                leaves,
+                siblings,
+                record: rp,
+            });
+        }
+        let proof = SubrecordsProof { groups: out };
+        Ok(match guard.as_deref_mut() {
+            Some(s) => Self::issue(s, inserts, proof),
             None => Issued { proof_id: 0, proof },
         })
     }

@@ -38,7 +38,9 @@ use parking_lot::Mutex;
 use crate::cache::{CachePolicy, MirrorMode};
 use crate::merkle::Digest;
 use crate::metadata::{CapsuleMetadata, CapsuleName};
-use crate::proof::{RecordProof, SubrecordProof, WriterSignature};
+use crate::proof::{
+    MAX_BATCH_SUBRECORDS, RecordProof, SubrecordProof, SubrecordsProof, WriterSignature,
+};
 use crate::record::{MAX_BODY_LEN, Record, RecordHeader, RecordName};
 use crate::riblt::CodedSymbol;
 use crate::server::{
@@ -652,6 +654,13 @@ pub enum Request {
         /// The subrecord's name.
         sub: Hash,
     },
+    /// [`CapsuleServer::read_subrecords`]: many subrecords in one response.
+    ReadSubrecords {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecords' names, at most [`MAX_BATCH_SUBRECORDS`].
+        subs: Vec<Hash>,
+    },
     /// [`CapsuleServer::subrecords`].
     Subrecords {
         /// The capsule.
@@ -727,6 +736,15 @@ pub enum Request {
         /// The reader session whose cache may shorten the proof.
         session: Option<SessionId>,
     },
+    /// [`CapsuleServer::prove_subrecords`]: one multiproof for many subrecords.
+    ProveSubrecords {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecords' names, distinct, at most [`MAX_BATCH_SUBRECORDS`].
+        subs: Vec<Hash>,
+        /// The reader session whose cache may shorten the record proofs.
+        session: Option<SessionId>,
+    },
     /// [`CapsuleServer::read_and_prove`]: a record's body and its proof in one response.
     ReadProve {
         /// The capsule.
@@ -775,6 +793,8 @@ const REQ_PROVE_SUB: u8 = 16;
 const REQ_ACK: u8 = 17;
 const REQ_SYNC: u8 = 18;
 const REQ_READ_PROVE: u8 = 19;
+const REQ_PROVE_SUBS: u8 = 20;
+const REQ_READ_SUBS: u8 = 21;
 
 /// Encodes a [`Request::Write`] from borrowed parts (no copy of the records).
 pub fn encode_write(
@@ -857,6 +877,11 @@ impl Request {
                 enc_capsule(e, capsule);
                 e.hash(name.hash());
             }
+            Request::ReadSubrecords { capsule, subs } => {
+                e.u8(REQ_READ_SUBS);
+                enc_capsule(e, capsule);
+                enc_hashes(e, subs);
+            }
             Request::ReadSubrecord { capsule, sub } => {
                 e.u8(REQ_READ_SUB);
                 enc_capsule(e, capsule);
@@ -932,6 +957,16 @@ impl Request {
                 e.hash(sub);
                 enc_session(e, session);
             }
+            Request::ProveSubrecords {
+                capsule,
+                subs,
+                session,
+            } => {
+                e.u8(REQ_PROVE_SUBS);
+                enc_capsule(e, capsule);
+                enc_hashes(e, subs);
+                enc_session(e, session);
+            }
             Request::ReadProve {
                 capsule,
                 name,
@@ -986,6 +1021,10 @@ impl Request {
                 capsule: dec_capsule(d)?,
                 sub: d.hash()?,
             },
+            REQ_READ_SUBS => Request::ReadSubrecords {
+                capsule: dec_capsule(d)?,
+                subs: dec_hashes(d, MAX_BATCH_SUBRECORDS)?,
+            },
             REQ_SUBRECORDS => Request::Subrecords {
                 capsule: dec_capsule(d)?,
                 record: dec_name(d)?,
@@ -1026,6 +1065,11 @@ impl Request {
             REQ_PROVE_SUB => Request::ProveSubrecord {
                 capsule: dec_capsule(d)?,
                 sub: d.hash()?,
+                session: dec_session(d)?,
+            },
+            REQ_PROVE_SUBS => Request::ProveSubrecords {
+                capsule: dec_capsule(d)?,
+                subs: dec_hashes(d, MAX_BATCH_SUBRECORDS)?,
                 session: dec_session(d)?,
             },
             REQ_READ_PROVE => Request::ReadProve {
@@ -1084,6 +1128,7 @@ impl Request {
             Request::Sign { .. } => "sign",
             Request::Read { .. } => "read",
             Request::ReadSubrecord { .. } => "read_subrecord",
+            Request::ReadSubrecords { .. } => "read_subrecords",
             Request::Subrecords { .. } => "subrecords",
             Request::CommitSubrecords { .. } => "commit_subrecords",
             Request::QueryFresh { .. } => "query_fresh",
@@ -1093,6 +1138,7 @@ impl Request {
             Request::CloseSession { .. } => "close_session",
             Request::Prove { .. } => "prove",
             Request::ProveSubrecord { .. } => "prove_subrecord",
+            Request::ProveSubrecords { .. } => "prove_subrecords",
             Request::ReadProve { .. } => "read_prove",
             Request::Ack { .. } => "ack",
             Request::Sync { .. } => "sync",
@@ -1151,6 +1197,15 @@ pub enum Response {
         /// The proof.
         proof: SubrecordProof,
     },
+    /// Sealed subrecords, in the order requested.
+    Subrecords(Vec<Vec<u8>>),
+    /// A multiproof for many subrecords and the id its ack names.
+    SubrecordsProof {
+        /// Id to acknowledge (0 outside a session).
+        proof_id: u64,
+        /// The proof.
+        proof: SubrecordsProof,
+    },
     /// The responder's next anti-entropy message, `None` when its side is over.
     Sync(Option<SyncMsg>),
     /// A record's sealed body and its proof (the proof's first header is the record's),
@@ -1182,6 +1237,8 @@ const RESP_RECORD_PROOF: u8 = 13;
 const RESP_SUB_PROOF: u8 = 14;
 const RESP_SYNC: u8 = 15;
 const RESP_RECORD_AND_PROOF: u8 = 16;
+const RESP_SUBS_PROOF: u8 = 17;
+const RESP_SUBRECORDS: u8 = 18;
 
 impl Response {
     /// Appends the encoding: [`WIRE_VERSION`], a tag, the fields.
@@ -1221,6 +1278,12 @@ impl Response {
                 e.u8(RESP_RECORD);
                 enc_record(e, r);
             }
+            Response::Subrecords(bs) => {
+                e.u8(RESP_SUBRECORDS).varint(bs.len() as u64);
+                for b in bs {
+                    e.bytes(b);
+                }
+            }
             Response::Subrecord(b) => {
                 e.u8(RESP_SUBRECORD).bytes(b);
             }
@@ -1249,6 +1312,10 @@ impl Response {
             }
             Response::SubrecordProof { proof_id, proof } => {
                 e.u8(RESP_SUB_PROOF).varint(*proof_id);
+                proof.encode(e);
+            }
+            Response::SubrecordsProof { proof_id, proof } => {
+                e.u8(RESP_SUBS_PROOF).varint(*proof_id);
                 proof.encode(e);
             }
             Response::RecordAndProof {
@@ -1299,6 +1366,11 @@ impl Response {
             RESP_METADATA => Response::Metadata(dec_metadata(d)?),
             RESP_RECORD => Response::Record(dec_record(d)?),
             RESP_SUBRECORD => Response::Subrecord(d.bytes()?.to_vec()),
+            RESP_SUBRECORDS => {
+                Response::Subrecords(list(d, 1, MAX_BATCH_SUBRECORDS, "subrecords", |d| {
+                    Ok(d.bytes()?.to_vec())
+                })?)
+            }
             RESP_SUB_NAMES => Response::SubrecordNames(dec_hashes(d, MAX_SUBRECORDS)?),
             RESP_CHECKPOINT => Response::Checkpoint(dec_checkpoint(d)?),
             RESP_INCLUSION => Response::Inclusion {
@@ -1314,6 +1386,10 @@ impl Response {
             RESP_SUB_PROOF => Response::SubrecordProof {
                 proof_id: d.varint()?,
                 proof: SubrecordProof::decode(d)?,
+            },
+            RESP_SUBS_PROOF => Response::SubrecordsProof {
+                proof_id: d.varint()?,
+                proof: SubrecordsProof::decode(d)?,
             },
             RESP_RECORD_AND_PROOF => Response::RecordAndProof {
                 proof_id: d.varint()?,
@@ -1346,6 +1422,7 @@ impl Response {
                 200 + body.len() + 150 * proof.chain.len()
             }
             Response::Subrecord(b) => 16 + b.len(),
+            Response::Subrecords(bs) => 16 + bs.iter().map(|b| b.len() + 5).sum::<usize>(),
             _ => 256,
         };
         let mut e = Encoder::with_capacity(cap);
@@ -1377,6 +1454,7 @@ impl Response {
             Response::Metadata(_) => "metadata",
             Response::Record(_) => "record",
             Response::Subrecord(_) => "subrecord",
+            Response::Subrecords(_) => "subrecords",
             Response::SubrecordNames(_) => "subrecord names",
             Response::Checkpoint(_) => "checkpoint",
             Response::Inclusion { .. } => "inclusion proof",
@@ -1384,6 +1462,7 @@ impl Response {
             Response::Session(_) => "session",
             Response::RecordProof { .. } => "record proof",
             Response::SubrecordProof { .. } => "subrecord proof",
+            Response::SubrecordsProof { .. } => "subrecords multiproof",
             Response::Sync(_) => "sync message",
             Response::RecordAndProof { .. } => "record and proof",
         }
@@ -1418,6 +1497,9 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
         Request::Read { capsule, name } => Response::Record(server.read(&capsule, &name)?),
         Request::ReadSubrecord { capsule, sub } => {
             Response::Subrecord(server.read_subrecord(&capsule, &sub)?)
+        }
+        Request::ReadSubrecords { capsule, subs } => {
+            Response::Subrecords(server.read_subrecords(&capsule, &subs)?)
         }
         Request::Subrecords { capsule, record } => {
             Response::SubrecordNames(server.subrecords(&capsule, &record)?)
@@ -1467,6 +1549,14 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
         } => {
             let Issued { proof_id, proof } = server.prove_subrecord(&capsule, &sub, session)?;
             Response::SubrecordProof { proof_id, proof }
+        }
+        Request::ProveSubrecords {
+            capsule,
+            subs,
+            session,
+        } => {
+            let Issued { proof_id, proof } = server.prove_subrecords(&capsule, &subs, session)?;
+            Response::SubrecordsProof { proof_id, proof }
         }
         Request::ReadProve {
             capsule,
@@ -1796,6 +1886,26 @@ impl RemoteCapsule {
         }
     }
 
+    /// [`CapsuleServer::read_subrecords`].
+    pub fn read_subrecords(
+        &mut self,
+        capsule: &CapsuleName,
+        subs: &[Hash],
+    ) -> Result<Vec<Vec<u8>>> {
+        match self.call(&Request::ReadSubrecords {
+            capsule: *capsule,
+            subs: subs.to_vec(),
+        })? {
+            Response::Subrecords(bs) if bs.len() == subs.len() => Ok(bs),
+            Response::Subrecords(bs) => Err(Error::decode(format!(
+                "server answered {} subrecords for {} names",
+                bs.len(),
+                subs.len()
+            ))),
+            other => unexpected("read_subrecords", &other),
+        }
+    }
+
     /// [`CapsuleServer::read_subrecord`].
     pub fn read_subrecord(&mut self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
         match self.call(&Request::ReadSubrecord {
@@ -1928,6 +2038,23 @@ impl RemoteCapsule {
         }
     }
 
+    /// [`CapsuleServer::prove_subrecords`].
+    pub fn prove_subrecords(
+        &mut self,
+        capsule: &CapsuleName,
+        subs: &[Hash],
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordsProof>> {
+        match self.call(&Request::ProveSubrecords {
+            capsule: *capsule,
+            subs: subs.to_vec(),
+            session,
+        })? {
+            Response::SubrecordsProof { proof_id, proof } => Ok(Issued { proof_id, proof }),
+            other => unexpected("prove_subrecords", &other),
+        }
+    }
+
     /// [`CapsuleServer::read_and_prove`]: the sealed body and the issued proof.
     pub fn read_and_prove(
         &mut self,
@@ -2007,7 +2134,7 @@ mod tests {
 
     use super::*;
     use crate::metadata::BodyCipher;
-    use crate::proof::Anchor;
+    use crate::proof::{Anchor, SubrecordGroup};
     use crate::record::BodyRef;
 
     fn h(d: [u8; 32]) -> Hash {
@@ -2236,6 +2363,20 @@ mod tests {
                 sub: h([2; 32]),
                 session: Some(SessionId(0)),
             },
+            Request::ProveSubrecords {
+                capsule: c,
+                subs: vec![h([2; 32]), h([3; 32])],
+                session: Some(SessionId(1)),
+            },
+            Request::ProveSubrecords {
+                capsule: c,
+                subs: vec![],
+                session: None,
+            },
+            Request::ReadSubrecords {
+                capsule: c,
+                subs: vec![h([5; 32]), h([6; 32]), h([5; 32])],
+            },
             Request::ReadProve {
                 capsule: c,
                 name: name(2),
@@ -2274,6 +2415,7 @@ mod tests {
                 body: vec![5; 100],
             }),
             Response::Subrecord(vec![1, 2]),
+            Response::Subrecords(vec![vec![1, 2], vec![], vec![3; 40]]),
             Response::SubrecordNames(vec![h([1; 32]), h([2; 32])]),
             Response::Checkpoint(Checkpoint {
                 capsule: c,
@@ -2306,6 +2448,29 @@ mod tests {
                     path: vec![[4; 32]; 3],
                     record: Some(record_proof(2, true)),
                 },
+            },
+            Response::SubrecordsProof {
+                proof_id: 4,
+                proof: SubrecordsProof {
+                    groups: vec![
+                        SubrecordGroup {
+                            count: 9,
+                            leaves: vec![(0, 1), (5, 0)],
+                            siblings: vec![[6; 32]; 3],
+                            record: record_proof(2, true),
+                        },
+                        SubrecordGroup {
+                            count: 1,
+                            leaves: vec![(0, 2)],
+                            siblings: vec![],
+                            record: record_proof(1, false),
+                        },
+                    ],
+                },
+            },
+            Response::SubrecordsProof {
+                proof_id: 0,
+                proof: SubrecordsProof { groups: vec![] },
             },
             Response::SubrecordProof {
                 proof_id: 2,
@@ -2393,7 +2558,7 @@ mod tests {
         }
         let reqs = requests();
         let tags: std::collections::HashSet<&str> = reqs.iter().map(Request::op).collect();
-        assert_eq!(tags.len(), 20, "every request kind is exercised");
+        assert_eq!(tags.len(), 22, "every request kind is exercised");
         for r in &reqs {
             check(r, Request::to_bytes, Request::from_bytes);
             // The generic encoder agrees with the borrowed fast paths.
@@ -2403,7 +2568,7 @@ mod tests {
         }
         let resps = responses();
         let kinds: std::collections::HashSet<&str> = resps.iter().map(Response::kind).collect();
-        assert_eq!(kinds.len(), 17, "every response kind is exercised");
+        assert_eq!(kinds.len(), 19, "every response kind is exercised");
         for r in &resps {
             check(r, Response::to_bytes, Response::from_bytes);
         }

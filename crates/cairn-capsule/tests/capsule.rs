@@ -323,6 +323,131 @@ fn subrecords_commit_read_prove() {
     assert!(cold.verify_subrecord(&subs[5], &cut).is_err());
 }
 
+/// A multiproof proves subrecords of several records at once; the whole of a record
+/// takes no sibling; anything changed, dropped, moved or added is refused; the server
+/// refuses unknown, repeated and too many names.
+#[test]
+fn subrecord_multiproofs_prove_many_and_refuse_tampering() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let a = commit_subrecords(&server, &mut w, 37);
+    let b = commit_subrecords(&server, &mut w, 1);
+    let d = commit_subrecords(&server, &mut w, 64);
+    // Mixed records, out of order.
+    let list: Vec<_> = vec![d[63], a[5], b[0], a[36], d[0], a[6], d[17]];
+    let proof = server.prove_subrecords(&c, &list, None).unwrap();
+    assert_eq!(proof.proof_id, 0);
+    let p = proof.proof;
+    assert_eq!(p.groups.len(), 3);
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk)).unwrap();
+    reader.verify_subrecords(&list, &p).unwrap();
+    // The same proof does not prove the list in another order, a shorter or a longer one.
+    let mut swapped = list.clone();
+    swapped.swap(0, 1);
+    assert!(reader.verify_subrecords(&swapped, &p).is_err());
+    assert!(reader.verify_subrecords(&list[..6], &p).is_err());
+    let mut longer = list.clone();
+    longer.push(a[7]);
+    assert!(reader.verify_subrecords(&longer, &p).is_err());
+    // Every sibling bit, leaf position and count matters.
+    let g = p
+        .groups
+        .iter()
+        .position(|g| !g.siblings.is_empty())
+        .unwrap();
+    let mut bad = p.clone();
+    bad.groups[g].siblings[0][7] ^= 0x10;
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].siblings.pop();
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].siblings.push([0; 32]);
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].leaves.pop();
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].leaves[0].0 += 1;
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].leaves[0].1 = 99;
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups[g].count += 1;
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    let dup = bad.groups[0].clone();
+    bad.groups.push(dup);
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    let mut bad = p.clone();
+    bad.groups.swap(0, 1);
+    reader.verify_subrecords(&list, &bad).unwrap(); // order of groups does not matter
+    let mut bad = p.clone();
+    let other = bad.groups[1].record.clone();
+    bad.groups[0].record = other;
+    assert!(reader.verify_subrecords(&list, &bad).is_err());
+    // The whole of a record: no sibling.
+    let whole = server.prove_subrecords(&c, &d, None).unwrap().proof;
+    assert_eq!(whole.groups.len(), 1);
+    assert!(whole.groups[0].siblings.is_empty());
+    reader.verify_subrecords(&d, &whole).unwrap();
+    // The server refuses names it does not hold, repeated names and too many names.
+    let mut unknown = list.clone();
+    unknown.push(cairn_core::Hash::new(HashAlgo::Blake3, [9; 32]));
+    assert!(matches!(
+        server.prove_subrecords(&c, &unknown, None),
+        Err(Error::NotFound(_))
+    ));
+    let mut twice = list.clone();
+    twice.push(a[5]);
+    assert!(matches!(
+        server.prove_subrecords(&c, &twice, None),
+        Err(Error::InvalidInput(_))
+    ));
+    let many = vec![a[0]; MAX_BATCH_SUBRECORDS + 1];
+    assert!(matches!(
+        server.prove_subrecords(&c, &many, None),
+        Err(Error::InvalidInput(_))
+    ));
+    let none = server.prove_subrecords(&c, &[], None).unwrap().proof;
+    assert!(none.groups.is_empty());
+    reader.verify_subrecords(&[], &none).unwrap();
+}
+
+/// Within a session, a verified multiproof leaves the reader and the server's mirror
+/// trusting each record's subrecord root: a later single proof of any subrecord of those
+/// records stops at the root (no record proof), and verifies.
+#[test]
+fn subrecord_multiproof_roots_become_trusted() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let a = commit_subrecords(&server, &mut w, 40);
+    let b = commit_subrecords(&server, &mut w, 9);
+    let policy = CachePolicy::Lru { capacity: 1000 };
+    for mode in [cache::MirrorMode::OnAck, cache::MirrorMode::OnIssue] {
+        let mut reader = Reader::new(c, meta.clone(), policy, Some(bk.clone())).unwrap();
+        reader.set_mirror_mode(mode);
+        let sid = server.open_session_with(&c, policy, mode, &[]).unwrap();
+        let list = [a[3], a[30], b[8]];
+        let issued = server.prove_subrecords(&c, &list, Some(sid)).unwrap();
+        reader.verify_subrecords(&list, &issued.proof).unwrap();
+        if mode == cache::MirrorMode::OnAck {
+            server.ack(sid, issued.proof_id).unwrap();
+            reader.commit_staged();
+        }
+        for s in [a[0], a[39], b[2]] {
+            let single = server.prove_subrecord(&c, &s, Some(sid)).unwrap();
+            assert!(single.proof.record.is_none(), "{mode:?}: stops at the root");
+            reader.verify_subrecord(&s, &single.proof).unwrap();
+            if mode == cache::MirrorMode::OnAck {
+                server.ack(sid, single.proof_id).unwrap();
+                reader.commit_staged();
+            }
+        }
+    }
+}
+
 /// A verified subrecord proof makes the siblings on its path trusted, on the reader and
 /// in the server's mirror alike: proving newest first, every second subrecord's leaf is
 /// already trusted, so its proof is empty, and every proof still verifies.

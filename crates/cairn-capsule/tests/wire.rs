@@ -205,6 +205,31 @@ fn subrecords_over_tcp() {
         assert_eq!(p.proof_id, 0);
         reader.verify_subrecord(s, &p.proof).unwrap();
     }
+    // All of them in one multiproof, over the wire.
+    let all = rc.prove_subrecords(&c, &subs, None).unwrap();
+    assert_eq!(all.proof.groups.len(), 1);
+    reader.verify_subrecords(&subs, &all.proof).unwrap();
+    assert!(matches!(
+        rc.prove_subrecords(&c, &[subs[0], subs[0]], None),
+        Err(cairn_core::Error::InvalidInput(_))
+    ));
+    // All of them in one read, in the order asked; one unknown name fails the whole read.
+    let mut order = subs.clone();
+    order.reverse();
+    let bodies = rc.read_subrecords(&c, &order).unwrap();
+    for (s, b) in order.iter().zip(&bodies) {
+        let i = subs.iter().position(|x| x == s).unwrap();
+        assert_eq!(
+            reader.open_subrecord(s, b).unwrap(),
+            format!("sub {i}").as_bytes()
+        );
+    }
+    let stray = cairn_core::Hash::new(cairn_core::HashAlgo::Blake3, [7; 32]);
+    assert!(matches!(
+        rc.read_subrecords(&c, &[subs[0], stray]),
+        Err(cairn_core::Error::NotFound(_))
+    ));
+    assert!(rc.read_subrecords(&c, &[]).unwrap().is_empty());
     // A batch mixes successes and failures, in order.
     let out = rc
         .call_batch(&[

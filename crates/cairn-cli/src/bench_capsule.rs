@@ -126,6 +126,18 @@ impl Mirror {
     }
 }
 
+/// How a client asks for its reads and proofs in `many`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Requests {
+    /// One request per record or subrecord, pipelined (a window's requests go out
+    /// together, each answered in its own response).
+    Single,
+    /// One request per window naming all its subrecords: `ReadSubrecords` answered with
+    /// all their bytes, `ProveSubrecords` answered with one Merkle multiproof, as the
+    /// prototype sends a client's requests of a phase in one message. Subrecord API only.
+    Batch,
+}
+
 /// How the benchmark's clients reach the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -183,6 +195,11 @@ pub struct CapsuleArgs {
     /// Client counts for `many` (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,1000")]
     pub many_clients: Vec<usize>,
+    /// How `many`'s clients read and prove: `single` (one request per record) or `batch`
+    /// (one read request and one multiproof request per window of subrecords; subrecord
+    /// API only). Comma-separated to run both.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "single")]
+    pub requests: Vec<Requests>,
     /// YCSB workloads (comma-separated letters).
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
     pub ycsb: Vec<char>,
@@ -660,10 +677,18 @@ impl Client {
     ///
     /// With [`MirrorMode::OnAck`] a window's proofs cannot stop at each other's names (the
     /// acks travel with the next window); with [`MirrorMode::OnIssue`] they do.
-    fn prove_all(&mut self, items: &[Item], window: usize) -> Result<(usize, u64, Duration)> {
+    fn prove_all(
+        &mut self,
+        items: &[Item],
+        window: usize,
+        requests: Requests,
+    ) -> Result<(usize, u64, Duration)> {
         let mut bytes = 0u64;
         let mut excluded = Duration::ZERO;
         let window = window.max(1);
+        if requests == Requests::Batch {
+            return self.multiprove_all(items, window);
+        }
         let acks = self.wants_acks();
         for chunk in items.chunks(window) {
             let reqs = chunk.iter().map(|it| self.prove_req(it)).collect();
@@ -677,6 +702,96 @@ impl Client {
             })?;
             ensure!(n == chunk.len(), "wrong number of proof responses");
         }
+        self.flush_acks()?;
+        Ok((items.len(), bytes, excluded))
+    }
+}
+
+/// `items`, which must all be subrecords, in lists of `window`.
+fn sub_lists(items: &[Item], window: usize) -> Result<Vec<Vec<Hash>>> {
+    items
+        .chunks(window.max(1))
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|it| match *it {
+                    Item::Sub(s) => Ok(s),
+                    Item::Rec(_) => bail!("batched requests are for subrecords only"),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+impl Client {
+    /// Read phase in batches: one `ReadSubrecords` request per `window` items, pipelined;
+    /// every body is checked against its name, opened and compared with what was written.
+    fn read_batched(&mut self, items: &[Item], bodies: &[Vec<u8>], window: usize) -> Result<()> {
+        let lists = sub_lists(items, window)?;
+        let capsule = self.capsule;
+        let reqs = lists
+            .iter()
+            .map(|subs| Request::ReadSubrecords {
+                capsule,
+                subs: subs.clone(),
+            })
+            .collect();
+        let mut done = 0usize;
+        let n = self.call_each(reqs, |reader, _, i, r| {
+            let subs = lists.get(i).context("more read responses than requests")?;
+            let Response::Subrecords(got) = r else {
+                bail!("read_subrecords answered with a {}", r.kind());
+            };
+            ensure!(got.len() == subs.len(), "wrong number of subrecords read");
+            for (sub, sealed) in subs.iter().zip(&got) {
+                let want = bodies.get(done).context("more bodies read than written")?;
+                ensure!(
+                    &reader.open_subrecord(sub, sealed)? == want,
+                    "read returned other bytes than were written"
+                );
+                done += 1;
+            }
+            Ok(())
+        })?;
+        ensure!(
+            n == lists.len() && done == items.len(),
+            "wrong number of read responses"
+        );
+        Ok(())
+    }
+
+    /// Prove phase with multiproofs: one `ProveSubrecords` request per `window` items,
+    /// pipelined, each proof verified for exactly the names its request listed.
+    fn multiprove_all(&mut self, items: &[Item], window: usize) -> Result<(usize, u64, Duration)> {
+        let mut bytes = 0u64;
+        let mut excluded = Duration::ZERO;
+        let lists = sub_lists(items, window)?;
+        let reqs = lists
+            .iter()
+            .map(|subs| Request::ProveSubrecords {
+                capsule: self.capsule,
+                subs: subs.clone(),
+                session: self.session,
+            })
+            .collect();
+        let acks = self.wants_acks();
+        let n = self.call_each(reqs, |reader, unacked, i, r| {
+            let subs = lists.get(i).context("more proof responses than requests")?;
+            let Response::SubrecordsProof { proof_id, proof } = r else {
+                bail!("prove_subrecords answered with a {}", r.kind());
+            };
+            reader.verify_subrecords(subs, &proof)?;
+            let t = Instant::now();
+            let mut e = cairn_core::Encoder::new();
+            proof.encode(&mut e);
+            bytes += e.finish().len() as u64;
+            excluded += t.elapsed();
+            if acks {
+                unacked.push(proof_id);
+            }
+            Ok(())
+        })?;
+        ensure!(n == lists.len(), "wrong number of proof responses");
         self.flush_acks()?;
         Ok((items.len(), bytes, excluded))
     }
@@ -769,6 +884,7 @@ fn phases(
     max_proofs: usize,
     mirror: Mirror,
     window: usize,
+    requests: Requests,
 ) -> Result<PhaseResult> {
     let server = backend.public_key();
     let mut cs = Vec::with_capacity(clients);
@@ -801,7 +917,10 @@ fn phases(
     let c1 = backend.log.commit_counters();
     // Read.
     let t0 = Instant::now();
-    run_all(&mut cs, &barrier, |c, i| c.read_all(&items[i], &data[i]))?;
+    run_all(&mut cs, &barrier, |c, i| match requests {
+        Requests::Single => c.read_all(&items[i], &data[i]),
+        Requests::Batch => c.read_batched(&items[i], &data[i], window),
+    })?;
     let read_s = t0.elapsed().as_secs_f64();
     // Prove, newest first.
     for v in &mut items {
@@ -809,7 +928,9 @@ fn phases(
         v.truncate(max_proofs);
     }
     let t0 = Instant::now();
-    let res = run_all(&mut cs, &barrier, |c, i| c.prove_all(&items[i], window))?;
+    let res = run_all(&mut cs, &barrier, |c, i| {
+        c.prove_all(&items[i], window, requests)
+    })?;
     let wall = t0.elapsed();
     let excluded = res.iter().map(|r| r.2).max().unwrap_or_default();
     let proofs: usize = res.iter().map(|r| r.0).sum();
@@ -911,6 +1032,7 @@ fn seq(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<(
                     max,
                     mirror,
                     mirror.window(args),
+                    Requests::Single,
                 )?;
                 println!(
                     "| {api:?} | {k} | {} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {} |",
@@ -999,15 +1121,25 @@ fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
     );
     println!();
     println!(
-        "| API | mirror | clients × records | write rec/s | read rec/s | prove+verify /s | mean proof B | commits per fsync group |"
+        "| API | mirror | requests | clients × records | write rec/s | read rec/s | prove+verify /s | mean proof B | commits per fsync group |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
-    let cells: Vec<(Api, Mirror)> = args
-        .api
-        .iter()
-        .flat_map(|&a| args.mirror.iter().map(move |&m| (a, m)))
-        .collect();
-    for (api, mirror) in cells {
+    println!("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut cells: Vec<(Api, Mirror, Requests)> = Vec::new();
+    for &api in &args.api {
+        for &mirror in &args.mirror {
+            for &requests in &args.requests {
+                // Batched reads and multiproofs exist for subrecords only.
+                if requests == Requests::Single || api == Api::Subrecord {
+                    cells.push((api, mirror, requests));
+                }
+            }
+        }
+    }
+    ensure!(
+        !cells.is_empty(),
+        "--requests batch needs --api subrecord (batched reads and multiproofs are for subrecords)"
+    );
+    for (api, mirror, requests) in cells {
         for &clients in &args.many_clients {
             ensure!(clients >= 1, "--many-clients must be at least 1");
             let per = args.many_records / clients;
@@ -1022,9 +1154,10 @@ fn many(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
                 usize::MAX,
                 mirror,
                 mirror.window(args),
+                requests,
             )?;
             println!(
-                "| {api:?} | {mirror:?} | {clients} × {per} | {} | {} | {} | {:.0} | {:.1} |",
+                "| {api:?} | {mirror:?} | {requests:?} | {clients} × {per} | {} | {} | {} | {:.0} | {:.1} |",
                 kps(r.write),
                 kps(r.read),
                 kps(r.prove),
@@ -1786,6 +1919,7 @@ mod tests {
             proof_window: Some(4),
             many_records: 400,
             many_clients: vec![1, 4],
+            requests: vec![Requests::Single, Requests::Batch],
             ycsb: vec!['a', 'b', 'c', 'd'],
             ycsb_records: 100,
             ycsb_ops: 300,
