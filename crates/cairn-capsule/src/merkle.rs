@@ -19,9 +19,7 @@ pub type Digest = [u8; 32];
 
 /// `H(0x00 ‖ data)`.
 pub fn leaf_hash(algo: HashAlgo, data: &[u8]) -> Digest {
-    let mut h = algo.hasher();
-    h.update(&[0x00]).update(data);
-    *h.finalize().digest()
+    *algo.digest_parts(&[&[0x00], data]).digest()
 }
 
 /// `H(0x01 ‖ left ‖ right)`.

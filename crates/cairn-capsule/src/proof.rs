@@ -209,9 +209,7 @@ impl RecordProof {
 
 /// A subrecord's name: the hash of its chunk, `H(TAG_SUBRECORD ‖ data)`.
 pub fn subrecord_name(algo: HashAlgo, data: &[u8]) -> Hash {
-    let mut h = algo.hasher();
-    h.update(&TAG_SUBRECORD).update(data);
-    h.finalize()
+    algo.digest_parts(&[&TAG_SUBRECORD, data])
 }
 
 /// The Merkle leaf of a subrecord: `H(0x00 ‖ name digest)`.

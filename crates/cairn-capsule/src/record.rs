@@ -194,9 +194,7 @@ impl RecordHeader {
 
 /// Hash of a body chunk: `H(TAG_BODY ‖ sealed)`.
 pub fn body_hash(algo: HashAlgo, sealed: &[u8]) -> Hash {
-    let mut h = algo.hasher();
-    h.update(&TAG_BODY).update(sealed);
-    h.finalize()
+    algo.digest_parts(&[&TAG_BODY, sealed])
 }
 
 /// The body chunk for `sealed` bytes.

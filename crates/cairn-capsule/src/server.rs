@@ -1368,18 +1368,22 @@ impl CapsuleServer {
         let pos_of = |i: usize| u32::try_from(i).map_err(|_| Error::invalid("too many subrecords"));
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
-        // Group the names by record, in the order their records first appear.
+        // Group the names by record, in the order their records first appear. Names of
+        // one record usually come together: the last group is tried first.
         let mut groups: Vec<(RecordName, Vec<(u64, u32)>)> = Vec::new();
-        let mut group_of: HashMap<RecordName, usize> = HashMap::new();
+        let mut group_of: foldhash::HashMap<RecordName, usize> = Default::default();
         for (pos, sub) in subs.iter().enumerate() {
             let (record, index) = *cap
                 .subrecords
                 .get(sub)
                 .ok_or_else(|| Error::NotFound(format!("subrecord {sub} in capsule {capsule}")))?;
-            let g = *group_of.entry(record).or_insert_with(|| {
-                groups.push((record, Vec::new()));
-                groups.len() - 1
-            });
+            let g = match groups.last() {
+                Some((r, _)) if *r == record => groups.len() - 1,
+                _ => *group_of.entry(record).or_insert_with(|| {
+                    groups.push((record, Vec::new()));
+                    groups.len() - 1
+                }),
+            };
             groups[g].1.push((index as u64, pos_of(pos)?));
         }
         let algo = cap.dag.meta().algo;

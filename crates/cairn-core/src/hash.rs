@@ -63,6 +63,28 @@ impl HashAlgo {
         Hash::new(self, bytes)
     }
 
+    /// The hash of the concatenation of `parts`, as [`HashAlgo::digest`] of it. Small
+    /// inputs (a tag and a name, a Merkle leaf) are joined on the stack and hashed in one
+    /// call, without the heap-allocated state an incremental [`Hasher`] needs.
+    pub fn digest_parts(self, parts: &[&[u8]]) -> Hash {
+        const SMALL: usize = 256;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > SMALL {
+            let mut h = self.hasher();
+            for p in parts {
+                h.update(p);
+            }
+            return h.finalize();
+        }
+        let mut buf = [0u8; SMALL];
+        let mut at = 0;
+        for p in parts {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        self.digest(&buf[..at])
+    }
+
     /// Hashes each of `msgs`, appending the hashes to `out` in order (the same values as
     /// [`HashAlgo::digest`] on each). One call per batch, so a multi-message hasher from a
     /// well-kept crate can replace the loop without touching callers; Cairn does not ship
@@ -256,6 +278,23 @@ mod tests {
             let mut h = algo.hasher();
             h.update(b"hello ").update(b"world");
             assert_eq!(h.finalize(), algo.digest(b"hello world"));
+        }
+    }
+
+    #[test]
+    fn digest_parts_matches_one_shot_at_every_size() {
+        let data: Vec<u8> = (0..600u32).map(|i| (i * 7 + 3) as u8).collect();
+        for algo in [HashAlgo::Blake3, HashAlgo::Sha256] {
+            for len in [0, 1, 33, 255, 256, 257, 600] {
+                let whole = algo.digest(&data[..len]);
+                let cut = len / 3;
+                assert_eq!(algo.digest_parts(&[&data[..len]]), whole);
+                assert_eq!(
+                    algo.digest_parts(&[&data[..cut], &[], &data[cut..len]]),
+                    whole
+                );
+            }
+            assert_eq!(algo.digest_parts(&[]), algo.digest(b""));
         }
     }
 
