@@ -43,8 +43,8 @@ pub use proof::{
 };
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
 pub use server::{
-    Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, ServerOptions, SessionId, SyncBody,
-    SyncRecord,
+    Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, MAX_BATCH_ANSWER_BYTES, ServerOptions,
+    SessionId, SyncBody, SyncRecord,
 };
 pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
 pub use wire::{

@@ -78,6 +78,12 @@ impl Default for ServerOptions {
 /// Largest sealed body or subrecord the server's body cache holds.
 pub const MAX_CACHED_BODY: usize = 4096;
 
+/// Most bytes one batched answer ([`CapsuleServer::read_subrecords`],
+/// [`CapsuleServer::prove_subrecords`]) may carry: half of a wire frame
+/// ([`crate::wire::MAX_FRAME`]). A request whose answer would be larger is refused before
+/// anything is issued; ask for fewer names at a time.
+pub const MAX_BATCH_ANSWER_BYTES: usize = 32 << 20;
+
 /// Sealed bodies and subrecords this server has verified (on write, against the header's
 /// body hash or the subrecord root, or read back from the store, which checks every chunk
 /// against its cid), keyed by that hash and kept up to a byte budget, so a read of a
@@ -1036,9 +1042,23 @@ impl CapsuleServer {
                 subs.len()
             )));
         }
-        subs.iter()
-            .map(|s| self.read_subrecord(capsule, s))
-            .collect()
+        // The answer is bounded in bytes, not only in names: a name may be repeated and a
+        // subrecord may be large.
+        let mut total = 0usize;
+        let mut out = Vec::with_capacity(subs.len().min(4096));
+        for s in subs {
+            let sealed = self.read_subrecord(capsule, s)?;
+            total += sealed.len() + 10;
+            if total > MAX_BATCH_ANSWER_BYTES {
+                return Err(Error::invalid(format!(
+                    "the {} subrecords asked for come to more than {} MiB; ask for fewer at a time",
+                    subs.len(),
+                    MAX_BATCH_ANSWER_BYTES >> 20
+                )));
+            }
+            out.push(sealed);
+        }
+        Ok(out)
     }
 
     /// Subrecords(record): the names of a record's subrecords, in tree order.
@@ -1418,6 +1438,18 @@ impl CapsuleServer {
                 siblings,
                 record: rp,
             });
+        }
+        // Refused before it is issued (the mirror has not moved) when it would not fit.
+        let size: usize = out
+            .iter()
+            .map(|g| 32 + 15 * g.leaves.len() + 32 * g.siblings.len() + g.record.to_bytes().len())
+            .sum();
+        if size > MAX_BATCH_ANSWER_BYTES {
+            return Err(Error::invalid(format!(
+                "a multiproof for these {} subrecords would exceed {} MiB; ask for fewer at a time",
+                subs.len(),
+                MAX_BATCH_ANSWER_BYTES >> 20
+            )));
         }
         let proof = SubrecordsProof { groups: out };
         Ok(match guard.as_deref_mut() {

@@ -413,6 +413,24 @@ fn subrecord_multiproofs_prove_many_and_refuse_tampering() {
     let none = server.prove_subrecords(&c, &[], None).unwrap().proof;
     assert!(none.groups.is_empty());
     reader.verify_subrecords(&[], &none).unwrap();
+    // A batched read is bounded in bytes: one 1 MiB subrecord named 40 times is refused
+    // (an answer over MAX_BATCH_ANSWER_BYTES), named 20 times it is read.
+    let big = w.write_subrecord(&vec![7u8; 1 << 20]).unwrap();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    assert!(40 << 20 > MAX_BATCH_ANSWER_BYTES);
+    assert!(matches!(
+        server.read_subrecords(&c, &vec![big; 40]),
+        Err(Error::InvalidInput(_))
+    ));
+    let twenty = server.read_subrecords(&c, &vec![big; 20]).unwrap();
+    assert_eq!(twenty.len(), 20);
+    assert_eq!(
+        reader.open_subrecord(&big, &twenty[19]).unwrap(),
+        vec![7u8; 1 << 20]
+    );
 }
 
 /// Within a session, a verified multiproof leaves the reader and the server's mirror
