@@ -57,8 +57,12 @@ pub struct ServerOptions {
     /// Most records per capsule that no writer signature covers yet; past it, writes are
     /// refused until the writer signs.
     pub max_unproven: usize,
-    /// Subrecord trees kept in memory for proofs.
+    /// Most subrecord trees each capsule keeps in memory for proofs.
     pub tree_cache: usize,
+    /// Most leaves, across its cached trees, each capsule keeps in memory (a tree keeps
+    /// about 64 bytes per leaf). The least recently used trees go first; a tree larger
+    /// than this is rebuilt for each request instead of kept.
+    pub tree_cache_leaves: usize,
     /// Bytes of verified sealed bodies and subrecords (each up to
     /// [`MAX_CACHED_BODY`] bytes) kept in memory so reads of them skip the store; 0 keeps
     /// none.
@@ -70,6 +74,7 @@ impl Default for ServerOptions {
         ServerOptions {
             max_unproven: 1_000_000,
             tree_cache: 256,
+            tree_cache_leaves: 1 << 22,
             body_cache_bytes: 256 << 20,
         }
     }
@@ -327,6 +332,29 @@ struct Capsule {
     /// Subrecord name → (record, index).
     subrecords: foldhash::HashMap<Hash, (RecordName, u32)>,
     trees: LruCache<RecordName, Arc<MerkleLog>>,
+    /// Leaves across `trees`.
+    tree_leaves: usize,
+}
+
+impl Capsule {
+    /// Keeps `tree` for later proofs, within the count and leaf budgets of `opts`.
+    fn cache_tree(&mut self, opts: &ServerOptions, record: RecordName, tree: Arc<MerkleLog>) {
+        let leaves = tree.size() as usize;
+        if leaves > opts.tree_cache_leaves {
+            return;
+        }
+        self.tree_leaves += leaves;
+        if let Some((_, old)) = self.trees.push(record, tree) {
+            // Evicted for room, or the same record's tree replaced.
+            self.tree_leaves -= old.size() as usize;
+        }
+        while self.tree_leaves > opts.tree_cache_leaves {
+            match self.trees.pop_lru() {
+                Some((_, old)) => self.tree_leaves -= old.size() as usize,
+                None => break,
+            }
+        }
+    }
 }
 
 /// The capsule server.
@@ -528,6 +556,7 @@ impl CapsuleServer {
             journal_seq: 0,
             subrecords: Default::default(),
             trees: LruCache::new(trees),
+            tree_leaves: 0,
         }
     }
 
@@ -903,7 +932,7 @@ impl CapsuleServer {
         if let Some(ws) = sig {
             cap.dag.insert_verified_signature(name, ws);
         }
-        cap.trees.put(name, Arc::new(tree));
+        cap.cache_tree(&self.opts, name, Arc::new(tree));
         let size = cap.dag.log().size();
         Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size))
     }
@@ -1297,7 +1326,7 @@ impl CapsuleServer {
             t.push(subrecord_leaf(&s));
         }
         let t = Arc::new(t);
-        cap.trees.put(*record, t.clone());
+        cap.cache_tree(&self.opts, *record, t.clone());
         Ok(t)
     }
 
@@ -1855,5 +1884,62 @@ impl CapsuleServer {
         }
         out.retain(|n| dag.witness(n).and_then(|w| w.hops()).is_some());
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Writer;
+    use cairn_core::HashAlgo;
+    use cairn_store::MemoryStore;
+
+    /// The tree cache keeps within its leaf budget (least recently used trees go first, a
+    /// tree over the budget is not kept), and proofs verify whether or not their tree was
+    /// kept.
+    #[test]
+    fn the_tree_cache_keeps_within_its_leaf_budget() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let opts = ServerOptions {
+            tree_cache_leaves: 100,
+            ..ServerOptions::default()
+        };
+        let server = CapsuleServer::new(store, SigningKey::from_seed(&[3; 32]), opts);
+        let wk = SigningKey::from_seed(&[4; 32]);
+        let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "trees");
+        meta.cipher = crate::metadata::BodyCipher::Plaintext;
+        let c = meta.name();
+        server.create(&meta).unwrap();
+        let mut w = Writer::new(meta.clone(), wk, None).unwrap();
+        let mut all = Vec::new();
+        for n in [60, 30, 50, 150, 20] {
+            let subs: Vec<Hash> = (0..n)
+                .map(|i| w.write_subrecord(format!("{n} {i}").as_bytes()).unwrap())
+                .collect();
+            let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+            server
+                .commit_subrecords(&c, &header, &sealed, Some(sig))
+                .unwrap();
+            let cap = server.capsule(&c).unwrap();
+            let cap = cap.lock();
+            let held: usize = cap.trees.iter().map(|(_, t)| t.size() as usize).sum();
+            assert_eq!(held, cap.tree_leaves);
+            assert!(cap.tree_leaves <= 100, "{} leaves kept", cap.tree_leaves);
+            assert!(cap.trees.iter().all(|(_, t)| t.size() != 150));
+            all.push(subs);
+        }
+        let mut reader = crate::client::Reader::new(c, meta, CachePolicy::Off, None).unwrap();
+        for subs in &all {
+            let p = server.prove_subrecords(&c, subs, None).unwrap().proof;
+            reader.verify_subrecords(subs, &p).unwrap();
+            let one = server
+                .prove_subrecord(&c, &subs[subs.len() / 2], None)
+                .unwrap();
+            reader
+                .verify_subrecord(&subs[subs.len() / 2], &one.proof)
+                .unwrap();
+        }
+        let cap = server.capsule(&c).unwrap();
+        assert!(cap.lock().tree_leaves <= 100);
     }
 }
