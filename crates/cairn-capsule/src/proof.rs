@@ -298,20 +298,8 @@ impl SubrecordProof {
                 let rp = self.record.as_ref().ok_or_else(|| {
                     Error::Rejected("subrecord proof ends at an untrusted root".into())
                 })?;
-                let head = rp
-                    .chain
-                    .first()
-                    .ok_or_else(|| Error::Rejected("record proof has no headers".into()))?;
-                match head.body {
-                    BodyRef::Subrecords { root: r, count }
-                        if r == Hash::new(algo, root) && count == self.count => {}
-                    _ => {
-                        return Err(Error::Rejected(
-                            "subrecord path does not lead to the record's subrecord root".into(),
-                        ));
-                    }
-                }
-                let names = rp.verify_with(meta, &head.name(), &trusted, &authentic)?;
+                let names =
+                    verify_subrecord_root(meta, rp, root, self.count, &trusted, &authentic)?;
                 Ok((nodes, names))
             }
         }
@@ -362,6 +350,32 @@ impl SubrecordProof {
             record,
         })
     }
+}
+
+/// Checks that `rp`'s first header is a subrecord record whose tree has root `root` and
+/// `count` leaves, then verifies `rp` for it; returns the names it verified.
+fn verify_subrecord_root(
+    meta: &CapsuleMetadata,
+    rp: &RecordProof,
+    root: Digest,
+    count: u64,
+    trusted: impl Fn(&Hash) -> bool,
+    authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+) -> Result<Vec<RecordName>> {
+    let head = rp
+        .chain
+        .first()
+        .ok_or_else(|| Error::Rejected("record proof has no headers".into()))?;
+    match head.body {
+        BodyRef::Subrecords { root: r, count: c }
+            if r == Hash::new(meta.algo, root) && c == count => {}
+        _ => {
+            return Err(Error::Rejected(
+                "subrecord path does not lead to the record's subrecord root".into(),
+            ));
+        }
+    }
+    rp.verify_with(meta, &head.name(), trusted, authentic)
 }
 
 /// Most subrecords one [`SubrecordsProof`] proves (and one request may name).
@@ -432,23 +446,8 @@ impl SubrecordsProof {
                 leaves.push((index, subrecord_leaf(&subs[pos as usize])));
             }
             let root = merkle::multi_root(algo, g.count, &leaves, &g.siblings)?;
-            let head = g
-                .record
-                .chain
-                .first()
-                .ok_or_else(|| Error::Rejected("record proof has no headers".into()))?;
-            match head.body {
-                BodyRef::Subrecords { root: r, count }
-                    if r == Hash::new(algo, root) && count == g.count => {}
-                _ => {
-                    return Err(Error::Rejected(
-                        "subrecord multiproof does not lead to the record's subrecord root".into(),
-                    ));
-                }
-            }
-            let names = g
-                .record
-                .verify_with(meta, &head.name(), &trusted, &authentic)?;
+            let names =
+                verify_subrecord_root(meta, &g.record, root, g.count, &trusted, &authentic)?;
             verified.push((Hash::new(algo, root), names));
         }
         if let Some(pos) = covered.iter().position(|c| !c) {
