@@ -10,7 +10,9 @@
 //! The tree recursion is the RFC's: a tree of `n` leaves splits at the largest power of two
 //! below `n`. [`MerkleLog`] keeps every complete, aligned subtree's hash (about `2n` digests),
 //! so a root, an inclusion proof or a consistency proof costs `O(log n)` lookups plus at
-//! most `O(log² n)` hashes for the ragged right edge.
+//! most `O(log² n)` hashes for the ragged right edge. A multiproof ([`MerkleLog::multi_proof`],
+//! [`multi_root`]) proves several leaves at once with the siblings their paths share sent
+//! once.
 
 use cairn_core::{Error, HashAlgo, Result};
 

@@ -5,7 +5,9 @@
 //! by a writer listed in the capsule metadata ([`Anchor::Signed`]) or already trusted by the
 //! reader ([`Anchor::Cached`], from its verification cache). A [`SubrecordProof`] is an
 //! RFC 6962 audit path from a subrecord up to its record's root (then a record proof), or
-//! up to a tree node the reader already trusts.
+//! up to a tree node the reader already trusts. A [`SubrecordsProof`] proves many
+//! subrecords at once: per record, a Merkle multiproof up to its root, then its record
+//! proof.
 //!
 //! The verifiers here are what a reader runs; they trust nothing but the capsule metadata
 //! (checked against the capsule name) and the reader's own cache, and return every name
