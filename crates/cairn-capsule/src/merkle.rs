@@ -1,5 +1,5 @@
 //! RFC 6962 / RFC 9162 Merkle trees: the hashing, inclusion proofs and consistency proofs
-//! that the per-capsule [`MerkleLog`] and subrecord trees ([`crate::subrecord`]) share.
+//! that the per-capsule [`MerkleLog`] and subrecord trees ([`crate::proof::SubrecordProof`]) share.
 //!
 //! Hashing is domain-separated exactly as RFC 6962 §2.1: a leaf is `H(0x00 ‖ data)`, an
 //! interior node `H(0x01 ‖ left ‖ right)`, the empty tree `H("")`, with `H` the capsule's
