@@ -1638,7 +1638,7 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
         ),
     };
     println!(
-        "## ycsb: key-value store on a capsule vs redb ({source}; {t:?}, durability {}; redb {})",
+        "## ycsb: key-value store on a capsule vs redb ({source}; {t:?}, durability {}; redb {}; the three stores take turns on {YCSB_SLICES} slices of each run)",
         d.name(),
         match d {
             Durability::Buffered => "Durability::None",
@@ -1657,18 +1657,40 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
         };
         for &b in &args.ycsb_batch {
             let b = b.max(1);
-            let on = ycsb_capsule(&wl, root, d, t, true, args.mirror[0], b, args.cipher.into())?;
-            let off = ycsb_capsule(
-                &wl,
-                root,
-                d,
-                t,
-                false,
-                args.mirror[0],
-                b,
-                args.cipher.into(),
-            )?;
-            let base = ycsb_redb(&wl, root, d, b)?;
+            let cipher = args.cipher.into();
+            let mut stores = [
+                YcsbStore::capsule(
+                    &wl,
+                    &root.join("ycsb-on"),
+                    d,
+                    t,
+                    true,
+                    args.mirror[0],
+                    cipher,
+                )?,
+                YcsbStore::capsule(
+                    &wl,
+                    &root.join("ycsb-off"),
+                    d,
+                    t,
+                    false,
+                    args.mirror[0],
+                    cipher,
+                )?,
+                YcsbStore::redb(&wl, &root.join("ycsb-redb"), d)?,
+            ];
+            // The three stores take turns on slices of the run, so a drift in the disk's
+            // sync time (which puts wait for) falls on all three alike.
+            let mut took = [Duration::ZERO; 3];
+            let slice = wl.run.len().div_ceil(YCSB_SLICES).div_ceil(b).max(1) * b;
+            for (k, ops) in wl.run.chunks(slice).enumerate() {
+                for j in 0..stores.len() {
+                    let i = (j + k) % stores.len();
+                    took[i] += stores[i].run(ops, b)?;
+                }
+            }
+            let rate = |i: usize| wl.run.len() as f64 / took[i].as_secs_f64();
+            let (on, off, base) = (rate(0), rate(1), rate(2));
             let ratio = base / on;
             let target = if w == 'a' {
                 "(none)"
@@ -1690,76 +1712,113 @@ fn ycsb(args: &CapsuleArgs, root: &Path, d: Durability, t: Transport) -> Result<
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn ycsb_capsule(
-    wl: &Workload,
-    root: &Path,
-    d: Durability,
-    t: Transport,
-    proofs: bool,
-    mirror: Mirror,
-    batch: usize,
-    cipher: BodyCipher,
-) -> Result<f64> {
-    let backend = Backend::start(&root.join("ycsb-capsule"), d, t, cipher)?;
-    let c = Client::new(
-        backend.connect()?,
-        backend.public_key(),
-        proofs,
-        mirror.mode(),
-        "ycsb",
-        backend.cipher,
-    )?;
-    let mut kv = CapsuleKv {
-        c,
-        index: Default::default(),
-        proofs,
-    };
-    let mut model = Model::default();
-    let load: Vec<Op> = wl
-        .load
-        .iter()
-        .map(|(k, v)| Op::Put(k.clone(), v.clone()))
-        .collect();
-    for chunk in load.chunks(1000) {
-        kv.batch(chunk, &mut model)?;
-    }
-    let t0 = Instant::now();
-    for chunk in wl.run.chunks(batch) {
-        kv.batch(chunk, &mut model)?;
-    }
-    kv.c.flush_acks()?;
-    Ok(wl.run.len() as f64 / t0.elapsed().as_secs_f64())
+/// Slices of a YCSB run the stores take turns on.
+const YCSB_SLICES: usize = 10;
+
+/// One store under test in `ycsb`, loaded with the workload's records, with the model of
+/// what every key must read back.
+enum YcsbStore {
+    /// The key-value store on a capsule (the backend kept alive for it).
+    Capsule {
+        kv: CapsuleKv,
+        model: Model,
+        _backend: Backend,
+    },
+    /// The embedded baseline, in its own directory (removed on drop).
+    Redb {
+        kv: RedbKv,
+        model: Model,
+        dir: PathBuf,
+    },
 }
 
-fn ycsb_redb(wl: &Workload, root: &Path, d: Durability, batch: usize) -> Result<f64> {
-    let dir = root.join("ycsb-redb");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let kv = RedbKv {
-        db: redb::Database::create(dir.join("kv.redb"))?,
-        durability: match d {
-            Durability::Buffered => redb::Durability::None,
-            _ => redb::Durability::Immediate,
-        },
-    };
-    let mut model = Model::default();
-    let load: Vec<Op> = wl
-        .load
-        .iter()
-        .map(|(k, v)| Op::Put(k.clone(), v.clone()))
-        .collect();
-    for chunk in load.chunks(1000) {
-        kv.batch(chunk, &mut model)?;
+impl YcsbStore {
+    /// A capsule store in `dir`, loaded with `wl`'s records (1000 per batch).
+    fn capsule(
+        wl: &Workload,
+        dir: &Path,
+        d: Durability,
+        t: Transport,
+        proofs: bool,
+        mirror: Mirror,
+        cipher: BodyCipher,
+    ) -> Result<YcsbStore> {
+        let backend = Backend::start(dir, d, t, cipher)?;
+        let c = Client::new(
+            backend.connect()?,
+            backend.public_key(),
+            proofs,
+            mirror.mode(),
+            "ycsb",
+            backend.cipher,
+        )?;
+        let mut store = YcsbStore::Capsule {
+            kv: CapsuleKv {
+                c,
+                index: Default::default(),
+                proofs,
+            },
+            model: Model::default(),
+            _backend: backend,
+        };
+        store.load(wl)?;
+        Ok(store)
     }
-    let t0 = Instant::now();
-    for chunk in wl.run.chunks(batch) {
-        kv.batch(chunk, &mut model)?;
+
+    /// redb in `dir` at the durability matching `d`, loaded with `wl`'s records.
+    fn redb(wl: &Workload, dir: &Path, d: Durability) -> Result<YcsbStore> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir)?;
+        let mut store = YcsbStore::Redb {
+            kv: RedbKv {
+                db: redb::Database::create(dir.join("kv.redb"))?,
+                durability: match d {
+                    Durability::Buffered => redb::Durability::None,
+                    _ => redb::Durability::Immediate,
+                },
+            },
+            model: Model::default(),
+            dir: dir.to_path_buf(),
+        };
+        store.load(wl)?;
+        Ok(store)
     }
-    let r = wl.run.len() as f64 / t0.elapsed().as_secs_f64();
-    drop(kv);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(r)
+
+    fn load(&mut self, wl: &Workload) -> Result<()> {
+        let load: Vec<Op> = wl
+            .load
+            .iter()
+            .map(|(k, v)| Op::Put(k.clone(), v.clone()))
+            .collect();
+        self.run(&load, 1000).map(|_| ())
+    }
+
+    /// Runs `ops`, `batch` per request batch and commit; returns the time taken.
+    fn run(&mut self, ops: &[Op], batch: usize) -> Result<Duration> {
+        let t0 = Instant::now();
+        match self {
+            YcsbStore::Capsule { kv, model, .. } => {
+                for chunk in ops.chunks(batch) {
+                    kv.batch(chunk, model)?;
+                }
+                kv.c.flush_acks()?;
+            }
+            YcsbStore::Redb { kv, model, .. } => {
+                for chunk in ops.chunks(batch) {
+                    kv.batch(chunk, model)?;
+                }
+            }
+        }
+        Ok(t0.elapsed())
+    }
+}
+
+impl Drop for YcsbStore {
+    fn drop(&mut self) {
+        if let YcsbStore::Redb { dir, .. } = self {
+            let _ = std::fs::remove_dir_all(&*dir);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
