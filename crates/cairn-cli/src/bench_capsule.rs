@@ -1720,7 +1720,7 @@ const YCSB_SLICES: usize = 10;
 enum YcsbStore {
     /// The key-value store on a capsule (the backend kept alive for it).
     Capsule {
-        kv: CapsuleKv,
+        kv: Box<CapsuleKv>,
         model: Model,
         _backend: Backend,
     },
@@ -1753,11 +1753,11 @@ impl YcsbStore {
             backend.cipher,
         )?;
         let mut store = YcsbStore::Capsule {
-            kv: CapsuleKv {
+            kv: Box::new(CapsuleKv {
                 c,
                 index: Default::default(),
                 proofs,
-            },
+            }),
             model: Model::default(),
             _backend: backend,
         };
