@@ -357,10 +357,74 @@ impl Capsule {
     }
 }
 
+/// Signs write acks on a thread of its own, so that a write's ack is signed while the
+/// write's sync runs instead of after it (the ack's content is known before the commit;
+/// a signature whose write then fails is dropped unseen). One job at a time: while it is
+/// busy, writers sign their own acks, so it never queues work. Started on first use; the
+/// thread ends when the server is dropped.
+struct AckSigner {
+    key: SigningKey,
+    jobs: Mutex<Option<std::sync::mpsc::Sender<SignJob>>>,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A message to sign under [`DOMAIN_ACK`] and where to send the signature.
+struct SignJob {
+    msg: Vec<u8>,
+    reply: std::sync::mpsc::SyncSender<Signature>,
+}
+
+impl AckSigner {
+    fn new(key: SigningKey) -> Self {
+        AckSigner {
+            key,
+            jobs: Mutex::new(None),
+            busy: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    /// Starts signing `msg`; `None` when the signing thread cannot be started (the caller
+    /// then signs itself).
+    fn start(&self, msg: Vec<u8>) -> Option<std::sync::mpsc::Receiver<Signature>> {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let started = self.send(msg);
+        if started.is_none() {
+            self.busy.store(false, Ordering::Release);
+        }
+        started
+    }
+
+    fn send(&self, msg: Vec<u8>) -> Option<std::sync::mpsc::Receiver<Signature>> {
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
+        let mut jobs = self.jobs.lock();
+        if jobs.is_none() {
+            let (tx, queue) = std::sync::mpsc::channel::<SignJob>();
+            let key = self.key.clone();
+            let busy = self.busy.clone();
+            std::thread::Builder::new()
+                .name("cairn-ack-signer".into())
+                .spawn(move || {
+                    while let Ok(job) = queue.recv() {
+                        let sig = key.sign(DOMAIN_ACK, &job.msg);
+                        busy.store(false, Ordering::Release);
+                        let _ = job.reply.send(sig);
+                    }
+                })
+                .ok()?;
+            *jobs = Some(tx);
+        }
+        jobs.as_ref()?.send(SignJob { msg, reply }).ok()?;
+        Some(rx)
+    }
+}
+
 /// The capsule server.
 pub struct CapsuleServer {
     store: Arc<dyn Store>,
     key: SigningKey,
+    signer: AckSigner,
     opts: ServerOptions,
     capsules: Mutex<foldhash::HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
     sessions: Mutex<foldhash::HashMap<SessionId, Arc<Mutex<Session>>>>,
@@ -474,6 +538,7 @@ impl CapsuleServer {
     pub fn new(store: Arc<dyn Store>, key: SigningKey, opts: ServerOptions) -> Self {
         CapsuleServer {
             store,
+            signer: AckSigner::new(key.clone()),
             key,
             bodies: BodyCache::new(opts.body_cache_bytes),
             opts,
@@ -715,7 +780,25 @@ impl CapsuleServer {
         records: &[Record],
         signatures: &[(RecordName, WriterSignature)],
     ) -> Result<Ack> {
-        let (names, size) = self.write_unacked(capsule, records, signatures, false)?;
+        // The ack is signed on the signer's thread while this one commits (and syncs).
+        let mut early = None;
+        let (names, size) =
+            self.write_inner(capsule, records, signatures, false, &mut |names, size| {
+                let msg = Ack::message(capsule, &AckKind::Wrote(names.to_vec()), size);
+                early = self.signer.start(msg).map(|rx| (size, rx));
+            })?;
+        if let Some((signed_size, rx)) = early
+            && signed_size == size
+            && let Ok(sig) = rx.recv()
+        {
+            return Ok(Ack {
+                capsule: *capsule,
+                kind: AckKind::Wrote(names),
+                log_size: size,
+                server: self.key.public(),
+                sig,
+            });
+        }
         Ok(self.make_ack(*capsule, AckKind::Wrote(names), size))
     }
 
@@ -730,6 +813,19 @@ impl CapsuleServer {
         records: &[Record],
         signatures: &[(RecordName, WriterSignature)],
         own_signatures: bool,
+    ) -> Result<(Vec<RecordName>, u64)> {
+        self.write_inner(capsule, records, signatures, own_signatures, &mut |_, _| {})
+    }
+
+    /// [`CapsuleServer::write_unacked`], calling `committing(names, log size)` with what
+    /// the ack will say just before the journal commit starts (only when there is one).
+    fn write_inner(
+        &self,
+        capsule: &CapsuleName,
+        records: &[Record],
+        signatures: &[(RecordName, WriterSignature)],
+        own_signatures: bool,
+        committing: &mut dyn FnMut(&[RecordName], u64),
     ) -> Result<(Vec<RecordName>, u64)> {
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
@@ -790,6 +886,8 @@ impl CapsuleServer {
             }
         }
         if !entries.is_empty() {
+            // Every fresh record becomes one leaf of the capsule's log below.
+            committing(&names, cap.dag.log().size() + fresh.len() as u64);
             self.append_journal(capsule, &mut cap, &entries)?;
         }
         for &i in &fresh {
@@ -1893,6 +1991,59 @@ mod tests {
     use crate::client::Writer;
     use cairn_core::HashAlgo;
     use cairn_store::MemoryStore;
+
+    /// Acks signed on the signer's thread while the write commits are the same acks: each
+    /// verifies and names the log size the capsule has after the write, from one writer
+    /// and from several at once (when the signer is busy, writers sign their own), for
+    /// new records, records already present and signatures alone.
+    #[test]
+    fn acks_signed_during_the_commit_verify_and_name_the_log_size() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let server = Arc::new(CapsuleServer::new(
+            store,
+            SigningKey::from_seed(&[5; 32]),
+            ServerOptions::default(),
+        ));
+        let mut metas = Vec::new();
+        for t in 0..4u8 {
+            let wk = SigningKey::from_seed(&[10 + t; 32]);
+            let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "acks");
+            meta.cipher = crate::metadata::BodyCipher::Plaintext;
+            server.create(&meta).unwrap();
+            metas.push((meta, wk));
+        }
+        let key = server.public_key();
+        std::thread::scope(|scope| {
+            for (meta, wk) in metas {
+                let server = server.clone();
+                scope.spawn(move || {
+                    let c = meta.name();
+                    let mut w = Writer::new(meta, wk, None).unwrap();
+                    for i in 0..50u32 {
+                        let r = w.record(&i.to_le_bytes(), &[]).unwrap();
+                        let name = r.name();
+                        let sig = (name, w.sign(&name));
+                        let sigs = if i % 3 == 0 { vec![sig] } else { vec![] };
+                        let ack = server.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
+                        ack.verify(&key, &c, &AckKind::Wrote(vec![name])).unwrap();
+                        let size = server.with_dag(&c, |d| d.log().size()).unwrap();
+                        assert_eq!(ack.log_size, size);
+                        assert_eq!(size, u64::from(i) + 1);
+                        // Again: nothing new to commit, the same size.
+                        let again = server.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+                        again.verify(&key, &c, &AckKind::Wrote(vec![name])).unwrap();
+                        assert_eq!(again.log_size, size);
+                        // A signature alone.
+                        if i % 3 == 1 {
+                            let ack = server.write(&c, &[], &[sig]).unwrap();
+                            ack.verify(&key, &c, &AckKind::Wrote(vec![])).unwrap();
+                            assert_eq!(ack.log_size, size);
+                        }
+                    }
+                });
+            }
+        });
+    }
 
     /// The tree cache keeps within its leaf budget (least recently used trees go first, a
     /// tree over the budget is not kept), and proofs verify whether or not their tree was
