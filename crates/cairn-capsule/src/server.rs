@@ -360,8 +360,9 @@ impl Capsule {
 /// Signs write acks on a thread of its own, so that a write's ack is signed while the
 /// write's sync runs instead of after it (the ack's content is known before the commit;
 /// a signature whose write then fails is dropped unseen). One job at a time: while it is
-/// busy, writers sign their own acks, so it never queues work. Started on first use; the
-/// thread ends when the server is dropped.
+/// busy, writers sign their own acks, so no backlog builds up behind it. With a store
+/// that does not sync, the hand-over can cost about what it saves. Started on first use;
+/// the thread ends when the server is dropped.
 struct AckSigner {
     key: SigningKey,
     jobs: Mutex<Option<std::sync::mpsc::Sender<SignJob>>>,
