@@ -265,8 +265,9 @@ impl Reader {
         target: &RecordName,
         proof: &RecordProof,
     ) -> Result<Vec<RecordName>> {
-        proof.verify_with(
+        proof.verify_in(
             &self.meta,
+            &self.capsule,
             target,
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
@@ -333,8 +334,9 @@ impl Reader {
     /// Verifies a subrecord proof for the subrecord named `sub`; on success notes the tree
     /// nodes it computed, the siblings its path consumed and the record names it verified.
     pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
-        let (nodes, names) = proof.verify_with(
+        let (nodes, names) = proof.verify_in(
             &self.meta,
+            &self.capsule,
             sub,
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
@@ -358,8 +360,9 @@ impl Reader {
     /// the proof was requested for, in the same order); on success notes each record's
     /// subrecord root and the record names verified, as the server's mirror does.
     pub fn verify_subrecords(&mut self, subs: &[Hash], proof: &SubrecordsProof) -> Result<()> {
-        let verified = proof.verify_with(
+        let verified = proof.verify_in(
             &self.meta,
+            &self.capsule,
             subs,
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
@@ -390,12 +393,8 @@ impl Reader {
             .chain
             .first()
             .ok_or_else(|| Error::Rejected("proof has no headers".into()))?;
-        let record = Record {
-            header: header.clone(),
-            body,
-        };
-        record.check_body()?;
-        let plain = self.crypto.open(&record.body)?;
+        header.check_body(&body)?;
+        let plain = self.crypto.open(&body)?;
         self.note_verified(names.iter().map(|n| *n.hash()));
         Ok(plain)
     }

@@ -16,7 +16,7 @@
 use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, Result, Signature};
 
 use crate::merkle::{self, Digest, Walk};
-use crate::metadata::CapsuleMetadata;
+use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::record::{BodyRef, RecordHeader, RecordName, TAG_SUBRECORD};
 
 /// Signature domain for a writer's signature on a record name.
@@ -107,7 +107,20 @@ impl RecordProof {
         trusted: impl Fn(&Hash) -> bool,
         authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
     ) -> Result<Vec<RecordName>> {
-        let capsule = meta.name();
+        self.verify_in(meta, &meta.name(), target, trusted, authentic)
+    }
+
+    /// [`RecordProof::verify_with`] for a caller that holds `capsule`, the name of `meta`
+    /// (a reader verifying many proofs hashes its metadata once, not once per proof).
+    pub(crate) fn verify_in(
+        &self,
+        meta: &CapsuleMetadata,
+        capsule: &CapsuleName,
+        target: &RecordName,
+        trusted: impl Fn(&Hash) -> bool,
+        authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+    ) -> Result<Vec<RecordName>> {
+        debug_assert!(meta.name() == *capsule);
         if self.chain.is_empty() {
             return Err(Error::Rejected("proof has no headers".into()));
         }
@@ -116,7 +129,7 @@ impl RecordProof {
         }
         let mut names = Vec::with_capacity(self.chain.len());
         for (i, h) in self.chain.iter().enumerate() {
-            if h.capsule != capsule {
+            if h.capsule != *capsule {
                 return Err(Error::Rejected(format!(
                     "proof header {i} names capsule {}, not {capsule}",
                     h.capsule
@@ -272,6 +285,19 @@ impl SubrecordProof {
         trusted: impl Fn(&Hash) -> bool,
         authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
     ) -> Result<(Vec<Hash>, Vec<RecordName>)> {
+        self.verify_in(meta, &meta.name(), sub, trusted, authentic)
+    }
+
+    /// [`SubrecordProof::verify_with`] for a caller that holds `capsule`, the name of
+    /// `meta`.
+    pub(crate) fn verify_in(
+        &self,
+        meta: &CapsuleMetadata,
+        capsule: &CapsuleName,
+        sub: &Hash,
+        trusted: impl Fn(&Hash) -> bool,
+        authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+    ) -> Result<(Vec<Hash>, Vec<RecordName>)> {
         let algo = meta.algo;
         if sub.algo() != algo {
             return Err(Error::Rejected(
@@ -300,8 +326,9 @@ impl SubrecordProof {
                 let rp = self.record.as_ref().ok_or_else(|| {
                     Error::Rejected("subrecord proof ends at an untrusted root".into())
                 })?;
-                let names =
-                    verify_subrecord_root(meta, rp, root, self.count, &trusted, &authentic)?;
+                let names = verify_subrecord_root(
+                    meta, capsule, rp, root, self.count, &trusted, &authentic,
+                )?;
                 Ok((nodes, names))
             }
         }
@@ -358,6 +385,7 @@ impl SubrecordProof {
 /// `count` leaves, then verifies `rp` for it; returns the names it verified.
 fn verify_subrecord_root(
     meta: &CapsuleMetadata,
+    capsule: &CapsuleName,
     rp: &RecordProof,
     root: Digest,
     count: u64,
@@ -377,7 +405,7 @@ fn verify_subrecord_root(
             ));
         }
     }
-    rp.verify_with(meta, &head.name(), trusted, authentic)
+    rp.verify_in(meta, capsule, &head.name(), trusted, authentic)
 }
 
 /// Most subrecords one [`SubrecordsProof`] proves (and one request may name).
@@ -421,6 +449,19 @@ impl SubrecordsProof {
         trusted: impl Fn(&Hash) -> bool,
         authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
     ) -> Result<Vec<(Hash, Vec<RecordName>)>> {
+        self.verify_in(meta, &meta.name(), subs, trusted, authentic)
+    }
+
+    /// [`SubrecordsProof::verify_with`] for a caller that holds `capsule`, the name of
+    /// `meta`.
+    pub(crate) fn verify_in(
+        &self,
+        meta: &CapsuleMetadata,
+        capsule: &CapsuleName,
+        subs: &[Hash],
+        trusted: impl Fn(&Hash) -> bool,
+        authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+    ) -> Result<Vec<(Hash, Vec<RecordName>)>> {
         let algo = meta.algo;
         if subs.iter().any(|s| s.algo() != algo) {
             return Err(Error::Rejected(
@@ -448,8 +489,9 @@ impl SubrecordsProof {
                 leaves.push((index, subrecord_leaf(&subs[pos as usize])));
             }
             let root = merkle::multi_root(algo, g.count, &leaves, &g.siblings)?;
-            let names =
-                verify_subrecord_root(meta, &g.record, root, g.count, &trusted, &authentic)?;
+            let names = verify_subrecord_root(
+                meta, capsule, &g.record, root, g.count, &trusted, &authentic,
+            )?;
             verified.push((Hash::new(algo, root), names));
         }
         if let Some(pos) = covered.iter().position(|c| !c) {

@@ -240,9 +240,17 @@ impl Record {
 
     /// Checks that the body matches the header's hash and length.
     pub fn check_body(&self) -> Result<()> {
-        match &self.header.body {
+        self.header.check_body(&self.body)
+    }
+}
+
+impl RecordHeader {
+    /// Checks that `body` is the body this header names: its hash and length for a plain
+    /// body; nothing at all for a subrecord record, whose data are its subrecords.
+    pub fn check_body(&self, body: &[u8]) -> Result<()> {
+        match &self.body {
             BodyRef::Plain { hash, len } => {
-                if self.body.len() as u64 != *len || body_hash(hash.algo(), &self.body) != *hash {
+                if body.len() as u64 != *len || body_hash(hash.algo(), body) != *hash {
                     return Err(Error::Rejected(format!(
                         "body of record {} does not match the hash in its header",
                         self.name()
@@ -251,7 +259,7 @@ impl Record {
                 Ok(())
             }
             BodyRef::Subrecords { .. } => {
-                if self.body.is_empty() {
+                if body.is_empty() {
                     Ok(())
                 } else {
                     Err(Error::Rejected(
