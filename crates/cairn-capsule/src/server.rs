@@ -1051,9 +1051,47 @@ impl CapsuleServer {
         })?
     }
 
+    /// The sealed body of record `name` if the body cache holds it (checked against the
+    /// header's body hash and length); `None` when it must be read from the store.
+    fn cached_body(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        body: StoredBody,
+        header: &RecordHeader,
+    ) -> Result<Option<Vec<u8>>> {
+        let (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) = (body, &header.body) else {
+            return Ok(None);
+        };
+        let Some(sealed) = self.bodies.get(capsule, &cid) else {
+            return Ok(None);
+        };
+        if cid != *hash || sealed.len() as u64 != *len {
+            return Err(Error::corrupt(format!(
+                "stored body of record {name} does not match its header"
+            )));
+        }
+        Ok(Some(sealed.to_vec()))
+    }
+
     /// The sealed body of record `name` whose header is `header` and whose body is stored
     /// as `body`.
     fn read_body(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        body: StoredBody,
+        header: &RecordHeader,
+    ) -> Result<Vec<u8>> {
+        match self.cached_body(capsule, name, body, header)? {
+            Some(sealed) => Ok(sealed),
+            None => self.stored_body(capsule, name, body, header),
+        }
+    }
+
+    /// [`CapsuleServer::read_body`] past the body cache: reads the body chunk from the
+    /// store (and keeps it in the cache).
+    fn stored_body(
         &self,
         capsule: &CapsuleName,
         name: &RecordName,
@@ -1072,12 +1110,6 @@ impl CapsuleServer {
                 // and the length are left to check.
                 if cid != *hash {
                     return Err(mismatch());
-                }
-                if let Some(sealed) = self.bodies.get(capsule, &cid) {
-                    if sealed.len() as u64 != *len {
-                        return Err(mismatch());
-                    }
-                    return Ok(sealed.to_vec());
                 }
                 let chunk = self
                     .store
@@ -1111,12 +1143,11 @@ impl CapsuleServer {
         capsule: &CapsuleName,
         name: &RecordName,
     ) -> Result<(StoredBody, RecordHeader)> {
-        let body = cap
+        let node = cap
             .dag
             .node(name)
-            .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?
-            .body;
-        Ok((body, Self::mem_header(cap, name)?))
+            .ok_or_else(|| Error::NotFound(format!("record {name} in capsule {capsule}")))?;
+        Ok((node.body, RecordHeader::decode(&node.header)?))
     }
 
     /// Read-and-prove: the record's sealed body and [`CapsuleServer::prove`]'s proof for it,
@@ -1129,11 +1160,20 @@ impl CapsuleServer {
         session: Option<SessionId>,
     ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
         let cap = self.capsule(capsule)?;
-        let (stored, header) = Self::stored_record(&cap.lock(), capsule, name)?;
-        // Outside the lock: this may read the store.
-        let body = self.read_body(capsule, name, stored, &header)?;
-        let cap = cap.lock();
-        let issued = self.prove_locked(&cap, capsule, name, session, Some(header))?;
+        let mut locked = cap.lock();
+        let (stored, header) = Self::stored_record(&locked, capsule, name)?;
+        // A body the cache holds is read under the lock; any other is read outside it,
+        // since that may read the store.
+        let body = match self.cached_body(capsule, name, stored, &header)? {
+            Some(body) => body,
+            None => {
+                drop(locked);
+                let body = self.stored_body(capsule, name, stored, &header)?;
+                locked = cap.lock();
+                body
+            }
+        };
+        let issued = self.prove_locked(&locked, capsule, name, session, Some(header))?;
         Ok((body, issued))
     }
 
