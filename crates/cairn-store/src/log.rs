@@ -57,7 +57,10 @@
 //! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files and hints
 //!    of missing segments.
 //! 2. Read `refs.snap` (if any).
-//! 3. Sealed segments: load the hint file, or scan the records. All of a sealed segment is
+//! 3. Sealed segments: load the hint file, or scan the records. A hint is written when a
+//!    segment is sealed, with the commit payloads read back and checked against their
+//!    record checksums (a commit record that fails gets the segment no hint, so every open
+//!    rescans it and reports the damage). All of a sealed segment is
 //!    durable (it was synced before it was sealed), so damage there is bit rot: handled as
 //!    in the durable region below, reported, and no hint is written for that segment (so
 //!    the damage is reported at every open). Replay records into the index in segment
@@ -106,6 +109,14 @@
 //!      [`RecoveryReport`] (`damaged_records`, `damaged_bytes`, `damage`).
 //!
 //!    The same rules hold under [`Durability::Buffered`].
+//!
+//!    The active segment is then synced, so that what a killed run wrote but never synced
+//!    is durable before it is replayed (and before a snapshot could take it in).
+//!
+//!    A chunk whose record is kept with a bad payload, or whose record fails its check on
+//!    a later read (including reads by compaction), counts as absent to
+//!    [`ChunkStore::has`] and to puts: putting the chunk again writes a sound copy, which
+//!    the index then points at, rather than trusting the damaged one.
 //!
 //!    In every segment, a resync can lock onto a record embedded in a chunk payload. So
 //!    after a resync, until a commit record is accepted, a commit record numbered above the
@@ -650,6 +661,10 @@ pub struct LogStore {
     wake: [WakeSlot; WAKE_RING],
     failures: Mutex<Vec<Failure>>,
     any_failure: AtomicBool,
+    /// Chunks the index points at whose stored record failed its checksum (at open) or
+    /// its check on a read: a put of one writes a fresh copy instead of trusting it.
+    damaged: Mutex<HashSet<Cid>>,
+    any_damaged: AtomicBool,
     compact_lock: Mutex<()>,
     failed: Mutex<Option<String>>,
     failed_flag: AtomicBool,
@@ -795,6 +810,8 @@ impl LogStore {
 
         // Sealed segments.
         let index = Index::new();
+        // Chunk records whose checksum fails, as (cid, segment, offset).
+        let mut bad_chunks: Vec<(Cid, u32, u64)> = Vec::new();
         let mut segments = BTreeMap::new();
         let last = seg_ids.last().copied();
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
@@ -809,6 +826,7 @@ impl LogStore {
             report.damaged_bytes += sealed.skipped;
             report.damage.extend(sealed.damage);
             index.replay(id, &sealed.records);
+            bad_chunks.extend(sealed.bad_chunks.iter().map(|&(cid, off)| (cid, id, off)));
             max_seq = max_seq.max(sealed.max_seq);
             commits.extend(sealed.commits.into_iter().map(|c| (id, c)));
             segments.insert(id, seg);
@@ -860,11 +878,17 @@ impl LogStore {
                             .and_then(|_| file.sync_all())
                             .ctx(|| format!("truncating torn tail of {}", path.display()))?;
                     }
+                    // What the last run wrote and never synced (it was killed before its
+                    // sync) may still be only in the page cache, yet it is replayed below
+                    // and a snapshot could soon take it in: make it durable first.
+                    file.sync_data()
+                        .ctx(|| format!("syncing {}", path.display()))?;
                     active_damaged = scan.damaged > 0;
                     report.damaged_records += scan.damaged;
                     report.damaged_bytes += scan.skipped;
                     report.damage.extend(scan.damage);
                     index.replay(id, &scan.records);
+                    bad_chunks.extend(scan.bad_chunks.iter().map(|&(cid, off)| (cid, id, off)));
                     max_seq = max_seq.max(scan.max_seq);
                     let mine = scan
                         .commits
@@ -922,9 +946,22 @@ impl LogStore {
             }
         }
 
+        // A damaged chunk record the index still points at (no later copy replaced it)
+        // counts as absent for puts, so putting the chunk again writes a sound copy.
+        let damaged: HashSet<Cid> = bad_chunks
+            .into_iter()
+            .filter(|&(cid, seg, off)| {
+                index
+                    .get(&cid)
+                    .is_some_and(|l| l.seg == seg && l.off == off)
+            })
+            .map(|(cid, _, _)| cid)
+            .collect();
         let cap = opts.write_buffer.max(4096);
         Ok(LogStore {
             algo,
+            any_damaged: AtomicBool::new(!damaged.is_empty()),
+            damaged: Mutex::new(damaged),
             index,
             segments: RwLock::new(segments),
             writer: Mutex::new(Writer {
@@ -1039,6 +1076,21 @@ impl LogStore {
         }
         self.failed_flag.store(true, Ordering::Release);
         e
+    }
+
+    /// True when the index holds `cid` and its record is not known to be damaged.
+    fn holds_sound(&self, cid: &Cid) -> bool {
+        self.index.contains(cid)
+            && !(self.any_damaged.load(Ordering::Acquire) && self.damaged.lock().contains(cid))
+    }
+
+    /// Notes that the record the index holds for `cid` failed its check, so that the next
+    /// put of the chunk writes a sound copy.
+    fn mark_damaged(&self, cid: &Cid) {
+        if self.index.contains(cid) {
+            self.damaged.lock().insert(*cid);
+            self.any_damaged.store(true, Ordering::Release);
+        }
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -1338,6 +1390,15 @@ impl LogStore {
     }
 }
 
+/// The cids of the chunk records among `records`.
+fn chunk_cids(records: &[HintEntry]) -> HashSet<Cid> {
+    records
+        .iter()
+        .filter(|e| e.kind == KIND_CHUNK)
+        .map(|e| e.cid)
+        .collect()
+}
+
 /// Brings the ordered refs map up to date with the updates applied since.
 fn drain_pending(r: &mut RefsState) {
     let ops = std::mem::take(&mut r.pending);
@@ -1353,6 +1414,8 @@ struct Sealed {
     damaged: u64,
     skipped: u64,
     damage: Vec<String>,
+    /// Chunk records whose checksum fails: `(cid, offset)`.
+    bad_chunks: Vec<(Cid, u64)>,
 }
 
 /// Records of a sealed segment: from its hint file when valid, else by scanning it (and
@@ -1412,6 +1475,7 @@ fn sealed_records(
         damaged: scan.damaged + u64::from(header.is_err()),
         skipped: scan.skipped,
         damage,
+        bad_chunks: scan.bad_chunks,
     })
 }
 
@@ -1534,17 +1598,20 @@ impl ChunkStore for LogStore {
                 chunk.len()
             )));
         }
-        if self.index.contains(&cid) {
+        if self.holds_sound(&cid) {
             return Ok(false);
         }
         self.check_failed()?;
         let header = format::frame_header(KIND_CHUNK, &cid, chunk);
         let mut w = self.writer.lock();
-        if self.index.contains(&cid) {
+        if self.holds_sound(&cid) {
             return Ok(false);
         }
         let loc = w.append(&header, KIND_CHUNK, cid, chunk);
         self.index.insert(cid, loc);
+        if self.any_damaged.load(Ordering::Acquire) {
+            self.damaged.lock().remove(&cid);
+        }
         self.after_append(&mut w)?;
         Ok(true)
     }
@@ -1559,7 +1626,10 @@ impl ChunkStore for LogStore {
             let Some(seg) = self.segments.read().get(&loc.seg).cloned() else {
                 continue;
             };
-            return self.read_chunk(cid, &seg, loc).map(Some);
+            return self
+                .read_chunk(cid, &seg, loc)
+                .inspect_err(|_| self.mark_damaged(cid))
+                .map(Some);
         }
         Err(Error::corrupt(format!(
             "chunk {cid}: the index points at a segment that no longer exists"
@@ -1609,7 +1679,9 @@ impl ChunkStore for LogStore {
                                 let Some(l) = locs[k] else { continue };
                                 let at = (l.off - first.off) as usize;
                                 let frame = run.slice(at..at + l.frame_len() as usize);
-                                out.push(Some(Self::check_chunk_frame(&cids[k], &seg, l, frame)?));
+                                let chunk = Self::check_chunk_frame(&cids[k], &seg, l, frame)
+                                    .inspect_err(|_| self.mark_damaged(&cids[k]))?;
+                                out.push(Some(chunk));
                             }
                         }
                         // A short read or an I/O error: let the single gets report it
@@ -1633,7 +1705,7 @@ impl ChunkStore for LogStore {
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
-        Ok(self.index.contains(cid))
+        Ok(self.holds_sound(cid))
     }
 
     fn cids(&self) -> Result<Vec<Cid>> {
@@ -1676,7 +1748,7 @@ impl ChunkStore for LogStore {
         let live = self.live_bytes();
         {
             let mut w = self.writer.lock();
-            let data = w.end() - SEG_HEADER_LEN;
+            let data = w.end().saturating_sub(SEG_HEADER_LEN);
             let l = live.get(&w.seg.id).copied().unwrap_or(0);
             if data > 0 && garbage_heavy(data, l) {
                 self.roll(&mut w)?;
@@ -1691,7 +1763,10 @@ impl ChunkStore for LogStore {
             .cloned()
             .collect();
         let (heavy, mut keep): (Vec<_>, Vec<_>) = sealed.into_iter().partition(|s| {
-            let data = s.flushed.load(Ordering::Acquire) - SEG_HEADER_LEN;
+            let data = s
+                .flushed
+                .load(Ordering::Acquire)
+                .saturating_sub(SEG_HEADER_LEN);
             garbage_heavy(data, live.get(&s.id).copied().unwrap_or(0))
         });
         // A segment holding commit records can go only once a durable refs.snap covers them.
@@ -1708,77 +1783,94 @@ impl ChunkStore for LogStore {
         if cands.is_empty() {
             return Ok(0);
         }
-        // Chunk cids of the segments that stay, loaded when a tombstone needs them.
-        let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
         let mut written = 0u64;
         let mut unsafe_to_delete = BTreeSet::new();
+        // First the live chunks: copied to the active segment, or, when one cannot be read,
+        // left in place with the whole segment (for reads to report).
         for (s, sealed) in &cands {
             if !sealed.damage.is_empty() {
                 // Leave damaged segments in place, for inspection.
                 unsafe_to_delete.insert(s.id);
             }
-            for r in sealed.records.iter().copied() {
-                if r.kind == KIND_CHUNK {
-                    let loc = Loc {
-                        seg: s.id,
-                        off: r.off,
-                        len: r.len,
-                    };
-                    if self.index.get(&r.cid) != Some(loc) {
-                        continue;
-                    }
-                    let chunk = match self.read_chunk(&r.cid, s, loc) {
-                        Ok(c) => c,
-                        Err(Error::Corrupt(_)) => {
-                            // Leave damaged data where it is, for reads to report.
-                            unsafe_to_delete.insert(s.id);
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
-                    let mut w = self.writer.lock();
-                    if self.index.get(&r.cid) != Some(loc) {
-                        continue;
-                    }
-                    let new = w.append(&header, KIND_CHUNK, r.cid, &chunk);
-                    self.index.insert(r.cid, new);
-                    written += new.frame_len();
-                    self.after_append(&mut w)?;
-                } else {
-                    if self.index.contains(&r.cid) {
-                        continue;
-                    }
-                    let mut needed = false;
-                    for k in keep.iter().filter(|k| k.id < s.id) {
-                        let set = match kept_cids.entry(k.id) {
-                            btree_map::Entry::Occupied(e) => e.into_mut(),
-                            btree_map::Entry::Vacant(v) => v.insert(
-                                self.sealed_records(k)?
-                                    .records
-                                    .into_iter()
-                                    .filter(|e| e.kind == KIND_CHUNK)
-                                    .map(|e| e.cid)
-                                    .collect(),
-                            ),
-                        };
-                        if set.contains(&r.cid) {
-                            needed = true;
-                            break;
-                        }
-                    }
-                    if !needed {
-                        continue;
-                    }
-                    let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
-                    let mut w = self.writer.lock();
-                    if self.index.contains(&r.cid) {
-                        continue;
-                    }
-                    w.append(&header, KIND_TOMBSTONE, r.cid, &[]);
-                    written += FRAME_HEADER_LEN as u64;
-                    self.after_append(&mut w)?;
+            for r in sealed.records.iter().filter(|r| r.kind == KIND_CHUNK) {
+                let loc = Loc {
+                    seg: s.id,
+                    off: r.off,
+                    len: r.len,
+                };
+                if self.index.get(&r.cid) != Some(loc) {
+                    continue;
                 }
+                let chunk = match self.read_chunk(&r.cid, s, loc) {
+                    Ok(c) => c,
+                    Err(Error::Corrupt(_)) => {
+                        self.mark_damaged(&r.cid);
+                        unsafe_to_delete.insert(s.id);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
+                let mut w = self.writer.lock();
+                if self.index.get(&r.cid) != Some(loc) {
+                    continue;
+                }
+                let new = w.append(&header, KIND_CHUNK, r.cid, &chunk);
+                self.index.insert(r.cid, new);
+                written += new.frame_len();
+                self.after_append(&mut w)?;
+            }
+        }
+        // Then the tombstones: a tombstone is copied when a segment that stays (one not
+        // compacted, or a candidate left in place above) holds an earlier record of its
+        // chunk, which the tombstone must keep removed at the next open.
+        let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
+        for (s, sealed) in cands
+            .iter()
+            .filter(|(s, _)| unsafe_to_delete.contains(&s.id))
+        {
+            kept_cids.insert(s.id, chunk_cids(&sealed.records));
+        }
+        let mut stays: Vec<u32> = keep
+            .iter()
+            .map(|k| k.id)
+            .chain(unsafe_to_delete.iter().copied())
+            .collect();
+        stays.sort_unstable();
+        for (s, sealed) in &cands {
+            for r in sealed.records.iter().filter(|r| r.kind != KIND_CHUNK) {
+                if self.index.contains(&r.cid) {
+                    continue;
+                }
+                let mut needed = false;
+                for &id in stays.iter().filter(|&&id| id < s.id) {
+                    let set = match kept_cids.entry(id) {
+                        btree_map::Entry::Occupied(e) => e.into_mut(),
+                        btree_map::Entry::Vacant(v) => {
+                            // `stays` names only kept segments and candidates, whose sets
+                            // were loaded above.
+                            let Some(k) = keep.iter().find(|k| k.id == id) else {
+                                continue;
+                            };
+                            v.insert(chunk_cids(&self.sealed_records(k)?.records))
+                        }
+                    };
+                    if set.contains(&r.cid) {
+                        needed = true;
+                        break;
+                    }
+                }
+                if !needed {
+                    continue;
+                }
+                let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
+                let mut w = self.writer.lock();
+                if self.index.contains(&r.cid) {
+                    continue;
+                }
+                w.append(&header, KIND_TOMBSTONE, r.cid, &[]);
+                written += FRAME_HEADER_LEN as u64;
+                self.after_append(&mut w)?;
             }
         }
         // The copies must be durable before the originals go.
@@ -1849,6 +1941,13 @@ impl RefStore for LogStore {
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
         self.check_failed()?;
         let (ops_bytes, ops) = refs::encode_ops(updates);
+        // A record's length field is 32 bits; chunks are bounded the same way.
+        if ops_bytes.len() > MAX_CHUNK_LEN {
+            return Err(Error::invalid(format!(
+                "a commit of {} bytes of ref updates exceeds the limit of {MAX_CHUNK_LEN}",
+                ops_bytes.len()
+            )));
+        }
         self.enqueue(ops_bytes, ops, false, false)
     }
 
@@ -1914,6 +2013,19 @@ impl LogStore {
             let mine = g == group;
             let followers = batch.len() - usize::from(mine);
             let written = self.write_group(&batch);
+            // A failure is on record before anything can mark this group done (the next
+            // leader's `finish_group` can come first, see below), so no follower of a
+            // failed group ever reads "done" without it.
+            if let Err(e) = &written
+                && followers > 0
+            {
+                self.failures.lock().push(Failure {
+                    group: g,
+                    msg: e.to_string(),
+                    left: followers,
+                });
+                self.any_failure.store(true, Ordering::Release);
+            }
             let last = written.as_ref().ok().copied().flatten();
             // With syncs, hand over before applying and waking, so that the next group's
             // I/O overlaps them (`apply_group` keeps groups in order; a sync takes far
@@ -1941,16 +2053,6 @@ impl LogStore {
                 self.apply_group(g, batch, last);
             }
             let res = written.map(|_| ());
-            if let Err(e) = &res
-                && followers > 0
-            {
-                self.failures.lock().push(Failure {
-                    group: g,
-                    msg: e.to_string(),
-                    left: followers,
-                });
-                self.any_failure.store(true, Ordering::Release);
-            }
             self.finish_group(g);
             self.after_group();
             if mine {

@@ -377,6 +377,172 @@ fn damaged_sealed_segment_is_reported() {
     assert_eq!(s.recovery().damaged_records, 1);
 }
 
+/// Flips one payload byte of the first chunk record in `seg` (of `len` bytes).
+fn rot_first_chunk(seg: &Path, len: u64) {
+    let rec = segment_records(seg)
+        .into_iter()
+        .find(|r| r.1 == 1 && r.2 == len)
+        .unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(seg).unwrap();
+    let at = rec.0 + 50 + 7;
+    let mut byte = [0u8];
+    f.read_exact_at(&mut byte, at).unwrap();
+    f.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
+}
+
+/// A chunk whose stored record rotted is not trusted by a later put of the same bytes:
+/// that put writes a sound copy, so the commit naming it is backed by readable data. The
+/// damage is found by the scan at open (active segment) or by a read (a sealed segment
+/// opened from its hint, which is not rescanned).
+#[test]
+fn a_rotted_chunk_is_repaired_by_putting_it_again() {
+    for sealed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = if sealed {
+            small(Durability::Group)
+        } else {
+            opts(Durability::Group)
+        };
+        let s = LogStore::open(dir.path(), o.clone()).unwrap();
+        let x = payload(7, 3000);
+        let cid = s.put(&x).unwrap();
+        s.commit(&[set("x", &cid.to_bytes())]).unwrap();
+        // Later groups (and, with small segments, later segments).
+        for i in 0..8u64 {
+            let c = s.put(&payload(100 + i, 1500)).unwrap();
+            s.commit(&[set(&format!("k{i}"), &c.to_bytes())]).unwrap();
+        }
+        let seg = s.segment_paths()[0].clone();
+        drop(s);
+        assert_eq!(seg.with_extension("hint").exists(), sealed);
+        rot_first_chunk(&seg, 3000);
+
+        let s = LogStore::open(dir.path(), o.clone()).unwrap();
+        if !sealed {
+            assert_eq!(s.recovery().damaged_records, 1, "{:?}", s.recovery());
+            assert!(
+                !s.has(&cid).unwrap(),
+                "a damaged record does not count as held"
+            );
+        }
+        assert!(matches!(s.get(&cid), Err(Error::Corrupt(_))));
+        assert!(
+            !s.has(&cid).unwrap(),
+            "a read that found damage marks the chunk"
+        );
+        assert!(s.put_hashed(cid, &x).unwrap(), "the put wrote a fresh copy");
+        assert_eq!(&s.get(&cid).unwrap().unwrap()[..], &x[..]);
+        assert!(s.has(&cid).unwrap());
+        s.commit(&[set("x again", &cid.to_bytes())]).unwrap();
+        drop(s);
+
+        let s = LogStore::open(dir.path(), o).unwrap();
+        assert_eq!(&s.get(&cid).unwrap().unwrap()[..], &x[..]);
+        assert!(s.has(&cid).unwrap());
+        assert!(!s.put_hashed(cid, &x).unwrap(), "the sound copy is trusted");
+    }
+}
+
+/// A commit record that rots in the active segment before the segment is sealed must not
+/// be carried into the sealed segment's hint under a fresh checksum (a hint is trusted
+/// without a rescan): the next open finds the damage and never applies the rotted update.
+#[test]
+fn a_commit_that_rots_before_its_segment_is_sealed_is_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    s.commit(&[set("key", b"VALUE-ORIGINAL")]).unwrap();
+    let seg = s.segment_paths()[0].clone();
+    let commit = segment_records(&seg)
+        .into_iter()
+        .find(|r| r.1 == KIND_COMMIT)
+        .unwrap();
+    // Rot the last payload byte (in the value) while the store is open.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let at = commit.0 + 50 + commit.2 - 1;
+    let mut byte = [0u8];
+    f.read_exact_at(&mut byte, at).unwrap();
+    f.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
+    // Chunks until the segment is sealed (hint written, or not).
+    let mut i = 0;
+    while s.segment_paths().len() < 2 {
+        s.put(&payload(900 + i, 1000)).unwrap();
+        i += 1;
+    }
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    let got = s.get_ref(b"key").unwrap();
+    let mut rotted = b"VALUE-ORIGINAL".to_vec();
+    let n = rotted.len();
+    rotted[n - 1] ^= 0x01;
+    assert_ne!(
+        got.as_deref(),
+        Some(&rotted[..]),
+        "the rotted update was applied"
+    );
+    let r = s.recovery();
+    assert!(r.damaged_records >= 1 && r.commits_dropped >= 1, "{r:?}");
+}
+
+/// Compaction leaves a segment in place when one of its live chunks has rotted. A
+/// tombstone in another compacted segment that removes a chunk of the segment left in
+/// place must then be carried over, or the removed chunk comes back at the next open.
+#[test]
+fn compaction_keeps_the_tombstones_a_damaged_segment_left_in_place_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let x = s.put(&payload(1, 3000)).unwrap();
+    let d = s.put(&payload(2, 3000)).unwrap();
+    let fill = s.put(&payload(3, 3000)).unwrap();
+    s.commit(&[set("d", &d.to_bytes())]).unwrap();
+    assert!(s.segment_paths().len() >= 2, "the first segment is sealed");
+    let first = s.segment_paths()[0].clone();
+    // Removing x and the filler writes their tombstones in a later segment.
+    s.remove(&[x, fill]).unwrap();
+    let mut i = 0;
+    while s.segment_paths().len() < 4 {
+        let c = s.put(&payload(1000 + i, 3000)).unwrap();
+        s.remove(&[c]).unwrap();
+        i += 1;
+    }
+    assert!(!s.has(&x).unwrap());
+    drop(s);
+    rot_first_chunk_with(&first, &d);
+
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    s.compact().unwrap();
+    assert!(
+        first.exists(),
+        "the segment with the rotted live chunk stays"
+    );
+    assert!(!s.has(&x).unwrap());
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    assert!(
+        !s.has(&x).unwrap(),
+        "a removed chunk came back after compaction"
+    );
+    assert!(s.get(&x).unwrap().is_none());
+}
+
+/// Flips one payload byte of the chunk record of `cid` in `seg`.
+fn rot_first_chunk_with(seg: &Path, cid: &Cid) {
+    let b = fs::read(seg).unwrap();
+    let want = cid.to_bytes();
+    let rec = segment_records(seg)
+        .into_iter()
+        .find(|r| r.1 == 1 && b[r.0 as usize + 16..r.0 as usize + 50] == want[..])
+        .unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(seg).unwrap();
+    let at = rec.0 + 50 + 7;
+    f.write_all_at(&[b[at as usize] ^ 0x01], at).unwrap();
+}
+
 /// A bit flip in a record header inside the acknowledged region (a group followed by a
 /// later group) must cost that record only: never a truncation, never a commit.
 #[test]

@@ -12,7 +12,7 @@ use super::format::{
     self, CommitEntry, FRAME_HEADER_LEN, FrameHeader, HintEntry, KIND_CHUNK, KIND_COMMIT,
     SEG_HEADER_LEN, frame_crc_ok, parse_frame_header,
 };
-use crate::{HashAlgo, Result};
+use crate::{Cid, HashAlgo, Result};
 
 /// One segment file, shared by readers (pread) and the single writer (pwrite).
 pub(crate) struct Segment {
@@ -106,6 +106,8 @@ pub(crate) struct Scan {
     /// One description per damaged place in the durable region, plus one when the active
     /// segment's last group was cut (see [`scan`]).
     pub damage: Vec<String>,
+    /// The chunk records among `records` whose checksum fails: `(cid, offset)`.
+    pub bad_chunks: Vec<(Cid, u64)>,
 }
 
 /// How much of a segment is durable (acknowledged), for [`scan`].
@@ -409,12 +411,17 @@ pub(crate) fn scan(
                     first_bad = None;
                 }
             }
-            (kind, Some(cid)) => out.records.push(HintEntry {
-                kind,
-                cid,
-                off: pos,
-                len: h.len,
-            }),
+            (kind, Some(cid)) => {
+                if !intact && kind == KIND_CHUNK {
+                    out.bad_chunks.push((cid, pos));
+                }
+                out.records.push(HintEntry {
+                    kind,
+                    cid,
+                    off: pos,
+                    len: h.len,
+                })
+            }
             _ => {}
         }
         items.push(Item {
@@ -649,7 +656,9 @@ fn first_mismatch(
     Ok(None)
 }
 
-/// Reads the payloads of commit records of `seg` (for its hint file).
+/// Reads the payloads of commit records of `seg` (for its hint file), checking each
+/// record's header and checksum: a hint is trusted at the next open without a rescan, so
+/// a payload that rotted since it was written must not enter one under a fresh checksum.
 pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntry]) -> Result<()> {
     let mut rd = Reader {
         file: &seg.file,
@@ -667,10 +676,23 @@ pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntr
                 c.off
             )));
         }
-        c.ops = Some(
-            rd.get(c.off + FRAME_HEADER_LEN as u64, c.len as usize)?
-                .to_vec(),
-        );
+        let frame = rd.get(c.off, FRAME_HEADER_LEN + c.len as usize)?;
+        let (head, payload) = frame.split_at(FRAME_HEADER_LEN);
+        let sound = parse_frame_header(head).is_ok_and(|h| {
+            h.kind == KIND_COMMIT
+                && h.seq == c.seq
+                && h.len == c.len
+                && frame_crc_ok(head, &h, payload)
+        });
+        if !sound {
+            return Err(crate::Error::corrupt(format!(
+                "{}: commit record {} at offset {} fails its check",
+                seg.path.display(),
+                c.seq,
+                c.off
+            )));
+        }
+        c.ops = Some(payload.to_vec());
     }
     Ok(())
 }
