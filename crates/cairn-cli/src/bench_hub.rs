@@ -252,6 +252,7 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
     // Raw disk, files.
     let sizes: Vec<usize> = args.file_mb.iter().map(|m| (m * 1e6) as usize).collect();
     let raw = raw_disk(root, &sizes, args.runs, args.cold)?;
+    let floor = http_floor(&node_rt, &client_rt, &http, &sizes, args.runs)?;
     let mut files: BTreeMap<(String, usize, bool), Cell> = BTreeMap::new();
     let mut seed = 1u64;
     for &size in &sizes {
@@ -279,6 +280,7 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
         }
     }
     print_files(&hubs, &sizes, &files, &raw, &baseline);
+    print_floor(&hubs, &sizes, &files, &floor);
 
     // Concurrent writers.
     let mut conc: BTreeMap<(String, usize, bool), Conc> = BTreeMap::new();
@@ -716,6 +718,139 @@ fn raw_disk(
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(out)
+}
+
+/// The floor of moving a file over HTTP on this machine: the same client moving the same
+/// number of bytes over loopback to a server on the nodes' runtime that stores nothing (it
+/// reads an upload and drops it; it answers a download from bytes already in memory).
+/// Medians of `runs` per size, in ms: `[upload, download]`.
+fn http_floor(
+    node_rt: &tokio::runtime::Runtime,
+    client_rt: &tokio::runtime::Runtime,
+    http: &reqwest::Client,
+    sizes: &[usize],
+    runs: usize,
+) -> Result<BTreeMap<usize, [f64; 2]>> {
+    use axum::extract::{Path as UrlPath, State};
+    use futures_util::StreamExt;
+
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let mut source = vec![0u8; largest];
+    SmallRng::seed_from_u64(5).fill_bytes(&mut source);
+    let source = Bytes::from(source);
+    let app = axum::Router::new()
+        .route(
+            "/sink",
+            axum::routing::post(|body: axum::body::Body| async move {
+                let mut n = 0usize;
+                let mut frames = body.into_data_stream();
+                while let Some(f) = frames.next().await {
+                    match f {
+                        Ok(f) => n += f.len(),
+                        Err(_) => return (axum::http::StatusCode::BAD_REQUEST, String::new()),
+                    }
+                }
+                (axum::http::StatusCode::OK, n.to_string())
+            }),
+        )
+        .route(
+            "/source/{n}",
+            axum::routing::get(
+                |State(src): State<Bytes>, UrlPath(n): UrlPath<usize>| async move {
+                    src.slice(..n.min(src.len()))
+                },
+            ),
+        )
+        .with_state(source.clone());
+    let listener = node_rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    node_rt.spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    let mut out = BTreeMap::new();
+    for &size in sizes {
+        let (mut up, mut down) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let body = Bytes::copy_from_slice(&source[..size]);
+            let t0 = Instant::now();
+            let got = client_rt.block_on(async {
+                let resp = http.post(format!("{url}/sink")).body(body).send().await?;
+                anyhow::Ok(resp.text().await?)
+            })?;
+            up.push(t0.elapsed().as_secs_f64() * 1e3);
+            ensure!(
+                got == size.to_string(),
+                "HTTP floor: the sink counted {got} bytes of {size}"
+            );
+            let t0 = Instant::now();
+            let got = client_rt.block_on(async {
+                let mut resp = http.get(format!("{url}/source/{size}")).send().await?;
+                let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+                while let Some(chunk) = resp.chunk().await? {
+                    body.extend_from_slice(&chunk);
+                }
+                anyhow::Ok(body)
+            })?;
+            down.push(t0.elapsed().as_secs_f64() * 1e3);
+            ensure!(
+                got[..] == source[..size],
+                "HTTP floor: the download differs"
+            );
+        }
+        out.insert(size, [median(&up), median(&down)]);
+    }
+    let _ = tx.send(());
+    Ok(out)
+}
+
+/// Each hub's plain transfers against the HTTP floor ([`http_floor`]).
+fn print_floor(
+    hubs: &[Hub],
+    sizes: &[usize],
+    files: &BTreeMap<(String, usize, bool), Cell>,
+    floor: &BTreeMap<usize, [f64; 2]>,
+) {
+    println!(
+        "## HTTP floor: the same client and bytes over loopback to a server that stores nothing (median of the same runs)"
+    );
+    println!();
+    println!(
+        "| size | upload ms | MB/s | download ms | MB/s | each hub's plain write ÷ upload | each hub's plain read ÷ download |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | --- | --- |");
+    for &size in sizes {
+        let Some(f) = floor.get(&size) else { continue };
+        let ratio = |write: bool| {
+            hubs.iter()
+                .filter_map(|h| {
+                    let c = files.get(&(h.label.clone(), size, false))?;
+                    let (v, base) = if write {
+                        (&c.write_ms, f[0])
+                    } else {
+                        (&c.read_ms, f[1])
+                    };
+                    Some(format!("{} {:.2}×", h.label, median(v) / base))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            mb(size),
+            fmt_ms(f[0]),
+            mbps(size, f[0]),
+            fmt_ms(f[1]),
+            mbps(size, f[1]),
+            ratio(true),
+            ratio(false)
+        );
+    }
+    println!();
 }
 
 fn mode(encrypted: bool) -> &'static str {
