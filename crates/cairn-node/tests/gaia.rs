@@ -518,11 +518,98 @@ async fn list_files_pages() {
         .unwrap();
     assert_eq!(r.status(), 202);
     let v: Value = r.json().await.unwrap();
-    assert_eq!(v["page"], "1");
-    // Over 4096 bytes of JSON is refused.
-    let big = json!({ "page": "0".repeat(5000) });
+    assert_eq!(v["entries"], json!(["f0", "f1"]));
+    assert!(v["page"].is_string(), "{v}");
+    // A body over 4096 bytes plus room for the cursor of a 4096-byte name is refused.
+    let big = json!({ "page": "0".repeat(13000) });
     let (st, _) = hub.list(&auth, &a, big).await;
     assert_eq!(st, 413);
+}
+
+/// `page` is a cursor (the last name returned), not an offset: a delete or an insert
+/// between pages neither skips nor repeats a name, with or without `stat`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_files_pages_survive_deletes_and_inserts_between_pages() {
+    let gaia = GaiaConfig {
+        page_size: 2,
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let k = Key::new(16);
+    let (a, auth) = (k.address(), k.bearer());
+    for stat in [false, true] {
+        for i in 0..6 {
+            assert_eq!(
+                hub.store(&auth, &a, &format!("f{i}"), b"x", &[]).await.0,
+                202
+            );
+        }
+        let name = |e: &Value| {
+            if stat {
+                e["name"].as_str().unwrap().to_string()
+            } else {
+                e.as_str().unwrap().to_string()
+            }
+        };
+        let mut all = Vec::new();
+        let mut page = Value::Null;
+        let mut round = 0;
+        loop {
+            let (st, v) = hub
+                .list(&auth, &a, json!({ "page": page, "stat": stat }))
+                .await;
+            assert_eq!(st, 202, "{v}");
+            all.extend(v["entries"].as_array().unwrap().iter().map(name));
+            if v["page"].is_null() {
+                break;
+            }
+            page = v["page"].clone();
+            match round {
+                // After [f0, f1], a listed name goes: an offset would skip f2.
+                0 => {
+                    assert_eq!(all, ["f0", "f1"]);
+                    assert_eq!(hub.delete(&auth, &a, "f1").await.0, 202);
+                }
+                // After [f2, f3], names come before and after the cursor: an offset would
+                // repeat a name.
+                1 => {
+                    assert_eq!(all, ["f0", "f1", "f2", "f3"]);
+                    assert_eq!(hub.store(&auth, &a, "a0", b"x", &[]).await.0, 202);
+                    assert_eq!(hub.store(&auth, &a, "f3a", b"x", &[]).await.0, 202);
+                }
+                // After [f3a, f4], the cursor's own name goes.
+                2 => assert_eq!(hub.delete(&auth, &a, "f4").await.0, 202),
+                _ => {}
+            }
+            round += 1;
+        }
+        assert_eq!(
+            all,
+            ["f0", "f1", "f2", "f3", "f3a", "f4", "f5"],
+            "stat {stat}"
+        );
+        // Clean up for the next round.
+        for n in ["a0", "f0", "f1", "f2", "f3", "f3a", "f4", "f5"] {
+            hub.delete(&auth, &a, n).await;
+        }
+        assert!(hub.names(&auth, &a).await.is_empty());
+    }
+    // A page that no listing returned is a clear 400, with or without a bucket.
+    for bad in [json!("1"), json!(2), json!("after-zz"), json!("f0")] {
+        for addr in [a.clone(), Key::new(17).address()] {
+            let auth = if addr == a {
+                auth.clone()
+            } else {
+                Key::new(17).bearer()
+            };
+            let (st, v) = hub.list(&auth, &addr, json!({ "page": bad })).await;
+            assert_eq!(st, 400, "{bad}: {v}");
+            assert!(
+                v["message"].as_str().unwrap().contains("Invalid page"),
+                "{v}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -134,6 +134,10 @@ pub struct Verified {
     pub issued_at: Option<f64>,
     /// A legacy (pre-v1) token: revocation does not apply to it, as in the hub.
     pub legacy: bool,
+    /// The v1 token's `exp` (`None` when absent or for legacy tokens).
+    pub expires_at: Option<f64>,
+    /// The `exp` of the v1 token's association token, if it carries one.
+    pub association_expires_at: Option<f64>,
 }
 
 impl Verified {
@@ -155,6 +159,35 @@ impl Verified {
             Some(_) => Ok(()),
         }
     }
+
+    /// The expiry checks of [`authenticate`] again at time `now` (seconds since the
+    /// epoch), with the same errors: for a request that outlives the moment its token was
+    /// checked, such as an upload whose body is still arriving.
+    pub fn check_expiry(&self, now: f64) -> Result<(), AuthError> {
+        if let Some(exp) = self.expires_at
+            && exp < now
+        {
+            return Err(expired_token(exp));
+        }
+        if let Some(exp) = self.association_expires_at
+            && exp < now
+        {
+            return Err(expired_association(exp));
+        }
+        Ok(())
+    }
+}
+
+fn expired_token(exp: f64) -> AuthError {
+    AuthError::v(format!(
+        "Expired authentication token: expire time of {exp} (secs since epoch)"
+    ))
+}
+
+fn expired_association(exp: f64) -> AuthError {
+    AuthError::v(format!(
+        "Expired association token: expire time of {exp} (secs since epoch)"
+    ))
 }
 
 /// The hub's settings that tokens are checked against.
@@ -385,6 +418,8 @@ fn legacy(part: &str, address: &str, challenges: &[String]) -> Result<Verified, 
                 scopes: Scopes::default(),
                 issued_at: None,
                 legacy: true,
+                expires_at: None,
+                association_expires_at: None,
             });
         }
     }
@@ -455,28 +490,32 @@ fn v1(
             serde_json::to_string(challenges).unwrap_or_default()
         )));
     }
-    if let Some(exp) = jwt.time_claim("exp")?
+    let expires_at = jwt.time_claim("exp")?;
+    if let Some(exp) = expires_at
         && exp < now
     {
-        return Err(AuthError::v(format!(
-            "Expired authentication token: expire time of {exp} (secs since epoch)"
-        )));
+        return Err(expired_token(exp));
     }
-    let signer = match jwt.str_claim("associationToken")? {
-        Some(assoc) => check_association(assoc, address, now)?,
-        None => address.to_string(),
+    let (signer, association_expires_at) = match jwt.str_claim("associationToken")? {
+        Some(assoc) => {
+            let (signer, exp) = check_association(assoc, address, now)?;
+            (signer, Some(exp))
+        }
+        None => (address.to_string(), None),
     };
     Ok(Verified {
         signer,
         scopes,
         issued_at,
         legacy: false,
+        expires_at,
+        association_expires_at,
     })
 }
 
 /// Checks an association token authorizing the bearer `address`; returns the address of
-/// its issuer (the identity that vouches for the app key).
-fn check_association(token: &str, address: &str, now: f64) -> Result<String, AuthError> {
+/// its issuer (the identity that vouches for the app key) and its `exp`.
+fn check_association(token: &str, address: &str, now: f64) -> Result<(String, f64), AuthError> {
     let jwt = decode_jwt(token).ok_or_else(|| {
         AuthError::v("checkAssociationToken: Failed to decode association token in JWT")
     })?;
@@ -497,9 +536,7 @@ fn check_association(token: &str, address: &str, now: f64) -> Result<String, Aut
         ));
     }
     if exp < now {
-        return Err(AuthError::v(format!(
-            "Expired association token: expire time of {exp} (secs since epoch)"
-        )));
+        return Err(expired_association(exp));
     }
     let child_address = parse_pubkey(child)
         .map(|(_, b)| p2pkh_address(&b))
@@ -513,7 +550,7 @@ fn check_association(token: &str, address: &str, now: f64) -> Result<String, Aut
             "Association token child key {child} does not match {address}"
         )));
     }
-    Ok(p2pkh_address(&key_bytes))
+    Ok((p2pkh_address(&key_bytes), exp))
 }
 
 #[cfg(test)]

@@ -30,7 +30,12 @@
 //! [`BodyReader`] into the POS-tree builder, and reads stream leaf by leaf, so memory
 //! does not grow with file size. The body is built into chunks before the path's turn
 //! comes; only the short commit is serialized, and `If-Match` / `If-None-Match` are
-//! re-checked at that moment (atomically with the commit), not only before the upload.
+//! re-checked at that moment (atomically with the commit), not only before the upload,
+//! as are the token's revocation and expiry. `revoke-all` takes a time at most
+//! [`REVOCATION_SKEW_SECS`] ahead of the node's clock, and only from a v1 token with `iat`
+//! that the current time does not revoke, so a stolen token cannot lock the owner out.
+//! `list-files` pages are cursors (the last name listed), so changes between pages
+//! neither skip nor repeat names.
 
 pub mod auth;
 
@@ -55,6 +60,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::node::Node;
 use auth::{AuthError, AuthSettings, Verified};
+
+/// How far (seconds) a `revoke-all` time may lie ahead of the node's clock: the clock skew
+/// allowed between client and hub. A later time would lock the owner's current tokens out
+/// until then, and the time can never be lowered.
+pub const REVOCATION_SKEW_SECS: i64 = 300;
 
 /// The key holding a bucket's revocation time (seconds since the epoch): it starts with a
 /// NUL byte, which Gaia paths may not contain, so it never collides with a file.
@@ -593,6 +603,15 @@ impl Hub {
         Ok(t)
     }
 
+    /// The oldest valid token time of `address` read from the store (the cache may lag a
+    /// `revoke-all` that just committed), never lower than the cached one.
+    fn current_revocation(&self, address: &str, bucket: &Bucket) -> HubResult<i64> {
+        let stored = Self::read_revocation(bucket)?.map_or(0, |(t, _)| t);
+        self.remember_revocation(address, stored);
+        let cached = self.revoked.lock().get(address).copied().unwrap_or(0);
+        Ok(stored.max(cached))
+    }
+
     fn remember_revocation(&self, address: &str, t: i64) {
         let mut c = self.revoked.lock();
         if c.len() >= self.cfg.auth_timestamp_cache_size && !c.contains_key(address) {
@@ -712,8 +731,8 @@ struct WriteResult {
 }
 
 /// The upload as a blocking reader: counts bytes against the limit and, at the end of the
-/// body, waits for the path's turn and re-checks the precondition, so the commit that
-/// follows is atomic with the check.
+/// body, waits for the path's turn and re-checks the token's revocation and expiry and the
+/// precondition, so the commit that follows is atomic with the checks.
 struct Upload<R> {
     inner: R,
     limit: u64,
@@ -850,6 +869,7 @@ fn store_blocking<R: Read>(
         .encode(),
     };
     let (turn, check_bucket, check_key) = (ticket.turn.clone(), bucket.clone(), key.clone());
+    let (check_hub, check_address) = (hub.clone(), address.to_string());
     let mut upload = Upload {
         inner: reader,
         limit,
@@ -857,6 +877,10 @@ fn store_blocking<R: Read>(
         seen: 0,
         at_end: Some(Box::new(move || {
             let g = turn.blocking_lock_owned();
+            // The body may have taken long: a `revoke-all` or the token's `exp` that came
+            // meanwhile stops the upload as it would have stopped it before the body.
+            v.check_revocation(check_hub.current_revocation(&check_address, &check_bucket)?)?;
+            v.check_expiry(now_secs())?;
             cond.check(head(&check_bucket, &check_key)?)?;
             Ok(g)
         })),
@@ -940,13 +964,20 @@ fn remove_blocking(
 
 // ----- JSON bodies (list-files, revoke-all) -----
 
-/// The hub parses these bodies with `express.json({limit: 4096})`: only JSON content
-/// types are parsed (anything else reads as `{}`), larger bodies are refused.
+/// The hub's limit of JSON bodies (`express.json({limit: 4096})`).
+const JSON_LIMIT: usize = 4096;
+
+/// The limit of `list-files` bodies: room for a `page` cursor of the longest name (hex,
+/// twice its bytes) besides the hub's 4096 bytes.
+const LIST_JSON_LIMIT: usize = JSON_LIMIT + 2 * cairn_object::fobject::MAX_KEY_LEN;
+
+/// The hub parses these bodies with `express.json({limit})`: only JSON content types are
+/// parsed (anything else reads as `{}`), bodies over `limit` bytes are refused.
 async fn small_json(
     headers: &HeaderMap,
     body: Body,
+    limit: usize,
 ) -> HubResult<serde_json::Map<String, serde_json::Value>> {
-    const LIMIT: usize = 4096;
     let is_json = header_str(headers, &header::CONTENT_TYPE).is_some_and(|t| {
         let t = t
             .split(';')
@@ -958,7 +989,7 @@ async fn small_json(
     });
     if header_str(headers, &header::CONTENT_LENGTH)
         .and_then(|l| l.parse::<usize>().ok())
-        .is_some_and(|l| l > LIMIT)
+        .is_some_and(|l| l > limit)
     {
         return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
     }
@@ -973,7 +1004,7 @@ async fn small_json(
                 crate::native::body::body_error(&e)
             ))
         })?;
-        if bytes.len() + frame.len() > LIMIT {
+        if bytes.len() + frame.len() > limit {
             return Err(GaiaError::TooLarge("Invalid JSON: too long".into()));
         }
         bytes.extend_from_slice(&frame);
@@ -1049,7 +1080,7 @@ async fn list_files_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
     if !valid_address(&address) {
         return StatusCode::NOT_FOUND.into_response();
     }
-    let req = match small_json(&headers, body).await {
+    let req = match small_json(&headers, body, LIST_JSON_LIMIT).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -1065,6 +1096,27 @@ async fn list_files_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
         Ok(listing) => json(StatusCode::ACCEPTED, &listing),
         Err(e) => e.into_response(),
     }
+}
+
+/// What a `list-files` cursor starts with; the rest is the hex of the last name listed.
+const CURSOR_PREFIX: &str = "after-";
+
+/// The `page` that continues a listing after `name`.
+fn cursor(name: &str) -> String {
+    format!("{CURSOR_PREFIX}{}", hex::encode(name.as_bytes()))
+}
+
+/// The name a `page` cursor continues after; 400 for anything no listing returned.
+fn parse_cursor(page: &str) -> HubResult<Vec<u8>> {
+    page.strip_prefix(CURSOR_PREFIX)
+        .and_then(|h| hex::decode(h).ok())
+        .ok_or_else(|| {
+            GaiaError::BadRequest(
+                "Invalid page: it must be the `page` value returned by the previous \
+                 list-files call (or null for the first page)"
+                    .into(),
+            )
+        })
 }
 
 fn is_historical(path: &str) -> bool {
@@ -1092,16 +1144,16 @@ fn list_blocking(
     };
     let Some(bucket) = hub.existing_bucket(address)? else {
         v.check_revocation(0)?;
+        if let Some(p) = &page {
+            parse_cursor(p)?;
+        }
         return Ok(empty(stat));
     };
     v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
-    let page_num = match &page {
-        None => 0,
-        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p
-            .parse::<usize>()
-            .map_err(|_| GaiaError::BadRequest("Invalid page number".into()))?,
-        Some(_) => return Err(GaiaError::BadRequest("Invalid page number".into())),
-    };
+    let after = page.as_deref().map(parse_cursor).transpose()?;
+    // Keys come in byte order (the native API's `/keys?after=` relies on it too), so the
+    // page starts just after the cursor's name: deletes and inserts between pages neither
+    // skip nor repeat a name.
     let names: Vec<String> = bucket
         .db()
         .list_keys()?
@@ -1109,10 +1161,16 @@ fn list_blocking(
         .filter(|k| !k.starts_with(b"\0"))
         .filter_map(|k| String::from_utf8(k.to_vec()).ok())
         .collect();
-    let size = hub.cfg.page_size;
-    let start = page_num.saturating_mul(size).min(names.len());
-    let end = start.saturating_add(size).min(names.len());
-    let next = (end < names.len()).then(|| (page_num + 1).to_string());
+    let start = match &after {
+        Some(a) => names.partition_point(|n| n.as_bytes() <= a.as_slice()),
+        None => 0,
+    };
+    let end = start.saturating_add(hub.cfg.page_size).min(names.len());
+    let next = if end < names.len() {
+        names[start..end].last().map(|n| cursor(n))
+    } else {
+        None
+    };
     let archival = v.scopes.archival_restricted();
     let slice = names[start..end]
         .iter()
@@ -1233,7 +1291,7 @@ async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
     if !valid_address(&address) {
         return StatusCode::NOT_FOUND.into_response();
     }
-    let req = match small_json(&headers, body).await {
+    let req = match small_json(&headers, body, JSON_LIMIT).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -1250,6 +1308,15 @@ async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
             .into_response();
         }
     };
+    let now = now_secs().floor() as i64;
+    if ts > now.saturating_add(REVOCATION_SKEW_SECS) {
+        return GaiaError::BadRequest(format!(
+            "Invalid JSON: oldestValidTimestamp {ts} is in the future: it may be at most \
+             {REVOCATION_SKEW_SECS} seconds ahead of the hub's clock ({now} seconds since \
+             the epoch)"
+        ))
+        .into_response();
+    }
     let h = hub.clone();
     match blocking(move || revoke_blocking(&h, &address, &headers, ts)).await {
         Ok(()) => json(StatusCode::ACCEPTED, &Success { status: "success" }),
@@ -1258,12 +1325,26 @@ async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
 }
 
 fn revoke_blocking(hub: &Arc<Hub>, address: &str, headers: &HeaderMap, ts: i64) -> HubResult<()> {
-    // As in the hub, a revoked token may still move the revocation time.
-    hub.authenticate(headers, address)?;
+    let v = hub.authenticate(headers, address)?;
+    // Unlike the hub, only a token that revocation could stop may move the time: a legacy
+    // token (never revoked) or a v1 token without `iat` could otherwise set it again and
+    // again, and an already revoked token may not move it any further.
+    if v.legacy || v.issued_at.is_none() {
+        return Err(AuthError::Validation(
+            "revoke-all needs a v1 authentication token with an `iat` (issued at) claim; \
+             legacy tokens and tokens without `iat` cannot be revoked, so they may not set \
+             the revocation time"
+                .into(),
+        )
+        .into());
+    }
     let bucket = hub.bucket(address)?;
     let ticket = hub.enqueue(bucket.name(), REVOCATION_KEY)?;
     let _turn = ticket.turn.clone().blocking_lock_owned();
     let current = Hub::read_revocation(&bucket)?.map_or(0, |(t, _)| t);
+    // Checked under the turn, against the stored time: a revocation that just landed
+    // stops this token too.
+    v.check_revocation(current)?;
     // Revocation only moves forward: a lower time never re-enables revoked tokens.
     if ts > current {
         bucket.put(
@@ -1500,6 +1581,20 @@ mod tests {
                 toml::from_str::<crate::config::Config>(bad).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn list_cursors_round_trip_and_fit_a_list_files_body() {
+        let longest = "\u{7f}".repeat(cairn_object::fobject::MAX_KEY_LEN);
+        for name in ["f0", "dir/é.txt", longest.as_str()] {
+            let c = cursor(name);
+            assert_eq!(parse_cursor(&c).unwrap(), name.as_bytes());
+            let body = serde_json::json!({ "page": c, "stat": true }).to_string();
+            assert!(body.len() <= LIST_JSON_LIMIT, "{}", body.len());
+        }
+        for bad in ["", "1", "42", "after-0", "after-zz", "f0"] {
+            assert!(parse_cursor(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -35,6 +35,21 @@ const OUT_QUEUE: usize = 4;
 const IN_BATCH: usize = 256 << 10;
 /// Request-body batches queued between the pump and the blocking reader.
 const IN_QUEUE: usize = 4;
+/// Most frames one batch hands over, whatever their size: a client that sends its body in
+/// tiny frames (1-byte chunks) must not make a batch of hundreds of thousands of `Bytes`
+/// handles (tens of MiB per upload).
+const IN_FRAMES: usize = 256;
+/// Frames shorter than this are copied into one buffer of the batch; longer ones are handed
+/// over as they are (no copy).
+const SMALL_FRAME: usize = 4 << 10;
+
+/// Most elements (lines of a text body; JSON values, object keys included, of a JSON body)
+/// a request body buffered in memory may have: 1,048,576. They are counted on the raw
+/// bytes before anything is parsed ([`text_elements`], [`json_elements`]) and a body with
+/// more is refused with 400, so one small element of a body (a 1-byte line, `"",`) cannot
+/// make the node allocate tens of bytes per byte sent. A list with more elements streams
+/// (a text `PUT`).
+pub const MAX_BUFFERED_ELEMENTS: usize = 1 << 20;
 
 /// Most bytes of a refused request body the node still reads and throws away, and for how
 /// long: most HTTP clients send the whole body before they read the answer, and a node
@@ -93,7 +108,8 @@ enum Pumped {
 
 /// A streaming request body as a blocking [`Read`], for the storage calls that run on the
 /// blocking pool. A task on the runtime pulls the body and hands its frames over in
-/// batches of about 256 KiB (at most four batches queued), so memory stays constant
+/// batches of about 256 KiB and at most 256 frames (frames under 4 KiB are copied into one
+/// buffer; at most four batches queued), so memory stays constant
 /// whatever the size and the reading thread wakes once per batch. The end of the body is
 /// an explicit message: a body cut short, or a pump that died, reads as an error and never
 /// as a clean end of file, so a truncated upload can never be committed.
@@ -120,6 +136,9 @@ impl BodyReader {
         tokio::spawn(async move {
             let mut stream = body.into_data_stream();
             let mut batch = Vec::new();
+            // Small frames are copied here, so a batch holds few handles whatever the
+            // client's framing; at most about `IN_BATCH` bytes.
+            let mut small = BytesMut::new();
             let mut bytes = 0;
             loop {
                 let msg = match stream.next().await {
@@ -128,14 +147,28 @@ impl BodyReader {
                             continue;
                         }
                         bytes += frame.len();
-                        batch.push(frame);
-                        if bytes < IN_BATCH {
+                        if frame.len() < SMALL_FRAME {
+                            small.extend_from_slice(&frame);
+                        } else {
+                            if !small.is_empty() {
+                                batch.push(small.split().freeze());
+                            }
+                            batch.push(frame);
+                        }
+                        // One handle is kept free for what `small` holds.
+                        if bytes < IN_BATCH && batch.len() + 1 < IN_FRAMES {
                             continue;
+                        }
+                        if !small.is_empty() {
+                            batch.push(small.split().freeze());
                         }
                         bytes = 0;
                         Pumped::Data(std::mem::take(&mut batch))
                     }
                     end => {
+                        if !small.is_empty() {
+                            batch.push(small.split().freeze());
+                        }
                         if !batch.is_empty()
                             && tx
                                 .send(Pumped::Data(std::mem::take(&mut batch)))
@@ -267,6 +300,52 @@ pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiRe
     }
     check.finish()?;
     Ok(buf.freeze())
+}
+
+/// An upper bound on the lines of a text body (its newlines, plus one): the elements a
+/// tuple, set or map in text form would have. Allocates nothing.
+pub fn text_elements(body: &[u8]) -> usize {
+    body.iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// An upper bound on the JSON values (object keys included) parsing `body` would make:
+/// one, plus one per `[`, `{`, `,` and `:` outside strings (exact for a well-formed body
+/// without empty arrays or objects). Allocates nothing; a malformed body is left to the
+/// parser.
+pub fn json_elements(body: &[u8]) -> usize {
+    let mut n = 1;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
+/// Refuses (400) a buffered body of `n` elements (see [`text_elements`],
+/// [`json_elements`]) beyond [`MAX_BUFFERED_ELEMENTS`], before it is parsed.
+pub fn check_elements(n: usize) -> ApiResult<()> {
+    if n > MAX_BUFFERED_ELEMENTS {
+        return Err(ApiError::bad_request(format!(
+            "the body has too many elements (up to {n}; at most {MAX_BUFFERED_ELEMENTS} are \
+             accepted in one buffered request; stream a long list as text instead)"
+        )));
+    }
+    Ok(())
 }
 
 /// Why a [`CheckedReader`] stopped a write, if it did.
@@ -472,6 +551,49 @@ pub fn transfer_permit(node: &Node) -> ApiResult<tokio::sync::OwnedSemaphorePerm
     })
 }
 
+/// [`transfer_permit`] for a request with a body: when none is free, what the client still
+/// sends is drained ([`drain_refused`]) so that it reads the 503 rather than a reset
+/// connection. Take it before anything else is done for the request (before a request
+/// signature is checked, which consumes it against replays), so a refused request can be
+/// sent again as it was.
+pub fn body_permit(
+    node: &Node,
+    body: Body,
+) -> ApiResult<(tokio::sync::OwnedSemaphorePermit, Body)> {
+    match transfer_permit(node) {
+        Ok(p) => Ok((p, body)),
+        Err(e) => {
+            drain_refused(body);
+            Err(e)
+        }
+    }
+}
+
+/// A JSON answer built in memory, sent as a [`produce`] body under `permit`: a client that
+/// reads nothing for the stall timeout (or below the rate floor) is cut, which frees the
+/// answer and the transfer.
+pub fn json_response(
+    node: Arc<Node>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    status: axum::http::StatusCode,
+    value: serde_json::Value,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = produce(node, permit, move |w| {
+        serde_json::to_writer(&mut *w, &value)
+            .map_err(|e| cairn_core::Error::io("streaming the response", io::Error::other(e)))
+    });
+    (
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
 /// A response body written by `f` on the blocking pool, in chunks of at most 256 KiB with
 /// at most a few in flight (constant memory whatever the size). An error from `f` after the
 /// response has started aborts the body, so the client sees a cut transfer, never a
@@ -610,6 +732,64 @@ mod tests {
             );
         }
         assert_eq!(read_body(Vec::new(), 10).unwrap(), Vec::<u8>::new());
+    }
+
+    /// A body sent in 1-byte frames is handed over in batches of few handles (small frames
+    /// are copied together), never one handle per frame; large frames are not copied.
+    #[test]
+    fn tiny_frames_make_batches_of_few_handles() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let n = 300_000usize;
+        let big = Bytes::from(vec![9u8; 64 << 10]);
+        let big_ptr = big.as_ptr() as usize;
+        let frames = (0..n)
+            .map(|i| Ok::<_, io::Error>(Bytes::from(vec![i as u8])))
+            .chain(std::iter::once(Ok(big)));
+        let mut reader = {
+            let _guard = rt.enter();
+            BodyReader::new(Body::from_stream(futures_util::stream::iter(frames)))
+        };
+        let (batches, total, shared) = std::thread::spawn(move || {
+            let (mut batches, mut total, mut shared) = (0usize, 0usize, false);
+            loop {
+                match reader.rx.blocking_recv() {
+                    Some(Pumped::Data(frames)) => {
+                        assert!(
+                            frames.len() <= IN_FRAMES,
+                            "a batch of {} handles",
+                            frames.len()
+                        );
+                        batches += 1;
+                        total += frames.iter().map(Bytes::len).sum::<usize>();
+                        shared |= frames.iter().any(|f| f.as_ptr() as usize == big_ptr);
+                    }
+                    Some(Pumped::End) => return (batches, total, shared),
+                    Some(Pumped::Failed(e)) => panic!("{e}"),
+                    None => panic!("the pump stopped"),
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(total, n + (64 << 10));
+        assert!(batches >= 2, "{batches}");
+        assert!(shared, "the large frame was copied");
+    }
+
+    #[test]
+    fn element_counts_bound_the_parse() {
+        assert_eq!(text_elements(b""), 1);
+        assert_eq!(text_elements(b"a\nb\n"), 3);
+        assert_eq!(json_elements(br#""a,b:[c{""#), 1);
+        assert_eq!(json_elements(br#"["a","b\",[",{"k":"v"}]"#), 6);
+        assert_eq!(json_elements(br#"[["k","v"],["k2","v2"]]"#), 7);
+        assert!(check_elements(MAX_BUFFERED_ELEMENTS).is_ok());
+        let e = check_elements(MAX_BUFFERED_ELEMENTS + 1).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("too many elements"), "{}", e.message);
     }
 
     #[test]

@@ -189,7 +189,8 @@ struct CreateBody {
 }
 
 /// `POST /v1/buckets`: creates a bucket, open or with an owner key. With an owner key the
-/// request must be signed by that key (proof that the creator holds it).
+/// request must be signed by that key (proof that the creator holds it). Holds a transfer
+/// (503 with `Retry-After` when none is free) while its body is read and applied.
 pub async fn create(
     State(node): State<Arc<Node>>,
     Extension(native): Extension<Arc<Native>>,
@@ -198,6 +199,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    let (_permit, body) = body::body_permit(&node, body)?;
     let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
     let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!(

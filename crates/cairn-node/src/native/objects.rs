@@ -4,9 +4,16 @@
 //! A version is chosen by `?branch=` (default `master`) or `?uid=`. Responses carry
 //! `ETag: "<uid>"` and `X-Cairn-Type`. A PUT streams a blob (the default type) or a
 //! text list into the store in constant memory; other types are buffered (at most
-//! [`BUFFERED_LIMIT`]). `If-Match: "<uid>"` makes the write conditional on the branch head,
-//! checked atomically with the write (412 otherwise). A write larger than
-//! `max_upload_bytes` is refused with 413 and creates no version.
+//! [`BUFFERED_LIMIT`] bytes and [`body::MAX_BUFFERED_ELEMENTS`] elements). `If-Match:
+//! "<uid>"` makes the write conditional on the branch head, checked atomically with the
+//! write (412 otherwise). A write larger than `max_upload_bytes` is refused with 413 and
+//! creates no version.
+//!
+//! Every route here that reads a body (PUT, PATCH, DELETE) or sends one (GET) holds a
+//! transfer ([`body::transfer_permit`], 503 with `Retry-After` when `max_transfers` are in
+//! progress), taken before anything else, the request signature included; responses,
+//! inline values too, stream through [`produce`], so a client that reads nothing for the
+//! stall timeout is cut and frees its transfer and memory.
 
 use std::io::BufRead;
 use std::sync::Arc;
@@ -177,6 +184,13 @@ pub async fn get(
     // HEAD answers the same headers with no body: nothing is read, no transfer is taken.
     let head = method == Method::HEAD;
     let at = query::<VersionQuery>(&uri)?.at()?;
+    // A GET holds a transfer from before the value is read (an inline value is in memory
+    // from then on) until its response is sent or cut.
+    let permit = if head {
+        None
+    } else {
+        Some(body::transfer_permit(&node)?)
+    };
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
     let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
@@ -226,13 +240,11 @@ pub async fn get(
                 }
             };
             let n = end - start;
-            let body = if head {
-                Body::empty()
-            } else {
-                let permit = body::transfer_permit(&node)?;
-                produce(node.clone(), permit, move |w| {
+            let body = match permit {
+                None => Body::empty(),
+                Some(permit) => produce(node.clone(), permit, move |w| {
                     values::send_blob_range(b.db(), &value, start, n, w)
-                })
+                }),
             };
             let mut resp = (status, ok_headers("application/octet-stream"), body).into_response();
             let h = resp.headers_mut();
@@ -248,44 +260,43 @@ pub async fn get(
             }
             Ok(resp)
         }
-        Value::Tree(_) => {
-            let body = if head {
-                Body::empty()
-            } else {
-                let permit = body::transfer_permit(&node)?;
-                produce(node.clone(), permit, move |w| {
+        _ => {
+            // Trees (lists, sets, maps) and inline values alike: written into the
+            // response as it is sent, never rendered whole.
+            let len = if json { None } else { text_len(&value) };
+            let body = match permit {
+                None => Body::empty(),
+                Some(permit) => produce(node.clone(), permit, move |w| {
                     if json {
                         values::write_json(b.db(), &value, w)
                     } else {
                         values::write_text(b.db(), &value, w)
                     }
-                })
+                }),
             };
-            let ctype = if json {
-                "application/json"
-            } else {
-                "text/plain; charset=utf-8"
-            };
-            Ok((ok_headers(ctype), body).into_response())
-        }
-        _ => {
-            let mut out = Vec::new();
-            if json {
-                values::write_json(b.db(), &value, &mut out)?;
-            } else {
-                values::write_text(b.db(), &value, &mut out)?;
-            }
-            node.metrics
-                .bytes_read
-                .with_label_values(&["native"])
-                .inc_by(out.len() as u64);
             let ctype = match (json, ty) {
                 (true, _) => "application/json",
                 (false, ValueType::String) => "application/octet-stream",
                 (false, _) => "text/plain; charset=utf-8",
             };
-            Ok((ok_headers(ctype), out).into_response())
+            let mut resp = (ok_headers(ctype), body).into_response();
+            if let Some(n) = len {
+                resp.headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
+            Ok(resp)
         }
+    }
+}
+
+/// The length of an inline value's text form (exactly what [`values::write_text`] writes),
+/// computed without rendering it; `None` for a tree.
+fn text_len(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(b) => Some(b.len() as u64),
+        Value::Integer(i) => Some(i.to_string().len() as u64 + 1),
+        Value::Tuple(items) => Some(items.iter().map(|i| i.len() as u64 + 1).sum()),
+        Value::Tree(_) => None,
     }
 }
 
@@ -393,19 +404,14 @@ pub async fn put(
         body::drain_refused(body);
         return Err(ApiError::too_large(max));
     }
+    // The transfer first: a request refused for want of one has not used its signature.
+    let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions { guard, context };
     // Text bodies default to a blob; JSON bodies name their type or have it inferred.
     let text_ty = ty.unwrap_or(ValueType::Blob);
     if !json && matches!(text_ty, ValueType::Blob | ValueType::List) {
-        let permit = match body::transfer_permit(&node) {
-            Ok(p) => p,
-            Err(e) => {
-                body::drain_refused(body);
-                return Err(e);
-            }
-        };
         let mut reader = CheckedReader::new(body, max, expect);
         let failure = reader.failure();
         let d = dest.clone();
@@ -440,14 +446,25 @@ pub async fn put(
     }
     let bytes = body::read_all(body, max.min(BUFFERED_LIMIT), expect).await?;
     let n = bytes.len() as u64;
+    // Elements are counted before the parse allocates one object per element.
+    if json {
+        body::check_elements(body::json_elements(&bytes))?;
+    } else if matches!(text_ty, ValueType::Tuple | ValueType::Set | ValueType::Map) {
+        body::check_elements(body::text_elements(&bytes))?;
+    }
     let value = if json {
         values::parse_json(ty, &bytes)?
     } else {
-        values::parse_text(text_ty, bytes.to_vec())?
+        // Not copied when the buffer is not shared.
+        values::parse_text(text_ty, Vec::from(bytes))?
     };
     let d = dest.clone();
     let k = key.clone();
-    let uid = blocking(move || Ok(b.put(k.as_bytes(), d.target(), value, &opts)?)).await?;
+    let uid = blocking(move || {
+        let _permit = permit;
+        Ok(b.put(k.as_bytes(), d.target(), value, &opts)?)
+    })
+    .await?;
     Ok(written(&node, &key, &dest, uid, n, StatusCode::CREATED))
 }
 
@@ -469,12 +486,17 @@ pub async fn remove(
 ) -> ApiResult<Json<serde_json::Value>> {
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+    let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     body::read_all(body, CONTROL_LIMIT, expect).await?;
     let b = opened.bucket;
     let br = branch.clone();
     let k = key.clone();
-    let uid = blocking(move || Ok(b.remove(k.as_bytes(), &br)?)).await?;
+    let uid = blocking(move || {
+        let _permit = permit;
+        Ok(b.remove(k.as_bytes(), &br)?)
+    })
+    .await?;
     Ok(Json(
         json!({ "key": key, "branch": branch, "removed": uid.to_string() }),
     ))
@@ -617,14 +639,17 @@ pub async fn patch(
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     let guard = if_match(&headers)?;
+    let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    body::check_elements(body::json_elements(&bytes))?;
     let p: PatchBody = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body must be one operation: {e}")))?;
     let b = opened.bucket;
     let (k, br) = (key.clone(), branch.clone());
     let n = bytes.len() as u64;
     let uid = blocking(move || {
+        let _permit = permit;
         let ty = b
             .db()
             .get(k.as_bytes(), &At::Branch(br.clone()))?

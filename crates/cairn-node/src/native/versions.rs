@@ -4,6 +4,13 @@
 //! Versions are named by branch or uid (`BRANCH_OR_UID`: a 68-hex-digit uid, else a branch
 //! name, as on the command line). A merge whose conflicts the resolver leaves open answers
 //! 409 with the conflict list and writes nothing.
+//!
+//! The listings (keys, branches, log, diff) hold a transfer ([`body::transfer_permit`], 503
+//! with `Retry-After` when none is free) from before they are built until their answer is
+//! sent, which streams ([`body::json_response`]), so a client that reads nothing for the
+//! stall timeout is cut. The POST control routes hold one while their body is read, parsed
+//! (at most [`body::MAX_BUFFERED_ELEMENTS`] JSON values) and applied, taken before the
+//! request signature is checked.
 
 use std::sync::Arc;
 
@@ -46,7 +53,7 @@ pub async fn keys(
     State(node): State<Arc<Node>>,
     BucketPath(bucket): BucketPath,
     uri: Uri,
-) -> ApiResult<Json<J>> {
+) -> ApiResult<Response> {
     let q: KeysQuery = query(&uri)?;
     let limit = q.limit.unwrap_or(1000);
     if limit == 0 || limit > MAX_KEYS_PAGE {
@@ -54,8 +61,9 @@ pub async fn keys(
             "limit must be 1 to {MAX_KEYS_PAGE}"
         )));
     }
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
-    blocking(move || {
+    let page = blocking(move || {
         let all = b.db().list_keys()?;
         let start = match &q.after {
             Some(a) => all.partition_point(|k| k.as_ref() <= a.as_bytes()),
@@ -67,12 +75,13 @@ pub async fn keys(
         } else {
             None
         };
-        Ok(Json(json!({
+        Ok(json!({
             "keys": page.iter().map(|k| bytes_json(k)).collect::<Vec<_>>(),
             "next": next,
-        })))
+        }))
     })
-    .await
+    .await?;
+    Ok(body::json_response(node, permit, StatusCode::OK, page))
 }
 
 /// `GET /v1/buckets/{bucket}/branches/{key}`: tagged branches with their heads, and the
@@ -81,10 +90,11 @@ pub async fn branches(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
-) -> ApiResult<Json<J>> {
+) -> ApiResult<Response> {
     let _: NoQuery = query(&uri)?;
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
-    blocking(move || {
+    let answer = blocking(move || {
         let t = b.db().existing_table(key.as_bytes())?;
         let tagged: serde_json::Map<String, J> = t
             .tagged
@@ -92,11 +102,10 @@ pub async fn branches(
             .map(|(n, u)| (n.clone(), J::String(u.to_string())))
             .collect();
         let untagged: Vec<String> = t.untagged.iter().map(|u| u.to_string()).collect();
-        Ok(Json(
-            json!({ "key": key, "tagged": tagged, "untagged": untagged }),
-        ))
+        Ok(json!({ "key": key, "tagged": tagged, "untagged": untagged }))
     })
-    .await
+    .await?;
+    Ok(body::json_response(node, permit, StatusCode::OK, answer))
 }
 
 /// A query that takes no parameters (an unknown one is refused).
@@ -119,7 +128,7 @@ pub async fn log(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
-) -> ApiResult<Json<J>> {
+) -> ApiResult<Response> {
     let q: LogQuery = query(&uri)?;
     let at = version_at(q.branch, q.uid)?;
     let (min, max) = (q.min.unwrap_or(0), q.max.unwrap_or(100));
@@ -128,8 +137,9 @@ pub async fn log(
             "need min <= max <= {MAX_TRACK_DISTANCE}"
         )));
     }
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
-    blocking(move || {
+    let answer = blocking(move || {
         let entries = b.db().track(key.as_bytes(), &at, min, max)?;
         let out: Vec<J> = entries
             .iter()
@@ -145,9 +155,10 @@ pub async fn log(
                 })
             })
             .collect();
-        Ok(Json(json!({ "key": key, "versions": out })))
+        Ok(json!({ "key": key, "versions": out }))
     })
-    .await
+    .await?;
+    Ok(body::json_response(node, permit, StatusCode::OK, answer))
 }
 
 #[derive(Deserialize)]
@@ -177,10 +188,11 @@ pub async fn diff(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
-) -> ApiResult<Json<J>> {
+) -> ApiResult<Response> {
     let q: PairQuery = query(&uri)?;
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
-    blocking(move || {
+    let answer = blocking(move || {
         let db = b.db();
         let va = db.get(key.as_bytes(), &At::parse(&q.a))?;
         let vb = db.get(key.as_bytes(), &At::parse(&q.b))?;
@@ -210,15 +222,16 @@ pub async fn diff(
                     .collect(),
             ),
         };
-        Ok(Json(json!({
+        Ok(json!({
             "a": va.uid.to_string(),
             "b": vb.uid.to_string(),
             "type": va.object.value_type().name(),
             "same": d == Diff::Same,
             "changes": changes,
-        })))
+        }))
     })
-    .await
+    .await?;
+    Ok(body::json_response(node, permit, StatusCode::OK, answer))
 }
 
 /// `GET /v1/buckets/{bucket}/lca/{key}?a=&b=`: the least common ancestor of two versions
@@ -244,7 +257,11 @@ pub async fn lca(
     .await
 }
 
-/// Authorizes a control mutation and reads its JSON body.
+/// A transfer held by a control mutation until it is done.
+type Permit = tokio::sync::OwnedSemaphorePermit;
+
+/// Takes a transfer (before the signature is checked, so a 503 leaves the request usable),
+/// authorizes a control mutation and reads its JSON body (bounded in bytes and elements).
 async fn control<T: DeserializeOwned>(
     node: &Arc<Node>,
     bucket: &str,
@@ -252,13 +269,15 @@ async fn control<T: DeserializeOwned>(
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
-) -> ApiResult<(Arc<cairn_capsule::Bucket>, T)> {
+) -> ApiResult<(Permit, Arc<cairn_capsule::Bucket>, T)> {
     let _: NoQuery = query(uri)?;
+    let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    body::check_elements(body::json_elements(&bytes))?;
     let req = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("bad request body: {e}")))?;
-    Ok((opened.bucket, req))
+    Ok((permit, opened.bucket, req))
 }
 
 #[derive(Deserialize)]
@@ -280,7 +299,8 @@ pub async fn fork(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let (b, req): (_, ForkBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
+    let (_permit, b, req): (_, _, ForkBody) =
+        control(&node, &bucket, &method, &uri, &headers, body).await?;
     let from = At::parse(req.from.as_deref().unwrap_or(DEFAULT_BRANCH));
     let (k, br) = (key.clone(), req.branch.clone());
     let uid = blocking(move || Ok(b.fork(k.as_bytes(), &from, &br)?)).await?;
@@ -307,7 +327,8 @@ pub async fn rename(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<J>> {
-    let (b, req): (_, RenameBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
+    let (_permit, b, req): (_, _, RenameBody) =
+        control(&node, &bucket, &method, &uri, &headers, body).await?;
     let k = key.clone();
     let (from, to) = (req.from.clone(), req.to.clone());
     let uid = blocking(move || Ok(b.rename(k.as_bytes(), &from, &to)?)).await?;
@@ -387,7 +408,8 @@ pub async fn merge(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<J>> {
-    let (b, req): (_, MergeBody) = control(&node, &bucket, &method, &uri, &headers, body).await?;
+    let (_permit, b, req): (_, _, MergeBody) =
+        control(&node, &bucket, &method, &uri, &headers, body).await?;
     let resolver: BuiltinResolver = req.resolver.as_deref().unwrap_or("manual").parse()?;
     let k = key.clone();
     let into = req.into.clone();

@@ -1,0 +1,312 @@
+//! Memory bounds of the native API over a real socket: requests that buffer a body and
+//! answers built in memory hold a transfer (503 when `max_transfers` are in progress), an
+//! inline value whose client reads nothing is cut at the stall timeout, a buffered body
+//! with too many elements is refused before it is parsed, and a signed request refused for
+//! want of a transfer can be sent again as it was.
+
+mod native_support;
+
+use std::time::{Duration, Instant};
+
+use cairn_core::SigningKey;
+use cairn_node::native::auth::{RequestToSign, body_blake3, now_secs};
+use native_support::Server;
+use reqwest::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Sends `method path` with `headers` and `body`; returns the status, whether the answer
+/// carries `Retry-After`, and its JSON body.
+async fn send(
+    s: &Server,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Vec<u8>>,
+) -> (u16, bool, serde_json::Value) {
+    let mut r = s.req(method, path).body(body.into());
+    for (n, v) in headers {
+        r = r.header(*n, *v);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let retry = resp.headers().contains_key("retry-after");
+    (
+        status,
+        retry,
+        resp.json().await.unwrap_or(serde_json::Value::Null),
+    )
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// Request headers, as name and value.
+type Headers<'a> = Vec<(&'a str, &'a str)>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_bodies_and_answers_built_in_memory_wait_for_a_transfer() {
+    let s = Server::start_with(|c| c.max_transfers = 1).await;
+    s.open_bucket("b").await;
+    let (st, _, v) = send(
+        &s,
+        Method::PUT,
+        "/v1/buckets/b/objects/k?type=string",
+        &[],
+        "x",
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    // Inline values stream with their exact length (text forms).
+    for (path, body, want) in [
+        ("/v1/buckets/b/objects/i?type=integer", "-42", "-42\n"),
+        (
+            "/v1/buckets/b/objects/t?type=tuple",
+            "a\n\nbc\n",
+            "a\n\nbc\n",
+        ),
+    ] {
+        let (st, _, v) = send(&s, Method::PUT, path, &[], body).await;
+        assert_eq!(st, 201, "{v}");
+        let r = s.get(path.split('?').next().unwrap()).await;
+        assert_eq!(r.headers()["content-length"], want.len().to_string());
+        assert_eq!(r.bytes().await.unwrap(), want);
+    }
+    // Another transfer holds the only one.
+    let held = s.node.transfer_permit().unwrap();
+    let refused: Vec<(Method, &str, Headers, &str)> = vec![
+        (
+            Method::PUT,
+            "/v1/buckets/b/objects/s?type=set",
+            vec![],
+            "a\nb\n",
+        ),
+        (
+            Method::PUT,
+            "/v1/buckets/b/objects/j",
+            vec![JSON],
+            "[\"a\"]",
+        ),
+        (
+            Method::PATCH,
+            "/v1/buckets/b/objects/k",
+            vec![JSON],
+            r#"{"op":"append","value":"y"}"#,
+        ),
+        (Method::DELETE, "/v1/buckets/b/objects/k", vec![], ""),
+        (
+            Method::POST,
+            "/v1/buckets/b/fork/k",
+            vec![JSON],
+            r#"{"branch":"f"}"#,
+        ),
+        (Method::POST, "/v1/buckets", vec![JSON], r#"{"name":"c"}"#),
+        (Method::GET, "/v1/buckets/b/objects/k", vec![], ""),
+        (Method::GET, "/v1/buckets/b/keys", vec![], ""),
+        (Method::GET, "/v1/buckets/b/log/k", vec![], ""),
+    ];
+    for (method, path, headers, body) in refused {
+        let (st, retry, v) = send(&s, method.clone(), path, &headers, body).await;
+        assert_eq!(st, 503, "{method} {path}: {v}");
+        assert!(retry, "{method} {path}: no Retry-After");
+    }
+    // A HEAD sends no body and takes no transfer.
+    let r = s
+        .req(Method::HEAD, "/v1/buckets/b/objects/k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], "1");
+    drop(held);
+    // Nothing was written while they were refused.
+    let (st, v) = s.get_json("/v1/buckets/b/objects/s").await;
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = s.get_json("/v1/buckets/b/objects/j").await;
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = s.get_json("/v1/buckets/b/branches/k").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["tagged"].as_object().unwrap().len(), 1, "{v}");
+    let r = s.get("/v1/buckets/b/objects/k").await;
+    assert_eq!(r.headers()["content-length"], "1");
+    assert_eq!(r.bytes().await.unwrap(), "x");
+    let (st, v) = s.get_json("/v1/buckets/c").await;
+    assert_eq!(st, 404, "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_value_whose_client_reads_nothing_is_cut() {
+    let s = Server::start_with(|c| {
+        c.stall_timeout_secs = 0.5;
+        c.max_transfers = 1;
+    })
+    .await;
+    s.open_bucket("b").await;
+    let len = 15 << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let (st, _, v) = send(
+        &s,
+        Method::PUT,
+        "/v1/buckets/b/objects/str?type=string",
+        &[],
+        data.clone(),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    // A client with a small receive window asks for it and reads nothing.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(64 << 10).unwrap();
+    let addr = s.base.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = sock.connect(addr).await.unwrap();
+    stalled
+        .write_all(b"GET /v1/buckets/b/objects/str HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // It holds the one transfer...
+    let r = s.get("/v1/buckets/b/objects/str").await;
+    assert_eq!(r.status(), 503);
+    // ...until the stall timeout cuts it; then the value reads back whole.
+    let t0 = Instant::now();
+    loop {
+        let r = s.get("/v1/buckets/b/objects/str").await;
+        if r.status() == 200 {
+            assert_eq!(r.headers()["content-length"], len.to_string());
+            assert!(
+                r.bytes().await.unwrap() == data,
+                "the value read back differs"
+            );
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the stalled reader kept its transfer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The stalled client got less than the value before the connection ended.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the cut connection stayed open"),
+        }
+    }
+    assert!(got < len, "the stalled client got everything ({got} bytes)");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_with_too_many_elements_is_refused_before_it_is_parsed() {
+    let s = Server::start_with(|_| {}).await;
+    s.open_bucket("b").await;
+    let max = cairn_node::native::body::MAX_BUFFERED_ELEMENTS;
+    let mut json_list = String::from("[\"\"");
+    for _ in 0..max {
+        json_list.push_str(",\"\"");
+    }
+    json_list.push(']');
+    let cases: Vec<(&str, Headers, Vec<u8>)> = vec![
+        // 60 MiB of empty lines: one element per byte.
+        (
+            "/v1/buckets/b/objects/t?type=tuple",
+            vec![],
+            vec![b'\n'; 60 << 20],
+        ),
+        ("/v1/buckets/b/objects/s?type=set", vec![], vec![b'\n'; max]),
+        (
+            "/v1/buckets/b/objects/m?type=map",
+            vec![],
+            b"a=1\n".repeat(max),
+        ),
+        (
+            "/v1/buckets/b/objects/l",
+            vec![JSON],
+            json_list.clone().into(),
+        ),
+    ];
+    for (path, headers, body) in cases {
+        let t0 = Instant::now();
+        let (st, _, v) = send(&s, Method::PUT, path, &headers, body).await;
+        assert_eq!(st, 400, "{path}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("too many elements"), "{path}: {v}");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{path}");
+        let key_path = path.split('?').next().unwrap();
+        let (st, v) = s.get_json(key_path).await;
+        assert_eq!(st, 404, "{path}: {v}");
+    }
+    // The same bound holds for a PATCH and a control body.
+    let (st, _, v) = send(
+        &s,
+        Method::PUT,
+        "/v1/buckets/b/objects/set?type=set",
+        &[],
+        "a\n",
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    let patch = format!(r#"{{"op":"update","add":{json_list}}}"#);
+    let (st, _, v) = send(
+        &s,
+        Method::PATCH,
+        "/v1/buckets/b/objects/set",
+        &[JSON],
+        patch,
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("too many elements"), "{v}");
+    let merge = format!(r#"{{"untagged":true,"uids":{json_list}}}"#);
+    let (st, _, v) = send(&s, Method::POST, "/v1/buckets/b/merge/set", &[JSON], merge).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("too many elements"), "{v}");
+    // A value within the bound is stored.
+    let (st, _, v) = send(
+        &s,
+        Method::PUT,
+        "/v1/buckets/b/objects/ok?type=set",
+        &[],
+        "x\n".repeat(1000),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_refused_for_want_of_a_transfer_can_be_sent_again() {
+    let s = Server::start_with(|c| c.max_transfers = 1).await;
+    let owner = SigningKey::from_seed(&[7; 32]);
+    let (st, v) = s.create_owned(&owner, "mine").await;
+    assert_eq!(st, 201, "{v}");
+    let path = "/v1/buckets/mine/objects/k";
+    let body = b"hello";
+    let req = RequestToSign {
+        method: "PUT",
+        path_and_query: path,
+        unix_secs: now_secs(),
+        body_blake3: body_blake3(body),
+        content_type: b"",
+        if_match: b"",
+        context: b"",
+        nonce: b"",
+    };
+    let signed = req.sign(&owner);
+    let headers: Vec<(&str, &str)> = signed.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let held = s.node.transfer_permit().unwrap();
+    let (st, retry, v) = send(&s, Method::PUT, path, &headers, &body[..]).await;
+    assert_eq!(st, 503, "{v}");
+    assert!(retry);
+    drop(held);
+    // The very same request, as the client retries it after Retry-After.
+    let (st, _, v) = send(&s, Method::PUT, path, &headers, &body[..]).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(s.get(path).await.bytes().await.unwrap(), "hello");
+    // Once used, it is a replay.
+    let (st, _, v) = send(&s, Method::PUT, path, &headers, &body[..]).await;
+    assert_eq!(st, 401, "{v}");
+    s.stop().await;
+}
