@@ -808,6 +808,25 @@ fn http_floor(
     Ok(out)
 }
 
+/// Each hub's median plain write (or read) of `size` bytes divided by `base` ms, as
+/// `label ratio×`, comma-separated.
+fn plain_ratios(
+    hubs: &[Hub],
+    files: &BTreeMap<(String, usize, bool), Cell>,
+    size: usize,
+    write: bool,
+    base: f64,
+) -> String {
+    hubs.iter()
+        .filter_map(|h| {
+            let c = files.get(&(h.label.clone(), size, false))?;
+            let v = if write { &c.write_ms } else { &c.read_ms };
+            Some(format!("{} {:.2}×", h.label, median(v) / base))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Each hub's plain transfers against the HTTP floor ([`http_floor`]).
 fn print_floor(
     hubs: &[Hub],
@@ -825,20 +844,7 @@ fn print_floor(
     println!("| ---: | ---: | ---: | ---: | ---: | --- | --- |");
     for &size in sizes {
         let Some(f) = floor.get(&size) else { continue };
-        let ratio = |write: bool| {
-            hubs.iter()
-                .filter_map(|h| {
-                    let c = files.get(&(h.label.clone(), size, false))?;
-                    let (v, base) = if write {
-                        (&c.write_ms, f[0])
-                    } else {
-                        (&c.read_ms, f[1])
-                    };
-                    Some(format!("{} {:.2}×", h.label, median(v) / base))
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let ratio = |write: bool| plain_ratios(hubs, files, size, write, f[usize::from(!write)]);
         println!(
             "| {} | {} | {} | {} | {} | {} | {} |",
             mb(size),
@@ -996,17 +1002,7 @@ fn print_files(
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |");
     for &size in sizes {
         let Some(r) = raw.get(&size) else { continue };
-        let ratio = |idx: usize| {
-            hubs.iter()
-                .filter_map(|h| {
-                    let c = files.get(&(h.label.clone(), size, false))?;
-                    let v = if idx == 0 { &c.write_ms } else { &c.read_ms };
-                    let base = if idx == 0 { r[0] } else { r[2] };
-                    Some(format!("{} {:.2}×", h.label, median(v) / base))
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let ratio = |idx: usize| plain_ratios(hubs, files, size, idx == 0, r[idx]);
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             mb(size),
@@ -1017,7 +1013,7 @@ fn print_files(
             fmt_ms(r[2]),
             mbps(size, r[2]),
             ratio(0),
-            ratio(1)
+            ratio(2)
         );
     }
     println!();
