@@ -221,3 +221,21 @@ async fn an_upload_whose_token_expires_while_its_body_arrives_stores_nothing() {
     assert_eq!(hub.read(&a, "doc").await.0, 404);
     assert!(hub.names(&k.bearer(), &a).await.is_empty());
 }
+
+/// A token issued far ahead of the node's clock would outlive every `revoke-all` its owner
+/// could make (those take times at most 300 s ahead): it is refused, and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_issued_in_the_future_is_refused() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(33);
+    let a = k.address();
+    let t = now() as i64;
+    let ahead = token_at(&k, t + 3600);
+    let (st, body) = hub.store(&ahead, &a, "f", b"1", &[]).await;
+    assert_eq!(st, 401, "{body}");
+    assert!(body.to_string().contains("issued in the future"), "{body}");
+    assert!(hub.names(&k.bearer(), &a).await.is_empty());
+    // Within the clock skew it is accepted.
+    let near = token_at(&k, t + 60);
+    assert_eq!(hub.store(&near, &a, "f", b"1", &[]).await.0, 202);
+}

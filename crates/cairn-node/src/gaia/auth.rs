@@ -447,6 +447,17 @@ fn v1(
     let scopes =
         parse_scopes(&jwt.payload).map_err(|e| AuthError::v(format!("{PARSE_FAILED} {e}")))?;
     let issued_at = jwt.time_claim("iat")?;
+    // A token issued far ahead of the clock would outlive every revocation its owner could
+    // make (`revoke-all` takes times at most the same skew ahead).
+    if let Some(iat) = issued_at
+        && iat > now + crate::gaia::REVOCATION_SKEW_SECS as f64
+    {
+        return Err(AuthError::v(format!(
+            "Auth token issued in the future: its `iat` ({iat}) is more than {} seconds \
+             ahead of the hub's clock ({now:.0} seconds since the epoch)",
+            crate::gaia::REVOCATION_SKEW_SECS
+        )));
+    }
     let (key, key_bytes) = parse_pubkey(iss).ok_or_else(|| {
         AuthError::v(format!(
             "{PARSE_FAILED} `iss` is not a secp256k1 public key"
