@@ -382,6 +382,8 @@ struct Writer {
     /// Offset of the active segment up to which the kernel was asked to start writing
     /// pages back (see [`WRITEBACK_STEP`]).
     writeback: u64,
+    /// The thread that makes those requests (`None`: made inline).
+    writeback_thread: Option<Writeback>,
     /// Bytes written to the segments sealed since the store was opened: the position of the
     /// active segment's first byte in the stream of everything written since then.
     base: u64,
@@ -413,17 +415,56 @@ const DROP_STEP: u64 = 8 << 20;
 /// `bytes_per_sync` does the same).
 const WRITEBACK_STEP: u64 = 2 << 20;
 
+/// A thread that asks the kernel to start writing back ranges of segments
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). The call "does not wait" for the writes,
+/// but it does submit them, which can take a millisecond or two per request (block
+/// allocation, queueing); made by the appender, under the writer's lock, that stalled
+/// every put and commit behind it. The thread takes that off them.
+struct Writeback {
+    jobs: std::sync::mpsc::SyncSender<(Arc<Segment>, u64, u64)>,
+}
+
+impl Writeback {
+    /// Starts the thread; `None` when the system refuses one (requests are then inline).
+    fn start() -> Option<Writeback> {
+        let (jobs, todo) = std::sync::mpsc::sync_channel::<(Arc<Segment>, u64, u64)>(4);
+        std::thread::Builder::new()
+            .name("cairn-writeback".into())
+            .spawn(move || {
+                // Ends when the writer (the only sender) is dropped.
+                for (seg, off, len) in todo {
+                    segment::start_writeback(&seg.file, off, len);
+                }
+            })
+            .ok()?;
+        Some(Writeback { jobs })
+    }
+}
+
 impl Writer {
     /// Asks the kernel to start writing back what was flushed since the last request, if
     /// that is at least [`WRITEBACK_STEP`] bytes past both it and the last sync. A hint:
     /// it does not wait, and an error shows up at the next `fdatasync`, which reports it.
+    /// The request goes to the writeback thread; when that thread is still busy with
+    /// earlier ones, this one waits for the next step (the commit's `fdatasync` writes
+    /// whatever no request covered).
     fn start_writeback(&mut self) {
         let flushed = self.seg.flushed.load(Ordering::Acquire);
         let from = self.writeback.max(self.seg.synced.load(Ordering::Acquire));
         if flushed < from.saturating_add(WRITEBACK_STEP) {
             return;
         }
-        segment::start_writeback(&self.seg.file, from, flushed - from);
+        match &self.writeback_thread {
+            Some(t) => {
+                if t.jobs
+                    .try_send((self.seg.clone(), from, flushed - from))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            None => segment::start_writeback(&self.seg.file, from, flushed - from),
+        }
         self.writeback = flushed;
     }
 
@@ -975,6 +1016,11 @@ impl LogStore {
                 damaged: active_damaged,
                 alloc_end: 0,
                 writeback: 0,
+                writeback_thread: if opts.durability == Durability::Buffered {
+                    None
+                } else {
+                    Writeback::start()
+                },
                 base: 0,
                 behind: VecDeque::new(),
             }),
