@@ -637,9 +637,15 @@ where
                 w.send()
                     .map_err(|e| cairn_core::Error::io("sending the response", e))
             })
-            .and_then(|()| {
-                w.hand_over(Out::End)
-                    .map_err(|e| cairn_core::Error::io("sending the response", e))
+            .and_then(|()| match w.hand_over(Out::End) {
+                // Every byte was handed over and the body is gone: with a Content-Length,
+                // the server drops the body as soon as that many bytes were sent, which
+                // can beat the end marker. Not a cut.
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                    tracing::debug!("response complete before its end marker");
+                    Ok(())
+                }
+                r => r.map_err(|e| cairn_core::Error::io("sending the response", e)),
             });
         if let Err(e) = result {
             tracing::warn!(error = %e, "response cut short");
