@@ -272,10 +272,14 @@ pub async fn create(
 }
 
 /// `GET /v1/buckets`: every bucket of the native API.
-pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Json<serde_json::Value>> {
-    blocking(move || {
+pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Response> {
+    // The listing grows with the buckets: it holds a transfer and streams, like the keys
+    // listing.
+    let permit = body::transfer_permit(&node)?;
+    let n = node.clone();
+    let answer = blocking(move || {
         let mut out = Vec::new();
-        for (name, value) in node.store.list_refs(REGISTRY)? {
+        for (name, value) in n.store.list_refs(REGISTRY)? {
             let name = String::from_utf8_lossy(&name[REGISTRY.len()..]).into_owned();
             let e = Entry::decode(&value)
                 .map_err(|e| Error::corrupt(format!("registry entry of bucket {name}: {e}")))?;
@@ -285,9 +289,10 @@ pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Json<serde_json::V
                 "created_ms": e.created_ms,
             }));
         }
-        Ok(Json(json!({ "buckets": out })))
+        Ok(json!({ "buckets": out }))
     })
-    .await
+    .await?;
+    Ok(body::json_response(node, permit, StatusCode::OK, answer))
 }
 
 /// `GET /v1/buckets/{bucket}`: owner, capsule name, writers and the capsule metadata
