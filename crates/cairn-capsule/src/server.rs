@@ -1067,9 +1067,7 @@ impl CapsuleServer {
             return Ok(None);
         };
         if cid != *hash || sealed.len() as u64 != *len {
-            return Err(Error::corrupt(format!(
-                "stored body of record {name} does not match its header"
-            )));
+            return Err(body_mismatch(name));
         }
         Ok(Some(sealed.to_vec()))
     }
@@ -1098,11 +1096,7 @@ impl CapsuleServer {
         body: StoredBody,
         header: &RecordHeader,
     ) -> Result<Vec<u8>> {
-        let mismatch = || {
-            Error::corrupt(format!(
-                "stored body of record {name} does not match its header"
-            ))
-        };
+        let mismatch = || body_mismatch(name);
         match (body, &header.body) {
             (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) => {
                 // The body chunk is `TAG_BODY ‖ sealed`, named by the header's body hash;
@@ -2024,6 +2018,13 @@ impl CapsuleServer {
         out.retain(|n| dag.witness(n).and_then(|w| w.hops()).is_some());
         Ok(out)
     }
+}
+
+/// The error for a stored body that does not match its record's header.
+fn body_mismatch(name: &RecordName) -> Error {
+    Error::corrupt(format!(
+        "stored body of record {name} does not match its header"
+    ))
 }
 
 #[cfg(test)]

@@ -776,7 +776,7 @@ fn http_floor(
     for &size in sizes {
         let (mut up, mut down) = (Vec::new(), Vec::new());
         for _ in 0..runs {
-            let body = Bytes::copy_from_slice(&source[..size]);
+            let body = source.slice(..size);
             let t0 = Instant::now();
             let got = client_rt.block_on(async {
                 let resp = http.post(format!("{url}/sink")).body(body).send().await?;

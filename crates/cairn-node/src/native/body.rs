@@ -106,6 +106,13 @@ enum Pumped {
     Failed(String),
 }
 
+/// Moves the small frames copied into `small` (if any) into `batch` as one frame.
+fn take_small(small: &mut BytesMut, batch: &mut Vec<Bytes>) {
+    if !small.is_empty() {
+        batch.push(small.split().freeze());
+    }
+}
+
 /// A streaming request body as a blocking [`Read`], for the storage calls that run on the
 /// blocking pool. A task on the runtime pulls the body and hands its frames over in
 /// batches of about 256 KiB and at most 256 frames (frames under 4 KiB are copied into one
@@ -150,25 +157,19 @@ impl BodyReader {
                         if frame.len() < SMALL_FRAME {
                             small.extend_from_slice(&frame);
                         } else {
-                            if !small.is_empty() {
-                                batch.push(small.split().freeze());
-                            }
+                            take_small(&mut small, &mut batch);
                             batch.push(frame);
                         }
                         // One handle is kept free for what `small` holds.
                         if bytes < IN_BATCH && batch.len() + 1 < IN_FRAMES {
                             continue;
                         }
-                        if !small.is_empty() {
-                            batch.push(small.split().freeze());
-                        }
+                        take_small(&mut small, &mut batch);
                         bytes = 0;
                         Pumped::Data(std::mem::take(&mut batch))
                     }
                     end => {
-                        if !small.is_empty() {
-                            batch.push(small.split().freeze());
-                        }
+                        take_small(&mut small, &mut batch);
                         if !batch.is_empty()
                             && tx
                                 .send(Pumped::Data(std::mem::take(&mut batch)))
