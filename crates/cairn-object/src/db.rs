@@ -570,22 +570,11 @@ impl Db {
     ) -> Result<Uid> {
         check_key(key)?;
         let _w = self.writer_guard();
-        let mut w = BlobWriter::new(self.chunks(), &self.cfg);
-        // 64 KiB reads: the writer batches leaves itself, and a node running hundreds of
-        // uploads at once keeps only this much per upload in flight here.
-        let mut buf = vec![0u8; 64 << 10];
-        let mut total = 0u64;
-        loop {
-            let n = match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io("reading the input", e)),
-            };
-            std::io::Write::write_all(&mut w, &buf[..n])
-                .map_err(|e| Error::io("storing blob chunks", e))?;
-            total += n as u64;
-            progress(total);
+        let shared: Arc<dyn ChunkStore> = self.store.clone();
+        let mut w = BlobWriter::new(self.chunks(), &self.cfg).storing_on_pipe(shared);
+        // The input is read straight into the writer's cutting window.
+        while w.read_from(reader)? > 0 {
+            progress(w.bytes_written());
         }
         let tree = w.finish()?;
         self.put_value(key, target, opts, false, |base_ty, _| {

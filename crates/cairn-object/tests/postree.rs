@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use cairn_core::Error;
@@ -1011,5 +1013,113 @@ fn pipelined_blob_writer_builds_the_single_threaded_tree() {
         let mut all = Vec::new();
         BlobReader::new(&two, &want).read_to_end(&mut all).unwrap();
         assert!(all == data, "read back, leaf {leaf}");
+
+        // Leaves stored by the hashing thread, input read straight into the window in
+        // reads of `wsize` bytes at most: the same tree and the same chunks.
+        let three = Arc::new(MemoryStore::new());
+        let shared: Arc<dyn ChunkStore> = three.clone();
+        let mut w = BlobWriter::new(&*three, &c).storing_on_pipe(shared);
+        let mut input = Dribble {
+            data: &data,
+            step: wsize,
+        };
+        while w.read_from(&mut input).unwrap() > 0 {}
+        assert_eq!(w.bytes_written(), data.len() as u64);
+        assert_eq!(w.finish().unwrap(), want, "stored on the pipe, leaf {leaf}");
+        let mut c3 = three.cids().unwrap();
+        c3.sort();
+        assert_eq!(a, c3, "the same chunks stored on the pipe, leaf {leaf}");
+        walk_ok(&three, &want);
+    }
+}
+
+/// A reader that hands out at most `step` bytes per read.
+struct Dribble<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl Read for Dribble<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.step.min(buf.len()).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// A store whose puts fail after `budget` chunks.
+struct FailingStore {
+    inner: MemoryStore,
+    budget: AtomicUsize,
+}
+
+impl ChunkStore for FailingStore {
+    fn algo(&self) -> cairn_core::HashAlgo {
+        self.inner.algo()
+    }
+    fn put_hashed(&self, cid: cairn_store::Cid, chunk: &[u8]) -> cairn_core::Result<bool> {
+        if self
+            .budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
+            .is_err()
+        {
+            return Err(Error::Unavailable("disk full (injected)".into()));
+        }
+        self.inner.put_hashed(cid, chunk)
+    }
+    fn get(&self, cid: &cairn_store::Cid) -> cairn_core::Result<Option<Bytes>> {
+        self.inner.get(cid)
+    }
+    fn has(&self, cid: &cairn_store::Cid) -> cairn_core::Result<bool> {
+        self.inner.has(cid)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Cid>> {
+        self.inner.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<()> {
+        self.inner.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.inner.stats()
+    }
+}
+
+/// A put that fails on the hashing thread fails the blob write with that error, and no
+/// chunk is stored once the writer has returned it.
+#[test]
+fn a_store_failure_on_the_pipe_thread_fails_the_blob() {
+    let data = random_bytes(8 << 20, 7);
+    let c = cfg(4096, 4096);
+    for budget in [0, 1, 300, 1500] {
+        let store = Arc::new(FailingStore {
+            inner: MemoryStore::new(),
+            budget: AtomicUsize::new(budget),
+        });
+        let shared: Arc<dyn ChunkStore> = store.clone();
+        let mut w = BlobWriter::new(&*store, &c).storing_on_pipe(shared);
+        let mut input = Dribble {
+            data: &data,
+            step: 100_000,
+        };
+        let err = loop {
+            match w.read_from(&mut input) {
+                Ok(0) => break w.finish().err(),
+                Ok(_) => continue,
+                Err(e) => {
+                    drop(w);
+                    break Some(e);
+                }
+            }
+        };
+        let err = err.unwrap_or_else(|| panic!("budget {budget}: the write succeeded"));
+        assert!(
+            err.to_string().contains("disk full (injected)"),
+            "budget {budget}: {err}"
+        );
+        let held = store.inner.cids().unwrap().len();
+        assert!(held <= budget, "budget {budget}: {held} chunks stored");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(store.inner.cids().unwrap().len(), held, "budget {budget}");
     }
 }
