@@ -13,10 +13,13 @@
 //! [`CapsuleServer::write`] with one signature on the newest, which covers the rest by hash
 //! chain. One mutation alone is signed directly.
 //!
-//! The mutation is applied to the Db first and its record appended second; the call returns
-//! (the write is acknowledged) only when both are durable. A crash between the two leaves a
-//! version no record names: it was never acknowledged, and `cairn verify --proof` reports it
-//! as unproven rather than trusting it.
+//! The record comes first: the bucket is its Db's [`HeadRecorder`], so the Db appends the
+//! mutation's record (and waits until it is durable) after storing the new version and
+//! before the commit that makes it a head. When the record cannot be written nothing is
+//! committed and the mutation fails, changing nothing visible; a crash in between leaves a
+//! record of a mutation that never became visible (it was never acknowledged), never a
+//! head without its record. So every head a bucket shows has a [`VersionProof`] or a
+//! record of the fork, rename or merge that put it there.
 //!
 //! Bucket capsules store bodies in plaintext: a mutation holds key and branch names and
 //! hashes, which the Db's refs hold in plaintext too; the values themselves stay in the Db.
@@ -27,8 +30,8 @@ use std::sync::Arc;
 
 use cairn_core::{Decoder, Encoder, Error, Hash, Result, SigningKey};
 use cairn_object::{
-    At, Db, MergeOutcome, NewValue, Op, PutOptions, Resolver, Target, TreeConfig, Uid,
-    check_bucket_name,
+    At, Db, HeadChange, HeadChangeKind, HeadRecorder, MergeOutcome, NewValue, Op, PutOptions,
+    Resolver, Target, TreeConfig, Uid, check_bucket_name,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -314,6 +317,104 @@ struct Chain {
     writing: bool,
 }
 
+/// uid → the record that created it; built on first use from the capsule.
+type VersionIndex = Arc<Mutex<Option<HashMap<Uid, RecordName>>>>;
+
+/// A writable bucket's capsule journal: the [`HeadRecorder`] of the bucket's Db, which
+/// appends one record per mutation before the Db commits it.
+struct Journal {
+    server: Arc<CapsuleServer>,
+    capsule: CapsuleName,
+    chain: Mutex<Chain>,
+    written: Condvar,
+    index: VersionIndex,
+}
+
+impl HeadRecorder for Journal {
+    fn record(&self, c: &HeadChange<'_>) -> Result<()> {
+        let kind = match c.kind {
+            HeadChangeKind::Put => MutationKind::Put,
+            HeadChangeKind::Fork => MutationKind::Fork,
+            HeadChangeKind::Merge => MutationKind::Merge,
+            HeadChangeKind::Rename => MutationKind::Rename,
+            HeadChangeKind::Remove => MutationKind::Remove,
+        };
+        self.append(Mutation {
+            kind,
+            key: c.key.to_vec(),
+            branch: c.branch.map(str::to_string),
+            from: c.from.map(str::to_string),
+            uid: c.uid,
+            bases: c.bases.to_vec(),
+        })
+        .map(|_| ())
+    }
+}
+
+impl Journal {
+    /// Appends the record of `m` and returns once it is durable (or failed). Records queued
+    /// while another thread writes go out together in the next group.
+    fn append(&self, m: Mutation) -> Result<RecordName> {
+        let capsule = self.capsule;
+        let done = Arc::new(Mutex::new(None));
+        let mut c = self.chain.lock();
+        let record = c.writer.record(&m.encode(), &[])?;
+        c.queue.push(Queued {
+            record,
+            mutation: m,
+            done: done.clone(),
+        });
+        loop {
+            if let Some(r) = done.lock().take() {
+                return r;
+            }
+            if c.writing {
+                self.written.wait(&mut c);
+                continue;
+            }
+            // Nobody is writing: write every queued record as one group.
+            c.writing = true;
+            let group = std::mem::take(&mut c.queue);
+            let last = group[group.len() - 1].record.name();
+            let sig = c.writer.sign(&last);
+            drop(c);
+            let records: Vec<Record> = group.iter().map(|q| q.record.clone()).collect();
+            let result = self
+                .server
+                .write_unacked(&capsule, &records, &[(last, sig)], true);
+            if result.is_ok()
+                && let Some(index) = self.index.lock().as_mut()
+            {
+                for q in &group {
+                    if q.mutation.creates_version() {
+                        index.entry(q.mutation.uid).or_insert(q.record.name());
+                    }
+                }
+            }
+            for q in &group {
+                *q.done.lock() = Some(match &result {
+                    Ok(_) => Ok(q.record.name()),
+                    Err(e) => Err(Error::Unavailable(format!(
+                        "the record of this {} (version {}) could not be written to the \
+                         bucket's capsule, so nothing was committed: {e}",
+                        q.mutation.kind.name(),
+                        q.mutation.uid
+                    ))),
+                });
+            }
+            c = self.chain.lock();
+            if result.is_err() {
+                // Later records must not point back at ones the capsule never got.
+                if let Ok((heads, _)) = self.server.heads_roots(&capsule) {
+                    c.writer.continue_from(&heads);
+                }
+            }
+            c.writing = false;
+            self.written.notify_all();
+        }
+    }
+}
+
 /// The POS-tree configuration of the bucket whose capsule `meta` describes: its
 /// [`LEAF_SIZE_SETTING`], or the 4 KiB default for a bucket created without one. Only the
 /// leaf size is per bucket; index nodes always use the default target, so the
@@ -338,13 +439,12 @@ fn bucket_tree_config(bucket: &str, meta: &CapsuleMetadata) -> Result<TreeConfig
 
 /// A bucket of objects whose every mutation is a signed record of its capsule.
 pub struct Bucket {
+    /// The bucket's Db; with a writer, its recorder is `journal`.
     db: Db,
     server: Arc<CapsuleServer>,
     meta: Option<CapsuleMetadata>,
-    chain: Option<Mutex<Chain>>,
-    written: Condvar,
-    /// uid → the record that created it; built on first use from the capsule.
-    index: Mutex<Option<HashMap<Uid, RecordName>>>,
+    journal: Option<Arc<Journal>>,
+    index: VersionIndex,
 }
 
 impl Bucket {
@@ -463,7 +563,8 @@ impl Bucket {
             }
             None => db,
         };
-        let chain = match (&meta, writer) {
+        let index: VersionIndex = Arc::new(Mutex::new(None));
+        let journal = match (&meta, writer) {
             (Some(meta), Some(key)) => {
                 let public = key.public();
                 let mut w = Writer::new(meta.clone(), key, None).map_err(|_| {
@@ -482,21 +583,30 @@ impl Bucket {
                 })?;
                 let (heads, _) = server.heads_roots(&meta.name())?;
                 w.continue_from(&heads);
-                Some(Mutex::new(Chain {
-                    writer: w,
-                    queue: Vec::new(),
-                    writing: false,
+                Some(Arc::new(Journal {
+                    server: server.clone(),
+                    capsule: meta.name(),
+                    chain: Mutex::new(Chain {
+                        writer: w,
+                        queue: Vec::new(),
+                        writing: false,
+                    }),
+                    written: Condvar::new(),
+                    index: index.clone(),
                 }))
             }
             _ => None,
+        };
+        let db = match &journal {
+            Some(j) => db.with_recorder(j.clone()),
+            None => db,
         };
         Ok(Bucket {
             db,
             server,
             meta,
-            chain,
-            written: Condvar::new(),
-            index: Mutex::new(None),
+            journal,
+            index,
         })
     }
 
@@ -525,97 +635,14 @@ impl Bucket {
         self.meta.as_ref().map(|m| m.name())
     }
 
-    fn chain(&self) -> Result<&Mutex<Chain>> {
-        self.chain.as_ref().ok_or_else(|| {
-            Error::invalid(format!(
+    fn check_writable(&self) -> Result<()> {
+        match self.journal {
+            Some(_) => Ok(()),
+            None => Err(Error::invalid(format!(
                 "bucket {} is open read-only (no writer key): mutations need one",
                 self.name()
-            ))
-        })
-    }
-
-    /// Appends the record of `m` and returns once it is durable (or failed). Records queued
-    /// while another thread writes go out together in the next group.
-    fn record(&self, m: Mutation) -> Result<RecordName> {
-        let chain = self.chain()?;
-        let capsule = self
-            .capsule()
-            .ok_or_else(|| Error::invalid("bucket has no capsule"))?;
-        let done = Arc::new(Mutex::new(None));
-        let mut c = chain.lock();
-        let record = c.writer.record(&m.encode(), &[])?;
-        c.queue.push(Queued {
-            record,
-            mutation: m,
-            done: done.clone(),
-        });
-        loop {
-            if let Some(r) = done.lock().take() {
-                return r;
-            }
-            if c.writing {
-                self.written.wait(&mut c);
-                continue;
-            }
-            // Nobody is writing: write every queued record as one group.
-            c.writing = true;
-            let group = std::mem::take(&mut c.queue);
-            let last = group[group.len() - 1].record.name();
-            let sig = c.writer.sign(&last);
-            drop(c);
-            let records: Vec<Record> = group.iter().map(|q| q.record.clone()).collect();
-            let result = self
-                .server
-                .write_unacked(&capsule, &records, &[(last, sig)], true);
-            if result.is_ok()
-                && let Some(index) = self.index.lock().as_mut()
-            {
-                for q in &group {
-                    if q.mutation.creates_version() {
-                        index.entry(q.mutation.uid).or_insert(q.record.name());
-                    }
-                }
-            }
-            for q in &group {
-                *q.done.lock() = Some(match &result {
-                    Ok(_) => Ok(q.record.name()),
-                    Err(e) => Err(Error::Unavailable(format!(
-                        "version {} was written but its capsule record was not: {e}",
-                        q.mutation.uid
-                    ))),
-                });
-            }
-            c = chain.lock();
-            c.writing = false;
-            self.written.notify_all();
+            ))),
         }
-    }
-
-    fn bases(&self, uid: &Uid) -> Result<Vec<Uid>> {
-        Ok(self.db.load(uid)?.bases)
-    }
-
-    fn record_version(
-        &self,
-        kind: MutationKind,
-        key: &[u8],
-        branch: Option<&str>,
-        uid: Uid,
-    ) -> Result<Uid> {
-        let bases = self.bases(&uid)?;
-        self.record(Mutation {
-            kind,
-            key: key.to_vec(),
-            branch: branch.map(str::to_string),
-            from: None,
-            uid,
-            bases,
-        })?;
-        Ok(uid)
-    }
-
-    fn check_writable(&self) -> Result<()> {
-        self.chain().map(|_| ())
     }
 
     /// [`Db::put`], recorded.
@@ -627,8 +654,7 @@ impl Bucket {
         opts: &PutOptions,
     ) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.put(key, target, value, opts)?;
-        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+        self.db.put(key, target, value, opts)
     }
 
     /// [`Db::put_blob_stream`], recorded.
@@ -641,10 +667,7 @@ impl Bucket {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self
-            .db
-            .put_blob_stream(key, target, reader, opts, progress)?;
-        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+        self.db.put_blob_stream(key, target, reader, opts, progress)
     }
 
     /// [`Db::put_list_stream`], recorded.
@@ -656,30 +679,19 @@ impl Bucket {
         opts: &PutOptions,
     ) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.put_list_stream(key, target, elements, opts)?;
-        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+        self.db.put_list_stream(key, target, elements, opts)
     }
 
     /// [`Db::update`] (a type operation), recorded as a put.
     pub fn update(&self, key: &[u8], target: Target<'_>, op: Op, opts: &PutOptions) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.update(key, target, op, opts)?;
-        self.record_version(MutationKind::Put, key, branch_of(&target), uid)
+        self.db.update(key, target, op, opts)
     }
 
     /// [`Db::fork`], recorded.
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.fork(key, from, new_branch)?;
-        self.record(Mutation {
-            kind: MutationKind::Fork,
-            key: key.to_vec(),
-            branch: Some(new_branch.to_string()),
-            from: None,
-            uid,
-            bases: Vec::new(),
-        })?;
-        Ok(uid)
+        self.db.fork(key, from, new_branch)
     }
 
     /// [`Db::merge_into`], recorded when it moved the branch.
@@ -692,11 +704,7 @@ impl Bucket {
         opts: &PutOptions,
     ) -> Result<MergeOutcome> {
         self.check_writable()?;
-        let outcome = self.db.merge_into(key, into, from, resolver, opts)?;
-        if let MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) = &outcome {
-            self.record_version(MutationKind::Merge, key, Some(into), *u)?;
-        }
-        Ok(outcome)
+        self.db.merge_into(key, into, from, resolver, opts)
     }
 
     /// [`Db::merge_untagged`], recorded when it made a version.
@@ -708,41 +716,19 @@ impl Bucket {
         opts: &PutOptions,
     ) -> Result<MergeOutcome> {
         self.check_writable()?;
-        let outcome = self.db.merge_untagged(key, uids, resolver, opts)?;
-        if let MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) = &outcome {
-            self.record_version(MutationKind::Merge, key, None, *u)?;
-        }
-        Ok(outcome)
+        self.db.merge_untagged(key, uids, resolver, opts)
     }
 
     /// [`Db::rename`], recorded.
     pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.rename(key, from, to)?;
-        self.record(Mutation {
-            kind: MutationKind::Rename,
-            key: key.to_vec(),
-            branch: Some(to.to_string()),
-            from: Some(from.to_string()),
-            uid,
-            bases: Vec::new(),
-        })?;
-        Ok(uid)
+        self.db.rename(key, from, to)
     }
 
     /// [`Db::remove`], recorded.
     pub fn remove(&self, key: &[u8], branch: &str) -> Result<Uid> {
         self.check_writable()?;
-        let uid = self.db.remove(key, branch)?;
-        self.record(Mutation {
-            kind: MutationKind::Remove,
-            key: key.to_vec(),
-            branch: Some(branch.to_string()),
-            from: None,
-            uid,
-            bases: Vec::new(),
-        })?;
-        Ok(uid)
+        self.db.remove(key, branch)
     }
 
     /// Reads a record of the bucket's capsule and decodes its mutation.
@@ -807,12 +793,5 @@ impl Bucket {
         }
         let proof = self.server.prove(&capsule, &name, None)?.proof;
         Ok(VersionProof { record, proof })
-    }
-}
-
-fn branch_of<'a>(t: &Target<'a>) -> Option<&'a str> {
-    match t {
-        Target::Branch(b) => Some(b),
-        Target::Base(_) => None,
     }
 }

@@ -523,3 +523,114 @@ fn a_bucket_without_a_leaf_size_setting_keeps_4_kib_and_a_bad_one_is_refused() {
         .unwrap();
     assert_eq!(t, blob_root(4096, &data));
 }
+
+/// A store whose commits of capsule journals fail while `fail` is set (a full or broken
+/// disk under the capsule, nothing else).
+struct JournalFails {
+    inner: MemoryStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl cairn_store::ChunkStore for JournalFails {
+    fn algo(&self) -> cairn_core::HashAlgo {
+        self.inner.algo()
+    }
+    fn put_hashed(&self, cid: cairn_store::Cid, chunk: &[u8]) -> cairn_core::Result<bool> {
+        self.inner.put_hashed(cid, chunk)
+    }
+    fn get(&self, cid: &cairn_store::Cid) -> cairn_core::Result<Option<cairn_store::Bytes>> {
+        self.inner.get(cid)
+    }
+    fn has(&self, cid: &cairn_store::Cid) -> cairn_core::Result<bool> {
+        self.inner.has(cid)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Cid>> {
+        self.inner.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<()> {
+        self.inner.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.inner.stats()
+    }
+}
+
+impl cairn_store::RefStore for JournalFails {
+    fn get_ref(&self, name: &[u8]) -> cairn_core::Result<Option<cairn_store::Bytes>> {
+        self.inner.get_ref(name)
+    }
+    fn list_refs(
+        &self,
+        prefix: &[u8],
+    ) -> cairn_core::Result<Vec<(cairn_store::Bytes, cairn_store::Bytes)>> {
+        self.inner.list_refs(prefix)
+    }
+    fn commit(&self, updates: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        let journal = updates.iter().any(|u| match u {
+            cairn_store::RefUpdate::Set { name, .. } | cairn_store::RefUpdate::Delete { name } => {
+                name.starts_with(b"capsule/")
+            }
+        });
+        if journal && self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("journal disk failed (injected)".into()));
+        }
+        self.inner.commit(updates)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.inner.durability()
+    }
+}
+
+/// The record comes before the head: a mutation whose record cannot be written fails and
+/// leaves every head as it was, and the bucket goes on (its chain continues from what the
+/// capsule holds, so later versions are proven).
+#[test]
+fn a_mutation_whose_record_fails_changes_no_head() {
+    let js = Arc::new(JournalFails {
+        inner: MemoryStore::new(),
+        fail: std::sync::atomic::AtomicBool::new(false),
+    });
+    let store: Arc<dyn Store> = js.clone();
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b.put(b"k", Target::Branch("master"), s("one"), &o).unwrap();
+    b.fork(b"k", &At::Branch("master".into()), "dev").unwrap();
+    let capsule = b.capsule().unwrap();
+    let records = b.server().with_dag(&capsule, |d| d.len()).unwrap();
+    let heads = |b: &Bucket| {
+        (
+            b.db().list_tagged(b"k").unwrap(),
+            b.db().list_untagged(b"k").unwrap(),
+        )
+    };
+    let before = heads(&b);
+
+    js.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let failures: Vec<cairn_core::Error> = vec![
+        b.put(b"k", Target::Branch("master"), s("two"), &o)
+            .unwrap_err(),
+        b.put(b"k", Target::Base(v1), s("side"), &o).unwrap_err(),
+        b.put(b"new", Target::Branch("master"), s("x"), &o)
+            .unwrap_err(),
+        b.fork(b"k", &At::Branch("master".into()), "f").unwrap_err(),
+        b.rename(b"k", "dev", "dev2").unwrap_err(),
+        b.remove(b"k", "dev").unwrap_err(),
+    ];
+    for e in &failures {
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        assert!(e.to_string().contains("nothing was committed"), "{e}");
+    }
+    assert_eq!(heads(&b), before, "no head moved");
+    assert!(
+        matches!(b.db().list_tagged(b"new"), Err(Error::NotFound(_))),
+        "key \"new\" was never created"
+    );
+    assert_eq!(b.server().with_dag(&capsule, |d| d.len()).unwrap(), records);
+
+    // The disk is back: writing goes on, and the new version is proven.
+    js.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let v2 = b.put(b"k", Target::Branch("master"), s("two"), &o).unwrap();
+    assert_eq!(proven(&b, b"k", &v2).bases, vec![v1]);
+    let reopened = open(&store, Some(writer())).unwrap();
+    assert_eq!(proven(&reopened, b"k", &v2).uid, v2);
+}

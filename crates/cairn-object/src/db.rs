@@ -130,6 +130,50 @@ impl At {
     }
 }
 
+/// Which mutation a [`HeadChange`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadChangeKind {
+    /// A put (or a type operation) made version `uid` the head of `branch`, or an untagged
+    /// head when `branch` is `None`.
+    Put,
+    /// Tagged branch `branch` was created at `uid`.
+    Fork,
+    /// A merge made `uid` the head of `branch` (an untagged head when `None`).
+    Merge,
+    /// Branch `from` was renamed to `branch`; its head is `uid`.
+    Rename,
+    /// Branch `branch` was removed; its head was `uid`.
+    Remove,
+}
+
+/// A head-moving commit a [`Db`] is about to make, as shown to its [`HeadRecorder`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadChange<'a> {
+    /// What the commit does.
+    pub kind: HeadChangeKind,
+    /// The key.
+    pub key: &'a [u8],
+    /// The branch it creates, moves or removes (`None`: an untagged head).
+    pub branch: Option<&'a str>,
+    /// The branch renamed ([`HeadChangeKind::Rename`] only).
+    pub from: Option<&'a str>,
+    /// The version the commit makes a head, or the head it removes.
+    pub uid: Uid,
+    /// The version's bases (for puts and merges; empty otherwise).
+    pub bases: &'a [Uid],
+}
+
+/// Records every head-moving commit of a [`Db`] before it happens (a bucket's capsule
+/// journal: [`Db::with_recorder`]). Called while the key's lock is held, after the new
+/// version's chunks are stored and before the commit that makes it visible; when it fails
+/// the commit is not made and the mutation fails with its error, changing nothing. A
+/// recorder that returns only once its record is durable gives: every head the store shows
+/// was recorded first, after any crash too.
+pub trait HeadRecorder: Send + Sync {
+    /// Records `change`; an error refuses it.
+    fn record(&self, change: &HeadChange<'_>) -> Result<()>;
+}
+
 /// Options of a Put.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutOptions {
@@ -158,6 +202,8 @@ pub struct Db {
     /// land on different stripes.
     bucket_seed: u64,
     shared: Arc<Shared>,
+    /// Sees every head-moving commit of this bucket before it is made.
+    recorder: Option<Arc<dyn HeadRecorder>>,
 }
 
 /// What every bucket of one store shares: the key-lock stripes (with their caches of
@@ -197,6 +243,7 @@ impl Db {
                     .collect(),
                 gc_lock: RwLock::new(()),
             }),
+            recorder: None,
         }
     }
 
@@ -211,14 +258,32 @@ impl Db {
             prefix: self.prefix.clone(),
             bucket_seed: self.bucket_seed,
             shared: self.shared.clone(),
+            recorder: None,
         }
         .in_bucket(name)
+    }
+
+    /// This Db with `recorder` seeing each of its head-moving commits first (see
+    /// [`HeadRecorder`]). Other views of the store ([`Db::for_bucket`]) do not share it.
+    pub fn with_recorder(mut self, recorder: Arc<dyn HeadRecorder>) -> Self {
+        self.recorder = Some(recorder);
+        self
+    }
+
+    /// Shows `change` to the recorder, if any, before its commit.
+    pub(crate) fn record_head(&self, change: HeadChange<'_>) -> Result<()> {
+        match &self.recorder {
+            Some(r) => r.record(&change),
+            None => Ok(()),
+        }
     }
 
     /// The same Db serving bucket `name` instead of the default one (each bucket is its own
     /// namespace of keys in the store's refs). Names are 1 to 64 bytes of `a-z 0-9 . _ -`.
     pub fn in_bucket(mut self, name: &str) -> Result<Self> {
         check_bucket_name(name)?;
+        // A recorder belongs to one bucket.
+        self.recorder = None;
         self.prefix = format!("bucket/{name}/").into_bytes();
         self.bucket_seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         Ok(self)
@@ -752,6 +817,18 @@ impl Db {
             name,
             value: uid_bytes,
         });
+        let branch = match target {
+            Target::Branch(b) => Some(b),
+            Target::Base(_) => None,
+        };
+        self.record_head(HeadChange {
+            kind: HeadChangeKind::Put,
+            key,
+            branch,
+            from: None,
+            uid,
+            bases: &object.bases,
+        })?;
         self.store.commit(&updates)?;
         Ok(uid)
     }
@@ -888,6 +965,14 @@ impl Db {
                 show_key(key)
             )));
         }
+        self.record_head(HeadChange {
+            kind: HeadChangeKind::Fork,
+            key,
+            branch: Some(new_branch),
+            from: None,
+            uid,
+            bases: &[],
+        })?;
         self.store.commit(&[RefUpdate::Set {
             name,
             value: uid.to_bytes().to_vec(),
@@ -911,6 +996,14 @@ impl Db {
             .remove(from)
             .ok_or_else(|| Error::not_found(format!("branch {from:?} of key {}", show_key(key))))?;
         t.tagged.insert(to.to_string(), uid);
+        self.record_head(HeadChange {
+            kind: HeadChangeKind::Rename,
+            key,
+            branch: Some(to),
+            from: Some(from),
+            uid,
+            bases: &[],
+        })?;
         self.commit_table(key, &t)?;
         Ok(uid)
     }
@@ -922,6 +1015,14 @@ impl Db {
         let mut t = self.existing_table(key)?;
         let uid = t.tagged.remove(branch).ok_or_else(|| {
             Error::not_found(format!("branch {branch:?} of key {}", show_key(key)))
+        })?;
+        self.record_head(HeadChange {
+            kind: HeadChangeKind::Remove,
+            key,
+            branch: Some(branch),
+            from: None,
+            uid,
+            bases: &[],
         })?;
         self.commit_table(key, &t)?;
         Ok(uid)

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use cairn_core::{Error, Result};
 use cairn_store::ChunkStore;
 
-use crate::db::{Db, PutOptions};
+use crate::db::{Db, HeadChange, HeadChangeKind, PutOptions};
 use crate::fobject::{FObject, Uid, show_key};
 use crate::postree::{self, SeqChange, TreeKind, TreeRef};
 use crate::value::{Value, ValueType};
@@ -279,6 +279,14 @@ impl Db {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
                 table.tagged.insert(into.to_string(), *u);
                 table.untagged.remove(&theirs);
+                self.record_head(HeadChange {
+                    kind: HeadChangeKind::Merge,
+                    key,
+                    branch: Some(into),
+                    from: None,
+                    uid: *u,
+                    bases: &self.load(u)?.bases,
+                })?;
                 self.commit_table(key, &table)?;
             }
             MergeOutcome::UpToDate(_) => {
@@ -344,6 +352,14 @@ impl Db {
             table.untagged.remove(u);
         }
         table.untagged.insert(acc);
+        self.record_head(HeadChange {
+            kind: HeadChangeKind::Merge,
+            key,
+            branch: None,
+            from: None,
+            uid: acc,
+            bases: &self.load(&acc)?.bases,
+        })?;
         self.commit_table(key, &table)?;
         Ok(MergeOutcome::Merged(acc))
     }
