@@ -581,6 +581,24 @@ mod tests {
         assert_eq!(address_hash160("1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMh"), None);
     }
 
+    /// Times in error messages are the token's own numbers, as the hub (JavaScript) prints
+    /// them: JSON numbers must parse to the nearest double (serde_json's
+    /// `float_roundtrip`), or a message can differ from Gaia's in the last digit.
+    #[test]
+    fn token_times_print_as_they_were_written() {
+        for text in [
+            "1795568802.7234945",
+            "1795568802.7234943",
+            "1700000000.1",
+            "0.3",
+        ] {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let exp = v.as_f64().unwrap();
+            assert_eq!(exp.to_string(), text);
+            assert!(matches!(expired_token(exp), AuthError::Validation(m) if m.contains(text)));
+        }
+    }
+
     #[test]
     fn challenge_text_is_the_hubs() {
         assert_eq!(
