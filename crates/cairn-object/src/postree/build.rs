@@ -303,6 +303,8 @@ pub(crate) struct CdcWindow {
 /// Most bytes [`CdcWindow::read_from`] asks a reader for at once: large enough that a
 /// read costs little per byte, small enough that the window grows in steps.
 const READ_STEP: usize = 256 << 10;
+/// The window's first allocation for reads (it doubles from there as the blob grows).
+const FIRST_STEP: usize = 32 << 10;
 
 impl CdcWindow {
     pub fn new(p: &Params) -> Self {
@@ -332,12 +334,16 @@ impl CdcWindow {
         }
     }
 
-    /// Free bytes after the data, at least `want` of them when the window has room (grows
-    /// the allocation, zeroing only what is new).
+    /// Free bytes after the data: when fewer than `want`, the allocation grows (doubling,
+    /// from [`FIRST_STEP`], up to the window's size; only the new part is zeroed), so a
+    /// small blob never zeroes more than about twice its size.
     fn spare(&mut self, want: usize) -> &mut [u8] {
-        let need = (self.end + want).min(self.cap);
-        if self.buf.len() < need {
-            let grown = need.max(self.buf.len().saturating_mul(2)).min(self.cap);
+        let len = self.buf.len();
+        if len - self.end < want && len < self.cap {
+            let grown = len
+                .saturating_mul(2)
+                .max(self.end + want.min(FIRST_STEP))
+                .min(self.cap);
             self.buf.resize(grown, 0);
         }
         &mut self.buf[self.end..]
