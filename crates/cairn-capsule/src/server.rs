@@ -67,6 +67,12 @@ pub struct ServerOptions {
     /// [`MAX_CACHED_BODY`] bytes) kept in memory so reads of them skip the store; 0 keeps
     /// none.
     pub body_cache_bytes: usize,
+    /// Most capsules kept loaded in memory (each holds its record DAG: about 110 bytes
+    /// per record, plus its cached trees). Past it, the least recently used capsules no
+    /// request is using are unloaded; the next request for one replays its journal from
+    /// the store. A hub serving many users' buckets stays within this however many
+    /// there are.
+    pub max_loaded_capsules: usize,
 }
 
 impl Default for ServerOptions {
@@ -76,6 +82,7 @@ impl Default for ServerOptions {
             tree_cache: 256,
             tree_cache_leaves: 1 << 22,
             body_cache_bytes: 256 << 20,
+            max_loaded_capsules: 4096,
         }
     }
 }
@@ -421,13 +428,53 @@ impl AckSigner {
     }
 }
 
+/// The capsules loaded in memory, least recently used first out (see
+/// [`ServerOptions::max_loaded_capsules`]).
+struct Loaded {
+    map: LruCache<CapsuleName, Arc<Mutex<Capsule>>>,
+    /// Capsules unloaded so far: a load that raced with an unload is not kept, since the
+    /// state it read may predate writes made through the unloaded copy.
+    unloads: u64,
+}
+
+impl Loaded {
+    /// Unloads least recently used capsules nobody holds until at most `max` are loaded
+    /// (fewer when too many are in use). Under the map's lock, a capsule held only here
+    /// cannot be handed out meanwhile: every other holder got its handle from the map.
+    fn unload_idle(&mut self, max: usize) {
+        let Some(excess) = self.map.len().checked_sub(max).filter(|&n| n > 0) else {
+            return;
+        };
+        let idle: Vec<CapsuleName> = self
+            .map
+            .iter()
+            .rev()
+            .filter(|(_, c)| Arc::strong_count(c) == 1)
+            .map(|(n, _)| *n)
+            .take(excess)
+            .collect();
+        for n in &idle {
+            self.map.pop(n);
+        }
+        self.unloads += idle.len() as u64;
+    }
+
+    /// Loads `cap` as capsule `name` and keeps the map within `max`.
+    fn insert(&mut self, name: CapsuleName, cap: Capsule, max: usize) -> Arc<Mutex<Capsule>> {
+        let cap = Arc::new(Mutex::new(cap));
+        self.map.put(name, cap.clone());
+        self.unload_idle(max);
+        cap
+    }
+}
+
 /// The capsule server.
 pub struct CapsuleServer {
     store: Arc<dyn Store>,
     key: SigningKey,
     signer: AckSigner,
     opts: ServerOptions,
-    capsules: Mutex<foldhash::HashMap<CapsuleName, Arc<Mutex<Capsule>>>>,
+    capsules: Mutex<Loaded>,
     sessions: Mutex<foldhash::HashMap<SessionId, Arc<Mutex<Session>>>>,
     next_session: AtomicU64,
     /// Per (capsule, peer server): this server's log size when their last sync finished.
@@ -543,7 +590,10 @@ impl CapsuleServer {
             key,
             bodies: BodyCache::new(opts.body_cache_bytes),
             opts,
-            capsules: Mutex::new(Default::default()),
+            capsules: Mutex::new(Loaded {
+                map: LruCache::unbounded(),
+                unloads: 0,
+            }),
             sessions: Mutex::new(Default::default()),
             next_session: AtomicU64::new(1),
             cursors: Mutex::new(HashMap::new()),
@@ -597,7 +647,7 @@ impl CapsuleServer {
             ))
         })?;
         let mut caps = self.capsules.lock();
-        if caps.contains_key(&name) || self.store.get_ref(&ref_name(&name))?.is_some() {
+        if caps.map.contains(&name) || self.store.get_ref(&ref_name(&name))?.is_some() {
             return Ok(self.make_ack(name, AckKind::Created, 0));
         }
         self.store.put_hashed(*name.hash(), &bytes)?;
@@ -608,7 +658,7 @@ impl CapsuleServer {
             value: jcid.to_bytes().to_vec(),
         }])?;
         let cap = self.new_capsule(meta.clone(), jcid);
-        caps.insert(name, Arc::new(Mutex::new(cap)));
+        caps.insert(name, cap, self.opts.max_loaded_capsules);
         Ok(self.make_ack(name, AckKind::Created, 0))
     }
 
@@ -643,15 +693,31 @@ impl CapsuleServer {
 
     /// The capsule, loaded (journal replayed) on first use.
     fn capsule(&self, name: &CapsuleName) -> Result<Arc<Mutex<Capsule>>> {
-        if let Some(c) = self.capsules.lock().get(name) {
-            return Ok(c.clone());
+        loop {
+            let unloads = {
+                let mut caps = self.capsules.lock();
+                if let Some(c) = caps.map.get(name) {
+                    return Ok(c.clone());
+                }
+                caps.unloads
+            };
+            // Loaded without the map's lock (replaying a journal takes a while).
+            let loaded = self.load(name)?;
+            let mut caps = self.capsules.lock();
+            if let Some(c) = caps.map.get(name) {
+                return Ok(c.clone());
+            }
+            if caps.unloads != unloads {
+                // A copy loaded and unloaded meanwhile may have been written to.
+                continue;
+            }
+            return Ok(caps.insert(*name, loaded, self.opts.max_loaded_capsules));
         }
-        let loaded = self.load(name)?;
-        let mut caps = self.capsules.lock();
-        Ok(caps
-            .entry(*name)
-            .or_insert_with(|| Arc::new(Mutex::new(loaded)))
-            .clone())
+    }
+
+    /// Capsules loaded in memory now (see [`ServerOptions::max_loaded_capsules`]).
+    pub fn loaded_capsules(&self) -> usize {
+        self.capsules.lock().map.len()
     }
 
     fn load(&self, name: &CapsuleName) -> Result<Capsule> {

@@ -11,6 +11,7 @@
 //! page_cache_window_mib = 256     # sealed log data kept in the page cache (0: all)
 //! stall_timeout_secs = 60         # a transfer that moves no byte this long is cut
 //! min_rate_bytes_per_sec = 500    # ... and one slower than this, counted over that window
+//! max_open_buckets = 4096         # buckets (and capsules) kept open; idle ones past it close
 //! log_format = "text"             # text | json
 //!
 //! [gaia]
@@ -86,6 +87,9 @@ pub struct Config {
     /// Streamed uploads and downloads in progress at once; further ones get 503 with
     /// `Retry-After` (each streamed download holds up to about 9 MiB of buffers).
     pub max_transfers: usize,
+    /// Buckets kept open, and their capsules loaded, at once: past it the least recently
+    /// used idle ones are closed and reopened from the store on their next request.
+    pub max_open_buckets: usize,
     /// Seconds a shutdown waits for in-flight requests before it closes them.
     pub shutdown_grace_secs: f64,
     /// Gaia hub settings.
@@ -245,6 +249,7 @@ impl Default for Config {
             min_rate_bytes_per_sec: 500,
             max_connections: 4096,
             max_transfers: 256,
+            max_open_buckets: 4096,
             shutdown_grace_secs: 30.0,
             gaia: Default::default(),
             backend: BackendConfig::default(),
@@ -289,8 +294,8 @@ impl Config {
                 bail!("{name} must be above 0 and at most 86400");
             }
         }
-        if self.max_connections == 0 || self.max_transfers == 0 {
-            bail!("max_connections and max_transfers must be at least 1");
+        if self.max_connections == 0 || self.max_transfers == 0 || self.max_open_buckets == 0 {
+            bail!("max_connections, max_transfers and max_open_buckets must be at least 1");
         }
         self.backend.check()
     }

@@ -1,7 +1,6 @@
 //! The node's shared state: the store, the capsule server, the open buckets and the
 //! metrics, built once by [`Node::open`] and shared by every request handler.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use cairn_capsule::{Bucket, CapsuleServer, ServerOptions};
 use cairn_core::SigningKey;
 use cairn_object::Db;
 use cairn_store::{LogStore, LogStoreOptions, Store};
+use lru::LruCache;
 use parking_lot::Mutex;
 
 use crate::config::Config;
@@ -35,7 +35,10 @@ pub struct Node {
     key: SigningKey,
     /// The store's one Db; every bucket is a view of it (shared writer and key locks).
     db: Db,
-    buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+    /// Open buckets, least recently used first out (see [`Config::max_open_buckets`]: a
+    /// hub whose users create buckets at will, as any Gaia address may write to its own,
+    /// keeps its memory bounded this way).
+    buckets: Mutex<LruCache<String, Arc<Bucket>>>,
     /// Permits for streamed transfers (`max_transfers`).
     transfers: Arc<tokio::sync::Semaphore>,
     /// Signatures of the native API accepted recently, including before a restart.
@@ -71,6 +74,7 @@ impl Node {
                 // budget, plus a few percent of bookkeeping for recently evicted names) to
                 // a long-running node's memory, next to its streaming buffers.
                 body_cache_bytes: NODE_BODY_CACHE_BYTES,
+                max_loaded_capsules: config.max_open_buckets,
                 ..ServerOptions::default()
             },
         ));
@@ -86,7 +90,7 @@ impl Node {
             capsules,
             metrics: Metrics::new()?,
             key,
-            buckets: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(LruCache::unbounded()),
         }))
     }
 
@@ -134,8 +138,13 @@ impl Node {
             self.capsules.clone(),
             Some(self.key.clone()),
         )?);
-        open.insert(name.to_string(), b.clone());
+        keep_open(&mut open, name, b.clone(), self.config.max_open_buckets);
         Ok(b)
+    }
+
+    /// Buckets open now (at most [`Config::max_open_buckets`] unless more are in use).
+    pub fn open_buckets(&self) -> usize {
+        self.buckets.lock().len()
     }
 
     /// Creates bucket `name` with a new capsule whose metadata carries `settings` besides
@@ -176,7 +185,7 @@ impl Node {
             Some(self.key.clone()),
             meta,
         )?);
-        open.insert(name.to_string(), b.clone());
+        keep_open(&mut open, name, b.clone(), self.config.max_open_buckets);
         Ok(b)
     }
 
@@ -184,6 +193,32 @@ impl Node {
     /// against).
     pub fn public_key(&self) -> cairn_core::PublicKey {
         self.key.public()
+    }
+}
+
+/// Adds `bucket` to the open ones and closes least recently used idle buckets past
+/// `max`. Under the map's lock a bucket held only by the map cannot be
+/// handed out meanwhile (every request gets its handle from the map), so a closed bucket
+/// is never in use, and two open copies of one bucket (two record chains) never exist.
+fn keep_open(
+    open: &mut LruCache<String, Arc<Bucket>>,
+    name: &str,
+    bucket: Arc<Bucket>,
+    max: usize,
+) {
+    open.put(name.to_string(), bucket);
+    let Some(excess) = open.len().checked_sub(max).filter(|&n| n > 0) else {
+        return;
+    };
+    let idle: Vec<String> = open
+        .iter()
+        .rev()
+        .filter(|(_, b)| Arc::strong_count(b) == 1)
+        .map(|(n, _)| n.clone())
+        .take(excess)
+        .collect();
+    for n in idle {
+        open.pop(&n);
     }
 }
 

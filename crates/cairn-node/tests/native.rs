@@ -1175,3 +1175,71 @@ async fn a_signed_request_cannot_be_replayed_after_a_restart() {
     assert_eq!(st, 201, "{e}");
     s.stop().await;
 }
+
+/// A node keeps at most `max_open_buckets` buckets open and their capsules loaded; closed
+/// ones reopen on their next request with nothing lost: their values, their history and
+/// proofs of every version, old and new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_buckets_close_past_the_limit_and_reopen_intact() {
+    let s = Server::start_with(|c| c.max_open_buckets = 2).await;
+    let names: Vec<String> = (0..6).map(|i| format!("many-{i}")).collect();
+    let mut capsules = Vec::new();
+    for n in &names {
+        capsules.push(
+            s.open_bucket(n).await["capsule"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let mut uids: Vec<Vec<Uid>> = vec![Vec::new(); names.len()];
+    for round in 0..3 {
+        for (i, n) in names.iter().enumerate() {
+            let (st, w) = s
+                .send(
+                    Method::PUT,
+                    &format!("/v1/buckets/{n}/objects/k"),
+                    &[],
+                    format!("{n} round {round}"),
+                )
+                .await;
+            assert_eq!(st, 201, "{w}");
+            uids[i].push(uid_of(&w));
+            assert!(s.node.open_buckets() <= 2, "{}", s.node.open_buckets());
+            assert!(s.node.capsules.loaded_capsules() <= 2);
+        }
+    }
+    for (i, n) in names.iter().enumerate() {
+        let r = s.get(&format!("/v1/buckets/{n}/objects/k")).await;
+        assert_eq!(r.bytes().await.unwrap(), format!("{n} round 2"));
+        let meta_bytes = s
+            .get(&format!("/v1/buckets/{n}/metadata"))
+            .await
+            .bytes()
+            .await
+            .unwrap();
+        let meta = CapsuleMetadata::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.name().to_string(), capsules[i]);
+        for uid in &uids[i] {
+            let r = s.get(&format!("/v1/buckets/{n}/proof/k?uid={uid}")).await;
+            assert_eq!(r.status(), 200);
+            let vp = VersionProof::from_bytes(&r.bytes().await.unwrap()).unwrap();
+            assert_eq!(vp.verify(&meta, b"k", uid).unwrap().0.uid, *uid);
+        }
+    }
+    // And after a restart, from the store alone.
+    let s = s.restart().await;
+    for (i, n) in names.iter().enumerate() {
+        let (st, log) = s.get_json(&format!("/v1/buckets/{n}/log/k")).await;
+        assert_eq!(st, 200, "{log}");
+        assert_eq!(log.to_string().matches("\"uid\"").count(), 3, "{log}");
+        let last = uids[i][2];
+        assert_eq!(
+            s.get(&format!("/v1/buckets/{n}/proof/k?uid={last}"))
+                .await
+                .status(),
+            200
+        );
+    }
+    s.stop().await;
+}
