@@ -145,6 +145,15 @@ proptest! {
         }
         prop_assert_eq!(w.bytes_written(), data.len() as u64);
         prop_assert_eq!(w.finish().unwrap(), t);
+        // ... and when it reads the input itself, in reads of any size, storing on the pipe.
+        let piped = Arc::new(MemoryStore::new());
+        let shared: Arc<dyn ChunkStore> = piped.clone();
+        let mut w = BlobWriter::new(&*piped, &c).storing_on_pipe(shared);
+        let mut input = Dribble { data: &data, step: wsize };
+        while w.read_from(&mut input).unwrap() > 0 {}
+        prop_assert_eq!(w.bytes_written(), data.len() as u64);
+        prop_assert_eq!(w.finish().unwrap(), t);
+        walk_ok(&piped, &t);
         let mut r = BlobReader::new(&s, &t);
         let mut all = Vec::new();
         r.read_to_end(&mut all).unwrap();
