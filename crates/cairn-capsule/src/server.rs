@@ -73,6 +73,13 @@ pub struct ServerOptions {
     /// the store. A hub serving many users' buckets stays within this however many
     /// there are.
     pub max_loaded_capsules: usize,
+    /// Most reader sessions kept (each mirrors a reader's verification cache, at most
+    /// [`CachePolicy::MAX_CAPACITY`] names). Opening one more ends the least recently used
+    /// session: a later request naming it is answered [`Error::NotFound`] ("session N"),
+    /// and its reader opens a new one (seeded with the names it caches). Readers that
+    /// vanish without closing their session (a dropped connection) are forgotten this way
+    /// instead of piling up.
+    pub max_sessions: usize,
 }
 
 impl Default for ServerOptions {
@@ -83,6 +90,7 @@ impl Default for ServerOptions {
             tree_cache_leaves: 1 << 22,
             body_cache_bytes: 256 << 20,
             max_loaded_capsules: 4096,
+            max_sessions: 4096,
         }
     }
 }
@@ -475,7 +483,8 @@ pub struct CapsuleServer {
     signer: AckSigner,
     opts: ServerOptions,
     capsules: Mutex<Loaded>,
-    sessions: Mutex<foldhash::HashMap<SessionId, Arc<Mutex<Session>>>>,
+    /// Reader sessions, least recently used first out ([`ServerOptions::max_sessions`]).
+    sessions: Mutex<LruCache<SessionId, Arc<Mutex<Session>>>>,
     next_session: AtomicU64,
     /// Per (capsule, peer server): this server's log size when their last sync finished.
     cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
@@ -594,7 +603,7 @@ impl CapsuleServer {
                 map: LruCache::unbounded(),
                 unloads: 0,
             }),
-            sessions: Mutex::new(Default::default()),
+            sessions: Mutex::new(LruCache::unbounded()),
             next_session: AtomicU64::new(1),
             cursors: Mutex::new(HashMap::new()),
         }
@@ -1383,7 +1392,11 @@ impl CapsuleServer {
         let mut mirror = VerificationCache::new(policy)?;
         mirror.insert_all(cached);
         let id = SessionId(self.next_session.fetch_add(1, Ordering::Relaxed));
-        self.sessions.lock().insert(
+        let mut sessions = self.sessions.lock();
+        while sessions.len() >= self.opts.max_sessions.max(1) {
+            sessions.pop_lru();
+        }
+        sessions.put(
             id,
             Arc::new(Mutex::new(Session {
                 capsule: *capsule,
@@ -1398,7 +1411,7 @@ impl CapsuleServer {
 
     /// Ends a session.
     pub fn close_session(&self, id: SessionId) {
-        self.sessions.lock().remove(&id);
+        self.sessions.lock().pop(&id);
     }
 
     fn session(&self, id: SessionId, capsule: &CapsuleName) -> Result<Arc<Mutex<Session>>> {

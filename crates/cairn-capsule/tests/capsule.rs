@@ -1117,3 +1117,44 @@ fn idle_capsules_are_unloaded_and_reload_intact() {
         );
     }
 }
+
+/// Past `max_sessions`, opening a session ends the least recently used one: requests
+/// naming it are refused as not found (nothing else changes), the others go on.
+#[test]
+fn the_least_recently_used_session_ends_past_the_limit() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions {
+            max_sessions: 2,
+            ..ServerOptions::default()
+        },
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "sessions");
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([7; 32]))).unwrap();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 4, 4);
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let a = server.open_session(&c, policy, &[]).unwrap();
+    let b = server.open_session(&c, policy, &[]).unwrap();
+    // `a` is used after `b`, so `b` is the least recently used when `d` opens.
+    server.prove(&c, &names[0], Some(a)).unwrap();
+    let d = server.open_session(&c, policy, &[]).unwrap();
+    assert!(matches!(
+        server.prove(&c, &names[1], Some(b)),
+        Err(Error::NotFound(m)) if m.contains("session")
+    ));
+    for s in [a, d] {
+        let issued = server.prove(&c, &names[2], Some(s)).unwrap();
+        server.ack(s, issued.proof_id).unwrap();
+    }
+    // Closing frees a place: a new session does not end a live one.
+    server.close_session(d);
+    let e = server.open_session(&c, policy, &[]).unwrap();
+    server.prove(&c, &names[3], Some(a)).unwrap();
+    server.prove(&c, &names[3], Some(e)).unwrap();
+    assert_eq!(server.with_dag(&c, |dag| dag.len()).unwrap(), 4);
+}
