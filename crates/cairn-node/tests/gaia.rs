@@ -505,6 +505,23 @@ async fn list_files_pages() {
     }
     assert_eq!(pages, 3);
     assert_eq!(all, ["f0", "f1", "f2", "f3", "f4"]);
+    // A revocation time is kept under a key no file name can be: it takes no place in a
+    // page.
+    let r = hub
+        .http
+        .post(hub.url(&format!("/revoke-all/{a}")))
+        .header("authorization", &auth)
+        .header("content-type", "application/json")
+        .body(r#"{"oldestValidTimestamp":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let (st, v) = hub.list(&auth, &a, json!({})).await;
+    assert_eq!(st, 202);
+    assert_eq!(v["entries"], json!(["f0", "f1"]));
+    let (_, v) = hub.list(&auth, &a, json!({ "page": v["page"] })).await;
+    assert_eq!(v["entries"], json!(["f2", "f3"]));
     let (st, _) = hub.list(&auth, &a, json!({"page": "x1"})).await;
     assert_eq!(st, 400);
     // A non-JSON body reads as `{}`; trailing path segments are ignored (the hub's regex).

@@ -523,6 +523,56 @@ impl Db {
         Ok(keys)
     }
 
+    /// M8 a page at a time: up to `limit` keys (at least one) that sort after `after` (from
+    /// the first when `None`), in [`Db::list_keys`]'s order, and whether more follow. Reads
+    /// about the page's refs, not every key's, so a bucket of millions of keys lists as
+    /// fast as a small one.
+    pub fn list_keys_page(&self, after: Option<&[u8]>, limit: usize) -> Result<(Vec<Bytes>, bool)> {
+        let limit = limit.max(1);
+        // All refs of key K start with `key_prefix(K)`, which ends with the terminator
+        // 0x00 0x01; ending it with 0x00 0x02 instead gives the least name above all of
+        // them and below every later key (a longer key continues with a byte above 0x00,
+        // or with the escape 0x00 0xFF).
+        let mut from = match after {
+            Some(k) => {
+                let mut p = self.key_prefix(k);
+                if let Some(last) = p.last_mut() {
+                    *last = 2;
+                }
+                p
+            }
+            None => self.prefix.clone(),
+        };
+        let mut keys: Vec<Bytes> = Vec::with_capacity(limit.min(4096) + 1);
+        // A key has one ref per head, so a page of refs holds at most that many keys.
+        let batch = limit.saturating_add(1).clamp(64, 4096);
+        loop {
+            let refs = self.store.list_refs_from(&self.prefix, &from, batch)?;
+            for (name, _) in &refs {
+                let (key, _) = Self::key_of_ref(&name[self.prefix.len()..]).ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "head ref {:?} has an unknown form",
+                        String::from_utf8_lossy(name)
+                    ))
+                })?;
+                if keys.last().is_none_or(|k| k[..] != key[..]) {
+                    if keys.len() == limit {
+                        return Ok((keys, true));
+                    }
+                    keys.push(key.into());
+                }
+            }
+            match refs.last() {
+                Some((name, _)) if refs.len() == batch => {
+                    // The least name above the last one read.
+                    from = name.to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((keys, false)),
+            }
+        }
+    }
+
     /// M9: tagged branches of `key` with their heads, sorted by name.
     pub fn list_tagged(&self, key: &[u8]) -> Result<Vec<(String, Uid)>> {
         Ok(self.existing_table(key)?.tagged.into_iter().collect())

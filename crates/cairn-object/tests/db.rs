@@ -980,3 +980,69 @@ fn keys_with_zero_bytes_and_shared_prefixes_stay_apart() {
         assert_eq!(db.list_tagged(k).unwrap().len(), if i == 0 { 2 } else { 1 });
     }
 }
+
+/// Keys a page at a time give exactly `list_keys`, whatever the page size, with keys that
+/// are prefixes of one another, hold NUL and 0xFF bytes, and have several heads each; in
+/// the memory store and in the embedded log.
+#[test]
+fn key_pages_match_the_whole_listing() {
+    let mem: Arc<dyn cairn_store::Store> = Arc::new(MemoryStore::new());
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<dyn cairn_store::Store> = Arc::new(
+        cairn_store::LogStore::open(dir.path(), cairn_store::LogStoreOptions::default()).unwrap(),
+    );
+    let keys: Vec<&[u8]> = vec![
+        b"a", b"a\0", b"a\0\0", b"a\0b", b"a\x01", b"ab", b"b", b"\0", b"\0\xff", b"\xff",
+        b"\xff\0", b"z/1", b"z/2", b"z/10",
+    ];
+    for store in [mem, log] {
+        let db = Db::new(store).for_bucket("pages").unwrap();
+        for (i, k) in keys.iter().enumerate() {
+            let v = NewValue::Integer(i as i64);
+            let u = db
+                .put(k, Target::Branch("master"), v, &PutOptions::default())
+                .unwrap();
+            // Extra heads: tagged branches and an untagged one.
+            for b in 0..(i % 4) {
+                db.fork(k, &At::Uid(u), &format!("br{b}")).unwrap();
+            }
+            if i % 3 == 0 {
+                db.put(
+                    k,
+                    Target::Base(u),
+                    NewValue::Integer(-1),
+                    &PutOptions::default(),
+                )
+                .unwrap();
+            }
+        }
+        let all = db.list_keys().unwrap();
+        assert_eq!(all.len(), keys.len());
+        for limit in [1, 2, 3, 5, 13, 14, 15, 100] {
+            let mut got = Vec::new();
+            let mut after: Option<bytes::Bytes> = None;
+            loop {
+                let (page, more) = db.list_keys_page(after.as_deref(), limit).unwrap();
+                assert!(page.len() <= limit);
+                assert!(!page.is_empty() || !more);
+                got.extend(page.iter().cloned());
+                if !more {
+                    break;
+                }
+                after = page.last().cloned();
+            }
+            assert_eq!(got, all, "limit {limit}");
+        }
+        // A cursor that names no key starts after where it would sort.
+        let (page, _) = db.list_keys_page(Some(b"a\0a"), 2).unwrap();
+        assert_eq!(
+            page,
+            vec![
+                bytes::Bytes::from_static(b"a\0b"),
+                bytes::Bytes::from_static(b"a\x01")
+            ]
+        );
+        let (page, more) = db.list_keys_page(Some(b"\xff\xff"), 10).unwrap();
+        assert!(page.is_empty() && !more);
+    }
+}

@@ -201,6 +201,21 @@ pub trait RefStore: Send + Sync {
     /// All refs whose name starts with `prefix`, sorted by name.
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>>;
 
+    /// At most `limit` refs whose name starts with `prefix` and is not below `from`, sorted
+    /// by name: one page of [`RefStore::list_refs`], costing the page rather than every
+    /// ref under the prefix in the ordered backends.
+    fn list_refs_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        let mut all = self.list_refs(prefix)?;
+        let start = all.partition_point(|(k, _)| k.as_ref() < from);
+        all.truncate(start.saturating_add(limit).min(all.len()));
+        Ok(all.split_off(start))
+    }
+
     /// Applies `updates` atomically: after a crash either all or none are visible. When it
     /// returns, the batch and every chunk put before the call are durable at the store's
     /// [`Durability`].

@@ -1984,6 +1984,25 @@ impl RefStore for LogStore {
             .collect())
     }
 
+    fn list_refs_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        Ok(self
+            .ordered_refs()
+            .map
+            .range::<[u8], _>((
+                std::ops::Bound::Included(prefix.max(from)),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
         self.check_failed()?;
         let (ops_bytes, ops) = refs::encode_ops(updates);

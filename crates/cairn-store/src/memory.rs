@@ -113,6 +113,22 @@ impl RefStore for MemoryStore {
             .collect())
     }
 
+    fn list_refs_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        Ok(self
+            .refs
+            .read()
+            .range(prefix.max(from).to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
+            .collect())
+    }
+
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
         let mut refs = self.refs.write();
         for u in updates {

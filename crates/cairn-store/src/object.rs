@@ -472,6 +472,14 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> RefStore for SplitStore<C, R> {
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
         self.refs.list_refs(prefix)
     }
+    fn list_refs_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        self.refs.list_refs_from(prefix, from, limit)
+    }
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
         self.refs.commit(updates)
     }

@@ -1102,8 +1102,8 @@ async fn list_files_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
 const CURSOR_PREFIX: &str = "after-";
 
 /// The `page` that continues a listing after `name`.
-fn cursor(name: &str) -> String {
-    format!("{CURSOR_PREFIX}{}", hex::encode(name.as_bytes()))
+fn cursor(name: &[u8]) -> String {
+    format!("{CURSOR_PREFIX}{}", hex::encode(name))
 }
 
 /// The name a `page` cursor continues after; 400 for anything no listing returned.
@@ -1150,31 +1150,34 @@ fn list_blocking(
         return Ok(empty(stat));
     };
     v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
-    let after = page.as_deref().map(parse_cursor).transpose()?;
+    let mut after = page.as_deref().map(parse_cursor).transpose()?;
     // Keys come in byte order (the native API's `/keys?after=` relies on it too), so the
     // page starts just after the cursor's name: deletes and inserts between pages neither
-    // skip nor repeat a name.
-    let names: Vec<String> = bucket
-        .db()
-        .list_keys()?
-        .into_iter()
-        .filter(|k| !k.starts_with(b"\0"))
-        .filter_map(|k| String::from_utf8(k.to_vec()).ok())
-        .collect();
-    let start = match &after {
-        Some(a) => names.partition_point(|n| n.as_bytes() <= a.as_slice()),
-        None => 0,
-    };
-    let end = start.saturating_add(hub.cfg.page_size).min(names.len());
-    let next = if end < names.len() {
-        names[start..end].last().map(|n| cursor(n))
+    // skip nor repeat a name. The store is read a page at a time, not the whole bucket;
+    // keys that are not file names (the revocation time's) do not count.
+    let mut names: Vec<String> = Vec::new();
+    let mut more = true;
+    while more && names.len() < hub.cfg.page_size {
+        let (keys, m) = bucket
+            .db()
+            .list_keys_page(after.as_deref(), hub.cfg.page_size - names.len())?;
+        more = m;
+        if let Some(last) = keys.last() {
+            after = Some(last.to_vec());
+        }
+        names.extend(
+            keys.into_iter()
+                .filter(|k| !k.starts_with(b"\0"))
+                .filter_map(|k| String::from_utf8(k.to_vec()).ok()),
+        );
+    }
+    let next = if more {
+        after.as_deref().map(cursor)
     } else {
         None
     };
     let archival = v.scopes.archival_restricted();
-    let slice = names[start..end]
-        .iter()
-        .filter(|n| !(archival && is_historical(n)));
+    let slice = names.iter().filter(|n| !(archival && is_historical(n)));
     let mut listing = if stat {
         let mut out = Vec::new();
         for name in slice {
@@ -1588,7 +1591,7 @@ mod tests {
     fn list_cursors_round_trip_and_fit_a_list_files_body() {
         let longest = "\u{7f}".repeat(cairn_object::fobject::MAX_KEY_LEN);
         for name in ["f0", "dir/é.txt", longest.as_str()] {
-            let c = cursor(name);
+            let c = cursor(name.as_bytes());
             assert_eq!(parse_cursor(&c).unwrap(), name.as_bytes());
             let body = serde_json::json!({ "page": c, "stat": true }).to_string();
             assert!(body.len() <= LIST_JSON_LIMIT, "{}", body.len());

@@ -64,13 +64,10 @@ pub async fn keys(
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let page = blocking(move || {
-        let all = b.db().list_keys()?;
-        let start = match &q.after {
-            Some(a) => all.partition_point(|k| k.as_ref() <= a.as_bytes()),
-            None => 0,
-        };
-        let page = &all[start..all.len().min(start + limit)];
-        let next = if start + page.len() < all.len() {
+        let (page, more) = b
+            .db()
+            .list_keys_page(q.after.as_deref().map(str::as_bytes), limit)?;
+        let next = if more {
             page.last().map(|k| bytes_json(k))
         } else {
             None
