@@ -247,7 +247,7 @@ pub async fn create(
         // Refuse a name whose bucket holds data from elsewhere (another front door, the
         // CLI): the native API must not take it over.
         let probe = Bucket::open(node.db_for(&name)?, node.capsules.clone(), None)?;
-        if probe.capsule().is_some() || !probe.db().list_keys()?.is_empty() {
+        if probe.capsule().is_some() || !probe.db().list_keys_page(None, 1)?.0.is_empty() {
             return Err(Error::AlreadyExists(format!(
                 "bucket {name:?} holds data written outside the native API"
             ))
