@@ -27,6 +27,12 @@ pub struct Metrics {
     pub bytes_written: IntCounterVec,
     /// Body bytes served, by API.
     pub bytes_read: IntCounterVec,
+    /// Buckets open now (bounded by `max_open_buckets`); set when scraped.
+    pub open_buckets: IntGauge,
+    /// Capsules loaded in memory now; set when scraped.
+    pub loaded_capsules: IntGauge,
+    /// Streamed transfers in progress (bounded by `max_transfers`); set when scraped.
+    pub transfers: IntGauge,
 }
 
 impl Metrics {
@@ -57,6 +63,12 @@ impl Metrics {
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(bytes_written.clone()))?;
         registry.register(Box::new(bytes_read.clone()))?;
+        let open_buckets = IntGauge::new("open_buckets", "buckets open now")?;
+        let loaded_capsules = IntGauge::new("loaded_capsules", "capsules loaded in memory now")?;
+        let transfers = IntGauge::new("transfers_in_progress", "streamed transfers in progress")?;
+        registry.register(Box::new(open_buckets.clone()))?;
+        registry.register(Box::new(loaded_capsules.clone()))?;
+        registry.register(Box::new(transfers.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -64,6 +76,9 @@ impl Metrics {
             in_flight,
             bytes_written,
             bytes_read,
+            open_buckets,
+            loaded_capsules,
+            transfers,
         })
     }
 
@@ -77,6 +92,11 @@ impl Metrics {
 
 /// `GET /metrics`.
 pub async fn handler(State(node): State<Arc<Node>>) -> Response {
+    let m = &node.metrics;
+    m.open_buckets.set(node.open_buckets() as i64);
+    m.loaded_capsules
+        .set(node.capsules.loaded_capsules() as i64);
+    m.transfers.set(node.transfers_in_progress() as i64);
     match node.metrics.render() {
         Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),

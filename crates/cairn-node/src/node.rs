@@ -100,6 +100,13 @@ impl Node {
         self.transfers.clone().try_acquire_owned().ok()
     }
 
+    /// Streamed transfers in progress now.
+    pub fn transfers_in_progress(&self) -> usize {
+        self.config
+            .max_transfers
+            .saturating_sub(self.transfers.available_permits())
+    }
+
     /// How long a transfer may move no byte before it is cut (`stall_timeout_secs`).
     pub fn stall_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.config.stall_timeout_secs)

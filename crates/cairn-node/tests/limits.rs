@@ -206,6 +206,17 @@ async fn metrics_labels_stay_bounded_and_dropped_requests_leave_the_gauge() {
             .and_then(|n| n.parse::<i64>().ok());
         // The /metrics request itself is the one in flight.
         if in_flight == Some(1) {
+            // The gauges of the node's bounded resources: bucket `b` is open with its
+            // capsule, and the dropped upload gave its transfer back.
+            let gauge = |name: &str| {
+                m.lines()
+                    .find(|l| l.starts_with(&format!("{name} ")))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|n| n.parse::<i64>().ok())
+            };
+            assert_eq!(gauge("cairn_open_buckets"), Some(1), "{m}");
+            assert_eq!(gauge("cairn_loaded_capsules"), Some(1), "{m}");
+            assert_eq!(gauge("cairn_transfers_in_progress"), Some(0), "{m}");
             break;
         }
         assert!(
