@@ -753,7 +753,14 @@ fn history(commits: u64) -> History {
     let mut states = vec![(16, BTreeMap::new())];
     let mut chunks = HashMap::new();
     for i in 0..commits {
-        let a = payload(i * 2, 200 + (i as usize * 71) % 3000);
+        // Every fifth chunk is large enough to be written straight from the caller's
+        // buffer rather than through the store's write buffer.
+        let len = if i % 5 == 0 {
+            40_000 + i as usize * 13
+        } else {
+            200 + (i as usize * 71) % 3000
+        };
+        let a = payload(i * 2, len);
         let b = payload(i * 2 + 1, 50);
         let (ca, cb) = (s.put(&a).unwrap(), s.put(&b).unwrap());
         chunks.insert(ca, a);
@@ -1567,4 +1574,54 @@ fn get_many_matches_single_gets_and_verifies_each_chunk() {
     // The others still read, alone or in a run that does not include the damaged one.
     assert!(s.get_many(&cids[2..6]).unwrap().iter().all(|c| c.is_some()));
     assert!(s.get(&cids[0]).unwrap().is_some());
+}
+
+/// Large chunks (written straight from the caller's memory) and small ones (gathered in
+/// the write buffer) interleave in order across segment rolls; all read back, also after
+/// reopening, with and without sync.
+#[test]
+fn large_and_small_chunks_interleave_across_rolls() {
+    for durability in [Durability::Group, Durability::Buffered] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = LogStoreOptions {
+            durability,
+            segment_size: 300 << 10,
+            write_buffer: 16 << 10,
+            ..Default::default()
+        };
+        let s = LogStore::open(dir.path(), o.clone()).unwrap();
+        let mut all = Vec::new();
+        for i in 0..60u64 {
+            let len = match i % 4 {
+                0 => 64 << 10,
+                1 => 100,
+                2 => 32 << 10,
+                _ => (32 << 10) - 1,
+            };
+            let data = payload(1000 + i, len + i as usize);
+            let cid = s.put(&data).unwrap();
+            all.push((cid, data));
+            if i % 7 == 6 {
+                s.commit(&[set(&format!("k{i}"), &cid.to_bytes())]).unwrap();
+            }
+        }
+        s.commit(&[set("done", b"1")]).unwrap();
+        assert!(
+            s.segment_paths().len() > 3,
+            "the chunks span several segments"
+        );
+        for (cid, data) in &all {
+            assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+        }
+        let cids: Vec<Cid> = all.iter().map(|(c, _)| *c).collect();
+        for (got, (_, data)) in s.get_many(&cids).unwrap().into_iter().zip(&all) {
+            assert_eq!(&got.unwrap()[..], &data[..]);
+        }
+        drop(s);
+        let s = LogStore::open(dir.path(), o).unwrap();
+        for (cid, data) in &all {
+            assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+        }
+        assert_eq!(s.get_ref(b"done").unwrap().as_deref(), Some(&b"1"[..]));
+    }
 }

@@ -757,6 +757,83 @@ fn read_exact_at_uninit(file: &File, len: usize, off: u64) -> std::io::Result<Ve
     Ok(buf)
 }
 
+/// Writes `head` then `body` back to back at `off`: one `pwritev` of both slices on Linux
+/// (short writes continue where they stopped), two positioned writes elsewhere.
+#[cfg(target_os = "linux")]
+pub(crate) fn write_pair_at(
+    file: &File,
+    head: &[u8],
+    body: &[u8],
+    off: u64,
+) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    use std::os::fd::AsRawFd;
+    let mut parts = [head, body];
+    let mut first = 0;
+    let mut at = off;
+    while first < parts.len() {
+        if parts[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let iov: Vec<libc::iovec> = parts[first..]
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
+            .collect();
+        let pos = libc::off_t::try_from(at)
+            .map_err(|_| Error::new(ErrorKind::InvalidInput, "write offset out of range"))?;
+        // SAFETY: each iovec points into a live slice of `parts` for its exact length;
+        // pwritev only reads them, and `file` keeps the descriptor open for the call.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                pos,
+            )
+        };
+        if n < 0 {
+            let e = Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(Error::new(ErrorKind::WriteZero, "pwritev wrote nothing"));
+        }
+        let mut n = n as usize;
+        at += n as u64;
+        while n > 0 && first < parts.len() {
+            let len = parts[first].len();
+            if n >= len {
+                n -= len;
+                first += 1;
+            } else {
+                parts[first] = &parts[first][n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `head` then `body` back to back at `off`.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn write_pair_at(
+    file: &File,
+    head: &[u8],
+    body: &[u8],
+    off: u64,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(head, off)?;
+    file.write_all_at(body, off + head.len() as u64)
+}
+
 /// Asks the kernel to start writing `len` bytes of `file` from `off` back to the disk,
 /// without waiting (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Durability still comes from
 /// `fdatasync` alone; this only starts the disk's work earlier. Errors are ignored: they
