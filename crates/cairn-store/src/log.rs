@@ -415,12 +415,6 @@ const DROP_STEP: u64 = 8 << 20;
 /// `bytes_per_sync` does the same).
 const WRITEBACK_STEP: u64 = 2 << 20;
 
-/// Chunks at least this large are written straight from the caller's memory
-/// ([`Writer::append_direct`]) instead of being copied into the write buffer first: a
-/// node's 64 KiB leaves go direct; 4 KiB leaves and metadata are still gathered into one
-/// write per buffer.
-const DIRECT_APPEND_MIN: usize = 32 << 10;
-
 /// A thread that asks the kernel to start writing back ranges of segments
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). The call "does not wait" for the writes,
 /// but it does submit them, which can take a millisecond or two per request (block
@@ -534,41 +528,6 @@ impl Writer {
             off,
             len,
         }
-    }
-
-    /// Appends a large record straight to the file: the buffered records first (order is
-    /// kept), then this record's frame header and payload from the caller's memory in one
-    /// positioned write, so the payload is not copied into the buffer on its way. Nothing
-    /// is recorded when the write fails (the next append writes over whatever part of it
-    /// reached the file).
-    fn append_direct(
-        &mut self,
-        header: &[u8; FRAME_HEADER_LEN],
-        kind: u8,
-        cid: Cid,
-        payload: &[u8],
-    ) -> Result<Loc> {
-        self.flush()?;
-        let off = self.seg.flushed.load(Ordering::Acquire);
-        segment::write_pair_at(&self.seg.file, header, payload, off)
-            .ctx(|| format!("writing {}", self.seg.path.display()))?;
-        self.seg.flushed.store(
-            off + (header.len() + payload.len()) as u64,
-            Ordering::Release,
-        );
-        self.dirty = true;
-        let len = payload.len() as u32;
-        self.hints.push(HintEntry {
-            kind,
-            cid,
-            off,
-            len,
-        });
-        Ok(Loc {
-            seg: self.seg.id,
-            off,
-            len,
-        })
     }
 
     /// Appends a commit record with the next sequence number; returns that number.
@@ -1195,11 +1154,9 @@ impl LogStore {
     fn after_append(&self, w: &mut Writer) -> Result<()> {
         if w.buf.len() >= w.cap {
             w.flush()?;
-        }
-        // Large records bypass the buffer (`append_direct`), so the written part can grow
-        // without a flush here; the request itself waits for `WRITEBACK_STEP` new bytes.
-        if self.opts.durability != Durability::Buffered {
-            w.start_writeback();
+            if self.opts.durability != Durability::Buffered {
+                w.start_writeback();
+            }
         }
         if w.end() >= self.opts.segment_size {
             self.roll(w)?;
@@ -1696,11 +1653,7 @@ impl ChunkStore for LogStore {
         if self.holds_sound(&cid) {
             return Ok(false);
         }
-        let loc = if chunk.len() >= DIRECT_APPEND_MIN {
-            w.append_direct(&header, KIND_CHUNK, cid, chunk)?
-        } else {
-            w.append(&header, KIND_CHUNK, cid, chunk)
-        };
+        let loc = w.append(&header, KIND_CHUNK, cid, chunk);
         self.index.insert(cid, loc);
         if self.any_damaged.load(Ordering::Acquire) {
             self.damaged.lock().remove(&cid);

@@ -753,8 +753,7 @@ fn history(commits: u64) -> History {
     let mut states = vec![(16, BTreeMap::new())];
     let mut chunks = HashMap::new();
     for i in 0..commits {
-        // Every fifth chunk is large enough to be written straight from the caller's
-        // buffer rather than through the store's write buffer.
+        // Every fifth chunk is larger than the write buffer's usual flush.
         let len = if i % 5 == 0 {
             40_000 + i as usize * 13
         } else {
@@ -1576,9 +1575,8 @@ fn get_many_matches_single_gets_and_verifies_each_chunk() {
     assert!(s.get(&cids[0]).unwrap().is_some());
 }
 
-/// Large chunks (written straight from the caller's memory) and small ones (gathered in
-/// the write buffer) interleave in order across segment rolls; all read back, also after
-/// reopening, with and without sync.
+/// Chunks larger than the write buffer and small ones interleave in order across segment
+/// rolls; all read back, also after reopening, with and without sync.
 #[test]
 fn large_and_small_chunks_interleave_across_rolls() {
     for durability in [Durability::Group, Durability::Buffered] {
