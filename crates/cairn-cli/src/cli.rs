@@ -601,9 +601,18 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Keys => {
-            for k in db.list_keys()? {
-                out.write_all(&k)?;
-                writeln!(out)?;
+            // A page at a time: a bucket of millions of keys prints without holding them.
+            let mut after: Option<bytes::Bytes> = None;
+            loop {
+                let (page, more) = db.list_keys_page(after.as_deref(), 4096)?;
+                for k in &page {
+                    out.write_all(k)?;
+                    writeln!(out)?;
+                }
+                if !more {
+                    break;
+                }
+                after = page.last().cloned();
             }
         }
         Command::Log { key, branch, limit } => {
