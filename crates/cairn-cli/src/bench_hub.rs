@@ -91,6 +91,11 @@ pub struct HubArgs {
     /// Label whose medians the others are compared with (default: the first `--hub`).
     #[arg(long)]
     pub baseline: Option<String>,
+    /// Numbers of files for the `list-files` cells, comma-separated (none by default): each
+    /// hub gets a fresh address filled with that many small files (in increasing order,
+    /// the same files growing), then every page is listed, `--runs` times.
+    #[arg(long, value_delimiter = ',')]
+    pub list_files: Vec<usize>,
     /// Empty the page cache before every timed read, hubs' and raw disk's alike (`sync`,
     /// then `3` into `/proc/sys/vm/drop_caches`: Linux, as root), so reads come from the
     /// disk.
@@ -312,11 +317,188 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
     }
     print_conc(&hubs, &args.writers, &conc);
 
+    // Listing.
+    if !args.list_files.is_empty() {
+        let mut counts = args.list_files.clone();
+        counts.sort_unstable();
+        counts.dedup();
+        let mut rows = Vec::new();
+        for h in &hubs {
+            // A fresh address, so the listing holds exactly the files stored for it.
+            let lh = client_rt.block_on(connect(
+                &http,
+                h.label.clone(),
+                h.url.clone(),
+                Some(h.read_prefix.clone()),
+            ))?;
+            let mut stored = 0;
+            for &n in &counts {
+                let t = Instant::now();
+                client_rt.block_on(fill_listing(&http, &lh, stored, n))?;
+                let fill_s = t.elapsed().as_secs_f64();
+                stored = n;
+                let l = client_rt.block_on(list_cell(&http, &lh, n, args.runs));
+                eprintln!(
+                    "{:>14} {n:>7} files (stored in {fill_s:.1} s): first page {} ms, all {} pages {} ms{}",
+                    h.label,
+                    fmt_ms(median(&l.first_ms)),
+                    l.pages,
+                    fmt_ms(median(&l.all_ms)),
+                    if l.bad.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {}", checks(&l.bad))
+                    }
+                );
+                rows.push((h.label.clone(), n, l));
+            }
+        }
+        print_listing(&rows, &baseline);
+    }
+
     for tx in stops {
         let _ = tx.send(());
     }
     node_rt.shutdown_timeout(Duration::from_secs(10));
     Ok(())
+}
+
+/// Stores files `list/f{i:08}` for `i` in `from..to` (1 byte each), 32 requests in
+/// flight; any refusal fails the benchmark.
+async fn fill_listing(http: &reqwest::Client, h: &Hub, from: usize, to: usize) -> Result<()> {
+    let hub = Arc::new(h.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut next = from;
+    loop {
+        while next < to && tasks.len() < 32 {
+            let (http, hub) = (http.clone(), hub.clone());
+            let path = format!("list/f{next:08}");
+            next += 1;
+            tasks.spawn(async move {
+                match store(&http, &hub, &path, Bytes::from_static(b"x")).await {
+                    Stored::Ok(_) => Ok(()),
+                    Stored::Refused(s) | Stored::Bad(s) => {
+                        Err(anyhow::anyhow!("{}: storing {path}: {s}", hub.label))
+                    }
+                }
+            });
+        }
+        match tasks.join_next().await {
+            Some(r) => r??,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// One `list-files` cell: latency of the first page and of listing every page.
+#[derive(Default)]
+struct Listing {
+    first_ms: Vec<f64>,
+    all_ms: Vec<f64>,
+    pages: usize,
+    bad: Vec<String>,
+}
+
+/// Lists every page of `h`'s files `runs` times, following pages as `@stacks/storage`'s
+/// `listFiles` does; checks that each listing names exactly `list/f00000000` ..
+/// `list/f{n-1}` once each.
+async fn list_cell(http: &reqwest::Client, h: &Hub, n: usize, runs: usize) -> Listing {
+    let mut out = Listing::default();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut page = serde_json::Value::Null;
+        let mut names: Vec<String> = Vec::with_capacity(n);
+        let mut pages = 0;
+        loop {
+            let resp = http
+                .post(format!("{}/list-files/{}", h.url, h.address))
+                .header("authorization", &h.bearer)
+                .header("content-type", "application/json")
+                .body(serde_json::json!({ "page": page, "stat": false }).to_string())
+                .send()
+                .await;
+            let v: serde_json::Value = match resp {
+                Ok(r) if r.status().as_u16() == 202 => match r.bytes().await {
+                    Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+                    Err(e) => {
+                        out.bad.push(format!("list-files: {e}"));
+                        break;
+                    }
+                },
+                Ok(r) => {
+                    out.bad.push(format!("list-files answered {}", r.status()));
+                    break;
+                }
+                Err(e) => {
+                    out.bad.push(format!("list-files: {e}"));
+                    break;
+                }
+            };
+            pages += 1;
+            if pages == 1 {
+                out.first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let listed = match v["entries"].as_array() {
+                Some(es) => {
+                    names.extend(es.iter().filter_map(|e| e.as_str().map(String::from)));
+                    es.len()
+                }
+                None => {
+                    out.bad.push("list-files: no entries".into());
+                    break;
+                }
+            };
+            page = v["page"].clone();
+            // As `@stacks/storage`'s listFiles: on while there is a next page and this one
+            // was not empty.
+            if page.is_null() || listed == 0 {
+                break;
+            }
+            if pages > n + 10 {
+                out.bad.push("list-files: more pages than files".into());
+                break;
+            }
+        }
+        out.all_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        out.pages = pages;
+        names.sort();
+        let want: Vec<String> = (0..n).map(|i| format!("list/f{i:08}")).collect();
+        if names != want {
+            out.bad.push(format!(
+                "listed {} names, expected {n} (first difference at {:?})",
+                names.len(),
+                names.iter().zip(&want).position(|(a, b)| a != b)
+            ));
+        }
+    }
+    out
+}
+
+/// The `list-files` table.
+fn print_listing(rows: &[(String, usize, Listing)], baseline: &str) {
+    println!("## list-files: every page of an address's files (ms; median of the runs)");
+    println!();
+    println!(
+        "| hub | files | pages | first page ms | all pages ms | {baseline} ÷ hub, all pages | checks |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
+    for (label, n, l) in rows {
+        let base = rows
+            .iter()
+            .find(|(b, m, _)| b == baseline && m == n)
+            .map(|(_, _, b)| median(&b.all_ms));
+        let ratio = base
+            .map(|b| format!("{:.2}×", b / median(&l.all_ms)))
+            .unwrap_or_else(|| "—".into());
+        println!(
+            "| {label} | {n} | {} | {} | {} | {ratio} | {} |",
+            l.pages,
+            fmt_ms(median(&l.first_ms)),
+            fmt_ms(median(&l.all_ms)),
+            checks(&l.bad)
+        );
+    }
+    println!();
 }
 
 /// Reads `/hub_info` and makes a key and token for the hub.
