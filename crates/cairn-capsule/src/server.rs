@@ -702,7 +702,7 @@ impl CapsuleServer {
 
     /// The capsule, loaded (journal replayed) on first use.
     fn capsule(&self, name: &CapsuleName) -> Result<Arc<Mutex<Capsule>>> {
-        loop {
+        for _ in 0..3 {
             let unloads = {
                 let mut caps = self.capsules.lock();
                 if let Some(c) = caps.map.get(name) {
@@ -722,6 +722,14 @@ impl CapsuleServer {
             }
             return Ok(caps.insert(*name, loaded, self.opts.max_loaded_capsules));
         }
+        // Unloads kept racing this load (heavy churn past the limit): load under the map's
+        // lock, which no unload can race.
+        let mut caps = self.capsules.lock();
+        if let Some(c) = caps.map.get(name) {
+            return Ok(c.clone());
+        }
+        let loaded = self.load(name)?;
+        Ok(caps.insert(*name, loaded, self.opts.max_loaded_capsules))
     }
 
     /// Capsules loaded in memory now (see [`ServerOptions::max_loaded_capsules`]).
