@@ -445,33 +445,37 @@ struct Loaded {
     unloads: u64,
 }
 
-impl Loaded {
-    /// Unloads least recently used capsules nobody holds until at most `max` are loaded
-    /// (fewer when too many are in use). Under the map's lock, a capsule held only here
-    /// cannot be handed out meanwhile: every other holder got its handle from the map.
-    fn unload_idle(&mut self, max: usize) {
-        let Some(excess) = self.map.len().checked_sub(max).filter(|&n| n > 0) else {
-            return;
-        };
-        let idle: Vec<CapsuleName> = self
-            .map
-            .iter()
-            .rev()
-            .filter(|(_, c)| Arc::strong_count(c) == 1)
-            .map(|(n, _)| *n)
-            .take(excess)
-            .collect();
-        for n in &idle {
-            self.map.pop(n);
-        }
-        self.unloads += idle.len() as u64;
+/// Drops least recently used entries that nothing outside `map` holds until at most `max`
+/// remain (fewer are dropped when too many are in use); returns how many went. Called with
+/// the map's lock held, an entry held only by the map cannot be handed out meanwhile, as
+/// long as every other holder got its handle from the map. Shared by the loaded capsules
+/// here and a node's open buckets.
+pub fn drop_idle<K: std::hash::Hash + Eq + Clone, V>(
+    map: &mut LruCache<K, Arc<V>>,
+    max: usize,
+) -> usize {
+    let Some(excess) = map.len().checked_sub(max).filter(|&n| n > 0) else {
+        return 0;
+    };
+    let idle: Vec<K> = map
+        .iter()
+        .rev()
+        .filter(|(_, v)| Arc::strong_count(v) == 1)
+        .map(|(k, _)| k.clone())
+        .take(excess)
+        .collect();
+    for k in &idle {
+        map.pop(k);
     }
+    idle.len()
+}
 
-    /// Loads `cap` as capsule `name` and keeps the map within `max`.
+impl Loaded {
+    /// Loads `cap` as capsule `name` and unloads idle capsules past `max`.
     fn insert(&mut self, name: CapsuleName, cap: Capsule, max: usize) -> Arc<Mutex<Capsule>> {
         let cap = Arc::new(Mutex::new(cap));
         self.map.put(name, cap.clone());
-        self.unload_idle(max);
+        self.unloads += drop_idle(&mut self.map, max) as u64;
         cap
     }
 }

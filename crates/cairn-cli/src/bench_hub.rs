@@ -639,14 +639,19 @@ async fn read(http: &reqwest::Client, h: &Hub, path: &str) -> Result<(u16, Strin
         .and_then(|v| v.to_str().ok())
         .map(|v| bare_etag(v).to_string())
         .unwrap_or_default();
-    // One buffer of the announced length (as the raw-disk read gets from `fs::read`),
-    // not one regrown as chunks arrive; a length over 8 GiB is not trusted up front.
+    Ok((status, etag, Bytes::from(collect(&mut resp).await?)))
+}
+
+/// A response's whole body, in one buffer of the announced length (as the raw-disk read
+/// gets from `fs::read`), not one regrown as chunks arrive; a length over 8 GiB is not
+/// trusted up front. The hubs' reads and the HTTP floor's download share it.
+async fn collect(resp: &mut reqwest::Response) -> Result<Vec<u8>> {
     let announced = resp.content_length().unwrap_or(0).min(8 << 30) as usize;
     let mut body = Vec::with_capacity(announced);
     while let Some(chunk) = resp.chunk().await? {
         body.extend_from_slice(&chunk);
     }
-    Ok((status, etag, Bytes::from(body)))
+    Ok(body)
 }
 
 /// Client-side encryption: `nonce ‖ ChaCha20-Poly1305(plain)`.
@@ -972,11 +977,7 @@ fn http_floor(
             let t0 = Instant::now();
             let got = client_rt.block_on(async {
                 let mut resp = http.get(format!("{url}/source/{size}")).send().await?;
-                let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
-                while let Some(chunk) = resp.chunk().await? {
-                    body.extend_from_slice(&chunk);
-                }
-                anyhow::Ok(body)
+                collect(&mut resp).await
             })?;
             down.push(t0.elapsed().as_secs_f64() * 1e3);
             ensure!(

@@ -203,10 +203,10 @@ impl Node {
     }
 }
 
-/// Adds `bucket` to the open ones and closes least recently used idle buckets past
-/// `max`. Under the map's lock a bucket held only by the map cannot be
-/// handed out meanwhile (every request gets its handle from the map), so a closed bucket
-/// is never in use, and two open copies of one bucket (two record chains) never exist.
+/// Adds `bucket` to the open ones and closes least recently used idle buckets past `max`
+/// ([`cairn_capsule::drop_idle`]): every request gets its handle from the map, so a closed
+/// bucket is never in use, and two open copies of one bucket (two record chains) never
+/// exist.
 fn keep_open(
     open: &mut LruCache<String, Arc<Bucket>>,
     name: &str,
@@ -214,19 +214,7 @@ fn keep_open(
     max: usize,
 ) {
     open.put(name.to_string(), bucket);
-    let Some(excess) = open.len().checked_sub(max).filter(|&n| n > 0) else {
-        return;
-    };
-    let idle: Vec<String> = open
-        .iter()
-        .rev()
-        .filter(|(_, b)| Arc::strong_count(b) == 1)
-        .map(|(n, _)| n.clone())
-        .take(excess)
-        .collect();
-    for n in idle {
-        open.pop(&n);
-    }
+    cairn_capsule::drop_idle(open, max);
 }
 
 /// The node's store: the embedded log alone, or (for any other `[backend] kind`) refs in

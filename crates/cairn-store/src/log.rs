@@ -425,8 +425,12 @@ struct Writeback {
 }
 
 impl Writeback {
-    /// Starts the thread; `None` when the system refuses one (requests are then inline).
+    /// Starts the thread; `None` when the system refuses one (requests are then inline),
+    /// and where there is no `sync_file_range` to ask for (nothing to do).
     fn start() -> Option<Writeback> {
+        if !cfg!(target_os = "linux") {
+            return None;
+        }
         let (jobs, todo) = std::sync::mpsc::sync_channel::<(Arc<Segment>, u64, u64)>(4);
         std::thread::Builder::new()
             .name("cairn-writeback".into())
@@ -1972,16 +1976,7 @@ impl RefStore for LogStore {
     }
 
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
-        Ok(self
-            .ordered_refs()
-            .map
-            .range::<[u8], _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+        self.list_refs_from(prefix, prefix, usize::MAX)
     }
 
     fn list_refs_from(

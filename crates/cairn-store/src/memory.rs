@@ -104,13 +104,7 @@ impl RefStore for MemoryStore {
     }
 
     fn list_refs(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
-        Ok(self
-            .refs
-            .read()
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
-            .collect())
+        self.list_refs_from(prefix, prefix, usize::MAX)
     }
 
     fn list_refs_from(

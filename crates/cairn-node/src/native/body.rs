@@ -576,16 +576,14 @@ pub fn body_permit(
 pub fn json_response(
     node: Arc<Node>,
     permit: tokio::sync::OwnedSemaphorePermit,
-    status: axum::http::StatusCode,
     value: serde_json::Value,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let body = produce(node, permit, move |w| {
-        serde_json::to_writer(&mut *w, &value)
-            .map_err(|e| cairn_core::Error::io("streaming the response", io::Error::other(e)))
+        serde_json::to_writer(&mut *w, &value).map_err(|e| io_err(io::Error::other(e)))
     });
     (
-        status,
+        axum::http::StatusCode::OK,
         [(
             axum::http::header::CONTENT_TYPE,
             axum::http::HeaderValue::from_static("application/json"),

@@ -292,7 +292,7 @@ pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Response> {
         Ok(json!({ "buckets": out }))
     })
     .await?;
-    Ok(body::json_response(node, permit, StatusCode::OK, answer))
+    Ok(body::json_response(node, permit, answer))
 }
 
 /// `GET /v1/buckets/{bucket}`: owner, capsule name, writers and the capsule metadata

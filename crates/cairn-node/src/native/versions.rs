@@ -78,7 +78,7 @@ pub async fn keys(
         }))
     })
     .await?;
-    Ok(body::json_response(node, permit, StatusCode::OK, page))
+    Ok(body::json_response(node, permit, page))
 }
 
 /// `GET /v1/buckets/{bucket}/branches/{key}`: tagged branches with their heads, and the
@@ -102,7 +102,7 @@ pub async fn branches(
         Ok(json!({ "key": key, "tagged": tagged, "untagged": untagged }))
     })
     .await?;
-    Ok(body::json_response(node, permit, StatusCode::OK, answer))
+    Ok(body::json_response(node, permit, answer))
 }
 
 /// A query that takes no parameters (an unknown one is refused).
@@ -155,7 +155,7 @@ pub async fn log(
         Ok(json!({ "key": key, "versions": out }))
     })
     .await?;
-    Ok(body::json_response(node, permit, StatusCode::OK, answer))
+    Ok(body::json_response(node, permit, answer))
 }
 
 #[derive(Deserialize)]
@@ -228,7 +228,7 @@ pub async fn diff(
         }))
     })
     .await?;
-    Ok(body::json_response(node, permit, StatusCode::OK, answer))
+    Ok(body::json_response(node, permit, answer))
 }
 
 /// `GET /v1/buckets/{bucket}/lca/{key}?a=&b=`: the least common ancestor of two versions

@@ -529,6 +529,11 @@ impl LeafBatch {
     }
 }
 
+/// The error of a [`HashPipe`] whose thread is gone.
+fn pipe_stopped() -> Error {
+    Error::Unavailable("the blob hashing thread stopped".into())
+}
+
 /// Batches a [`BlobWriter`] keeps in flight on its hashing thread.
 const HASH_PIPE_DEPTH: usize = 2;
 
@@ -584,9 +589,9 @@ impl HashPipe {
     fn send(&mut self, batch: LeafBatch) -> Result<()> {
         self.to_hasher
             .as_ref()
-            .ok_or_else(|| Error::Unavailable("the blob hashing thread stopped".into()))?
+            .ok_or_else(pipe_stopped)?
             .send(batch)
-            .map_err(|_| Error::Unavailable("the blob hashing thread stopped".into()))?;
+            .map_err(|_| pipe_stopped())?;
         self.in_flight += 1;
         Ok(())
     }
@@ -596,9 +601,9 @@ impl HashPipe {
         let b = self
             .hashed
             .as_ref()
-            .ok_or_else(|| Error::Unavailable("the blob hashing thread stopped".into()))?
+            .ok_or_else(pipe_stopped)?
             .recv()
-            .map_err(|_| Error::Unavailable("the blob hashing thread stopped".into()))?;
+            .map_err(|_| pipe_stopped())?;
         self.in_flight -= 1;
         Ok(b)
     }
@@ -699,6 +704,17 @@ impl<'a> BlobWriter<'a> {
         pipe.send(full)
     }
 
+    /// Cuts every leaf whose boundary is decided (all that is left when `eof`), handing on
+    /// each batch that fills.
+    fn cut_decided(&mut self, eof: bool) -> Result<()> {
+        while self.win.cut_into(&self.p, eof, &mut self.batch) {
+            if self.batch.is_full() {
+                self.submit()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stores every batch still on the hashing thread, in order.
     fn drain(&mut self) -> Result<()> {
         if let Some(pipe) = self.pipe.as_mut() {
@@ -719,11 +735,7 @@ impl<'a> BlobWriter<'a> {
     /// a buffer that [`io::Write`] needs) after cutting every leaf already decided;
     /// returns the bytes read, 0 at the end of the input. Interrupted reads are retried.
     pub fn read_from(&mut self, reader: &mut dyn io::Read) -> Result<usize> {
-        while self.win.cut_into(&self.p, false, &mut self.batch) {
-            if self.batch.is_full() {
-                self.submit()?;
-            }
-        }
+        self.cut_decided(false)?;
         loop {
             match self.win.read_from(reader) {
                 Ok(n) => {
@@ -740,11 +752,7 @@ impl<'a> BlobWriter<'a> {
     pub fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
         let mut rest = data;
         while !rest.is_empty() {
-            while self.win.cut_into(&self.p, false, &mut self.batch) {
-                if self.batch.is_full() {
-                    self.submit()?;
-                }
-            }
+            self.cut_decided(false)?;
             let n = self.win.push(rest);
             rest = &rest[n..];
         }
@@ -754,11 +762,7 @@ impl<'a> BlobWriter<'a> {
 
     /// Cuts the last leaves, builds the index levels and returns the tree.
     pub fn finish(mut self) -> Result<TreeRef> {
-        while self.win.cut_into(&self.p, true, &mut self.batch) {
-            if self.batch.is_full() {
-                self.submit()?;
-            }
-        }
+        self.cut_decided(true)?;
         self.drain()?;
         if !self.batch.is_empty() {
             self.batch.flush(self.store, &mut self.levels)?;
