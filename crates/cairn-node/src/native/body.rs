@@ -337,6 +337,17 @@ pub fn json_elements(body: &[u8]) -> usize {
     n
 }
 
+/// Parses a buffered JSON body into `T`: refused (400) with too many elements (counted
+/// before the parse allocates; see [`check_elements`]) or when it does not parse, the
+/// parser's message after `what`.
+pub fn parse_bounded_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> ApiResult<T> {
+    check_elements(json_elements(bytes))?;
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+}
+
 /// Refuses (400) a buffered body of `n` elements (see [`text_elements`],
 /// [`json_elements`]) beyond [`MAX_BUFFERED_ELEMENTS`], before it is parsed.
 pub fn check_elements(n: usize) -> ApiResult<()> {
@@ -794,6 +805,14 @@ mod tests {
         assert!(check_elements(MAX_BUFFERED_ELEMENTS).is_ok());
         let e = check_elements(MAX_BUFFERED_ELEMENTS + 1).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("too many elements"), "{}", e.message);
+        // The typed parse refuses both ways, with the caller's words first.
+        let v: Vec<u32> = parse_bounded_json(b"[1,2]", "list").unwrap();
+        assert_eq!(v, [1, 2]);
+        let e = parse_bounded_json::<Vec<u32>>(b"[1,", "list").unwrap_err();
+        assert!(e.message.starts_with("list: "), "{}", e.message);
+        let many = format!("[{}0]", "0,".repeat(MAX_BUFFERED_ELEMENTS));
+        let e = parse_bounded_json::<Vec<u32>>(many.as_bytes(), "list").unwrap_err();
         assert!(e.message.contains("too many elements"), "{}", e.message);
     }
 

@@ -263,7 +263,7 @@ pub async fn get(
         _ => {
             // Trees (lists, sets, maps) and inline values alike: written into the
             // response as it is sent, never rendered whole.
-            let len = if json { None } else { text_len(&value) };
+            let len = if json { None } else { values::text_len(&value) };
             let body = match permit {
                 None => Body::empty(),
                 Some(permit) => produce(node.clone(), permit, move |w| {
@@ -286,17 +286,6 @@ pub async fn get(
             }
             Ok(resp)
         }
-    }
-}
-
-/// The length of an inline value's text form (exactly what [`values::write_text`] writes),
-/// computed without rendering it; `None` for a tree.
-fn text_len(v: &Value) -> Option<u64> {
-    match v {
-        Value::String(b) => Some(b.len() as u64),
-        Value::Integer(i) => Some(i.to_string().len() as u64 + 1),
-        Value::Tuple(items) => Some(items.iter().map(|i| i.len() as u64 + 1).sum()),
-        Value::Tree(_) => None,
     }
 }
 
@@ -642,9 +631,7 @@ pub async fn patch(
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
-    body::check_elements(body::json_elements(&bytes))?;
-    let p: PatchBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the body must be one operation: {e}")))?;
+    let p: PatchBody = body::parse_bounded_json(&bytes, "the body must be one operation")?;
     let b = opened.bucket;
     let (k, br) = (key.clone(), branch.clone());
     let n = bytes.len() as u64;

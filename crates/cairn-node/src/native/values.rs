@@ -212,6 +212,17 @@ fn blob_tree(v: &Value) -> Result<&postree::TreeRef> {
         .ok_or_else(|| Error::TypeMismatch(format!("a {} is not a blob", v.value_type())))
 }
 
+/// The length of an inline value's text form (exactly what [`write_text`] writes),
+/// computed without rendering it; `None` for a tree.
+pub fn text_len(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(b) => Some(b.len() as u64),
+        Value::Integer(i) => Some(i.to_string().len() as u64 + 1),
+        Value::Tuple(items) => Some(items.iter().map(|i| i.len() as u64 + 1).sum()),
+        Value::Tree(_) => None,
+    }
+}
+
 /// Writes a value in its text form.
 pub fn write_text(db: &Db, v: &Value, w: &mut dyn Write) -> Result<()> {
     match v {
@@ -309,6 +320,7 @@ pub fn write_json(db: &Db, v: &Value, w: &mut dyn Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn json_forms_parse_and_refuse() {
@@ -339,6 +351,28 @@ mod tests {
         assert!(parse_json(Some(ValueType::Blob), br#""x""#).is_err());
         assert!(parse_json(Some(ValueType::List), br#"[1]"#).is_err());
         assert!(parse_json(None, b"{").is_err());
+    }
+
+    #[test]
+    fn text_len_is_the_length_write_text_writes() {
+        let db = Db::new(std::sync::Arc::new(cairn_store::MemoryStore::new()));
+        for v in [
+            Value::String(Bytes::from_static(b"hello")),
+            Value::String(Bytes::new()),
+            Value::Integer(0),
+            Value::Integer(-1234567),
+            Value::Integer(i64::MIN),
+            Value::Tuple(vec![
+                Bytes::from_static(b"a"),
+                Bytes::new(),
+                Bytes::from_static(b"xyz"),
+            ]),
+            Value::Tuple(Vec::new()),
+        ] {
+            let mut out = Vec::new();
+            write_text(&db, &v, &mut out).unwrap();
+            assert_eq!(text_len(&v), Some(out.len() as u64), "{v:?}");
+        }
     }
 
     #[test]

@@ -271,9 +271,7 @@ async fn control<T: DeserializeOwned>(
     let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
-    body::check_elements(body::json_elements(&bytes))?;
-    let req = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("bad request body: {e}")))?;
+    let req = body::parse_bounded_json(&bytes, "bad request body")?;
     Ok((permit, opened.bucket, req))
 }
 
