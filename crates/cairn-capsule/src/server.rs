@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result, Signature, SigningKey};
 use cairn_store::{RefUpdate, Store};
@@ -80,6 +80,11 @@ pub struct ServerOptions {
     /// vanish without closing their session (a dropped connection) are forgotten this way
     /// instead of piling up.
     pub max_sessions: usize,
+    /// Most names the mirrors of all sessions hold together (about 100 bytes each). When
+    /// a proof or an ack takes them past it, the least recently used other sessions end
+    /// (as past [`ServerOptions::max_sessions`]) until they fit again; a session asking
+    /// for a cache larger than this alone is refused.
+    pub max_mirrored_names: usize,
 }
 
 impl Default for ServerOptions {
@@ -91,6 +96,7 @@ impl Default for ServerOptions {
             body_cache_bytes: 256 << 20,
             max_loaded_capsules: 4096,
             max_sessions: 4096,
+            max_mirrored_names: CachePolicy::MAX_CAPACITY as usize * 2,
         }
     }
 }
@@ -323,6 +329,26 @@ struct Session {
     mode: MirrorMode,
     pending: HashMap<u64, Vec<Hash>>,
     next_proof: u64,
+    /// Names held by all sessions' mirrors, shared with the server (see
+    /// [`ServerOptions::max_mirrored_names`]); this session's part leaves with it.
+    mirrored: Arc<AtomicUsize>,
+}
+
+impl Session {
+    /// Takes `names` into the mirror and counts what it grew by.
+    fn mirror_insert(&mut self, names: &[Hash]) {
+        let before = self.mirror.len();
+        self.mirror.insert_all(names);
+        let grew = self.mirror.len().saturating_sub(before);
+        self.mirrored.fetch_add(grew, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.mirrored
+            .fetch_sub(self.mirror.len(), Ordering::Relaxed);
+    }
 }
 
 /// Identifies a reader session on one server.
@@ -489,6 +515,8 @@ pub struct CapsuleServer {
     capsules: Mutex<Loaded>,
     /// Reader sessions, least recently used first out ([`ServerOptions::max_sessions`]).
     sessions: Mutex<LruCache<SessionId, Arc<Mutex<Session>>>>,
+    /// Names held by all sessions' mirrors ([`ServerOptions::max_mirrored_names`]).
+    mirrored: Arc<AtomicUsize>,
     next_session: AtomicU64,
     /// Per (capsule, peer server): this server's log size when their last sync finished.
     cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
@@ -608,6 +636,7 @@ impl CapsuleServer {
                 unloads: 0,
             }),
             sessions: Mutex::new(LruCache::unbounded()),
+            mirrored: Arc::new(AtomicUsize::new(0)),
             next_session: AtomicU64::new(1),
             cursors: Mutex::new(HashMap::new()),
         }
@@ -734,6 +763,12 @@ impl CapsuleServer {
         }
         let loaded = self.load(name)?;
         Ok(caps.insert(*name, loaded, self.opts.max_loaded_capsules))
+    }
+
+    /// Names the mirrors of all sessions hold now (see
+    /// [`ServerOptions::max_mirrored_names`]).
+    pub fn mirrored_names(&self) -> usize {
+        self.mirrored.load(Ordering::Relaxed)
     }
 
     /// Capsules loaded in memory now (see [`ServerOptions::max_loaded_capsules`]).
@@ -1401,24 +1436,63 @@ impl CapsuleServer {
         cached: &[Hash],
     ) -> Result<SessionId> {
         self.capsule(capsule)?;
-        let mut mirror = VerificationCache::new(policy)?;
-        mirror.insert_all(cached);
-        let id = SessionId(self.next_session.fetch_add(1, Ordering::Relaxed));
-        let mut sessions = self.sessions.lock();
-        while sessions.len() >= self.opts.max_sessions.max(1) {
-            sessions.pop_lru();
+        if let CachePolicy::Lru { capacity } = policy
+            && capacity as usize > self.opts.max_mirrored_names
+        {
+            return Err(Error::invalid(format!(
+                "cache capacity {capacity} exceeds the {} names this server mirrors for all \
+                 sessions together; ask for a smaller cache",
+                self.opts.max_mirrored_names
+            )));
         }
-        sessions.put(
-            id,
-            Arc::new(Mutex::new(Session {
-                capsule: *capsule,
-                mirror,
-                mode,
-                pending: HashMap::new(),
-                next_proof: 1,
-            })),
-        );
+        let mut session = Session {
+            capsule: *capsule,
+            mirror: VerificationCache::new(policy)?,
+            mode,
+            pending: HashMap::new(),
+            next_proof: 1,
+            mirrored: self.mirrored.clone(),
+        };
+        session.mirror_insert(cached);
+        let id = SessionId(self.next_session.fetch_add(1, Ordering::Relaxed));
+        {
+            let mut sessions = self.sessions.lock();
+            while sessions.len() >= self.opts.max_sessions.max(1) {
+                sessions.pop_lru();
+            }
+            sessions.put(id, Arc::new(Mutex::new(session)));
+        }
+        self.keep_mirrors_in_budget(id);
         Ok(id)
+    }
+
+    /// Ends the least recently used sessions other than `keep` while the mirrors hold more
+    /// than [`ServerOptions::max_mirrored_names`] names. Takes no session's lock (one in
+    /// use is counted as holding nothing, so this may end one session too many rather
+    /// than wait); its names leave the count when its last user lets go.
+    fn keep_mirrors_in_budget(&self, keep: SessionId) {
+        let max = self.opts.max_mirrored_names;
+        let mut held = self.mirrored.load(Ordering::Relaxed);
+        if held <= max {
+            return;
+        }
+        let mut ended = Vec::new();
+        {
+            let mut sessions = self.sessions.lock();
+            while held > max {
+                match sessions.peek_lru() {
+                    Some((id, _)) if *id != keep => {}
+                    _ => break,
+                }
+                let Some((_, s)) = sessions.pop_lru() else {
+                    break;
+                };
+                held = held.saturating_sub(s.try_lock().map_or(0, |g| g.mirror.len()));
+                ended.push(s);
+            }
+        }
+        // Dropped (and uncounted) outside the map's lock.
+        drop(ended);
     }
 
     /// Ends a session.
@@ -1439,9 +1513,12 @@ impl CapsuleServer {
         Ok(s)
     }
 
+    /// Hands `proof` to `session`: its names go into the mirror now ([`MirrorMode::OnIssue`])
+    /// or when the reader acks it. The caller then calls
+    /// [`CapsuleServer::keep_mirrors_in_budget`].
     fn issue<P>(session: &mut Session, inserts: Vec<Hash>, proof: P) -> Issued<P> {
         if session.mode == MirrorMode::OnIssue {
-            session.mirror.insert_all(&inserts);
+            session.mirror_insert(&inserts);
             return Issued { proof_id: 0, proof };
         }
         let id = session.next_proof;
@@ -1528,7 +1605,10 @@ impl CapsuleServer {
                 let s = self.session(id, capsule)?;
                 let mut s = s.lock();
                 let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror), first)?;
-                Ok(Self::issue(&mut s, inserts, proof))
+                let issued = Self::issue(&mut s, inserts, proof);
+                drop(s);
+                self.keep_mirrors_in_budget(id);
+                Ok(issued)
             }
         }
     }
@@ -1614,10 +1694,15 @@ impl CapsuleServer {
             path,
             record: record_proof,
         };
-        Ok(match guard.as_deref_mut() {
+        let issued = match guard.as_deref_mut() {
             Some(s) => Self::issue(s, node_inserts, proof),
             None => Issued { proof_id: 0, proof },
-        })
+        };
+        drop(guard);
+        if let Some(id) = session {
+            self.keep_mirrors_in_budget(id);
+        }
+        Ok(issued)
     }
 
     /// Prove(many subrecord names) at once: one Merkle multiproof per record they belong
@@ -1705,10 +1790,15 @@ impl CapsuleServer {
             )));
         }
         let proof = SubrecordsProof { groups: out };
-        Ok(match guard.as_deref_mut() {
+        let issued = match guard.as_deref_mut() {
             Some(s) => Self::issue(s, inserts, proof),
             None => Issued { proof_id: 0, proof },
-        })
+        };
+        drop(guard);
+        if let Some(id) = session {
+            self.keep_mirrors_in_budget(id);
+        }
+        Ok(issued)
     }
 
     /// A reader's acknowledgment that it verified proof `proof_id` and cached what it
@@ -1727,7 +1817,9 @@ impl CapsuleServer {
                 "ack for proof {proof_id} refused: never issued to this session or already acknowledged"
             ))
         })?;
-        s.mirror.insert_all(&inserts);
+        s.mirror_insert(&inserts);
+        drop(s);
+        self.keep_mirrors_in_budget(session);
         Ok(())
     }
 

@@ -1158,3 +1158,69 @@ fn the_least_recently_used_session_ends_past_the_limit() {
     server.prove(&c, &names[3], Some(e)).unwrap();
     assert_eq!(server.with_dag(&c, |dag| dag.len()).unwrap(), 4);
 }
+
+/// The mirrors of all sessions together hold at most `max_mirrored_names` names: a proof,
+/// an ack or a new session's seed that takes them past it ends the least recently used
+/// other sessions (their requests are refused as not found), never the one that grew;
+/// a session asking for more than the whole budget is refused; ended and closed
+/// sessions give their names back.
+#[test]
+fn mirrors_stay_within_the_servers_name_budget() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions {
+            max_mirrored_names: 10,
+            ..ServerOptions::default()
+        },
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "mirror budget");
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([7; 32]))).unwrap();
+    let c = meta.name();
+    // One signature at the end: a proof of the first record names all eight.
+    let names = write_chain(&server, &mut w, 8, 8);
+    // Names a reader says it caches (none on the chain, so proofs run to the signature).
+    let seed = |n: u8| -> Vec<cairn_core::Hash> {
+        (0..n)
+            .map(|i| cairn_core::Hash::new(HashAlgo::Blake3, [i; 32]))
+            .collect()
+    };
+    let policy = CachePolicy::Lru { capacity: 10 };
+
+    let e = server
+        .open_session(&c, CachePolicy::Lru { capacity: 11 }, &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("smaller cache"), "{e}");
+    assert_eq!(server.mirrored_names(), 0);
+
+    let a = server.open_session(&c, policy, &seed(6)).unwrap();
+    let b = server.open_session(&c, policy, &seed(3)).unwrap();
+    assert_eq!(server.mirrored_names(), 9);
+    // A third session's seed goes past 10: `a`, the least recently used, ends.
+    let d = server.open_session(&c, policy, &seed(3)).unwrap();
+    assert_eq!(server.mirrored_names(), 6);
+    assert!(matches!(
+        server.prove(&c, &names[7], Some(a)),
+        Err(Error::NotFound(m)) if m.contains("session")
+    ));
+    // `b` grows by an ack (the chain from the first record to the signature: eight names;
+    // its own capacity keeps 10 of its 11) past the budget: `d` ends, `b` stays.
+    let issued = server.prove(&c, &names[0], Some(b)).unwrap();
+    assert_eq!(issued.proof.chain.len(), 8);
+    assert_eq!(server.mirrored_names(), 6, "names wait for the ack");
+    server.ack(b, issued.proof_id).unwrap();
+    assert_eq!(server.mirrored_names(), 10);
+    assert!(matches!(
+        server.prove(&c, &names[7], Some(d)),
+        Err(Error::NotFound(m)) if m.contains("session")
+    ));
+    // `b` mirrors the whole chain now: its proofs stop at its own cache.
+    let p = server.prove(&c, &names[5], Some(b)).unwrap();
+    assert_eq!(p.proof.chain.len(), 1);
+    server.ack(b, p.proof_id).unwrap();
+    server.close_session(b);
+    assert_eq!(server.mirrored_names(), 0);
+}
