@@ -204,6 +204,8 @@ pub struct Db {
     shared: Arc<Shared>,
     /// Sees every head-moving commit of this bucket before it is made.
     recorder: Option<Arc<dyn HeadRecorder>>,
+    /// Most bytes one merge may hold in memory (see [`Db::with_merge_memory`]).
+    merge_memory: u64,
 }
 
 /// What every bucket of one store shares: the key-lock stripes (with their caches of
@@ -244,6 +246,7 @@ impl Db {
                 gc_lock: RwLock::new(()),
             }),
             recorder: None,
+            merge_memory: crate::merge::DEFAULT_MERGE_MEMORY,
         }
     }
 
@@ -259,8 +262,23 @@ impl Db {
             bucket_seed: self.bucket_seed,
             shared: self.shared.clone(),
             recorder: None,
+            merge_memory: self.merge_memory,
         }
         .in_bucket(name)
+    }
+
+    /// This Db with merges holding at most `bytes` in memory (default
+    /// [`crate::merge::DEFAULT_MERGE_MEMORY`]): the changes of both sides, the regions
+    /// read to merge them and the conflicts. A merge that would need more fails with
+    /// [`cairn_core::Error::InvalidInput`] and writes nothing.
+    pub fn with_merge_memory(mut self, bytes: u64) -> Self {
+        self.merge_memory = bytes;
+        self
+    }
+
+    /// Most bytes one merge may hold in memory (see [`Db::with_merge_memory`]).
+    pub fn merge_memory(&self) -> u64 {
+        self.merge_memory
     }
 
     /// This Db with `recorder` seeing each of its head-moving commits first (see

@@ -8,7 +8,7 @@
 //! integers), `union` (Set, Tuple), or a custom hook. A merge with an unresolved conflict
 //! returns the conflicts and changes no branch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -20,6 +20,42 @@ use crate::db::{Db, HeadChange, HeadChangeKind, PutOptions};
 use crate::fobject::{FObject, Uid, show_key};
 use crate::postree::{self, SeqChange, TreeKind, TreeRef};
 use crate::value::{Value, ValueType};
+
+/// Default of [`Db::with_merge_memory`]: 256 MiB.
+pub const DEFAULT_MERGE_MEMORY: u64 = 256 << 20;
+
+/// Bookkeeping bytes counted for each change, element or region on top of its bytes.
+const ENTRY_OVERHEAD: u64 = 64;
+
+/// What one merge holds in memory (changes, regions, conflicts, merged content), against
+/// the Db's limit, so that merging huge divergent values fails cleanly instead of
+/// exhausting the process.
+struct MergeMemory {
+    used: u64,
+    limit: u64,
+}
+
+impl MergeMemory {
+    fn charge(&mut self, bytes: u64) -> Result<()> {
+        self.used = self
+            .used
+            .saturating_add(bytes.saturating_add(ENTRY_OVERHEAD));
+        if self.used > self.limit {
+            return Err(Error::invalid(format!(
+                "this merge needs more than {} MiB in memory (the changes of both sides, the \
+                 regions they touch and the conflicts); nothing was written. Merge smaller \
+                 changes at a time, or write the merged value yourself with a guarded put",
+                self.limit >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    fn charge_change(&mut self, c: &postree::KeyChange) -> Result<()> {
+        let len = |b: &Option<Bytes>| b.as_ref().map_or(0, |b| b.len() as u64);
+        self.charge(c.key.len() as u64 + len(&c.left) + len(&c.right))
+    }
+}
 
 /// Where a conflict is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,6 +271,14 @@ fn merge_region<T: PartialEq + Clone>(base: &[T], ours: &[T], theirs: &[T]) -> O
     Some(out)
 }
 
+/// `ours`, then the elements of `theirs` that `ours` lacks, in their order (linear time).
+fn union(ours: &[Bytes], theirs: &[Bytes]) -> Vec<Bytes> {
+    let have: HashSet<&Bytes> = ours.iter().collect();
+    let mut out = ours.to_vec();
+    out.extend(theirs.iter().filter(|x| !have.contains(x)).cloned());
+    out
+}
+
 fn split_lines(b: &[u8]) -> Vec<&[u8]> {
     if b.is_empty() {
         Vec::new()
@@ -439,10 +483,14 @@ impl Db {
             return Ok(Ok(theirs.clone()));
         }
         let ty = ours.value_type();
+        let mut mem = MergeMemory {
+            used: 0,
+            limit: self.merge_memory(),
+        };
         match (base, ours, theirs) {
             (Value::Tree(b), Value::Tree(o), Value::Tree(t)) => match o.kind {
-                TreeKind::Map | TreeKind::Set => self.merge_sorted(ty, b, o, t, resolver),
-                TreeKind::Blob | TreeKind::List => self.merge_seq(ty, b, o, t, resolver),
+                TreeKind::Map | TreeKind::Set => self.merge_sorted(ty, b, o, t, resolver, &mut mem),
+                TreeKind::Blob | TreeKind::List => self.merge_seq(ty, b, o, t, resolver, &mut mem),
             },
             _ => Ok(merge_primitive(ty, base, ours, theirs, resolver)),
         }
@@ -455,15 +503,19 @@ impl Db {
         o: &TreeRef,
         t: &TreeRef,
         resolver: &dyn Resolver,
+        mem: &mut MergeMemory,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         let s = self.chunks();
-        let ours: BTreeMap<Bytes, Option<Bytes>> = postree::diff_sorted(s, b, o)?
-            .into_iter()
-            .map(|c| (c.key, c.right))
-            .collect();
+        let mut ours: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
+        postree::diff_sorted_each(s, b, o, &mut |c| {
+            mem.charge_change(&c)?;
+            ours.insert(c.key, c.right);
+            Ok(())
+        })?;
         let mut edits: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         let mut conflicts = Vec::new();
-        for c in postree::diff_sorted(s, b, t)? {
+        postree::diff_sorted_each(s, b, t, &mut |c| {
+            mem.charge_change(&c)?;
             let theirs = c.right.clone();
             match ours.get(&c.key) {
                 None => edits.push((c.key.to_vec(), theirs.map(|v| v.to_vec()))),
@@ -481,13 +533,17 @@ impl Db {
                             edits.push((c.key.to_vec(), conflict.theirs.map(|v| v.to_vec())))
                         }
                         Some(Resolution::Value(v)) => {
+                            mem.charge(
+                                c.key.len() as u64 + v.as_ref().map_or(0, |v| v.len() as u64),
+                            )?;
                             edits.push((c.key.to_vec(), v.map(|v| v.to_vec())))
                         }
                         None => conflicts.push(conflict),
                     }
                 }
             }
-        }
+            Ok(())
+        })?;
         if !conflicts.is_empty() {
             return Ok(Err(conflicts));
         }
@@ -507,10 +563,21 @@ impl Db {
         o: &TreeRef,
         t: &TreeRef,
         resolver: &dyn Resolver,
+        mem: &mut MergeMemory,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         let s = self.chunks();
-        let co = postree::diff_seq(s, b, o)?;
-        let ct = postree::diff_seq(s, b, t)?;
+        let mut diff = |from: &TreeRef| -> Result<Vec<SeqChange>> {
+            let mut out = Vec::new();
+            postree::diff_seq_each(s, b, from, &mut |c| {
+                // The change, its entry in `all` and its share of `clusters`.
+                mem.charge(96)?;
+                out.push(c);
+                Ok(())
+            })?;
+            Ok(out)
+        };
+        let co = diff(o)?;
+        let ct = diff(t)?;
         // Cluster changes of both sides whose base ranges overlap or touch.
         let mut all: Vec<(u64, u64, bool)> = co
             .iter()
@@ -534,16 +601,9 @@ impl Db {
         }
         // Position in a side of a base position: changes wholly before a cluster start shift
         // it (a change ending exactly at the start belongs to the cluster, since touching
-        // changes are clustered), and every change up to a cluster end shifts that.
-        let shift = |changes: &[SeqChange], p: u64, include_touching: bool| -> u64 {
-            let mut d: i128 = 0;
-            for c in changes {
-                if c.a_end < p || (include_touching && c.a_end == p) {
-                    d += (c.b_end - c.b_start) as i128 - (c.a_end - c.a_start) as i128;
-                }
-            }
-            (p as i128 + d) as u64
-        };
+        // changes are clustered), and every change up to a cluster end shifts that. The
+        // clusters are visited in order, so each side's changes are swept once.
+        let (mut shift_o, mut shift_t) = (Shift::new(&co), Shift::new(&ct));
         let builtin = resolver.builtin();
         let mut plan: Vec<(u64, u64, Units)> = Vec::new(); // (ours start, ours end, content)
         let mut conflicts = Vec::new();
@@ -551,26 +611,29 @@ impl Db {
             if !has_t {
                 continue;
             }
-            let (os, oe) = (shift(&co, cs, false), shift(&co, ce, true));
-            let (ts, te) = (shift(&ct, cs, false), shift(&ct, ce, true));
-            let theirs_u = Units::read(s, ty, t, ts, te)?;
+            let (os, oe) = (shift_o.at(cs, false), shift_o.at(ce, true));
+            let (ts, te) = (shift_t.at(cs, false), shift_t.at(ce, true));
+            let theirs_u = Units::read(s, ty, t, ts, te, mem)?;
             if !has_o {
                 plan.push((os, oe, theirs_u));
                 continue;
             }
-            let ours_u = Units::read(s, ty, o, os, oe)?;
+            let ours_u = Units::read(s, ty, o, os, oe, mem)?;
             if ours_u == theirs_u {
                 continue;
             }
-            let base_u = Units::read(s, ty, b, cs, ce)?;
+            let base_u = Units::read(s, ty, b, cs, ce, mem)?;
             if let Some(m) = Units::merge_region(&base_u, &ours_u, &theirs_u) {
+                mem.charge(m.bytes())?;
                 plan.push((os, oe, m));
                 continue;
             }
             if let Some(r) = Units::builtin_resolve(builtin, &base_u, &ours_u, &theirs_u) {
+                mem.charge(r.bytes())?;
                 plan.push((os, oe, r));
                 continue;
             }
+            mem.charge(base_u.bytes() + ours_u.bytes() + theirs_u.bytes())?;
             let conflict = Conflict {
                 at: ConflictAt::Range { start: cs, end: ce },
                 base: Some(base_u.to_text()),
@@ -581,7 +644,9 @@ impl Db {
                 Some(Resolution::Ours) => {}
                 Some(Resolution::Theirs) => plan.push((os, oe, theirs_u)),
                 Some(Resolution::Value(v)) => {
-                    plan.push((os, oe, Units::from_text(ty, v.unwrap_or_default())))
+                    let v = v.unwrap_or_default();
+                    mem.charge(2 * v.len() as u64)?;
+                    plan.push((os, oe, Units::from_text(ty, v)))
                 }
                 None => conflicts.push(conflict),
             }
@@ -604,6 +669,39 @@ impl Db {
     }
 }
 
+/// Base positions mapped into one side of a merge, for positions that never decrease:
+/// the sum of the length changes of the side's changes (sorted and disjoint, as
+/// [`postree::diff_seq`] gives them) that end before the position, kept as the position
+/// moves.
+struct Shift<'a> {
+    changes: &'a [SeqChange],
+    next: usize,
+    delta: i128,
+}
+
+impl<'a> Shift<'a> {
+    fn new(changes: &'a [SeqChange]) -> Self {
+        Shift {
+            changes,
+            next: 0,
+            delta: 0,
+        }
+    }
+
+    /// `p` in the side: shifted by every change ending before `p` (or at `p`, with
+    /// `include_touching`).
+    fn at(&mut self, p: u64, include_touching: bool) -> u64 {
+        while let Some(c) = self.changes.get(self.next) {
+            if !(c.a_end < p || (include_touching && c.a_end == p)) {
+                break;
+            }
+            self.delta += (c.b_end - c.b_start) as i128 - (c.a_end - c.a_start) as i128;
+            self.next += 1;
+        }
+        (p as i128 + self.delta) as u64
+    }
+}
+
 /// A region of a Blob (bytes) or List (elements).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Units {
@@ -612,14 +710,17 @@ enum Units {
 }
 
 impl Units {
+    /// Units `start..end` of `tree`, charged to `mem` before they are held.
     fn read(
         s: &dyn ChunkStore,
         ty: ValueType,
         tree: &TreeRef,
         start: u64,
         end: u64,
+        mem: &mut MergeMemory,
     ) -> Result<Self> {
         if ty == ValueType::Blob {
+            mem.charge(end - start)?;
             Ok(Units::Bytes(postree::blob_read(
                 s,
                 tree,
@@ -629,9 +730,19 @@ impl Units {
         } else {
             let mut v = Vec::new();
             for el in postree::list_range(s, tree, start, end) {
-                v.push(el?.key);
+                let el = el?;
+                mem.charge(el.key.len() as u64)?;
+                v.push(el.key);
             }
             Ok(Units::Elems(v))
+        }
+    }
+
+    /// Bytes held (element bytes for a List).
+    fn bytes(&self) -> u64 {
+        match self {
+            Units::Bytes(b) => b.len() as u64,
+            Units::Elems(e) => e.iter().map(|x| x.len() as u64).sum(),
         }
     }
 
@@ -666,9 +777,7 @@ impl Units {
                 Some(Units::Elems(v))
             }
             (BuiltinResolver::Union, _, Units::Elems(o), Units::Elems(t)) => {
-                let mut v = o.clone();
-                v.extend(t.iter().filter(|x| !o.contains(x)).cloned());
-                Some(Units::Elems(v))
+                Some(Units::Elems(union(o, t)))
             }
             _ => None,
         }
@@ -740,15 +849,7 @@ fn merge_primitive(
                 out.extend(added(base, t));
                 return Ok(Value::Tuple(out));
             }
-            Some(BuiltinResolver::Union) => {
-                let mut out = o.clone();
-                for x in t {
-                    if !o.contains(x) {
-                        out.push(x.clone());
-                    }
-                }
-                return Ok(Value::Tuple(out));
-            }
+            Some(BuiltinResolver::Union) => return Ok(Value::Tuple(union(o, t))),
             _ => {}
         }
     }

@@ -1046,3 +1046,82 @@ fn key_pages_match_the_whole_listing() {
         assert!(page.is_empty() && !more);
     }
 }
+
+/// A merge holds at most the Db's merge memory: past it, it fails with a clear error and
+/// moves no head; with room, the same merge goes through. Blob regions and Map changes
+/// alike.
+#[test]
+fn merges_past_their_memory_fail_cleanly_and_change_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let o = PutOptions::default();
+    let roomy = Db::new(store.clone());
+    let tight = roomy
+        .for_bucket(roomy.bucket())
+        .unwrap()
+        .with_merge_memory(200_000);
+    // Blob: both sides append 300 KB of their own (one conflicting region at the end,
+    // settled by the append resolver), so the merge must read both appends.
+    let base = noise(100_000, 1);
+    roomy
+        .put(b"blob", Target::Branch("master"), NewValue::Blob(base), &o)
+        .unwrap();
+    roomy.fork(b"blob", &master(), "dev").unwrap();
+    for (branch, seed) in [("master", 4), ("dev", 7)] {
+        roomy
+            .update(
+                b"blob",
+                Target::Branch(branch),
+                Op::BlobSplice {
+                    offset: 100_000,
+                    delete: 0,
+                    insert: noise(300_000, seed),
+                },
+                &o,
+            )
+            .unwrap();
+    }
+    // Map: both sides set the same 3,000 keys to different 100-byte values.
+    roomy
+        .put(
+            b"map",
+            Target::Branch("master"),
+            NewValue::Map(BTreeMap::new()),
+            &o,
+        )
+        .unwrap();
+    roomy.fork(b"map", &master(), "dev").unwrap();
+    for (branch, fill) in [("master", b'o'), ("dev", b't')] {
+        let entries: BTreeMap<Vec<u8>, Vec<u8>> = (0..3000)
+            .map(|i| (format!("k{i:05}").into_bytes(), vec![fill; 100]))
+            .collect();
+        roomy
+            .put(b"map", Target::Branch(branch), NewValue::Map(entries), &o)
+            .unwrap();
+    }
+    for (key, resolver) in [
+        (&b"blob"[..], BuiltinResolver::Append),
+        (&b"map"[..], BuiltinResolver::Theirs),
+    ] {
+        let before = roomy.get(key, &master()).unwrap().uid;
+        let e = tight
+            .merge_into(key, "master", &At::Branch("dev".into()), &resolver, &o)
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidInput(m) if m.contains("in memory") && m.contains("nothing was written")),
+            "{e}"
+        );
+        assert_eq!(roomy.get(key, &master()).unwrap().uid, before);
+        let MergeOutcome::Merged(u) = roomy
+            .merge_into(key, "master", &At::Branch("dev".into()), &resolver, &o)
+            .unwrap()
+        else {
+            panic!("the merge fits the default memory")
+        };
+        assert_eq!(roomy.get(key, &master()).unwrap().uid, u);
+    }
+    let merged = roomy.get(b"blob", &master()).unwrap();
+    let Value::Tree(t) = merged.object.value else {
+        panic!("a blob")
+    };
+    assert_eq!(t.count, 700_000);
+}

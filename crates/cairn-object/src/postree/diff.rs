@@ -162,6 +162,23 @@ fn present(e: &Elem) -> Bytes {
 /// The keys whose presence or value differ between Map (or Set) trees `a` and `b`, sorted
 /// by key. Subtrees with equal cids on both sides are skipped without being read.
 pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<KeyChange>> {
+    let mut out = Vec::new();
+    diff_sorted_each(store, a, b, &mut |c| {
+        out.push(c);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`diff_sorted`], handing each change to `each` in key order instead of collecting them
+/// (memory stays bounded by the trees' depth); an error from `each` stops the walk and is
+/// returned.
+pub fn diff_sorted_each(
+    store: &dyn ChunkStore,
+    a: &TreeRef,
+    b: &TreeRef,
+    each: &mut dyn FnMut(KeyChange) -> Result<()>,
+) -> Result<()> {
     if a.kind != b.kind || !a.kind.is_sorted() {
         return Err(Error::TypeMismatch(format!(
             "diff_sorted compares two Map or two Set trees, not {:?} and {:?}",
@@ -170,26 +187,25 @@ pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<V
     }
     let mut fa = Frontier::new(store, a);
     let mut fb = Frontier::new(store, b);
-    let mut out = Vec::new();
     loop {
         match (fa.front(), fb.front()) {
             (None, None) => break,
             (Some(Item::Node { .. }), None) => fa.open(true)?,
             (None, Some(Item::Node { .. })) => fb.open(true)?,
             (Some(Item::Elem(e)), None) => {
-                out.push(KeyChange {
+                each(KeyChange {
                     key: e.key.clone(),
                     left: Some(present(e)),
                     right: None,
-                });
+                })?;
                 fa.stack.pop();
             }
             (None, Some(Item::Elem(e))) => {
-                out.push(KeyChange {
+                each(KeyChange {
                     key: e.key.clone(),
                     left: None,
                     right: Some(present(e)),
-                });
+                })?;
                 fb.stack.pop();
             }
             (
@@ -217,28 +233,28 @@ pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<V
             (Some(Item::Elem(_)), Some(Item::Node { .. })) => fb.open(true)?,
             (Some(Item::Elem(x)), Some(Item::Elem(y))) => match x.key.cmp(&y.key) {
                 std::cmp::Ordering::Less => {
-                    out.push(KeyChange {
+                    each(KeyChange {
                         key: x.key.clone(),
                         left: Some(present(x)),
                         right: None,
-                    });
+                    })?;
                     fa.stack.pop();
                 }
                 std::cmp::Ordering::Greater => {
-                    out.push(KeyChange {
+                    each(KeyChange {
                         key: y.key.clone(),
                         left: None,
                         right: Some(present(y)),
-                    });
+                    })?;
                     fb.stack.pop();
                 }
                 std::cmp::Ordering::Equal => {
                     if x.value != y.value {
-                        out.push(KeyChange {
+                        each(KeyChange {
                             key: x.key.clone(),
                             left: Some(present(x)),
                             right: Some(present(y)),
-                        });
+                        })?;
                     }
                     fa.stack.pop();
                     fb.stack.pop();
@@ -246,7 +262,7 @@ pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<V
             },
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The regions where Blob (or List) trees `a` and `b` differ, at leaf granularity, sorted
@@ -255,6 +271,22 @@ pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<V
 /// Identical subtrees are skipped unread; inside a changed region both sides are walked
 /// leaf by leaf until a leaf of one side reappears on the other (resynchronisation).
 pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<SeqChange>> {
+    let mut out = Vec::new();
+    diff_seq_each(store, a, b, &mut |c| {
+        out.push(c);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`diff_seq`], handing each region to `each` in order instead of collecting them; an
+/// error from `each` stops the walk and is returned.
+pub fn diff_seq_each(
+    store: &dyn ChunkStore,
+    a: &TreeRef,
+    b: &TreeRef,
+    each: &mut dyn FnMut(SeqChange) -> Result<()>,
+) -> Result<()> {
     if a.kind != b.kind || a.kind.is_sorted() {
         return Err(Error::TypeMismatch(format!(
             "diff_seq compares two Blob or two List trees, not {:?} and {:?}",
@@ -264,7 +296,6 @@ pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<
     let mut fa = Frontier::new(store, a);
     let mut fb = Frontier::new(store, b);
     let (mut pa, mut pb) = (0u64, 0u64);
-    let mut out = Vec::new();
     loop {
         let (ha, hb) = match (fa.front(), fb.front()) {
             (None, None) => break,
@@ -281,12 +312,12 @@ pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<
                 }),
             ) => ((*ca, *la, *na), (*cb, *lb, *nb)),
             (None, _) | (_, None) => {
-                out.push(SeqChange {
+                each(SeqChange {
                     a_start: pa,
                     a_end: a.count,
                     b_start: pb,
                     b_end: b.count,
-                });
+                })?;
                 break;
             }
             _ => return Err(Error::invalid("sequence diff met an element")),
@@ -316,13 +347,13 @@ pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<
         loop {
             let take_a = !done_a && (done_b || pa - ra <= pb - rb);
             if !take_a && done_b {
-                out.push(SeqChange {
+                each(SeqChange {
                     a_start: ra,
                     a_end: pa,
                     b_start: rb,
                     b_end: pb,
-                });
-                return Ok(out);
+                })?;
+                return Ok(());
             }
             let (f, p, done, seen, other_seen, other, po) = if take_a {
                 (
@@ -363,12 +394,12 @@ pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<
                 }
             }
         }
-        out.push(SeqChange {
+        each(SeqChange {
             a_start: ra,
             a_end: pa,
             b_start: rb,
             b_end: pb,
-        });
+        })?;
     }
-    Ok(out)
+    Ok(())
 }
