@@ -645,9 +645,18 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         Command::Diff { key, a, b } => {
             let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;
             let ub = db.resolve(key.as_bytes(), &At::parse(&b))?;
-            db.load_for_key(key.as_bytes(), &ua)?;
-            db.load_for_key(key.as_bytes(), &ub)?;
-            print_diff(&db.diff(&ua, &ub)?, &mut out)?;
+            let va = db.load_for_key(key.as_bytes(), &ua)?.value;
+            let vb = db.load_for_key(key.as_bytes(), &ub)?.value;
+            // A page at a time: memory stays bounded however large the diff.
+            let mut after = None;
+            loop {
+                let (d, next) = db.diff_values_page(&va, &vb, after.as_ref(), 10_000)?;
+                print_diff(&d, &mut out)?;
+                match next {
+                    Some(c) => after = Some(c),
+                    None => break,
+                }
+            }
         }
         Command::Lca { key, a, b } => {
             let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;

@@ -809,64 +809,29 @@ impl Client {
         Ok(())
     }
 
+    /// Prints the diff a page at a time, following the node's `next` cursor.
     fn diff(&self, key: &str, a: String, b: String, out: &mut impl Write) -> Result<()> {
-        let r = self.get_json(self.url("diff", Some(key), &[("a", a), ("b", b)])?)?;
-        if r.get("same").and_then(J::as_bool) == Some(true) {
-            writeln!(out, "identical")?;
-            return Ok(());
-        }
-        let ty = str_field(&r, "type")?;
-        for c in array_field(&r, "changes")? {
-            if c.get("a_start").is_some() {
-                let n = |f: &str| c.get(f).and_then(J::as_u64).unwrap_or(0);
-                writeln!(
-                    out,
-                    "@ {}..{} -> {}..{}",
-                    n("a_start"),
-                    n("a_end"),
-                    n("b_start"),
-                    n("b_end")
-                )?;
-            } else if let Some(k) = c.get("key") {
-                let k = format::show(&json_bytes(k, "key")?);
-                let side = |f: &str| -> Result<Option<Vec<u8>>> {
-                    match c.get(f) {
-                        None | Some(J::Null) => Ok(None),
-                        Some(v) => Ok(Some(json_bytes(v, f)?)),
-                    }
-                };
-                match (side("left")?, side("right")?) {
-                    (None, Some(v)) if v.is_empty() => writeln!(out, "+ {k}")?,
-                    (Some(v), None) if v.is_empty() => writeln!(out, "- {k}")?,
-                    (None, Some(v)) => writeln!(out, "+ {k}={}", format::show(&v))?,
-                    (Some(v), None) => writeln!(out, "- {k}={}", format::show(&v))?,
-                    (Some(x), Some(y)) => {
-                        writeln!(out, "~ {k}: {} -> {}", format::show(&x), format::show(&y))?
-                    }
-                    (None, None) => {}
-                }
-            } else {
-                let show = |v: Option<&J>| -> Result<String> {
-                    Ok(match v {
-                        Some(J::Number(n)) => n.to_string(),
-                        Some(J::Array(items)) => items
-                            .iter()
-                            .map(|i| json_bytes(i, "element").map(|b| format::show(&b)))
-                            .collect::<cairn_core::Result<Vec<_>>>()?
-                            .join(", "),
-                        Some(J::Object(o)) if o.contains_key("root") => format!(
-                            "{ty} root {}",
-                            o.get("root").and_then(J::as_str).unwrap_or_default()
-                        ),
-                        Some(v) => format::show(&json_bytes(v, "value")?),
-                        None => String::new(),
-                    })
-                };
-                writeln!(out, "- {}", show(c.get("left"))?)?;
-                writeln!(out, "+ {}", show(c.get("right"))?)?;
+        let mut after: Option<String> = None;
+        loop {
+            let mut q = vec![
+                ("a", a.clone()),
+                ("b", b.clone()),
+                ("limit", "10000".into()),
+            ];
+            if let Some(c) = after.take() {
+                q.push(("after", c));
+            }
+            let r = self.get_json(self.url("diff", Some(key), &q)?)?;
+            if r.get("same").and_then(J::as_bool) == Some(true) {
+                writeln!(out, "identical")?;
+                return Ok(());
+            }
+            print_diff_page(&r, out)?;
+            match r.get("next") {
+                Some(J::String(c)) => after = Some(c.clone()),
+                _ => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// `verify --proof` against a node: the proof and the metadata come from the node, the
@@ -1216,6 +1181,62 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
         },
     };
     e.into()
+}
+
+/// Prints one page of a node's diff answer (`type`, `changes`).
+fn print_diff_page(r: &J, out: &mut impl Write) -> Result<()> {
+    let ty = str_field(r, "type")?;
+    for c in array_field(r, "changes")? {
+        if c.get("a_start").is_some() {
+            let n = |f: &str| c.get(f).and_then(J::as_u64).unwrap_or(0);
+            writeln!(
+                out,
+                "@ {}..{} -> {}..{}",
+                n("a_start"),
+                n("a_end"),
+                n("b_start"),
+                n("b_end")
+            )?;
+        } else if let Some(k) = c.get("key") {
+            let k = format::show(&json_bytes(k, "key")?);
+            let side = |f: &str| -> Result<Option<Vec<u8>>> {
+                match c.get(f) {
+                    None | Some(J::Null) => Ok(None),
+                    Some(v) => Ok(Some(json_bytes(v, f)?)),
+                }
+            };
+            match (side("left")?, side("right")?) {
+                (None, Some(v)) if v.is_empty() => writeln!(out, "+ {k}")?,
+                (Some(v), None) if v.is_empty() => writeln!(out, "- {k}")?,
+                (None, Some(v)) => writeln!(out, "+ {k}={}", format::show(&v))?,
+                (Some(v), None) => writeln!(out, "- {k}={}", format::show(&v))?,
+                (Some(x), Some(y)) => {
+                    writeln!(out, "~ {k}: {} -> {}", format::show(&x), format::show(&y))?
+                }
+                (None, None) => {}
+            }
+        } else {
+            let show = |v: Option<&J>| -> Result<String> {
+                Ok(match v {
+                    Some(J::Number(n)) => n.to_string(),
+                    Some(J::Array(items)) => items
+                        .iter()
+                        .map(|i| json_bytes(i, "element").map(|b| format::show(&b)))
+                        .collect::<cairn_core::Result<Vec<_>>>()?
+                        .join(", "),
+                    Some(J::Object(o)) if o.contains_key("root") => format!(
+                        "{ty} root {}",
+                        o.get("root").and_then(J::as_str).unwrap_or_default()
+                    ),
+                    Some(v) => format::show(&json_bytes(v, "value")?),
+                    None => String::new(),
+                })
+            };
+            writeln!(out, "- {}", show(c.get("left"))?)?;
+            writeln!(out, "+ {}", show(c.get("right"))?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -680,6 +680,36 @@ async fn versions_branches_merges() {
             {"key": "c", "left": "1", "right": null}
         ])
     );
+    assert_eq!(d["next"], json!(null));
+    // A page at a time: one change, then the cursor for the rest.
+    let (st, d) = s
+        .get_json("/v1/buckets/v/diff/doc?a=master&b=dev&limit=1")
+        .await;
+    assert_eq!(st, 200, "{d}");
+    assert_eq!(
+        d["changes"],
+        json!([{"key": "a", "left": "3", "right": "2"}])
+    );
+    let next = d["next"].as_str().unwrap().to_string();
+    let (st, d) = s
+        .get_json(&format!(
+            "/v1/buckets/v/diff/doc?a=master&b=dev&limit=1&after={next}"
+        ))
+        .await;
+    assert_eq!(st, 200, "{d}");
+    assert_eq!(
+        (&d["changes"], &d["next"]),
+        (
+            &json!([{"key": "c", "left": "1", "right": null}]),
+            &json!(null)
+        )
+    );
+    for bad in ["limit=0", "limit=10001", "after=zz", "after=r0-0"] {
+        let (st, e) = s
+            .get_json(&format!("/v1/buckets/v/diff/doc?a=master&b=dev&{bad}"))
+            .await;
+        assert_eq!(st, 400, "{bad}: {e}");
+    }
     let (_, d) = s
         .get_json(&format!("/v1/buckets/v/diff/doc?a={root}&b={root}"))
         .await;

@@ -4,7 +4,9 @@
 //! their POS-trees that differ).
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::ops::ControlFlow;
 
+use bytes::Bytes;
 use cairn_core::{Error, Result};
 
 use crate::db::{At, Db};
@@ -34,6 +36,54 @@ pub enum Diff {
     Sorted(Vec<KeyChange>),
     /// Blob or List: the regions that differ.
     Seq(Vec<SeqChange>),
+}
+
+/// Where a page of a diff ended, to go on from (see [`Db::diff_values_page`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiffCursor {
+    /// Map or Set: the last key reported.
+    AfterKey(Bytes),
+    /// Blob or List: the ends of the last region reported, in the first and the second
+    /// value.
+    AfterRegion {
+        /// End of the region in the first value.
+        a: u64,
+        /// End of the region in the second value.
+        b: u64,
+    },
+}
+
+impl DiffCursor {
+    /// Text form, for APIs: `k` and the key in hex, or `r<a>-<b>`.
+    pub fn token(&self) -> String {
+        match self {
+            DiffCursor::AfterKey(k) => format!("k{}", hex::encode(k)),
+            DiffCursor::AfterRegion { a, b } => format!("r{a}-{b}"),
+        }
+    }
+
+    /// Reads [`DiffCursor::token`]'s form back; anything else is
+    /// [`Error::InvalidInput`].
+    pub fn parse(token: &str) -> Result<Self> {
+        let bad = || {
+            Error::invalid(format!(
+                "{token:?} is not a diff cursor (k<hex> or r<a>-<b>)"
+            ))
+        };
+        if let Some(h) = token.strip_prefix('k') {
+            return Ok(DiffCursor::AfterKey(
+                hex::decode(h).map_err(|_| bad())?.into(),
+            ));
+        }
+        let (a, b) = token
+            .strip_prefix('r')
+            .and_then(|r| r.split_once('-'))
+            .ok_or_else(bad)?;
+        Ok(DiffCursor::AfterRegion {
+            a: a.parse().map_err(|_| bad())?,
+            b: b.parse().map_err(|_| bad())?,
+        })
+    }
 }
 
 impl Db {
@@ -147,6 +197,90 @@ impl Db {
             },
             _ => Diff::Primitive(a.clone(), b.clone()),
         })
+    }
+
+    /// [`Db::diff_values`] a page at a time: at most `limit` (≥ 1) changed keys or regions
+    /// after `after` (from the start with `None`), and where the next page starts (`None`
+    /// when this one ends the diff). Memory stays bounded by the page, and a page after a
+    /// key reads no subtree of keys before it. A cursor of the wrong kind, or a region
+    /// cursor that is not a region end of these values, is [`Error::InvalidInput`].
+    pub fn diff_values_page(
+        &self,
+        a: &Value,
+        b: &Value,
+        after: Option<&DiffCursor>,
+        limit: usize,
+    ) -> Result<(Diff, Option<DiffCursor>)> {
+        if limit == 0 {
+            return Err(Error::invalid("a diff page holds at least one change"));
+        }
+        if a.value_type() != b.value_type() {
+            return Err(Error::TypeMismatch(format!(
+                "cannot diff a {} with a {}",
+                a.value_type(),
+                b.value_type()
+            )));
+        }
+        let wrong = |c: &DiffCursor| {
+            Err(Error::invalid(format!(
+                "diff cursor {} does not go with a {} diff",
+                c.token(),
+                a.value_type()
+            )))
+        };
+        let (Value::Tree(ta), Value::Tree(tb)) = (a, b) else {
+            if let Some(c) = after {
+                return wrong(c);
+            }
+            return Ok((self.diff_values(a, b)?, None));
+        };
+        if a == b {
+            return Ok((Diff::Same, None));
+        }
+        let mut more = false;
+        if matches!(a.value_type(), ValueType::Map | ValueType::Set) {
+            let from = match after {
+                None => None,
+                Some(DiffCursor::AfterKey(k)) => Some(&k[..]),
+                Some(c) => return wrong(c),
+            };
+            let mut out: Vec<KeyChange> = Vec::new();
+            postree::diff_sorted_each(self.chunks(), ta, tb, from, &mut |c| {
+                if out.len() == limit {
+                    more = true;
+                    return Ok(ControlFlow::Break(()));
+                }
+                out.push(c);
+                Ok(ControlFlow::Continue(()))
+            })?;
+            let next = more
+                .then(|| out.last().map(|c| DiffCursor::AfterKey(c.key.clone())))
+                .flatten();
+            return Ok((Diff::Sorted(out), next));
+        }
+        let from = match after {
+            None => None,
+            Some(DiffCursor::AfterRegion { a, b }) => Some((*a, *b)),
+            Some(c) => return wrong(c),
+        };
+        let mut out: Vec<SeqChange> = Vec::new();
+        postree::diff_seq_each(self.chunks(), ta, tb, from, &mut |c| {
+            if out.len() == limit {
+                more = true;
+                return Ok(ControlFlow::Break(()));
+            }
+            out.push(c);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        let next = more
+            .then(|| {
+                out.last().map(|c| DiffCursor::AfterRegion {
+                    a: c.a_end,
+                    b: c.b_end,
+                })
+            })
+            .flatten();
+        Ok((Diff::Seq(out), next))
     }
 
     /// Every version reachable from `key`'s heads, by uid (for tools and tests).

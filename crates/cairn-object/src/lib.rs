@@ -26,7 +26,7 @@ pub use db::{
 };
 pub use fobject::{FObject, Uid};
 pub use gc::GcReport;
-pub use history::{Diff, TrackEntry};
+pub use history::{Diff, DiffCursor, TrackEntry};
 pub use merge::{BuiltinResolver, Conflict, ConflictAt, MergeOutcome, Resolution, Resolver};
 pub use postree::{TreeConfig, TreeKind, TreeRef};
 pub use value::{NewValue, Op, Value, ValueType, text_lines};

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::ops::ControlFlow;
 use std::str::FromStr;
 
 use bytes::Bytes;
@@ -507,14 +508,14 @@ impl Db {
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         let s = self.chunks();
         let mut ours: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
-        postree::diff_sorted_each(s, b, o, &mut |c| {
+        postree::diff_sorted_each(s, b, o, None, &mut |c| {
             mem.charge_change(&c)?;
             ours.insert(c.key, c.right);
-            Ok(())
+            Ok(ControlFlow::Continue(()))
         })?;
         let mut edits: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         let mut conflicts = Vec::new();
-        postree::diff_sorted_each(s, b, t, &mut |c| {
+        postree::diff_sorted_each(s, b, t, None, &mut |c| {
             mem.charge_change(&c)?;
             let theirs = c.right.clone();
             match ours.get(&c.key) {
@@ -542,7 +543,7 @@ impl Db {
                     }
                 }
             }
-            Ok(())
+            Ok(ControlFlow::Continue(()))
         })?;
         if !conflicts.is_empty() {
             return Ok(Err(conflicts));
@@ -568,11 +569,11 @@ impl Db {
         let s = self.chunks();
         let mut diff = |from: &TreeRef| -> Result<Vec<SeqChange>> {
             let mut out = Vec::new();
-            postree::diff_seq_each(s, b, from, &mut |c| {
+            postree::diff_seq_each(s, b, from, None, &mut |c| {
                 // The change, its entry in `all` and its share of `clusters`.
                 mem.charge(96)?;
                 out.push(c);
-                Ok(())
+                Ok(ControlFlow::Continue(()))
             })?;
             Ok(out)
         };

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use cairn_core::Error;
 use cairn_object::postree::{self, TreeConfig};
 use cairn_object::{
-    At, BuiltinResolver, Db, Diff, MergeOutcome, NewValue, Op, PutOptions, Target, Value,
+    At, BuiltinResolver, Db, Diff, DiffCursor, MergeOutcome, NewValue, Op, PutOptions, Target,
+    Value,
 };
 use cairn_store::{ChunkStore, MemoryStore};
 use proptest::prelude::*;
@@ -1124,4 +1125,133 @@ fn merges_past_their_memory_fail_cleanly_and_change_nothing() {
         panic!("a blob")
     };
     assert_eq!(t.count, 700_000);
+}
+
+/// All pages of a diff, followed through their cursors (each cursor also through its text
+/// form).
+fn diff_pages(db: &Db, a: &Value, b: &Value, limit: usize) -> (Diff, usize) {
+    let (mut sorted, mut seq, mut pages) = (Vec::new(), Vec::new(), 0);
+    let mut after: Option<DiffCursor> = None;
+    loop {
+        let (d, next) = db.diff_values_page(a, b, after.as_ref(), limit).unwrap();
+        pages += 1;
+        match d {
+            Diff::Sorted(c) => {
+                assert!(c.len() <= limit);
+                sorted.extend(c)
+            }
+            Diff::Seq(c) => {
+                assert!(c.len() <= limit);
+                seq.extend(c)
+            }
+            other => return (other, pages),
+        }
+        match next {
+            None => break,
+            Some(c) => after = Some(DiffCursor::parse(&c.token()).unwrap()),
+        }
+    }
+    if sorted.is_empty() && !seq.is_empty() {
+        (Diff::Seq(seq), pages)
+    } else if seq.is_empty() && !sorted.is_empty() {
+        (Diff::Sorted(sorted), pages)
+    } else {
+        panic!("a diff of trees that differ has changes of one kind")
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Paging a diff (any page size) gives exactly the whole diff, for Maps and Blobs.
+    #[test]
+    fn diff_pages_add_up_to_the_whole_diff(
+        seed in any::<u64>(),
+        map_edits in proptest::collection::vec((0u32..3000, proptest::option::of(0u8..4)), 1..60),
+        blob_edits in proptest::collection::vec((0usize..60_000, 0usize..300, 0usize..300), 1..12),
+        limit in 1usize..9,
+    ) {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        let base: BTreeMap<Vec<u8>, Vec<u8>> = (0..3000u32)
+            .map(|i| (format!("k{i:05}").into_bytes(), format!("v{i}").into_bytes()))
+            .collect();
+        let mut edited = base.clone();
+        for (k, v) in &map_edits {
+            let k = format!("k{k:05}").into_bytes();
+            match v {
+                Some(v) => edited.insert(k, vec![*v; 3]),
+                None => edited.remove(&k),
+            };
+        }
+        let ua = db.put(b"m", Target::Branch("master"), NewValue::Map(base), &o).unwrap();
+        let ub = db.put(b"m", Target::Branch("master"), NewValue::Map(edited), &o).unwrap();
+        let blob = noise(60_000, seed);
+        let mut changed = blob.clone();
+        for (at, del, ins) in &blob_edits {
+            let at = (*at).min(changed.len());
+            let del = (*del).min(changed.len() - at);
+            changed.splice(at..at + del, noise(*ins, seed ^ at as u64));
+        }
+        let uc = db.put(b"b", Target::Branch("master"), NewValue::Blob(blob), &o).unwrap();
+        let ud = db.put(b"b", Target::Branch("master"), NewValue::Blob(changed), &o).unwrap();
+        for (x, y) in [(ua, ub), (ub, ua), (uc, ud), (ud, uc)] {
+            let (vx, vy) = (db.load(&x).unwrap().value, db.load(&y).unwrap().value);
+            let whole = db.diff_values(&vx, &vy).unwrap();
+            let (paged, pages) = diff_pages(&db, &vx, &vy, limit);
+            prop_assert_eq!(&paged, &whole);
+            let n = match &whole {
+                Diff::Sorted(c) => c.len(),
+                Diff::Seq(c) => c.len(),
+                _ => 0,
+            };
+            prop_assert!(pages <= n.div_ceil(limit).max(1) + 1);
+        }
+    }
+}
+
+/// Cursors that do not fit the diff are refused with a clear error.
+#[test]
+fn diff_cursors_that_do_not_fit_are_refused() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let ua = db
+        .put(
+            b"b",
+            Target::Branch("master"),
+            NewValue::Blob(noise(20_000, 1)),
+            &o,
+        )
+        .unwrap();
+    let ub = db
+        .put(
+            b"b",
+            Target::Branch("master"),
+            NewValue::Blob(noise(20_000, 5)),
+            &o,
+        )
+        .unwrap();
+    let (va, vb) = (db.load(&ua).unwrap().value, db.load(&ub).unwrap().value);
+    for token in ["", "x", "k0g", "r1", "r-1-2", "r1-x"] {
+        let e = DiffCursor::parse(token).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{token:?}: {e}");
+    }
+    let invalid = |after: DiffCursor| {
+        let e = db.diff_values_page(&va, &vb, Some(&after), 10).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{after:?}: {e}");
+    };
+    invalid(DiffCursor::AfterKey("k".into()));
+    invalid(DiffCursor::AfterRegion { a: 3, b: 0 });
+    invalid(DiffCursor::AfterRegion { a: 0, b: 20_001 });
+    assert!(db.diff_values_page(&va, &vb, None, 0).is_err());
+    let s = Value::Integer(1);
+    let e = db
+        .diff_values_page(
+            &s,
+            &Value::Integer(2),
+            Some(&DiffCursor::AfterRegion { a: 0, b: 0 }),
+            5,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
 }

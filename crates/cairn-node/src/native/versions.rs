@@ -22,8 +22,8 @@ use axum::response::{IntoResponse, Response};
 use cairn_capsule::Anchor;
 use cairn_core::Error;
 use cairn_object::{
-    At, BuiltinResolver, Conflict, ConflictAt, DEFAULT_BRANCH, Diff, MergeOutcome, PutOptions, Uid,
-    Value,
+    At, BuiltinResolver, Conflict, ConflictAt, DEFAULT_BRANCH, Diff, DiffCursor, MergeOutcome,
+    PutOptions, Uid, Value,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -178,22 +178,40 @@ fn opt_bytes(b: &Option<bytes::Bytes>) -> J {
     b.as_deref().map_or(J::Null, bytes_json)
 }
 
-/// `GET /v1/buckets/{bucket}/diff/{key}?a=&b=`: what differs between two versions of the
-/// key (`a`, `b`: BRANCH_OR_UID). Maps and sets list changed keys; blobs and lists list
-/// changed regions; primitives show both values.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffQuery {
+    a: String,
+    b: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/buckets/{bucket}/diff/{key}?a=&b=&after=&limit=`: what differs between two
+/// versions of the key (`a`, `b`: BRANCH_OR_UID). Maps and sets list changed keys; blobs
+/// and lists list changed regions, a page of at most `limit` at a time (`next`, passed as
+/// `after`, continues); primitives show both values.
 pub async fn diff(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
 ) -> ApiResult<Response> {
-    let q: PairQuery = query(&uri)?;
+    let q: DiffQuery = query(&uri)?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_KEYS_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {MAX_KEYS_PAGE}"
+        )));
+    }
+    let after = q.after.as_deref().map(DiffCursor::parse).transpose()?;
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let answer = blocking(move || {
         let db = b.db();
         let va = db.get(key.as_bytes(), &At::parse(&q.a))?;
         let vb = db.get(key.as_bytes(), &At::parse(&q.b))?;
-        let d = db.diff_values(&va.object.value, &vb.object.value)?;
+        let (d, next) =
+            db.diff_values_page(&va.object.value, &vb.object.value, after.as_ref(), limit)?;
         let changes = match &d {
             Diff::Same => json!([]),
             Diff::Primitive(l, r) => json!([{ "left": value_json(l), "right": value_json(r) }]),
@@ -225,6 +243,7 @@ pub async fn diff(
             "type": va.object.value_type().name(),
             "same": d == Diff::Same,
             "changes": changes,
+            "next": next.map(|c| c.token()),
         }))
     })
     .await?;

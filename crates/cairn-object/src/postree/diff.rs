@@ -5,6 +5,7 @@
 //! same subtree (equal cids) it is skipped unopened; otherwise the taller one is opened.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 
 use bytes::Bytes;
 use cairn_core::{Error, Result};
@@ -49,6 +50,9 @@ struct Frontier<'a> {
     tree: TreeRef,
     /// Reversed: the front is the last item.
     stack: Vec<Item>,
+    /// Sorted trees: keys up to this one are left out (subtrees whose split key is not
+    /// above it are never read).
+    after: Option<Bytes>,
 }
 
 impl<'a> Frontier<'a> {
@@ -61,6 +65,21 @@ impl<'a> Frontier<'a> {
                 level: t.height,
                 count: t.count,
             }],
+            after: None,
+        }
+    }
+
+    /// Leaves out the keys up to `after` (sorted trees).
+    fn after(mut self, after: Option<&[u8]>) -> Self {
+        self.after = after.map(Bytes::copy_from_slice);
+        self
+    }
+
+    /// Whether `key` comes after the left-out keys.
+    fn keeps(&self, key: Option<&Bytes>) -> bool {
+        match (&self.after, key) {
+            (Some(a), Some(k)) => k > a,
+            _ => true,
         }
     }
 
@@ -78,11 +97,13 @@ impl<'a> Frontier<'a> {
                 let mut sum = 0u64;
                 for e in entries.iter().rev() {
                     sum = sum.saturating_add(e.count);
-                    self.stack.push(Item::Node {
-                        cid: e.cid,
-                        level: level - 1,
-                        count: e.count,
-                    });
+                    if self.keeps(e.key.as_ref()) {
+                        self.stack.push(Item::Node {
+                            cid: e.cid,
+                            level: level - 1,
+                            count: e.count,
+                        });
+                    }
                 }
                 if sum != count {
                     return Err(corrupt_err(&cid, "index counts disagree with the parent"));
@@ -92,7 +113,11 @@ impl<'a> Frontier<'a> {
                 if elems.len() as u64 != count {
                     return Err(corrupt_err(&cid, "leaf count disagrees with the parent"));
                 }
-                self.stack.extend(elems.into_iter().rev().map(Item::Elem));
+                let kept: Vec<Elem> = elems
+                    .into_iter()
+                    .filter(|e| self.keeps(Some(&e.key)))
+                    .collect();
+                self.stack.extend(kept.into_iter().rev().map(Item::Elem));
             }
             _ => {
                 return Err(corrupt_err(&cid, "cannot open a leaf here"));
@@ -125,6 +150,18 @@ impl<'a> Frontier<'a> {
 
     /// Rebuilds the frontier so its front is the leaf starting at unit `offset`.
     fn seek_leaf(&mut self, offset: u64) -> Result<()> {
+        if self.seek_leaf_start(offset)? {
+            return Ok(());
+        }
+        Err(corrupt_err(
+            &self.tree.root,
+            format!("no leaf starts at unit {offset}"),
+        ))
+    }
+
+    /// [`Frontier::seek_leaf`], answering `false` when no leaf starts at `offset` (the
+    /// end of the tree counts as a start).
+    fn seek_leaf_start(&mut self, offset: u64) -> Result<bool> {
         self.stack.clear();
         self.stack.push(Item::Node {
             cid: self.tree.root,
@@ -138,20 +175,14 @@ impl<'a> Frontier<'a> {
                 pos += count;
                 self.stack.pop();
             } else if pos == offset && level == 0 {
-                return Ok(());
+                return Ok(true);
             } else if level > 0 {
                 self.open(false)?;
             } else {
                 break;
             }
         }
-        if pos == offset && self.stack.is_empty() {
-            return Ok(());
-        }
-        Err(corrupt_err(
-            &self.tree.root,
-            format!("no leaf starts at unit {offset}"),
-        ))
+        Ok(pos == offset && self.stack.is_empty())
     }
 }
 
@@ -163,21 +194,23 @@ fn present(e: &Elem) -> Bytes {
 /// by key. Subtrees with equal cids on both sides are skipped without being read.
 pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<KeyChange>> {
     let mut out = Vec::new();
-    diff_sorted_each(store, a, b, &mut |c| {
+    diff_sorted_each(store, a, b, None, &mut |c| {
         out.push(c);
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     Ok(out)
 }
 
-/// [`diff_sorted`], handing each change to `each` in key order instead of collecting them
-/// (memory stays bounded by the trees' depth); an error from `each` stops the walk and is
-/// returned.
+/// [`diff_sorted`] of the keys after `after` (all with `None`), handing each change to
+/// `each` in key order instead of collecting them: memory stays bounded by the trees'
+/// depth, and subtrees holding only keys up to `after` are not read. `each` may stop the
+/// walk (`Break`) or fail it (its error is returned).
 pub fn diff_sorted_each(
     store: &dyn ChunkStore,
     a: &TreeRef,
     b: &TreeRef,
-    each: &mut dyn FnMut(KeyChange) -> Result<()>,
+    after: Option<&[u8]>,
+    each: &mut dyn FnMut(KeyChange) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     if a.kind != b.kind || !a.kind.is_sorted() {
         return Err(Error::TypeMismatch(format!(
@@ -185,27 +218,35 @@ pub fn diff_sorted_each(
             a.kind, b.kind
         )));
     }
-    let mut fa = Frontier::new(store, a);
-    let mut fb = Frontier::new(store, b);
+    let mut fa = Frontier::new(store, a).after(after);
+    let mut fb = Frontier::new(store, b).after(after);
     loop {
         match (fa.front(), fb.front()) {
             (None, None) => break,
             (Some(Item::Node { .. }), None) => fa.open(true)?,
             (None, Some(Item::Node { .. })) => fb.open(true)?,
             (Some(Item::Elem(e)), None) => {
-                each(KeyChange {
+                if each(KeyChange {
                     key: e.key.clone(),
                     left: Some(present(e)),
                     right: None,
-                })?;
+                })?
+                .is_break()
+                {
+                    return Ok(());
+                }
                 fa.stack.pop();
             }
             (None, Some(Item::Elem(e))) => {
-                each(KeyChange {
+                if each(KeyChange {
                     key: e.key.clone(),
                     left: None,
                     right: Some(present(e)),
-                })?;
+                })?
+                .is_break()
+                {
+                    return Ok(());
+                }
                 fb.stack.pop();
             }
             (
@@ -233,28 +274,39 @@ pub fn diff_sorted_each(
             (Some(Item::Elem(_)), Some(Item::Node { .. })) => fb.open(true)?,
             (Some(Item::Elem(x)), Some(Item::Elem(y))) => match x.key.cmp(&y.key) {
                 std::cmp::Ordering::Less => {
-                    each(KeyChange {
+                    if each(KeyChange {
                         key: x.key.clone(),
                         left: Some(present(x)),
                         right: None,
-                    })?;
+                    })?
+                    .is_break()
+                    {
+                        return Ok(());
+                    }
                     fa.stack.pop();
                 }
                 std::cmp::Ordering::Greater => {
-                    each(KeyChange {
+                    if each(KeyChange {
                         key: y.key.clone(),
                         left: None,
                         right: Some(present(y)),
-                    })?;
+                    })?
+                    .is_break()
+                    {
+                        return Ok(());
+                    }
                     fb.stack.pop();
                 }
                 std::cmp::Ordering::Equal => {
-                    if x.value != y.value {
-                        each(KeyChange {
+                    if x.value != y.value
+                        && each(KeyChange {
                             key: x.key.clone(),
                             left: Some(present(x)),
                             right: Some(present(y)),
-                        })?;
+                        })?
+                        .is_break()
+                    {
+                        return Ok(());
                     }
                     fa.stack.pop();
                     fb.stack.pop();
@@ -272,20 +324,24 @@ pub fn diff_sorted_each(
 /// leaf by leaf until a leaf of one side reappears on the other (resynchronisation).
 pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<SeqChange>> {
     let mut out = Vec::new();
-    diff_seq_each(store, a, b, &mut |c| {
+    diff_seq_each(store, a, b, None, &mut |c| {
         out.push(c);
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     Ok(out)
 }
 
-/// [`diff_seq`], handing each region to `each` in order instead of collecting them; an
-/// error from `each` stops the walk and is returned.
+/// [`diff_seq`] from units `from` = `(a, b)` on (the two sides' ends of an earlier region,
+/// or `(0, 0)` with `None`), handing each region to `each` in order instead of collecting
+/// them. `each` may stop the walk (`Break`) or fail it (its error is returned). A `from`
+/// that is not where a leaf starts on both sides, or lies past an end, is refused
+/// ([`Error::InvalidInput`]).
 pub fn diff_seq_each(
     store: &dyn ChunkStore,
     a: &TreeRef,
     b: &TreeRef,
-    each: &mut dyn FnMut(SeqChange) -> Result<()>,
+    from: Option<(u64, u64)>,
+    each: &mut dyn FnMut(SeqChange) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     if a.kind != b.kind || a.kind.is_sorted() {
         return Err(Error::TypeMismatch(format!(
@@ -295,7 +351,20 @@ pub fn diff_seq_each(
     }
     let mut fa = Frontier::new(store, a);
     let mut fb = Frontier::new(store, b);
-    let (mut pa, mut pb) = (0u64, 0u64);
+    let (mut pa, mut pb) = from.unwrap_or((0, 0));
+    if (pa, pb) != (0, 0) {
+        let bad = || {
+            Error::invalid(format!(
+                "diff position {pa}/{pb} is not where a leaf starts on both sides"
+            ))
+        };
+        if pa > a.count || pb > b.count {
+            return Err(bad());
+        }
+        if !fa.seek_leaf_start(pa)? || !fb.seek_leaf_start(pb)? {
+            return Err(bad());
+        }
+    }
     loop {
         let (ha, hb) = match (fa.front(), fb.front()) {
             (None, None) => break,
@@ -312,12 +381,16 @@ pub fn diff_seq_each(
                 }),
             ) => ((*ca, *la, *na), (*cb, *lb, *nb)),
             (None, _) | (_, None) => {
-                each(SeqChange {
+                if each(SeqChange {
                     a_start: pa,
                     a_end: a.count,
                     b_start: pb,
                     b_end: b.count,
-                })?;
+                })?
+                .is_break()
+                {
+                    return Ok(());
+                }
                 break;
             }
             _ => return Err(Error::invalid("sequence diff met an element")),
@@ -347,12 +420,16 @@ pub fn diff_seq_each(
         loop {
             let take_a = !done_a && (done_b || pa - ra <= pb - rb);
             if !take_a && done_b {
-                each(SeqChange {
+                if each(SeqChange {
                     a_start: ra,
                     a_end: pa,
                     b_start: rb,
                     b_end: pb,
-                })?;
+                })?
+                .is_break()
+                {
+                    return Ok(());
+                }
                 return Ok(());
             }
             let (f, p, done, seen, other_seen, other, po) = if take_a {
@@ -394,12 +471,16 @@ pub fn diff_seq_each(
                 }
             }
         }
-        each(SeqChange {
+        if each(SeqChange {
             a_start: ra,
             a_end: pa,
             b_start: rb,
             b_end: pb,
-        })?;
+        })?
+        .is_break()
+        {
+            return Ok(());
+        }
     }
     Ok(())
 }
