@@ -19,13 +19,15 @@
 //!
 //! # Segment records
 //!
-//! A segment starts with a 16-byte header (`"CAIRNSEG"`, segment id u32, format version,
-//! hash algorithm code, 2 zero bytes). Records follow back to back; integers are
-//! little-endian:
+//! A segment starts with a 16-byte header (`"CAIRNSEG"`, segment id u32, segment format
+//! version (3; 2 is still read and appended to), hash algorithm code, 2 zero bytes).
+//! Records follow back to back; integers are little-endian:
 //!
 //! ```text
-//! 0   u32  crc    CRC32 of bytes 4.. of the record (rest of header + payload)
-//! 4   u32  hcrc   CRC32 of header bytes 8..50 (tells a damaged payload from a damaged header)
+//! 0   u32  crc    CRC32 of header bytes 8..50 and the payload (format 2: of bytes 4..)
+//! 4   u32  hcrc   CRC32 of the segment id (u32), the record's offset (u64) and header
+//!                 bytes 8..50 (format 2: of header bytes 8..50 alone); tells a damaged
+//!                 payload from a damaged header, and binds the record to its place
 //! 8   u8   kind   1 = chunk, 2 = tombstone (the chunk named by cid was removed), 3 = commit
 //! 9   3    zero
 //! 12  u32  len    payload length (0 for a tombstone)
@@ -43,6 +45,12 @@
 //! since the last commit count as acknowledged. Since a commit follows, in the same log,
 //! every chunk put before it, no watermark is needed: a commit is durable only if the
 //! chunks before it are.
+//!
+//! Binding `hcrc` to the record's place matters when a scan resynchronises past a damaged
+//! header: it searches byte by byte for the next header that passes its checks, and a
+//! chunk's payload may hold records (a copy of a store kept in a store, or bytes that
+//! happen to form one). Such a copy checks out only where it was first written, so the
+//! scan skips it instead of replaying a tombstone or a commit it never wrote there.
 //!
 //! # Hint files
 //!
@@ -509,15 +517,10 @@ impl Writer {
         jobs
     }
 
-    fn append(
-        &mut self,
-        header: &[u8; FRAME_HEADER_LEN],
-        kind: u8,
-        cid: Cid,
-        payload: &[u8],
-    ) -> Loc {
+    fn append(&mut self, frame: &format::Frame, kind: u8, cid: Cid, payload: &[u8]) -> Loc {
         let off = self.end();
-        self.buf.extend_from_slice(header);
+        self.buf
+            .extend_from_slice(&frame.seal(self.seg.place().at(off), payload));
         self.buf.extend_from_slice(payload);
         self.dirty = true;
         let len = payload.len() as u32;
@@ -539,7 +542,9 @@ impl Writer {
         let seq = self.next_seq;
         self.next_seq += 1;
         let off = self.end();
-        self.buf.extend_from_slice(&format::commit_header(seq, ops));
+        self.buf.extend_from_slice(
+            &format::commit_header(seq, ops).seal(self.seg.place().at(off), ops),
+        );
         self.buf.extend_from_slice(ops);
         self.commits.push(CommitEntry {
             seq,
@@ -860,8 +865,8 @@ impl LogStore {
         let mut segments = BTreeMap::new();
         let last = seg_ids.last().copied();
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
-            let (file, path, len) = Segment::open(&dir, id)?;
-            let seg = Segment::from_parts(id, path, file, len);
+            let (file, path, len, bound) = Segment::open(&dir, id)?;
+            let seg = Segment::from_parts(id, path, file, len, bound);
             let before = SeqBefore {
                 max: max_seq,
                 floor: snap_seq,
@@ -882,7 +887,7 @@ impl LogStore {
         let (active, hints, active_commits) = match last {
             None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
-                let (file, path, len) = Segment::open(&dir, id)?;
+                let (file, path, len, bound) = Segment::open(&dir, id)?;
                 if len < SEG_HEADER_LEN {
                     // Torn while being created: it never held a record.
                     file.set_len(0)
@@ -891,7 +896,8 @@ impl LogStore {
                         .ctx(|| format!("initialising {}", path.display()))?;
                     report.segment_bytes_truncated = len;
                     (
-                        Segment::from_parts(id, path, file, SEG_HEADER_LEN),
+                        // The header just written is the current format's.
+                        Segment::from_parts(id, path, file, SEG_HEADER_LEN, true),
                         Vec::new(),
                         Vec::new(),
                     )
@@ -908,6 +914,7 @@ impl LogStore {
                     let scan = segment::scan(
                         &file,
                         &path,
+                        format::SegPlace { id, bound },
                         len,
                         Durable::UpToLastCommit,
                         snap_seq,
@@ -945,7 +952,7 @@ impl LogStore {
                         .collect();
                     commits.extend(scan.commits.into_iter().map(|c| (id, c)));
                     (
-                        Segment::from_parts(id, path, file, scan.end),
+                        Segment::from_parts(id, path, file, scan.end, bound),
                         scan.records,
                         mine,
                     )
@@ -1258,7 +1265,7 @@ impl LogStore {
     /// length whose payload hashes to the cid. Returns the payload.
     fn check_chunk_frame(cid: &Cid, seg: &Segment, loc: Loc, frame: Bytes) -> Result<Bytes> {
         let where_ = || format!("{} at offset {}", seg.path.display(), loc.off);
-        let h = format::parse_frame_header(&frame)
+        let h = format::parse_frame_header(&frame, seg.place().at(loc.off))
             .map_err(|why| Error::corrupt(format!("chunk {cid} in {}: {why}", where_())))?;
         if h.kind != KIND_CHUNK || h.cid != Some(*cid) || h.len != loc.len {
             return Err(Error::corrupt(format!(
@@ -1505,7 +1512,15 @@ fn sealed_records(
         ));
     }
     let keep = if write_hint { 0 } else { keep_after };
-    let mut scan = segment::scan(&seg.file, &seg.path, len, Durable::All, keep, before)?;
+    let mut scan = segment::scan(
+        &seg.file,
+        &seg.path,
+        seg.place(),
+        len,
+        Durable::All,
+        keep,
+        before,
+    )?;
     damage.extend(scan.damage);
     if write_hint && damage.is_empty() {
         let _ = format::write_atomic(

@@ -15,6 +15,12 @@ use crate::{Cid, Error, HashAlgo, Result};
 /// on any incompatible change (2: commit records live in the segments; no `refs.log`).
 pub(crate) const FORMAT_VERSION: u8 = 2;
 
+/// Segment format whose record headers are bound to where they lie (see [`FramePlace`]).
+pub(crate) const SEG_VERSION: u8 = 3;
+/// The segment format before that (its records checksum the same bytes but not their
+/// place), still read and appended to.
+pub(crate) const SEG_VERSION_UNBOUND: u8 = 2;
+
 /// Magic of a segment file.
 pub(crate) const SEG_MAGIC: &[u8; 8] = b"CAIRNSEG";
 /// Bytes before the first record of a segment.
@@ -98,9 +104,15 @@ pub(crate) fn segment_header(id: u32, algo: HashAlgo) -> [u8; SEG_HEADER_LEN as 
     let mut h = [0u8; SEG_HEADER_LEN as usize];
     h[..8].copy_from_slice(SEG_MAGIC);
     h[8..12].copy_from_slice(&id.to_le_bytes());
-    h[12] = FORMAT_VERSION;
+    h[12] = SEG_VERSION;
     h[13] = algo.code();
     h
+}
+
+/// Whether the records of a segment whose header is `h` are bound to their place: all but
+/// those of [`SEG_VERSION_UNBOUND`] segments (a damaged header is taken as current).
+pub(crate) fn segment_bound(h: &[u8]) -> bool {
+    h.get(12) != Some(&SEG_VERSION_UNBOUND)
 }
 
 /// Checks a segment header read from disk.
@@ -114,7 +126,7 @@ pub(crate) fn check_segment_header(h: &[u8], id: u32, algo: HashAlgo) -> Result<
             le_u32(&h[8..12])
         ));
     }
-    if h[12] != FORMAT_VERSION {
+    if h[12] != SEG_VERSION && h[12] != SEG_VERSION_UNBOUND {
         return Err(format!("unsupported segment format version {}", h[12]));
     }
     if h[13] != algo.code() {
@@ -126,32 +138,116 @@ pub(crate) fn check_segment_header(h: &[u8], id: u32, algo: HashAlgo) -> Result<
     Ok(())
 }
 
-fn record_header(kind: u8, key: &[u8; ENCODED_LEN], payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    h[8] = kind;
-    h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    h[16..].copy_from_slice(key);
-    let hcrc = crc32fast::hash(&h[8..]);
-    h[4..8].copy_from_slice(&hcrc.to_le_bytes());
+/// Where a record header lies. From segment format [`SEG_VERSION`] on, its header
+/// checksum covers the segment id and the offset too, so a record's bytes found anywhere
+/// else (inside a chunk's payload, say, if that chunk is a copy of a store) never pass as a
+/// record there: a scan resynchronising past damage cannot pick them up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FramePlace {
+    /// Segment id.
+    pub seg: u32,
+    /// Offset of the header in the segment.
+    pub off: u64,
+    /// Whether the segment binds records to their place (see [`segment_bound`]).
+    pub bound: bool,
+}
+
+/// A segment as its records' places name it: its id and whether they are bound.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegPlace {
+    /// Segment id.
+    pub id: u32,
+    /// Whether records are bound to their place (see [`segment_bound`]).
+    pub bound: bool,
+}
+
+impl SegPlace {
+    /// The place at offset `off` of this segment.
+    pub fn at(self, off: u64) -> FramePlace {
+        FramePlace {
+            seg: self.id,
+            off,
+            bound: self.bound,
+        }
+    }
+}
+
+/// The header checksum (`hcrc`) of header `h` at `at`.
+fn header_crc(h: &[u8], at: FramePlace) -> u32 {
     let mut c = crc32fast::Hasher::new();
-    c.update(&h[4..]);
-    c.update(payload);
-    h[..4].copy_from_slice(&c.finalize().to_le_bytes());
-    h
+    if at.bound {
+        c.update(&at.seg.to_le_bytes());
+        c.update(&at.off.to_le_bytes());
+    }
+    c.update(&h[8..FRAME_HEADER_LEN]);
+    c.finalize()
 }
 
-/// Builds a chunk or tombstone record header: `crc` covers bytes 4.. of the header plus the
-/// payload, `hcrc` covers the header fields after it (so a damaged payload can be told from
-/// a damaged header).
-pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
-    record_header(kind, &cid.to_bytes(), payload)
+/// The bytes of header `h` the whole-record checksum (`crc`) covers before the payload:
+/// the fields after `hcrc` (bound segments) or `hcrc` and those fields (older ones).
+fn crc_prefix(h: &[u8], bound: bool) -> &[u8] {
+    if bound {
+        &h[8..FRAME_HEADER_LEN]
+    } else {
+        &h[4..FRAME_HEADER_LEN]
+    }
 }
 
-/// Builds a commit record header for commit `seq` whose payload is `ops`.
-pub(crate) fn commit_header(seq: u64, ops: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+/// A record header before it has a place: its fields and the checksum of the record
+/// computed once, outside any lock; [`Frame::seal`] adds what depends on the place where
+/// it is written.
+pub(crate) struct Frame {
+    h: [u8; FRAME_HEADER_LEN],
+    /// `crc` as a bound segment has it (it does not depend on the place).
+    crc: u32,
+}
+
+impl Frame {
+    fn new(kind: u8, key: &[u8; ENCODED_LEN], payload: &[u8]) -> Frame {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        h[8] = kind;
+        h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        h[16..].copy_from_slice(key);
+        let mut c = crc32fast::Hasher::new();
+        c.update(crc_prefix(&h, true));
+        c.update(payload);
+        Frame {
+            h,
+            crc: c.finalize(),
+        }
+    }
+
+    /// The header of this record with `payload` as written at `at`: `hcrc` covers the
+    /// header fields after it (and, in a bound segment, the place), so a damaged payload
+    /// can be told from a damaged header; `crc` covers [`crc_prefix`] and the payload (an
+    /// unbound segment's, which covers `hcrc` too, is computed here).
+    pub fn seal(&self, at: FramePlace, payload: &[u8]) -> [u8; FRAME_HEADER_LEN] {
+        let mut h = self.h;
+        let hcrc = header_crc(&h, at);
+        h[4..8].copy_from_slice(&hcrc.to_le_bytes());
+        let crc = if at.bound {
+            self.crc
+        } else {
+            let mut c = crc32fast::Hasher::new();
+            c.update(crc_prefix(&h, false));
+            c.update(payload);
+            c.finalize()
+        };
+        h[..4].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+}
+
+/// A chunk or tombstone record header, to seal where it is written.
+pub(crate) fn frame_header(kind: u8, cid: &Cid, payload: &[u8]) -> Frame {
+    Frame::new(kind, &cid.to_bytes(), payload)
+}
+
+/// The record header of commit `seq` whose payload is `ops`, to seal where it is written.
+pub(crate) fn commit_header(seq: u64, ops: &[u8]) -> Frame {
     let mut key = [0u8; ENCODED_LEN];
     key[..8].copy_from_slice(&seq.to_le_bytes());
-    record_header(KIND_COMMIT, &key, ops)
+    Frame::new(KIND_COMMIT, &key, ops)
 }
 
 /// A record header that passed its header checksum.
@@ -171,13 +267,13 @@ pub(crate) fn plausible_kind(kind: u8) -> bool {
     matches!(kind, KIND_CHUNK | KIND_TOMBSTONE | KIND_COMMIT)
 }
 
-/// Parses and checks a record header (not the payload).
-pub(crate) fn parse_frame_header(h: &[u8]) -> Result<FrameHeader, String> {
+/// Parses and checks a record header found at `at` (not the payload).
+pub(crate) fn parse_frame_header(h: &[u8], at: FramePlace) -> Result<FrameHeader, String> {
     if h.len() < FRAME_HEADER_LEN {
         return Err("incomplete record header".into());
     }
     let hcrc = le_u32(&h[4..8]);
-    if crc32fast::hash(&h[8..FRAME_HEADER_LEN]) != hcrc {
+    if header_crc(h, at) != hcrc {
         return Err("record header checksum mismatch".into());
     }
     let kind = h[8];
@@ -210,10 +306,11 @@ pub(crate) fn parse_frame_header(h: &[u8]) -> Result<FrameHeader, String> {
     })
 }
 
-/// True when the record's whole-frame checksum matches `payload`.
-pub(crate) fn frame_crc_ok(h: &[u8], hdr: &FrameHeader, payload: &[u8]) -> bool {
+/// True when the record's whole-frame checksum matches `payload` (`bound`: the record lies
+/// in a bound segment, see [`FramePlace`]).
+pub(crate) fn frame_crc_ok(h: &[u8], hdr: &FrameHeader, payload: &[u8], bound: bool) -> bool {
     let mut c = crc32fast::Hasher::new();
-    c.update(&h[4..FRAME_HEADER_LEN]);
+    c.update(crc_prefix(h, bound));
     c.update(payload);
     c.finalize() == hdr.crc
 }
@@ -454,21 +551,46 @@ mod tests {
     fn frame_header_round_trip_and_damage() {
         let payload = b"hello world";
         let cid = HashAlgo::Blake3.digest(payload);
-        let h = frame_header(KIND_CHUNK, &cid, payload);
-        let p = parse_frame_header(&h).unwrap();
-        assert_eq!(p.cid, Some(cid));
-        assert_eq!(p.len as usize, payload.len());
-        assert!(frame_crc_ok(&h, &p, payload));
-        assert!(!frame_crc_ok(&h, &p, b"hello worle"));
-        for i in 4..FRAME_HEADER_LEN {
-            let mut bad = h;
-            bad[i] ^= 0x40;
-            assert!(parse_frame_header(&bad).is_err(), "byte {i}");
+        for bound in [true, false] {
+            let at = FramePlace {
+                seg: 7,
+                off: 4096,
+                bound,
+            };
+            let h = frame_header(KIND_CHUNK, &cid, payload).seal(at, payload);
+            let p = parse_frame_header(&h, at).unwrap();
+            assert_eq!(p.cid, Some(cid));
+            assert_eq!(p.len as usize, payload.len());
+            assert!(frame_crc_ok(&h, &p, payload, bound));
+            assert!(!frame_crc_ok(&h, &p, b"hello worle", bound));
+            for i in 4..FRAME_HEADER_LEN {
+                let mut bad = h;
+                bad[i] ^= 0x40;
+                assert!(parse_frame_header(&bad, at).is_err(), "byte {i}");
+            }
+            // A bound record is a record only where it was written: not at another offset,
+            // nor in another segment (an unbound one is anywhere).
+            for elsewhere in [FramePlace { off: 4097, ..at }, FramePlace { seg: 8, ..at }] {
+                assert_eq!(parse_frame_header(&h, elsewhere).is_ok(), !bound);
+            }
+            let c = commit_header(77, b"ops").seal(at, b"ops");
+            let p = parse_frame_header(&c, at).unwrap();
+            assert_eq!((p.kind, p.seq, p.len, p.cid), (KIND_COMMIT, 77, 3, None));
+            assert!(frame_crc_ok(&c, &p, b"ops", bound));
         }
-        let c = commit_header(77, b"ops");
-        let p = parse_frame_header(&c).unwrap();
-        assert_eq!((p.kind, p.seq, p.len, p.cid), (KIND_COMMIT, 77, 3, None));
-        assert!(frame_crc_ok(&c, &p, b"ops"));
+        // The unbound form is the format-2 record: hcrc over the fields, crc over hcrc,
+        // the fields and the payload.
+        let at = FramePlace {
+            seg: 1,
+            off: 16,
+            bound: false,
+        };
+        let h = frame_header(KIND_CHUNK, &cid, payload).seal(at, payload);
+        assert_eq!(le_u32(&h[4..8]), crc32fast::hash(&h[8..]));
+        let mut c = crc32fast::Hasher::new();
+        c.update(&h[4..]);
+        c.update(payload);
+        assert_eq!(le_u32(&h[..4]), c.finalize());
     }
 
     #[test]

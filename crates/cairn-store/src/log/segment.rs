@@ -10,7 +10,7 @@ use cairn_core::error::IoContext;
 
 use super::format::{
     self, CommitEntry, FRAME_HEADER_LEN, FrameHeader, HintEntry, KIND_CHUNK, KIND_COMMIT,
-    SEG_HEADER_LEN, frame_crc_ok, parse_frame_header,
+    SEG_HEADER_LEN, SegPlace, frame_crc_ok, parse_frame_header,
 };
 use crate::{Cid, HashAlgo, Result};
 
@@ -23,6 +23,9 @@ pub(crate) struct Segment {
     pub flushed: AtomicU64,
     /// Bytes known to be on stable storage (`fdatasync`ed).
     pub synced: AtomicU64,
+    /// Whether its records are bound to their place (format 3 on; see
+    /// [`format::FramePlace`]).
+    pub bound: bool,
 }
 
 impl Segment {
@@ -30,6 +33,14 @@ impl Segment {
     /// zeroing cost about 8% of a node's CPU streaming a blob from the page cache). Errors as [`std::os::unix::fs::FileExt::read_exact_at`] does.
     pub fn read_at(&self, len: usize, off: u64) -> std::io::Result<Vec<u8>> {
         read_exact_at_uninit(&self.file, len, off)
+    }
+
+    /// How its records name their places.
+    pub fn place(&self) -> SegPlace {
+        SegPlace {
+            id: self.id,
+            bound: self.bound,
+        }
     }
 
     /// Creates segment `id` with its header, durably (file and directory entry synced),
@@ -54,11 +65,14 @@ impl Segment {
             file,
             flushed: AtomicU64::new(SEG_HEADER_LEN),
             synced: AtomicU64::new(SEG_HEADER_LEN),
+            bound: true,
         }))
     }
 
-    /// Opens an existing segment file; returns it with its length.
-    pub fn open(dir: &Path, id: u32) -> Result<(File, PathBuf, u64)> {
+    /// Opens an existing segment file; returns it with its length and whether its records
+    /// are bound to their place (from the format byte of its header; a header too short
+    /// or unreadable is taken as current).
+    pub fn open(dir: &Path, id: u32) -> Result<(File, PathBuf, u64, bool)> {
         let path = format::segment_path(dir, id);
         let file = OpenOptions::new()
             .read(true)
@@ -69,17 +83,22 @@ impl Segment {
             .metadata()
             .ctx(|| format!("reading metadata of {}", path.display()))?
             .len();
-        Ok((file, path, len))
+        let mut h = [0u8; SEG_HEADER_LEN as usize];
+        let bound = file
+            .read_exact_at(&mut h, 0)
+            .map_or(true, |()| format::segment_bound(&h));
+        Ok((file, path, len, bound))
     }
 
     /// Wraps an opened file whose first `len` bytes are valid and durable.
-    pub fn from_parts(id: u32, path: PathBuf, file: File, len: u64) -> Arc<Segment> {
+    pub fn from_parts(id: u32, path: PathBuf, file: File, len: u64, bound: bool) -> Arc<Segment> {
         Arc::new(Segment {
             id,
             path,
             file,
             flushed: AtomicU64::new(len),
             synced: AtomicU64::new(len),
+            bound,
         })
     }
 }
@@ -124,6 +143,8 @@ pub(crate) enum Durable {
 struct Reader<'a> {
     file: &'a File,
     path: &'a Path,
+    /// The segment, as its records name their places.
+    place: SegPlace,
     len: u64,
     buf: Vec<u8>,
     start: u64,
@@ -157,7 +178,7 @@ impl<'a> Reader<'a> {
         }
         let mut hdr = [0u8; FRAME_HEADER_LEN];
         hdr.copy_from_slice(self.get(off, FRAME_HEADER_LEN)?);
-        let h = match parse_frame_header(&hdr) {
+        let h = match parse_frame_header(&hdr, self.place.at(off)) {
             Ok(h) => h,
             Err(why) => return Ok(Err(format!("{why} at offset {off}"))),
         };
@@ -183,11 +204,11 @@ impl<'a> Reader<'a> {
                 if !format::plausible_kind(h[8]) || h[9..12] != [0, 0, 0] {
                     continue;
                 }
-                if let Ok(p) = parse_frame_header(h) {
-                    let at = off + i as u64;
-                    if FRAME_HEADER_LEN as u64 + p.len as u64 <= self.len - at {
-                        return Ok(Some(at));
-                    }
+                let at = off + i as u64;
+                if let Ok(p) = parse_frame_header(h, self.place.at(at))
+                    && FRAME_HEADER_LEN as u64 + p.len as u64 <= self.len - at
+                {
+                    return Ok(Some(at));
                 }
             }
             off += last as u64 + 1;
@@ -251,6 +272,7 @@ impl SeqBefore {
 pub(crate) fn scan(
     file: &File,
     path: &Path,
+    place: SegPlace,
     len: u64,
     durable: Durable,
     keep_after: u64,
@@ -277,6 +299,7 @@ pub(crate) fn scan(
     let mut rd = Reader {
         file,
         path,
+        place,
         len,
         buf: Vec::new(),
         start: 0,
@@ -371,7 +394,7 @@ pub(crate) fn scan(
             resynced = None;
         }
         let payload = rd.get(pos + FRAME_HEADER_LEN as u64, h.len as usize)?;
-        let intact = frame_crc_ok(&hdr, &h, payload);
+        let intact = frame_crc_ok(&hdr, &h, payload, place.bound);
         if !intact {
             let why = format!("record checksum mismatch at offset {pos}");
             let what = if h.kind == KIND_COMMIT {
@@ -533,7 +556,7 @@ pub(crate) fn scan(
                 // The header and the rest of the sectors it touches (see header_cut_short).
                 let to = (*at + FRAME_HEADER_LEN as u64).div_ceil(SECTOR) * SECTOR;
                 let region = rd.get(*at, (to.min(len) - *at) as usize)?;
-                if parse_frame_header(&region[..FRAME_HEADER_LEN]).is_err()
+                if parse_frame_header(&region[..FRAME_HEADER_LEN], place.at(*at)).is_err()
                     && !header_cut_short(*at, region)
                 {
                     rotted = Some(format!(
@@ -663,6 +686,7 @@ pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntr
     let mut rd = Reader {
         file: &seg.file,
         path: &seg.path,
+        place: seg.place(),
         len,
         buf: Vec::new(),
         start: 0,
@@ -678,11 +702,11 @@ pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntr
         }
         let frame = rd.get(c.off, FRAME_HEADER_LEN + c.len as usize)?;
         let (head, payload) = frame.split_at(FRAME_HEADER_LEN);
-        let sound = parse_frame_header(head).is_ok_and(|h| {
+        let sound = parse_frame_header(head, seg.place().at(c.off)).is_ok_and(|h| {
             h.kind == KIND_COMMIT
                 && h.seq == c.seq
                 && h.len == c.len
-                && frame_crc_ok(head, &h, payload)
+                && frame_crc_ok(head, &h, payload, seg.bound)
         });
         if !sound {
             return Err(crate::Error::corrupt(format!(

@@ -61,8 +61,9 @@ fn failed_store_refuses_writes() {
 }
 
 /// A resync over a damaged chunk header can lock onto a commit record embedded in that
-/// chunk's payload: one that does not follow the highest sequence number seen is reported
-/// and ignored, and does not raise the next sequence number.
+/// chunk's payload if it was forged for exactly that place (records are bound to their
+/// place; see the next test for copies): one that does not follow the highest sequence
+/// number seen is reported and ignored, and does not raise the next sequence number.
 #[test]
 fn stray_commit_after_a_resync_is_ignored() {
     let set = |name: &str, value: &[u8]| RefUpdate::Set {
@@ -74,10 +75,15 @@ fn stray_commit_after_a_resync_is_ignored() {
     for i in 0..3 {
         s.commit(&[set(&format!("k{i}"), b"v")]).unwrap();
     }
-    // A chunk whose payload holds a valid commit record numbered 50.
+    // A chunk whose payload holds a valid commit record numbered 50, sealed for where it
+    // will lie: 100 bytes into the payload of the next record.
     let ops = refs::encode_ops(&[set("stray", b"x")]).0;
     let mut data: Vec<u8> = (0..100u32).map(|i| (i * 7 + 1) as u8).collect();
-    data.extend_from_slice(&format::commit_header(50, &ops));
+    let place = {
+        let w = s.writer.lock();
+        w.seg.place().at(w.end() + FRAME_HEADER_LEN as u64 + 100)
+    };
+    data.extend_from_slice(&format::commit_header(50, &ops).seal(place, &ops));
     data.extend_from_slice(&ops);
     data.extend((0..100u32).map(|i| (i * 13 + 5) as u8));
     let p = s.put(&data).unwrap();
@@ -143,6 +149,65 @@ fn stray_commit_after_a_resync_is_ignored() {
     assert!(s.get_ref(b"after").unwrap().is_some());
     assert!(s.get_ref(b"stray").unwrap().is_none());
     assert_eq!(s.refs.read().seq, 6);
+}
+
+/// Records copied into a chunk's payload (a backup of a store kept in a store, or any
+/// bytes that happen to form records) are records only where they were first written: a
+/// resync over the chunk's damaged header skips them. Before records were bound to their
+/// place, an embedded tombstone removed a live chunk and an embedded commit took the place
+/// of the acknowledged commit of the same number.
+#[test]
+fn records_copied_into_a_payload_are_not_replayed_after_a_resync() {
+    let set = |name: &str, value: &[u8]| RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: value.to_vec(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let v = s.put(b"a chunk that stays").unwrap();
+    s.commit(&[set("v", &v.to_bytes())]).unwrap();
+    // Records as another place of some store holds them: a tombstone of `v`, then the
+    // commit that would come next here (2), setting `forged`.
+    let elsewhere = format::SegPlace { id: 1, bound: true };
+    let ops = refs::encode_ops(&[set("forged", b"x")]).0;
+    let mut data: Vec<u8> = (0..100u32).map(|i| (i * 7 + 1) as u8).collect();
+    data.extend_from_slice(
+        &format::frame_header(KIND_TOMBSTONE, &v, &[]).seal(elsewhere.at(16), &[]),
+    );
+    data.extend_from_slice(
+        &format::commit_header(2, &ops).seal(elsewhere.at(16 + FRAME_HEADER_LEN as u64), &ops),
+    );
+    data.extend_from_slice(&ops);
+    data.extend((0..100u32).map(|i| (i * 13 + 5) as u8));
+    let a = s.put(&data).unwrap();
+    s.commit(&[set("a", &a.to_bytes())]).unwrap();
+    let q = s.put(b"later").unwrap();
+    s.commit(&[set("q", &q.to_bytes())]).unwrap();
+    let at = s.index.get(&a).unwrap().off;
+    let seg = s.segment_paths()[0].clone();
+    drop(s);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at + 8).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], at + 8).unwrap();
+    drop(f);
+
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let r = s.recovery().clone();
+    assert_eq!(r.damaged_records, 1, "{r:?}");
+    assert!(s.get_ref(b"forged").unwrap().is_none(), "{r:?}");
+    assert_eq!(
+        s.get(&v).unwrap().as_deref(),
+        Some(&b"a chunk that stays"[..])
+    );
+    assert_eq!(s.get_ref(b"a").unwrap().as_deref(), Some(&a.to_bytes()[..]));
+    assert!(s.get(&a).unwrap().is_none(), "the damaged chunk is gone");
+    assert!(s.get(&q).unwrap().is_some());
+    assert_eq!(s.refs.read().seq, 3);
 }
 
 #[test]
@@ -264,7 +329,9 @@ fn a_header_whose_earlier_sector_never_landed_is_a_torn_tail() {
     let (dir, seg, len) = store_ending_at(500);
     let payload = vec![0x55u8; 3000];
     let cid = crate::HashAlgo::Blake3.digest(&payload);
-    let mut rec = format::frame_header(KIND_CHUNK, &cid, &payload).to_vec();
+    let mut rec = format::frame_header(KIND_CHUNK, &cid, &payload)
+        .seal(format::SegPlace { id: 1, bound: true }.at(len), &payload)
+        .to_vec();
     rec.extend_from_slice(&payload);
     rec[..12].fill(0);
     let s = reopen_after_appending(dir.path(), &seg, len, &rec);
@@ -283,7 +350,9 @@ fn a_rotted_last_commit_header_is_reported_wherever_it_lies() {
             name: b"acked".to_vec(),
             value: b"v".to_vec(),
         }]);
-        let mut rec = format::commit_header(2, &ops).to_vec();
+        let mut rec = format::commit_header(2, &ops)
+            .seal(format::SegPlace { id: 1, bound: true }.at(len), &ops)
+            .to_vec();
         rec.extend_from_slice(&ops);
         rec[5] ^= 0x10;
         let s = reopen_after_appending(dir.path(), &seg, len, &rec);
@@ -420,4 +489,74 @@ fn without_a_window_nothing_is_tracked() {
     let w = s.writer.lock();
     assert!(w.base > 2 << 20);
     assert!(w.behind.is_empty());
+}
+
+/// A store written before records were bound to their place (segment format 2) opens,
+/// reads, takes appends to its active segment in that format, and rolls to the current
+/// format; every record reads back after another reopen.
+#[test]
+fn format_2_segments_are_read_and_appended_to() {
+    let set = |name: &str, value: &[u8]| RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: value.to_vec(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    drop(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+    // Segment 1 as format 2 wrote it: its header, a chunk, a commit naming it.
+    let old = format::SegPlace {
+        id: 1,
+        bound: false,
+    };
+    let mut seg = format::segment_header(1, crate::HashAlgo::Blake3).to_vec();
+    seg[12] = format::SEG_VERSION_UNBOUND;
+    let chunk = b"written by format 2".to_vec();
+    let cid = crate::HashAlgo::Blake3.digest(&chunk);
+    seg.extend_from_slice(
+        &format::frame_header(KIND_CHUNK, &cid, &chunk).seal(old.at(seg.len() as u64), &chunk),
+    );
+    seg.extend_from_slice(&chunk);
+    let ops = refs::encode_ops(&[set("old", &cid.to_bytes())]).0;
+    seg.extend_from_slice(&format::commit_header(1, &ops).seal(old.at(seg.len() as u64), &ops));
+    seg.extend_from_slice(&ops);
+    let path = dir.path().join("seg-000001.log");
+    fs::write(&path, &seg).unwrap();
+    let opts = LogStoreOptions {
+        segment_size: 4096,
+        ..LogStoreOptions::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert_eq!(s.get(&cid).unwrap().as_deref(), Some(&chunk[..]));
+    assert!(!s.writer.lock().seg.bound);
+    // Appends to the old active segment, then enough to roll to a new one.
+    let mut put = Vec::new();
+    for i in 0..20u32 {
+        let data = format!("appended {i} ").repeat(40).into_bytes();
+        let c = s.put(&data).unwrap();
+        s.commit(&[set(&format!("new{i}"), &c.to_bytes())]).unwrap();
+        put.push((c, data));
+    }
+    assert!(s.writer.lock().seg.bound, "rolled to the current format");
+    drop(s);
+    // Without hint files, the sealed segments (format 2 and 3) are scanned.
+    for e in fs::read_dir(dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "hint") {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert_eq!(s.get(&cid).unwrap().as_deref(), Some(&chunk[..]));
+    assert_eq!(
+        s.get_ref(b"old").unwrap().as_deref(),
+        Some(&cid.to_bytes()[..])
+    );
+    for (i, (c, data)) in put.iter().enumerate() {
+        assert_eq!(s.get(c).unwrap().as_deref(), Some(&data[..]));
+        assert_eq!(
+            s.get_ref(format!("new{i}").as_bytes()).unwrap().as_deref(),
+            Some(&c.to_bytes()[..])
+        );
+    }
 }
