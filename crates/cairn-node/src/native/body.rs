@@ -303,6 +303,52 @@ pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiRe
     Ok(buf.freeze())
 }
 
+/// The lines of `r` (split at `\n`, which is dropped; a last line without one counts), each
+/// at most `max` bytes: a longer one ends the iteration with [`Error::InvalidInput`] after
+/// reading at most `max + 1` of its bytes, so one endless line cannot fill memory.
+pub fn bounded_lines<R: std::io::BufRead>(
+    mut r: R,
+    max: usize,
+) -> impl Iterator<Item = cairn_core::Result<Vec<u8>>> {
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut line = Vec::new();
+        let read = std::io::BufRead::read_until(
+            &mut std::io::Read::take(&mut r, max as u64 + 1),
+            b'\n',
+            &mut line,
+        );
+        match read {
+            Err(e) => {
+                done = true;
+                Some(Err(cairn_core::Error::io("reading the request body", e)))
+            }
+            Ok(0) => {
+                done = true;
+                None
+            }
+            Ok(_) => {
+                if line.last() == Some(&b'\n') {
+                    line.pop();
+                    Some(Ok(line))
+                } else if line.len() > max {
+                    done = true;
+                    Some(Err(cairn_core::Error::invalid(format!(
+                        "a list element (one line of the body) is longer than {} MiB; store \
+                         large data as a blob",
+                        max >> 20
+                    ))))
+                } else {
+                    Some(Ok(line))
+                }
+            }
+        }
+    })
+}
+
 /// An upper bound on the lines of a text body (its newlines, plus one): the elements a
 /// tuple, set or map in text form would have. Allocates nothing.
 pub fn text_elements(body: &[u8]) -> usize {
@@ -793,6 +839,37 @@ mod tests {
         assert_eq!(total, n + (64 << 10));
         assert!(batches >= 2, "{batches}");
         assert!(shared, "the large frame was copied");
+    }
+
+    #[test]
+    fn bounded_lines_split_as_split_does_and_stop_at_a_long_line() {
+        for text in [
+            &b""[..],
+            b"a",
+            b"a\n",
+            b"a\n\nbc\n",
+            b"\n",
+            b"abcd\nabcd",
+            b"x\n\n",
+        ] {
+            let want: Vec<Vec<u8>> = std::io::BufRead::split(text, b'\n')
+                .map(|l| l.unwrap())
+                .collect();
+            let got: Vec<Vec<u8>> = bounded_lines(text, 4).map(|l| l.unwrap()).collect();
+            assert_eq!(got, want, "{text:?}");
+        }
+        // A line past the bound fails after the lines before it, having read at most one
+        // byte past the bound of it.
+        let mut src = std::io::Cursor::new(b"ab\nabcdefgh\nz".to_vec());
+        let got: Vec<_> = bounded_lines(&mut src, 4).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].as_ref().unwrap(), b"ab");
+        let e = got[1].as_ref().unwrap_err();
+        assert!(
+            matches!(e, cairn_core::Error::InvalidInput(m) if m.contains("longer than")),
+            "{e}"
+        );
+        assert_eq!(src.position(), 3 + 5);
     }
 
     #[test]

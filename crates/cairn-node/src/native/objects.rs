@@ -15,7 +15,6 @@
 //! inline values too, stream through [`produce`], so a client that reads nothing for the
 //! stall timeout is cut and frees its transfer and memory.
 
-use std::io::BufRead;
 use std::sync::Arc;
 
 use axum::Json;
@@ -411,16 +410,11 @@ pub async fn put(
             let r = if text_ty == ValueType::Blob {
                 b.put_blob_stream(k.as_bytes(), target, &mut reader, &opts, &mut |_| {})
             } else {
-                let mut lines =
-                    std::io::BufReader::with_capacity(1 << 20, &mut reader).split(b'\n');
+                let lines = std::io::BufReader::with_capacity(1 << 20, &mut reader);
                 b.put_list_stream(
                     k.as_bytes(),
                     target,
-                    &mut std::iter::from_fn(|| {
-                        lines
-                            .next()
-                            .map(|l| l.map_err(|e| Error::io("reading the request body", e)))
-                    }),
+                    &mut body::bounded_lines(lines, cairn_object::db::MAX_INLINE_BYTES),
                     &opts,
                 )
             };
