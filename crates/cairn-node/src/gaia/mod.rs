@@ -952,6 +952,10 @@ fn remove_blocking(
     let key = path.as_bytes();
     let ticket = hub.enqueue(bucket.name(), key)?;
     let _turn = ticket.turn.clone().blocking_lock_owned();
+    // As for uploads: a `revoke-all` or the token's `exp` that came while this delete
+    // waited for its turn stops it.
+    v.check_revocation(hub.current_revocation(address, &bucket)?)?;
+    v.check_expiry(now_secs())?;
     if head(&bucket, key)?.is_none() {
         return Err(missing());
     }
