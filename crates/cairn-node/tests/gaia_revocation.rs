@@ -239,3 +239,32 @@ async fn a_token_issued_in_the_future_is_refused() {
     let near = token_at(&k, t + 60);
     assert_eq!(hub.store(&near, &a, "f", b"1", &[]).await.0, 202);
 }
+
+/// Requests refused before their body (a bad path, a precondition that fails, a body over
+/// the limit) leave no bucket behind; the first accepted store creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_create_no_bucket() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(34);
+    let a = k.address();
+    let name = bucket_name(&a).unwrap();
+    let exists = || {
+        hub.node
+            .store
+            .get_ref(format!("bucket-capsule/{name}").as_bytes())
+            .unwrap()
+            .is_some()
+    };
+    let auth = token_at(&k, now() as i64);
+    let (st, v) = hub.store(&auth, &a, "a..b", b"x", &[]).await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v) = hub
+        .store(&auth, &a, "f", b"x", &[("if-match", "\"nosuch\"")])
+        .await;
+    assert_eq!(st, 412, "{v}");
+    let (st, v) = hub.store(&auth, &a, "f", &vec![0u8; (1 << 20) + 1], &[]).await;
+    assert_eq!(st, 413, "{v}");
+    assert!(!exists(), "a refused request created the bucket");
+    assert_eq!(hub.store(&auth, &a, "f", b"x", &[]).await.0, 202);
+    assert!(exists());
+}

@@ -553,6 +553,13 @@ impl Hub {
     /// that name registered through the native API (possible before such names were
     /// refused there) is open to anyone through it, so the hub refuses to write into it.
     fn bucket(&self, address: &str) -> HubResult<Arc<Bucket>> {
+        let name = self.writable_name(address)?;
+        Ok(self.node.bucket(&name)?)
+    }
+
+    /// The name of the bucket of `address`, refused when the hub may not write it (an
+    /// address without one, or a bucket registered through the native API).
+    fn writable_name(&self, address: &str) -> HubResult<String> {
         let name = bucket_name(address).ok_or_else(|| {
             AuthError::Validation("Address not allowed to write on this path".into())
         })?;
@@ -563,7 +570,7 @@ impl Hub {
                  native/bucket/{name})"
             )));
         }
-        Ok(self.node.bucket(&name)?)
+        Ok(name)
     }
 
     /// The bucket of an address if it was ever created (reads never create one).
@@ -825,14 +832,24 @@ fn store_blocking<R: Read>(
     reader: R,
 ) -> HubResult<(String, Uid, u64)> {
     let v = hub.authenticate(headers, address)?;
-    let bucket = hub.bucket(address)?;
-    v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
+    // The bucket is created only once the request passed every check before its body: a
+    // refused request leaves nothing behind.
+    hub.writable_name(address)?;
+    let existing = hub.existing_bucket(address)?;
+    let oldest_valid = match &existing {
+        Some(b) => hub.oldest_valid(address, b)?,
+        None => 0,
+    };
+    v.check_revocation(oldest_valid)?;
     let path = file_path(raw_path)?;
     v.scopes.check_write(address, &path)?;
     let key = path.as_bytes().to_vec();
     let cond = Precondition::from_headers(headers)?;
     // Fail fast, before the body is read; checked again at commit time.
-    cond.check(head(&bucket, &key)?)?;
+    cond.check(match &existing {
+        Some(b) => head(b, &key)?,
+        None => None,
+    })?;
     let limit = hub.node.config.max_upload_bytes;
     let max_mb = megabytes(limit);
     if let Some(len) =
@@ -850,6 +867,10 @@ fn store_blocking<R: Read>(
     if content_type.len() > 1024 {
         return Err(GaiaError::InvalidInput("Invalid content-type".into()));
     }
+    let bucket = match existing {
+        Some(b) => b,
+        None => hub.bucket(address)?,
+    };
     let ticket = hub.enqueue(bucket.name(), &key)?;
     let guard = match &cond {
         Precondition::Match(tag) => Some(tag.parse::<Uid>().map_err(|_| {
@@ -1345,15 +1366,24 @@ fn revoke_blocking(hub: &Arc<Hub>, address: &str, headers: &HeaderMap, ts: i64) 
         )
         .into());
     }
-    let bucket = hub.bucket(address)?;
-    let ticket = hub.enqueue(bucket.name(), REVOCATION_KEY)?;
+    let name = hub.writable_name(address)?;
+    let ticket = hub.enqueue(&name, REVOCATION_KEY)?;
     let _turn = ticket.turn.clone().blocking_lock_owned();
-    let current = Hub::read_revocation(&bucket)?.map_or(0, |(t, _)| t);
+    let existing = hub.existing_bucket(address)?;
+    let current = match &existing {
+        Some(b) => Hub::read_revocation(b)?.map_or(0, |(t, _)| t),
+        None => 0,
+    };
     // Checked under the turn, against the stored time: a revocation that just landed
     // stops this token too.
     v.check_revocation(current)?;
-    // Revocation only moves forward: a lower time never re-enables revoked tokens.
+    // Revocation only moves forward: a lower time never re-enables revoked tokens (and
+    // a revocation that changes nothing creates no bucket).
     if ts > current {
+        let bucket = match existing {
+            Some(b) => b,
+            None => hub.bucket(address)?,
+        };
         bucket.put(
             REVOCATION_KEY,
             Target::Branch(DEFAULT_BRANCH),
