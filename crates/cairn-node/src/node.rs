@@ -41,8 +41,24 @@ pub struct Node {
     buckets: Mutex<LruCache<String, Arc<Bucket>>>,
     /// Permits for streamed transfers (`max_transfers`).
     transfers: Arc<tokio::sync::Semaphore>,
+    /// The share of them reads may hold ([`read_share`]): the rest stays for writes, so
+    /// slow readers cannot lock uploads out.
+    reads: Arc<tokio::sync::Semaphore>,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
+}
+
+/// A streamed transfer's permit ([`Node::write_permit`], [`Node::read_permit`]), given
+/// back when dropped.
+pub struct Transfer {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    _read: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// How many of `max_transfers` reads may hold at once: all but a quarter, which stays for
+/// requests that write (at least one transfer is a read's).
+pub fn read_share(max_transfers: usize) -> usize {
+    (max_transfers - max_transfers / 4).max(1)
 }
 
 impl Node {
@@ -84,6 +100,9 @@ impl Node {
         Ok(Arc::new(Node {
             replay,
             transfers: Arc::new(tokio::sync::Semaphore::new(config.max_transfers)),
+            reads: Arc::new(tokio::sync::Semaphore::new(read_share(
+                config.max_transfers,
+            ))),
             config,
             db: Db::new(store.clone()),
             store,
@@ -94,10 +113,25 @@ impl Node {
         }))
     }
 
-    /// A permit for one streamed upload or download, held until it ends; `None` while
-    /// `max_transfers` are in progress (the caller answers 503 with `Retry-After`).
-    pub fn transfer_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.transfers.clone().try_acquire_owned().ok()
+    /// A permit for one request that reads a body (an upload, a mutation), held until it
+    /// ends; `None` while `max_transfers` are in progress (the caller answers 503 with
+    /// `Retry-After`).
+    pub fn write_permit(&self) -> Option<Transfer> {
+        Some(Transfer {
+            _total: self.transfers.clone().try_acquire_owned().ok()?,
+            _read: None,
+        })
+    }
+
+    /// A permit for one request that sends data from the store (a download, a listing),
+    /// held until it ends; `None` while reads hold their share of `max_transfers` (see
+    /// [`read_share`]) or all are in progress.
+    pub fn read_permit(&self) -> Option<Transfer> {
+        let read = self.reads.clone().try_acquire_owned().ok()?;
+        Some(Transfer {
+            _total: self.transfers.clone().try_acquire_owned().ok()?,
+            _read: Some(read),
+        })
     }
 
     /// Streamed transfers in progress now.

@@ -262,7 +262,9 @@ async fn refused_requests_create_no_bucket() {
         .store(&auth, &a, "f", b"x", &[("if-match", "\"nosuch\"")])
         .await;
     assert_eq!(st, 412, "{v}");
-    let (st, v) = hub.store(&auth, &a, "f", &vec![0u8; (1 << 20) + 1], &[]).await;
+    let (st, v) = hub
+        .store(&auth, &a, "f", &vec![0u8; (1 << 20) + 1], &[])
+        .await;
     assert_eq!(st, 413, "{v}");
     assert!(!exists(), "a refused request created the bucket");
     assert_eq!(hub.store(&auth, &a, "f", b"x", &[]).await.0, 202);

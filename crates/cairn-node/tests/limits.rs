@@ -358,3 +358,32 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     assert!(got < data.len(), "the trickling reader got everything");
     s.stop().await;
 }
+
+/// Readers hold at most three quarters of `max_transfers`: with every read slot taken by
+/// slow downloads, uploads still get through (and reads get 503 until a slot frees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_leave_room_for_writes() {
+    let s = Server::start_with(|c| c.max_transfers = 4).await;
+    s.open_bucket("b").await;
+    assert_eq!(cairn_node::node::read_share(4), 3);
+    let readers: Vec<_> = (0..3).map(|_| s.node.read_permit().unwrap()).collect();
+    assert!(s.node.read_permit().is_none());
+    let r = s.get("/v1/buckets/b/keys").await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/k")
+        .body("written while the readers are slow")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    drop(readers);
+    let r = s.get("/v1/buckets/b/objects/k").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.bytes().await.unwrap(),
+        "written while the readers are slow"
+    );
+    s.stop().await;
+}

@@ -71,7 +71,7 @@ async fn buffered_bodies_and_answers_built_in_memory_wait_for_a_transfer() {
         assert_eq!(r.bytes().await.unwrap(), want);
     }
     // Another transfer holds the only one.
-    let held = s.node.transfer_permit().unwrap();
+    let held = s.node.write_permit().unwrap();
     let refused: Vec<(Method, &str, Headers, &str)> = vec![
         (
             Method::PUT,
@@ -296,7 +296,7 @@ async fn a_signed_request_refused_for_want_of_a_transfer_can_be_sent_again() {
     };
     let signed = req.sign(&owner);
     let headers: Vec<(&str, &str)> = signed.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    let held = s.node.transfer_permit().unwrap();
+    let held = s.node.write_permit().unwrap();
     let (st, retry, v) = send(&s, Method::PUT, path, &headers, &body[..]).await;
     assert_eq!(st, 503, "{v}");
     assert!(retry);

@@ -791,7 +791,7 @@ async fn store(
         crate::native::body::drain_refused(body);
         return StatusCode::NOT_FOUND.into_response();
     }
-    let Some(permit) = hub.node.transfer_permit() else {
+    let Some(permit) = hub.node.write_permit() else {
         crate::native::body::drain_refused(body);
         return busy_transfers(&hub).into_response();
     };
@@ -1507,7 +1507,7 @@ async fn read(
     } else {
         let body = match found.body {
             FoundBody::Inline(bytes) => Body::from(bytes),
-            FoundBody::Blob(bucket, tree) => match hub.node.transfer_permit() {
+            FoundBody::Blob(bucket, tree) => match hub.node.read_permit() {
                 Some(permit) => stream_blob(&hub, bucket, tree, permit),
                 None => return busy_transfers(&hub).into_response(),
             },
@@ -1540,7 +1540,7 @@ fn stream_blob(
     hub: &Hub,
     bucket: Arc<Bucket>,
     tree: cairn_object::TreeRef,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: crate::node::Transfer,
 ) -> Body {
     crate::native::body::produce_as(hub.node.clone(), None, permit, move |w| {
         crate::native::values::send_tree_range(bucket.db(), &tree, 0, tree.count, w)

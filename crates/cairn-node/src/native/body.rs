@@ -590,39 +590,46 @@ impl Write for ChannelWriter {
     }
 }
 
-/// A permit for one streamed transfer ([`Node::transfer_permit`]), or 503 with
-/// `Retry-After` while `max_transfers` are in progress.
-pub fn transfer_permit(node: &Node) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
-    node.transfer_permit().ok_or_else(|| {
-        ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!(
-                "{} transfers are in progress (max_transfers); retry shortly",
-                node.config.max_transfers
-            ),
-        )
-        .with_header(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("1"),
-        )
+/// A permit for one request that sends data from the store ([`Node::read_permit`]), or
+/// 503 with `Retry-After` while reads hold their share of `max_transfers`.
+pub fn transfer_permit(node: &Node) -> ApiResult<crate::node::Transfer> {
+    node.read_permit().ok_or_else(|| {
+        busy(format!(
+            "{} reads or {} transfers in all are in progress (max_transfers, of which a \
+             quarter is kept for writes); retry shortly",
+            crate::node::read_share(node.config.max_transfers),
+            node.config.max_transfers
+        ))
     })
 }
 
-/// [`transfer_permit`] for a request with a body: when none is free, what the client still
+/// A 503 with `Retry-After: 1`.
+fn busy(message: String) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        message,
+    )
+    .with_header(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    )
+}
+
+/// A permit for a request with a body ([`Node::write_permit`]): when none is free, what the client still
 /// sends is drained ([`drain_refused`]) so that it reads the 503 rather than a reset
 /// connection. Take it before anything else is done for the request (before a request
 /// signature is checked, which consumes it against replays), so a refused request can be
 /// sent again as it was.
-pub fn body_permit(
-    node: &Node,
-    body: Body,
-) -> ApiResult<(tokio::sync::OwnedSemaphorePermit, Body)> {
-    match transfer_permit(node) {
-        Ok(p) => Ok((p, body)),
-        Err(e) => {
+pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer, Body)> {
+    match node.write_permit() {
+        Some(p) => Ok((p, body)),
+        None => {
             drain_refused(body);
-            Err(e)
+            Err(busy(format!(
+                "{} transfers are in progress (max_transfers); retry shortly",
+                node.config.max_transfers
+            )))
         }
     }
 }
@@ -632,7 +639,7 @@ pub fn body_permit(
 /// answer and the transfer.
 pub fn json_response(
     node: Arc<Node>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: crate::node::Transfer,
     value: serde_json::Value,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
@@ -653,9 +660,9 @@ pub fn json_response(
 /// A response body written by `f` on the blocking pool, in chunks of at most 256 KiB with
 /// at most a few in flight (constant memory whatever the size). An error from `f` after the
 /// response has started aborts the body, so the client sees a cut transfer, never a
-/// silently short one. `permit` (see [`Node::transfer_permit`]) is held until the
+/// silently short one. `permit` (see [`Node::read_permit`]) is held until the
 /// producer ends; a client that reads nothing for the stall timeout ends it too.
-pub fn produce<F>(node: Arc<Node>, permit: tokio::sync::OwnedSemaphorePermit, f: F) -> Body
+pub fn produce<F>(node: Arc<Node>, permit: crate::node::Transfer, f: F) -> Body
 where
     F: FnOnce(&mut ChannelWriter) -> cairn_core::Result<()> + Send + 'static,
 {
@@ -667,7 +674,7 @@ where
 pub fn produce_as<F>(
     node: Arc<Node>,
     label: Option<&'static str>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: crate::node::Transfer,
     f: F,
 ) -> Body
 where

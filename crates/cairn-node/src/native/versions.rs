@@ -274,7 +274,7 @@ pub async fn lca(
 }
 
 /// A transfer held by a control mutation until it is done.
-type Permit = tokio::sync::OwnedSemaphorePermit;
+type Permit = crate::node::Transfer;
 
 /// Takes a transfer (before the signature is checked, so a 503 leaves the request usable),
 /// authorizes a control mutation and reads its JSON body (bounded in bytes and elements).
