@@ -584,9 +584,11 @@ impl Writer {
     }
 
     /// Cuts the zeros written ahead of the data off the file (before sealing or closing).
+    /// Judged by the file's length, not by `alloc_end`: a write of zeros that failed part
+    /// way may have extended the file without moving it.
     fn trim(&mut self) -> std::io::Result<()> {
         let end = self.seg.flushed.load(Ordering::Acquire);
-        if self.alloc_end > end {
+        if self.alloc_end > end || self.seg.file.metadata()?.len() > end {
             self.seg.file.set_len(end)?;
         }
         self.alloc_end = 0;

@@ -560,3 +560,43 @@ fn format_2_segments_are_read_and_appended_to() {
         );
     }
 }
+
+/// Zeros written ahead of the data leave a sealed segment even when the writer lost track
+/// of them (a write of zeros that failed part way): the roll cuts the file at its data,
+/// so the next open finds the segment whole (no rescan, no damage).
+#[test]
+fn a_roll_cuts_zeros_the_writer_lost_track_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        segment_size: 4096,
+        ..LogStoreOptions::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let a = s.put(&[1u8; 3000]).unwrap();
+    s.commit(&[RefUpdate::Set {
+        name: b"a".to_vec(),
+        value: a.to_bytes().to_vec(),
+    }])
+    .unwrap();
+    {
+        let mut w = s.writer.lock();
+        assert!(w.seg.file.metadata().unwrap().len() > w.end(), "zeros ahead");
+        w.alloc_end = 0;
+    }
+    let b = s.put(&[2u8; 3000]).unwrap();
+    s.commit(&[RefUpdate::Set {
+        name: b"b".to_vec(),
+        value: b.to_bytes().to_vec(),
+    }])
+    .unwrap();
+    let first = s.segment_paths()[0].clone();
+    assert!(s.segment_paths().len() >= 2, "rolled");
+    drop(s);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    let sealed_len = fs::metadata(&first).unwrap().len();
+    let data_end = s.index.get(&a).unwrap().off + (FRAME_HEADER_LEN + 3000) as u64;
+    assert!(sealed_len < data_end + 4096, "{sealed_len} vs {data_end}");
+    assert_eq!(s.get(&a).unwrap().unwrap().len(), 3000);
+    assert_eq!(s.get(&b).unwrap().unwrap().len(), 3000);
+}
