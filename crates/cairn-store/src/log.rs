@@ -720,6 +720,9 @@ pub struct LogStore {
     compact_lock: Mutex<()>,
     failed: Mutex<Option<String>>,
     failed_flag: AtomicBool,
+    /// Tests: the next `fdatasync` on the commit path fails.
+    #[cfg(test)]
+    fail_next_sync: AtomicBool,
     recovery: RecoveryReport,
     counters: Counters,
 }
@@ -1065,6 +1068,8 @@ impl LogStore {
             compact_lock: Mutex::new(()),
             failed: Mutex::new(None),
             failed_flag: AtomicBool::new(false),
+            #[cfg(test)]
+            fail_next_sync: AtomicBool::new(false),
             recovery: {
                 record_recovery_notes(&dir, &report)?;
                 report
@@ -1100,6 +1105,11 @@ impl LogStore {
     /// `fdatasync`s a file on the commit path; a failure poisons the store.
     fn timed_sync(&self, file: &File, path: &Path) -> Result<()> {
         let t = std::time::Instant::now();
+        #[cfg(test)]
+        if self.fail_next_sync.swap(false, Ordering::AcqRel) {
+            let e = std::io::Error::other("injected fdatasync failure");
+            return Err(self.fail(Error::io(format!("syncing {}", path.display()), e)));
+        }
         file.sync_data()
             .map_err(|e| self.fail(Error::io(format!("syncing {}", path.display()), e)))?;
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
@@ -1125,6 +1135,22 @@ impl LogStore {
         self.check_failed()?;
         let (ops_bytes, ops) = refs::encode_ops(&[]);
         self.enqueue(ops_bytes, ops, true, true)
+    }
+
+    /// After a failed `fdatasync` of the active segment `seg` (the store is failed already):
+    /// cuts the file back to what is known durable. Past it lie only records no commit
+    /// acknowledged (at the levels that sync), and their pages may stay in the page cache
+    /// marked clean although they never reached the disk: a reopen in this boot would read
+    /// them and replay commits that were reported as failed. Best effort: a cut that fails
+    /// leaves the file as it was.
+    fn cut_unsynced(&self, seg: &Segment) {
+        let mut w = self.writer.lock();
+        w.buf.clear();
+        let synced = seg.synced.load(Ordering::Acquire);
+        if seg.file.set_len(synced).is_ok() {
+            seg.flushed.store(synced, Ordering::Release);
+            w.alloc_end = 0;
+        }
     }
 
     /// Records a fatal write error: further writes are refused until the store is reopened.
@@ -1318,7 +1344,12 @@ impl LogStore {
             (seg, end)
         };
         if durable && seg.synced.load(Ordering::Acquire) < end {
-            self.timed_sync(&seg.file, &seg.path)?;
+            if let Err(e) = self.timed_sync(&seg.file, &seg.path) {
+                if self.opts.durability != Durability::Buffered {
+                    self.cut_unsynced(&seg);
+                }
+                return Err(e);
+            }
             seg.synced.fetch_max(end, Ordering::AcqRel);
         }
         let commits = group.iter().filter(|p| !p.marker).count() as u64;

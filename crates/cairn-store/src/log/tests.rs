@@ -580,7 +580,10 @@ fn a_roll_cuts_zeros_the_writer_lost_track_of() {
     .unwrap();
     {
         let mut w = s.writer.lock();
-        assert!(w.seg.file.metadata().unwrap().len() > w.end(), "zeros ahead");
+        assert!(
+            w.seg.file.metadata().unwrap().len() > w.end(),
+            "zeros ahead"
+        );
         w.alloc_end = 0;
     }
     let b = s.put(&[2u8; 3000]).unwrap();
@@ -599,4 +602,36 @@ fn a_roll_cuts_zeros_the_writer_lost_track_of() {
     assert!(sealed_len < data_end + 4096, "{sealed_len} vs {data_end}");
     assert_eq!(s.get(&a).unwrap().unwrap().len(), 3000);
     assert_eq!(s.get(&b).unwrap().unwrap().len(), 3000);
+}
+
+/// A commit whose `fdatasync` fails is reported failed and is not there after a reopen in
+/// the same boot (its bytes, still in the page cache, are cut), while every commit
+/// acknowledged before it is.
+#[test]
+fn a_commit_whose_sync_failed_is_not_replayed_by_a_reopen() {
+    let set = |name: &str| RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: b"v".to_vec(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let kept = s.put(b"acknowledged").unwrap();
+    s.commit(&[set("acked")]).unwrap();
+    let lost = s.put(b"never acknowledged").unwrap();
+    s.fail_next_sync.store(true, Ordering::Release);
+    let e = s.commit(&[set("failed")]).unwrap_err();
+    assert!(e.to_string().contains("injected"), "{e}");
+    assert!(s.commit(&[set("after")]).is_err(), "the store is failed");
+    drop(s);
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert!(s.get_ref(b"acked").unwrap().is_some());
+    assert!(
+        s.get_ref(b"failed").unwrap().is_none(),
+        "{:?}",
+        s.recovery()
+    );
+    assert!(s.get_ref(b"after").unwrap().is_none());
+    assert!(s.get(&kept).unwrap().is_some());
+    assert!(s.get(&lost).unwrap().is_none());
+    s.commit(&[set("next")]).unwrap();
 }
