@@ -1973,11 +1973,17 @@ impl ChunkStore for LogStore {
         }
         // The copies must be durable before the originals go.
         self.sync()?;
-        let mut freed = 0u64;
-        for (s, _) in cands
+        // Oldest first, each removal durable before the next: unlinks are not ordered
+        // otherwise, and a crash that kept an older segment but lost a newer one could
+        // bring back a chunk whose tombstone only the newer one held.
+        let mut gone: Vec<&Arc<Segment>> = cands
             .iter()
-            .filter(|(s, _)| !unsafe_to_delete.contains(&s.id))
-        {
+            .map(|(s, _)| s)
+            .filter(|s| !unsafe_to_delete.contains(&s.id))
+            .collect();
+        gone.sort_by_key(|s| s.id);
+        let mut freed = 0u64;
+        for s in gone {
             self.segments.write().remove(&s.id);
             fs::remove_file(&s.path).ctx(|| format!("removing {}", s.path.display()))?;
             let hint = format::hint_path(&self.dir, s.id);
@@ -1986,9 +1992,9 @@ impl ChunkStore for LogStore {
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io(format!("removing {}", hint.display()), e)),
             }
+            format::sync_dir(&self.dir)?;
             freed += s.flushed.load(Ordering::Acquire);
         }
-        format::sync_dir(&self.dir)?;
         Ok(freed.saturating_sub(written))
     }
 
