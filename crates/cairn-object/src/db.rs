@@ -702,6 +702,7 @@ impl Db {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Uid> {
         check_key(key)?;
+        crate::fobject::check_context(&opts.context)?;
         let _w = self.writer_guard();
         let shared: Arc<dyn ChunkStore> = self.store.clone();
         let mut w = BlobWriter::new(self.chunks(), &self.cfg).storing_on_pipe(shared);
@@ -728,6 +729,7 @@ impl Db {
         opts: &PutOptions,
     ) -> Result<Uid> {
         check_key(key)?;
+        crate::fobject::check_context(&opts.context)?;
         let _w = self.writer_guard();
         let mut failed = None;
         let it = std::iter::from_fn(|| match elements.next() {
@@ -778,6 +780,7 @@ impl Db {
         needs_base_value: bool,
         make: impl FnOnce(Option<ValueType>, Option<&FObject>) -> Result<Value>,
     ) -> Result<Uid> {
+        crate::fobject::check_context(&opts.context)?;
         let key_hash = self.key_hash(key);
         let mut stripe = self.lock_key_hash(key_hash);
         // One buffer for every ref name this put looks up or writes: the key's prefix, then

@@ -18,6 +18,22 @@ pub const FOBJECT_FORMAT: u8 = 1;
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 4096;
 
+/// Longest context (application metadata of a version) accepted, in bytes: it travels in
+/// every history listing, so it stays small; larger data belongs in a value.
+pub const MAX_CONTEXT_LEN: usize = 4096;
+
+/// Refuses a context longer than [`MAX_CONTEXT_LEN`].
+pub fn check_context(context: &[u8]) -> Result<()> {
+    if context.len() > MAX_CONTEXT_LEN {
+        return Err(Error::invalid(format!(
+            "a version's context is {} bytes; at most {MAX_CONTEXT_LEN} are accepted (store \
+             larger data as a value)",
+            context.len()
+        )));
+    }
+    Ok(())
+}
+
 /// One version of a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FObject {

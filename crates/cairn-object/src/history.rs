@@ -90,8 +90,26 @@ impl Db {
     /// M15 / M16: the versions whose distance from `from` lies in `min..=max`, nearest
     /// first, following every base (a merge's history includes both sides).
     pub fn track(&self, key: &[u8], from: &At, min: u64, max: u64) -> Result<Vec<TrackEntry>> {
-        let start = self.resolve(key, from)?;
         let mut out = Vec::new();
+        self.track_each(key, from, min, max, &mut |e| {
+            out.push(e);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(out)
+    }
+
+    /// [`Db::track`], handing each version to `each` as it is found (nearest first)
+    /// instead of collecting them, so a caller that keeps only what it needs of each holds
+    /// no values; `each` may stop the walk (`Break`) or fail it.
+    pub fn track_each(
+        &self,
+        key: &[u8],
+        from: &At,
+        min: u64,
+        max: u64,
+        each: &mut dyn FnMut(TrackEntry) -> Result<ControlFlow<()>>,
+    ) -> Result<()> {
+        let start = self.resolve(key, from)?;
         let mut seen = HashSet::new();
         let mut queue = VecDeque::from([(start, 0u64)]);
         seen.insert(start);
@@ -107,15 +125,18 @@ impl Db {
                     }
                 }
             }
-            if dist >= min {
-                out.push(TrackEntry {
+            if dist >= min
+                && each(TrackEntry {
                     distance: dist,
                     uid,
                     object,
-                });
+                })?
+                .is_break()
+            {
+                break;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// M17: the least common ancestor of two versions of `key` (the deepest version both

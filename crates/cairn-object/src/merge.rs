@@ -441,6 +441,7 @@ impl Db {
             Some(b) => self.load_for_key(key, &b)?.value,
             None => self.empty_value(o.value_type())?,
         };
+        crate::fobject::check_context(&opts.context)?;
         let merged = match self.merge_values(&base, &o.value, &t.value, resolver)? {
             Ok(v) => v,
             Err(conflicts) => return Ok(MergeOutcome::Conflicts(conflicts)),

@@ -1255,3 +1255,53 @@ fn diff_cursors_that_do_not_fit_are_refused() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidInput(_)), "{e}");
 }
+
+/// A version's context is at most `MAX_CONTEXT_LEN` bytes: a longer one is refused, on
+/// every put path, and nothing is written.
+#[test]
+fn contexts_past_the_limit_are_refused() {
+    let (db, _) = db();
+    let max = cairn_object::fobject::MAX_CONTEXT_LEN;
+    let opts = |n: usize| PutOptions {
+        guard: None,
+        context: vec![b'c'; n],
+    };
+    db.put(
+        b"k",
+        Target::Branch("master"),
+        NewValue::String("v".into()),
+        &opts(max),
+    )
+    .unwrap();
+    let before = db.get(b"k", &master()).unwrap().uid;
+    let long = opts(max + 1);
+    let refused = |r: cairn_core::Result<cairn_object::Uid>| {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidInput(m) if m.contains("context")),
+            "{e}"
+        );
+    };
+    refused(db.put(
+        b"k",
+        Target::Branch("master"),
+        NewValue::String("w".into()),
+        &long,
+    ));
+    refused(db.put_blob_stream(
+        b"b",
+        Target::Branch("master"),
+        &mut &b"data"[..],
+        &long,
+        &mut |_| {},
+    ));
+    refused(db.put_list_stream(
+        b"l",
+        Target::Branch("master"),
+        &mut std::iter::empty(),
+        &long,
+    ));
+    assert_eq!(db.get(b"k", &master()).unwrap().uid, before);
+    assert!(db.get(b"b", &master()).is_err());
+    assert!(db.get(b"l", &master()).is_err());
+}

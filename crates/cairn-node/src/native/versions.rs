@@ -12,6 +12,7 @@
 //! (at most [`body::MAX_BUFFERED_ELEMENTS`] JSON values) and applied, taken before the
 //! request signature is checked.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use axum::Json;
@@ -119,8 +120,14 @@ struct LogQuery {
     max: Option<u64>,
 }
 
+/// Bytes of version entries one `log` answer holds at most: past it the answer stops at a
+/// distance boundary and says where to go on (`next_min`).
+const LOG_ANSWER_BYTES: usize = 8 << 20;
+
 /// `GET /v1/buckets/{bucket}/log/{key}?branch=|uid=&min=&max=`: the versions whose
-/// distance from the start lies in `min..=max` (default 0..=100), nearest first.
+/// distance from the start lies in `min..=max` (default 0..=100), nearest first. An answer
+/// holds whole distances only, at most [`LOG_ANSWER_BYTES`] of entries: when it stops
+/// early, `next_min` is the first distance left out (ask again with `min` set to it).
 pub async fn log(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
@@ -137,25 +144,61 @@ pub async fn log(
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let answer = blocking(move || {
-        let entries = b.db().track(key.as_bytes(), &at, min, max)?;
-        let out: Vec<J> = entries
-            .iter()
-            .map(|e| {
-                json!({
-                    "distance": e.distance,
-                    "uid": e.uid.to_string(),
-                    "type": e.object.value_type().name(),
-                    "size": e.object.value.len(),
-                    "depth": e.object.depth,
-                    "bases": e.object.bases.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
-                    "context": bytes_json(&e.object.context),
-                })
-            })
-            .collect();
-        Ok(json!({ "key": key, "versions": out }))
+        let (out, next_min) = log_entries(b.db(), key.as_bytes(), &at, min, max, LOG_ANSWER_BYTES)?;
+        Ok(json!({ "key": key, "versions": out, "next_min": next_min }))
     })
     .await?;
     Ok(body::json_response(node, permit, answer))
+}
+
+/// The `log` entries of versions `min..=max` from `at`, whole distances only and at most
+/// `budget` bytes of them (the values are dropped as each version is seen), and the first
+/// distance left out when the budget stopped them. A single distance over the budget is
+/// refused.
+fn log_entries(
+    db: &cairn_object::Db,
+    key: &[u8],
+    at: &At,
+    min: u64,
+    max: u64,
+    budget: usize,
+) -> cairn_core::Result<(Vec<J>, Option<u64>)> {
+    let mut out: Vec<J> = Vec::new();
+    let mut bytes = 0usize;
+    // Where the entries of the distance being filled start, and that distance.
+    let (mut group_start, mut group_dist) = (0usize, min);
+    let mut next_min = None;
+    db.track_each(key, at, min, max, &mut |e| {
+        if e.distance != group_dist {
+            group_start = out.len();
+            group_dist = e.distance;
+        }
+        let entry = json!({
+            "distance": e.distance,
+            "uid": e.uid.to_string(),
+            "type": e.object.value_type().name(),
+            "size": e.object.value.len(),
+            "depth": e.object.depth,
+            "bases": e.object.bases.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+            "context": bytes_json(&e.object.context),
+        });
+        bytes += 2 * e.object.context.len() + 110 * (2 + e.object.bases.len());
+        if bytes > budget {
+            if group_start == 0 {
+                return Err(cairn_core::Error::invalid(format!(
+                    "the versions at distance {} alone exceed the {} MiB a log answer holds",
+                    e.distance,
+                    budget >> 20
+                )));
+            }
+            out.truncate(group_start);
+            next_min = Some(group_dist);
+            return Ok(ControlFlow::Break(()));
+        }
+        out.push(entry);
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok((out, next_min))
 }
 
 #[derive(Deserialize)]
@@ -562,4 +605,47 @@ pub async fn proof(
         })),
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_object::{Db, NewValue, Target};
+
+    /// A log answer over its budget stops at a distance boundary and names the next one;
+    /// asking again from there gives the rest, every version exactly once.
+    #[test]
+    fn log_answers_stop_at_a_distance_within_their_budget() {
+        let db = Db::new(Arc::new(cairn_store::MemoryStore::new()));
+        let mut uids = Vec::new();
+        for i in 0..20u8 {
+            let opts = PutOptions {
+                guard: None,
+                context: vec![i; 1000],
+            };
+            let v = NewValue::String(vec![i; 3].into());
+            uids.push(db.put(b"k", Target::Branch("master"), v, &opts).unwrap());
+        }
+        let at = At::default_branch();
+        let (all, next) = log_entries(&db, b"k", &at, 0, 100, 1 << 20).unwrap();
+        assert_eq!((all.len(), next), (20, None));
+        let mut got = Vec::new();
+        let mut min = 0;
+        let mut pages = 0;
+        loop {
+            let (page, next) = log_entries(&db, b"k", &at, min, 100, 9000).unwrap();
+            assert!(!page.is_empty() && page.len() < 20);
+            got.extend(page.iter().map(|e| e["uid"].as_str().unwrap().to_string()));
+            pages += 1;
+            match next {
+                Some(n) => min = n,
+                None => break,
+            }
+        }
+        assert!(pages > 1);
+        let want: Vec<String> = uids.iter().rev().map(|u| u.to_string()).collect();
+        assert_eq!(got, want);
+        // A budget smaller than one distance's versions is refused.
+        assert!(log_entries(&db, b"k", &at, 0, 100, 100).is_err());
+    }
 }
