@@ -623,7 +623,7 @@ mod tests {
                 guard: None,
                 context: vec![i; 1000],
             };
-            let v = NewValue::String(vec![i; 3].into());
+            let v = NewValue::String(vec![i; 3]);
             uids.push(db.put(b"k", Target::Branch("master"), v, &opts).unwrap());
         }
         let at = At::default_branch();
