@@ -800,6 +800,7 @@ fn put(db: &Bucket, a: PutArgs, out: &mut impl Write) -> Result<()> {
     let opts = PutOptions {
         guard: a.guard,
         context: a.context.into_bytes(),
+        ..PutOptions::default()
     };
     let key = a.key.as_bytes();
     let uid = match (a.value, a.file) {
@@ -1143,7 +1144,7 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
     };
     let opts = PutOptions {
         guard: a.guard,
-        context: Vec::new(),
+        ..PutOptions::default()
     };
     let uid = bucket.update(a.key.as_bytes(), Target::Branch(&a.branch), op, &opts)?;
     writeln!(out, "{uid}")?;

@@ -471,6 +471,46 @@ async fn scopes_restrict_writes_and_deletes() {
             .await
             .contains(&"arch/.history.1.x.f".to_string())
     );
+    // An archival delete keeps the file's history, as the hub's rename to a `.history.`
+    // name does: the file is gone from reads and listings, and its versions stay on a
+    // branch of their own (a plain delete leaves them to GC).
+    assert_eq!(hub.store(&arch, &a, "arch/f", b"2", &[]).await.0, 202);
+    assert_eq!(hub.delete(&arch, &a, "arch/f").await.0, 202);
+    assert_eq!(hub.read(&a, "arch/f").await.0, 404);
+    assert!(!hub.names(&full, &a).await.contains(&"arch/f".to_string()));
+    assert_eq!(hub.delete(&arch, &a, "arch/f").await.0, 404);
+    let bucket = hub
+        .node
+        .bucket(&cairn_node::gaia::bucket_name(&a).unwrap())
+        .unwrap();
+    let table = bucket.db().existing_table(b"arch/f").unwrap();
+    let (branch, _) = table
+        .tagged
+        .iter()
+        .find(|(b, _)| b.starts_with(".history."))
+        .expect("a history branch");
+    let kept = bucket
+        .db()
+        .track(b"arch/f", &cairn_object::At::Branch(branch.clone()), 0, 10)
+        .unwrap();
+    assert_eq!(kept.len(), 2, "both versions stay reachable");
+    // Written again, the file is back, history kept.
+    let (st, m) = hub.store(&arch, &a, "arch/f", b"3", &[]).await;
+    assert_eq!(st, 202, "{m}");
+    assert_eq!(hub.read(&a, "arch/f").await.3, b"3");
+    let all = bucket
+        .db()
+        .track(b"arch/f", &cairn_object::At::default_branch(), 0, 10)
+        .unwrap();
+    assert_eq!(
+        all.len(),
+        3,
+        "the new version goes on from the archived ones"
+    );
+    assert!(hub.names(&full, &a).await.contains(&"arch/f".to_string()));
+    // A plain delete removes the head.
+    assert_eq!(hub.delete(&full, &a, "arch/f").await.0, 202);
+    assert_eq!(hub.read(&a, "arch/f").await.0, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

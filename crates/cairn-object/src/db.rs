@@ -181,6 +181,10 @@ pub struct PutOptions {
     pub guard: Option<Uid>,
     /// Application metadata stored in the FObject (hashed into the uid).
     pub context: Vec<u8>,
+    /// A branch put on a key that has heads but not this branch: create the branch with
+    /// this version of the key as the new version's base (without it such a put is refused:
+    /// use fork). Ignored when the branch exists.
+    pub branch_from: Option<Uid>,
 }
 
 /// A version and its uid.
@@ -546,6 +550,17 @@ impl Db {
     /// about the page's refs, not every key's, so a bucket of millions of keys lists as
     /// fast as a small one.
     pub fn list_keys_page(&self, after: Option<&[u8]>, limit: usize) -> Result<(Vec<Bytes>, bool)> {
+        self.list_keys_page_on(after, limit, None)
+    }
+
+    /// [`Db::list_keys_page`] of the keys that have tagged branch `branch` (all keys with
+    /// a head when `None`).
+    pub fn list_keys_page_on(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        branch: Option<&str>,
+    ) -> Result<(Vec<Bytes>, bool)> {
         let limit = limit.max(1);
         // All refs of key K start with `key_prefix(K)`, which ends with the terminator
         // 0x00 0x01; ending it with 0x00 0x02 instead gives the least name above all of
@@ -567,12 +582,18 @@ impl Db {
         loop {
             let refs = self.store.list_refs_from(&self.prefix, &from, batch)?;
             for (name, _) in &refs {
-                let (key, _) = Self::key_of_ref(&name[self.prefix.len()..]).ok_or_else(|| {
-                    Error::corrupt(format!(
-                        "head ref {:?} has an unknown form",
-                        String::from_utf8_lossy(name)
-                    ))
-                })?;
+                let (key, head) =
+                    Self::key_of_ref(&name[self.prefix.len()..]).ok_or_else(|| {
+                        Error::corrupt(format!(
+                            "head ref {:?} has an unknown form",
+                            String::from_utf8_lossy(name)
+                        ))
+                    })?;
+                if let Some(b) = branch
+                    && (head.first() != Some(&b't') || &head[1..] != b.as_bytes())
+                {
+                    continue;
+                }
                 if keys.last().is_none_or(|k| k[..] != key[..]) {
                     if keys.len() == limit {
                         return Ok((keys, true));
@@ -811,17 +832,21 @@ impl Db {
                             .unwrap_or_else(|| "nothing".into())
                     )));
                 }
-                if head.is_none() {
-                    let table = self.table(key)?;
-                    if !table.is_empty() {
-                        return Err(Error::not_found(format!(
-                            "branch {b:?} of key {} ({}); use fork to create it",
-                            show_key(key),
-                            table.describe()
-                        )));
+                match (head, opts.branch_from) {
+                    (None, Some(from)) => Some(from),
+                    (None, None) => {
+                        let table = self.table(key)?;
+                        if !table.is_empty() {
+                            return Err(Error::not_found(format!(
+                                "branch {b:?} of key {} ({}); use fork to create it",
+                                show_key(key),
+                                table.describe()
+                            )));
+                        }
+                        None
                     }
+                    (Some(h), _) => Some(h),
                 }
-                head
             }
             Target::Base(u) => {
                 if opts.guard.is_some() {

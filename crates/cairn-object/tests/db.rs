@@ -1263,8 +1263,8 @@ fn contexts_past_the_limit_are_refused() {
     let (db, _) = db();
     let max = cairn_object::fobject::MAX_CONTEXT_LEN;
     let opts = |n: usize| PutOptions {
-        guard: None,
         context: vec![b'c'; n],
+        ..PutOptions::default()
     };
     db.put(
         b"k",
@@ -1304,4 +1304,58 @@ fn contexts_past_the_limit_are_refused() {
     assert_eq!(db.get(b"k", &master()).unwrap().uid, before);
     assert!(db.get(b"b", &master()).is_err());
     assert!(db.get(b"l", &master()).is_err());
+}
+
+/// A branch put on a key that lacks the branch is refused unless it names the base to
+/// create the branch from (`branch_from`), which must be a version of the key.
+#[test]
+fn a_put_creates_a_missing_branch_only_from_a_named_version_of_the_key() {
+    let (db, _) = db();
+    let a = put_str(&db, "k", Target::Branch("master"), "a");
+    db.rename(b"k", "master", "kept").unwrap();
+    let e = db
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String("b".into()),
+            &PutOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)), "{e}");
+    let other = put_str(&db, "other", Target::Branch("master"), "x");
+    let from = |u| PutOptions {
+        branch_from: Some(u),
+        ..PutOptions::default()
+    };
+    assert!(
+        db.put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String("b".into()),
+            &from(other)
+        )
+        .is_err()
+    );
+    let b = db
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String("b".into()),
+            &from(a),
+        )
+        .unwrap();
+    let v = db.get(b"k", &master()).unwrap();
+    assert_eq!((v.uid, v.object.bases.clone()), (b, vec![a]));
+    assert_eq!(db.get(b"k", &At::Branch("kept".into())).unwrap().uid, a);
+    // With the branch there, `branch_from` changes nothing.
+    let c = db
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String("c".into()),
+            &from(a),
+        )
+        .unwrap();
+    assert_eq!(db.get(b"k", &master()).unwrap().object.bases, vec![b]);
+    assert_eq!(db.get(b"k", &master()).unwrap().uid, c);
 }

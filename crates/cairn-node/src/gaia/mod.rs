@@ -824,6 +824,31 @@ async fn store(
     }
 }
 
+/// The head of the newest `.history.` branch of `key` (left by a delete under an archival
+/// scope), if the key has one.
+fn archived_head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
+    let table = match bucket.db().existing_table(key) {
+        Ok(t) => t,
+        Err(cairn_core::Error::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    // `.history.<ms>.<id>`: the newest has the greatest time.
+    let newest = table
+        .tagged
+        .iter()
+        .filter_map(|(b, u)| {
+            let ms: u64 = b
+                .strip_prefix(".history.")?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((ms, b, *u))
+        })
+        .max();
+    Ok(newest.map(|(_, _, u)| u))
+}
+
 fn store_blocking<R: Read>(
     hub: &Arc<Hub>,
     address: &str,
@@ -888,6 +913,9 @@ fn store_blocking<R: Read>(
             mtime_ms: now_millis(),
         }
         .encode(),
+        // A file deleted under an archival scope kept its versions on a `.history.`
+        // branch: written again, it goes on from the newest of them.
+        branch_from: archived_head(&bucket, &key)?,
     };
     let (turn, check_bucket, check_key) = (ticket.turn.clone(), bucket.clone(), key.clone());
     let (check_hub, check_address) = (hub.clone(), address.to_string());
@@ -977,8 +1005,24 @@ fn remove_blocking(
     // waited for its turn stops it.
     v.check_revocation(hub.current_revocation(address, &bucket)?)?;
     v.check_expiry(now_secs())?;
-    if head(&bucket, key)?.is_none() {
+    let Some(uid) = head(&bucket, key)? else {
         return Err(missing());
+    };
+    if v.scopes.archival_restricted() {
+        // As the hub renames the file to a `.history.` name, the file's head moves to a
+        // branch of its own: the file is gone from reads and listings, and its versions
+        // stay (a plain delete drops the head, leaving them to GC).
+        let hex = uid.to_string();
+        let branch = format!(
+            ".history.{}.{}",
+            now_millis(),
+            &hex[hex.len().saturating_sub(12)..]
+        );
+        return match bucket.rename(key, DEFAULT_BRANCH, &branch) {
+            Ok(_) => Ok(()),
+            Err(cairn_core::Error::NotFound(_)) => Err(missing()),
+            Err(e) => Err(e.into()),
+        };
     }
     match bucket.remove(key, DEFAULT_BRANCH) {
         Ok(_) => Ok(()),
@@ -1183,9 +1227,13 @@ fn list_blocking(
     let mut names: Vec<String> = Vec::new();
     let mut more = true;
     while more && names.len() < hub.cfg.page_size {
-        let (keys, m) = bucket
-            .db()
-            .list_keys_page(after.as_deref(), hub.cfg.page_size - names.len())?;
+        // Files are keys with a `master` head: a file deleted under an archival scope keeps
+        // its history on another branch of its key, and is not listed.
+        let (keys, m) = bucket.db().list_keys_page_on(
+            after.as_deref(),
+            hub.cfg.page_size - names.len(),
+            Some(DEFAULT_BRANCH),
+        )?;
         more = m;
         if let Some(last) = keys.last() {
             after = Some(last.to_vec());

@@ -396,7 +396,11 @@ pub async fn put(
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
-    let opts = PutOptions { guard, context };
+    let opts = PutOptions {
+        guard,
+        context,
+        ..PutOptions::default()
+    };
     // Text bodies default to a blob; JSON bodies name their type or have it inferred.
     let text_ty = ty.unwrap_or(ValueType::Blob);
     if !json && matches!(text_ty, ValueType::Blob | ValueType::List) {
@@ -639,7 +643,7 @@ pub async fn patch(
         let op = patch_op(ty, p)?;
         let opts = PutOptions {
             guard,
-            context: Vec::new(),
+            ..PutOptions::default()
         };
         Ok(b.update(k.as_bytes(), Target::Branch(&br), op, &opts)?)
     })

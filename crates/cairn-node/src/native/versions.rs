@@ -620,8 +620,8 @@ mod tests {
         let mut uids = Vec::new();
         for i in 0..20u8 {
             let opts = PutOptions {
-                guard: None,
                 context: vec![i; 1000],
+                ..PutOptions::default()
             };
             let v = NewValue::String(vec![i; 3]);
             uids.push(db.put(b"k", Target::Branch("master"), v, &opts).unwrap());
