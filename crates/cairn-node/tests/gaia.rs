@@ -425,6 +425,26 @@ async fn high_s_legacy_and_legacy_challenges_are_accepted() {
     assert_eq!(st, 401);
 }
 
+/// A hub with `allow_legacy_tokens = false` refuses legacy tokens (401, nothing stored)
+/// and goes on accepting v1 ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_tokens_can_be_turned_off() {
+    let gaia = GaiaConfig {
+        allow_legacy_tokens: false,
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let k = Key::new(17);
+    let a = k.address();
+    let legacy = k.legacy_bearer(r#"["gaiahub","0","gaia-0","blockstack_storage_please_sign"]"#);
+    let (st, v) = hub.store(&legacy, &a, "l", b"x", &[]).await;
+    assert_eq!((st, err_name(&v)), (401, "ValidationError"), "{v}");
+    assert!(v.to_string().contains("legacy"), "{v}");
+    assert_eq!(hub.read(&a, "l").await.0, 404);
+    assert_eq!(hub.delete(&legacy, &a, "l").await.0, 401);
+    assert_eq!(hub.store(&k.bearer(), &a, "v1", b"x", &[]).await.0, 202);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scopes_restrict_writes_and_deletes() {
     let hub = Hub::start(1 << 20).await;

@@ -107,6 +107,11 @@ pub struct GaiaConfig {
     /// Revocation times cached in memory (`authTimestampCacheSize`, at least 1).
     #[serde(deserialize_with = "cache_size")]
     pub auth_timestamp_cache_size: usize,
+    /// Whether legacy (pre-v1) tokens are accepted, as the hub accepts them. Such a token
+    /// signs only the fixed challenge text: it never expires and `revoke-all` cannot stop
+    /// it, so a hub whose users all have v1 clients (`@stacks/storage` signs v1) should
+    /// turn this off.
+    pub allow_legacy_tokens: bool,
 }
 
 impl Default for GaiaConfig {
@@ -120,6 +125,7 @@ impl Default for GaiaConfig {
             page_size: 100,
             cache_control: "no-cache".into(),
             auth_timestamp_cache_size: 50_000,
+            allow_legacy_tokens: true,
         }
     }
 }
@@ -537,6 +543,14 @@ impl Hub {
             &self.auth,
             now_secs(),
         )?;
+        if v.legacy && !self.cfg.allow_legacy_tokens {
+            return Err(AuthError::Validation(
+                "this hub does not accept legacy authentication tokens (they never expire \
+                 and cannot be revoked): sign in again for a v1 token"
+                    .into(),
+            )
+            .into());
+        }
         if let Some(list) = &self.cfg.whitelist
             && !list.contains(&v.signer)
         {
