@@ -83,6 +83,7 @@ pub const REVOCATION_KEY: &[u8] = b"\0gaia/oldest-valid-token";
 /// page_size = 100                         # list-files entries per page (1..=4096)
 /// cache_control = "no-cache"              # Cache-Control of reads ("" for none)
 /// auth_timestamp_cache_size = 50000       # revocation times kept in memory
+/// allow_legacy_tokens = true              # false: refuse pre-v1 tokens (never revocable)
 /// ```
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
