@@ -18,7 +18,7 @@
 //! acyclic). The seed generator turns real trees into this form.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::ops::Bound;
+use std::ops::{Bound, ControlFlow};
 
 use cairn_core::{Decoder, Encoder, Error, Result};
 use cairn_object::postree::{self, BlobReader, TreeKind, TreeRef};
@@ -251,11 +251,88 @@ fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
             drain(postree::map_range(store, t, from, to), valid, sorted);
         }
     }
+    diffs(store, t, input, valid);
     // Readers of the other kinds must refuse the tree cleanly.
     acceptable(&postree::blob_read(store, t, 0, 16));
     acceptable(&postree::list_get(store, t, 0));
     acceptable(&postree::map_get(store, t, input.key));
     acceptable(&postree::set_contains(store, t, input.key));
+}
+
+/// Diffs of the tree: against itself (nothing differs on a valid tree) and against the
+/// empty tree of its kind, whole and resumed from the input's key (sorted kinds) or from
+/// positions `(a, b)` (sequences). On a valid tree a resumed diff is exactly the tail of
+/// the whole one; on any tree nothing panics and errors are of the expected kinds.
+fn diffs(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool) {
+    let Ok(empty) = postree::empty(store, t.kind) else {
+        return;
+    };
+    let budget = |n: &mut usize| {
+        *n += 1;
+        if *n > MAX_UNITS {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    if t.kind.is_sorted() {
+        let mut n = 0;
+        let r = postree::diff_sorted_each(store, t, t, None, &mut |_| {
+            assert!(!valid, "a valid tree differs from itself");
+            Ok(budget(&mut n))
+        });
+        acceptable(&r);
+        let collect = |after: Option<&[u8]>| {
+            let mut out = Vec::new();
+            let mut n = 0;
+            let r = postree::diff_sorted_each(store, &empty, t, after, &mut |c| {
+                out.push(c.key.to_vec());
+                Ok(budget(&mut n))
+            });
+            acceptable(&r);
+            r.map(|()| out)
+        };
+        let (whole, tail) = (collect(None), collect(Some(input.key)));
+        if valid && t.count < MAX_UNITS as u64 {
+            let (whole, tail) = (whole.unwrap(), tail.unwrap());
+            let want: Vec<Vec<u8>> = whole
+                .into_iter()
+                .filter(|k| k.as_slice() > input.key)
+                .collect();
+            assert_eq!(
+                tail, want,
+                "a diff resumed after a key is not the whole one's tail"
+            );
+        }
+    } else {
+        let collect = |from: Option<(u64, u64)>| {
+            let mut out = Vec::new();
+            let mut n = 0;
+            let r = postree::diff_seq_each(store, t, &empty, from, &mut |c| {
+                out.push(c);
+                Ok(budget(&mut n))
+            });
+            acceptable(&r);
+            r.map(|()| out)
+        };
+        let _ = collect(Some((input.a, input.b)));
+        let mut n = 0;
+        let r = postree::diff_seq_each(store, t, t, None, &mut |_| {
+            assert!(!valid, "a valid tree differs from itself");
+            Ok(budget(&mut n))
+        });
+        acceptable(&r);
+        // Resumed at the end of each region of the whole diff, the rest follows exactly.
+        if valid
+            && t.count < MAX_UNITS as u64
+            && let Ok(whole) = collect(None)
+        {
+            for (i, c) in whole.iter().enumerate() {
+                let rest = collect(Some((c.a_end, c.b_end))).unwrap();
+                assert_eq!(&rest[..], &whole[i + 1..], "a resumed diff lost its place");
+            }
+        }
+    }
 }
 
 /// Drains up to [`MAX_UNITS`] elements. On a tree `walk` accepted (`valid`), no read may

@@ -1359,3 +1359,22 @@ fn a_put_creates_a_missing_branch_only_from_a_named_version_of_the_key() {
     assert_eq!(db.get(b"k", &master()).unwrap().object.bases, vec![b]);
     assert_eq!(db.get(b"k", &master()).unwrap().uid, c);
 }
+
+/// A diff resumed at the end of one side finds nothing more, even where the other side's
+/// tree is an empty node (found by the `postree_node` fuzz target).
+#[test]
+fn a_diff_resumed_at_the_ends_reports_nothing() {
+    let s = MemoryStore::new();
+    let cfg = TreeConfig::default();
+    let small = postree::build_blob(&s, &cfg, b"abc").unwrap();
+    let empty = postree::empty(&s, postree::TreeKind::Blob).unwrap();
+    let whole = postree::diff_seq(&s, &small, &empty).unwrap();
+    assert_eq!(whole.len(), 1);
+    let mut rest = Vec::new();
+    postree::diff_seq_each(&s, &small, &empty, Some((3, 0)), &mut |c| {
+        rest.push(c);
+        Ok(std::ops::ControlFlow::Continue(()))
+    })
+    .unwrap();
+    assert_eq!(rest, []);
+}

@@ -381,13 +381,16 @@ pub fn diff_seq_each(
                 }),
             ) => ((*ca, *la, *na), (*cb, *lb, *nb)),
             (None, _) | (_, None) => {
-                if each(SeqChange {
-                    a_start: pa,
-                    a_end: a.count,
-                    b_start: pb,
-                    b_end: b.count,
-                })?
-                .is_break()
+                // What one side has left (nothing when both are at their ends: a diff
+                // resumed at the end of one side may find only an empty node on the other).
+                if (pa < a.count || pb < b.count)
+                    && each(SeqChange {
+                        a_start: pa,
+                        a_end: a.count,
+                        b_start: pb,
+                        b_end: b.count,
+                    })?
+                    .is_break()
                 {
                     return Ok(());
                 }
