@@ -174,6 +174,19 @@ pub struct SyncState {
     limited_rounds: usize,
     report: SyncReport,
     finished: bool,
+    /// Which side this is, once known: the initiator sent Hello ([`SyncState::start`]),
+    /// the responder received it. Each takes only the messages its side expects.
+    role: Option<Role>,
+    /// Initiator: coded symbols are still wanted (from Hello until they decode or the
+    /// session falls back to full name lists).
+    want_symbols: bool,
+}
+
+/// The side of an anti-entropy session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Initiator,
+    Responder,
 }
 
 /// The quick check: a hash over the sorted names received since the last sync, and over
@@ -211,6 +224,8 @@ impl SyncState {
             limited_rounds: 0,
             report: SyncReport::default(),
             finished: false,
+            role: None,
+            want_symbols: false,
         })
     }
 
@@ -244,6 +259,11 @@ impl SyncState {
 
     /// The initiator's first message.
     pub fn start(&mut self, server: &CapsuleServer) -> Result<SyncMsg> {
+        if self.role.is_some() {
+            return Err(Error::invalid("anti-entropy session already started"));
+        }
+        self.role = Some(Role::Initiator);
+        self.want_symbols = true;
         Ok(SyncMsg::Hello {
             capsule: self.capsule,
             quick: self.quick(server)?,
@@ -320,7 +340,12 @@ impl SyncState {
     }
 
     fn symbol_cap(&self) -> usize {
-        (2 * (self.since.len() + self.peer_count as usize) + 64).min(1 << 22)
+        self.since
+            .len()
+            .saturating_add(self.peer_count as usize)
+            .saturating_mul(2)
+            .saturating_add(64)
+            .min(1 << 22)
     }
 
     fn exchange(
@@ -373,7 +398,12 @@ impl SyncState {
                 if capsule != self.capsule {
                     return Err(Error::invalid("peer syncs another capsule"));
                 }
-                self.peer_count = count;
+                if self.role.is_some() {
+                    return Err(Error::invalid("unexpected Hello: the session has started"));
+                }
+                self.role = Some(Role::Responder);
+                // A peer holds at most as many names as a message can list.
+                self.peer_count = count.min(crate::wire::MAX_NAMES as u64);
                 if quick == self.quick(server)? {
                     self.report.quick_match = true;
                     self.finish(server)?;
@@ -383,7 +413,12 @@ impl SyncState {
                 let mut enc = riblt::Encoder::new(digests);
                 let batch = enc.next_symbols(
                     FIRST_BATCH
-                        .max(2 * count.abs_diff(self.since.len() as u64) as usize)
+                        .max(
+                            self.peer_count
+                                .abs_diff(self.since.len() as u64)
+                                .saturating_mul(2)
+                                .min(1 << 16) as usize,
+                        )
                         .min(1 << 16),
                 );
                 self.report.symbols += batch.len();
@@ -409,6 +444,12 @@ impl SyncState {
                 Ok(Some(SyncMsg::Symbols(batch)))
             }
             SyncMsg::Symbols(batch) => {
+                // Only the initiator decodes, and only until the symbols decode or it
+                // falls back to name lists: a peer cannot pile up symbols to decode again
+                // and again.
+                if self.role != Some(Role::Initiator) || !self.want_symbols {
+                    return Err(Error::invalid("unexpected coded symbols from the peer"));
+                }
                 self.report.symbols += batch.len();
                 self.received.extend(batch);
                 let local: Vec<Digest> = self.since.iter().map(|n| *n.hash().digest()).collect();
@@ -418,10 +459,14 @@ impl SyncState {
                         let mine: Vec<RecordName> = diff.local_only.iter().map(to_name).collect();
                         let theirs: Vec<RecordName> =
                             diff.remote_only.iter().map(to_name).collect();
+                        self.want_symbols = false;
+                        self.received = Vec::new();
                         self.exchange(server, &mine, theirs).map(Some)
                     }
                     None if self.received.len() >= self.symbol_cap() => {
                         self.report.fallback = true;
+                        self.want_symbols = false;
+                        self.received = Vec::new();
                         Ok(Some(SyncMsg::SendNames))
                     }
                     None => Ok(Some(SyncMsg::More)),

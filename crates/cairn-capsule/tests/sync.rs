@@ -222,3 +222,50 @@ proptest! {
         prop_assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
     }
 }
+
+/// A peer that does not follow the protocol is refused, whatever it claims: coded symbols
+/// sent to the responder (which only sends them), a second Hello, symbols after they
+/// decoded; a Hello claiming an absurd name count neither panics nor asks for absurd work.
+#[test]
+fn out_of_turn_messages_are_refused() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let hello = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: u64::MAX,
+    };
+    // Responder B: a Hello with a huge count is answered with a bounded first batch.
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let Some(SyncMsg::Symbols(first)) = sb.handle(hello.clone()).unwrap() else {
+        panic!("a Hello is answered with coded symbols")
+    };
+    assert!(first.len() <= 1 << 16);
+    // Symbols sent to the responder, and a second Hello, are refused.
+    let e = sb.handle(SyncMsg::Symbols(first.clone())).unwrap_err();
+    assert!(e.to_string().contains("unexpected"), "{e}");
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    sb.handle(hello.clone()).unwrap();
+    assert!(sb.handle(hello).is_err());
+    // Initiator A: symbols are taken until they decode, not after.
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let mut msg = sa.start().unwrap();
+    let mut last_symbols = None;
+    loop {
+        let Some(reply) = sb.handle(msg).unwrap() else {
+            break;
+        };
+        if let SyncMsg::Symbols(s) = &reply {
+            last_symbols = Some(s.clone());
+        }
+        match sa.handle(reply).unwrap() {
+            Some(SyncMsg::More) => msg = SyncMsg::More,
+            _ => break,
+        }
+    }
+    let e = sa
+        .handle(SyncMsg::Symbols(last_symbols.expect("symbols were sent")))
+        .unwrap_err();
+    assert!(e.to_string().contains("unexpected"), "{e}");
+}
