@@ -980,7 +980,15 @@ impl CapsuleServer {
                 ws.verify(cap.dag.meta(), n)?;
             }
         }
-        let covered = signatures.len();
+        // Signatures that can prove something new: on distinct records of this batch or on
+        // present records no signature covers yet (a repeated signature, or one on a record
+        // already signed, covers nothing).
+        let covered = signatures
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| batch.contains(n) || cap.dag.signature(n).is_none())
+            .collect::<HashSet<_>>()
+            .len();
         if cap.dag.unproven() + fresh.len() > self.opts.max_unproven + covered {
             return Err(Error::Unavailable(format!(
                 "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
@@ -996,7 +1004,6 @@ impl CapsuleServer {
                 continue;
             };
             self.store.put_hashed(cid, &body_chunk(&r.body))?;
-            self.bodies.insert(capsule, cid, &r.body);
             self.store.put_hashed(*names[i].hash(), &encoded[i])?;
             entries.push(JournalEntry::Record {
                 name: names[i],
@@ -1016,6 +1023,8 @@ impl CapsuleServer {
         for &i in &fresh {
             let r = &records[i];
             if let BodyRef::Plain { hash, .. } = r.header.body {
+                // Only now, with the record journaled: a hit there means it was accepted.
+                self.bodies.insert(capsule, hash, &r.body);
                 cap.dag
                     .insert(names[i], &r.header, StoredBody::Plain { cid: hash });
             }
@@ -1989,6 +1998,7 @@ impl CapsuleServer {
         // Checked fresh records in the peer's order, with their subrecord names.
         let mut checked: Vec<(RecordName, &SyncRecord, Vec<Hash>)> = Vec::new();
         let mut new_sigs: Vec<(RecordName, WriterSignature)> = Vec::new();
+        let mut late_sigs: HashMap<RecordName, WriterSignature> = HashMap::new();
         for r in batch {
             let Ok((name, sub_names)) = r.check(&meta) else {
                 report.corrupt += 1;
@@ -2003,8 +2013,20 @@ impl CapsuleServer {
                 }
                 continue;
             }
-            if fresh.insert(name, r).is_none() {
-                checked.push((name, r, sub_names));
+            // A record sent twice is kept once, with a signature either copy carried
+            // (each copy's was checked above).
+            match fresh.entry(name) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(r);
+                    checked.push((name, r, sub_names));
+                }
+                std::collections::hash_map::Entry::Occupied(o) => {
+                    if o.get().signature.is_none()
+                        && let Some(ws) = r.signature
+                    {
+                        late_sigs.insert(name, ws);
+                    }
+                }
             }
         }
         // Which fresh records does a signature reach? Seeds: signed fresh records, fresh
@@ -2020,7 +2042,7 @@ impl CapsuleServer {
                 .children(n)
                 .iter()
                 .any(|c| cap.dag.witness(c).and_then(|w| w.hops()).is_some());
-            if r.signature.is_some() || by_child {
+            if r.signature.is_some() || late_sigs.contains_key(n) || by_child {
                 proven.insert(*n);
                 visited.insert(*n);
                 queue.push_back(*n);
@@ -2056,6 +2078,10 @@ impl CapsuleServer {
         report.unproven = fresh.len() - proven.len();
         let mut entries = Vec::new();
         let mut inserts = Vec::new();
+        // What memory takes in once the journal holds the records: verified bodies for the
+        // body cache (a hit there means the capsule accepted it) and subrecords by name.
+        let mut cached: Vec<(Hash, &[u8])> = Vec::new();
+        let mut subrecord_index: Vec<(Hash, RecordName, u32)> = Vec::new();
         // Keep the peer's order for the accepted records (deterministic journal).
         for (name, r, sub_names) in checked {
             if !proven.remove(&name) {
@@ -2065,13 +2091,13 @@ impl CapsuleServer {
             let body = match (&r.body, r.header.body) {
                 (SyncBody::Plain(b), BodyRef::Plain { hash, .. }) => {
                     self.store.put_hashed(hash, &body_chunk(b))?;
-                    self.bodies.insert(capsule, hash, b);
+                    cached.push((hash, b));
                     StoredBody::Plain { cid: hash }
                 }
                 (SyncBody::Subrecords(subs), _) => {
                     let list = self.store_subrecords(subs, &sub_names)?;
                     for (i, sn) in sub_names.iter().enumerate() {
-                        cap.subrecords.entry(*sn).or_insert((name, i as u32));
+                        subrecord_index.push((*sn, name, i as u32));
                     }
                     StoredBody::Subrecords {
                         list,
@@ -2083,7 +2109,7 @@ impl CapsuleServer {
             };
             self.store.put_hashed(*name.hash(), &hb)?;
             entries.push(JournalEntry::Record { name, body });
-            if let Some(ws) = r.signature {
+            if let Some(ws) = r.signature.or_else(|| late_sigs.get(&name).copied()) {
                 new_sigs.push((name, ws));
             }
             inserts.push((name, r.header.clone(), body));
@@ -2099,6 +2125,12 @@ impl CapsuleServer {
         }
         self.append_journal(capsule, &mut cap, &entries)?;
         report.accepted = inserts.len();
+        for (hash, b) in cached {
+            self.bodies.insert(capsule, hash, b);
+        }
+        for (sn, name, i) in subrecord_index {
+            cap.subrecords.entry(sn).or_insert((name, i));
+        }
         for (name, header, body) in inserts {
             cap.dag.insert(name, &header, body);
         }

@@ -269,3 +269,33 @@ fn out_of_turn_messages_are_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("unexpected"), "{e}");
 }
+
+/// A record sent twice in one batch, once without and once with its signature, is taken
+/// once and proven: the signature is kept whichever copy carried it.
+#[test]
+fn a_record_sent_twice_keeps_the_signature_of_either_copy() {
+    let placement: Vec<u8> = vec![0; 4];
+    let (a, _, c, _) = scenario(4, 4, &placement, &[]);
+    let names: Vec<RecordName> = a.with_dag(&c, |d| d.order().to_vec()).unwrap();
+    let signed = *names
+        .iter()
+        .find(|n| a.with_dag(&c, |d| d.signature(n).is_some()).unwrap())
+        .expect("a signed record");
+    let exported = a.export(&c, &[signed]).unwrap();
+    assert_eq!(exported.len(), 1);
+    assert!(exported[0].signature.is_some());
+    let mut bare = exported[0].clone();
+    bare.signature = None;
+    let fresh = server(3);
+    fresh
+        .create(&a.with_dag(&c, |d| d.meta().clone()).unwrap())
+        .unwrap();
+    let r = fresh.apply_sync(&c, &[bare, exported[0].clone()]).unwrap();
+    assert_eq!((r.accepted, r.unproven), (1, 0), "{r:?}");
+    assert!(
+        fresh
+            .with_dag(&c, |d| d.signature(&signed).is_some())
+            .unwrap()
+    );
+    fresh.prove(&c, &signed, None).unwrap();
+}
