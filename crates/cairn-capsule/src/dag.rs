@@ -369,7 +369,9 @@ impl CapsuleDag {
         if trusted(name.hash()) {
             return Some(vec![*name]);
         }
-        let limit = self.witness(name)?.hops().unwrap_or(u32::MAX);
+        // A record no signature reaches has no verified descendant either (a reader
+        // trusts only names it verified back to a signature): nothing to search.
+        let limit = self.witness(name)?.hops()?;
         let mut parent: HashMap<RecordName, RecordName> = HashMap::new();
         let mut queue = VecDeque::from([(*name, 0u32)]);
         while let Some((x, d)) = queue.pop_front() {

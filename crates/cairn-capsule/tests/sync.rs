@@ -252,10 +252,7 @@ fn out_of_turn_messages_are_refused() {
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
     let mut msg = sa.start().unwrap();
     let mut last_symbols = None;
-    loop {
-        let Some(reply) = sb.handle(msg).unwrap() else {
-            break;
-        };
+    while let Some(reply) = sb.handle(msg).unwrap() {
         if let SyncMsg::Symbols(s) = &reply {
             last_symbols = Some(s.clone());
         }
