@@ -875,11 +875,20 @@ impl Db {
                 }
             },
         };
+        let depth = match base_info {
+            None => 0,
+            Some(b) => b.depth.checked_add(1).ok_or_else(|| {
+                Error::corrupt(format!(
+                    "the base of this put on key {} claims the greatest depth there is",
+                    show_key(key)
+                ))
+            })?,
+        };
         let value = make(base_info.map(|i| i.ty), base_obj.as_ref())?;
         let object = FObject {
             key: Bytes::copy_from_slice(key),
             value,
-            depth: base_info.map_or(0, |b| b.depth + 1),
+            depth,
             bases: base.into_iter().collect(),
             context: Bytes::copy_from_slice(&opts.context),
         };

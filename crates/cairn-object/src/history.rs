@@ -224,7 +224,10 @@ impl Db {
     /// after `after` (from the start with `None`), and where the next page starts (`None`
     /// when this one ends the diff). Memory stays bounded by the page, and a page after a
     /// key reads no subtree of keys before it. A cursor of the wrong kind, or a region
-    /// cursor that is not a region end of these values, is [`Error::InvalidInput`].
+    /// cursor whose positions are not where leaves start in the two values, is
+    /// [`Error::InvalidInput`]; a region cursor at leaf starts that no earlier page ended
+    /// at is taken as given: the diff goes on from those positions, so only cursors from
+    /// earlier pages give the rest of the whole diff.
     pub fn diff_values_page(
         &self,
         a: &Value,

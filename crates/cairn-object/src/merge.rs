@@ -449,7 +449,9 @@ impl Db {
         let object = FObject {
             key: o.key.clone(),
             value: merged,
-            depth: o.depth.max(t.depth) + 1,
+            depth: o.depth.max(t.depth).checked_add(1).ok_or_else(|| {
+                Error::corrupt("a version being merged claims the greatest depth there is")
+            })?,
             bases: vec![ours, theirs],
             context: Bytes::copy_from_slice(&opts.context),
         };

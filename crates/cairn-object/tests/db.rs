@@ -1378,3 +1378,32 @@ fn a_diff_resumed_at_the_ends_reports_nothing() {
     .unwrap();
     assert_eq!(rest, []);
 }
+
+/// A put or merge on a base version claiming the greatest depth there is fails cleanly and
+/// stores no head (the new depth would wrap to 0 and make an unloadable version; found in
+/// review).
+#[test]
+fn a_base_at_the_greatest_depth_is_refused() {
+    let store = Arc::new(MemoryStore::new());
+    let db = Db::new(store.clone());
+    let crafted = cairn_object::FObject {
+        key: bytes::Bytes::from_static(b"k"),
+        value: Value::Integer(1),
+        depth: u64::MAX,
+        bases: vec![store.algo().digest(b"x")],
+        context: bytes::Bytes::new(),
+    };
+    let chunk = crafted.to_chunk();
+    let uid = store.algo().digest(&chunk);
+    store.put_hashed(uid, &chunk).unwrap();
+    let e = db
+        .put(
+            b"k",
+            Target::Base(uid),
+            NewValue::Integer(2),
+            &PutOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    assert!(db.existing_table(b"k").is_err(), "no head was stored");
+}

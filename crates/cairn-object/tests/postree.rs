@@ -1136,3 +1136,33 @@ fn a_store_failure_on_the_pipe_thread_fails_the_blob() {
         assert_eq!(store.inner.cids().unwrap().len(), held, "budget {budget}");
     }
 }
+
+/// An index node whose children's counts add up past `u64::MAX` (saturating to a parent
+/// claiming as much) is refused as corrupt by a diff, neither panicking nor wrapping
+/// positions (found in review).
+#[test]
+fn a_diff_refuses_counts_that_overflow() {
+    let s = MemoryStore::new();
+    let put = |b: &[u8]| {
+        let cid = s.algo().digest(b);
+        s.put_hashed(cid, b).unwrap();
+        cid
+    };
+    let leaf = put(&[1, 4, b'a']);
+    let mut e = cairn_core::Encoder::new();
+    e.raw(&[1, 2]).u8(1).varint(2);
+    e.hash(&leaf).varint(u64::MAX);
+    e.hash(&leaf).varint(1);
+    let idx = put(&e.finish());
+    let crafted = TreeRef {
+        kind: TreeKind::Blob,
+        root: idx,
+        count: u64::MAX,
+        height: 1,
+    };
+    let other = postree::build_blob(&s, &cfg(64, 64), b"b").unwrap();
+    for (x, y) in [(&crafted, &other), (&other, &crafted)] {
+        let e = postree::diff_seq(&s, x, y).unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    }
+}

@@ -94,9 +94,11 @@ impl<'a> Frontier<'a> {
         };
         match load_node(self.store, self.tree.kind, &cid, level)? {
             Node::Index { entries, .. } => {
-                let mut sum = 0u64;
+                // Checked sums: with saturation, crafted counts could add up to `u64::MAX`
+                // and pass for a parent claiming as much.
+                let mut sum = Some(0u64);
                 for e in entries.iter().rev() {
-                    sum = sum.saturating_add(e.count);
+                    sum = sum.and_then(|s| s.checked_add(e.count));
                     if self.keeps(e.key.as_ref()) {
                         self.stack.push(Item::Node {
                             cid: e.cid,
@@ -105,7 +107,7 @@ impl<'a> Frontier<'a> {
                         });
                     }
                 }
-                if sum != count {
+                if sum != Some(count) {
                     return Err(corrupt_err(&cid, "index counts disagree with the parent"));
                 }
             }
@@ -171,7 +173,7 @@ impl<'a> Frontier<'a> {
         let mut pos = 0u64;
         while let Some(Item::Node { count, level, .. }) = self.stack.last() {
             let (count, level) = (*count, *level);
-            if pos + count <= offset && count > 0 {
+            if pos.saturating_add(count) <= offset && count > 0 {
                 pos += count;
                 self.stack.pop();
             } else if pos == offset && level == 0 {
@@ -184,6 +186,12 @@ impl<'a> Frontier<'a> {
         }
         Ok(pos == offset && self.stack.is_empty())
     }
+}
+
+/// Position `p` moved past `n` units, or a corrupt-tree error where that overflows.
+fn checked_pos(p: u64, n: u64, cid: &Cid) -> Result<u64> {
+    p.checked_add(n)
+        .ok_or_else(|| corrupt_err(cid, "unit counts overflow"))
 }
 
 fn present(e: &Elem) -> Bytes {
@@ -335,7 +343,8 @@ pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<
 /// or `(0, 0)` with `None`), handing each region to `each` in order instead of collecting
 /// them. `each` may stop the walk (`Break`) or fail it (its error is returned). A `from`
 /// that is not where a leaf starts on both sides, or lies past an end, is refused
-/// ([`Error::InvalidInput`]).
+/// ([`Error::InvalidInput`]); one at leaf starts that no region ended at is taken as given
+/// (the diff of what follows those positions, which need not line up).
 pub fn diff_seq_each(
     store: &dyn ChunkStore,
     a: &TreeRef,
@@ -399,8 +408,10 @@ pub fn diff_seq_each(
             _ => return Err(Error::invalid("sequence diff met an element")),
         };
         if ha.0 == hb.0 {
-            pa += ha.2;
-            pb += hb.2;
+            // Counts passed their parents' checks, which sum within `u64`, but a crafted
+            // tree may repeat a subtree: positions never wrap, they fail.
+            pa = checked_pos(pa, ha.2, &a.root)?;
+            pb = checked_pos(pb, hb.2, &b.root)?;
             fa.stack.pop();
             fb.stack.pop();
             continue;
@@ -470,7 +481,7 @@ pub fn diff_seq_each(
                         break;
                     }
                     seen.entry(cid).or_insert(*p);
-                    *p += count;
+                    *p = checked_pos(*p, count, &cid)?;
                 }
             }
         }
