@@ -403,8 +403,18 @@ impl Journal {
                 });
             }
             c = self.chain.lock();
-            if result.is_err() {
-                // Later records must not point back at ones the capsule never got.
+            if let Err(e) = &result {
+                // Records queued meanwhile point back at the group the capsule never got:
+                // they fail too (their mutations commit nothing), and later records start
+                // from the capsule's heads.
+                for q in std::mem::take(&mut c.queue) {
+                    *q.done.lock() = Some(Err(Error::Unavailable(format!(
+                        "the record of this {} (version {}) followed one the bucket's \
+                         capsule could not take, so nothing was committed: {e}",
+                        q.mutation.kind.name(),
+                        q.mutation.uid
+                    ))));
+                }
                 if let Ok((heads, _)) = self.server.heads_roots(&capsule) {
                     c.writer.continue_from(&heads);
                 }

@@ -60,9 +60,10 @@ impl Writer {
     }
 
     /// Continues after `heads` (e.g. the heads a server reported), which the next record
-    /// points to.
+    /// points to, all of them (whatever this writer wrote before).
     pub fn continue_from(&mut self, heads: &[RecordName]) {
         self.recent = heads.to_vec();
+        self.count = 0;
     }
 
     /// The capsule name.

@@ -1224,3 +1224,23 @@ fn mirrors_stay_within_the_servers_name_budget() {
     server.close_session(b);
     assert_eq!(server.mirrored_names(), 0);
 }
+
+/// A writer continued from given heads points its next record at all of them, also after
+/// it wrote records of its own (the bucket journal continues from the capsule's heads
+/// after a failed group).
+#[test]
+fn a_continued_writer_points_at_every_head() {
+    let (_server, mut w, _meta, _key) = setup();
+    let mut names = Vec::new();
+    for i in 0..3 {
+        names.push(w.record(format!("r{i}").as_bytes(), &[]).unwrap().name());
+    }
+    let next = w.record(b"r3", &[]).unwrap();
+    assert_eq!(next.header.backpointers[0], names[2]);
+    let heads = vec![names[0], names[1]];
+    w.continue_from(&heads);
+    let r = w.record(b"after", &[]).unwrap();
+    assert_eq!(r.header.backpointers, heads);
+    let r2 = w.record(b"after 2", &[]).unwrap();
+    assert_eq!(r2.header.backpointers[0], r.name());
+}
