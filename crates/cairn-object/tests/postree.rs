@@ -1166,3 +1166,42 @@ fn a_diff_refuses_counts_that_overflow() {
         assert!(matches!(e, Error::Corrupt(_)), "{e}");
     }
 }
+
+/// A deduplicated tree may claim far more leaves than it stores (each index node naming
+/// one child twice: 2^40 leaves in 41 chunks). A diff against a small or an empty blob
+/// ends at once: once one side is exhausted, the rest of the other is one region, not
+/// walked leaf by leaf.
+#[test]
+fn a_diff_does_not_walk_what_a_deduplicated_tree_claims() {
+    let s = MemoryStore::new();
+    let put = |b: &[u8]| {
+        let cid = s.algo().digest(b);
+        s.put_hashed(cid, b).unwrap();
+        cid
+    };
+    let mut child = put(&[1, 4, b'a']);
+    let mut count = 1u64;
+    for level in 1..=40u8 {
+        let mut e = cairn_core::Encoder::new();
+        e.raw(&[1, 2]).u8(level).varint(2);
+        e.hash(&child).varint(count);
+        e.hash(&child).varint(count);
+        child = put(&e.finish());
+        count *= 2;
+    }
+    let bomb = TreeRef {
+        kind: TreeKind::Blob,
+        root: child,
+        count,
+        height: 40,
+    };
+    let small = postree::build_blob(&s, &cfg(64, 64), b"bb").unwrap();
+    let empty = postree::empty(&s, TreeKind::Blob).unwrap();
+    for other in [&small, &empty] {
+        let d = postree::diff_seq(&s, &bomb, other).unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].a_end, d[0].b_end), (count, other.count));
+        let d = postree::diff_seq(&s, other, &bomb).unwrap();
+        assert_eq!((d[0].a_end, d[0].b_end), (other.count, count));
+    }
+}

@@ -432,6 +432,18 @@ pub fn diff_seq_each(
         let mut done_a = false;
         let mut done_b = false;
         loop {
+            // One side exhausted: the rest of the other is this region's (walking it leaf
+            // by leaf could only find a leaf seen earlier on the exhausted side; and a
+            // deduplicated tree may claim far more leaves than it stores).
+            if done_a != done_b {
+                if done_b {
+                    pa = a.count;
+                } else {
+                    pb = b.count;
+                }
+                done_a = true;
+                done_b = true;
+            }
             let take_a = !done_a && (done_b || pa - ra <= pb - rb);
             if !take_a && done_b {
                 if each(SeqChange {
