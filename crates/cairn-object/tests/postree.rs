@@ -1179,22 +1179,26 @@ fn a_diff_does_not_walk_what_a_deduplicated_tree_claims() {
         s.put_hashed(cid, b).unwrap();
         cid
     };
-    let mut child = put(&[1, 4, b'a']);
-    let mut count = 1u64;
-    for level in 1..=40u8 {
-        let mut e = cairn_core::Encoder::new();
-        e.raw(&[1, 2]).u8(level).varint(2);
-        e.hash(&child).varint(count);
-        e.hash(&child).varint(count);
-        child = put(&e.finish());
-        count *= 2;
-    }
-    let bomb = TreeRef {
-        kind: TreeKind::Blob,
-        root: child,
-        count,
-        height: 40,
+    let bomb_of = |leaf: u8| {
+        let mut child = put(&[1, 4, leaf]);
+        let mut count = 1u64;
+        for level in 1..=40u8 {
+            let mut e = cairn_core::Encoder::new();
+            e.raw(&[1, 2]).u8(level).varint(2);
+            e.hash(&child).varint(count);
+            e.hash(&child).varint(count);
+            child = put(&e.finish());
+            count *= 2;
+        }
+        TreeRef {
+            kind: TreeKind::Blob,
+            root: child,
+            count,
+            height: 40,
+        }
     };
+    let bomb = bomb_of(b'a');
+    let count = bomb.count;
     let small = postree::build_blob(&s, &cfg(64, 64), b"bb").unwrap();
     let empty = postree::empty(&s, TreeKind::Blob).unwrap();
     for other in [&small, &empty] {
@@ -1204,4 +1208,13 @@ fn a_diff_does_not_walk_what_a_deduplicated_tree_claims() {
         let d = postree::diff_seq(&s, other, &bomb).unwrap();
         assert_eq!((d[0].a_end, d[0].b_end), (other.count, count));
     }
+    // Two such trees that never meet again: the walk gives up after a bounded number of
+    // leaves and reports everything as one region.
+    let other_bomb = bomb_of(b'b');
+    let d = postree::diff_seq(&s, &bomb, &other_bomb).unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (d[0].a_start, d[0].a_end, d[0].b_start, d[0].b_end),
+        (0, count, 0, count)
+    );
 }

@@ -188,6 +188,11 @@ impl<'a> Frontier<'a> {
     }
 }
 
+/// Leaves a sequence diff walks, both sides together, in one changed region before it
+/// gives up finding where they meet again and reports the rest of both as one region
+/// (about 1 GiB of 4 KiB leaves on each side).
+const MAX_REGION_LEAVES: usize = 1 << 19;
+
 /// Position `p` moved past `n` units, or a corrupt-tree error where that overflows.
 fn checked_pos(p: u64, n: u64, cid: &Cid) -> Result<u64> {
     p.checked_add(n)
@@ -431,7 +436,18 @@ pub fn diff_seq_each(
         let mut seen_b: HashMap<Cid, u64> = HashMap::new();
         let mut done_a = false;
         let mut done_b = false;
+        let mut steps = 0usize;
         loop {
+            // A region walked this far without the sides meeting again runs to both ends:
+            // still a diff (outside it the content is the same), a coarser one, and the
+            // walk's memory (the leaves seen) and time stay bounded.
+            steps += 1;
+            if steps > MAX_REGION_LEAVES {
+                pa = a.count;
+                pb = b.count;
+                done_a = true;
+                done_b = true;
+            }
             // One side exhausted: the rest of the other is this region's (walking it leaf
             // by leaf could only find a leaf seen earlier on the exhausted side; and a
             // deduplicated tree may claim far more leaves than it stores).
