@@ -930,6 +930,12 @@ impl LogStore {
                         if !segment::all_zeros(&file, &path, scan.end, len)? {
                             report.segment_bytes_truncated = len - scan.end;
                             report.segment_stop = scan.stop;
+                            // The notes first: a crash after the cut but before the notes
+                            // at the end of `open` would leave no word of what was cut.
+                            // (The notes at the end add only what is new.)
+                            let mut so_far = report.clone();
+                            so_far.damage.extend(scan.damage.iter().cloned());
+                            record_recovery_notes(&dir, &so_far)?;
                         }
                         file.set_len(scan.end)
                             .and_then(|_| file.sync_all())
