@@ -169,6 +169,9 @@ struct Client {
     key_file: Option<PathBuf>,
     /// The bucket's signer once known: `Some(None)` for an open bucket.
     signer: Option<Option<SigningKey>>,
+    /// The bucket's capsule name, learned with the signer: signed requests are bound to
+    /// it (`X-Cairn-Capsule`), so they cannot be replayed on another node.
+    capsule: std::cell::RefCell<Option<String>>,
 }
 
 impl Client {
@@ -194,6 +197,7 @@ impl Client {
             bucket: cli.bucket.clone(),
             key_file: cli.key_file.clone(),
             signer: None,
+            capsule: std::cell::RefCell::new(None),
         })
     }
 
@@ -233,7 +237,8 @@ impl Client {
     ) -> Result<Response> {
         let hash = signer.map(|_| *blake3::hash(&body).as_bytes());
         let mut req = self.http.request(method.clone(), url.clone());
-        for (n, v) in request_headers(&method, &url, headers, signer, hash) {
+        let capsule = self.capsule.borrow().clone();
+        for (n, v) in request_headers(&method, &url, headers, signer, hash, capsule.as_deref()) {
             req = req.header(n, v);
         }
         let resp = req
@@ -265,7 +270,15 @@ impl Client {
         if signer.is_some() && body_hash.is_none() {
             bail!(Error::invalid("a signed stream needs its hash first"));
         }
-        let mut all = request_headers(&method, &url, headers, signer, body_hash);
+        let capsule = self.capsule.borrow().clone();
+        let mut all = request_headers(
+            &method,
+            &url,
+            headers,
+            signer,
+            body_hash,
+            capsule.as_deref(),
+        );
         if let Some(n) = len {
             all.push(("content-length".to_string(), n.to_string()));
         }
@@ -341,6 +354,8 @@ impl Client {
                     let Some(owner) = info.get("owner").and_then(J::as_str) else {
                         return Ok(None);
                     };
+                    *self.capsule.borrow_mut() =
+                        info.get("capsule").and_then(J::as_str).map(str::to_string);
                     let path = self.key_path()?;
                     if !path.exists() {
                         bail!(Error::Rejected(format!(
@@ -1054,13 +1069,15 @@ fn parse_json(b: &[u8]) -> Result<J> {
 }
 
 /// The headers of a request: `headers`, and with `signer` the `Cairn-Ed25519` signature
-/// over method, path and query, date, the body's BLAKE3 `hash` and the signed headers.
+/// over method, path and query, date, the body's BLAKE3 `hash` and the signed headers,
+/// bound to the bucket's `capsule` when known.
 fn request_headers(
     method: &Method,
     url: &Url,
     headers: &[(&str, String)],
     signer: Option<&SigningKey>,
     hash: Option<[u8; 32]>,
+    capsule: Option<&str>,
 ) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = headers
         .iter()
@@ -1090,6 +1107,7 @@ fn request_headers(
             if_match: header("if-match"),
             context: header(CONTEXT_HEADER),
             nonce: nonce.as_bytes(),
+            capsule: capsule.unwrap_or_default().as_bytes(),
         };
         out.extend(
             to_sign

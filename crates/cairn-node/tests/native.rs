@@ -973,6 +973,7 @@ async fn owner_keys_gate_mutations() {
         if_match: b"",
         context: b"",
         nonce: b"",
+        capsule: b"",
     };
     let [(an, av), (dn, dv), (hn, hv)]: [_; 3] = for_j.sign(&owner).try_into().unwrap();
     let hdrs = [(an, av.as_str()), (dn, dv.as_str()), (hn, hv.as_str())];
@@ -997,6 +998,7 @@ async fn owner_keys_gate_mutations() {
         if_match: b"",
         context: b"",
         nonce: b"",
+        capsule: b"",
     };
     let [(_, auth), (dn, dv), (hn, hv)]: [_; 3] = req.sign(&owner).try_into().unwrap();
     let mut sig = hex::decode(auth.strip_prefix("Cairn-Ed25519 ").unwrap()).unwrap();

@@ -293,6 +293,7 @@ async fn a_signed_request_refused_for_want_of_a_transfer_can_be_sent_again() {
         if_match: b"",
         context: b"",
         nonce: b"",
+        capsule: b"",
     };
     let signed = req.sign(&owner);
     let headers: Vec<(&str, &str)> = signed.iter().map(|(n, v)| (*n, v.as_str())).collect();

@@ -33,7 +33,13 @@
 //!   64 characters from `A-Z a-z 0-9 - _`, chosen at random per request. Ed25519 signatures
 //!   are deterministic, so without a nonce two identical requests signed in the same
 //!   second carry the same signature, and the node refuses the second as a replay; `cairn
-//!   --server` always sends one.
+//!   --server` always sends one. When the request has an `X-Cairn-Capsule` header (the
+//!   bucket's capsule name, as `GET /v1/buckets/{bucket}` shows it), one more line follows:
+//!   the nonce line (empty without a nonce), then `<X-Cairn-Capsule>`. The node refuses a
+//!   signature bound to another capsule, so a request signed for one node's bucket cannot
+//!   be replayed on another node's bucket of the same name and owner (each node writes its
+//!   buckets' capsules with its own key, so their names differ); `cairn --server` sends it
+//!   for every mutation of an existing bucket.
 //!
 //! A signature is accepted once: the node remembers the signatures it accepted until their
 //! date leaves the window, so a captured request cannot be replayed. They are kept in
@@ -64,6 +70,8 @@ pub const DATE_HEADER: &str = "x-cairn-date";
 pub const BODY_HASH_HEADER: &str = "x-cairn-content-blake3";
 /// Header with a per-request random string (covered by the signature; optional).
 pub const NONCE_HEADER: &str = "x-cairn-nonce";
+/// The header naming the capsule of the bucket a signed request is for (optional, signed).
+pub const CAPSULE_HEADER: &str = "x-cairn-capsule";
 /// Longest accepted [`NONCE_HEADER`] value.
 pub const MAX_NONCE_LEN: usize = 64;
 /// Header with application metadata stored in a new version (covered by the signature).
@@ -91,8 +99,11 @@ pub struct RequestToSign<'a> {
     pub if_match: &'a [u8],
     /// `X-Cairn-Context` header value (empty when absent).
     pub context: &'a [u8],
-    /// `X-Cairn-Nonce` header value (empty when absent: then no nonce line is signed).
+    /// `X-Cairn-Nonce` header value (empty when absent: then no nonce line is signed,
+    /// unless a capsule line follows it).
     pub nonce: &'a [u8],
+    /// `X-Cairn-Capsule` header value (empty when absent: then no capsule line is signed).
+    pub capsule: &'a [u8],
 }
 
 impl RequestToSign<'_> {
@@ -109,11 +120,15 @@ impl RequestToSign<'_> {
             self.if_match,
             self.context,
             self.nonce,
+            self.capsule,
         ]
         .into_iter()
         .enumerate()
         {
-            if i == 8 && part.is_empty() {
+            // The optional lines: the nonce (present when it or the capsule is), then the
+            // capsule.
+            if (i == 8 && part.is_empty() && self.capsule.is_empty()) || (i == 9 && part.is_empty())
+            {
                 break;
             }
             if i > 0 {
@@ -140,6 +155,12 @@ impl RequestToSign<'_> {
             h.push((
                 NONCE_HEADER,
                 String::from_utf8_lossy(self.nonce).into_owned(),
+            ));
+        }
+        if !self.capsule.is_empty() {
+            h.push((
+                CAPSULE_HEADER,
+                String::from_utf8_lossy(self.capsule).into_owned(),
             ));
         }
         h
@@ -280,12 +301,15 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> ApiResult<&'h str> {
         .map_err(|_| ApiError::unauthorized(format!("header {name} is not ASCII text")))
 }
 
-/// Checks that a request is signed by `owner` (see the module documentation) at `now`.
+/// Checks that a request is signed by `owner` (see the module documentation) at `now`,
+/// for the bucket whose capsule is `capsule` when known (a request bound to another
+/// capsule is refused).
 /// Returns the BLAKE3 hash the body must have (the caller checks it while reading the
 /// body) and the signature, which the caller persists ([`ReplayGuard::persist`]) before
 /// it writes anything.
 pub fn check(
     owner: &PublicKey,
+    capsule: Option<&str>,
     replay: &ReplayGuard,
     method: &Method,
     uri: &Uri,
@@ -340,6 +364,24 @@ pub fn check(
             "{NONCE_HEADER} must be 1 to {MAX_NONCE_LEN} characters from A-Z a-z 0-9 - _"
         )));
     }
+    let bound = header_bytes(headers, CAPSULE_HEADER);
+    if headers.contains_key(CAPSULE_HEADER) {
+        let named = std::str::from_utf8(bound).unwrap_or_default();
+        match capsule {
+            Some(c) if named != c => {
+                return Err(ApiError::unauthorized(format!(
+                    "the request was signed for capsule {named:?}, and this bucket's capsule \
+                     is {c} (a request for a bucket on another node?)"
+                )));
+            }
+            _ if named.is_empty() => {
+                return Err(ApiError::unauthorized(format!(
+                    "{CAPSULE_HEADER} must name the bucket's capsule"
+                )));
+            }
+            _ => {}
+        }
+    }
     let path_and_query = uri
         .path_and_query()
         .map(|p| p.as_str())
@@ -353,6 +395,7 @@ pub fn check(
         if_match: header_bytes(headers, header::IF_MATCH.as_str()),
         context: header_bytes(headers, CONTEXT_HEADER),
         nonce,
+        capsule: bound,
     };
     owner.verify(DOMAIN, &req.message(), &sig).map_err(|_| {
         ApiError::unauthorized(format!(
@@ -396,6 +439,7 @@ mod tests {
             if_match: b"",
             context: b"",
             nonce,
+            capsule: b"",
         };
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
@@ -416,6 +460,7 @@ mod tests {
             if_match: b"\"u\"",
             context: b"c",
             nonce: b"",
+            capsule: b"",
         };
         let expected = format!(
             "CAIRN-ED25519-V1\nPOST\n/x?y=1\n7\n{}\napplication/json\n\"u\"\nc",
@@ -440,6 +485,98 @@ mod tests {
         assert_eq!(with.message(), format!("{expected}\nn-1_A").as_bytes());
         let h = with.sign(&key);
         assert_eq!(h[3], (NONCE_HEADER, "n-1_A".to_string()));
+        // A capsule is one more line after the nonce's (empty without a nonce), and one
+        // more header.
+        let bound = RequestToSign {
+            capsule: b"cap",
+            ..with
+        };
+        assert_eq!(
+            bound.message(),
+            format!("{expected}\nn-1_A\ncap").as_bytes()
+        );
+        let bound = RequestToSign {
+            nonce: b"",
+            ..bound
+        };
+        assert_eq!(bound.message(), format!("{expected}\n\ncap").as_bytes());
+        assert_eq!(bound.sign(&key)[3], (CAPSULE_HEADER, "cap".to_string()));
+    }
+
+    /// A request bound to a capsule is accepted for that capsule only; the binding is
+    /// signed (dropping or changing the header breaks the signature).
+    #[test]
+    fn a_request_bound_to_a_capsule_is_refused_for_another() {
+        let key = SigningKey::from_seed(&[6; 32]);
+        let guard = ReplayGuard::default();
+        let now = 1_700_000_000;
+        let uri: Uri = "/v1/buckets/b/objects/k".parse().unwrap();
+        let signed = |nonce: &[u8], capsule: &[u8]| {
+            let req = RequestToSign {
+                method: "PUT",
+                path_and_query: "/v1/buckets/b/objects/k",
+                unix_secs: now,
+                body_blake3: body_blake3(b"x"),
+                content_type: b"",
+                if_match: b"",
+                context: b"",
+                nonce,
+                capsule,
+            };
+            let mut h = HeaderMap::new();
+            for (n, v) in req.sign(&key) {
+                h.insert(n, v.parse().unwrap());
+            }
+            h
+        };
+        let here = "blake3:aaaa";
+        let h = signed(b"n1", here.as_bytes());
+        let e = check(
+            &key.public(),
+            Some("blake3:bbbb"),
+            &guard,
+            &Method::PUT,
+            &uri,
+            &h,
+            now,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("another node"), "{}", e.message);
+        check(
+            &key.public(),
+            Some(here),
+            &guard,
+            &Method::PUT,
+            &uri,
+            &h,
+            now,
+        )
+        .unwrap();
+        let mut h = signed(b"n2", here.as_bytes());
+        h.remove(CAPSULE_HEADER);
+        let e = check(
+            &key.public(),
+            Some(here),
+            &guard,
+            &Method::PUT,
+            &uri,
+            &h,
+            now,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("does not verify"), "{}", e.message);
+        // Unbound requests (older clients) still pass.
+        let h = signed(b"n3", b"");
+        check(
+            &key.public(),
+            Some(here),
+            &guard,
+            &Method::PUT,
+            &uri,
+            &h,
+            now,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -450,25 +587,25 @@ mod tests {
         // Two identical requests in the same second, told apart by their nonces.
         for nonce in [&b"aaaa"[..], b"bbbb"] {
             let (uri, h) = request_with_nonce(&key, now, b"same", nonce);
-            check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap();
+            check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap();
         }
         // Each is still accepted once.
         let (uri, h) = request_with_nonce(&key, now, b"same", b"aaaa");
-        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        let e = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);
         // The nonce is signed: changing or dropping it breaks the signature.
         let (uri, mut h) = request_with_nonce(&key, now, b"same", b"cccc");
         h.insert(NONCE_HEADER, "dddd".parse().unwrap());
-        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        let e = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap_err();
         assert!(e.message.contains("does not verify"), "{}", e.message);
         let (uri, mut h) = request_with_nonce(&key, now, b"same", b"eeee");
         h.remove(NONCE_HEADER);
-        assert!(check(&key.public(), &guard, &Method::PUT, &uri, &h, now).is_err());
+        assert!(check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).is_err());
         // Malformed nonces are refused before the signature is looked at.
         for bad in ["", "a b", "a\tb", &"x".repeat(MAX_NONCE_LEN + 1)] {
             let (uri, mut h) = request_with_nonce(&key, now, b"same", b"ffff");
             h.insert(NONCE_HEADER, bad.parse().unwrap());
-            let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+            let e = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap_err();
             assert!(e.message.contains(NONCE_HEADER), "{bad:?}: {}", e.message);
         }
     }
@@ -480,15 +617,15 @@ mod tests {
         let now = 1_700_000_000;
         let first = ReplayGuard::default();
         let (uri, h) = request(&key, now, b"kept");
-        let kept = check(&key.public(), &first, &Method::PUT, &uri, &h, now).unwrap();
+        let kept = check(&key.public(), None, &first, &Method::PUT, &uri, &h, now).unwrap();
         first.persist(&store, &kept, now).unwrap();
         let (uri2, h2) = request(&key, now - WINDOW_SECS + 10, b"old");
-        let old = check(&key.public(), &first, &Method::PUT, &uri2, &h2, now).unwrap();
+        let old = check(&key.public(), None, &first, &Method::PUT, &uri2, &h2, now).unwrap();
         first.persist(&store, &old, now).unwrap();
         // A restart 20 s later: the first is still in its window, the second is not.
         let later = now + 20;
         let second = ReplayGuard::load(&store, later).unwrap();
-        let e = check(&key.public(), &second, &Method::PUT, &uri, &h, later).unwrap_err();
+        let e = check(&key.public(), None, &second, &Method::PUT, &uri, &h, later).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);
         assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 1);
     }
@@ -500,26 +637,26 @@ mod tests {
         let guard = ReplayGuard::default();
         let now = 1_700_000_000;
         let (uri, h) = request(&key, now, b"hello");
-        let got = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap();
+        let got = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap();
         assert_eq!(got.body_blake3, body_blake3(b"hello"));
         // The same signature again is a replay.
-        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        let e = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);
         // Another key, another method, a stale date, a changed header.
         let (uri, h) = request(&other, now, b"hello");
-        assert!(check(&key.public(), &guard, &Method::PUT, &uri, &h, now).is_err());
+        assert!(check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).is_err());
         let (uri, h) = request(&key, now + 1, b"hello");
-        assert!(check(&key.public(), &guard, &Method::POST, &uri, &h, now).is_err());
+        assert!(check(&key.public(), None, &guard, &Method::POST, &uri, &h, now).is_err());
         let (uri, h) = request(&key, now - WINDOW_SECS - 1, b"hello");
-        let e = check(&key.public(), &guard, &Method::PUT, &uri, &h, now).unwrap_err();
+        let e = check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap_err();
         assert!(e.message.contains("from the node's clock"), "{}", e.message);
         let (uri, mut h) = request(&key, now + 2, b"hello");
         h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
-        assert!(check(&key.public(), &guard, &Method::PUT, &uri, &h, now).is_err());
+        assert!(check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).is_err());
         let (uri, mut h) = request(&key, now + 3, b"hello");
         h.remove(header::AUTHORIZATION);
         assert_eq!(
-            check(&key.public(), &guard, &Method::PUT, &uri, &h, now)
+            check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now)
                 .unwrap_err()
                 .status,
             401

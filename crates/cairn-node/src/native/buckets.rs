@@ -150,7 +150,16 @@ pub async fn open_for_write(
     let opened = open(node, name).await?;
     let expect = match &opened.entry.owner {
         Some(owner) => {
-            let checked = auth::check(owner, &node.replay, method, uri, headers, auth::now_secs())?;
+            let capsule = opened.bucket.metadata().map(|m| m.name().to_string());
+            let checked = auth::check(
+                owner,
+                capsule.as_deref(),
+                &node.replay,
+                method,
+                uri,
+                headers,
+                auth::now_secs(),
+            )?;
             remember(node, checked).await?;
             Some(checked.body_blake3)
         }
@@ -222,8 +231,10 @@ pub async fn create(
         None => None,
     };
     if let Some(owner) = &owner {
+        // The bucket's capsule does not exist yet: a capsule line is signed, not checked.
         let checked = auth::check(
             owner,
+            None,
             &node.replay,
             &method,
             &uri,

@@ -129,6 +129,7 @@ impl Server {
             if_match: find("if-match"),
             context: find("x-cairn-context"),
             nonce: find("x-cairn-nonce"),
+            capsule: find("x-cairn-capsule"),
         };
         let mut all: Vec<(String, String)> = headers
             .iter()
