@@ -35,7 +35,7 @@ use cairn_capsule::{CapsuleMetadata, CapsuleName, VersionProof};
 use cairn_core::{Error, SigningKey};
 use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
 use cairn_node::native::values::json_bytes;
-use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, Uid, ValueType};
+use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, DiffCursor, Uid, ValueType};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::blocking::{Client as Http, Response};
 use reqwest::{Method, StatusCode, Url};
@@ -302,9 +302,17 @@ impl Client {
             for (n, v) in &all {
                 req = req.header(n.as_str(), v.as_str());
             }
-            let resp = req.send().await?;
+            let mut resp = req.send().await?;
             let status = resp.status();
-            let body = resp.bytes().await?;
+            // The answer is small JSON: read at most one byte past the limit, which
+            // `parse_json` then refuses, whatever a node sends.
+            let mut body = Vec::new();
+            while let Some(chunk) = resp.chunk().await? {
+                body.extend_from_slice(&chunk);
+                if body.len() as u64 > JSON_LIMIT {
+                    break;
+                }
+            }
             Ok::<_, reqwest::Error>((status, body))
         });
         // A node that answers before reading the whole body (413, 401, ...) leaves the
@@ -478,29 +486,45 @@ impl Client {
             };
             read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
         } else {
-            // A signed upload hashes its body first, which needs a second read: spool stdin.
+            // A signed upload hashes its body first, which needs a second read: spool stdin,
+            // and any input that is not a regular file (a pipe, `<(...)`, a device).
             let mut spooled = None;
+            let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+            let spool = |from: &mut dyn Read, what: &str| -> Result<_> {
+                crate::cleanup::arm();
+                let mut tmp = tempfile::NamedTempFile::new()
+                    .with_context(|| format!("creating a temporary file for {what}"))?;
+                let interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
+                io::copy(from, &mut tmp).with_context(|| format!("reading {what}"))?;
+                Ok((tmp, interrupt))
+            };
             let path = match (&a.file, &signer) {
+                (Some(p), Some(_)) if !regular(p) => {
+                    let mut f =
+                        File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                    let (tmp, interrupt) = spool(&mut f, &p.display().to_string())?;
+                    let t = tmp.path().to_path_buf();
+                    spooled = Some((tmp, interrupt));
+                    Some(t)
+                }
                 (Some(p), _) => Some(p.clone()),
                 (None, Some(_)) => {
-                    crate::cleanup::arm();
-                    let mut tmp = tempfile::NamedTempFile::new()
-                        .context("creating a temporary file for stdin")?;
-                    let interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
-                    io::copy(&mut io::stdin().lock(), &mut tmp).context("reading stdin")?;
+                    let (tmp, interrupt) = spool(&mut io::stdin().lock(), "stdin")?;
                     let p = tmp.path().to_path_buf();
                     spooled = Some((tmp, interrupt));
                     Some(p)
                 }
                 (None, None) => None,
             };
-            let open = |p: &Path| -> Result<(File, u64)> {
+            // The length only of a regular file: a pipe or a device reports a size that is
+            // not what it yields (a pipe says 0), and a declared length the body then does
+            // not match is cut or padded by the HTTP layer, silently. Those go chunked.
+            let open = |p: &Path| -> Result<(File, Option<u64>)> {
                 let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-                let len = f
+                let m = f
                     .metadata()
-                    .with_context(|| format!("reading {}", p.display()))?
-                    .len();
-                Ok((f, len))
+                    .with_context(|| format!("reading {}", p.display()))?;
+                Ok((f, m.is_file().then_some(m.len())))
             };
             let prefix = match &key {
                 Some(_) => {
@@ -529,7 +553,7 @@ impl Client {
             let hash = match (&path, &signer) {
                 (Some(p), Some(_)) => {
                     let (f, len) = open(p)?;
-                    let pb = progress_bar(Some(len), "hashing");
+                    let pb = progress_bar(len, "hashing");
                     let mut r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
                     let mut h = blake3::Hasher::new();
                     let mut buf = vec![0u8; 1 << 16];
@@ -548,10 +572,13 @@ impl Client {
             let (reader, len): (Box<dyn Read + Send>, Option<u64>) = match &path {
                 Some(p) => {
                     let (f, len) = open(p)?;
-                    (
-                        Box::new(io::BufReader::with_capacity(1 << 20, f)),
-                        Some(len),
-                    )
+                    let r = io::BufReader::with_capacity(1 << 20, f);
+                    match len {
+                        // A file that changes while it is sent fails the upload instead of
+                        // being cut to (or padded past) the length declared.
+                        Some(n) => (Box::new(ExactLen::new(r, n, p)), Some(n)),
+                        None => (Box::new(r), None),
+                    }
                 }
                 None => {
                     if io::stdin().is_terminal() {
@@ -773,6 +800,16 @@ impl Client {
             }
             match r.get("next") {
                 None | Some(J::Null) => return Ok(()),
+                // Keys come in byte order: a cursor that does not move past the last one
+                // would page forever.
+                Some(J::String(s))
+                    if after.as_ref().is_some_and(|a| s.as_bytes() <= a.as_bytes()) =>
+                {
+                    bail!(Error::decode(format!(
+                        "the node's next page would start at {s:?}, not after {:?}; stopping",
+                        after.unwrap_or_default()
+                    )))
+                }
                 Some(J::String(s)) => after = Some(s.clone()),
                 Some(_) => bail!(Error::invalid(
                     "the next page starts after a key that is not UTF-8, which this client \
@@ -843,7 +880,20 @@ impl Client {
             }
             print_diff_page(&r, out)?;
             match r.get("next") {
-                Some(J::String(c)) => after = Some(c.clone()),
+                Some(J::String(c)) => {
+                    // Each page must move on (keys up, region ends forward), or a node
+                    // could keep the client paging forever.
+                    let next = DiffCursor::parse(c)?;
+                    if let Some(prev) = after.as_deref().map(DiffCursor::parse).transpose()?
+                        && !cursor_advances(&prev, &next)
+                    {
+                        bail!(Error::decode(format!(
+                            "the node's next diff page would start at {c}, which does not \
+                             move past the last one; stopping"
+                        )));
+                    }
+                    after = Some(c.clone());
+                }
                 _ => return Ok(()),
             }
         }
@@ -1024,6 +1074,60 @@ fn read_json(resp: Response) -> Result<J> {
 /// at most [`UPLOAD_QUEUE`] ahead of the receiver. A read error is passed on as the last
 /// item, so the request fails instead of ending short; the thread also stops when the
 /// receiver is dropped.
+/// The bytes of a file uploaded with a declared length: exactly `len` of them, or an
+/// error (the file shrank or grew while it was read), so that the upload fails rather than
+/// storing a cut or a padded value.
+struct ExactLen<R> {
+    inner: R,
+    left: u64,
+    checked_end: bool,
+    name: String,
+}
+
+impl<R: Read> ExactLen<R> {
+    fn new(inner: R, len: u64, path: &Path) -> Self {
+        ExactLen {
+            inner,
+            left: len,
+            checked_end: false,
+            name: path.display().to_string(),
+        }
+    }
+}
+
+impl<R: Read> Read for ExactLen<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            if !self.checked_end {
+                self.checked_end = true;
+                let mut one = [0u8; 1];
+                if self.inner.read(&mut one)? > 0 {
+                    return Err(io::Error::other(format!(
+                        "{} grew while it was being uploaded; nothing was stored",
+                        self.name
+                    )));
+                }
+            }
+            return Ok(0);
+        }
+        let max = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..max])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} shrank while it was being uploaded ({} bytes short); nothing was stored",
+                    self.name, self.left
+                ),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 fn read_in_pieces(
     mut body: Box<dyn Read + Send>,
     piece: usize,
@@ -1201,6 +1305,18 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
     e.into()
 }
 
+/// Whether diff cursor `next` lies past `prev` (a later key, or region ends no earlier on
+/// either side and later on one).
+fn cursor_advances(prev: &DiffCursor, next: &DiffCursor) -> bool {
+    match (prev, next) {
+        (DiffCursor::AfterKey(p), DiffCursor::AfterKey(n)) => n > p,
+        (DiffCursor::AfterRegion { a: pa, b: pb }, DiffCursor::AfterRegion { a, b }) => {
+            a >= pa && b >= pb && (a > pa || b > pb)
+        }
+        _ => false,
+    }
+}
+
 /// Prints one page of a node's diff answer (`type`, `changes`).
 fn print_diff_page(r: &J, out: &mut impl Write) -> Result<()> {
     let ty = str_field(r, "type")?;
@@ -1260,6 +1376,40 @@ fn print_diff_page(r: &J, out: &mut impl Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn diff_cursors_must_move_on() {
+        let k = |s: &str| DiffCursor::AfterKey(s.as_bytes().to_vec().into());
+        let r = |a, b| DiffCursor::AfterRegion { a, b };
+        assert!(cursor_advances(&k("a"), &k("b")));
+        assert!(!cursor_advances(&k("b"), &k("b")));
+        assert!(!cursor_advances(&k("b"), &k("a")));
+        assert!(cursor_advances(&r(10, 5), &r(10, 6)));
+        assert!(cursor_advances(&r(10, 5), &r(20, 5)));
+        assert!(!cursor_advances(&r(10, 5), &r(10, 5)));
+        assert!(!cursor_advances(&r(10, 5), &r(9, 50)));
+        assert!(!cursor_advances(&k("a"), &r(1, 1)));
+    }
+
+    /// A file read with a declared length yields exactly it, or fails when it shrank or
+    /// grew.
+    #[test]
+    fn exact_len_reads_exactly_or_fails() {
+        let p = Path::new("f");
+        let mut out = Vec::new();
+        ExactLen::new(&b"abcdef"[..], 6, p)
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, b"abcdef");
+        let e = ExactLen::new(&b"abc"[..], 6, p)
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert!(e.to_string().contains("shrank"), "{e}");
+        let e = ExactLen::new(&b"abcdefg"[..], 6, p)
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert!(e.to_string().contains("grew"), "{e}");
+    }
 
     /// Gives `data`, then `error` (when set), in reads of at most `step` bytes, with an
     /// `Interrupted` before every other read.
