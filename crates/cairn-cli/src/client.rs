@@ -475,11 +475,13 @@ impl Client {
         } else {
             None
         };
+        // An encrypted value is bound to its bucket and key.
+        let place = crypt::binding(&self.bucket, &a.key);
         let r = if let Some(v) = a.value {
             let body = match &key {
                 Some(k) => {
                     let mut c = Vec::new();
-                    crypt::EncryptReader::new(v.as_bytes(), k)?.read_to_end(&mut c)?;
+                    crypt::EncryptReader::new(v.as_bytes(), k, &place)?.read_to_end(&mut c)?;
                     c
                 }
                 None => v.into_bytes(),
@@ -538,7 +540,7 @@ impl Client {
             let body_reader = |r: Box<dyn Read + Send>| -> Box<dyn Read + Send> {
                 match (&key, prefix) {
                     (Some(k), Some(p)) => {
-                        Box::new(crypt::EncryptReader::with_nonce_prefix(r, k, p))
+                        Box::new(crypt::EncryptReader::with_nonce_prefix(r, k, p, &place))
                     }
                     _ => r,
                 }
@@ -683,9 +685,10 @@ impl Client {
                 None => crypt::default_key_path()?,
             };
             let key = crypt::load_or_create_key(&path, false)?;
+            let place = crypt::binding(&self.bucket, &a.key);
             let r = match &a.out {
-                Some(p) => crypt::decrypt_to_file(&mut body, &key, p),
-                None => crypt::decrypt_to_writer(&mut body, &key, out),
+                Some(p) => crypt::decrypt_to_file(&mut body, &key, &place, p),
+                None => crypt::decrypt_to_writer(&mut body, &key, &place, out),
             };
             pb.finish_and_clear();
             r?;

@@ -2,14 +2,14 @@
 //! value is encrypted before it leaves the machine, so the node stores and serves only
 //! ciphertext. Streaming, in constant memory, for values of any size.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! A 39-byte header, then the segments:
 //!
 //! | bytes | what |
 //! | --- | --- |
 //! | 8 | magic `CAIRNENC` |
-//! | 1 | format version, 1 |
+//! | 1 | format version, 2 (1 is still read) |
 //! | 1 | algorithm, 1 = XChaCha20-Poly1305 in the STREAM construction, big-endian 32-bit counter (`aead::stream::StreamBE32`) |
 //! | 1 | log2 of the plaintext segment size, 16 (64 KiB) |
 //! | 1 | reserved, 0 |
@@ -18,10 +18,14 @@
 //!
 //! Every plaintext segment is 64 KiB except the last, which holds 0 to 64 KiB and is sealed
 //! with STREAM's last-segment flag; each ciphertext segment is its plaintext plus a 16-byte
-//! Poly1305 tag, and each is authenticated with the whole header as associated data. So a
-//! changed byte anywhere, reordered or dropped segments, a stream cut at any point
-//! (including at a segment boundary: the last flag is missing) or a changed header all fail
-//! to decrypt. The ciphertext of `n` plaintext bytes is `39 + n + 16 · max(1, ⌈n / 64 KiB⌉)`
+//! Poly1305 tag, and each is authenticated with the whole header and the value's place as
+//! associated data: `header ‖ "cairn value place v2" ‖ u32 LE length ‖ bucket ‖ u32 LE
+//! length ‖ key` (see [`binding`]; version 1 authenticated the header alone). So a changed
+//! byte anywhere, reordered or dropped segments, a stream cut at any point (including at a
+//! segment boundary: the last flag is missing), a changed header, or a node serving the
+//! value of another key or bucket as this one all fail to decrypt. (A node can still serve
+//! an older version of the same key: compare the version you read with the one you
+//! expect.) The ciphertext of `n` plaintext bytes is `39 + n + 16 · max(1, ⌈n / 64 KiB⌉)`
 //! bytes.
 //!
 //! The AEAD key is `BLAKE3-derive_key("cairn data key v1 xchacha20poly1305 stream", secret)`
@@ -42,7 +46,21 @@ use chacha20poly1305::{Key, XChaCha20Poly1305};
 /// The first bytes of every encrypted value.
 pub const MAGIC: &[u8; 8] = b"CAIRNENC";
 /// The format version written.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+/// The earlier format, still read: its associated data is the header alone.
+pub const VERSION_UNBOUND: u8 = 1;
+
+/// What binds a value to its place, after the header in the associated data: the bucket
+/// and the key, each length-prefixed.
+pub fn binding(bucket: &str, key: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(32 + bucket.len() + key.len());
+    b.extend_from_slice(b"cairn value place v2");
+    for part in [bucket.as_bytes(), key.as_bytes()] {
+        b.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        b.extend_from_slice(part);
+    }
+    b
+}
 /// Algorithm id: XChaCha20-Poly1305, STREAM with a big-endian 32-bit counter.
 pub const ALGO_XCHACHA20POLY1305_STREAM_BE32: u8 = 1;
 /// log2 of the plaintext segment size.
@@ -225,29 +243,48 @@ fn read_segment(
 pub struct EncryptReader<R> {
     inner: R,
     enc: Option<EncryptorBE32<XChaCha20Poly1305>>,
-    header: [u8; HEADER],
+    /// The associated data of every segment: the header, then the place binding.
+    aad: Vec<u8>,
     out: Vec<u8>,
     pos: usize,
     look: Option<u8>,
 }
 
 impl<R: Read> EncryptReader<R> {
-    /// Encrypts `inner` under `key` with a fresh random nonce prefix.
-    pub fn new(inner: R, key: &DataKey) -> Result<Self> {
+    /// Encrypts `inner` under `key` for the place `binding` names ([`binding`]) with a
+    /// fresh random nonce prefix.
+    pub fn new(inner: R, key: &DataKey, binding: &[u8]) -> Result<Self> {
         let mut prefix = [0u8; NONCE_PREFIX];
         getrandom::fill(&mut prefix)
             .map_err(|e| anyhow::anyhow!("the system random source failed: {e}"))?;
-        Ok(Self::with_nonce_prefix(inner, key, prefix))
+        Ok(Self::with_nonce_prefix(inner, key, prefix, binding))
     }
 
     /// Encrypts `inner` under `key` with the given nonce prefix (which must never be used
     /// twice with one key; [`EncryptReader::new`] draws it at random). Two readers with the
     /// same prefix over the same plaintext give the same bytes, which lets a caller hash
     /// the ciphertext in one pass and send it in another.
-    pub fn with_nonce_prefix(inner: R, key: &DataKey, prefix: [u8; NONCE_PREFIX]) -> Self {
+    pub fn with_nonce_prefix(
+        inner: R,
+        key: &DataKey,
+        prefix: [u8; NONCE_PREFIX],
+        binding: &[u8],
+    ) -> Self {
+        Self::in_format(inner, key, prefix, binding, VERSION)
+    }
+
+    /// [`EncryptReader::with_nonce_prefix`] writing format `version` (the place binding
+    /// is left out of version 1).
+    fn in_format(
+        inner: R,
+        key: &DataKey,
+        prefix: [u8; NONCE_PREFIX],
+        binding: &[u8],
+        version: u8,
+    ) -> Self {
         let mut header = [0u8; HEADER];
         header[..8].copy_from_slice(MAGIC);
-        header[8] = VERSION;
+        header[8] = version;
         header[9] = ALGO_XCHACHA20POLY1305_STREAM_BE32;
         header[10] = SEGMENT_LOG2;
         header[11] = 0;
@@ -257,7 +294,7 @@ impl<R: Read> EncryptReader<R> {
         EncryptReader {
             inner,
             enc: Some(enc),
-            header,
+            aad: associated_data(&header, binding),
             out: header.to_vec(),
             pos: 0,
             look: None,
@@ -273,11 +310,11 @@ impl<R: Read> EncryptReader<R> {
         let (_, more) = read_segment(&mut self.inner, &mut self.look, &mut self.out, SEGMENT)?;
         self.pos = 0;
         let sealed = if more {
-            let r = enc.encrypt_next_in_place(&self.header, &mut self.out);
+            let r = enc.encrypt_next_in_place(&self.aad, &mut self.out);
             self.enc = Some(enc);
             r
         } else {
-            enc.encrypt_last_in_place(&self.header, &mut self.out)
+            enc.encrypt_last_in_place(&self.aad, &mut self.out)
         };
         sealed.map_err(|_| io::Error::other("encryption failed (segment counter exhausted)"))
     }
@@ -298,12 +335,29 @@ impl<R: Read> Read for EncryptReader<R> {
     }
 }
 
+/// The associated data of a value's segments: the header, then (from version 2) the
+/// place binding.
+fn associated_data(header: &[u8; HEADER], binding: &[u8]) -> Vec<u8> {
+    let mut aad = header.to_vec();
+    if header[8] != VERSION_UNBOUND {
+        aad.extend_from_slice(binding);
+    }
+    aad
+}
+
 /// Decrypts `input` (the format above) under `key` into `out`, one verified segment at a
 /// time; returns the plaintext length. Fails (nothing more written) on a bad header, a key
 /// that is not the one the value was encrypted with, any segment that does not
 /// authenticate, and a stream that ends before its last segment. The caller must treat
 /// what it wrote as unverified until this returns `Ok` (see [`decrypt_to_file`]).
-pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Result<u64> {
+/// The value must be the one stored at the place `binding` names ([`binding`]; a value of
+/// another key or bucket fails).
+pub fn decrypt(
+    input: &mut dyn Read,
+    key: &DataKey,
+    binding: &[u8],
+    out: &mut dyn Write,
+) -> Result<u64> {
     let mut header = [0u8; HEADER];
     let n = read_full(input, &mut header).context("reading the encrypted value")?;
     if n < 8 || &header[..8] != MAGIC {
@@ -316,14 +370,14 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
             "the encrypted value is truncated (inside its header)".into()
         ));
     }
-    if header[8] != VERSION
+    if (header[8] != VERSION && header[8] != VERSION_UNBOUND)
         || header[9] != ALGO_XCHACHA20POLY1305_STREAM_BE32
         || header[10] != SEGMENT_LOG2
         || header[11] != 0
     {
         bail!(Error::decode(format!(
             "unsupported encryption format (version {}, algorithm {}, segment 2^{}); this \
-             cairn reads version {VERSION}",
+             cairn reads versions {VERSION_UNBOUND} and {VERSION}",
             header[8], header[9], header[10]
         )));
     }
@@ -338,6 +392,7 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
         key.cipher(),
         GenericArray::from_slice(&header[12..12 + NONCE_PREFIX]),
     );
+    let aad = associated_data(&header, binding);
     let mut buf = Vec::with_capacity(SEGMENT + TAG + 1);
     let mut look = None;
     let mut total = 0u64;
@@ -346,10 +401,10 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
         let (got, more) = read_segment(input, &mut look, &mut buf, SEGMENT + TAG)
             .context("reading the encrypted value")?;
         if more {
-            dec.decrypt_next_in_place(&header, &mut buf).map_err(|_| {
+            dec.decrypt_next_in_place(&aad, &mut buf).map_err(|_| {
                 Error::Rejected(format!(
                     "segment {index} of the encrypted value does not authenticate: it was \
-                     altered (or the data key is wrong)"
+                     altered, or it is the value of another key or bucket"
                 ))
             })?;
         } else {
@@ -358,10 +413,11 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
                     "the encrypted value is truncated (segment {index} is cut short)"
                 )));
             }
-            dec.decrypt_last_in_place(&header, &mut buf).map_err(|_| {
+            dec.decrypt_last_in_place(&aad, &mut buf).map_err(|_| {
                 Error::Rejected(format!(
-                    "the encrypted value is truncated or altered: its last segment ({index}) \
-                     does not authenticate as the final one"
+                    "the encrypted value is truncated or altered, or it is the value of \
+                     another key or bucket: its last segment ({index}) does not \
+                     authenticate as the final one"
                 ))
             })?;
             out.write_all(&buf).context("writing the decrypted value")?;
@@ -376,28 +432,38 @@ pub fn decrypt(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Resu
 
 /// Decrypts into a temporary file beside `dest` and renames it to `dest` only when the whole
 /// value verified; on failure `dest` is left as it was and the temporary file is removed.
-pub fn decrypt_to_file(input: &mut dyn Read, key: &DataKey, dest: &Path) -> Result<u64> {
+pub fn decrypt_to_file(
+    input: &mut dyn Read,
+    key: &DataKey,
+    binding: &[u8],
+    dest: &Path,
+) -> Result<u64> {
     match crate::cli::out_target(dest)? {
         // A device or pipe: nothing may reach it before the whole value verified.
         crate::cli::OutTarget::InPlace => {
             let mut f =
                 File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
-            decrypt_to_writer(input, key, &mut f)
+            decrypt_to_writer(input, key, binding, &mut f)
         }
         // A new plaintext file is private (0600), as the data key is.
         crate::cli::OutTarget::File(_) => {
-            crate::cli::write_whole_file(dest, 0o600, &mut |w| decrypt(input, key, w))
+            crate::cli::write_whole_file(dest, 0o600, &mut |w| decrypt(input, key, binding, w))
         }
     }
 }
 
 /// Decrypts into an anonymous temporary file, then copies the verified plaintext to `out`
 /// (stdout): nothing reaches `out` unless the whole value verified.
-pub fn decrypt_to_writer(input: &mut dyn Read, key: &DataKey, out: &mut dyn Write) -> Result<u64> {
+pub fn decrypt_to_writer(
+    input: &mut dyn Read,
+    key: &DataKey,
+    binding: &[u8],
+    out: &mut dyn Write,
+) -> Result<u64> {
     let mut tmp: File = tempfile::tempfile().context("creating a temporary file")?;
     {
         let mut w = io::BufWriter::with_capacity(1 << 20, &mut tmp);
-        decrypt(input, key, &mut w)?;
+        decrypt(input, key, binding, &mut w)?;
         w.flush().context("writing the decrypted value")?;
     }
     use std::io::Seek;
@@ -416,9 +482,13 @@ mod tests {
         DataKey::from_secret(&[7; 32])
     }
 
+    fn place() -> Vec<u8> {
+        binding("b", "k")
+    }
+
     fn enc(data: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        EncryptReader::new(data, &key())
+        EncryptReader::new(data, &key(), &place())
             .unwrap()
             .read_to_end(&mut out)
             .unwrap();
@@ -440,7 +510,10 @@ mod tests {
             let c = enc(&data);
             assert_eq!(c.len() as u64, encrypted_len(n as u64), "n={n}");
             let mut back = Vec::new();
-            assert_eq!(decrypt(&mut &c[..], &key(), &mut back).unwrap(), n as u64);
+            assert_eq!(
+                decrypt(&mut &c[..], &key(), &place(), &mut back).unwrap(),
+                n as u64
+            );
             assert_eq!(back, data);
         }
     }
@@ -460,7 +533,7 @@ mod tests {
             let mut t = c.clone();
             t[at] ^= 1;
             assert!(
-                decrypt(&mut &t[..], &key(), &mut Vec::new()).is_err(),
+                decrypt(&mut &t[..], &key(), &place(), &mut Vec::new()).is_err(),
                 "at {at}"
             );
         }
@@ -474,12 +547,12 @@ mod tests {
             c.len() - 1,
         ] {
             assert!(
-                decrypt(&mut &c[..len], &key(), &mut Vec::new()).is_err(),
+                decrypt(&mut &c[..len], &key(), &place(), &mut Vec::new()).is_err(),
                 "len {len}"
             );
         }
         let other = DataKey::from_secret(&[8; 32]);
-        assert!(decrypt(&mut &c[..], &other, &mut Vec::new()).is_err());
+        assert!(decrypt(&mut &c[..], &other, &place(), &mut Vec::new()).is_err());
         // Two encryptions of one value differ (fresh nonce prefixes).
         assert_ne!(enc(&data), c);
     }
@@ -491,8 +564,43 @@ mod tests {
         let mut c = enc(&vec![1u8; SEGMENT * 2]);
         let last = c.len() - 1;
         c[last] ^= 1;
-        assert!(decrypt_to_file(&mut &c[..], &key(), &dest).is_err());
+        assert!(decrypt_to_file(&mut &c[..], &key(), &place(), &dest).is_err());
         assert!(!dest.exists());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A value decrypts only at the place it was encrypted for: the same ciphertext read
+    /// as another key's or another bucket's fails; values of format 1 (no place) still
+    /// decrypt.
+    #[test]
+    fn values_are_bound_to_their_bucket_and_key() {
+        let data = vec![9u8; SEGMENT + 5];
+        let c = enc(&data);
+        assert_eq!(c[8], VERSION);
+        for elsewhere in [
+            binding("b", "k2"),
+            binding("b2", "k"),
+            binding("bk", ""),
+            Vec::new(),
+        ] {
+            let e = decrypt(&mut &c[..], &key(), &elsewhere, &mut Vec::new()).unwrap_err();
+            assert!(e.to_string().contains("another key or bucket"), "{e}");
+        }
+        // Length prefixes keep ("b", "k2") and ("bk", "2") apart.
+        assert_ne!(binding("b", "k2"), binding("bk", "2"));
+        let mut old = Vec::new();
+        EncryptReader::in_format(
+            &data[..],
+            &key(),
+            [3; NONCE_PREFIX],
+            &place(),
+            VERSION_UNBOUND,
+        )
+        .read_to_end(&mut old)
+        .unwrap();
+        assert_eq!(old[8], VERSION_UNBOUND);
+        let mut back = Vec::new();
+        decrypt(&mut &old[..], &key(), &binding("any", "where"), &mut back).unwrap();
+        assert_eq!(back, data);
     }
 }
