@@ -54,6 +54,10 @@ pub struct ServerConfig {
     pub write_timeout: Option<Duration>,
     /// How long a new connection may take to send its preamble.
     pub handshake_timeout: Option<Duration>,
+    /// How long any one read of a connection may wait after the preamble (between
+    /// requests, or inside one): idle or stalled peers are dropped, so they cannot hold
+    /// every connection slot.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -63,9 +67,23 @@ impl Default for ServerConfig {
             max_connections: 4096,
             write_timeout: Some(Duration::from_secs(60)),
             handshake_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: Some(Duration::from_secs(300)),
         }
     }
 }
+
+/// Shuts a connection's socket when dropped, also when its handler panics (the acceptor
+/// holds a clone of the socket, so the peer would otherwise wait on a dead connection).
+struct CloseOnDrop(TcpStream);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(Shutdown::Both);
+    }
+}
+
+/// Requests larger than this do not keep their buffer after they are answered.
+const KEEP_REQUEST_BUF: usize = 1 << 20;
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -225,10 +243,11 @@ fn accept_loop(
         let spawned = std::thread::Builder::new()
             .name("cairn-net-conn".into())
             .spawn(move || {
-                let _ = serve_connection(&stream, &config, &*handler);
-                // The acceptor holds a clone of this socket: close it explicitly so the
-                // peer sees the end now, not when the clone is reaped.
-                let _ = stream.shutdown(Shutdown::Both);
+                // The acceptor holds a clone of this socket: close it explicitly (also
+                // when the handler panics) so the peer sees the end now, not when the
+                // clone is reaped.
+                let stream = CloseOnDrop(stream);
+                let _ = serve_connection(&stream.0, &config, &*handler);
             });
         if let Ok(thread) = spawned {
             conns.push(Conn {
@@ -262,7 +281,7 @@ fn serve_connection(
     }
     writer.write_all(&PREAMBLE)?;
     writer.flush()?;
-    writer.get_ref().set_read_timeout(None)?;
+    writer.get_ref().set_read_timeout(config.idle_timeout)?;
     let mut request = Vec::new();
     loop {
         if reader.buffer().is_empty() {
@@ -273,6 +292,9 @@ fn serve_connection(
             Ok(false) | Err(_) => break,
         }
         let response = handler(&request);
+        if request.capacity() > KEEP_REQUEST_BUF {
+            request = Vec::new();
+        }
         if write_frame(&mut writer, &response, u32::MAX as usize).is_err() {
             break;
         }

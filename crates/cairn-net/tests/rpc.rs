@@ -328,3 +328,72 @@ fn shutdown_answers_received_requests() {
         Err(e) => assert!(matches!(e, Error::Io { .. }), "{e}"),
     }
 }
+
+/// Peers that finished the preamble and then send nothing are dropped after the idle
+/// timeout, so a few of them cannot hold every connection slot: a client coming later is
+/// served.
+#[test]
+fn idle_peers_give_their_slots_back() {
+    let cfg = ServerConfig {
+        max_connections: 2,
+        idle_timeout: Some(std::time::Duration::from_millis(300)),
+        ..ServerConfig::default()
+    };
+    let (h, _) = echo(cfg);
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut s = std::net::TcpStream::connect(h.local_addr()).unwrap();
+        std::io::Write::write_all(&mut s, &cairn_net::rpc::PREAMBLE).unwrap();
+        idle.push(s);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    let mut served = false;
+    for _ in 0..50 {
+        let r = Client::connect_with(
+            h.local_addr(),
+            ClientConfig {
+                read_timeout: Some(std::time::Duration::from_secs(2)),
+                ..ClientConfig::default()
+            },
+        )
+        .and_then(|mut c| c.call(b"hello"));
+        if let Ok(v) = r {
+            assert_eq!(v, b"re:hello");
+            served = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(served, "the idle peers kept every slot");
+    drop(idle);
+}
+
+/// A handler that panics ends its connection at once: the client gets an error instead of
+/// waiting on a socket nobody serves.
+#[test]
+fn a_panicking_handler_closes_its_connection() {
+    let h = serve("127.0.0.1:0", ServerConfig::default(), |r: &[u8]| {
+        if r == b"boom" {
+            panic!("handler bug (expected by this test)")
+        }
+        r.to_vec()
+    })
+    .unwrap();
+    let mut c = Client::connect_with(
+        h.local_addr(),
+        ClientConfig {
+            read_timeout: Some(std::time::Duration::from_secs(20)),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let t = std::time::Instant::now();
+    assert!(c.call(b"boom").is_err());
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "the client waited {:?} on a dead connection",
+        t.elapsed()
+    );
+    let mut c2 = Client::connect(h.local_addr()).unwrap();
+    assert_eq!(c2.call(b"ok").unwrap(), b"ok");
+}
