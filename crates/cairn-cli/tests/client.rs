@@ -118,6 +118,17 @@ impl User {
     }
 }
 
+/// Creates bucket `name`, open to every client (no owner key), on the node at `base`.
+fn create_open_bucket(base: &str, name: &str) {
+    let created = reqwest::blocking::Client::new()
+        .post(format!("{base}/v1/buckets"))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"name":"{name}"}}"#))
+        .send()
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+}
+
 /// Runs `args` in local mode and against the node; both must give the same exit code and
 /// stdout. Returns the stdout.
 fn same(u: &User, server: &str, args: &[&str]) -> String {
@@ -626,13 +637,7 @@ fn encrypted_round_trip_tampering_and_truncation() {
 fn chunked_upload_from_stdin_to_an_open_bucket() {
     let server = Server::start();
     let srv = Some(server.base.as_str());
-    let created = reqwest::blocking::Client::new()
-        .post(format!("{}/v1/buckets", server.base))
-        .header("content-type", "application/json")
-        .body(r#"{"name":"pub"}"#)
-        .send()
-        .unwrap();
-    assert_eq!(created.status().as_u16(), 201);
+    create_open_bucket(&server.base, "pub");
     let u = User::new();
     for (key, data) in [
         ("piped", pseudo_random((5 << 18) + 12_345, 7)),
@@ -867,13 +872,7 @@ fn put_from_a_pipe_stores_all_it_yields() {
     let u = User::new();
     let srv = Some(s.base.as_str());
     let data = pseudo_random((3 << 20) + 777, 11);
-    let created = reqwest::blocking::Client::new()
-        .post(format!("{}/v1/buckets", s.base))
-        .header("content-type", "application/json")
-        .body(r#"{"name":"pub"}"#)
-        .send()
-        .unwrap();
-    assert_eq!(created.status().as_u16(), 201);
+    create_open_bucket(&s.base, "pub");
     for (bucket, key, extra) in [
         ("default", "plain", None),
         ("default", "sealed", Some("--encrypt")),

@@ -261,21 +261,14 @@ impl Db {
         if a == b {
             return Ok((Diff::Same, None));
         }
-        let mut more = false;
         if matches!(a.value_type(), ValueType::Map | ValueType::Set) {
             let from = match after {
                 None => None,
                 Some(DiffCursor::AfterKey(k)) => Some(&k[..]),
                 Some(c) => return wrong(c),
             };
-            let mut out: Vec<KeyChange> = Vec::new();
-            postree::diff_sorted_each(self.chunks(), ta, tb, from, &mut |c| {
-                if out.len() == limit {
-                    more = true;
-                    return Ok(ControlFlow::Break(()));
-                }
-                out.push(c);
-                Ok(ControlFlow::Continue(()))
+            let (out, more): (Vec<KeyChange>, bool) = postree::collect_changes(limit, |each| {
+                postree::diff_sorted_each(self.chunks(), ta, tb, from, each)
             })?;
             let next = more
                 .then(|| out.last().map(|c| DiffCursor::AfterKey(c.key.clone())))
@@ -287,14 +280,8 @@ impl Db {
             Some(DiffCursor::AfterRegion { a, b }) => Some((*a, *b)),
             Some(c) => return wrong(c),
         };
-        let mut out: Vec<SeqChange> = Vec::new();
-        postree::diff_seq_each(self.chunks(), ta, tb, from, &mut |c| {
-            if out.len() == limit {
-                more = true;
-                return Ok(ControlFlow::Break(()));
-            }
-            out.push(c);
-            Ok(ControlFlow::Continue(()))
+        let (out, more): (Vec<SeqChange>, bool) = postree::collect_changes(limit, |each| {
+            postree::diff_seq_each(self.chunks(), ta, tb, from, each)
         })?;
         let next = more
             .then(|| {

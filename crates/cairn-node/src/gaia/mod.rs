@@ -874,7 +874,7 @@ fn store_blocking<R: Read>(
     let v = hub.authenticate(headers, address)?;
     // The bucket is created only once the request passed every check before its body: a
     // refused request leaves nothing behind.
-    hub.writable_name(address)?;
+    let name = hub.writable_name(address)?;
     let existing = hub.existing_bucket(address)?;
     let oldest_valid = match &existing {
         Some(b) => hub.oldest_valid(address, b)?,
@@ -886,10 +886,11 @@ fn store_blocking<R: Read>(
     let key = path.as_bytes().to_vec();
     let cond = Precondition::from_headers(headers)?;
     // Fail fast, before the body is read; checked again at commit time.
-    cond.check(match &existing {
+    let current = match &existing {
         Some(b) => head(b, &key)?,
         None => None,
-    })?;
+    };
+    cond.check(current)?;
     let limit = hub.node.config.max_upload_bytes;
     let max_mb = megabytes(limit);
     if let Some(len) =
@@ -909,7 +910,7 @@ fn store_blocking<R: Read>(
     }
     let bucket = match existing {
         Some(b) => b,
-        None => hub.bucket(address)?,
+        None => hub.node.bucket(&name)?,
     };
     let ticket = hub.enqueue(bucket.name(), &key)?;
     let guard = match &cond {
@@ -929,8 +930,12 @@ fn store_blocking<R: Read>(
         }
         .encode(),
         // A file deleted under an archival scope kept its versions on a `.history.`
-        // branch: written again, it goes on from the newest of them.
-        branch_from: archived_head(&bucket, &key)?,
+        // branch: written again, it goes on from the newest of them (only a key without
+        // a `master` head can have one to look for).
+        branch_from: match current {
+            Some(_) => None,
+            None => archived_head(&bucket, &key)?,
+        },
     };
     let (turn, check_bucket, check_key) = (ticket.turn.clone(), bucket.clone(), key.clone());
     let (check_hub, check_address) = (hub.clone(), address.to_string());

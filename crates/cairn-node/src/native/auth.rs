@@ -429,6 +429,16 @@ mod tests {
         body: &[u8],
         nonce: &[u8],
     ) -> (Uri, HeaderMap) {
+        request_bound(key, date, body, nonce, b"")
+    }
+
+    fn request_bound(
+        key: &SigningKey,
+        date: u64,
+        body: &[u8],
+        nonce: &[u8],
+        capsule: &[u8],
+    ) -> (Uri, HeaderMap) {
         let uri: Uri = "/v1/buckets/b/objects/k?branch=dev".parse().unwrap();
         let req = RequestToSign {
             method: "PUT",
@@ -439,7 +449,7 @@ mod tests {
             if_match: b"",
             context: b"",
             nonce,
-            capsule: b"",
+            capsule,
         };
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
@@ -510,27 +520,9 @@ mod tests {
         let key = SigningKey::from_seed(&[6; 32]);
         let guard = ReplayGuard::default();
         let now = 1_700_000_000;
-        let uri: Uri = "/v1/buckets/b/objects/k".parse().unwrap();
-        let signed = |nonce: &[u8], capsule: &[u8]| {
-            let req = RequestToSign {
-                method: "PUT",
-                path_and_query: "/v1/buckets/b/objects/k",
-                unix_secs: now,
-                body_blake3: body_blake3(b"x"),
-                content_type: b"",
-                if_match: b"",
-                context: b"",
-                nonce,
-                capsule,
-            };
-            let mut h = HeaderMap::new();
-            for (n, v) in req.sign(&key) {
-                h.insert(n, v.parse().unwrap());
-            }
-            h
-        };
+        let signed = |nonce: &[u8], capsule: &[u8]| request_bound(&key, now, b"x", nonce, capsule);
         let here = "blake3:aaaa";
-        let h = signed(b"n1", here.as_bytes());
+        let (uri, h) = signed(b"n1", here.as_bytes());
         let e = check(
             &key.public(),
             Some("blake3:bbbb"),
@@ -552,7 +544,7 @@ mod tests {
             now,
         )
         .unwrap();
-        let mut h = signed(b"n2", here.as_bytes());
+        let (uri, mut h) = signed(b"n2", here.as_bytes());
         h.remove(CAPSULE_HEADER);
         let e = check(
             &key.public(),
@@ -566,7 +558,7 @@ mod tests {
         .unwrap_err();
         assert!(e.message.contains("does not verify"), "{}", e.message);
         // Unbound requests (older clients) still pass.
-        let h = signed(b"n3", b"");
+        let (uri, h) = signed(b"n3", b"");
         check(
             &key.public(),
             Some(here),

@@ -206,12 +206,26 @@ fn present(e: &Elem) -> Bytes {
 /// The keys whose presence or value differ between Map (or Set) trees `a` and `b`, sorted
 /// by key. Subtrees with equal cids on both sides are skipped without being read.
 pub fn diff_sorted(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<KeyChange>> {
+    Ok(collect_changes(usize::MAX, |each| diff_sorted_each(store, a, b, None, each))?.0)
+}
+
+/// Collects at most `limit` of the changes a streamed diff (`walk`, fed a visitor) hands
+/// out; also whether more followed (the walk is stopped at the first one past `limit`).
+pub fn collect_changes<T>(
+    limit: usize,
+    walk: impl FnOnce(&mut dyn FnMut(T) -> Result<ControlFlow<()>>) -> Result<()>,
+) -> Result<(Vec<T>, bool)> {
     let mut out = Vec::new();
-    diff_sorted_each(store, a, b, None, &mut |c| {
+    let mut more = false;
+    walk(&mut |c| {
+        if out.len() == limit {
+            more = true;
+            return Ok(ControlFlow::Break(()));
+        }
         out.push(c);
         Ok(ControlFlow::Continue(()))
     })?;
-    Ok(out)
+    Ok((out, more))
 }
 
 /// [`diff_sorted`] of the keys after `after` (all with `None`), handing each change to
@@ -336,12 +350,7 @@ pub fn diff_sorted_each(
 /// Identical subtrees are skipped unread; inside a changed region both sides are walked
 /// leaf by leaf until a leaf of one side reappears on the other (resynchronisation).
 pub fn diff_seq(store: &dyn ChunkStore, a: &TreeRef, b: &TreeRef) -> Result<Vec<SeqChange>> {
-    let mut out = Vec::new();
-    diff_seq_each(store, a, b, None, &mut |c| {
-        out.push(c);
-        Ok(ControlFlow::Continue(()))
-    })?;
-    Ok(out)
+    Ok(collect_changes(usize::MAX, |each| diff_seq_each(store, a, b, None, each))?.0)
 }
 
 /// [`diff_seq`] from units `from` = `(a, b)` on (the two sides' ends of an earlier region,

@@ -59,7 +59,9 @@ use cairn_store::Cid;
 pub use build::{
     BlobWriter, blob_leaf_lengths, build_blob, build_list, build_map, build_set, empty,
 };
-pub use diff::{KeyChange, SeqChange, diff_seq, diff_seq_each, diff_sorted, diff_sorted_each};
+pub use diff::{
+    KeyChange, SeqChange, collect_changes, diff_seq, diff_seq_each, diff_sorted, diff_sorted_each,
+};
 pub use edit::{blob_splice, list_splice, map_update, set_update};
 pub use read::{
     BlobReader, COPY_BLOB_MAX_WORKERS, Element, Iter, blob_read, copy_blob, copy_blob_into,

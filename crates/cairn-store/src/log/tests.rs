@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// A ref update setting `name` to `value`.
+fn set(name: &str, value: &[u8]) -> RefUpdate {
+    RefUpdate::Set {
+        name: name.as_bytes().to_vec(),
+        value: value.to_vec(),
+    }
+}
+
 #[test]
 fn garbage_ratio() {
     assert!(garbage_heavy(0, 0));
@@ -66,10 +74,6 @@ fn failed_store_refuses_writes() {
 /// number seen is reported and ignored, and does not raise the next sequence number.
 #[test]
 fn stray_commit_after_a_resync_is_ignored() {
-    let set = |name: &str, value: &[u8]| RefUpdate::Set {
-        name: name.as_bytes().to_vec(),
-        value: value.to_vec(),
-    };
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
     for i in 0..3 {
@@ -158,10 +162,6 @@ fn stray_commit_after_a_resync_is_ignored() {
 /// of the acknowledged commit of the same number.
 #[test]
 fn records_copied_into_a_payload_are_not_replayed_after_a_resync() {
-    let set = |name: &str, value: &[u8]| RefUpdate::Set {
-        name: name.as_bytes().to_vec(),
-        value: value.to_vec(),
-    };
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
     let v = s.put(b"a chunk that stays").unwrap();
@@ -496,10 +496,6 @@ fn without_a_window_nothing_is_tracked() {
 /// format; every record reads back after another reopen.
 #[test]
 fn format_2_segments_are_read_and_appended_to() {
-    let set = |name: &str, value: &[u8]| RefUpdate::Set {
-        name: name.as_bytes().to_vec(),
-        value: value.to_vec(),
-    };
     let dir = tempfile::tempdir().unwrap();
     drop(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
     // Segment 1 as format 2 wrote it: its header, a chunk, a commit naming it.
@@ -609,19 +605,18 @@ fn a_roll_cuts_zeros_the_writer_lost_track_of() {
 /// acknowledged before it is.
 #[test]
 fn a_commit_whose_sync_failed_is_not_replayed_by_a_reopen() {
-    let set = |name: &str| RefUpdate::Set {
-        name: name.as_bytes().to_vec(),
-        value: b"v".to_vec(),
-    };
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
     let kept = s.put(b"acknowledged").unwrap();
-    s.commit(&[set("acked")]).unwrap();
+    s.commit(&[set("acked", b"v")]).unwrap();
     let lost = s.put(b"never acknowledged").unwrap();
     s.fail_next_sync.store(true, Ordering::Release);
-    let e = s.commit(&[set("failed")]).unwrap_err();
+    let e = s.commit(&[set("failed", b"v")]).unwrap_err();
     assert!(e.to_string().contains("injected"), "{e}");
-    assert!(s.commit(&[set("after")]).is_err(), "the store is failed");
+    assert!(
+        s.commit(&[set("after", b"v")]).is_err(),
+        "the store is failed"
+    );
     drop(s);
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
     assert!(s.get_ref(b"acked").unwrap().is_some());
@@ -633,5 +628,5 @@ fn a_commit_whose_sync_failed_is_not_replayed_by_a_reopen() {
     assert!(s.get_ref(b"after").unwrap().is_none());
     assert!(s.get(&kept).unwrap().is_some());
     assert!(s.get(&lost).unwrap().is_none());
-    s.commit(&[set("next")]).unwrap();
+    s.commit(&[set("next", b"v")]).unwrap();
 }
