@@ -252,6 +252,7 @@ fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
         }
     }
     diffs(store, t, input, valid);
+    stream(store, t, input, valid);
     // Readers of the other kinds must refuse the tree cleanly.
     acceptable(&postree::blob_read(store, t, 0, 16));
     acceptable(&postree::list_get(store, t, 0));
@@ -359,4 +360,102 @@ fn drain(it: postree::Iter<'_>, valid: bool, sorted: bool) -> u64 {
         }
     }
     n
+}
+
+/// The verified stream of a version holding `t`: a node sends it only when the tree is
+/// sound, a client accepts exactly what was sent and rebuilds what the positional readers
+/// return, and any flipped byte of the stream is refused.
+fn stream(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool) {
+    use cairn_object::stream::{FrameReader, Verified, VersionCheck, send_version};
+    use cairn_object::{FObject, Value};
+    let object = FObject {
+        key: bytes::Bytes::from_static(b"k"),
+        value: Value::Tree(*t),
+        depth: 0,
+        bases: Vec::new(),
+        context: bytes::Bytes::new(),
+    };
+    let uid = object.uid(store.algo());
+    let mut wire = Vec::new();
+    let mut frames = 0usize;
+    let sent = send_version(store, &object, &mut |b| {
+        frames += 1;
+        if frames > 2 * MAX_VISITS {
+            return Err(std::io::Error::other("fuzz: frame budget exhausted"));
+        }
+        wire.extend_from_slice(&b);
+        Ok(())
+    });
+    let over_budget = frames > 2 * MAX_VISITS;
+    if let Err(e) = &sent
+        && !over_budget
+    {
+        match e {
+            Error::Corrupt(_) | Error::NotFound(_) | Error::Decode(_) | Error::InvalidInput(_) => {}
+            other => panic!("send_version: unexpected error kind: {other}"),
+        }
+        assert!(!valid, "send_version refused a tree walk accepted: {e}");
+    }
+    if sent.is_err() {
+        return;
+    }
+    // What a client makes of it: the whole stream verifies.
+    let receive = |wire: &[u8]| -> Result<Vec<Vec<u8>>> {
+        let mut r = FrameReader::new(wire);
+        let mut check = VersionCheck::new(uid);
+        let mut units = Vec::new();
+        while let Some(c) = r.next_chunk()? {
+            match check.accept(c)? {
+                Verified::Bytes(b) => units.push(b.to_vec()),
+                Verified::Elements(es) => {
+                    for e in es {
+                        let mut u = e.key.to_vec();
+                        if let Some(v) = e.value {
+                            u.push(b'=');
+                            u.extend_from_slice(&v);
+                        }
+                        units.push(u);
+                    }
+                }
+                Verified::Object(_) | Verified::Index => {}
+            }
+        }
+        if !check.is_complete()? {
+            return Err(Error::corrupt("incomplete"));
+        }
+        Ok(units)
+    };
+    let units = receive(&wire).expect("a client refused what send_version sent");
+    if t.count <= MAX_UNITS as u64 {
+        match t.kind {
+            TreeKind::Blob => {
+                let whole = postree::blob_read(store, t, 0, t.count).expect("blob_read");
+                assert_eq!(units.concat(), whole, "stream and blob_read differ");
+            }
+            _ => {
+                let mut n = 0usize;
+                for (i, el) in postree::iter(store, t).enumerate() {
+                    let el = el.expect("iter of a streamed tree");
+                    let mut u = el.key.to_vec();
+                    if let Some(v) = el.value {
+                        u.push(b'=');
+                        u.extend_from_slice(&v);
+                    }
+                    assert_eq!(units.get(i), Some(&u), "stream and iter differ at {i}");
+                    n += 1;
+                }
+                assert_eq!(n, units.len(), "stream and iter lengths differ");
+            }
+        }
+    }
+    // One flipped byte anywhere is refused.
+    if !wire.is_empty() {
+        let at = (input.a as usize) % wire.len();
+        let mut bad = wire.clone();
+        bad[at] ^= 1 << (input.b % 8);
+        assert!(
+            receive(&bad).is_err(),
+            "a stream with byte {at} flipped was accepted"
+        );
+    }
 }

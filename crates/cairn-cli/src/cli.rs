@@ -780,6 +780,7 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `size:` line of `cairn get --meta`: bytes, elements, or an integer's value.
 fn size_of(v: &Value) -> String {
     match v.value_type() {
         ValueType::String | ValueType::Blob => format!("{} bytes", v.len()),
@@ -875,23 +876,7 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
     };
     let v = db.get(a.key.as_bytes(), &at)?;
     if a.meta {
-        let mut meta = Vec::new();
-        let o = &v.object;
-        writeln!(meta, "uid: {}", v.uid)?;
-        writeln!(meta, "key: {}", String::from_utf8_lossy(&o.key))?;
-        writeln!(meta, "type: {}", o.value_type())?;
-        writeln!(meta, "size: {}", size_of(&o.value))?;
-        writeln!(meta, "depth: {}", o.depth)?;
-        for b in &o.bases {
-            writeln!(meta, "base: {b}")?;
-        }
-        if let Some(t) = o.value.tree() {
-            writeln!(meta, "root: {}", t.root)?;
-            writeln!(meta, "height: {}", t.height)?;
-        }
-        if !o.context.is_empty() {
-            writeln!(meta, "context: {}", format::show(&o.context))?;
-        }
+        let meta = meta_text(&v.uid, &v.object)?;
         crate::cli::emit_text(&meta, a.out.as_deref(), out)?;
         return Ok(());
     }
@@ -908,6 +893,27 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `cairn get --meta` prints about version `uid`.
+pub fn meta_text(uid: &Uid, o: &cairn_object::FObject) -> Result<Vec<u8>> {
+    let mut meta = Vec::new();
+    writeln!(meta, "uid: {uid}")?;
+    writeln!(meta, "key: {}", String::from_utf8_lossy(&o.key))?;
+    writeln!(meta, "type: {}", o.value_type())?;
+    writeln!(meta, "size: {}", size_of(&o.value))?;
+    writeln!(meta, "depth: {}", o.depth)?;
+    for b in &o.bases {
+        writeln!(meta, "base: {b}")?;
+    }
+    if let Some(t) = o.value.tree() {
+        writeln!(meta, "root: {}", t.root)?;
+        writeln!(meta, "height: {}", t.height)?;
+    }
+    if !o.context.is_empty() {
+        writeln!(meta, "context: {}", format::show(&o.context))?;
+    }
+    Ok(meta)
 }
 
 /// Writes a command's text output to `--out` (whole or not at all) or to `out`.
@@ -1055,35 +1061,25 @@ pub fn write_whole_file(
 
 /// Writes a value in its command-line text form (blobs streamed with a progress bar).
 pub fn write_value(db: &Db, v: &Value, sink: &mut dyn Write) -> Result<()> {
-    match v {
-        Value::String(b) => sink.write_all(b)?,
-        Value::Integer(i) => writeln!(sink, "{i}")?,
-        Value::Tuple(items) => {
-            for it in items {
-                sink.write_all(it)?;
-                sink.write_all(b"\n")?;
+    if format::write_inline(v, sink)? {
+        return Ok(());
+    }
+    let Value::Tree(t) = v else {
+        return Ok(());
+    };
+    match v.value_type() {
+        ValueType::Blob => {
+            let pb = progress_bar(Some(t.count), "get");
+            let mut out = pb.wrap_write(&mut *sink);
+            let workers = postree::copy_blob_workers();
+            postree::copy_blob(db.chunks(), t, 0, t.count, workers, &mut out)?;
+            pb.finish_and_clear();
+        }
+        ty => {
+            for el in postree::iter(db.chunks(), t) {
+                format::write_element(ty, &el?, sink)?;
             }
         }
-        Value::Tree(t) => match v.value_type() {
-            ValueType::Blob => {
-                let pb = progress_bar(Some(t.count), "get");
-                let mut out = pb.wrap_write(&mut *sink);
-                let workers = postree::copy_blob_workers();
-                postree::copy_blob(db.chunks(), t, 0, t.count, workers, &mut out)?;
-                pb.finish_and_clear();
-            }
-            ty => {
-                for el in postree::iter(db.chunks(), t) {
-                    let el = el?;
-                    sink.write_all(&el.key)?;
-                    if ty == ValueType::Map {
-                        sink.write_all(b"=")?;
-                        sink.write_all(el.value.as_deref().unwrap_or_default())?;
-                    }
-                    sink.write_all(b"\n")?;
-                }
-            }
-        },
     }
     Ok(())
 }

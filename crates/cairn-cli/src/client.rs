@@ -17,9 +17,12 @@
 //!   reqwest's async client; downloads are streamed to the file or stdout; memory stays
 //!   constant whatever the size. Progress bars on stderr when it is a terminal.
 //! - Encryption: `put --encrypt` and `get --decrypt` (see [`crate::crypt`]).
+//! - Reads: `get` takes the node's verified stream of the version and checks every chunk
+//!   against the uid before using a byte ([`crate::verified`]).
 //! - Proofs: `verify --proof` fetches the proof and the bucket's capsule metadata and checks
-//!   the proof locally against the metadata, whose hash is the capsule name it prints;
-//!   `--capsule NAME` pins the name (a different one fails with exit 11).
+//!   the proof locally against the metadata, whose hash is the capsule name it prints, then
+//!   the version's content as `get` does; `--capsule NAME` pins the name (a different one
+//!   fails with exit 11).
 //!
 //! Commands that need the store itself (`verify` without `--proof`, `gc`, `stats`,
 //! `recovery`, `demo`, `serve`) are refused: run them on the node.
@@ -42,6 +45,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
 use crate::cli::{Cli, Command, GetArgs, MergeArgs, PutArgs, UpdateArgs, progress_bar};
+use crate::verified::VerifiedValue;
 use crate::{crypt, format};
 
 /// Characters left alone in a path segment or query value: RFC 3986's unreserved set.
@@ -642,70 +646,101 @@ impl Client {
         })
     }
 
+    /// Opens the node's verified stream of version `uid` (or the head of `branch`) of
+    /// `key` ([`crate::verified`]): checked against `uid` when given, else against the uid
+    /// the node names; a version of another key is refused.
+    fn open_version(
+        &self,
+        key: &str,
+        uid: Option<Uid>,
+        branch: Option<String>,
+    ) -> Result<(Uid, VerifiedValue<Response>)> {
+        self.open_version_part(key, uid, branch, false)
+    }
+
+    /// [`Client::open_version`]; `meta_only` asks for the version without its content.
+    fn open_version_part(
+        &self,
+        key: &str,
+        uid: Option<Uid>,
+        branch: Option<String>,
+        meta_only: bool,
+    ) -> Result<(Uid, VerifiedValue<Response>)> {
+        let mut query = Self::version_query(uid, branch);
+        if meta_only {
+            query.push(("meta", "true".to_string()));
+        }
+        let url = self.url("stream", Some(key), &query)?;
+        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
+        let named: Uid = resp
+            .headers()
+            .get(reqwest::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().trim_matches('"').parse().ok())
+            .ok_or_else(|| bad_answer("ETag"))?;
+        let uid = match uid {
+            Some(u) if u != named => bail!(Error::Rejected(format!(
+                "asked for version {u}, the node answered with {named}"
+            ))),
+            Some(u) => u,
+            // The node names the branch head; the stream is checked against what it names.
+            None => named,
+        };
+        let value = VerifiedValue::open(resp, uid)?;
+        if value.object().key.as_ref() != key.as_bytes() {
+            bail!(Error::Rejected(format!(
+                "version {uid} belongs to key {:?}, not {key:?}",
+                String::from_utf8_lossy(&value.object().key),
+            )));
+        }
+        Ok((uid, value))
+    }
+
+    /// `get`: the version comes as the node's verified stream and every byte is checked
+    /// against the uid before it is printed, written or decrypted ([`crate::verified`]).
     fn get(&mut self, a: GetArgs, data_key: Option<&Path>, out: &mut impl Write) -> Result<()> {
-        let query = Self::version_query(a.uid, a.branch);
+        let (uid, value) = self.open_version_part(&a.key, a.uid, a.branch, a.meta)?;
         if a.meta {
-            let mut meta = Vec::new();
-            let m = self.get_json(self.url("meta", Some(&a.key), &query)?)?;
-            writeln!(meta, "uid: {}", str_field(&m, "uid")?)?;
-            let key = bytes_field(&m, "key")?;
-            writeln!(meta, "key: {}", String::from_utf8_lossy(&key))?;
-            writeln!(meta, "type: {}", str_field(&m, "type")?)?;
-            writeln!(meta, "size: {}", self.size_text(&a.key, &m)?)?;
-            writeln!(
-                meta,
-                "depth: {}",
-                m.get("depth").and_then(J::as_u64).unwrap_or(0)
-            )?;
-            for b in array_field(&m, "bases")? {
-                writeln!(meta, "base: {}", b.as_str().unwrap_or_default())?;
-            }
-            if let Some(root) = m.get("root").and_then(J::as_str) {
-                writeln!(meta, "root: {root}")?;
-                writeln!(
-                    meta,
-                    "height: {}",
-                    m.get("height").and_then(J::as_u64).unwrap_or(0)
-                )?;
-            }
-            let context = bytes_field(&m, "context")?;
-            if !context.is_empty() {
-                writeln!(meta, "context: {}", format::show(&context))?;
-            }
+            let meta = crate::cli::meta_text(&uid, value.object())?;
             crate::cli::emit_text(&meta, a.out.as_deref(), out)?;
             return Ok(());
         }
-        let url = self.url("objects", Some(&a.key), &query)?;
-        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
-        let pb = progress_bar(resp.content_length(), "get");
-        let mut body = pb.wrap_read(resp);
-        if a.decrypt {
+        let failure = value.failure();
+        let pb = progress_bar(value.len_hint(), "get");
+        let mut body = pb.wrap_read(value);
+        let result = if a.decrypt {
             let path = match data_key {
                 Some(p) => p.to_path_buf(),
                 None => crypt::default_key_path()?,
             };
             let key = crypt::load_or_create_key(&path, false)?;
             let place = crypt::binding(&self.bucket, &a.key);
-            let r = match &a.out {
+            match &a.out {
                 Some(p) => crypt::decrypt_to_file(&mut body, &key, &place, p),
                 None => crypt::decrypt_to_writer(&mut body, &key, &place, out),
-            };
-            pb.finish_and_clear();
-            r?;
-            return Ok(());
-        }
-        match &a.out {
-            Some(p) => {
-                crate::cli::write_whole_file(p, 0o666, &mut |w| copy(&mut body, w))?;
             }
-            None => {
-                let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);
-                copy(&mut body, &mut sink)?;
-                sink.flush().context("writing the output")?;
+            .map(|_| ())
+        } else {
+            match &a.out {
+                Some(p) => {
+                    crate::cli::write_whole_file(p, 0o666, &mut |w| copy(&mut body, w)).map(|_| ())
+                }
+                None => {
+                    let mut sink = BufWriter::with_capacity(1 << 20, &mut *out);
+                    copy(&mut body, &mut sink)
+                        .and_then(|_| sink.flush().context("writing the output"))
+                }
             }
-        }
+        };
         pb.finish_and_clear();
-        Ok(())
+        // A verification failure is reported as itself (exit 6), not as the read error
+        // the copy saw.
+        if let Some(e) = failure.take() {
+            return Err(
+                anyhow::Error::new(e).context(format!("reading version {uid} of {:?}", a.key))
+            );
+        }
+        result
     }
 
     fn update(&mut self, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
@@ -914,10 +949,7 @@ impl Client {
         out: &mut impl Write,
     ) -> Result<()> {
         let branch = branch.or_else(|| uid.is_none().then(|| DEFAULT_BRANCH.to_string()));
-        let m = self.get_json(self.url("meta", Some(key), &Self::version_query(uid, branch))?)?;
-        let uid: Uid = str_field(&m, "uid")?
-            .parse()
-            .map_err(|_| bad_answer("uid"))?;
+        let (uid, mut value) = self.open_version(key, uid, branch)?;
         let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
         let meta = CapsuleMetadata::decode(&meta_bytes)?;
         let capsule = meta.name();
@@ -940,25 +972,26 @@ impl Client {
             );
         }
         crate::cli::print_version_proof(&vp, &meta, key.as_bytes(), &uid, out)?;
+        // The version itself came as a verified stream: its FObject hashed to the uid, and
+        // every chunk of its value is re-hashed here as it arrives.
         let record = cairn_capsule::Mutation::decode(&vp.record.body)?;
-        let mut bases = Vec::new();
-        for b in array_field(&m, "bases")? {
-            bases.push(
-                b.as_str()
-                    .unwrap_or_default()
-                    .parse::<Uid>()
-                    .map_err(|_| bad_answer("bases"))?,
-            );
-        }
-        if bases != record.bases {
+        if value.object().bases != record.bases {
             bail!(Error::Rejected(format!(
-                "the node reports bases for version {uid} that the writer's record does not name"
+                "version {uid} has bases the writer's record does not name"
             )));
         }
+        let failure = value.failure();
+        let pb = progress_bar(value.len_hint(), "verify");
+        let drained = io::copy(&mut pb.wrap_read(&mut value), &mut io::sink());
+        pb.finish_and_clear();
+        if let Some(e) = failure.take() {
+            return Err(anyhow::Error::new(e).context(format!("checking version {uid} of {key:?}")));
+        }
+        drained.context("reading the version from the node")?;
         writeln!(
             out,
-            "content  not re-hashed over HTTP (`cairn get --uid {uid}` reads it; \
-             `cairn verify` on the node re-hashes it)"
+            "content  the version hashes to its uid; {} chunk(s) received and re-hashed",
+            value.chunks_checked()
         )?;
         if let Some(p) = file {
             std::fs::write(p, vp.to_bytes()).with_context(|| format!("writing {}", p.display()))?;

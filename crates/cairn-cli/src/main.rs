@@ -13,6 +13,7 @@ mod client;
 mod crypt;
 mod demo;
 mod format;
+mod verified;
 
 use std::process::ExitCode;
 

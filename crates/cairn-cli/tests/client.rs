@@ -349,6 +349,20 @@ fn proofs_buckets_and_owner_keys() {
         out.contains(&format!("capsule {capsule}")) && out.ends_with("proof OK\n"),
         "{out}"
     );
+    // The content came as a verified stream and was re-hashed here.
+    assert!(out.contains("1 chunk(s) received and re-hashed"), "{out}");
+    let blob = u.path().join("blob");
+    std::fs::write(&blob, pseudo_random(300_000, 5)).unwrap();
+    let blob = blob.to_str().unwrap();
+    u.ok(srv, &["--bucket", "blobs", "put", "b", "--file", blob]);
+    let out = u.ok(srv, &["--bucket", "blobs", "verify", "--proof", "b"]);
+    let n: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("content  the version hashes to its uid; "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(n > 3, "the Meta chunk and a tree of several nodes: {out}");
     let proof = u.path().join("proof.bin");
     let out = u.ok(
         srv,
@@ -911,4 +925,173 @@ fn put_from_a_pipe_stores_all_it_yields() {
         );
         assert!(back.stdout == data, "{bucket}/{key} reads back whole");
     }
+}
+
+/// A node that lies: answers every request with `status`, `ETag: "<etag>"` and `body`,
+/// whatever was asked. Serves until the test ends.
+fn lying_node(etag: String, body: Vec<u8>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match conn.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nETag: \"{etag}\"\r\nContent-Type: \
+                 application/vnd.cairn.version-stream\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(resp.as_bytes());
+            let _ = conn.write_all(&body);
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The frames of a verified stream, cut apart (`u32` LE length, chunk).
+fn frames(stream: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < stream.len() {
+        let n = u32::from_le_bytes(stream[at..at + 4].try_into().unwrap()) as usize;
+        out.push(stream[at + 4..at + 4 + n].to_vec());
+        at += 4 + n;
+    }
+    out
+}
+
+fn join(frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in frames {
+        out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        out.extend_from_slice(f);
+    }
+    out
+}
+
+/// `cairn --server get` checks every byte against the uid: a node that changes a byte,
+/// drops or adds a chunk, sends another version or names another uid than asked is caught
+/// (exit 6, or 11 for the wrong uid), `--out` is left unwritten, and what reached stdout
+/// before the failure is a verified prefix of the value, never a changed byte.
+#[test]
+fn get_refuses_what_a_lying_node_sends() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let p = |n: &str| -> PathBuf { u.path().join(n) };
+    let value = pseudo_random(600_000, 11);
+    std::fs::write(p("v"), &value).unwrap();
+    let uid = u.ok(srv, &["put", "k", "--file", p("v").to_str().unwrap()]);
+    let uid = uid.trim().to_string();
+    let other = u.ok(srv, &["put", "k2", "--value", "another value"]);
+    let other = other.trim().to_string();
+    // The honest stream, read from the real node.
+    let fetch = |key: &str, uid: &str| -> Vec<u8> {
+        let url = format!("{}/v1/buckets/default/stream/{key}?uid={uid}", s.base);
+        let resp = reqwest::blocking::get(url).unwrap();
+        assert!(resp.status().is_success());
+        resp.bytes().unwrap().to_vec()
+    };
+    let honest = frames(&fetch("k", &uid));
+    assert!(honest.len() > 4, "a tree of several nodes");
+    // Sanity: the honest stream served by the stand-in node reads back whole.
+    let ok = lying_node(uid.clone(), join(&honest));
+    let back = u.run(Some(&ok), &["get", "k", "--uid", &uid]);
+    assert!(back.status.success() && back.stdout == value);
+
+    let last = honest.len() - 1;
+    let mut flipped_leaf = honest.clone();
+    flipped_leaf[last][100] ^= 1;
+    let mut flipped_root = honest.clone();
+    flipped_root[1][10] ^= 1;
+    let mut flipped_meta = honest.clone();
+    flipped_meta[0][5] ^= 1;
+    let mut extra = honest.clone();
+    extra.push(honest[last].clone());
+    let mut reordered = honest.clone();
+    reordered.swap(last - 1, last);
+    let foreign = frames(&fetch("k2", &other));
+    let mut swapped_tree = vec![honest[0].clone()];
+    swapped_tree.extend(foreign.iter().skip(1).cloned());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a flipped byte in the last leaf", join(&flipped_leaf)),
+        ("a flipped byte in the root", join(&flipped_root)),
+        ("a flipped byte in the Meta chunk", join(&flipped_meta)),
+        ("a missing last leaf", join(&honest[..last])),
+        ("an extra chunk", join(&extra)),
+        ("two leaves swapped", join(&reordered)),
+        ("another key's version", join(&foreign)),
+        (
+            "another tree under the right Meta chunk",
+            join(&swapped_tree),
+        ),
+        (
+            "a stream cut inside a frame",
+            join(&honest)[..300_000].to_vec(),
+        ),
+    ];
+    for (what, body) in cases {
+        let liar = lying_node(uid.clone(), body);
+        for by_branch in [false, true] {
+            let mut args = vec!["get", "k"];
+            if !by_branch {
+                args.extend(["--uid", &uid]);
+            }
+            let out = u.run(Some(&liar), &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(6), "{what}: {err}");
+            assert!(!err.contains("panicked"), "{what}: {err}");
+            assert!(
+                value.starts_with(&out.stdout),
+                "{what}: only a verified prefix reaches stdout"
+            );
+            let dest = p("out");
+            let _ = std::fs::remove_file(&dest);
+            args.extend(["--out", dest.to_str().unwrap()]);
+            let out = u.run(Some(&liar), &args);
+            assert_eq!(out.status.code(), Some(6), "{what} --out");
+            assert!(!dest.exists(), "{what}: --out is not written");
+        }
+    }
+    // A node naming another version than the one asked for: refused before reading it.
+    let liar = lying_node(other.clone(), join(&foreign));
+    let err = u.fails(Some(&liar), &["get", "k2", "--uid", &uid], 11);
+    assert!(err.contains("answered with"), "{err}");
+    // Tampering under --decrypt: nothing decrypted reaches the output.
+    u.ok(
+        srv,
+        &[
+            "put",
+            "sealed",
+            "--file",
+            p("v").to_str().unwrap(),
+            "--encrypt",
+        ],
+    );
+    let sealed_uid = u.ok(srv, &["get", "sealed", "--meta"]);
+    let sealed_uid = sealed_uid
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("uid: ");
+    let mut sealed = frames(&fetch("sealed", sealed_uid));
+    let n = sealed.len();
+    sealed[n / 2][50] ^= 1;
+    let liar = lying_node(sealed_uid.to_string(), join(&sealed));
+    let out = u.run(Some(&liar), &["get", "sealed", "--decrypt"]);
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "no plaintext of a tampered value");
 }

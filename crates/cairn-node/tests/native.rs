@@ -1275,3 +1275,70 @@ async fn idle_buckets_close_past_the_limit_and_reopen_intact() {
     }
     s.stop().await;
 }
+
+/// `GET .../stream/{key}`: the verified stream of a version, checked here as a client
+/// would; `?meta=true` sends the Meta chunk alone; bad queries and unknown keys are clear
+/// errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_stream_verified() {
+    use cairn_object::stream::{FrameReader, Verified, VersionCheck};
+    let s = Server::start(64 << 20).await;
+    s.open_bucket("v").await;
+    let body: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let (code, put) = s
+        .send(Method::PUT, "/v1/buckets/v/objects/big", &[], body.clone())
+        .await;
+    assert_eq!(code, 201, "{put}");
+    let uid = uid_of(&put);
+    let read = |q: &'static str| {
+        let s = &s;
+        async move {
+            let r = s.get(&format!("/v1/buckets/v/stream/big{q}")).await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(
+                r.headers()["content-type"],
+                "application/vnd.cairn.version-stream"
+            );
+            let etag = r.headers()["etag"].to_str().unwrap().to_string();
+            (etag, r.bytes().await.unwrap().to_vec())
+        }
+    };
+    for q in ["", "?branch=master"] {
+        let (etag, wire) = read(q).await;
+        assert_eq!(etag, format!("\"{uid}\""));
+        let mut frames = FrameReader::new(&wire[..]);
+        let mut check = VersionCheck::new(uid);
+        let mut got = Vec::new();
+        let mut chunks = 0;
+        while let Some(c) = frames.next_chunk().unwrap() {
+            chunks += 1;
+            if let Verified::Bytes(b) = check.accept(c).unwrap() {
+                got.extend_from_slice(&b);
+            }
+        }
+        assert!(check.is_complete().unwrap());
+        assert!(chunks > 3, "the Meta chunk and a tree of several nodes");
+        assert!(got == body, "the content, verified");
+    }
+    let (_, wire) = read("?meta=true").await;
+    let mut frames = FrameReader::new(&wire[..]);
+    let first = frames.next_chunk().unwrap().unwrap();
+    assert!(
+        frames.next_chunk().unwrap().is_none(),
+        "the Meta chunk alone"
+    );
+    assert!(matches!(
+        VersionCheck::new(uid).accept(first).unwrap(),
+        Verified::Object(_)
+    ));
+    let (code, v) = s
+        .get_json(&format!("/v1/buckets/v/stream/big?uid={uid}&branch=master"))
+        .await;
+    assert_eq!((code, kind(&v)), (400, "invalid_input"), "{v}");
+    let (code, v) = s.get_json("/v1/buckets/v/stream/big?bogus=1").await;
+    assert_eq!(code, 400, "{v}");
+    let (code, v) = s.get_json("/v1/buckets/v/stream/nope").await;
+    assert_eq!((code, kind(&v)), (404, "not_found"), "{v}");
+}

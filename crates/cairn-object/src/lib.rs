@@ -2,11 +2,11 @@
 //!
 //! This crate owns versioned objects: chunk framing ([`chunk`]), the Pattern-Oriented-Split
 //! tree that stores Blob, List, Map and Set values ([`postree`]), value types and type
-//! operations ([`value`]), FObjects and uids ([`fobject`]), branch tables ([`branch`]), and
-//! the [`Db`] that implements every ForkBase API of Table 1: Get, Put (guarded), Merge with
-//! resolvers ([`merge`]), ListKeys, ListTaggedBranches, ListUntaggedBranches, Fork, Rename,
-//! Remove, Track, LCA and Diff ([`history`]), plus verification ([`verify`]) and garbage
-//! collection ([`gc`]).
+//! operations ([`value`]), FObjects and uids ([`fobject`]), verified streams of versions
+//! ([`stream`]), branch tables ([`branch`]), and the [`Db`] that implements every ForkBase
+//! API of Table 1: Get, Put (guarded), Merge with resolvers ([`merge`]), ListKeys,
+//! ListTaggedBranches, ListUntaggedBranches, Fork, Rename, Remove, Track, LCA and Diff
+//! ([`history`]), plus verification ([`verify`]) and garbage collection ([`gc`]).
 
 pub mod branch;
 pub mod chunk;
@@ -16,6 +16,7 @@ pub mod gc;
 pub mod history;
 pub mod merge;
 pub mod postree;
+pub mod stream;
 pub mod value;
 pub mod verify;
 

@@ -70,6 +70,11 @@ pub fn route_table() -> Vec<(&'static str, Method, MethodRouter<Arc<Node>>)> {
         (OBJ, Method::PATCH, patch(objects::patch)),
         (OBJ, Method::DELETE, delete(objects::remove)),
         (
+            "/v1/buckets/{bucket}/stream/{*key}",
+            Method::GET,
+            get(objects::stream),
+        ),
+        (
             "/v1/buckets/{bucket}/meta/{*key}",
             Method::GET,
             get(objects::meta),

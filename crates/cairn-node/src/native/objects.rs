@@ -288,6 +288,61 @@ pub async fn get(
     }
 }
 
+/// The media type of a verified stream of a version ([`cairn_object::stream`]).
+pub const VERSION_STREAM_TYPE: &str = "application/vnd.cairn.version-stream";
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StreamQuery {
+    branch: Option<String>,
+    uid: Option<String>,
+    /// Only the Meta chunk (the version without its content).
+    #[serde(default)]
+    meta: bool,
+}
+
+/// `GET /v1/buckets/{bucket}/stream/{key}`: the version as a verified stream (its Meta
+/// chunk, then every POS-tree node in pre-order, each length-prefixed), so a client that
+/// trusts only a uid checks every byte before using it. `?meta=true` sends the Meta chunk
+/// alone. `ETag` names the version sent.
+pub async fn stream(
+    State(node): State<Arc<Node>>,
+    KeyPath { bucket, key }: KeyPath,
+    method: Method,
+    uri: Uri,
+) -> ApiResult<Response> {
+    let q = query::<StreamQuery>(&uri)?;
+    let at = super::version_at(q.branch, q.uid)?;
+    let permit = if method == Method::HEAD {
+        None
+    } else {
+        Some(body::transfer_permit(&node)?)
+    };
+    let b = buckets::open(&node, &bucket).await?.bucket;
+    let bb = b.clone();
+    let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
+    let headers = [
+        etag_header(&v.uid)?,
+        type_header(v.object.value_type()),
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(VERSION_STREAM_TYPE),
+        ),
+    ];
+    let body = match permit {
+        None => Body::empty(),
+        Some(permit) => produce(node.clone(), permit, move |w| {
+            let mut out = |piece| w.write_shared(piece);
+            if q.meta {
+                cairn_object::stream::send_meta(&v.object, &mut out)
+            } else {
+                cairn_object::stream::send_version(b.db().chunks(), &v.object, &mut out)
+            }
+        }),
+    };
+    Ok((headers, body).into_response())
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PutQuery {

@@ -63,11 +63,12 @@ pub use diff::{
     KeyChange, SeqChange, collect_changes, diff_seq, diff_seq_each, diff_sorted, diff_sorted_each,
 };
 pub use edit::{blob_splice, list_splice, map_update, set_update};
+pub(crate) use node::load as load_chunk;
 pub use read::{
     BlobReader, COPY_BLOB_MAX_WORKERS, Element, Iter, blob_read, copy_blob, copy_blob_into,
     copy_blob_workers, iter, list_get, list_range, map_get, map_range, set_contains,
 };
-pub use walk::{child_cids, walk};
+pub use walk::{CheckedNode, TreeCheck, child_cids, walk};
 
 /// Target node sizes of new POS-trees. Changing them changes every boundary, so all
 /// versions that should share chunks must use the same configuration.

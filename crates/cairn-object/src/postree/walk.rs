@@ -1,4 +1,5 @@
-//! Full-tree traversal for verification and garbage collection.
+//! Full-tree traversal and structural checking, for verification, garbage collection and
+//! verified streams of versions.
 
 use std::collections::HashMap;
 
@@ -6,8 +7,8 @@ use bytes::Bytes;
 use cairn_core::{Decoder, Error, Result};
 use cairn_store::{ChunkStore, Cid};
 
-use super::TreeRef;
 use super::node::{Node, corrupt_err, load, parse_node};
+use super::{Element, TreeKind, TreeRef};
 use crate::chunk::{self, ChunkKind};
 
 struct Task {
@@ -18,45 +19,112 @@ struct Task {
     key: Option<Bytes>,
 }
 
-/// Visits every distinct chunk of tree `t` (each fetched with `store.get`, which verifies
-/// it against its cid), parses every node and checks the structure: chunk kinds, levels
-/// (the root at `t.height`, each child one below its parent), counts (each parent entry and
-/// `t.count` equal what the subtree holds), split keys (each equals its subtree's last key)
-/// and, for Set and Map, strictly increasing keys across the whole tree. Inconsistencies are
-/// [`Error::Corrupt`] naming the chunk; a missing chunk is [`Error::NotFound`] naming it.
-/// Errors returned by `visit` stop the walk.
-pub fn walk(
-    store: &dyn ChunkStore,
-    t: &TreeRef,
-    visit: &mut dyn FnMut(&Cid, &[u8]) -> Result<()>,
-) -> Result<()> {
-    let sorted = t.kind.is_sorted();
-    let mut stack = vec![Task {
-        cid: t.root,
-        level: t.height,
-        count: t.count,
-        key: None,
-    }];
-    // Unsorted trees may repeat a subtree (e.g. runs of equal leaves): check it once.
-    let mut done: HashMap<Cid, u64> = HashMap::new();
-    let mut prev_key: Option<Bytes> = None;
-    let mut first = true;
-    while let Some(task) = stack.pop() {
-        let is_root = std::mem::replace(&mut first, false);
-        if !sorted && let Some(&c) = done.get(&task.cid) {
+/// One node of a tree, as [`TreeCheck::accept`] found it.
+#[derive(Debug)]
+pub enum CheckedNode {
+    /// An index node (its children come next, in order).
+    Index,
+    /// A blob leaf's bytes.
+    Blob(Bytes),
+    /// A List, Set or Map leaf's elements, in order.
+    Elements(Vec<Element>),
+}
+
+/// The structural check of a whole POS-tree in depth-first pre-order, as a state machine
+/// that does no I/O: [`TreeCheck::next_cid`] names the chunk it needs next and
+/// [`TreeCheck::accept`] checks it. It checks chunk kinds, levels (the root at the tree's
+/// height, each child one below its parent), counts (each parent entry and the tree's
+/// count equal what the subtree holds), split keys (each equals its subtree's last key)
+/// and, for Set and Map, strictly increasing keys across the whole tree. [`walk`] drives it
+/// from a store; a verified stream of a version (`crate::stream`) drives it from chunks
+/// sent by a node.
+pub struct TreeCheck {
+    kind: TreeKind,
+    stack: Vec<Task>,
+    /// Subtrees of unsorted trees already checked, with their counts (only when repeats
+    /// are skipped).
+    done: Option<HashMap<Cid, u64>>,
+    prev_key: Option<Bytes>,
+    first: bool,
+}
+
+impl TreeCheck {
+    /// A check of tree `t`. With `skip_repeats`, a subtree of an unsorted tree that occurs
+    /// again (a run of equal leaves) is not asked for twice, only its count is compared;
+    /// without, every occurrence is asked for, in order (a reader that needs the content).
+    pub fn new(t: &TreeRef, skip_repeats: bool) -> Self {
+        TreeCheck {
+            kind: t.kind,
+            stack: vec![Task {
+                cid: t.root,
+                level: t.height,
+                count: t.count,
+                key: None,
+            }],
+            done: (skip_repeats && !t.kind.is_sorted()).then(HashMap::new),
+            prev_key: None,
+            first: true,
+        }
+    }
+
+    /// The cid of the chunk [`TreeCheck::accept`] expects next, or `None` once the whole
+    /// tree was checked.
+    pub fn next_cid(&mut self) -> Result<Option<Cid>> {
+        while let Some(task) = self.stack.last() {
+            let Some(done) = &self.done else {
+                return Ok(Some(task.cid));
+            };
+            let Some(&c) = done.get(&task.cid) else {
+                return Ok(Some(task.cid));
+            };
             if c != task.count {
                 return Err(corrupt_err(
                     &task.cid,
                     format!("subtree holds {c} units, a parent says {}", task.count),
                 ));
             }
-            continue;
+            self.stack.pop();
         }
-        let bytes = load(store, &task.cid)?;
-        visit(&task.cid, &bytes)?;
-        let node = parse_node(&task.cid, &bytes, t.kind)?;
+        Ok(None)
+    }
+
+    /// The cids of the leaves expected next, in order, up to `max` (fewer when an index
+    /// node comes sooner; none when the next chunk is an index node).
+    pub(crate) fn next_leaves(&self, max: usize) -> Vec<Cid> {
+        self.stack
+            .iter()
+            .rev()
+            .take_while(|t| t.level == 0)
+            .take(max)
+            .map(|t| t.cid)
+            .collect()
+    }
+
+    /// True once every chunk of the tree was accepted.
+    pub fn is_complete(&mut self) -> Result<bool> {
+        Ok(self.next_cid()?.is_none())
+    }
+
+    /// Checks `bytes` as the chunk [`TreeCheck::next_cid`] named, which the caller has
+    /// verified against that cid (a store read does; [`TreeCheck::accept_unverified`]
+    /// hashes it). Inconsistencies are [`Error::Corrupt`] naming the chunk.
+    pub fn accept(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
+        let task = match self.next_cid()? {
+            Some(_) => self
+                .stack
+                .pop()
+                .ok_or_else(|| Error::invalid("tree check ended"))?,
+            None => {
+                return Err(Error::invalid(
+                    "the tree is complete; no further chunk belongs to it",
+                ));
+            }
+        };
+        let is_root = std::mem::replace(&mut self.first, false);
+        let sorted = self.kind.is_sorted();
+        let node = parse_node(&task.cid, bytes, self.kind)?;
         let bad = |msg: String| Err(corrupt_err(&task.cid, msg));
-        match node {
+        let out = match node {
             Node::Index { level, entries } => {
                 if level != task.level {
                     return bad(format!(
@@ -83,13 +151,14 @@ pub fn walk(
                     }
                 }
                 for e in entries.into_iter().rev() {
-                    stack.push(Task {
+                    self.stack.push(Task {
                         cid: e.cid,
                         level: level - 1,
                         count: e.count,
                         key: e.key,
                     });
                 }
+                CheckedNode::Index
             }
             Node::Blob(b) => {
                 if task.level != 0 {
@@ -102,6 +171,7 @@ pub fn walk(
                         task.count
                     ));
                 }
+                CheckedNode::Blob(b)
             }
             Node::Elems(elems) => {
                 if task.level != 0 {
@@ -115,19 +185,64 @@ pub fn walk(
                     ));
                 }
                 if sorted && let (Some(f), Some(l)) = (elems.first(), elems.last()) {
-                    if prev_key.as_ref().is_some_and(|p| *p >= f.key) {
+                    if self.prev_key.as_ref().is_some_and(|p| *p >= f.key) {
                         return bad("keys are not strictly increasing across leaves".into());
                     }
                     if task.key.is_some() && task.key.as_ref() != Some(&l.key) {
                         return bad("split key differs from the leaf's last key".into());
                     }
-                    prev_key = Some(l.key.clone());
+                    self.prev_key = Some(l.key.clone());
                 }
+                CheckedNode::Elements(
+                    elems
+                        .into_iter()
+                        .map(|e| Element {
+                            key: e.key,
+                            value: e.value,
+                        })
+                        .collect(),
+                )
             }
-        }
-        if !sorted {
+        };
+        if let Some(done) = &mut self.done {
             done.insert(task.cid, task.count);
         }
+        Ok(out)
+    }
+
+    /// [`TreeCheck::accept`] for bytes from an untrusted source: first checks that they
+    /// hash to the cid expected next ([`Error::Corrupt`] when not).
+    pub fn accept_unverified(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
+        let Some(cid) = self.next_cid()? else {
+            return Err(Error::corrupt(
+                "a chunk arrived after the tree was complete",
+            ));
+        };
+        let got = cid.algo().digest(bytes);
+        if got != cid {
+            return Err(Error::corrupt(format!(
+                "POS-tree chunk {cid}: the bytes received hash to {got}"
+            )));
+        }
+        self.accept(bytes)
+    }
+}
+
+/// Visits every distinct chunk of tree `t` (each fetched with `store.get`, which verifies
+/// it against its cid), parses every node and checks the structure as [`TreeCheck`]
+/// describes; a repeated subtree of an unsorted tree is visited once. Inconsistencies are
+/// [`Error::Corrupt`] naming the chunk; a missing chunk is [`Error::NotFound`] naming it.
+/// Errors returned by `visit` stop the walk.
+pub fn walk(
+    store: &dyn ChunkStore,
+    t: &TreeRef,
+    visit: &mut dyn FnMut(&Cid, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut check = TreeCheck::new(t, true);
+    while let Some(cid) = check.next_cid()? {
+        let bytes = load(store, &cid)?;
+        visit(&cid, &bytes)?;
+        check.accept(&bytes)?;
     }
     Ok(())
 }
