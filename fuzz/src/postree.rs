@@ -252,7 +252,11 @@ fn exercise(store: &MemoryStore, t: &TreeRef, input: &Input) {
         }
     }
     diffs(store, t, input, valid);
-    stream(store, t, input, valid);
+    let refused = matches!(
+        r,
+        Err(Error::Corrupt(_) | Error::NotFound(_) | Error::Decode(_))
+    );
+    stream(store, t, input, valid, refused);
     // Readers of the other kinds must refuse the tree cleanly.
     acceptable(&postree::blob_read(store, t, 0, 16));
     acceptable(&postree::list_get(store, t, 0));
@@ -365,7 +369,7 @@ fn drain(it: postree::Iter<'_>, valid: bool, sorted: bool) -> u64 {
 /// The verified stream of a version holding `t`: a node sends it only when the tree is
 /// sound, a client accepts exactly what was sent and rebuilds what the positional readers
 /// return, and any flipped byte of the stream is refused.
-fn stream(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool) {
+fn stream(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool, refused: bool) {
     use cairn_object::stream::{FrameReader, Verified, VersionCheck, send_version};
     use cairn_object::{FObject, Value};
     let object = FObject {
@@ -399,6 +403,8 @@ fn stream(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool) {
     if sent.is_err() {
         return;
     }
+    // The node's walk checks what `walk` checks: a tree `walk` refused is not sent whole.
+    assert!(!refused, "send_version sent a tree walk refused");
     // What a client makes of it: the whole stream verifies.
     let receive = |wire: &[u8]| -> Result<Vec<Vec<u8>>> {
         let mut r = FrameReader::new(wire);
@@ -446,6 +452,31 @@ fn stream(store: &MemoryStore, t: &TreeRef, input: &Input, valid: bool) {
                 }
                 assert_eq!(n, units.len(), "stream and iter lengths differ");
             }
+        }
+    }
+    // Any sequence of the stream's frames (chosen by the key bytes: repeats, drops,
+    // reorders) is refused unless it carries exactly the honest content.
+    let frames: Vec<&[u8]> = {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 4 <= wire.len() {
+            let n =
+                u32::from_le_bytes([wire[at], wire[at + 1], wire[at + 2], wire[at + 3]]) as usize;
+            out.push(&wire[at..at + 4 + n]);
+            at += 4 + n;
+        }
+        out
+    };
+    if !input.key.is_empty() {
+        let mut mixed = Vec::new();
+        for &k in input.key.iter().take(256) {
+            mixed.extend_from_slice(frames[k as usize % frames.len()]);
+        }
+        if let Ok(got) = receive(&mixed) {
+            assert_eq!(
+                got, units,
+                "a reordered stream was accepted with other content"
+            );
         }
     }
     // One flipped byte anywhere is refused.

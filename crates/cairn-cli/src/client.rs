@@ -67,6 +67,8 @@ const JSON_LIMIT: u64 = 64 << 20;
 const UPLOAD_PIECE: usize = 256 << 10;
 /// Streamed pieces read ahead of the connection.
 const UPLOAD_QUEUE: usize = 4;
+/// Pieces of a download received ahead of the reader.
+const DOWNLOAD_QUEUE: usize = 16;
 /// Keys asked for per page.
 const KEYS_PAGE: usize = 10_000;
 /// Farthest history distance the node serves in one log request.
@@ -336,6 +338,82 @@ impl Client {
         } else {
             Err(error_from(status, &answer))
         }
+    }
+
+    /// A GET whose body is read by reqwest's async client on a thread of its own and
+    /// handed over in the pieces the connection yields (no copy, no hand-off per 8 KiB as
+    /// the blocking client makes). Returns the response's headers and a [`Read`] of its
+    /// body; an error answer is returned as its [`Error`].
+    fn download(&self, url: Url) -> Result<(reqwest::header::HeaderMap, Pieces)> {
+        let capsule = self.capsule.borrow().clone();
+        let headers = request_headers(&Method::GET, &url, &[], None, None, capsule.as_deref());
+        let (head_tx, head_rx) = std::sync::mpsc::sync_channel(1);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<bytes::Bytes>>(DOWNLOAD_QUEUE);
+        let base = self.base.clone();
+        std::thread::Builder::new()
+            .name("cairn-download".into())
+            .spawn(move || {
+                let run = || -> Result<()> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .context("starting the download runtime")?;
+                    let http = reqwest::Client::builder()
+                        .connect_timeout(Duration::from_secs(30))
+                        .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
+                        .build()
+                        .context("starting the HTTP client")?;
+                    rt.block_on(async {
+                        let mut req = http.get(url);
+                        for (n, v) in &headers {
+                            req = req.header(n.as_str(), v.as_str());
+                        }
+                        let mut resp = req.send().await.map_err(|e| transport(&base, e))?;
+                        let status = resp.status();
+                        if !status.is_success() {
+                            let mut body = Vec::new();
+                            while let Some(c) =
+                                resp.chunk().await.map_err(|e| transport(&base, e))?
+                            {
+                                body.extend_from_slice(&c);
+                                if body.len() as u64 > ERROR_BODY_LIMIT {
+                                    break;
+                                }
+                            }
+                            return Err(error_from(status, &body));
+                        }
+                        if head_tx.send(Ok(resp.headers().clone())).is_err() {
+                            return Ok(());
+                        }
+                        loop {
+                            let piece = match resp.chunk().await {
+                                Ok(Some(c)) => Ok(c),
+                                Ok(None) => return Ok(()),
+                                Err(e) => Err(io::Error::other(transport(&base, e).to_string())),
+                            };
+                            let failed = piece.is_err();
+                            // The reader went away (it found what it needed, or failed).
+                            if tx.send(piece).is_err() || failed {
+                                return Ok(());
+                            }
+                        }
+                    })
+                };
+                if let Err(e) = run() {
+                    let _ = head_tx.send(Err(e));
+                }
+            })
+            .context("starting the download thread")?;
+        let head = head_rx.recv().map_err(|_| {
+            Error::Unavailable(format!("node {}: the download stopped", self.base))
+        })??;
+        Ok((
+            head,
+            Pieces {
+                rx,
+                piece: bytes::Bytes::new(),
+            },
+        ))
     }
 
     fn get_json(&self, url: Url) -> Result<J> {
@@ -654,7 +732,7 @@ impl Client {
         key: &str,
         uid: Option<Uid>,
         branch: Option<String>,
-    ) -> Result<(Uid, VerifiedValue<Response>)> {
+    ) -> Result<(Uid, VerifiedValue<Pieces>)> {
         self.open_version_part(key, uid, branch, false)
     }
 
@@ -665,18 +743,22 @@ impl Client {
         uid: Option<Uid>,
         branch: Option<String>,
         meta_only: bool,
-    ) -> Result<(Uid, VerifiedValue<Response>)> {
+    ) -> Result<(Uid, VerifiedValue<Pieces>)> {
         let mut query = Self::version_query(uid, branch);
         if meta_only {
             query.push(("meta", "true".to_string()));
         }
         let url = self.url("stream", Some(key), &query)?;
-        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
-        let named: Uid = resp
-            .headers()
+        let (headers, body) = self.download(url)?;
+        let named: Uid = headers
             .get(reqwest::header::ETAG)
             .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.trim().trim_matches('"').parse().ok())
+            .and_then(|s| {
+                let s = s.trim();
+                // A proxy may weaken the tag (`W/"…"`); the uid inside is the same.
+                let s = s.strip_prefix("W/").unwrap_or(s);
+                s.trim_matches('"').parse().ok()
+            })
             .ok_or_else(|| bad_answer("ETag"))?;
         let uid = match uid {
             Some(u) if u != named => bail!(Error::Rejected(format!(
@@ -686,7 +768,7 @@ impl Client {
             // The node names the branch head; the stream is checked against what it names.
             None => named,
         };
-        let value = VerifiedValue::open(resp, uid)?;
+        let value = VerifiedValue::open(body, uid, meta_only)?;
         if value.object().key.as_ref() != key.as_bytes() {
             bail!(Error::Rejected(format!(
                 "version {uid} belongs to key {:?}, not {key:?}",
@@ -949,7 +1031,9 @@ impl Client {
         out: &mut impl Write,
     ) -> Result<()> {
         let branch = branch.or_else(|| uid.is_none().then(|| DEFAULT_BRANCH.to_string()));
-        let (uid, mut value) = self.open_version(key, uid, branch)?;
+        // The version first (its Meta chunk alone), its content last: a stream opened
+        // before the other requests would wait on the node meanwhile.
+        let (uid, version) = self.open_version_part(key, uid, branch, true)?;
         let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
         let meta = CapsuleMetadata::decode(&meta_bytes)?;
         let capsule = meta.name();
@@ -975,11 +1059,12 @@ impl Client {
         // The version itself came as a verified stream: its FObject hashed to the uid, and
         // every chunk of its value is re-hashed here as it arrives.
         let record = cairn_capsule::Mutation::decode(&vp.record.body)?;
-        if value.object().bases != record.bases {
+        if version.object().bases != record.bases {
             bail!(Error::Rejected(format!(
                 "version {uid} has bases the writer's record does not name"
             )));
         }
+        let (_, mut value) = self.open_version(key, Some(uid), None)?;
         let failure = value.failure();
         let pb = progress_bar(value.len_hint(), "verify");
         let drained = io::copy(&mut pb.wrap_read(&mut value), &mut io::sink());
@@ -1160,6 +1245,29 @@ impl<R: Read> Read for ExactLen<R> {
             ));
         }
         self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// The body of a [`Client::download`], as the connection yields it.
+pub struct Pieces {
+    rx: std::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
+    piece: bytes::Bytes,
+}
+
+impl Read for Pieces {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use bytes::Buf;
+        while self.piece.is_empty() {
+            match self.rx.recv() {
+                Ok(p) => self.piece = p?,
+                // The download thread ended: the whole body was received.
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.piece.len());
+        buf[..n].copy_from_slice(&self.piece[..n]);
+        self.piece.advance(n);
         Ok(n)
     }
 }

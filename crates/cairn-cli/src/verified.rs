@@ -2,10 +2,11 @@
 //!
 //! `cairn --server get` reads the node's verified stream of a version
 //! (`GET /v1/buckets/{b}/stream/{key}`, [`cairn_object::stream`]): the Meta chunk must hash
-//! to the uid (the one given with `--uid`, else the one the node names as the branch head),
-//! and every POS-tree node to the cid its already verified parent names, so a node (or
-//! anything between it and the client) that changes, drops, adds or reorders a byte is
-//! caught before that byte is printed, written to `--out` or decrypted. [`VerifiedValue`]
+//! to the uid (the one given with `--uid`, else the one the node names as the branch head,
+//! which only a trusted uid or a checked proof can vouch for), and every POS-tree node to
+//! the cid its already verified parent names, so a node (or anything between it and the
+//! client) that changes, drops, adds or reorders a byte of that version is caught before
+//! the byte is printed, written to `--out` or decrypted. [`VerifiedValue`]
 //! is a [`Read`] of the value in `cairn get`'s text form.
 
 use std::cell::RefCell;
@@ -48,13 +49,15 @@ pub struct VerifiedValue<R> {
     object: FObject,
     pending: Bytes,
     ended: bool,
+    error: Option<String>,
     failure: Failure,
     chunks: u64,
 }
 
 impl<R: Read> VerifiedValue<R> {
-    /// Reads and checks the Meta chunk of the stream `body` against `uid`.
-    pub fn open(body: R, uid: Uid) -> cairn_core::Result<Self> {
+    /// Reads and checks the Meta chunk of the stream `body` against `uid`; `meta_only`:
+    /// the stream holds nothing else (the value is not rendered).
+    pub fn open(body: R, uid: Uid, meta_only: bool) -> cairn_core::Result<Self> {
         let mut frames = FrameReader::new(body);
         let mut check = VersionCheck::new(uid);
         let first = frames
@@ -66,8 +69,10 @@ impl<R: Read> VerifiedValue<R> {
             ));
         };
         let mut pending = Vec::new();
-        format::write_inline(&object.value, &mut pending)
-            .map_err(|e| Error::io("rendering a value", e))?;
+        if !meta_only {
+            format::write_inline(&object.value, &mut pending)
+                .map_err(|e| Error::io("rendering a value", e))?;
+        }
         Ok(VerifiedValue {
             frames,
             check,
@@ -75,6 +80,7 @@ impl<R: Read> VerifiedValue<R> {
             object,
             pending: Bytes::from(pending),
             ended: false,
+            error: None,
             failure: Failure::default(),
             chunks: 1,
         })
@@ -147,6 +153,10 @@ impl<R: Read> VerifiedValue<R> {
 impl<R: Read> Read for VerifiedValue<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.pending.is_empty() {
+            if let Some(e) = &self.error {
+                // Once failed, always failed: never a clean end after an error.
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e.clone()));
+            }
             if self.ended {
                 return Ok(0);
             }
@@ -154,7 +164,7 @@ impl<R: Read> Read for VerifiedValue<R> {
                 Ok(true) => {}
                 Ok(false) => self.ended = true,
                 Err(e) => {
-                    self.ended = true;
+                    self.error = Some(e.to_string());
                     return Err(self.failure.set(e));
                 }
             }

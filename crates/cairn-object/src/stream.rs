@@ -29,8 +29,15 @@ use crate::value::Value;
 /// huge Map value makes a large leaf.
 pub const MAX_FRAME: usize = 256 << 20;
 
-/// Leaves fetched from the store in one request while sending.
+/// Leaves fetched from the store in one request while sending, at most.
 const SEND_WINDOW: usize = 64;
+/// Bytes (blob trees) or elements (other trees) of leaves fetched in one request, at
+/// most (the first leaf whatever its size).
+const SEND_WINDOW_UNITS: u64 = 1 << 20;
+
+/// Most POS-tree nodes a [`VersionCheck`] holds waiting to be checked, and most elements
+/// of one leaf it decodes: bounds a client's memory whatever a node sends.
+pub const MAX_PENDING: usize = 1 << 21;
 
 /// Writes the verified stream of version `(uid, object)` of `store` to `out`, one call of
 /// `out` per frame header and per chunk (chunks as the store returned them, not copied).
@@ -52,7 +59,11 @@ pub fn send_version(
         if window.is_empty() {
             // Leaves next to each other are fetched together (a store reads neighbours
             // written together with one request).
-            let leaves = check.next_leaves(SEND_WINDOW);
+            let leaves: Vec<_> = check
+                .next_leaves(SEND_WINDOW, SEND_WINDOW_UNITS)
+                .into_iter()
+                .map(|(cid, _)| cid)
+                .collect();
             if leaves.len() > 1 {
                 let got = store.get_many(&leaves)?;
                 for (cid, c) in leaves.iter().zip(got).rev() {
@@ -134,7 +145,7 @@ impl VersionCheck {
                 .map_err(|e| Error::corrupt(format!("version {}: {e}", self.expect)))?;
             self.object_seen = true;
             if let Value::Tree(t) = &object.value {
-                self.tree = Some(TreeCheck::new(t, false));
+                self.tree = Some(TreeCheck::new(t, false).with_max_pending(MAX_PENDING));
             }
             return Ok(Verified::Object(object));
         }
@@ -197,14 +208,16 @@ impl<R: Read> FrameReader<R> {
                 self.limit
             )));
         }
-        let mut buf = vec![0u8; n];
-        self.inner.read_exact(&mut buf).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                cut("a chunk")
-            } else {
-                Error::io("reading a version stream", e)
-            }
-        })?;
+        // Grown as bytes arrive (not zeroed up front), so a frame header claiming more than
+        // the stream holds costs no more memory than the stream sent.
+        let mut buf = Vec::with_capacity(n.min(1 << 20));
+        (&mut self.inner)
+            .take(n as u64)
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::io("reading a version stream", e))?;
+        if buf.len() < n {
+            return Err(cut("a chunk"));
+        }
         Ok(Some(Bytes::from(buf)))
     }
 }

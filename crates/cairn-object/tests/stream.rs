@@ -252,3 +252,75 @@ fn frames_are_bounded_and_cuts_are_errors() {
     let e = FrameReader::new(&huge[..]).next_chunk().unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
 }
+
+#[test]
+fn a_check_bounds_its_memory_and_stays_failed() {
+    use cairn_object::postree::TreeCheck;
+    let db = db();
+    let uid = put(
+        &db,
+        "l",
+        NewValue::List((0..3000).map(|i| format!("e{i}").into_bytes()).collect()),
+    );
+    let v = db.get(b"l", &At::Uid(uid)).unwrap();
+    let t = *v.object.value.tree().unwrap();
+    let chunks = chunks_of(&db, "l", uid);
+    assert!(t.height >= 2, "a tree of several index levels");
+    // A check allowed fewer pending nodes than the tree needs refuses it.
+    let mut check = TreeCheck::new(&t, false).with_max_pending(2);
+    let mut at = 1;
+    let e = loop {
+        match check.accept_unverified(&chunks[at]) {
+            Ok(_) => at += 1,
+            Err(e) => break e,
+        }
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("waiting to be checked") || msg.contains("entries, more than the 2"),
+        "{e}"
+    );
+    // Failed once, failed for good: no later call reports progress or completion.
+    assert!(check.next_cid().is_err());
+    assert!(check.is_complete().is_err());
+    assert!(check.accept_unverified(&chunks[at + 1]).is_err());
+    // A leaf of more elements than allowed is refused before its elements are decoded.
+    let mut check = TreeCheck::new(&t, false).with_max_pending(1 << 20);
+    let mut leaf_refused = false;
+    for c in &chunks[1..] {
+        match check.accept_unverified(c) {
+            Ok(_) => {}
+            Err(e) => {
+                panic!("an honest tree was refused: {e}");
+            }
+        }
+    }
+    assert!(check.is_complete().unwrap());
+    // Leaves of ~600 elements under index nodes of at most 57 entries.
+    let wide = Db::with_config(
+        Arc::new(MemoryStore::new()),
+        TreeConfig {
+            leaf_target: 4096,
+            index_target: 256,
+        },
+    );
+    let wuid = put(
+        &wide,
+        "l",
+        NewValue::List((0..20_000).map(|i| format!("e{i}").into_bytes()).collect()),
+    );
+    let wv = wide.get(b"l", &At::Uid(wuid)).unwrap();
+    let wchunks = chunks_of(&wide, "l", wuid);
+    let mut small = TreeCheck::new(wv.object.value.tree().unwrap(), false).with_max_pending(100);
+    for c in &wchunks[1..] {
+        if let Err(e) = small.accept_unverified(c) {
+            leaf_refused = e.to_string().contains("elements, more than the 100");
+            break;
+        }
+    }
+    assert!(leaf_refused, "a leaf of more than 100 elements is refused");
+    // After a hash mismatch too.
+    let mut check = TreeCheck::new(&t, false);
+    assert!(check.accept_unverified(&chunks[2]).is_err());
+    assert!(check.accept_unverified(&chunks[1]).is_err(), "stays failed");
+}

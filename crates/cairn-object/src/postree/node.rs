@@ -221,6 +221,7 @@ pub(crate) fn decode_index(
     chunk: &Bytes,
     payload: &[u8],
     sorted: bool,
+    max: usize,
 ) -> Result<(u8, Vec<Entry>)> {
     let mut d = Decoder::new(payload, "POS-tree index node");
     let level = d.u8()?;
@@ -232,6 +233,11 @@ pub(crate) fn decode_index(
     let n = d.count(cairn_core::hash::ENCODED_LEN + 1 + sorted as usize)?;
     if n == 0 {
         return Err(Error::decode("index node without entries"));
+    }
+    if n > max {
+        return Err(Error::decode(format!(
+            "index node of {n} entries, more than the {max} accepted"
+        )));
     }
     let mut entries = Vec::with_capacity(n);
     for _ in 0..n {
@@ -262,10 +268,20 @@ pub(crate) fn decode_index(
 }
 
 /// Parses a List/Set/Map leaf payload; checks sorted kinds have strictly increasing keys.
-pub(crate) fn decode_elems(chunk: &Bytes, payload: &[u8], kind: TreeKind) -> Result<Vec<Elem>> {
+pub(crate) fn decode_elems(
+    chunk: &Bytes,
+    payload: &[u8],
+    kind: TreeKind,
+    max: usize,
+) -> Result<Vec<Elem>> {
     let mut d = Decoder::new(payload, "POS-tree leaf");
     let is_map = kind == TreeKind::Map;
     let n = d.count(1 + is_map as usize)?;
+    if n > max {
+        return Err(Error::decode(format!(
+            "leaf of {n} elements, more than the {max} accepted"
+        )));
+    }
     let mut out: Vec<Elem> = Vec::with_capacity(n);
     for _ in 0..n {
         let key = chunk.slice_ref(d.bytes()?);
@@ -289,17 +305,28 @@ pub(crate) fn decode_elems(chunk: &Bytes, payload: &[u8], kind: TreeKind) -> Res
 /// Parses any node of a `kind` tree, checking the chunk kind matches. Decode errors become
 /// [`Error::Corrupt`] naming the cid.
 pub(crate) fn parse_node(cid: &Cid, chunk: &Bytes, kind: TreeKind) -> Result<Node> {
+    parse_node_limited(cid, chunk, kind, usize::MAX)
+}
+
+/// [`parse_node`], refusing a node of more than `max` entries or elements before
+/// decoding them (a reader bounding its memory against hostile chunks).
+pub(crate) fn parse_node_limited(
+    cid: &Cid,
+    chunk: &Bytes,
+    kind: TreeKind,
+    max: usize,
+) -> Result<Node> {
     let (ck, payload) = chunk::parse(chunk).map_err(|e| corrupt(cid, e))?;
     if ck == index_kind(kind) {
         let (level, entries) =
-            decode_index(chunk, payload, kind.is_sorted()).map_err(|e| corrupt(cid, e))?;
+            decode_index(chunk, payload, kind.is_sorted(), max).map_err(|e| corrupt(cid, e))?;
         Ok(Node::Index { level, entries })
     } else if ck == leaf_kind(kind) {
         if kind == TreeKind::Blob {
             Ok(Node::Blob(chunk.slice_ref(payload)))
         } else {
             Ok(Node::Elems(
-                decode_elems(chunk, payload, kind).map_err(|e| corrupt(cid, e))?,
+                decode_elems(chunk, payload, kind, max).map_err(|e| corrupt(cid, e))?,
             ))
         }
     } else {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use cairn_core::{Decoder, Error, Result};
 use cairn_store::{ChunkStore, Cid};
 
-use super::node::{Node, corrupt_err, load, parse_node};
+use super::node::{Node, corrupt_err, load, parse_node_limited};
 use super::{Element, TreeKind, TreeRef};
 use crate::chunk::{self, ChunkKind};
 
@@ -46,6 +46,10 @@ pub struct TreeCheck {
     done: Option<HashMap<Cid, u64>>,
     prev_key: Option<Bytes>,
     first: bool,
+    /// Most nodes waiting to be checked, and most elements in one leaf.
+    max_pending: usize,
+    /// The error that stopped the check: every later call fails with it.
+    failed: Option<String>,
 }
 
 impl TreeCheck {
@@ -64,12 +68,34 @@ impl TreeCheck {
             done: (skip_repeats && !t.kind.is_sorted()).then(HashMap::new),
             prev_key: None,
             first: true,
+            max_pending: usize::MAX,
+            failed: None,
+        }
+    }
+
+    /// This check, refusing ([`Error::Corrupt`]) a tree that would make it hold more than
+    /// `max` nodes waiting to be checked, or a leaf of more than `max` elements: a reader
+    /// of chunks from an untrusted source bounds its memory with it (a tree a Cairn store
+    /// builds stays far below: its index nodes hold at most a few hundred thousand
+    /// entries and its stack one path's siblings).
+    pub fn with_max_pending(mut self, max: usize) -> Self {
+        self.max_pending = max;
+        self
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(Error::corrupt(format!(
+                "the tree check already failed: {e}"
+            ))),
+            None => Ok(()),
         }
     }
 
     /// The cid of the chunk [`TreeCheck::accept`] expects next, or `None` once the whole
     /// tree was checked.
     pub fn next_cid(&mut self) -> Result<Option<Cid>> {
+        self.check_failed()?;
         while let Some(task) = self.stack.last() {
             let Some(done) = &self.done else {
                 return Ok(Some(task.cid));
@@ -88,15 +114,27 @@ impl TreeCheck {
         Ok(None)
     }
 
-    /// The cids of the leaves expected next, in order, up to `max` (fewer when an index
-    /// node comes sooner; none when the next chunk is an index node).
-    pub(crate) fn next_leaves(&self, max: usize) -> Vec<Cid> {
+    /// The cids and counts of the leaves expected next, in order, up to `max` leaves and
+    /// until their counts reach `max_units` (fewer when an index node comes sooner; none
+    /// when the next chunk is an index node). Only for a check that does not skip
+    /// repeats (its next chunks are exactly the stack's top).
+    pub(crate) fn next_leaves(&self, max: usize, max_units: u64) -> Vec<(Cid, u64)> {
+        debug_assert!(
+            self.done.is_none(),
+            "next_leaves on a check that skips repeats"
+        );
+        let mut units = 0u64;
         self.stack
             .iter()
             .rev()
             .take_while(|t| t.level == 0)
             .take(max)
-            .map(|t| t.cid)
+            .take_while(|t| {
+                let more = units < max_units;
+                units = units.saturating_add(t.count);
+                more
+            })
+            .map(|t| (t.cid, t.count))
             .collect()
     }
 
@@ -107,8 +145,18 @@ impl TreeCheck {
 
     /// Checks `bytes` as the chunk [`TreeCheck::next_cid`] named, which the caller has
     /// verified against that cid (a store read does; [`TreeCheck::accept_unverified`]
-    /// hashes it). Inconsistencies are [`Error::Corrupt`] naming the chunk.
+    /// hashes it). Inconsistencies are [`Error::Corrupt`] naming the chunk; after an
+    /// error, every later call fails too.
     pub fn accept(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
+        self.check_failed()?;
+        let r = self.accept_checked(bytes);
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r
+    }
+
+    fn accept_checked(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
         let task = match self.next_cid()? {
             Some(_) => self
                 .stack
@@ -122,7 +170,7 @@ impl TreeCheck {
         };
         let is_root = std::mem::replace(&mut self.first, false);
         let sorted = self.kind.is_sorted();
-        let node = parse_node(&task.cid, bytes, self.kind)?;
+        let node = parse_node_limited(&task.cid, bytes, self.kind, self.max_pending)?;
         let bad = |msg: String| Err(corrupt_err(&task.cid, msg));
         let out = match node {
             Node::Index { level, entries } => {
@@ -143,6 +191,12 @@ impl TreeCheck {
                 }
                 if sum != task.count {
                     return bad(format!("node holds {sum} units, expected {}", task.count));
+                }
+                if self.stack.len().saturating_add(entries.len()) > self.max_pending {
+                    return bad(format!(
+                        "the tree would leave more than {} nodes waiting to be checked",
+                        self.max_pending
+                    ));
                 }
                 if sorted {
                     let last = entries.last().and_then(|e| e.key.clone());
@@ -220,9 +274,9 @@ impl TreeCheck {
         };
         let got = cid.algo().digest(bytes);
         if got != cid {
-            return Err(Error::corrupt(format!(
-                "POS-tree chunk {cid}: the bytes received hash to {got}"
-            )));
+            let e = format!("POS-tree chunk {cid}: the bytes received hash to {got}");
+            self.failed = Some(e.clone());
+            return Err(Error::corrupt(e));
         }
         self.accept(bytes)
     }
