@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A/B of `cairn --server get` between two builds of the cairn binary, against one node.
+#
+#   bench/cli_get.sh BEFORE_BIN AFTER_BIN [TURNS]
+#
+# Starts `AFTER_BIN serve` (default config, group durability) on 127.0.0.1:7979 over a
+# fresh data directory under $BENCH_DIR (default /tmp/cairn-cli-get), puts a 100 MB and a
+# 1 GiB file of random bytes, then per turn and per file runs each client once warm (page
+# cache as the previous step left it) and once cold (after `sync; echo 3 >
+# /proc/sys/vm/drop_caches`, which needs root), printing wall milliseconds; at the end it
+# checks that AFTER_BIN's output equals the file. Run it under the benchmark lock
+# (`flock /tmp/cairn-bench.lock bench/cli_get.sh ...`) with nothing else running.
+set -euo pipefail
+before=$(realpath "$1")
+after=$(realpath "$2")
+turns="${3:-4}"
+dir="${BENCH_DIR:-/tmp/cairn-cli-get}"
+rm -rf "$dir/node" "$dir/cfg"
+mkdir -p "$dir/cfg"
+export XDG_CONFIG_HOME="$dir/cfg"
+[[ -f "$dir/big.bin" ]] || head -c 1073741824 /dev/urandom > "$dir/big.bin"
+[[ -f "$dir/mid.bin" ]] || head -c 100000000 /dev/urandom > "$dir/mid.bin"
+"$after" --data "$dir/node" serve --listen 127.0.0.1:7979 > "$dir/node.log" 2>&1 &
+node=$!
+trap 'kill $node' EXIT
+for _ in $(seq 50); do
+    curl -sf http://127.0.0.1:7979/healthz > /dev/null && break
+    sleep 0.1
+done
+server=http://127.0.0.1:7979
+"$after" --server $server put big --file "$dir/big.bin" > /dev/null
+"$after" --server $server put mid --file "$dir/mid.bin" > /dev/null
+ms() {
+    local t0
+    t0=$(date +%s%N)
+    "$@" > /dev/null
+    echo $(( ($(date +%s%N) - t0) / 1000000 ))
+}
+echo "turn file build warm_ms cold_ms"
+for turn in $(seq "$turns"); do
+    for key in mid big; do
+        for build in before after; do
+            bin=$before
+            [[ $build == after ]] && bin=$after
+            warm=$(ms "$bin" --server $server get $key)
+            sync
+            echo 3 > /proc/sys/vm/drop_caches
+            cold=$(ms "$bin" --server $server get $key)
+            echo "$turn $key $build $warm $cold"
+        done
+    done
+done
+"$after" --server $server get big | cmp - "$dir/big.bin"
+echo "after's output equals the file"
