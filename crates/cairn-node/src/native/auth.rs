@@ -78,9 +78,13 @@ pub const MAX_NONCE_LEN: usize = 64;
 pub const CONTEXT_HEADER: &str = "x-cairn-context";
 /// How far a request's date may be from the node's clock, either way, in seconds.
 pub const WINDOW_SECS: u64 = 300;
-/// Most signatures remembered at once against replays; past this, signed requests get 503
-/// until old ones expire.
-const MAX_REMEMBERED: usize = 200_000;
+/// Most signatures remembered at once against replays (about 100 bytes each); past this,
+/// signed requests get 503 until old ones expire.
+const MAX_REMEMBERED: usize = 400_000;
+/// Most signatures of one owner key remembered at once (166 signed requests a second over
+/// the window): past this, that key's requests get 503 until its old ones expire, so one
+/// key cannot fill the table every other owner needs.
+pub const MAX_PER_OWNER: usize = 50_000;
 
 /// The parts of a request that its signature covers.
 #[derive(Clone, Debug)]
@@ -182,7 +186,8 @@ pub fn now_secs() -> u64 {
 
 /// Prefix of the refs that remember accepted signatures across restarts: the 64-byte
 /// signature follows, the value is the Unix second (u64, little-endian) after which the
-/// signature's date is out of the window.
+/// signature's date is out of the window, then the 32-byte owner key that signed it
+/// (values of 8 bytes, written before the owner was kept, count against no owner).
 pub const REPLAY_REFS: &[u8] = b"native/replay/";
 
 /// Persisted signatures between two sweeps of expired replay refs.
@@ -197,13 +202,61 @@ pub struct Checked {
     pub signature: [u8; 64],
     /// When the signature's date leaves the window (Unix seconds).
     pub expires: u64,
+    /// The owner key that signed it.
+    pub owner: [u8; 32],
 }
 
 /// Signatures accepted recently (until their date leaves the window), against replays.
 #[derive(Default)]
 pub struct ReplayGuard {
-    seen: Mutex<HashMap<[u8; 64], u64>>,
+    seen: Mutex<Seen>,
     persisted: std::sync::atomic::AtomicU64,
+}
+
+/// The remembered signatures, with how many each owner key holds.
+#[derive(Default)]
+struct Seen {
+    sigs: HashMap<[u8; 64], (u64, Option<[u8; 32]>)>,
+    per_owner: HashMap<[u8; 32], usize>,
+    /// The second of the last sweep of expired signatures (at most one a second).
+    swept_at: u64,
+}
+
+impl Seen {
+    fn insert(&mut self, sig: [u8; 64], expires: u64, owner: Option<[u8; 32]>) {
+        if let Some((_, Some(old))) = self.sigs.insert(sig, (expires, owner)) {
+            self.forget(&old);
+        }
+        if let Some(o) = owner {
+            *self.per_owner.entry(o).or_default() += 1;
+        }
+    }
+
+    fn forget(&mut self, owner: &[u8; 32]) {
+        if let Some(n) = self.per_owner.get_mut(owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_owner.remove(owner);
+            }
+        }
+    }
+
+    /// Drops the signatures expired at `now`.
+    fn sweep(&mut self, now: u64) {
+        self.swept_at = now;
+        let per_owner = &mut self.per_owner;
+        self.sigs.retain(|_, (e, owner)| {
+            let keep = *e >= now;
+            if !keep
+                && let Some(o) = owner
+                && let Some(n) = per_owner.get_mut(o)
+            {
+                *n -= 1;
+            }
+            keep
+        });
+        per_owner.retain(|_, n| *n > 0);
+    }
 }
 
 impl ReplayGuard {
@@ -215,16 +268,18 @@ impl ReplayGuard {
         {
             let mut seen = guard.seen.lock();
             for (name, value) in store.list_refs(REPLAY_REFS)? {
-                let (Ok(sig), Ok(exp)) = (
-                    <[u8; 64]>::try_from(&name[REPLAY_REFS.len()..]),
-                    <[u8; 8]>::try_from(&value[..]),
-                ) else {
+                let Ok(sig) = <[u8; 64]>::try_from(&name[REPLAY_REFS.len()..]) else {
                     // Not a ref this module wrote: leave it, and it cannot match.
                     continue;
                 };
-                let exp = u64::from_le_bytes(exp);
+                let (exp, owner) = match value.len() {
+                    8 => (&value[..8], None),
+                    40 => (&value[..8], <[u8; 32]>::try_from(&value[8..]).ok()),
+                    _ => continue,
+                };
+                let exp = u64::from_le_bytes(<[u8; 8]>::try_from(exp).unwrap_or_default());
                 if exp >= now {
-                    seen.insert(sig, exp);
+                    seen.insert(sig, exp, owner);
                 } else {
                     expired.push(RefUpdate::Delete {
                         name: name.to_vec(),
@@ -243,17 +298,20 @@ impl ReplayGuard {
     pub fn persist(&self, store: &dyn RefStore, c: &Checked, now: u64) -> cairn_core::Result<()> {
         let mut name = REPLAY_REFS.to_vec();
         name.extend_from_slice(&c.signature);
-        store.commit(&[RefUpdate::Set {
-            name,
-            value: c.expires.to_le_bytes().to_vec(),
-        }])?;
+        let mut value = c.expires.to_le_bytes().to_vec();
+        value.extend_from_slice(&c.owner);
+        store.commit(&[RefUpdate::Set { name, value }])?;
         let n = self
             .persisted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
             let mut expired = Vec::new();
             for (name, value) in store.list_refs(REPLAY_REFS)? {
-                let exp = <[u8; 8]>::try_from(&value[..]).map(u64::from_le_bytes);
+                let exp = value
+                    .get(..8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_le_bytes)
+                    .ok_or(());
                 if exp.is_ok_and(|e| e < now) {
                     expired.push(RefUpdate::Delete {
                         name: name.to_vec(),
@@ -267,24 +325,56 @@ impl ReplayGuard {
         Ok(())
     }
 
-    /// Records `sig` as used until `expires`; false when it was used already.
-    fn first_use(&self, sig: [u8; 64], expires: u64, now: u64) -> ApiResult<bool> {
+    /// Records `sig` of `owner` as used until `expires`; false when it was used already.
+    /// 503 when the table, or `owner`'s share of it ([`MAX_PER_OWNER`]), is full.
+    fn first_use(
+        &self,
+        owner: &[u8; 32],
+        sig: [u8; 64],
+        expires: u64,
+        now: u64,
+    ) -> ApiResult<bool> {
+        self.first_use_within(owner, sig, expires, now, MAX_REMEMBERED, MAX_PER_OWNER)
+    }
+
+    fn first_use_within(
+        &self,
+        owner: &[u8; 32],
+        sig: [u8; 64],
+        expires: u64,
+        now: u64,
+        max: usize,
+        max_per_owner: usize,
+    ) -> ApiResult<bool> {
         let mut seen = self.seen.lock();
-        if seen.len() >= MAX_REMEMBERED {
-            seen.retain(|_, e| *e >= now);
-            if seen.len() >= MAX_REMEMBERED {
-                return Err(ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "too many signed requests in the replay window; retry shortly",
-                )
-                .with_header(header::RETRY_AFTER, header::HeaderValue::from_static("5")));
-            }
-        }
-        if seen.get(&sig).is_some_and(|e| *e >= now) {
+        if seen.sigs.get(&sig).is_some_and(|(e, _)| *e >= now) {
             return Ok(false);
         }
-        seen.insert(sig, expires);
+        let full = |seen: &Seen| {
+            seen.sigs.len() >= max
+                || seen.per_owner.get(owner).copied().unwrap_or(0) >= max_per_owner
+        };
+        if full(&seen) && seen.swept_at != now {
+            seen.sweep(now);
+        }
+        let busy = |msg: String| {
+            Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                msg,
+            )
+            .with_header(header::RETRY_AFTER, header::HeaderValue::from_static("5")))
+        };
+        if seen.per_owner.get(owner).copied().unwrap_or(0) >= max_per_owner {
+            return busy(format!(
+                "this owner key made {max_per_owner} signed requests in the last {WINDOW_SECS} s, \
+                 as many as the node remembers for one key; retry shortly"
+            ));
+        }
+        if seen.sigs.len() >= max {
+            return busy("too many signed requests in the replay window; retry shortly".into());
+        }
+        seen.insert(sig, expires, Some(*owner));
         Ok(true)
     }
 }
@@ -403,7 +493,7 @@ pub fn check(
         ))
     })?;
     let expires = date.saturating_add(WINDOW_SECS);
-    if !replay.first_use(sig_raw, expires, now)? {
+    if !replay.first_use(owner.raw(), sig_raw, expires, now)? {
         return Err(ApiError::unauthorized(
             "this signature was used already (replayed request); sign each request anew",
         ));
@@ -412,6 +502,7 @@ pub fn check(
         body_blake3: body_hash,
         signature: sig_raw,
         expires,
+        owner: *owner.raw(),
     })
 }
 
@@ -602,6 +693,68 @@ mod tests {
         }
     }
 
+    /// One owner key cannot take the whole replay table: past its share its requests are
+    /// refused (503, nothing remembered), other keys go on, and its share frees as its
+    /// signatures expire.
+    #[test]
+    fn one_owner_cannot_fill_the_replay_table() {
+        let guard = ReplayGuard::default();
+        let now = 1_700_000_000;
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let sig = |i: u32| {
+            let mut s = [0u8; 64];
+            s[..4].copy_from_slice(&i.to_le_bytes());
+            s
+        };
+        for i in 0..3 {
+            assert!(
+                guard
+                    .first_use_within(&a, sig(i), now + 10, now, 10, 3)
+                    .unwrap()
+            );
+        }
+        let e = guard
+            .first_use_within(&a, sig(3), now + 10, now, 10, 3)
+            .unwrap_err();
+        assert_eq!(e.status, 503);
+        assert!(e.message.contains("owner key"), "{}", e.message);
+        // A replay is still a replay, not a 503.
+        assert!(
+            !guard
+                .first_use_within(&a, sig(0), now + 10, now, 10, 3)
+                .unwrap()
+        );
+        // Another key is unaffected, up to the table's limit.
+        for i in 100..107 {
+            assert!(
+                guard
+                    .first_use_within(&b, sig(i), now + 5, now, 10, 8)
+                    .unwrap()
+            );
+        }
+        let e = guard
+            .first_use_within(&b, sig(200), now + 5, now, 10, 8)
+            .unwrap_err();
+        assert!(e.message.contains("replay window"), "{}", e.message);
+        // Once b's signatures expire, there is room again; a's stay until theirs do.
+        let later = now + 6;
+        assert!(
+            guard
+                .first_use_within(&b, sig(201), later + 5, later, 10, 8)
+                .unwrap()
+        );
+        let e = guard
+            .first_use_within(&a, sig(4), later + 5, later, 10, 3)
+            .unwrap_err();
+        assert!(e.message.contains("owner key"), "{}", e.message);
+        let after = now + 11;
+        assert!(
+            guard
+                .first_use_within(&a, sig(5), after + 5, after, 10, 3)
+                .unwrap()
+        );
+    }
+
     #[test]
     fn accepted_signatures_survive_a_reload_until_they_expire() {
         let store = cairn_store::MemoryStore::new();
@@ -620,6 +773,28 @@ mod tests {
         let e = check(&key.public(), None, &second, &Method::PUT, &uri, &h, later).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);
         assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 1);
+        // The signer's share is restored with it; a value written before owners were kept
+        // (8 bytes) still guards against its replay and counts against no owner.
+        assert_eq!(
+            second.seen.lock().per_owner.get(key.public().raw()),
+            Some(&1)
+        );
+        let mut legacy = REPLAY_REFS.to_vec();
+        legacy.extend_from_slice(&[9u8; 64]);
+        store
+            .commit(&[RefUpdate::Set {
+                name: legacy,
+                value: (later + 100).to_le_bytes().to_vec(),
+            }])
+            .unwrap();
+        let third = ReplayGuard::load(&store, later).unwrap();
+        assert!(
+            !third
+                .first_use(&[7; 32], [9u8; 64], later + 100, later)
+                .unwrap()
+        );
+        assert_eq!(third.seen.lock().sigs.len(), 2);
+        assert_eq!(third.seen.lock().per_owner.len(), 1);
     }
 
     #[test]
