@@ -452,25 +452,38 @@ pub fn decrypt_to_file(
     }
 }
 
-/// Decrypts into an anonymous temporary file, then copies the verified plaintext to `out`
-/// (stdout): nothing reaches `out` unless the whole value verified.
+/// Decrypts to `out` (stdout, a pipe) only once the whole value verified, without putting
+/// plaintext on disk: the ciphertext is spooled to an anonymous temporary file, every
+/// segment and the end are authenticated in a first pass (plaintext discarded), and a
+/// second pass decrypts to `out`. A spool changed between the passes fails the second
+/// pass's authentication, so even then nothing unauthenticated is written.
 pub fn decrypt_to_writer(
     input: &mut dyn Read,
     key: &DataKey,
     binding: &[u8],
     out: &mut dyn Write,
 ) -> Result<u64> {
-    let mut tmp: File = tempfile::tempfile().context("creating a temporary file")?;
-    {
-        let mut w = io::BufWriter::with_capacity(1 << 20, &mut tmp);
-        decrypt(input, key, binding, &mut w)?;
-        w.flush().context("writing the decrypted value")?;
-    }
     use std::io::Seek;
+    let mut tmp: File = tempfile::tempfile().context("creating a temporary file")?;
+    io::copy(input, &mut tmp).context("spooling the encrypted value")?;
     tmp.seek(io::SeekFrom::Start(0))
         .context("rewinding the temporary file")?;
-    let n = io::copy(&mut tmp, out).context("writing the output")?;
-    out.flush().context("writing the output")?;
+    decrypt(
+        &mut io::BufReader::with_capacity(1 << 20, &mut tmp),
+        key,
+        binding,
+        &mut io::sink(),
+    )?;
+    tmp.seek(io::SeekFrom::Start(0))
+        .context("rewinding the temporary file")?;
+    let mut w = io::BufWriter::with_capacity(1 << 20, &mut *out);
+    let n = decrypt(
+        &mut io::BufReader::with_capacity(1 << 20, &mut tmp),
+        key,
+        binding,
+        &mut w,
+    )?;
+    w.flush().context("writing the output")?;
     Ok(n)
 }
 
