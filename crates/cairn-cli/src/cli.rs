@@ -986,9 +986,10 @@ pub fn out_target(dest: &Path) -> Result<OutTarget> {
 /// replaces `dest` only once `fill` succeeded and everything is flushed. The result keeps
 /// the permissions of the file it replaces; a new file gets `new_mode` (less the umask).
 /// On failure `dest` is left as it was and the temporary file is removed. A `dest` that is
-/// not a regular file (`/dev/null`, a pipe) is written in place, and so is one in a
-/// directory where no temporary file can be made or renamed (as a shell redirection
-/// would). Returns what `fill` returned.
+/// not a regular file (`/dev/null`, a pipe) is written in place. An existing `dest` in a
+/// directory where no temporary file can be made is filled through an anonymous temporary
+/// file in `$TMPDIR` and copied in once complete (as is one that cannot be renamed over).
+/// Returns what `fill` returned.
 pub fn write_whole_file(
     dest: &Path,
     new_mode: u32,
@@ -1023,6 +1024,9 @@ pub fn write_whole_file(
         Ok(t) => t,
         // No temporary file here (a directory we may not write, or a virtual file system
         // such as /proc): in place, like `>`, so the error, if any, names the file itself.
+        // The file itself is writable (checked above): fill an anonymous temporary file
+        // elsewhere ($TMPDIR), then copy it in only once `fill` succeeded, so a failure
+        // leaves the file as it was.
         Err(e)
             if matches!(
                 e.kind(),
@@ -1031,7 +1035,21 @@ pub fn write_whole_file(
                     | io::ErrorKind::ReadOnlyFilesystem
             ) && keep.is_some() =>
         {
-            return in_place(fill);
+            use std::io::Seek;
+            let mut spool = tempfile::tempfile().context("creating a temporary file")?;
+            let n = {
+                let mut w = BufWriter::with_capacity(1 << 20, &mut spool);
+                let n = fill(&mut w)?;
+                w.flush().context("writing the temporary file")?;
+                n
+            };
+            spool
+                .seek(io::SeekFrom::Start(0))
+                .context("rewinding the temporary file")?;
+            let mut to =
+                File::create(&real).with_context(|| format!("opening {}", dest.display()))?;
+            io::copy(&mut spool, &mut to).with_context(|| format!("writing {}", dest.display()))?;
+            return Ok(n);
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
     };
