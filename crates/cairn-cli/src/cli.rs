@@ -328,6 +328,12 @@ pub struct GetArgs {
     /// it authenticates.
     #[arg(long, conflicts_with = "meta")]
     pub decrypt: bool,
+    /// With --server: read only a version the bucket's writer recorded, in the capsule of
+    /// this name (the one you trust, e.g. anchored on a chain): the node's proof is checked
+    /// before the value is read (exit 11 when it fails). Without it, a read by branch
+    /// trusts the node's word for which version is the head.
+    #[arg(long)]
+    pub capsule: Option<CapsuleName>,
 }
 
 /// `cairn update`.
@@ -486,6 +492,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         &cli.command,
         Command::Put(PutArgs { encrypt: true, .. })
             | Command::Get(GetArgs { decrypt: true, .. })
+            | Command::Get(GetArgs {
+                capsule: Some(_),
+                ..
+            })
             | Command::Verify {
                 capsule: Some(_),
                 ..

@@ -781,7 +781,20 @@ impl Client {
     /// `get`: the version comes as the node's verified stream and every byte is checked
     /// against the uid before it is printed, written or decrypted ([`crate::verified`]).
     fn get(&mut self, a: GetArgs, data_key: Option<&Path>, out: &mut impl Write) -> Result<()> {
-        let (uid, value) = self.open_version_part(&a.key, a.uid, a.branch, a.meta)?;
+        let (uid, value) = match &a.capsule {
+            // The version is proven first (its Meta chunk, then the writer's record of it),
+            // its content read after.
+            Some(cap) => {
+                let (uid, version) = self.open_version_part(&a.key, a.uid, a.branch, true)?;
+                self.proven(&a.key, &uid, version.object(), Some(cap))?;
+                if a.meta {
+                    (uid, version)
+                } else {
+                    self.open_version(&a.key, Some(uid), None)?
+                }
+            }
+            None => self.open_version_part(&a.key, a.uid, a.branch, a.meta)?,
+        };
         if a.meta {
             let meta = crate::cli::meta_text(&uid, value.object())?;
             crate::cli::emit_text(&meta, a.out.as_deref(), out)?;
@@ -1019,6 +1032,41 @@ impl Client {
         }
     }
 
+    /// The bucket's capsule metadata and the proof that the writer recorded version `uid`
+    /// (`object`, already verified against it) of `key`, both from the node and checked
+    /// here: the metadata must hash to `pinned` when given, the proof must lead from the
+    /// version's record to a writer's signature, and the record must name the bases the
+    /// version has. Any failure is [`Error::Rejected`].
+    fn proven(
+        &self,
+        key: &str,
+        uid: &Uid,
+        object: &cairn_object::FObject,
+        pinned: Option<&CapsuleName>,
+    ) -> Result<(VersionProof, CapsuleMetadata)> {
+        let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
+        let meta = CapsuleMetadata::decode(&meta_bytes)?;
+        let capsule = meta.name();
+        if let Some(p) = pinned
+            && *p != capsule
+        {
+            bail!(Error::Rejected(format!(
+                "the node's metadata for bucket {} hashes to capsule {capsule}, not the pinned \
+                 {p}",
+                self.bucket
+            )));
+        }
+        let proof = self.get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)?;
+        let vp = VersionProof::from_bytes(&proof)?;
+        let (record, _) = vp.verify(&meta, key.as_bytes(), uid)?;
+        if object.bases != record.bases {
+            bail!(Error::Rejected(format!(
+                "version {uid} has bases the writer's record does not name"
+            )));
+        }
+        Ok((vp, meta))
+    }
+
     /// `verify --proof` against a node: the proof and the metadata come from the node, the
     /// check is done here.
     fn verify_proof(
@@ -1034,20 +1082,8 @@ impl Client {
         // The version first (its Meta chunk alone), its content last: a stream opened
         // before the other requests would wait on the node meanwhile.
         let (uid, version) = self.open_version_part(key, uid, branch, true)?;
-        let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
-        let meta = CapsuleMetadata::decode(&meta_bytes)?;
+        let (vp, meta) = self.proven(key, &uid, version.object(), pinned.as_ref())?;
         let capsule = meta.name();
-        if let Some(p) = &pinned
-            && *p != capsule
-        {
-            bail!(Error::Rejected(format!(
-                "the node's metadata for bucket {} hashes to capsule {capsule}, not the pinned \
-                 {p}",
-                self.bucket
-            )));
-        }
-        let proof = self.get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)?;
-        let vp = VersionProof::from_bytes(&proof)?;
         writeln!(out, "bucket   {}  capsule {capsule}", self.bucket)?;
         if pinned.is_none() {
             eprintln!(
@@ -1056,14 +1092,8 @@ impl Client {
             );
         }
         crate::cli::print_version_proof(&vp, &meta, key.as_bytes(), &uid, out)?;
-        // The version itself came as a verified stream: its FObject hashed to the uid, and
+        // The version itself comes as a verified stream: its FObject hashed to the uid, and
         // every chunk of its value is re-hashed here as it arrives.
-        let record = cairn_capsule::Mutation::decode(&vp.record.body)?;
-        if version.object().bases != record.bases {
-            bail!(Error::Rejected(format!(
-                "version {uid} has bases the writer's record does not name"
-            )));
-        }
         let (_, mut value) = self.open_version(key, Some(uid), None)?;
         let failure = value.failure();
         let pb = progress_bar(value.len_hint(), "verify");

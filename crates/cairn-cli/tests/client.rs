@@ -1061,6 +1061,31 @@ fn get_refuses_what_a_lying_node_sends() {
             assert!(!dest.exists(), "{what}: --out is not written");
         }
     }
+    // With the capsule pinned, a read by branch checks the node's proof first: a version
+    // the node made up (no writer's record of it) is refused even under its own ETag.
+    let info = u.ok(srv, &["bucket"]);
+    let capsule = info
+        .lines()
+        .find_map(|l| l.strip_prefix("capsule: "))
+        .unwrap()
+        .to_string();
+    let back = u.run(srv, &["get", "k", "--capsule", &capsule]);
+    assert!(back.status.success() && back.stdout == value);
+    let meta = u.ok(srv, &["get", "k2", "--meta", "--capsule", &capsule]);
+    assert!(meta.starts_with(&format!("uid: {other}\n")), "{meta}");
+    let mut wrong = capsule.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == '0' { '1' } else { '0' });
+    let err = u.fails(srv, &["get", "k", "--capsule", &wrong], 11);
+    assert!(err.contains("not the pinned"), "{err}");
+    // The lying node answers every request with the same body: its "metadata" and "proof"
+    // are not the bucket's, so the pinned read fails before printing anything.
+    let liar = lying_node(other.clone(), join(&foreign));
+    let out = u.run(Some(&liar), &["get", "k", "--capsule", &capsule]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    let err = u.fails(None, &["get", "k", "--capsule", &capsule], 8);
+    assert!(err.contains("--server"), "{err}");
     // A node naming another version than the one asked for: refused before reading it.
     let liar = lying_node(other.clone(), join(&foreign));
     let err = u.fails(Some(&liar), &["get", "k2", "--uid", &uid], 11);
