@@ -680,6 +680,20 @@ impl Bucket {
         self.db.put_blob_stream(key, target, reader, opts, progress)
     }
 
+    /// [`Db::put_blob_stream_then`], recorded.
+    pub fn put_blob_stream_then(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        reader: &mut dyn Read,
+        progress: &mut dyn FnMut(u64),
+        before_commit: &mut dyn FnMut() -> Result<PutOptions>,
+    ) -> Result<Uid> {
+        self.check_writable()?;
+        self.db
+            .put_blob_stream_then(key, target, reader, progress, before_commit)
+    }
+
     /// [`Db::put_list_stream`], recorded.
     pub fn put_list_stream(
         &self,

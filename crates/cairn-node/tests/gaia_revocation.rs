@@ -270,3 +270,45 @@ async fn refused_requests_create_no_bucket() {
     assert_eq!(hub.store(&auth, &a, "f", b"x", &[]).await.0, 202);
     assert!(exists());
 }
+
+/// A file deleted under an archival scope while a write to it is still uploading: the
+/// write lands (202, readable), and goes on from the archived versions, as it does when
+/// the delete comes first. (It used to fail with 500: its base was decided before the
+/// body, when the file still had a head.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_deleted_while_a_write_uploads_is_written() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(34);
+    let a = k.address();
+    let full = k.bearer();
+    let mut p = k.payload();
+    p["scopes"] = json!([{"scope": "putFileArchivalPrefix", "domain": "arch/"}]);
+    let arch = k.bearer_with(&p);
+    assert_eq!(hub.store(&arch, &a, "arch/f", b"1", &[]).await.0, 202);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = tokio::spawn(
+        hub.http
+            .post(hub.url(&format!("/store/{a}/arch/f")))
+            .header("authorization", full.clone())
+            .body(reqwest::Body::wrap_stream(tokio_stream(rx)))
+            .send(),
+    );
+    tx.send(Ok(b"part one, ".to_vec())).await.unwrap();
+    // The write's checks before the body pass with the file present.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!slow.is_finished());
+    assert_eq!(hub.delete(&arch, &a, "arch/f").await.0, 202);
+    assert_eq!(hub.read(&a, "arch/f").await.0, 404);
+    tx.send(Ok(b"part two".to_vec())).await.unwrap();
+    drop(tx);
+    let resp = slow.await.unwrap().unwrap();
+    let st = resp.status().as_u16();
+    assert_eq!(st, 202, "{}", resp.text().await.unwrap_or_default());
+    assert_eq!(hub.read(&a, "arch/f").await.3, b"part one, part two");
+    let bucket = hub.node.bucket(&bucket_name(&a).unwrap()).unwrap();
+    let all = bucket
+        .db()
+        .track(b"arch/f", &cairn_object::At::default_branch(), 0, 10)
+        .unwrap();
+    assert_eq!(all.len(), 2, "the write goes on from the archived version");
+}

@@ -722,8 +722,23 @@ impl Db {
         opts: &PutOptions,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Uid> {
-        check_key(key)?;
         crate::fobject::check_context(&opts.context)?;
+        self.put_blob_stream_then(key, target, reader, progress, &mut || Ok(opts.clone()))
+    }
+
+    /// [`Db::put_blob_stream`] whose options are decided by `before_commit`, called once
+    /// the whole blob is stored and right before the version is committed: a caller
+    /// re-checks there what may have changed while the input arrived (an authorization,
+    /// the branch's head), and an error from it commits nothing.
+    pub fn put_blob_stream_then(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        reader: &mut dyn Read,
+        progress: &mut dyn FnMut(u64),
+        before_commit: &mut dyn FnMut() -> Result<PutOptions>,
+    ) -> Result<Uid> {
+        check_key(key)?;
         let _w = self.writer_guard();
         let shared: Arc<dyn ChunkStore> = self.store.clone();
         let mut w = BlobWriter::new(self.chunks(), &self.cfg).storing_on_pipe(shared);
@@ -732,6 +747,9 @@ impl Db {
             progress(w.bytes_written());
         }
         let tree = w.finish()?;
+        let opts = before_commit()?;
+        crate::fobject::check_context(&opts.context)?;
+        let opts = &opts;
         self.put_value(key, target, opts, false, |base_ty, _| {
             if let Some(ty) = base_ty {
                 same_type(key, ty, ValueType::Blob)?;

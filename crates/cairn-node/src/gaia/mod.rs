@@ -29,9 +29,10 @@
 //! and all succeed. Bodies stream: the upload goes from the socket through a
 //! [`BodyReader`] into the POS-tree builder, and reads stream leaf by leaf, so memory
 //! does not grow with file size. The body is built into chunks before the path's turn
-//! comes; only the short commit is serialized, and `If-Match` / `If-None-Match` are
-//! re-checked at that moment (atomically with the commit), not only before the upload,
-//! as are the token's revocation and expiry. `revoke-all` takes a time at most
+//! comes; only its end (the last chunks) and the commit are serialized, and
+//! `If-Match` / `If-None-Match` are re-checked right before the commit (atomically with
+//! it), not only before the upload, as are the token's revocation and expiry (under the
+//! address's revocation lock, which `revoke-all` takes exclusively) and the version's base. `revoke-all` takes a time at most
 //! [`REVOCATION_SKEW_SECS`] ahead of the node's clock, and only from a v1 token with `iat`
 //! that the current time does not revoke, so a stolen token cannot lock the owner out.
 //! `list-files` pages are cursors (the last name listed), so changes between pages
@@ -158,7 +159,14 @@ struct Hub {
     auth: AuthSettings,
     queues: Mutex<HashMap<(String, Vec<u8>), PathQueue>>,
     revoked: Mutex<HashMap<String, i64>>,
+    /// Revocation locks, one per address hash: a store or delete holds its address's
+    /// shared from its last revocation check through its commit, `revoke-all` holds it
+    /// exclusively, so no write checked before a revocation commits after it.
+    revocation_locks: [parking_lot::RwLock<()>; REVOCATION_STRIPES],
 }
+
+/// Stripes of [`Hub::revocation_locks`].
+const REVOCATION_STRIPES: usize = 64;
 
 /// Writers of one path: how many are registered, and the lock whose holder commits.
 struct PathQueue {
@@ -198,6 +206,7 @@ pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         cfg,
         queues: Mutex::new(HashMap::new()),
         revoked: Mutex::new(HashMap::new()),
+        revocation_locks: std::array::from_fn(|_| parking_lot::RwLock::new(())),
     });
     let api = Router::new()
         .route("/hub_info", get(hub_info))
@@ -342,10 +351,18 @@ async fn hub_cors(req: Request, next: Next) -> Response {
         );
     }
     let mut resp = next.run(req).await;
-    resp.headers_mut().insert(
+    let h = resp.headers_mut();
+    h.insert(
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),
     );
+    // Beyond the hub: a browser client may read when to retry a 503 (a full write queue).
+    if h.contains_key(header::RETRY_AFTER) {
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("Retry-After"),
+        );
+    }
     resp
 }
 
@@ -632,6 +649,14 @@ impl Hub {
         self.remember_revocation(address, stored);
         let cached = self.revoked.lock().get(address).copied().unwrap_or(0);
         Ok(stored.max(cached))
+    }
+
+    /// The revocation lock of `address` (see [`Hub::revocation_locks`]).
+    fn revocation_lock(&self, address: &str) -> &parking_lot::RwLock<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        address.hash(&mut h);
+        &self.revocation_locks[(h.finish() % REVOCATION_STRIPES as u64) as usize]
     }
 
     fn remember_revocation(&self, address: &str, t: i64) {
@@ -921,48 +946,64 @@ fn store_blocking<R: Read>(
         })?),
         _ => None,
     };
-    let opts = PutOptions {
-        guard,
-        context: FileMeta {
-            gaia: 1,
-            content_type,
-            mtime_ms: now_millis(),
-        }
-        .encode(),
-        // A file deleted under an archival scope kept its versions on a `.history.`
-        // branch: written again, it goes on from the newest of them (only a key without
-        // a `master` head can have one to look for).
-        branch_from: match current {
-            Some(_) => None,
-            None => archived_head(&bucket, &key)?,
-        },
-    };
-    let (turn, check_bucket, check_key) = (ticket.turn.clone(), bucket.clone(), key.clone());
-    let (check_hub, check_address) = (hub.clone(), address.to_string());
+    let context = FileMeta {
+        gaia: 1,
+        content_type,
+        mtime_ms: now_millis(),
+    }
+    .encode();
+    let turn = ticket.turn.clone();
     let mut upload = Upload {
         inner: reader,
         limit,
         max_mb,
         seen: 0,
-        at_end: Some(Box::new(move || {
-            let g = turn.blocking_lock_owned();
-            // The body may have taken long: a `revoke-all` or the token's `exp` that came
-            // meanwhile stops the upload as it would have stopped it before the body.
-            v.check_revocation(check_hub.current_revocation(&check_address, &check_bucket)?)?;
-            v.check_expiry(now_secs())?;
-            cond.check(head(&check_bucket, &check_key)?)?;
-            Ok(g)
-        })),
+        // The body ended: this writer's turn, through the last leaves and the commit.
+        at_end: Some(Box::new(move || Ok(turn.blocking_lock_owned()))),
         turn: None,
         failed: None,
     };
-    let result = bucket.put_blob_stream(
+    // Held from the last revocation check through the commit (see Hub::revocation_locks).
+    let mut revocation_held = None;
+    let mut refused = None;
+    let lock = hub.revocation_lock(address);
+    let result = bucket.put_blob_stream_then(
         &key,
         Target::Branch(DEFAULT_BRANCH),
         &mut upload,
-        &opts,
         &mut |_| {},
+        &mut || {
+            // The body may have taken long: a `revoke-all`, the token's `exp` or another
+            // writer's change to the file that came meanwhile decides now, under this
+            // writer's turn, right before the commit.
+            revocation_held = Some(lock.read());
+            let checked = (|| -> HubResult<PutOptions> {
+                v.check_revocation(hub.current_revocation(address, &bucket)?)?;
+                v.check_expiry(now_secs())?;
+                let current = head(&bucket, &key)?;
+                cond.check(current)?;
+                Ok(PutOptions {
+                    guard,
+                    context: context.clone(),
+                    // A file deleted under an archival scope kept its versions on a
+                    // `.history.` branch: written again, it goes on from the newest of
+                    // them (only a key without a `master` head can have one to look for).
+                    branch_from: match current {
+                        Some(_) => None,
+                        None => archived_head(&bucket, &key)?,
+                    },
+                })
+            })();
+            checked.map_err(|e| {
+                refused = Some(e);
+                cairn_core::Error::invalid("the upload was refused at commit")
+            })
+        },
     );
+    drop(revocation_held);
+    if let Some(e) = refused {
+        upload.failed.get_or_insert(e);
+    }
     drop(upload.turn.take());
     drop(ticket);
     match (result, upload.failed) {
@@ -1022,7 +1063,9 @@ fn remove_blocking(
     let ticket = hub.enqueue(bucket.name(), key)?;
     let _turn = ticket.turn.clone().blocking_lock_owned();
     // As for uploads: a `revoke-all` or the token's `exp` that came while this delete
-    // waited for its turn stops it.
+    // waited for its turn stops it, and none can commit between this check and the
+    // delete's commit.
+    let _revocation = hub.revocation_lock(address).read();
     v.check_revocation(hub.current_revocation(address, &bucket)?)?;
     v.check_expiry(now_secs())?;
     let Some(uid) = head(&bucket, key)? else {
@@ -1298,8 +1341,10 @@ fn list_blocking(
             page: next,
         }
     };
-    // The hub's marker for "more pages, though this one was all history files".
-    if archival && listing.page.is_some() {
+    // The hub's marker for "more pages, though this one was all history files"; also for
+    // a page whose files were all deleted between listing and stat (`@stacks/storage`
+    // stops at an empty page, and would miss the files after it).
+    if listing.page.is_some() {
         match &mut listing.entries {
             Entries::Names(n) if n.is_empty() => n.push(None),
             Entries::Stats(s) if s.is_empty() => s.push(None),
@@ -1437,6 +1482,8 @@ fn revoke_blocking(hub: &Arc<Hub>, address: &str, headers: &HeaderMap, ts: i64) 
     let name = hub.writable_name(address)?;
     let ticket = hub.enqueue(&name, REVOCATION_KEY)?;
     let _turn = ticket.turn.clone().blocking_lock_owned();
+    // No store or delete of this address commits between this check and this commit.
+    let _revocation = hub.revocation_lock(address).write();
     let existing = hub.existing_bucket(address)?;
     let current = match &existing {
         Some(b) => Hub::read_revocation(b)?.map_or(0, |(t, _)| t),
