@@ -633,23 +633,7 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             // history is that long (merges put several at one distance).
             let entries = db.track(key.as_bytes(), &At::parse(&branch), 0, limit - 1)?;
             for e in entries.into_iter().take(limit as usize) {
-                let o = &e.object;
-                write!(
-                    out,
-                    "{}  depth {}  {} ({})",
-                    e.uid,
-                    o.depth,
-                    o.value_type(),
-                    size_of(&o.value)
-                )?;
-                if o.bases.len() > 1 {
-                    let b: Vec<String> = o.bases.iter().map(|b| b.short()).collect();
-                    write!(out, "  merge of {}", b.join(" "))?;
-                }
-                if !o.context.is_empty() {
-                    write!(out, "  {}", format::show(&o.context))?;
-                }
-                writeln!(out)?;
+                writeln!(out, "{}", log_line(&e.uid, &e.object))?;
             }
         }
         Command::Diff { key, a, b } => {
@@ -903,6 +887,25 @@ fn get(db: &Db, a: GetArgs, out: &mut impl Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One line of `cairn log`: the version, its depth, type and size, the versions it
+/// merges and its context.
+pub fn log_line(uid: &Uid, o: &cairn_object::FObject) -> String {
+    let mut line = format!(
+        "{uid}  depth {}  {} ({})",
+        o.depth,
+        o.value_type(),
+        size_of(&o.value)
+    );
+    if o.bases.len() > 1 {
+        let b: Vec<String> = o.bases.iter().map(|b| b.short()).collect();
+        line.push_str(&format!("  merge of {}", b.join(" ")));
+    }
+    if !o.context.is_empty() {
+        line.push_str(&format!("  {}", format::show(&o.context)));
+    }
+    line
 }
 
 /// What `cairn get --meta` prints about version `uid`.

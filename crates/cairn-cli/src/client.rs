@@ -703,27 +703,6 @@ impl Client {
         }
     }
 
-    /// The value of an integer version, for the `= N` its size shows as.
-    fn integer(&self, key: &str, uid: &str) -> Result<String> {
-        let url = self.url("objects", Some(key), &[("uid", uid.to_string())])?;
-        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
-        let mut s = String::new();
-        resp.take(64)
-            .read_to_string(&mut s)
-            .context("reading the node's answer")?;
-        Ok(format!("= {}", s.trim()))
-    }
-
-    fn size_text(&self, key: &str, v: &J) -> Result<String> {
-        let uid = str_field(v, "uid")?;
-        let size = v.get("size").and_then(J::as_u64).unwrap_or(0);
-        Ok(match str_field(v, "type")? {
-            "string" | "blob" => format!("{size} bytes"),
-            "integer" => self.integer(key, uid)?,
-            _ => format!("{size} elements"),
-        })
-    }
-
     /// Opens the node's verified stream of version `uid` (or the head of `branch`) of
     /// `key` ([`crate::verified`]): checked against `uid` when given, else against the uid
     /// the node names; a version of another key is refused.
@@ -952,44 +931,113 @@ impl Client {
         }
     }
 
+    /// `log`: the node's answer is checked, not trusted. Each entry's Meta chunk must hash
+    /// to its uid (what is printed comes from it), and the entries must be exactly the
+    /// breadth-first walk of the history those verified versions record, from the start
+    /// version, in order: a node cannot add, drop, reorder or alter a version. Pages
+    /// (`next_min`) are followed from the same start version.
     fn log(&self, key: &str, branch: &str, limit: u64, out: &mut impl Write) -> Result<()> {
         if limit == 0 {
             bail!(Error::invalid("--limit must be at least 1"));
         }
-        let mut q = match At::parse(branch) {
-            At::Uid(u) => vec![("uid", u.to_string())],
-            At::Branch(b) => vec![("branch", b)],
+        let max = (limit - 1).min(MAX_TRACK_DISTANCE);
+        let mut from = match At::parse(branch) {
+            At::Uid(u) => ("uid", u.to_string()),
+            At::Branch(b) => ("branch", b),
         };
-        q.push(("min", "0".into()));
-        q.push(("max", (limit - 1).min(MAX_TRACK_DISTANCE).to_string()));
-        let r = self.get_json(self.url("log", Some(key), &q)?)?;
-        for e in array_field(&r, "versions")?.iter().take(limit as usize) {
-            write!(
-                out,
-                "{}  depth {}  {} ({})",
-                str_field(e, "uid")?,
-                e.get("depth").and_then(J::as_u64).unwrap_or(0),
-                str_field(e, "type")?,
-                self.size_text(key, e)?
-            )?;
-            let bases = array_field(e, "bases")?;
-            if bases.len() > 1 {
-                let mut short = Vec::new();
-                for b in bases {
-                    let u: Uid = b
-                        .as_str()
-                        .unwrap_or_default()
-                        .parse()
-                        .map_err(|_| bad_answer("bases"))?;
-                    short.push(u.short());
+        // The walk the entries must follow: (uid, distance) in the order the node's
+        // breadth-first track visits them.
+        let mut walk: std::collections::VecDeque<(Uid, u64)> = std::collections::VecDeque::new();
+        let mut seen: std::collections::HashSet<Uid> = std::collections::HashSet::new();
+        let mut started = false;
+        let mut printed = 0u64;
+        let mut min = 0u64;
+        let lied = |what: String| -> anyhow::Error {
+            Error::Rejected(format!("the node's log of {key:?} {what}")).into()
+        };
+        loop {
+            let q = vec![
+                from.clone(),
+                ("min", min.to_string()),
+                ("max", max.to_string()),
+            ];
+            let r = self.get_json(self.url("log", Some(key), &q)?)?;
+            for e in array_field(&r, "versions")? {
+                let uid: Uid = str_field(e, "uid")?
+                    .parse()
+                    .map_err(|_| bad_answer("uid"))?;
+                let distance = e
+                    .get("distance")
+                    .and_then(J::as_u64)
+                    .ok_or_else(|| bad_answer("distance"))?;
+                if !started {
+                    // The start version: the uid asked for, or the head the node names.
+                    if let At::Uid(u) = At::parse(branch)
+                        && u != uid
+                    {
+                        return Err(lied(format!("starts at {uid}, not at {u}")));
+                    }
+                    walk.push_back((uid, 0));
+                    seen.insert(uid);
+                    from = ("uid", uid.to_string());
+                    started = true;
                 }
-                write!(out, "  merge of {}", short.join(" "))?;
+                match walk.pop_front() {
+                    Some((u, d)) if u == uid && d == distance => {}
+                    Some((u, d)) => {
+                        return Err(lied(format!(
+                            "lists {uid} at distance {distance} where the history has {u} at \
+                             distance {d}"
+                        )));
+                    }
+                    None => {
+                        return Err(lied(format!(
+                            "lists {uid}, beyond the history its versions record"
+                        )));
+                    }
+                }
+                let o = match e.get("meta").and_then(J::as_str) {
+                    Some(h) => {
+                        let chunk = hex::decode(h).map_err(|_| bad_answer("meta"))?;
+                        let got = uid.algo().digest(&chunk);
+                        if got != uid {
+                            return Err(lied(format!(
+                                "sends a version {uid} whose Meta chunk hashes to {got}"
+                            )));
+                        }
+                        cairn_object::FObject::from_chunk(&chunk)?
+                    }
+                    // Too large to travel in the log: read it alone, verified.
+                    None => {
+                        let (_, v) = self.open_version_part(key, Some(uid), None, true)?;
+                        v.object().clone()
+                    }
+                };
+                if o.key.as_ref() != key.as_bytes() {
+                    return Err(lied(format!("lists {uid}, a version of another key")));
+                }
+                if distance < max {
+                    for b in &o.bases {
+                        if seen.insert(*b) {
+                            walk.push_back((*b, distance + 1));
+                        }
+                    }
+                }
+                writeln!(out, "{}", crate::cli::log_line(&uid, &o))?;
+                printed += 1;
+                if printed == limit {
+                    return Ok(());
+                }
             }
-            let context = bytes_field(e, "context")?;
-            if !context.is_empty() {
-                write!(out, "  {}", format::show(&context))?;
+            match r.get("next_min").and_then(J::as_u64) {
+                Some(n) if n > min && started => min = n,
+                Some(_) => return Err(lied("does not move on between pages".into())),
+                None => break,
             }
-            writeln!(out)?;
+        }
+        // Every version the walk reached within the distance asked for was listed.
+        if let Some((u, d)) = walk.front() {
+            return Err(lied(format!("leaves out {u} at distance {d}")));
         }
         Ok(())
     }
@@ -1204,13 +1252,6 @@ fn array_field<'a>(v: &'a J, field: &str) -> Result<&'a Vec<J>> {
     v.get(field)
         .and_then(J::as_array)
         .ok_or_else(|| bad_answer(field))
-}
-
-fn bytes_field(v: &J, field: &str) -> Result<Vec<u8>> {
-    match v.get(field) {
-        None | Some(J::Null) => Ok(Vec::new()),
-        Some(x) => Ok(json_bytes(x, field)?),
-    }
 }
 
 fn read_json(resp: Response) -> Result<J> {

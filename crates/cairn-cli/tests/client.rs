@@ -1120,3 +1120,127 @@ fn get_refuses_what_a_lying_node_sends() {
     );
     assert!(out.stdout.is_empty(), "no plaintext of a tampered value");
 }
+
+/// `cairn --server log` checks the node's answer: every entry against its Meta chunk and
+/// the whole list against the breadth-first walk of the history those versions record.
+/// A dropped, added, reordered or altered entry exits 11 (6 for a Meta chunk that does
+/// not decode); the honest answer, served by the same stand-in, reads as local mode does.
+#[test]
+fn log_refuses_what_a_lying_node_sends() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    for v in ["1", "2", "3"] {
+        u.ok(srv, &["put", "k", "--value", v]);
+    }
+    u.ok(srv, &["fork", "k", "--from", "master", "--to", "side"]);
+    u.ok(srv, &["put", "k", "--value", "s", "--branch", "side"]);
+    u.ok(srv, &["put", "k", "--value", "4"]);
+    u.ok(
+        srv,
+        &[
+            "merge",
+            "k",
+            "--into",
+            "master",
+            "--from",
+            "side",
+            "--resolve",
+            "ours",
+        ],
+    );
+    u.ok(srv, &["put", "other", "--value", "x"]);
+    let expected = u.ok(srv, &["log", "k", "--limit", "20"]);
+    assert_eq!(expected.lines().count(), 6, "{expected}");
+    let fetch = |key: &str| -> serde_json::Value {
+        let url = format!(
+            "{}/v1/buckets/default/log/{key}?branch=master&min=0&max=19",
+            s.base
+        );
+        serde_json::from_slice(&reqwest::blocking::get(url).unwrap().bytes().unwrap()).unwrap()
+    };
+    let honest = fetch("k");
+    let serve = |j: &serde_json::Value| lying_node(String::new(), j.to_string().into_bytes());
+    let ok = serve(&honest);
+    assert_eq!(u.ok(Some(&ok), &["log", "k", "--limit", "20"]), expected);
+    let versions = honest["versions"].as_array().unwrap().clone();
+    let with = |vs: Vec<serde_json::Value>| {
+        let mut j = honest.clone();
+        j["versions"] = serde_json::Value::Array(vs);
+        j
+    };
+    let mut dropped = versions.clone();
+    dropped.remove(3);
+    let mut swapped = versions.clone();
+    swapped.swap(1, 2);
+    let mut added = versions.clone();
+    added.push(fetch("other")["versions"][0].clone());
+    let mut altered = versions.clone();
+    let m = altered[2]["meta"].as_str().unwrap().to_string();
+    let flip = if m.ends_with('0') { "1" } else { "0" };
+    altered[2]["meta"] = serde_json::Value::String(format!("{}{flip}", &m[..m.len() - 1]));
+    let mut renamed = versions.clone();
+    renamed[4]["uid"] = versions[5]["uid"].clone();
+    let mut last_dropped = versions.clone();
+    last_dropped.pop();
+    for (what, j) in [
+        ("an entry dropped", with(dropped)),
+        ("two entries swapped", with(swapped)),
+        ("another key's version added", with(added)),
+        ("a Meta chunk altered", with(altered)),
+        ("an entry under another uid", with(renamed)),
+        ("the last entry dropped", with(last_dropped)),
+    ] {
+        let liar = serve(&j);
+        let out = u.run(Some(&liar), &["log", "k", "--limit", "20"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+}
+
+/// A log longer than one answer (the node's 8 MiB budget, here 600 versions with 4 KiB
+/// contexts): the client follows `next_min` from the same start version and checks the
+/// walk across pages.
+#[test]
+fn a_long_log_is_read_and_checked_across_pages() {
+    let s = Server::start();
+    let u = User::new();
+    create_open_bucket(&s.base, "pub");
+    let http = reqwest::blocking::Client::new();
+    for i in 0..600 {
+        let r = http
+            .put(format!(
+                "{}/v1/buckets/pub/objects/long?type=string",
+                s.base
+            ))
+            .header("x-cairn-context", format!("{i:04}{}", "c".repeat(4092)))
+            .body(format!("v{i}"))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    let first: serde_json::Value = serde_json::from_slice(
+        &http
+            .get(format!("{}/v1/buckets/pub/log/long?min=0&max=599", s.base))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        first["next_min"].as_u64().is_some(),
+        "the log needs two answers"
+    );
+    let log = u.ok(
+        Some(&s.base),
+        &["--bucket", "pub", "log", "long", "--limit", "600"],
+    );
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 600);
+    for (i, l) in lines.iter().enumerate() {
+        assert!(l.contains(&format!("depth {}", 599 - i)), "{l}");
+        assert!(l.contains(&format!("  {:04}ccc", 599 - i)), "{l}");
+    }
+}

@@ -155,6 +155,9 @@ pub async fn log(
 /// `budget` bytes of them (the values are dropped as each version is seen), and the first
 /// distance left out when the budget stopped them. A single distance over the budget is
 /// refused.
+/// Largest Meta chunk a `log` entry carries.
+pub const LOG_META_BYTES: usize = 64 << 10;
+
 fn log_entries(
     db: &cairn_object::Db,
     key: &[u8],
@@ -173,7 +176,7 @@ fn log_entries(
             group_start = out.len();
             group_dist = e.distance;
         }
-        let entry = json!({
+        let mut entry = json!({
             "distance": e.distance,
             "uid": e.uid.to_string(),
             "type": e.object.value_type().name(),
@@ -183,6 +186,13 @@ fn log_entries(
             "context": bytes_json(&e.object.context),
         });
         bytes += 2 * e.object.context.len() + 110 * (2 + e.object.bases.len());
+        // The version's Meta chunk, for a reader to check the entry against its uid (a
+        // large inline value is left out: `stream?meta=true` sends it).
+        let meta = e.object.to_chunk();
+        if meta.len() <= LOG_META_BYTES {
+            bytes += 2 * meta.len();
+            entry["meta"] = J::String(hex::encode(&meta));
+        }
         if bytes > budget {
             if group_start == 0 {
                 return Err(cairn_core::Error::invalid(format!(
