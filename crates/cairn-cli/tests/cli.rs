@@ -360,15 +360,6 @@ fn acknowledged_writes_survive_kill_9() {
     assert_eq!(ok(dir, &["keys"]), "k\n");
 }
 
-fn max_child_rss_kib() -> i64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a rusage struct into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
-    assert_eq!(rc, 0);
-    // SAFETY: initialised by the successful call above.
-    unsafe { usage.assume_init() }.ru_maxrss
-}
-
 /// A 2 GiB blob streams through `put` (stdin) and `get` (--out) in bounded memory.
 #[test]
 fn two_gib_blob_streams_in_constant_memory() {
@@ -385,6 +376,7 @@ fn two_gib_blob_streams_in_constant_memory() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let put_rss = support::PeakRss::watch(child.id());
     let mut stdin = child.stdin.take().unwrap();
     let writer = std::thread::spawn(move || {
         let mut block = vec![0u8; 1 << 20];
@@ -400,13 +392,17 @@ fn two_gib_blob_streams_in_constant_memory() {
         }
     });
     writer.join().unwrap();
+    // The sampler ends once the child has exited (it is reaped only after).
+    let mut stderr = child.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut e = Vec::new();
+        stderr.read_to_end(&mut e).unwrap();
+        e
+    });
+    let put_rss = put_rss.finish();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let put_rss = max_child_rss_kib();
+    let err = drain.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&err));
     assert!(put_rss < 256 * 1024, "put peak RSS {put_rss} KiB");
     let meta = ok(dir, &["get", "huge", "--meta"]);
     assert!(meta.contains(&format!("size: {SIZE} bytes")), "{meta}");
@@ -418,6 +414,7 @@ fn two_gib_blob_streams_in_constant_memory() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let get_rss = support::PeakRss::watch(child.id());
     let mut stdout = child.stdout.take().unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
@@ -428,9 +425,9 @@ fn two_gib_blob_streams_in_constant_memory() {
         }
         n += k as u64;
     }
+    let get_rss = get_rss.finish();
     assert!(child.wait().unwrap().success());
     assert_eq!(n, SIZE);
-    let get_rss = max_child_rss_kib();
     assert!(get_rss < 256 * 1024, "peak RSS {get_rss} KiB");
 }
 

@@ -721,40 +721,21 @@ fn an_upload_the_node_refuses_ends_with_its_reason() {
     }
 }
 
-/// Runs `cmd` to completion, its output in files, and returns its peak RSS in KiB: the
-/// largest `VmHWM` of its own address space, sampled every 20 ms from `/proc` while it
-/// runs. (`getrusage`/`wait4` counts would also hold the test process's RSS, which the
-/// child shares between fork and exec, and that grows with the other tests running.)
-/// Fails the test when it exits non-zero, with its stderr.
+/// Runs `cmd` to completion, its output in files, and returns its peak RSS in KiB
+/// ([`support::PeakRss`]). Fails the test when it exits non-zero, with its stderr.
 fn run_measured(mut cmd: Command, dir: &Path) -> i64 {
     let out = std::fs::File::create(dir.join("measured.out")).unwrap();
     let err_path = dir.join("measured.err");
     let err = std::fs::File::create(&err_path).unwrap();
     let mut child = cmd.stdout(out).stderr(err).spawn().unwrap();
-    let status_path = format!("/proc/{}/status", child.id());
-    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_cairn")).unwrap();
-    let mut peak = 0i64;
-    let status = loop {
-        // Only once the child runs cairn (after exec) is its address space its own.
-        let own = std::fs::read_link(format!("/proc/{}/exe", child.id())).is_ok_and(|e| e == exe);
-        if own && let Ok(st) = std::fs::read_to_string(&status_path) {
-            let hwm = st
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok());
-            peak = peak.max(hwm.unwrap_or(0));
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    // Sampled until it exits; reaped only after.
+    let peak = support::PeakRss::watch(child.id()).finish();
+    let status = child.wait().unwrap();
     assert!(
         status.success(),
         "{}",
         std::fs::read_to_string(&err_path).unwrap_or_default()
     );
-    assert!(peak > 0, "the child's memory was never sampled");
     peak
 }
 

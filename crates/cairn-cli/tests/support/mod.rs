@@ -28,3 +28,48 @@ pub fn interrupt_once_a_file_fills(child: Child, dir: &Path) -> Output {
     assert!(err.contains("interrupted"), "stderr: {err}");
     out
 }
+
+/// The peak RSS of one child process, sampled from `/proc` on a thread of its own until
+/// the child has exited (a zombie, not yet reaped, so its pid cannot be reused meanwhile):
+/// the largest `VmHWM` of the child's address space once it runs the `cairn` binary
+/// (before exec it shares the test process's pages, which `getrusage`/`wait4` would
+/// count, and those grow with the other tests running beside it).
+pub struct PeakRss(std::thread::JoinHandle<i64>);
+
+impl PeakRss {
+    /// Starts sampling process `pid` (a child not yet waited for) every 20 ms.
+    pub fn watch(pid: u32) -> PeakRss {
+        let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_cairn")).unwrap();
+        PeakRss(std::thread::spawn(move || {
+            let mut peak = 0i64;
+            loop {
+                let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                    return peak;
+                };
+                if st
+                    .lines()
+                    .any(|l| l.starts_with("State:") && l.contains("Z"))
+                {
+                    return peak;
+                }
+                let own = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == exe);
+                if own {
+                    let hwm = st
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmHWM:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok());
+                    peak = peak.max(hwm.unwrap_or(0));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }))
+    }
+
+    /// Waits until the child has exited (call it before reaping the child) and returns its
+    /// peak in KiB; fails when it was never sampled.
+    pub fn finish(self) -> i64 {
+        let peak = self.0.join().unwrap();
+        assert!(peak > 0, "the child's memory was never sampled");
+        peak
+    }
+}
