@@ -951,6 +951,7 @@ impl Client {
         let mut seen: std::collections::HashSet<Uid> = std::collections::HashSet::new();
         let mut started = false;
         let mut printed = 0u64;
+        let mut lines: Vec<u8> = Vec::new();
         let mut min = 0u64;
         let lied = |what: String| -> anyhow::Error {
             Error::Rejected(format!("the node's log of {key:?} {what}")).into()
@@ -998,14 +999,20 @@ impl Client {
                 }
                 let o = match e.get("meta").and_then(J::as_str) {
                     Some(h) => {
-                        let chunk = hex::decode(h).map_err(|_| bad_answer("meta"))?;
+                        let chunk = hex::decode(h).map_err(|_| {
+                            lied(format!("sends {uid} with a Meta chunk that is not hex"))
+                        })?;
                         let got = uid.algo().digest(&chunk);
                         if got != uid {
                             return Err(lied(format!(
                                 "sends a version {uid} whose Meta chunk hashes to {got}"
                             )));
                         }
-                        cairn_object::FObject::from_chunk(&chunk)?
+                        cairn_object::FObject::from_chunk(&chunk).map_err(|e| {
+                            lied(format!(
+                                "sends {uid} with a Meta chunk that does not decode: {e}"
+                            ))
+                        })?
                     }
                     // Too large to travel in the log: read it alone, verified.
                     None => {
@@ -1023,22 +1030,37 @@ impl Client {
                         }
                     }
                 }
-                writeln!(out, "{}", crate::cli::log_line(&uid, &o))?;
+                // Printed only once the whole answer checked out.
+                writeln!(lines, "{}", crate::cli::log_line(&uid, &o))?;
                 printed += 1;
                 if printed == limit {
+                    out.write_all(&lines)?;
                     return Ok(());
                 }
             }
             match r.get("next_min").and_then(J::as_u64) {
-                Some(n) if n > min && started => min = n,
-                Some(_) => return Err(lied("does not move on between pages".into())),
+                // An honest node's next page starts at the distance the walk reached.
+                Some(n) if walk.front().is_some_and(|&(_, d)| d == n) && n <= max => min = n,
+                Some(n) => {
+                    return Err(lied(format!(
+                        "goes on at distance {n}, where the history has {}",
+                        walk.front()
+                            .map_or("nothing more".to_string(), |(u, d)| format!(
+                                "{u} at distance {d}"
+                            ))
+                    )));
+                }
                 None => break,
             }
+        }
+        if !started {
+            return Err(lied("lists no version".into()));
         }
         // Every version the walk reached within the distance asked for was listed.
         if let Some((u, d)) = walk.front() {
             return Err(lied(format!("leaves out {u} at distance {d}")));
         }
+        out.write_all(&lines)?;
         Ok(())
     }
 
@@ -1092,8 +1114,18 @@ impl Client {
         object: &cairn_object::FObject,
         pinned: Option<&CapsuleName>,
     ) -> Result<(VersionProof, CapsuleMetadata)> {
-        let meta_bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
-        let meta = CapsuleMetadata::decode(&meta_bytes)?;
+        // With a pinned capsule, anything short of a valid proof is a refusal (exit 11).
+        let refuse = |what: &str, e: anyhow::Error| -> anyhow::Error {
+            match pinned {
+                Some(_) => Error::Rejected(format!("{what}: {e:#}")).into(),
+                None => e,
+            }
+        };
+        let meta_bytes = self
+            .get_bytes(self.url("metadata", None, &[])?)
+            .map_err(|e| refuse("the bucket's capsule metadata", e))?;
+        let meta = CapsuleMetadata::decode(&meta_bytes)
+            .map_err(|e| refuse("the bucket's capsule metadata", e.into()))?;
         let capsule = meta.name();
         if let Some(p) = pinned
             && *p != capsule
@@ -1104,8 +1136,11 @@ impl Client {
                 self.bucket
             )));
         }
-        let proof = self.get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)?;
-        let vp = VersionProof::from_bytes(&proof)?;
+        let proof = self
+            .get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)
+            .map_err(|e| refuse("the proof of the version", e))?;
+        let vp = VersionProof::from_bytes(&proof)
+            .map_err(|e| refuse("the proof of the version", e.into()))?;
         let (record, _) = vp.verify(&meta, key.as_bytes(), uid)?;
         if object.bases != record.bases {
             bail!(Error::Rejected(format!(

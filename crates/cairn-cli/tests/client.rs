@@ -1204,6 +1204,12 @@ fn log_refuses_what_a_lying_node_sends() {
         ("a Meta chunk altered", with(altered)),
         ("an entry under another uid", with(renamed)),
         ("the last entry dropped", with(last_dropped)),
+        ("no entry at all", with(Vec::new())),
+        ("a next page past the history", {
+            let mut j = honest.clone();
+            j["next_min"] = serde_json::json!(3);
+            j
+        }),
     ] {
         let liar = serve(&j);
         let out = u.run(Some(&liar), &["log", "k", "--limit", "20"]);

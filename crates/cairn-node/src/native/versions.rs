@@ -151,13 +151,13 @@ pub async fn log(
     Ok(body::json_response(node, permit, answer))
 }
 
+/// Largest Meta chunk a `log` entry carries.
+pub const LOG_META_BYTES: usize = 64 << 10;
+
 /// The `log` entries of versions `min..=max` from `at`, whole distances only and at most
 /// `budget` bytes of them (the values are dropped as each version is seen), and the first
 /// distance left out when the budget stopped them. A single distance over the budget is
 /// refused.
-/// Largest Meta chunk a `log` entry carries.
-pub const LOG_META_BYTES: usize = 64 << 10;
-
 fn log_entries(
     db: &cairn_object::Db,
     key: &[u8],
