@@ -288,15 +288,7 @@ impl Client {
         if let Some(n) = len {
             all.push(("content-length".to_string(), n.to_string()));
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the upload runtime")?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("starting the HTTP client")?;
+        let (rt, http) = async_http()?;
         let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE)?;
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|piece| (piece, rx))
@@ -354,15 +346,7 @@ impl Client {
             .name("cairn-download".into())
             .spawn(move || {
                 let run = || -> Result<()> {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .context("starting the download runtime")?;
-                    let http = reqwest::Client::builder()
-                        .connect_timeout(Duration::from_secs(30))
-                        .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
-                        .build()
-                        .context("starting the HTTP client")?;
+                    let (rt, http) = async_http()?;
                     rt.block_on(async {
                         let mut req = http.get(url);
                         for (n, v) in &headers {
@@ -1353,6 +1337,21 @@ impl<R: Read> Read for ExactLen<R> {
         self.left -= n as u64;
         Ok(n)
     }
+}
+
+/// A current-thread runtime and reqwest's async client on it, for one streamed transfer
+/// (the blocking client hands bodies between threads 8 KiB at a time).
+fn async_http() -> Result<(tokio::runtime::Runtime, reqwest::Client)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the transfer runtime")?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(30))
+        .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .context("starting the HTTP client")?;
+    Ok((rt, http))
 }
 
 /// The body of a [`Client::download`], as the connection yields it.

@@ -1,5 +1,7 @@
 //! Object-layer tests: ForkBase Table 1 semantics against simple models.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -12,6 +14,8 @@ use cairn_object::{
 use cairn_store::{ChunkStore, MemoryStore};
 use proptest::prelude::*;
 
+use common::noise;
+
 fn db() -> (Db, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::new());
     let cfg = TreeConfig {
@@ -19,19 +23,6 @@ fn db() -> (Db, Arc<MemoryStore>) {
         index_target: 256,
     };
     (Db::with_config(store.clone(), cfg), store)
-}
-
-/// Pseudo-random bytes (xorshift): content-defined chunking needs non-repeating input.
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn master() -> At {

@@ -2,6 +2,8 @@
 //! change to the stream (a flipped byte, a missing, extra, reordered or substituted chunk,
 //! another version) is refused before the content it carries is handed out.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -12,24 +14,14 @@ use cairn_object::stream::{FrameReader, Verified, VersionCheck, send_version};
 use cairn_object::{At, Db, FObject, NewValue, PutOptions, Target, Uid, Value};
 use cairn_store::MemoryStore;
 
+use common::noise;
+
 fn db() -> Db {
     let cfg = TreeConfig {
         leaf_target: 128,
         index_target: 256,
     };
     Db::with_config(Arc::new(MemoryStore::new()), cfg)
-}
-
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn put(db: &Db, key: &str, v: NewValue) -> Uid {
