@@ -5,11 +5,13 @@
 #
 # Starts `AFTER_BIN serve` (default config, group durability) on 127.0.0.1:7979 over a
 # fresh data directory under $BENCH_DIR (default /tmp/cairn-cli-get), puts a 100 MB and a
-# 1 GiB file of random bytes, then per turn and per file runs each client once warm (page
-# cache as the previous step left it) and once cold (after `sync; echo 3 >
-# /proc/sys/vm/drop_caches`, which needs root), printing wall milliseconds; at the end it
-# checks that AFTER_BIN's output equals the file. Run it under the benchmark lock
-# (`flock /tmp/cairn-bench.lock bench/cli_get.sh ...`) with nothing else running.
+# 1 GiB file of random bytes, then per turn, file and build: one untimed read whose output
+# is compared with the file (`cmp`), then a timed "warm" read (the page cache holds the
+# node's data), then a timed "cold" read after `sync; echo 3 > /proc/sys/vm/drop_caches`
+# (needs root); timed reads write to /dev/null. The two builds take turns going first
+# (before first on odd turns, after first on even ones). Prints wall milliseconds. Run it
+# under the benchmark lock (`flock /tmp/cairn-bench.lock bench/cli_get.sh ...`) with
+# nothing else running.
 set -euo pipefail
 before=$(realpath "$1")
 after=$(realpath "$2")
@@ -30,25 +32,31 @@ done
 server=http://127.0.0.1:7979
 "$after" --server $server put big --file "$dir/big.bin" > /dev/null
 "$after" --server $server put mid --file "$dir/mid.bin" > /dev/null
+# Wall milliseconds of `BIN --server ... get KEY > /dev/null`.
 ms() {
-    local t0
+    local t0 t1
     t0=$(date +%s%N)
-    "$@" > /dev/null
-    echo $(( ($(date +%s%N) - t0) / 1000000 ))
+    "$1" --server $server get "$2" > /dev/null
+    t1=$(date +%s%N)
+    echo $(( (t1 - t0) / 1000000 ))
 }
 echo "turn file build warm_ms cold_ms"
 for turn in $(seq "$turns"); do
+    order="before after"
+    (( turn % 2 == 0 )) && order="after before"
     for key in mid big; do
-        for build in before after; do
+        file="$dir/$key.bin"
+        for build in $order; do
             bin=$before
             [[ $build == after ]] && bin=$after
-            warm=$(ms "$bin" --server $server get $key)
+            # Untimed: warms the cache, and checks this build's output.
+            "$bin" --server $server get $key | cmp - "$file"
+            warm=$(ms "$bin" $key)
             sync
             echo 3 > /proc/sys/vm/drop_caches
-            cold=$(ms "$bin" --server $server get $key)
+            cold=$(ms "$bin" $key)
             echo "$turn $key $build $warm $cold"
         done
     done
 done
-"$after" --server $server get big | cmp - "$dir/big.bin"
-echo "after's output equals the file"
+echo "every untimed read's output equalled its file"

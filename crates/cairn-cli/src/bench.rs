@@ -4,8 +4,10 @@
 //! `cairn bench forkbase` runs the ForkBase micro-benchmark (paper Table 3: Put-String,
 //! Put-Blob, Put-Map, Get-String, Get-Blob-Meta, Get-Blob-Full, Get-Map-Full, Track, Fork)
 //! at each request size, on the embedded store at each durability level, with N concurrent
-//! client threads (the paper used 32 clients against one servlet). Every operation checks
-//! what it gets back; every put writes fresh random content (no accidental dedup). It then
+//! client threads (the paper used 32 clients against one servlet; here they call the store
+//! in process). Reads check the type, length and element count of what they get back (not
+//! its bytes); puts and forks check that they succeeded; every put writes fresh random
+//! content (no accidental dedup). It then
 //! measures dedup (100 successive edited versions of a 10 MB blob against the ideal) and
 //! single-core Blob put throughput (chunking + hashing + store).
 
