@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// Average POS-tree leaf size in bytes for `forkbase` (Table 3, dedup, throughput).
     #[arg(long, default_value_t = 4096)]
     pub leaf_size: u64,
+    /// `forkbase`: run Table 3 against a `cairn serve` node in this process over loopback
+    /// HTTP (the native API, one keep-alive connection per client), as the paper's clients
+    /// reached its servlet over the network, instead of calling the store in process.
+    #[arg(long)]
+    pub over_http: bool,
     /// Options of `cairn bench capsule` (boxed: `cli::Command` stays small).
     #[command(flatten)]
     pub capsule: Box<crate::bench_capsule::CapsuleArgs>,
@@ -200,47 +205,63 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
     for (di, d) in levels.iter().enumerate() {
         let dir = root.0.join(format!("store-{}", d.name()));
         let _ = std::fs::remove_dir_all(&dir);
-        let log = Arc::new(LogStore::open(
-            &dir,
-            LogStoreOptions {
-                durability: *d,
-                algo: HashAlgo::Blake3,
-                ..Default::default()
-            },
-        )?);
-        let store: Arc<dyn Store> = log.clone();
-        let db = Db::with_config(store, cfg);
+        let (log, own_db, node) = if args.over_http {
+            let node = HttpNode::start(&dir, *d, args.leaf_size)?;
+            (None, None, Some(node))
+        } else {
+            let log = Arc::new(LogStore::open(
+                &dir,
+                LogStoreOptions {
+                    durability: *d,
+                    algo: HashAlgo::Blake3,
+                    ..Default::default()
+                },
+            )?);
+            let store: Arc<dyn Store> = log.clone();
+            (Some(log), Some(Db::with_config(store, cfg)), None)
+        };
+        let db: &Db = own_db
+            .as_ref()
+            .or(node.as_ref().map(|n| n.bucket.db()))
+            .context("no store to run against")?;
+        let counters = || log.as_ref().map(|l| l.commit_counters());
         for &size in &args.sizes {
-            let fixture = Fixture::prepare(&db, args.clients, size)?;
+            let fixture = Fixture::prepare(db, args.clients, size)?;
             for op in &ops {
-                let c0 = log.commit_counters();
+                let c0 = counters();
                 let cpu0 = process_cpu_seconds();
-                let r = run_op(&db, &fixture, op, size, args)?;
+                let r = run_op(db, node.as_ref(), &fixture, op, size, args)?;
                 let cpu1 = process_cpu_seconds();
-                let c1 = log.commit_counters();
-                let groups = (c1.groups - c0.groups).max(1);
-                let syncs = (c1.syncs - c0.syncs).max(1);
+                let c1 = counters();
                 let cpu = match (cpu0, cpu1) {
                     (Some(a), Some(b)) => {
                         format!(", {:.1} µs CPU/op", (b - a) * 1e6 / (r.0 * r.2).max(1.0))
                     }
                     _ => String::new(),
                 };
+                let commits = match (c0, c1) {
+                    (Some(c0), Some(c1)) => format!(
+                        "{:.1} commits/group, {:.0} µs/fdatasync",
+                        (c1.commits - c0.commits) as f64 / (c1.groups - c0.groups).max(1) as f64,
+                        (c1.sync_micros - c0.sync_micros) as f64
+                            / (c1.syncs - c0.syncs).max(1) as f64
+                    ),
+                    _ => "over HTTP".to_string(),
+                };
                 eprintln!(
-                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms  ({:.1} commits/group, {:.0} µs/fdatasync{cpu})",
+                    "{:>8} {:>14} {:>6} B: {:>10.0} ops/s  {:>8.3} ms  ({commits}{cpu})",
                     d.name(),
                     op,
                     size,
                     r.0,
                     r.1,
-                    (c1.commits - c0.commits) as f64 / groups as f64,
-                    (c1.sync_micros - c0.sync_micros) as f64 / syncs as f64,
                 );
                 let r = (r.0, r.1);
                 results.insert((di, op, size), r);
             }
         }
-        drop(db);
+        drop(own_db);
+        drop(node);
         let _ = std::fs::remove_dir_all(&dir);
     }
     print_table(args, &levels, &ops, &results);
@@ -317,18 +338,27 @@ struct Fixture {
     map_entries: usize,
 }
 
+/// Bytes of a Table 3 map entry's key.
+const MAP_KEY: usize = 16;
+/// Bytes of a Table 3 map entry's value.
+const MAP_VALUE: usize = 84;
+
 fn map_value(rng: &mut SmallRng, size: usize) -> (NewValue, usize) {
-    // Entries of 100 bytes: a 16-byte key and an 84-byte value.
+    // Entries of 100 bytes: a 16-byte key and an 84-byte value, random letters and digits
+    // (so the HTTP text form `key=value` carries them unchanged).
     let n = (size / 100).max(1);
     let mut m = BTreeMap::new();
     while m.len() < n {
-        let mut k = [0u8; 16];
-        rng.fill_bytes(&mut k);
-        let mut v = vec![0u8; 84];
-        rng.fill_bytes(&mut v);
-        m.insert(k.to_vec(), v);
+        m.insert(alnum(rng, MAP_KEY), alnum(rng, MAP_VALUE));
     }
     (NewValue::Map(m), n)
+}
+
+fn alnum(rng: &mut SmallRng, n: usize) -> Vec<u8> {
+    const SET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| SET[rng.random_range(0..SET.len())])
+        .collect()
 }
 
 fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
@@ -392,6 +422,7 @@ pub(crate) fn process_cpu_seconds() -> Option<f64> {
 /// seconds elapsed).
 fn run_op(
     db: &Db,
+    node: Option<&HttpNode>,
     fx: &Fixture,
     op: &str,
     size: usize,
@@ -409,6 +440,8 @@ fn run_op(
             handles.push(s.spawn(move || -> Result<()> {
                 let mut rng = SmallRng::seed_from_u64((c as u64) << 32 | size as u64);
                 let opts = PutOptions::default();
+                // One keep-alive connection per client.
+                let http = node.map(|_| reqwest::blocking::Client::new());
                 let mut n = 0u64;
                 let mut busy = Duration::ZERO;
                 while start.elapsed() < deadline {
@@ -422,7 +455,12 @@ fn run_op(
                         _ => None,
                     };
                     let t0 = Instant::now();
-                    one_op(db, fx, op, c, k, i, input, &opts, &mut rng)?;
+                    match (node, &http) {
+                        (Some(node), Some(http)) => {
+                            node.one_op(http, fx, op, c, k, i, input, &mut rng)?
+                        }
+                        _ => one_op(db, fx, op, c, k, i, input, &opts, &mut rng)?,
+                    }
                     busy += t0.elapsed();
                     n += 1;
                 }
@@ -496,7 +534,7 @@ fn one_op(
             for e in postree::iter(db.chunks(), t) {
                 let e = e?;
                 ensure!(
-                    e.value.as_ref().is_some_and(|v| v.len() == 84),
+                    e.value.as_ref().is_some_and(|v| v.len() == MAP_VALUE),
                     "bad map entry"
                 );
                 n += 1;
@@ -520,6 +558,192 @@ fn one_op(
         other => bail!("unknown op {other}"),
     }
     Ok(())
+}
+
+/// A `cairn serve` node in this process on a loopback port, with an open bucket the
+/// Table 3 clients reach through the native HTTP API (`--over-http`).
+struct HttpNode {
+    base: String,
+    bucket: Arc<cairn_capsule::Bucket>,
+    _rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for HttpNode {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The bucket `--over-http` runs in.
+const HTTP_BUCKET: &str = "table3";
+
+impl HttpNode {
+    fn start(dir: &Path, durability: Durability, leaf_size: u64) -> Result<HttpNode> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let config = cairn_node::Config {
+            data_dir: dir.to_path_buf(),
+            listen: "127.0.0.1:0".into(),
+            durability,
+            leaf_size,
+            ..cairn_node::Config::default()
+        };
+        let node = cairn_node::Node::open(config).context("opening the in-process node")?;
+        let bound = rt.block_on(cairn_node::Bound::bind(node.clone()))?;
+        let addr = bound.addr;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(bound.serve(async {
+            let _ = rx.await;
+        }));
+        // An open bucket (no owner key): requests are not signed, as ForkBase's are not.
+        let created = reqwest::blocking::Client::new()
+            .post(format!("http://{addr}/v1/buckets"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "name": HTTP_BUCKET }).to_string())
+            .send()
+            .context("creating the benchmark's bucket")?;
+        ensure!(
+            created.status().as_u16() == 201,
+            "creating the benchmark's bucket: HTTP {}",
+            created.status()
+        );
+        let bucket = node.bucket(HTTP_BUCKET)?;
+        let base = format!("http://{addr}/v1/buckets/{HTTP_BUCKET}");
+        Ok(HttpNode {
+            base,
+            bucket,
+            _rt: rt,
+            stop: Some(tx),
+        })
+    }
+
+    /// Sends one request, checking its status; the answer's body.
+    fn call(
+        &self,
+        req: reqwest::blocking::RequestBuilder,
+        want: u16,
+        op: &str,
+    ) -> Result<bytes::Bytes> {
+        let resp = req.send().with_context(|| format!("{op}: sending"))?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().with_context(|| format!("{op}: reading"))?;
+        ensure!(
+            status == want,
+            "{op}: HTTP {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(body)
+    }
+
+    /// [`one_op`] through the node's native API.
+    #[allow(clippy::too_many_arguments)]
+    fn one_op(
+        &self,
+        http: &reqwest::blocking::Client,
+        fx: &Fixture,
+        op: &str,
+        c: usize,
+        k: usize,
+        i: usize,
+        input: Option<NewValue>,
+        rng: &mut SmallRng,
+    ) -> Result<()> {
+        let size = fx.size;
+        let url = |route: &str, key: &str| format!("{}/{route}/{key}", self.base);
+        match op {
+            "Put-String" | "Put-Blob" | "Put-Map" => {
+                let key = format!("{op}-{size}-{c}-{k}");
+                let (ty, body) = match input.context("missing input")? {
+                    NewValue::String(b) => ("string", b),
+                    NewValue::Blob(b) => ("blob", b),
+                    NewValue::Map(m) => ("map", map_text(&m)),
+                    other => bail!("no HTTP form for {:?}", other.value_type()),
+                };
+                let req = http
+                    .put(format!("{}?type={ty}", url("objects", &key)))
+                    .body(body);
+                self.call(req, 201, op)?;
+            }
+            "Get-String" | "Get-Blob-Full" => {
+                let kind = if op == "Get-String" { "string" } else { "blob" };
+                let b = self.call(
+                    http.get(url("objects", &read_key(kind, size, c, k))),
+                    200,
+                    op,
+                )?;
+                ensure!(b.len() == size, "{op} returned {} bytes", b.len());
+            }
+            "Get-Blob-Meta" => {
+                let b = self.call(
+                    http.get(url("meta", &read_key("blob", size, c, k))),
+                    200,
+                    op,
+                )?;
+                let m: serde_json::Value = serde_json::from_slice(&b)?;
+                ensure!(
+                    m["size"].as_u64() == Some(size as u64),
+                    "Get-Blob-Meta: size {}",
+                    m["size"]
+                );
+            }
+            "Get-Map-Full" => {
+                let b = self.call(
+                    http.get(url("objects", &read_key("map", size, c, k))),
+                    200,
+                    op,
+                )?;
+                let mut n = 0;
+                for line in b.split(|&x| x == b'\n').filter(|l| !l.is_empty()) {
+                    ensure!(line.len() == MAP_KEY + 1 + MAP_VALUE, "bad map entry");
+                    n += 1;
+                }
+                ensure!(n == fx.map_entries, "Get-Map-Full returned {n} entries");
+            }
+            "Track" => {
+                let key = read_key("blob", size, c, k);
+                let b = self.call(
+                    http.get(format!("{}?min=1&max=1", url("log", &key))),
+                    200,
+                    op,
+                )?;
+                let j: serde_json::Value = serde_json::from_slice(&b)?;
+                let v = j["versions"].as_array().context("Track: no versions")?;
+                ensure!(
+                    v.len() == 1 && v[0]["distance"].as_u64() == Some(1),
+                    "Track found {} versions",
+                    v.len()
+                );
+            }
+            "Fork" => {
+                let key = read_key("string", size, c, k);
+                let name = format!("f{i}-{}", rng.random::<u32>());
+                let req = http
+                    .post(url("fork", &key))
+                    .header("content-type", "application/json")
+                    .body(serde_json::json!({ "from": "master", "branch": name }).to_string());
+                self.call(req, 201, op)?;
+            }
+            other => bail!("unknown op {other}"),
+        }
+        Ok(())
+    }
+}
+
+/// A Map in the text form `PUT ?type=map` takes: `key=value` lines.
+fn map_text(m: &BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(m.len() * (MAP_KEY + MAP_VALUE + 2));
+    for (k, v) in m {
+        out.extend_from_slice(k);
+        out.push(b'=');
+        out.extend_from_slice(v);
+        out.push(b'\n');
+    }
+    out
 }
 
 /// 100 successive versions of a 10 MB blob, each with a small random insert, delete or
