@@ -440,8 +440,13 @@ fn run_op(
             handles.push(s.spawn(move || -> Result<()> {
                 let mut rng = SmallRng::seed_from_u64((c as u64) << 32 | size as u64);
                 let opts = PutOptions::default();
-                // One keep-alive connection per client.
-                let http = node.map(|_| reqwest::blocking::Client::new());
+                // One keep-alive connection per client, driven on the client's own thread
+                // (reqwest's async client on a current-thread runtime: the blocking client
+                // would hand every request to a thread of its own and back).
+                let http = match node {
+                    Some(_) => Some(BenchClient::new()?),
+                    None => None,
+                };
                 let mut n = 0u64;
                 let mut busy = Duration::ZERO;
                 while start.elapsed() < deadline {
@@ -577,6 +582,24 @@ impl Drop for HttpNode {
     }
 }
 
+/// One `--over-http` client: reqwest's async client on a current-thread runtime, so each
+/// request is driven on the calling thread.
+struct BenchClient {
+    rt: tokio::runtime::Runtime,
+    http: reqwest::Client,
+}
+
+impl BenchClient {
+    fn new() -> Result<BenchClient> {
+        Ok(BenchClient {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            http: reqwest::Client::new(),
+        })
+    }
+}
+
 /// The bucket `--over-http` runs in.
 const HTTP_BUCKET: &str = "table3";
 
@@ -622,29 +645,35 @@ impl HttpNode {
         })
     }
 
-    /// Sends one request, checking its status; the answer's body.
+    /// Sends one request on `client`, checking its status; the answer's body.
     fn call(
         &self,
-        req: reqwest::blocking::RequestBuilder,
+        client: &BenchClient,
+        req: reqwest::RequestBuilder,
         want: u16,
         op: &str,
     ) -> Result<bytes::Bytes> {
-        let resp = req.send().with_context(|| format!("{op}: sending"))?;
-        let status = resp.status().as_u16();
-        let body = resp.bytes().with_context(|| format!("{op}: reading"))?;
-        ensure!(
-            status == want,
-            "{op}: HTTP {status}: {}",
-            String::from_utf8_lossy(&body)
-        );
-        Ok(body)
+        client.rt.block_on(async {
+            let resp = req.send().await.with_context(|| format!("{op}: sending"))?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .bytes()
+                .await
+                .with_context(|| format!("{op}: reading"))?;
+            ensure!(
+                status == want,
+                "{op}: HTTP {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            Ok(body)
+        })
     }
 
     /// [`one_op`] through the node's native API.
     #[allow(clippy::too_many_arguments)]
     fn one_op(
         &self,
-        http: &reqwest::blocking::Client,
+        client: &BenchClient,
         fx: &Fixture,
         op: &str,
         c: usize,
@@ -664,15 +693,17 @@ impl HttpNode {
                     NewValue::Map(m) => ("map", map_text(&m)),
                     other => bail!("no HTTP form for {:?}", other.value_type()),
                 };
-                let req = http
+                let req = client
+                    .http
                     .put(format!("{}?type={ty}", url("objects", &key)))
                     .body(body);
-                self.call(req, 201, op)?;
+                self.call(client, req, 201, op)?;
             }
             "Get-String" | "Get-Blob-Full" => {
                 let kind = if op == "Get-String" { "string" } else { "blob" };
                 let b = self.call(
-                    http.get(url("objects", &read_key(kind, size, c, k))),
+                    client,
+                    client.http.get(url("objects", &read_key(kind, size, c, k))),
                     200,
                     op,
                 )?;
@@ -680,7 +711,8 @@ impl HttpNode {
             }
             "Get-Blob-Meta" => {
                 let b = self.call(
-                    http.get(url("meta", &read_key("blob", size, c, k))),
+                    client,
+                    client.http.get(url("meta", &read_key("blob", size, c, k))),
                     200,
                     op,
                 )?;
@@ -693,7 +725,10 @@ impl HttpNode {
             }
             "Get-Map-Full" => {
                 let b = self.call(
-                    http.get(url("objects", &read_key("map", size, c, k))),
+                    client,
+                    client
+                        .http
+                        .get(url("objects", &read_key("map", size, c, k))),
                     200,
                     op,
                 )?;
@@ -707,7 +742,8 @@ impl HttpNode {
             "Track" => {
                 let key = read_key("blob", size, c, k);
                 let b = self.call(
-                    http.get(format!("{}?min=1&max=1", url("log", &key))),
+                    client,
+                    client.http.get(format!("{}?min=1&max=1", url("log", &key))),
                     200,
                     op,
                 )?;
@@ -722,11 +758,12 @@ impl HttpNode {
             "Fork" => {
                 let key = read_key("string", size, c, k);
                 let name = format!("f{i}-{}", rng.random::<u32>());
-                let req = http
+                let req = client
+                    .http
                     .post(url("fork", &key))
                     .header("content-type", "application/json")
                     .body(serde_json::json!({ "from": "master", "branch": name }).to_string());
-                self.call(req, 201, op)?;
+                self.call(client, req, 201, op)?;
             }
             other => bail!("unknown op {other}"),
         }
