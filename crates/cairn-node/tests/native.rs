@@ -1342,3 +1342,32 @@ async fn versions_stream_verified() {
     let (code, v) = s.get_json("/v1/buckets/v/stream/nope").await;
     assert_eq!((code, kind(&v)), (404, "not_found"), "{v}");
 }
+
+/// Values up to 16 KiB are answered from memory and larger ones stream: the answers are
+/// the same either side of the boundary (bytes, length, ETag, type, ranges accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_and_streamed_reads_answer_alike() {
+    let s = Server::start(1 << 20).await;
+    s.open_bucket("r").await;
+    for n in [0usize, 1, 16 << 10, (16 << 10) + 1, 100_000] {
+        let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        for (ty, key) in [("blob", format!("b{n}")), ("string", format!("s{n}"))] {
+            let path = format!("/v1/buckets/r/objects/{key}");
+            let (code, put) = s
+                .send(Method::PUT, &format!("{path}?type={ty}"), &[], body.clone())
+                .await;
+            assert_eq!(code, 201, "{put}");
+            let r = s.get(&path).await;
+            assert_eq!(r.status(), 200);
+            let h = r.headers().clone();
+            assert_eq!(h["etag"], format!("\"{}\"", uid_of(&put)));
+            assert_eq!(h["x-cairn-type"], ty);
+            assert_eq!(h["content-type"], "application/octet-stream");
+            assert_eq!(h["content-length"], n.to_string(), "{ty} of {n} bytes");
+            if ty == "blob" {
+                assert_eq!(h["accept-ranges"], "bytes");
+            }
+            assert!(r.bytes().await.unwrap() == body, "{ty} of {n} bytes");
+        }
+    }
+}

@@ -11,9 +11,11 @@
 //!
 //! Every route here that reads a body (PUT, PATCH, DELETE) or sends one (GET) holds a
 //! transfer ([`body::transfer_permit`], 503 with `Retry-After` when `max_transfers` are in
-//! progress), taken before anything else, the request signature included; responses,
-//! inline values too, stream through [`produce`], so a client that reads nothing for the
-//! stall timeout is cut and frees its transfer and memory.
+//! progress), taken before anything else, the request signature included; responses
+//! stream through [`produce`], so a client that reads nothing for the stall timeout is cut
+//! and frees its transfer and memory. A whole value of at most 16 KiB (text form) is the
+//! exception: it is read and rendered in one trip to the blocking pool and sent from
+//! memory, its transfer given back at once (at most `max_connections` × 16 KiB held).
 
 use std::sync::Arc;
 
@@ -40,6 +42,10 @@ use crate::node::Node;
 pub const BUFFERED_LIMIT: u64 = 64 << 20;
 /// Largest body of a control request (PATCH, DELETE, POST with a JSON body).
 pub const CONTROL_LIMIT: u64 = 16 << 20;
+/// Largest value a GET answers from memory, read and rendered in one trip to the blocking
+/// pool; larger ones stream.
+const SMALL_BODY: u64 = 16 << 10;
+
 /// The response header naming a value's type.
 pub const TYPE_HEADER: &str = "x-cairn-type";
 
@@ -192,7 +198,32 @@ pub async fn get(
     };
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
-    let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
+    let json = is_json(&headers, header::ACCEPT);
+    // A small value whole (no Range asked): its text form is made in the same trip to the
+    // blocking pool as the read, and sent from memory.
+    let whole = !head && !json && !headers.contains_key(header::RANGE);
+    let (v, small) = blocking(move || {
+        let v = bb.db().get(key.as_bytes(), &at)?;
+        let small = match &v.object.value {
+            _ if !whole => None,
+            Value::Tree(t) if t.kind == cairn_object::TreeKind::Blob && t.count <= SMALL_BODY => {
+                let mut out = Vec::with_capacity(t.count as usize);
+                values::write_text(bb.db(), &v.object.value, &mut out)?;
+                Some(out)
+            }
+            Value::Tree(_) => None,
+            inline => match values::text_len(inline) {
+                Some(n) if n <= SMALL_BODY => {
+                    let mut out = Vec::with_capacity(n as usize);
+                    values::write_text(bb.db(), inline, &mut out)?;
+                    Some(out)
+                }
+                _ => None,
+            },
+        };
+        Ok((v, small))
+    })
+    .await?;
     let tag = etag(&v.uid);
     let etag_h = etag_header(&v.uid)?;
     let value = v.object.value;
@@ -200,7 +231,30 @@ pub async fn get(
     if if_none_match_hits(&headers, &tag) {
         return Ok((StatusCode::NOT_MODIFIED, [etag_h, type_header(ty)]).into_response());
     }
-    let json = is_json(&headers, header::ACCEPT);
+    if let Some(body) = small {
+        // In memory now: the transfer is not needed to send it.
+        drop(permit);
+        let ctype = match ty {
+            ValueType::Blob | ValueType::String => "application/octet-stream",
+            _ => "text/plain; charset=utf-8",
+        };
+        let n = body.len();
+        let mut resp = (
+            [
+                etag_h,
+                type_header(ty),
+                (header::CONTENT_TYPE, HeaderValue::from_static(ctype)),
+            ],
+            Body::from(body),
+        )
+            .into_response();
+        let h = resp.headers_mut();
+        if ty == ValueType::Blob {
+            h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        }
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        return Ok(resp);
+    }
     let ok_headers = |ctype: &'static str| {
         [
             etag_h.clone(),
