@@ -512,7 +512,11 @@ pub async fn put(
     };
     // Text bodies default to a blob; JSON bodies name their type or have it inferred.
     let text_ty = ty.unwrap_or(ValueType::Blob);
-    if !json && matches!(text_ty, ValueType::Blob | ValueType::List) {
+    // A small blob of known length is read whole, then put in one trip to the blocking
+    // pool (the same tree as streamed: POS-trees depend on content only).
+    let small_blob =
+        text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
+    if !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob {
         let mut reader = CheckedReader::new(body, max, expect);
         let failure = reader.failure();
         let d = dest.clone();
