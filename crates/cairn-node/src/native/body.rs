@@ -634,18 +634,58 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
     }
 }
 
-/// A JSON answer built in memory, sent as a [`produce`] body under `permit`: a client that
-/// reads nothing for the stall timeout (or below the rate floor) is cut, which frees the
-/// answer and the transfer.
+/// Largest JSON answer [`json_response`] sends from memory.
+const SMALL_JSON: usize = 16 << 10;
+
+/// A writer into `out` that fails once it would hold more than `cap` bytes.
+struct CappedWriter<'a> {
+    out: &'a mut Vec<u8>,
+    cap: usize,
+}
+
+impl io::Write for CappedWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.out.len() + buf.len() > self.cap {
+            return Err(io::Error::other("over the in-memory answer's size"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A JSON answer built in memory. Up to 16 KiB it is sent from memory (the transfer given
+/// back at once); larger, as a [`produce`] body under `permit`: a client that reads
+/// nothing for the stall timeout (or below the rate floor) is cut, which frees the answer
+/// and the transfer.
 pub fn json_response(
     node: Arc<Node>,
     permit: crate::node::Transfer,
     value: serde_json::Value,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let body = produce(node, permit, move |w| {
-        serde_json::to_writer(&mut *w, &value).map_err(|e| io_err(io::Error::other(e)))
-    });
+    // A small answer (most are) is serialized here and sent from memory, its transfer
+    // given back at once; a larger one streams from the blocking pool.
+    let mut small = Vec::new();
+    let body = if serde_json::to_writer(
+        CappedWriter {
+            out: &mut small,
+            cap: SMALL_JSON,
+        },
+        &value,
+    )
+    .is_ok()
+    {
+        drop(permit);
+        Body::from(small)
+    } else {
+        produce(node, permit, move |w| {
+            serde_json::to_writer(&mut *w, &value).map_err(|e| io_err(io::Error::other(e)))
+        })
+    };
     (
         axum::http::StatusCode::OK,
         [(
