@@ -936,6 +936,8 @@ impl Client {
         let mut started = false;
         let mut printed = 0u64;
         let mut lines: Vec<u8> = Vec::new();
+        // History goes on past the farthest distance asked for.
+        let mut beyond = false;
         let mut min = 0u64;
         let lied = |what: String| -> anyhow::Error {
             Error::Rejected(format!("the node's log of {key:?} {what}")).into()
@@ -1013,6 +1015,8 @@ impl Client {
                             walk.push_back((*b, distance + 1));
                         }
                     }
+                } else if !o.bases.is_empty() {
+                    beyond = true;
                 }
                 // Printed only once the whole answer checked out.
                 writeln!(lines, "{}", crate::cli::log_line(&uid, &o))?;
@@ -1045,6 +1049,13 @@ impl Client {
             return Err(lied(format!("leaves out {u} at distance {d}")));
         }
         out.write_all(&lines)?;
+        if beyond && limit - 1 > MAX_TRACK_DISTANCE {
+            eprintln!(
+                "note: a node lists versions up to {MAX_TRACK_DISTANCE} steps from the start; \
+                 the history goes on (run `cairn log {key} --branch UID` from the last one \
+                 shown, or `cairn log` on the node)"
+            );
+        }
         Ok(())
     }
 
