@@ -1349,6 +1349,7 @@ async fn versions_stream_verified() {
 async fn small_and_streamed_reads_answer_alike() {
     let s = Server::start(1 << 20).await;
     s.open_bucket("r").await;
+    let mut served = 0u64;
     for n in [0usize, 1, 16 << 10, (16 << 10) + 1, 100_000] {
         let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         for (ty, key) in [("blob", format!("b{n}")), ("string", format!("s{n}"))] {
@@ -1368,8 +1369,30 @@ async fn small_and_streamed_reads_answer_alike() {
                 assert_eq!(h["accept-ranges"], "bytes");
             }
             assert!(r.bytes().await.unwrap() == body, "{ty} of {n} bytes");
+            served += n as u64;
         }
     }
+    // Bytes served from memory count in the metrics as streamed ones do.
+    let m = s.get("/metrics").await.text().await.unwrap();
+    let read = m
+        .lines()
+        .find(|l| l.starts_with("cairn_bytes_read_total") && l.contains("api=\"native\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(read >= served, "{read} bytes counted, {served} served");
+    // A conditional GET of the current version answers 304 with no body.
+    let (_, put) = s
+        .send(Method::PUT, "/v1/buckets/r/objects/c?type=string", &[], "x")
+        .await;
+    let r = s
+        .req(Method::GET, "/v1/buckets/r/objects/c")
+        .header("if-none-match", format!("\"{}\"", uid_of(&put)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+    assert!(r.bytes().await.unwrap().is_empty());
 }
 
 /// A small blob put whole (its length known) and the same bytes streamed (chunked) make

@@ -680,6 +680,12 @@ pub fn json_response(
     .is_ok()
     {
         drop(permit);
+        node.metrics
+            .bytes_read
+            .with_label_values(&["native"])
+            .inc_by(small.len() as u64);
+        // Held at its length, not at the capacity its growth reached.
+        small.shrink_to_fit();
         Body::from(small)
     } else {
         produce(node, permit, move |w| {

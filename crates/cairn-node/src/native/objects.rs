@@ -202,10 +202,17 @@ pub async fn get(
     // A small value whole (no Range asked): its text form is made in the same trip to the
     // blocking pool as the read, and sent from memory.
     let whole = !head && !json && !headers.contains_key(header::RANGE);
+    let conditional = headers.get(header::IF_NONE_MATCH).cloned();
     let (v, small) = blocking(move || {
         let v = bb.db().get(key.as_bytes(), &at)?;
+        // A GET answered 304 reads nothing of the value.
+        let unchanged = conditional.is_some_and(|c| {
+            let mut h = HeaderMap::new();
+            h.insert(header::IF_NONE_MATCH, c);
+            if_none_match_hits(&h, &etag(&v.uid))
+        });
         let small = match &v.object.value {
-            _ if !whole => None,
+            _ if !whole || unchanged => None,
             Value::Tree(t) if t.kind == cairn_object::TreeKind::Blob && t.count <= SMALL_BODY => {
                 let mut out = Vec::with_capacity(t.count as usize);
                 values::write_text(bb.db(), &v.object.value, &mut out)?;
@@ -234,6 +241,10 @@ pub async fn get(
     if let Some(body) = small {
         // In memory now: the transfer is not needed to send it.
         drop(permit);
+        node.metrics
+            .bytes_read
+            .with_label_values(&["native"])
+            .inc_by(body.len() as u64);
         let ctype = match ty {
             ValueType::Blob | ValueType::String => "application/octet-stream",
             _ => "text/plain; charset=utf-8",
