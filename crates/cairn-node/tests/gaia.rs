@@ -942,3 +942,43 @@ async fn a_broken_json_body_is_a_bad_request() {
     let got = String::from_utf8_lossy(&got);
     assert!(got.starts_with("HTTP/1.1 400"), "{got}");
 }
+
+/// Small files are read in one go and large ones stream; a reader sees the same either
+/// side of the 16 KiB line, and a HEAD has the headers without the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_and_streamed_reads_look_alike() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(41);
+    let a = k.address();
+    let auth = k.bearer();
+    for n in [0usize, 1, 16 << 10, (16 << 10) + 1, 200_000] {
+        let body: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        let path = format!("f{n}");
+        let (st, v) = hub.store(&auth, &a, &path, &body, &[]).await;
+        assert_eq!(st, 202, "{v}");
+        let (st, etag, ct, got) = hub.read(&a, &path).await;
+        assert_eq!(st, 200);
+        assert!(got == body, "{n} bytes read back");
+        let head = hub
+            .http
+            .head(hub.url(&format!("/read/{a}/{path}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.status(), 200);
+        assert_eq!(head.headers()["content-length"], n.to_string());
+        assert_eq!(
+            head.headers()
+                .get("etag")
+                .map(|v| v.to_str().unwrap().to_string()),
+            etag
+        );
+        assert_eq!(
+            head.headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string()),
+            ct
+        );
+        assert!(head.bytes().await.unwrap().is_empty());
+    }
+}
