@@ -1440,6 +1440,20 @@ pub(crate) fn print_version_proof(
     out: &mut impl Write,
 ) -> Result<()> {
     let (m, names) = vp.verify(meta, key, uid)?;
+    print_verified_proof(vp, meta, key, uid, &m, &names, out)
+}
+
+/// Prints the chain of `vp`, which `VersionProof::verify` already checked and answered
+/// with `m` and `names`.
+pub(crate) fn print_verified_proof(
+    vp: &VersionProof,
+    meta: &CapsuleMetadata,
+    key: &[u8],
+    uid: &Uid,
+    m: &cairn_capsule::Mutation,
+    names: &[cairn_capsule::RecordName],
+    out: &mut impl Write,
+) -> Result<()> {
     let branch = match &m.branch {
         Some(b) => format!("branch {b:?}"),
         None => "an untagged head".into(),

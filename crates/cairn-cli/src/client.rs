@@ -1108,7 +1108,7 @@ impl Client {
         uid: &Uid,
         object: &cairn_object::FObject,
         pinned: Option<&CapsuleName>,
-    ) -> Result<(VersionProof, CapsuleMetadata)> {
+    ) -> Result<Proven> {
         // With a pinned capsule, anything short of a valid proof is a refusal (exit 11).
         let refuse = |what: &str, e: anyhow::Error| -> anyhow::Error {
             match pinned {
@@ -1136,13 +1136,18 @@ impl Client {
             .map_err(|e| refuse("the proof of the version", e))?;
         let vp = VersionProof::from_bytes(&proof)
             .map_err(|e| refuse("the proof of the version", e.into()))?;
-        let (record, _) = vp.verify(&meta, key.as_bytes(), uid)?;
+        let (record, names) = vp.verify(&meta, key.as_bytes(), uid)?;
         if object.bases != record.bases {
             bail!(Error::Rejected(format!(
                 "version {uid} has bases the writer's record does not name"
             )));
         }
-        Ok((vp, meta))
+        Ok(Proven {
+            proof: vp,
+            meta,
+            record,
+            names,
+        })
     }
 
     /// `verify --proof` against a node: the proof and the metadata come from the node, the
@@ -1160,7 +1165,8 @@ impl Client {
         // The version first (its Meta chunk alone), its content last: a stream opened
         // before the other requests would wait on the node meanwhile.
         let (uid, version) = self.open_version_part(key, uid, branch, true)?;
-        let (vp, meta) = self.proven(key, &uid, version.object(), pinned.as_ref())?;
+        let p = self.proven(key, &uid, version.object(), pinned.as_ref())?;
+        let (vp, meta) = (&p.proof, &p.meta);
         let capsule = meta.name();
         writeln!(out, "bucket   {}  capsule {capsule}", self.bucket)?;
         if pinned.is_none() {
@@ -1169,7 +1175,7 @@ impl Client {
                  you trust with --capsule"
             );
         }
-        crate::cli::print_version_proof(&vp, &meta, key.as_bytes(), &uid, out)?;
+        crate::cli::print_verified_proof(vp, meta, key.as_bytes(), &uid, &p.record, &p.names, out)?;
         // The version itself comes as a verified stream: its FObject hashed to the uid, and
         // every chunk of its value is re-hashed here as it arrives.
         let (_, mut value) = self.open_version(key, Some(uid), None)?;
@@ -1348,6 +1354,15 @@ impl<R: Read> Read for ExactLen<R> {
         self.left -= n as u64;
         Ok(n)
     }
+}
+
+/// A version proof from the node, checked ([`Client::proven`]): the proof, the capsule
+/// metadata it was checked against, and what the check found.
+struct Proven {
+    proof: VersionProof,
+    meta: CapsuleMetadata,
+    record: cairn_capsule::Mutation,
+    names: Vec<cairn_capsule::RecordName>,
 }
 
 /// A current-thread runtime and reqwest's async client on it, for one streamed transfer

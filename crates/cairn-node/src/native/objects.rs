@@ -101,15 +101,17 @@ fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
 }
 
 fn if_none_match_hits(headers: &HeaderMap, tag: &str) -> bool {
-    headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',').any(|t| {
-                let t = t.trim();
-                t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag
-            })
+    none_match_hits(headers.get(header::IF_NONE_MATCH), tag)
+}
+
+/// [`if_none_match_hits`] on the header's value.
+fn none_match_hits(value: Option<&HeaderValue>, tag: &str) -> bool {
+    value.and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(',').any(|t| {
+            let t = t.trim();
+            t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag
         })
+    })
 }
 
 /// What a `Range` header asks of a representation of `len` bytes.
@@ -206,11 +208,7 @@ pub async fn get(
     let (v, small) = blocking(move || {
         let v = bb.db().get(key.as_bytes(), &at)?;
         // A GET answered 304 reads nothing of the value.
-        let unchanged = conditional.is_some_and(|c| {
-            let mut h = HeaderMap::new();
-            h.insert(header::IF_NONE_MATCH, c);
-            if_none_match_hits(&h, &etag(&v.uid))
-        });
+        let unchanged = none_match_hits(conditional.as_ref(), &etag(&v.uid));
         let small = match &v.object.value {
             _ if !whole || unchanged => None,
             Value::Tree(t) if t.kind == cairn_object::TreeKind::Blob && t.count <= SMALL_BODY => {
