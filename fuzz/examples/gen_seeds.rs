@@ -13,9 +13,11 @@ use cairn_fuzz::capsule;
 use cairn_fuzz::logstore::{self, Edit};
 use cairn_fuzz::postree::{CID_LEN, Input, PLACEHOLDER};
 use cairn_fuzz::wire;
+use cairn_object::evidence::{diff_page_evidence, lca_evidence};
 use cairn_object::postree::{self, TreeConfig, TreeRef};
-use cairn_object::{BranchTable, FObject, Value};
+use cairn_object::{At, BranchTable, Db, FObject, NewValue, PutOptions, Target, Value};
 use cairn_store::{ChunkStore, Cid, MemoryStore};
+use std::sync::Arc;
 
 fn write(out: &Path, target: &str, seeds: &[Vec<u8>]) {
     let d = out.join(target);
@@ -387,6 +389,160 @@ fn check_capsule_seeds(all: &[(&str, Vec<Vec<u8>>)]) {
     }
 }
 
+/// Turns the chunks a node side recorded into the `evidence` input format: `a`'s Meta
+/// chunk, `b`'s, then the rest in reverse post-order of their references (bases and tree
+/// roots of Meta chunks, children of tree nodes), each reference replaced by a placeholder
+/// naming a later chunk.
+fn evidence_input(
+    sent: &[bytes::Bytes],
+    a: Cid,
+    b: Cid,
+    lca: bool,
+    limit: usize,
+    key: &[u8],
+) -> Vec<u8> {
+    let by_cid: HashMap<Cid, &bytes::Bytes> = sent
+        .iter()
+        .map(|c| (HashAlgo::Blake3.digest(c), c))
+        .collect();
+    let refs = |c: &bytes::Bytes| -> Vec<Cid> {
+        let r = match FObject::from_chunk(c) {
+            Ok(o) => {
+                let mut r = o.bases.clone();
+                if let Value::Tree(t) = &o.value {
+                    r.push(t.root);
+                }
+                r
+            }
+            Err(_) => postree::child_cids(c).unwrap_or_default(),
+        };
+        r.into_iter().filter(|x| by_cid.contains_key(x)).collect()
+    };
+    fn visit(
+        c: Cid,
+        by_cid: &HashMap<Cid, &bytes::Bytes>,
+        refs: &dyn Fn(&bytes::Bytes) -> Vec<Cid>,
+        seen: &mut HashMap<Cid, ()>,
+        post: &mut Vec<Cid>,
+    ) {
+        if seen.insert(c, ()).is_some() {
+            return;
+        }
+        for k in refs(by_cid[&c]) {
+            visit(k, by_cid, refs, seen, post);
+        }
+        post.push(c);
+    }
+    let mut seen: HashMap<Cid, ()> = [(a, ()), (b, ())].into_iter().collect();
+    let mut post = Vec::new();
+    for top in [b, a] {
+        for k in refs(by_cid[&top]) {
+            visit(k, &by_cid, &refs, &mut seen, &mut post);
+        }
+    }
+    post.reverse();
+    let mut order = vec![a];
+    if b != a {
+        order.push(b);
+    }
+    order.extend(post);
+    assert!(
+        order.len() <= cairn_fuzz::evidence::MAX_CHUNKS,
+        "evidence too big for a seed"
+    );
+    let index: HashMap<Cid, usize> = order.iter().enumerate().map(|(i, c)| (*c, i)).collect();
+    let chunks: Vec<Vec<u8>> = order
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut bytes = by_cid[c].to_vec();
+            for k in refs(by_cid[c]) {
+                assert!(index[&k] > i, "a reference to an earlier chunk");
+                let mut ph = [0u8; CID_LEN];
+                ph[..PLACEHOLDER.len()].copy_from_slice(&PLACEHOLDER);
+                ph[PLACEHOLDER.len()] = index[&k] as u8;
+                let kb = k.to_bytes();
+                let p = bytes.windows(CID_LEN).position(|w| w == kb).unwrap();
+                bytes[p..p + CID_LEN].copy_from_slice(&ph);
+            }
+            bytes
+        })
+        .collect();
+    cairn_fuzz::evidence::Input {
+        lca,
+        limit,
+        key,
+        cursor: b"",
+        chunks: chunks.iter().map(|c| c.as_slice()).collect(),
+    }
+    .encode()
+}
+
+fn evidence_seeds() -> Vec<Vec<u8>> {
+    let small = TreeConfig {
+        leaf_target: 64,
+        index_target: 64,
+    };
+    let db = Db::with_config(Arc::new(MemoryStore::new()), small);
+    let put = |key: &[u8], branch: &str, v: NewValue| {
+        db.put(key, Target::Branch(branch), v, &PutOptions::default())
+            .unwrap()
+    };
+    let mut seeds = Vec::new();
+    // Two versions of a map, the newer first (it names the older as its base).
+    let entries = |edit: usize| -> NewValue {
+        NewValue::Map(
+            (0..60)
+                .map(|i| {
+                    let v = if i == edit {
+                        "edited".to_string()
+                    } else {
+                        format!("v{i}")
+                    };
+                    (format!("k{i:03}").into_bytes(), v.into_bytes())
+                })
+                .collect(),
+        )
+    };
+    let old = put(b"m", "master", entries(usize::MAX));
+    let new = put(b"m", "master", entries(17));
+    for limit in [1, 16] {
+        let (sent, used) =
+            diff_page_evidence(db.chunks(), b"m", &new, &old, None, limit, 1 << 30).unwrap();
+        seeds.push(evidence_input(&sent, new, old, false, used, b"m"));
+    }
+    // A blob with a region changed.
+    let mut bytes: Vec<u8> = (0..1500u32).map(|i| (i * 131 % 251) as u8).collect();
+    let old = put(b"b", "master", NewValue::Blob(bytes.clone()));
+    bytes[700..720].fill(9);
+    let new = put(b"b", "master", NewValue::Blob(bytes));
+    let (sent, used) =
+        diff_page_evidence(db.chunks(), b"b", &new, &old, None, 16, 1 << 30).unwrap();
+    seeds.push(evidence_input(&sent, new, old, false, used, b"b"));
+    // A forked history of strings for the LCA.
+    let s = |v: &str| NewValue::String(v.as_bytes().to_vec());
+    let root = put(b"h", "master", s("0"));
+    let mut main = root;
+    for i in 0..4 {
+        main = put(b"h", "master", s(&format!("m{i}")));
+    }
+    db.fork(b"h", &At::Uid(root), "side").unwrap();
+    let mut side = root;
+    for i in 0..3 {
+        side = put(b"h", "side", s(&format!("s{i}")));
+    }
+    let sent = lca_evidence(db.chunks(), b"h", &main, &side, 1 << 30).unwrap();
+    seeds.push(evidence_input(&sent, main, side, true, 1, b"h"));
+    for seed in &seeds {
+        assert!(
+            cairn_fuzz::evidence::checks_out(seed),
+            "a seed that fails its check"
+        );
+        cairn_fuzz::evidence::run(seed);
+    }
+    seeds
+}
+
 fn main() {
     let out = std::env::args().nth(1).unwrap_or_else(|| "seeds".into());
     let out = Path::new(&out);
@@ -394,6 +550,7 @@ fn main() {
     write(out, "fobject", &fobject_seeds());
     write(out, "branch_table", &branch_seeds());
     write(out, "postree_node", &postree_seeds());
+    write(out, "evidence", &evidence_seeds());
     write(out, "logstore_recovery", &logstore_seeds());
     let capsule_seeds = [
         ("capsule_metadata", capsule_metadata_seeds()),

@@ -7,6 +7,7 @@
 pub mod bucket;
 pub mod capsule;
 pub mod codec;
+pub mod evidence;
 pub mod logstore;
 pub mod merkle;
 pub mod postree;

@@ -89,7 +89,7 @@ impl<'a> Input<'a> {
 }
 
 /// Replaces placeholders in chunk `i` naming a later chunk by that chunk's cid.
-fn substitute(chunk: &[u8], i: usize, cids: &[Option<Cid>]) -> Vec<u8> {
+pub fn substitute(chunk: &[u8], i: usize, cids: &[Option<Cid>]) -> Vec<u8> {
     let mut out = chunk.to_vec();
     let mut p = 0;
     while p + CID_LEN <= out.len() {

@@ -1217,7 +1217,8 @@ pub fn conflict_summary(n: usize) -> String {
     )
 }
 
-fn print_diff(d: &Diff, out: &mut impl Write) -> Result<()> {
+/// Prints a diff (or one page of it) as `cairn diff` shows it.
+pub(crate) fn print_diff(d: &Diff, out: &mut impl Write) -> Result<()> {
     match d {
         Diff::Same => writeln!(out, "identical")?,
         Diff::Primitive(a, b) => {

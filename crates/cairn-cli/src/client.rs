@@ -38,7 +38,9 @@ use cairn_capsule::{CapsuleMetadata, CapsuleName, VersionProof};
 use cairn_core::{Error, SigningKey};
 use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
 use cairn_node::native::values::json_bytes;
+use cairn_object::evidence::EVIDENCE_BUDGET;
 use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, DiffCursor, Uid, ValueType};
+use cairn_store::{ChunkStore, MemoryStore};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::blocking::{Client as Http, Response};
 use reqwest::{Method, StatusCode, Url};
@@ -133,8 +135,15 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
         Command::Log { key, branch, limit } => c.log(&key, &branch, limit, &mut out)?,
         Command::Diff { key, a, b } => c.diff(&key, a, b, &mut out)?,
         Command::Lca { key, a, b } => {
-            let r = c.get_json(c.url("lca", Some(&key), &[("a", a), ("b", b)])?)?;
-            match r.get("lca").and_then(J::as_str) {
+            let q = [
+                ("a", a.clone()),
+                ("b", b.clone()),
+                ("chunks", "true".into()),
+            ];
+            let sent = c.chunks_answer(c.url("lca", Some(&key), &q)?, &a, &b)?;
+            // The search runs here, over the versions' Meta chunks, each hashed.
+            match cairn_object::evidence::check_lca(&sent.chunks, key.as_bytes(), &sent.a, &sent.b)?
+            {
                 Some(u) => writeln!(out, "{u}")?,
                 None => bail!(Error::not_found(
                     "common ancestor (the histories are disjoint)"
@@ -1059,42 +1068,100 @@ impl Client {
         Ok(())
     }
 
-    /// Prints the diff a page at a time, following the node's `next` cursor.
+    /// Prints the diff a page at a time. Each page is computed here from the chunks the
+    /// node sends (the two versions' Meta chunks and the POS-tree nodes the page reads,
+    /// each hashed), so a node can refuse a diff but not change one.
     fn diff(&self, key: &str, a: String, b: String, out: &mut impl Write) -> Result<()> {
-        let mut after: Option<String> = None;
+        const PAGE: usize = 10_000;
+        let mut after: Option<DiffCursor> = None;
         loop {
             let mut q = vec![
                 ("a", a.clone()),
                 ("b", b.clone()),
-                ("limit", "10000".into()),
+                ("limit", PAGE.to_string()),
+                ("chunks", "true".into()),
             ];
-            if let Some(c) = after.take() {
-                q.push(("after", c));
+            if let Some(c) = &after {
+                q.push(("after", c.token()));
             }
-            let r = self.get_json(self.url("diff", Some(key), &q)?)?;
-            if r.get("same").and_then(J::as_bool) == Some(true) {
-                writeln!(out, "identical")?;
-                return Ok(());
-            }
-            print_diff_page(&r, out)?;
-            match r.get("next") {
-                Some(J::String(c)) => {
-                    // Each page must move on (keys up, region ends forward), or a node
-                    // could keep the client paging forever.
-                    let next = DiffCursor::parse(c)?;
-                    if let Some(prev) = after.as_deref().map(DiffCursor::parse).transpose()?
-                        && !cursor_advances(&prev, &next)
-                    {
-                        bail!(Error::decode(format!(
-                            "the node's next diff page would start at {c}, which does not \
-                             move past the last one; stopping"
-                        )));
-                    }
-                    after = Some(c.clone());
-                }
-                _ => return Ok(()),
+            let sent = self.chunks_answer(self.url("diff", Some(key), &q)?, &a, &b)?;
+            let limit = match sent.limit {
+                Some(n) if (1..=PAGE).contains(&n) => n,
+                other => bail!(Error::Rejected(format!(
+                    "the node computed a diff page of {other:?} changes (asked for at most \
+                     {PAGE})"
+                ))),
+            };
+            let (d, next) = cairn_object::evidence::check_diff_page(
+                &sent.chunks,
+                key.as_bytes(),
+                &sent.a,
+                &sent.b,
+                after.as_ref(),
+                limit,
+            )?;
+            crate::cli::print_diff(&d, out)?;
+            match next {
+                Some(c) => after = Some(c),
+                None => return Ok(()),
             }
         }
+    }
+
+    /// Reads an answer made of the chunks a query read (`chunks=true`): each chunk is
+    /// stored under its own hash, at most [`EVIDENCE_BUDGET`] bytes in all. The uids the
+    /// node ran the query on must be `a` and `b` where these name uids (a branch name is
+    /// the node's word, as for `get --branch`).
+    fn chunks_answer(&self, url: Url, a: &str, b: &str) -> Result<SentChunks> {
+        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
+        let header = |name: &str| -> Result<Option<String>> {
+            resp.headers()
+                .get(name)
+                .map(|v| {
+                    v.to_str().map(str::to_string).map_err(|_| {
+                        anyhow::Error::from(Error::Rejected(format!(
+                            "the node's {name} header is not text"
+                        )))
+                    })
+                })
+                .transpose()
+        };
+        let uid = |name: &str, asked: &str| -> Result<Uid> {
+            let v = header(name)?.ok_or_else(|| {
+                Error::Rejected(format!("the node's answer has no {name} header"))
+            })?;
+            let u: Uid = v
+                .parse()
+                .map_err(|e| Error::Rejected(format!("the node's {name} header: {e}")))?;
+            if let At::Uid(want) = At::parse(asked)
+                && want != u
+            {
+                bail!(Error::Rejected(format!(
+                    "the node answered about version {u}, not {want}"
+                )));
+            }
+            Ok(u)
+        };
+        let (ua, ub) = (uid("x-cairn-a", a)?, uid("x-cairn-b", b)?);
+        let limit = header("x-cairn-limit")?.and_then(|v| v.parse::<usize>().ok());
+        let chunks = MemoryStore::with_algo(ua.algo());
+        let mut frames = cairn_object::stream::FrameReader::new(resp);
+        let mut bytes = 0u64;
+        while let Some(c) = frames.next_chunk()? {
+            bytes += c.len() as u64;
+            if bytes > EVIDENCE_BUDGET {
+                bail!(Error::Rejected(format!(
+                    "the node sent more than {EVIDENCE_BUDGET} bytes of chunks"
+                )));
+            }
+            chunks.put(&c)?;
+        }
+        Ok(SentChunks {
+            a: ua,
+            b: ub,
+            limit,
+            chunks,
+        })
     }
 
     /// The bucket's capsule metadata and the proof that the writer recorded version `uid`
@@ -1245,6 +1312,18 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// An answer made of the chunks a query read ([`Client::chunks_answer`]).
+struct SentChunks {
+    /// The uid the node ran the query on as `a`.
+    a: Uid,
+    /// The uid the node ran the query on as `b`.
+    b: Uid,
+    /// The page size the node used (diffs).
+    limit: Option<usize>,
+    /// The chunks, each stored under its own hash.
+    chunks: MemoryStore,
 }
 
 fn resolver_name(r: BuiltinResolver) -> &'static str {
@@ -1580,91 +1659,9 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
     e.into()
 }
 
-/// Whether diff cursor `next` lies past `prev` (a later key, or region ends no earlier on
-/// either side and later on one).
-fn cursor_advances(prev: &DiffCursor, next: &DiffCursor) -> bool {
-    match (prev, next) {
-        (DiffCursor::AfterKey(p), DiffCursor::AfterKey(n)) => n > p,
-        (DiffCursor::AfterRegion { a: pa, b: pb }, DiffCursor::AfterRegion { a, b }) => {
-            a >= pa && b >= pb && (a > pa || b > pb)
-        }
-        _ => false,
-    }
-}
-
-/// Prints one page of a node's diff answer (`type`, `changes`).
-fn print_diff_page(r: &J, out: &mut impl Write) -> Result<()> {
-    let ty = str_field(r, "type")?;
-    for c in array_field(r, "changes")? {
-        if c.get("a_start").is_some() {
-            let n = |f: &str| c.get(f).and_then(J::as_u64).unwrap_or(0);
-            writeln!(
-                out,
-                "@ {}..{} -> {}..{}",
-                n("a_start"),
-                n("a_end"),
-                n("b_start"),
-                n("b_end")
-            )?;
-        } else if let Some(k) = c.get("key") {
-            let k = format::show(&json_bytes(k, "key")?);
-            let side = |f: &str| -> Result<Option<Vec<u8>>> {
-                match c.get(f) {
-                    None | Some(J::Null) => Ok(None),
-                    Some(v) => Ok(Some(json_bytes(v, f)?)),
-                }
-            };
-            match (side("left")?, side("right")?) {
-                (None, Some(v)) if v.is_empty() => writeln!(out, "+ {k}")?,
-                (Some(v), None) if v.is_empty() => writeln!(out, "- {k}")?,
-                (None, Some(v)) => writeln!(out, "+ {k}={}", format::show(&v))?,
-                (Some(v), None) => writeln!(out, "- {k}={}", format::show(&v))?,
-                (Some(x), Some(y)) => {
-                    writeln!(out, "~ {k}: {} -> {}", format::show(&x), format::show(&y))?
-                }
-                (None, None) => {}
-            }
-        } else {
-            let show = |v: Option<&J>| -> Result<String> {
-                Ok(match v {
-                    Some(J::Number(n)) => n.to_string(),
-                    Some(J::Array(items)) => items
-                        .iter()
-                        .map(|i| json_bytes(i, "element").map(|b| format::show(&b)))
-                        .collect::<cairn_core::Result<Vec<_>>>()?
-                        .join(", "),
-                    Some(J::Object(o)) if o.contains_key("root") => format!(
-                        "{ty} root {}",
-                        o.get("root").and_then(J::as_str).unwrap_or_default()
-                    ),
-                    Some(v) => format::show(&json_bytes(v, "value")?),
-                    None => String::new(),
-                })
-            };
-            writeln!(out, "- {}", show(c.get("left"))?)?;
-            writeln!(out, "+ {}", show(c.get("right"))?)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn diff_cursors_must_move_on() {
-        let k = |s: &str| DiffCursor::AfterKey(s.as_bytes().to_vec().into());
-        let r = |a, b| DiffCursor::AfterRegion { a, b };
-        assert!(cursor_advances(&k("a"), &k("b")));
-        assert!(!cursor_advances(&k("b"), &k("b")));
-        assert!(!cursor_advances(&k("b"), &k("a")));
-        assert!(cursor_advances(&r(10, 5), &r(10, 6)));
-        assert!(cursor_advances(&r(10, 5), &r(20, 5)));
-        assert!(!cursor_advances(&r(10, 5), &r(10, 5)));
-        assert!(!cursor_advances(&r(10, 5), &r(9, 50)));
-        assert!(!cursor_advances(&k("a"), &r(1, 1)));
-    }
 
     /// A file read with a declared length yields exactly it, or fails when it shrank or
     /// grew.

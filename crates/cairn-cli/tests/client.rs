@@ -944,6 +944,14 @@ fn put_from_a_pipe_stores_all_it_yields() {
 /// A node that lies: answers every request with `status`, `ETag: "<etag>"` and `body`,
 /// whatever was asked. Serves until the test ends.
 fn lying_node(etag: String, body: Vec<u8>) -> String {
+    lying_node_with(
+        format!("ETag: \"{etag}\"\r\nContent-Type: application/vnd.cairn.version-stream\r\n"),
+        body,
+    )
+}
+
+/// [`lying_node`] answering with the given header lines (each ending in CRLF).
+fn lying_node_with(headers: String, body: Vec<u8>) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -958,9 +966,7 @@ fn lying_node(etag: String, body: Vec<u8>) -> String {
                 }
             }
             let resp = format!(
-                "HTTP/1.1 200 OK\r\nETag: \"{etag}\"\r\nContent-Type: \
-                 application/vnd.cairn.version-stream\r\nContent-Length: {}\r\n\
-                 Connection: close\r\n\r\n",
+                "HTTP/1.1 200 OK\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = conn.write_all(resp.as_bytes());
@@ -1133,6 +1139,143 @@ fn get_refuses_what_a_lying_node_sends() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.stdout.is_empty(), "no plaintext of a tampered value");
+}
+
+/// `cairn --server diff` and `lca` compute their answers from chunks the node sends, each
+/// hashed: the honest chunks give local mode's output; a changed or missing chunk, a page
+/// size the client did not ask for, or an answer about another version than named exits
+/// 11, and a node cannot pass off shared history as disjoint.
+#[test]
+fn diff_and_lca_refuse_what_a_lying_node_sends() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let p = |n: &str| -> PathBuf { u.path().join(n) };
+    let mut value = pseudo_random(900_000, 5);
+    std::fs::write(p("v"), &value).unwrap();
+    let v1 = u.ok(srv, &["put", "k", "--file", p("v").to_str().unwrap()]);
+    let v1 = v1.trim().to_string();
+    value[450_000..450_100].fill(7);
+    std::fs::write(p("v"), &value).unwrap();
+    let v2 = u.ok(srv, &["put", "k", "--file", p("v").to_str().unwrap()]);
+    let v2 = v2.trim().to_string();
+    let expected = u.ok(srv, &["diff", "k", &v1, &v2]);
+    assert!(expected.starts_with("@ "), "{expected}");
+    u.ok(srv, &["fork", "k", "--from", &v1, "--to", "side"]);
+    value[10..20].fill(1);
+    std::fs::write(p("w"), &value).unwrap();
+    let w = p("w");
+    u.ok(
+        srv,
+        &[
+            "put",
+            "k",
+            "--file",
+            w.to_str().unwrap(),
+            "--branch",
+            "side",
+        ],
+    );
+    let lca = u.ok(srv, &["lca", "k", "master", "side"]);
+    assert_eq!(lca.trim(), v1);
+    let fetch = |op: &str, a: &str, b: &str| -> (Vec<Vec<u8>>, String) {
+        let url = format!(
+            "{}/v1/buckets/default/{op}/k?a={a}&b={b}&limit=10000&chunks=true",
+            s.base
+        );
+        let url = if op == "lca" {
+            url.replace("&limit=10000", "")
+        } else {
+            url
+        };
+        let resp = reqwest::blocking::get(url).unwrap();
+        assert!(resp.status().is_success());
+        let mut headers = String::new();
+        for h in ["x-cairn-a", "x-cairn-b", "x-cairn-limit"] {
+            if let Some(v) = resp.headers().get(h) {
+                headers.push_str(&format!("{h}: {}\r\n", v.to_str().unwrap()));
+            }
+        }
+        (frames(&resp.bytes().unwrap()), headers)
+    };
+    let check = |what: &str, args: &[&str], liar: String, expect: Option<&str>| {
+        let out = u.run(Some(&liar), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        match expect {
+            Some(want) => {
+                assert!(out.status.success(), "{what}: {err}");
+                assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{what}");
+            }
+            None => {
+                assert_eq!(out.status.code(), Some(11), "{what}: {err}");
+                assert!(!err.contains("panicked"), "{what}: {err}");
+                assert!(out.stdout.is_empty(), "{what}: nothing printed");
+            }
+        }
+    };
+
+    let diff_args = ["diff", "k", v1.as_str(), v2.as_str()];
+    let (honest, headers) = fetch("diff", &v1, &v2);
+    assert!(honest.len() >= 4, "Meta chunks, roots and leaves");
+    check(
+        "the honest chunks",
+        &diff_args,
+        lying_node_with(headers.clone(), join(&honest)),
+        Some(&expected),
+    );
+    let mut cases: Vec<(String, String, Vec<Vec<u8>>)> = Vec::new();
+    for i in 0..honest.len() {
+        let mut flipped = honest.clone();
+        let at = flipped[i].len() / 2;
+        flipped[i][at] ^= 1;
+        cases.push((format!("chunk {i} flipped"), headers.clone(), flipped));
+        let mut dropped = honest.clone();
+        dropped.remove(i);
+        cases.push((format!("chunk {i} left out"), headers.clone(), dropped));
+    }
+    for limit in ["0", "20000", "many"] {
+        let h = headers
+            .lines()
+            .map(|l| match l.starts_with("x-cairn-limit") {
+                true => format!("x-cairn-limit: {limit}\r\n"),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        cases.push((format!("a page of {limit} changes"), h, honest.clone()));
+    }
+    let (other, other_headers) = fetch("diff", &v1, "side");
+    cases.push(("the diff of other versions".into(), other_headers, other));
+    for (what, h, body) in cases {
+        check(&what, &diff_args, lying_node_with(h, join(&body)), None);
+    }
+
+    let lca_args = ["lca", "k", v2.as_str(), "side"];
+    let (honest, headers) = fetch("lca", &v2, "side");
+    check(
+        "the honest lca chunks",
+        &lca_args,
+        lying_node_with(headers.clone(), join(&honest)),
+        Some(&lca),
+    );
+    // Only the two versions' Meta chunks: the walk cannot reach its end, so the client
+    // refuses instead of reporting disjoint histories.
+    check(
+        "only the two Meta chunks",
+        &lca_args,
+        lying_node_with(headers.clone(), join(&honest[..2])),
+        None,
+    );
+    for i in 0..honest.len() {
+        let mut flipped = honest.clone();
+        let at = flipped[i].len() / 2;
+        flipped[i][at] ^= 1;
+        check(
+            &format!("lca chunk {i} flipped"),
+            &lca_args,
+            lying_node_with(headers.clone(), join(&flipped)),
+            None,
+        );
+    }
 }
 
 /// `cairn --server log` checks the node's answer: every entry against its Meta chunk and

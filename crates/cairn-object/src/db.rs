@@ -493,15 +493,7 @@ impl Db {
 
     /// Loads a version and checks it belongs to `key`.
     pub fn load_for_key(&self, key: &[u8], uid: &Uid) -> Result<FObject> {
-        let o = self.load(uid)?;
-        if o.key != key {
-            return Err(Error::invalid(format!(
-                "version {uid} belongs to key {}, not {}",
-                show_key(&o.key),
-                show_key(key)
-            )));
-        }
-        Ok(o)
+        crate::history::load_version(self.chunks(), key, uid)
     }
 
     /// Resolves a branch name or uid of `key` to a uid.

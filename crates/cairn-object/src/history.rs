@@ -8,6 +8,7 @@ use std::ops::ControlFlow;
 
 use bytes::Bytes;
 use cairn_core::{Error, Result};
+use cairn_store::ChunkStore;
 
 use crate::db::{At, Db};
 use crate::fobject::{FObject, Uid};
@@ -143,52 +144,7 @@ impl Db {
     /// derive from), or `None` when their histories are disjoint. Walks only down to the
     /// answer's depth, newest first, using each FObject's depth.
     pub fn lca(&self, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
-        const A: u8 = 1;
-        const B: u8 = 2;
-        let mut flags: HashMap<Uid, u8> = HashMap::new();
-        let mut heap = BinaryHeap::new();
-        let mut cache: HashMap<Uid, FObject> = HashMap::new();
-        for (u, f) in [(*a, A), (*b, B)] {
-            let o = self.load_for_key(key, &u)?;
-            *flags.entry(u).or_default() |= f;
-            heap.push((o.depth, u));
-            cache.insert(u, o);
-        }
-        let mut done = HashSet::new();
-        while let Some((_, uid)) = heap.pop() {
-            if !done.insert(uid) {
-                continue;
-            }
-            let f = flags.get(&uid).copied().unwrap_or(0);
-            if f == A | B {
-                return Ok(Some(uid));
-            }
-            let o = match cache.remove(&uid) {
-                Some(o) => o,
-                None => self.load_for_key(key, &uid)?,
-            };
-            for base in &o.bases {
-                let entry = flags.entry(*base).or_default();
-                let before = *entry;
-                *entry |= f;
-                if before == 0 {
-                    let bo = self.load_for_key(key, base)?;
-                    if bo.depth >= o.depth {
-                        return Err(Error::corrupt(format!(
-                            "version {uid} has depth {} but its base {base} has depth {}",
-                            o.depth, bo.depth
-                        )));
-                    }
-                    heap.push((bo.depth, *base));
-                    cache.insert(*base, bo);
-                } else if done.contains(base) && *entry != before {
-                    return Err(Error::corrupt(format!(
-                        "history of version {uid} is not ordered by depth"
-                    )));
-                }
-            }
-        }
-        Ok(None)
+        lca_in(self.chunks(), key, a, b)
     }
 
     /// Diff between two versions of the same type (they may belong to different keys).
@@ -199,25 +155,7 @@ impl Db {
 
     /// Diff between two values of the same type.
     pub fn diff_values(&self, a: &Value, b: &Value) -> Result<Diff> {
-        if a.value_type() != b.value_type() {
-            return Err(Error::TypeMismatch(format!(
-                "cannot diff a {} with a {}",
-                a.value_type(),
-                b.value_type()
-            )));
-        }
-        if a == b {
-            return Ok(Diff::Same);
-        }
-        Ok(match (a, b) {
-            (Value::Tree(ta), Value::Tree(tb)) => match a.value_type() {
-                ValueType::Map | ValueType::Set => {
-                    Diff::Sorted(postree::diff_sorted(self.chunks(), ta, tb)?)
-                }
-                _ => Diff::Seq(postree::diff_seq(self.chunks(), ta, tb)?),
-            },
-            _ => Diff::Primitive(a.clone(), b.clone()),
-        })
+        diff_values_in(self.chunks(), a, b)
     }
 
     /// [`Db::diff_values`] a page at a time: at most `limit` (≥ 1) changed keys or regions
@@ -235,63 +173,7 @@ impl Db {
         after: Option<&DiffCursor>,
         limit: usize,
     ) -> Result<(Diff, Option<DiffCursor>)> {
-        if limit == 0 {
-            return Err(Error::invalid("a diff page holds at least one change"));
-        }
-        if a.value_type() != b.value_type() {
-            return Err(Error::TypeMismatch(format!(
-                "cannot diff a {} with a {}",
-                a.value_type(),
-                b.value_type()
-            )));
-        }
-        let wrong = |c: &DiffCursor| {
-            Err(Error::invalid(format!(
-                "diff cursor {} does not go with a {} diff",
-                c.token(),
-                a.value_type()
-            )))
-        };
-        let (Value::Tree(ta), Value::Tree(tb)) = (a, b) else {
-            if let Some(c) = after {
-                return wrong(c);
-            }
-            return Ok((self.diff_values(a, b)?, None));
-        };
-        if a == b {
-            return Ok((Diff::Same, None));
-        }
-        if matches!(a.value_type(), ValueType::Map | ValueType::Set) {
-            let from = match after {
-                None => None,
-                Some(DiffCursor::AfterKey(k)) => Some(&k[..]),
-                Some(c) => return wrong(c),
-            };
-            let (out, more): (Vec<KeyChange>, bool) = postree::collect_changes(limit, |each| {
-                postree::diff_sorted_each(self.chunks(), ta, tb, from, each)
-            })?;
-            let next = more
-                .then(|| out.last().map(|c| DiffCursor::AfterKey(c.key.clone())))
-                .flatten();
-            return Ok((Diff::Sorted(out), next));
-        }
-        let from = match after {
-            None => None,
-            Some(DiffCursor::AfterRegion { a, b }) => Some((*a, *b)),
-            Some(c) => return wrong(c),
-        };
-        let (out, more): (Vec<SeqChange>, bool) = postree::collect_changes(limit, |each| {
-            postree::diff_seq_each(self.chunks(), ta, tb, from, each)
-        })?;
-        let next = more
-            .then(|| {
-                out.last().map(|c| DiffCursor::AfterRegion {
-                    a: c.a_end,
-                    b: c.b_end,
-                })
-            })
-            .flatten();
-        Ok((Diff::Seq(out), next))
+        diff_page_in(self.chunks(), a, b, after, limit)
     }
 
     /// Every version reachable from `key`'s heads, by uid (for tools and tests).
@@ -309,4 +191,164 @@ impl Db {
         }
         Ok(out)
     }
+}
+
+/// Loads version `uid` from `chunks` (verified against the uid by the store) and checks it
+/// belongs to `key`.
+pub fn load_version(chunks: &dyn ChunkStore, key: &[u8], uid: &Uid) -> Result<FObject> {
+    let chunk = chunks
+        .get(uid)?
+        .ok_or_else(|| Error::not_found(format!("version {uid}")))?;
+    let o = FObject::from_chunk(&chunk)
+        .map_err(|e| Error::corrupt(format!("version {uid} does not decode: {e}")))?;
+    if o.key != key {
+        return Err(Error::invalid(format!(
+            "version {uid} belongs to key {}, not {}",
+            crate::fobject::show_key(&o.key),
+            crate::fobject::show_key(key)
+        )));
+    }
+    Ok(o)
+}
+
+/// [`Db::lca`] over any chunk store (a node's, or the chunks a node sent, see
+/// [`crate::evidence`]): the least common ancestor of two versions of `key` (the deepest version both
+/// derive from), or `None` when their histories are disjoint. Walks only down to the
+/// answer's depth, newest first, using each FObject's depth.
+pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
+    const A: u8 = 1;
+    const B: u8 = 2;
+    let mut flags: HashMap<Uid, u8> = HashMap::new();
+    let mut heap = BinaryHeap::new();
+    let mut cache: HashMap<Uid, FObject> = HashMap::new();
+    for (u, f) in [(*a, A), (*b, B)] {
+        let o = load_version(chunks, key, &u)?;
+        *flags.entry(u).or_default() |= f;
+        heap.push((o.depth, u));
+        cache.insert(u, o);
+    }
+    let mut done = HashSet::new();
+    while let Some((_, uid)) = heap.pop() {
+        if !done.insert(uid) {
+            continue;
+        }
+        let f = flags.get(&uid).copied().unwrap_or(0);
+        if f == A | B {
+            return Ok(Some(uid));
+        }
+        let o = match cache.remove(&uid) {
+            Some(o) => o,
+            None => load_version(chunks, key, &uid)?,
+        };
+        for base in &o.bases {
+            let entry = flags.entry(*base).or_default();
+            let before = *entry;
+            *entry |= f;
+            if before == 0 {
+                let bo = load_version(chunks, key, base)?;
+                if bo.depth >= o.depth {
+                    return Err(Error::corrupt(format!(
+                        "version {uid} has depth {} but its base {base} has depth {}",
+                        o.depth, bo.depth
+                    )));
+                }
+                heap.push((bo.depth, *base));
+                cache.insert(*base, bo);
+            } else if done.contains(base) && *entry != before {
+                return Err(Error::corrupt(format!(
+                    "history of version {uid} is not ordered by depth"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// [`Db::diff_values`] over any chunk store.
+pub fn diff_values_in(chunks: &dyn ChunkStore, a: &Value, b: &Value) -> Result<Diff> {
+    if a.value_type() != b.value_type() {
+        return Err(Error::TypeMismatch(format!(
+            "cannot diff a {} with a {}",
+            a.value_type(),
+            b.value_type()
+        )));
+    }
+    if a == b {
+        return Ok(Diff::Same);
+    }
+    Ok(match (a, b) {
+        (Value::Tree(ta), Value::Tree(tb)) => match a.value_type() {
+            ValueType::Map | ValueType::Set => Diff::Sorted(postree::diff_sorted(chunks, ta, tb)?),
+            _ => Diff::Seq(postree::diff_seq(chunks, ta, tb)?),
+        },
+        _ => Diff::Primitive(a.clone(), b.clone()),
+    })
+}
+
+/// [`Db::diff_values_page`] over any chunk store (a node's, or the chunks a node sent, see
+/// [`crate::evidence`]).
+pub fn diff_page_in(
+    chunks: &dyn ChunkStore,
+    a: &Value,
+    b: &Value,
+    after: Option<&DiffCursor>,
+    limit: usize,
+) -> Result<(Diff, Option<DiffCursor>)> {
+    if limit == 0 {
+        return Err(Error::invalid("a diff page holds at least one change"));
+    }
+    if a.value_type() != b.value_type() {
+        return Err(Error::TypeMismatch(format!(
+            "cannot diff a {} with a {}",
+            a.value_type(),
+            b.value_type()
+        )));
+    }
+    let wrong = |c: &DiffCursor| {
+        Err(Error::invalid(format!(
+            "diff cursor {} does not go with a {} diff",
+            c.token(),
+            a.value_type()
+        )))
+    };
+    let (Value::Tree(ta), Value::Tree(tb)) = (a, b) else {
+        if let Some(c) = after {
+            return wrong(c);
+        }
+        return Ok((diff_values_in(chunks, a, b)?, None));
+    };
+    if a == b {
+        return Ok((Diff::Same, None));
+    }
+    if matches!(a.value_type(), ValueType::Map | ValueType::Set) {
+        let from = match after {
+            None => None,
+            Some(DiffCursor::AfterKey(k)) => Some(&k[..]),
+            Some(c) => return wrong(c),
+        };
+        let (out, more): (Vec<KeyChange>, bool) = postree::collect_changes(limit, |each| {
+            postree::diff_sorted_each(chunks, ta, tb, from, each)
+        })?;
+        let next = more
+            .then(|| out.last().map(|c| DiffCursor::AfterKey(c.key.clone())))
+            .flatten();
+        return Ok((Diff::Sorted(out), next));
+    }
+    let from = match after {
+        None => None,
+        Some(DiffCursor::AfterRegion { a, b }) => Some((*a, *b)),
+        Some(c) => return wrong(c),
+    };
+    let (out, more): (Vec<SeqChange>, bool) = postree::collect_changes(limit, |each| {
+        postree::diff_seq_each(chunks, ta, tb, from, each)
+    })?;
+    let next = more
+        .then(|| {
+            out.last().map(|c| DiffCursor::AfterRegion {
+                a: c.a_end,
+                b: c.b_end,
+            })
+        })
+        .flatten();
+    Ok((Diff::Seq(out), next))
 }

@@ -3,7 +3,7 @@
 //! This crate owns versioned objects: chunk framing ([`chunk`]), the Pattern-Oriented-Split
 //! tree that stores Blob, List, Map and Set values ([`postree`]), value types and type
 //! operations ([`value`]), FObjects and uids ([`fobject`]), verified streams of versions
-//! ([`stream`]), branch tables ([`branch`]), and the [`Db`] that implements every ForkBase
+//! ([`stream`]) and checkable answers to history queries ([`evidence`]), branch tables ([`branch`]), and the [`Db`] that implements every ForkBase
 //! API of Table 1: Get, Put (guarded), Merge with resolvers ([`merge`]), ListKeys,
 //! ListTaggedBranches, ListUntaggedBranches, Fork, Rename, Remove, Track, LCA and Diff
 //! ([`history`]), plus verification ([`verify`]) and garbage collection ([`gc`]).
@@ -11,6 +11,7 @@
 pub mod branch;
 pub mod chunk;
 pub mod db;
+pub mod evidence;
 pub mod fobject;
 pub mod gc;
 pub mod history;

@@ -78,7 +78,7 @@ pub fn send_version(
             None => crate::postree::load_chunk(store, &cid)?,
         };
         check.accept(&chunk)?;
-        emit(chunk, out)?;
+        write_frame(chunk, out)?;
     }
     Ok(())
 }
@@ -86,11 +86,11 @@ pub fn send_version(
 /// Writes the first frame of the verified stream of `object` alone: its Meta chunk (a
 /// receiver that wants the version without its content).
 pub fn send_meta(object: &FObject, out: &mut dyn FnMut(Bytes) -> io::Result<()>) -> Result<()> {
-    emit(Bytes::from(object.to_chunk()), out)
+    write_frame(Bytes::from(object.to_chunk()), out)
 }
 
 /// Writes one frame: the chunk's length, then the chunk.
-fn emit(chunk: Bytes, out: &mut dyn FnMut(Bytes) -> io::Result<()>) -> Result<()> {
+pub fn write_frame(chunk: Bytes, out: &mut dyn FnMut(Bytes) -> io::Result<()>) -> Result<()> {
     let send_err = |e: io::Error| Error::io("sending a version stream", e);
     let len = u32::try_from(chunk.len())
         .map_err(|_| Error::invalid("a chunk too large for a version stream"))?;

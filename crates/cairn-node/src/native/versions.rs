@@ -216,6 +216,53 @@ fn log_entries(
 struct PairQuery {
     a: String,
     b: String,
+    /// Answer with the chunks the query reads instead of JSON (see [`chunks_answer`]).
+    #[serde(default)]
+    chunks: bool,
+}
+
+/// Content type of an answer made of the chunks a query read, framed as a version stream
+/// (`cairn_object::evidence`): the client re-runs the query over them.
+pub const CHUNKS_TYPE: &str = "application/vnd.cairn.chunks";
+
+/// The uids a query answered with chunks was run on (`BRANCH_OR_UID` resolved by the node).
+const A_HEADER: HeaderName = HeaderName::from_static("x-cairn-a");
+/// See [`A_HEADER`].
+const B_HEADER: HeaderName = HeaderName::from_static("x-cairn-b");
+/// The page size a diff answered with chunks was computed with (at most the `limit` asked,
+/// less when a page of that many changes reads more than
+/// `cairn_object::evidence::EVIDENCE_BUDGET`).
+const LIMIT_HEADER: HeaderName = HeaderName::from_static("x-cairn-limit");
+
+/// An answer carrying `chunks` as frames of a version stream, sent from memory (at most
+/// `EVIDENCE_BUDGET` bytes), with the uids the query ran on and any further headers.
+fn chunks_answer(
+    node: Arc<Node>,
+    permit: crate::node::Transfer,
+    a: &Uid,
+    b: &Uid,
+    more: Option<(HeaderName, HeaderValue)>,
+    chunks: Vec<bytes::Bytes>,
+) -> ApiResult<Response> {
+    let uid_value = |u: &Uid| {
+        HeaderValue::from_str(&u.to_string())
+            .map_err(|e| ApiError::from(Error::invalid(format!("uid header: {e}"))))
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CHUNKS_TYPE));
+    headers.insert(A_HEADER, uid_value(a)?);
+    headers.insert(B_HEADER, uid_value(b)?);
+    if let Some((n, v)) = more {
+        headers.insert(n, v);
+    }
+    let body = body::produce(node, permit, move |w| {
+        let mut out = |piece| w.write_shared(piece);
+        for c in chunks {
+            cairn_object::stream::write_frame(c, &mut out)?;
+        }
+        Ok(())
+    });
+    Ok((headers, body).into_response())
 }
 
 fn value_json(v: &Value) -> J {
@@ -238,6 +285,9 @@ struct DiffQuery {
     b: String,
     after: Option<String>,
     limit: Option<usize>,
+    /// Answer with the chunks the page reads instead of JSON (see [`chunks_answer`]).
+    #[serde(default)]
+    chunks: bool,
 }
 
 /// `GET /v1/buckets/{bucket}/diff/{key}?a=&b=&after=&limit=`: what differs between two
@@ -259,6 +309,26 @@ pub async fn diff(
     let after = q.after.as_deref().map(DiffCursor::parse).transpose()?;
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
+    if q.chunks {
+        let (ua, ub, sent, used) = blocking(move || {
+            let db = b.db();
+            let ua = db.resolve(key.as_bytes(), &At::parse(&q.a))?;
+            let ub = db.resolve(key.as_bytes(), &At::parse(&q.b))?;
+            let (sent, used) = cairn_object::evidence::diff_page_evidence(
+                db.chunks(),
+                key.as_bytes(),
+                &ua,
+                &ub,
+                after.as_ref(),
+                limit,
+                cairn_object::evidence::EVIDENCE_BUDGET,
+            )?;
+            Ok((ua, ub, sent, used))
+        })
+        .await?;
+        let used = (LIMIT_HEADER, HeaderValue::from(used));
+        return chunks_answer(node, permit, &ua, &ub, Some(used), sent);
+    }
     let answer = blocking(move || {
         let db = b.db();
         let va = db.get(key.as_bytes(), &At::parse(&q.a))?;
@@ -303,16 +373,35 @@ pub async fn diff(
     Ok(body::json_response(node, permit, answer))
 }
 
-/// `GET /v1/buckets/{bucket}/lca/{key}?a=&b=`: the least common ancestor of two versions
-/// (`null` when their histories are disjoint).
+/// `GET /v1/buckets/{bucket}/lca/{key}?a=&b=&chunks=`: the least common ancestor of two
+/// versions (`null` when their histories are disjoint); with `chunks=true`, the Meta chunks
+/// the search read instead, for the client to search them itself.
 pub async fn lca(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
-) -> ApiResult<Json<J>> {
+) -> ApiResult<Response> {
     let q: PairQuery = query(&uri)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
-    blocking(move || {
+    if q.chunks {
+        let permit = body::transfer_permit(&node)?;
+        let (ua, ub, sent) = blocking(move || {
+            let db = b.db();
+            let ua = db.resolve(key.as_bytes(), &At::parse(&q.a))?;
+            let ub = db.resolve(key.as_bytes(), &At::parse(&q.b))?;
+            let sent = cairn_object::evidence::lca_evidence(
+                db.chunks(),
+                key.as_bytes(),
+                &ua,
+                &ub,
+                cairn_object::evidence::EVIDENCE_BUDGET,
+            )?;
+            Ok((ua, ub, sent))
+        })
+        .await?;
+        return chunks_answer(node, permit, &ua, &ub, None, sent);
+    }
+    let answer = blocking(move || {
         let db = b.db();
         let ua = db.get(key.as_bytes(), &At::parse(&q.a))?.uid;
         let ub = db.get(key.as_bytes(), &At::parse(&q.b))?.uid;
@@ -323,7 +412,8 @@ pub async fn lca(
             "lca": l.map(|u| u.to_string()),
         })))
     })
-    .await
+    .await?;
+    Ok(answer.into_response())
 }
 
 /// A transfer held by a control mutation until it is done.
