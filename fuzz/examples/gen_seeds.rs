@@ -113,6 +113,16 @@ fn branch_seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
+/// Replaces the first occurrence of `cid` in `bytes` by a placeholder naming chunk `index`.
+fn put_placeholder(bytes: &mut [u8], cid: &Cid, index: usize) {
+    let mut ph = [0u8; CID_LEN];
+    ph[..PLACEHOLDER.len()].copy_from_slice(&PLACEHOLDER);
+    ph[PLACEHOLDER.len()] = index as u8;
+    let kb = cid.to_bytes();
+    let p = bytes.windows(CID_LEN).position(|w| w == kb).unwrap();
+    bytes[p..p + CID_LEN].copy_from_slice(&ph);
+}
+
 /// Serialises tree `t` in the `postree_node` input format: chunks in topological order
 /// (root first), child cids replaced by placeholders.
 fn tree_input(store: &MemoryStore, t: &TreeRef, a: u64, b: u64, key: &[u8]) -> Vec<u8> {
@@ -136,12 +146,7 @@ fn tree_input(store: &MemoryStore, t: &TreeRef, a: u64, b: u64, key: &[u8]) -> V
         .map(|c| {
             let mut bytes = store.get(c).unwrap().unwrap().to_vec();
             for k in postree::child_cids(&bytes.clone()).unwrap() {
-                let mut ph = [0u8; CID_LEN];
-                ph[..PLACEHOLDER.len()].copy_from_slice(&PLACEHOLDER);
-                ph[PLACEHOLDER.len()] = index[&k] as u8;
-                let kb = k.to_bytes();
-                let p = bytes.windows(CID_LEN).position(|w| w == kb).unwrap();
-                bytes[p..p + CID_LEN].copy_from_slice(&ph);
+                put_placeholder(&mut bytes, &k, index[&k]);
             }
             bytes
         })
@@ -458,12 +463,7 @@ fn evidence_input(
             let mut bytes = by_cid[c].to_vec();
             for k in refs(by_cid[c]) {
                 assert!(index[&k] > i, "a reference to an earlier chunk");
-                let mut ph = [0u8; CID_LEN];
-                ph[..PLACEHOLDER.len()].copy_from_slice(&PLACEHOLDER);
-                ph[PLACEHOLDER.len()] = index[&k] as u8;
-                let kb = k.to_bytes();
-                let p = bytes.windows(CID_LEN).position(|w| w == kb).unwrap();
-                bytes[p..p + CID_LEN].copy_from_slice(&ph);
+                put_placeholder(&mut bytes, &k, index[&k]);
             }
             bytes
         })

@@ -312,37 +312,20 @@ mod tests {
     #[test]
     fn an_lca_checks_out_only_with_every_meta_chunk_it_walked() {
         let db = Db::new(Arc::new(MemoryStore::default()));
-        let s = |v: &str| NewValue::String(v.as_bytes().to_vec());
-        let root = db
-            .put(
-                b"k",
-                Target::Branch("master"),
-                s("0"),
-                &PutOptions::default(),
-            )
-            .unwrap();
+        let put = |branch: &str, v: &str| {
+            let v = NewValue::String(v.as_bytes().to_vec());
+            db.put(b"k", Target::Branch(branch), v, &PutOptions::default())
+                .unwrap()
+        };
+        let root = put("master", "0");
         let mut main = root;
         for i in 0..20 {
-            main = db
-                .put(
-                    b"k",
-                    Target::Branch("master"),
-                    s(&format!("m{i}")),
-                    &PutOptions::default(),
-                )
-                .unwrap();
+            main = put("master", &format!("m{i}"));
         }
         db.fork(b"k", &At::Uid(root), "side").unwrap();
         let mut side = root;
         for i in 0..5 {
-            side = db
-                .put(
-                    b"k",
-                    Target::Branch("side"),
-                    s(&format!("s{i}")),
-                    &PutOptions::default(),
-                )
-                .unwrap();
+            side = put("side", &format!("s{i}"));
         }
         let sent = lca_evidence(db.chunks(), b"k", &main, &side, 1 << 30).unwrap();
         let client = replay(&sent, db.algo());
@@ -354,13 +337,9 @@ mod tests {
             assert!(check_lca(&client, b"k", &main, &side).is_err());
         }
         // Disjoint histories (another key's version cannot stand in).
+        let x = NewValue::String(b"x".to_vec());
         let other = db
-            .put(
-                b"j",
-                Target::Branch("master"),
-                s("x"),
-                &PutOptions::default(),
-            )
+            .put(b"j", Target::Branch("master"), x, &PutOptions::default())
             .unwrap();
         assert!(lca_evidence(db.chunks(), b"k", &main, &other, 1 << 30).is_err());
     }
