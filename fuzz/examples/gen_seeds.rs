@@ -531,7 +531,12 @@ fn evidence_seeds() -> Vec<Vec<u8>> {
     for i in 0..3 {
         side = put(b"h", "side", s(&format!("s{i}")));
     }
-    let sent = lca_evidence(db.chunks(), b"h", &main, &side, 1 << 30).unwrap();
+    let mut sent = Vec::new();
+    lca_evidence(db.chunks(), b"h", &main, &side, |c| {
+        sent.push(c);
+        Ok(())
+    })
+    .unwrap();
     seeds.push(evidence_input(&sent, main, side, true, 1, b"h"));
     for seed in &seeds {
         assert!(

@@ -38,7 +38,8 @@ use cairn_capsule::{CapsuleMetadata, CapsuleName, VersionProof};
 use cairn_core::{Error, SigningKey};
 use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
 use cairn_node::native::values::json_bytes;
-use cairn_object::evidence::EVIDENCE_BUDGET;
+use cairn_node::native::versions::CHUNKS_TYPE;
+use cairn_object::evidence;
 use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, DiffCursor, Uid, ValueType};
 use cairn_store::{ChunkStore, MemoryStore};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -141,9 +142,10 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
                 ("chunks", "true".into()),
             ];
             let sent = c.chunks_answer(c.url("lca", Some(&key), &q)?, &a, &b)?;
-            // The search runs here, over the versions' Meta chunks, each hashed.
-            match cairn_object::evidence::check_lca(&sent.chunks, key.as_bytes(), &sent.a, &sent.b)?
-            {
+            // The search runs here, over the versions' Meta chunks, each hashed as it
+            // arrives (nothing of the history is held).
+            let chunks = cairn_object::evidence::StreamedChunks::new(sent.body, sent.a.algo());
+            match cairn_object::evidence::check_lca(&chunks, key.as_bytes(), &sent.a, &sent.b)? {
                 Some(u) => writeln!(out, "{u}")?,
                 None => bail!(Error::not_found(
                     "common ancestor (the histories are disjoint)"
@@ -1070,9 +1072,13 @@ impl Client {
 
     /// Prints the diff a page at a time. Each page is computed here from the chunks the
     /// node sends (the two versions' Meta chunks and the POS-tree nodes the page reads,
-    /// each hashed), so a node can refuse a diff but not change one.
+    /// each hashed), so a node can refuse a diff but not change one. Pages after the first
+    /// name the uids the first one was computed on, so a branch that moves meanwhile does
+    /// not mix two diffs. A failure on a later page leaves the earlier (checked) pages
+    /// printed.
     fn diff(&self, key: &str, a: String, b: String, out: &mut impl Write) -> Result<()> {
         const PAGE: usize = 10_000;
+        let (mut a, mut b) = (a, b);
         let mut after: Option<DiffCursor> = None;
         loop {
             let mut q = vec![
@@ -1092,11 +1098,13 @@ impl Client {
                      {PAGE})"
                 ))),
             };
+            let (ua, ub) = (sent.a, sent.b);
+            let chunks = read_diff_chunks(sent.body, &ua, &ub)?;
             let (d, next) = cairn_object::evidence::check_diff_page(
-                &sent.chunks,
+                &chunks,
                 key.as_bytes(),
-                &sent.a,
-                &sent.b,
+                &ua,
+                &ub,
                 after.as_ref(),
                 limit,
             )?;
@@ -1105,13 +1113,14 @@ impl Client {
                 Some(c) => after = Some(c),
                 None => return Ok(()),
             }
+            (a, b) = (ua.to_string(), ub.to_string());
         }
     }
 
-    /// Reads an answer made of the chunks a query read (`chunks=true`): each chunk is
-    /// stored under its own hash, at most [`EVIDENCE_BUDGET`] bytes in all. The uids the
-    /// node ran the query on must be `a` and `b` where these name uids (a branch name is
-    /// the node's word, as for `get --branch`).
+    /// Sends a query answered with the chunks it read (`chunks=true`) and checks the
+    /// answer's head: its content type, and the uids the node ran the query on, which must
+    /// be `a` and `b` where these name uids (a branch name is the node's word, as for
+    /// `get --branch`). The body is left to read.
     fn chunks_answer(&self, url: Url, a: &str, b: &str) -> Result<SentChunks> {
         let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
         let header = |name: &str| -> Result<Option<String>> {
@@ -1126,6 +1135,14 @@ impl Client {
                 })
                 .transpose()
         };
+        if header("content-type")?.as_deref() != Some(CHUNKS_TYPE) {
+            bail!(Error::Rejected(format!(
+                "node {} did not answer with the chunks of the query (content type {:?}, \
+                 not {CHUNKS_TYPE}); a node older than this client cannot be checked",
+                self.base,
+                header("content-type")?.unwrap_or_default()
+            )));
+        }
         let uid = |name: &str, asked: &str| -> Result<Uid> {
             let v = header(name)?.ok_or_else(|| {
                 Error::Rejected(format!("the node's answer has no {name} header"))
@@ -1144,23 +1161,11 @@ impl Client {
         };
         let (ua, ub) = (uid("x-cairn-a", a)?, uid("x-cairn-b", b)?);
         let limit = header("x-cairn-limit")?.and_then(|v| v.parse::<usize>().ok());
-        let chunks = MemoryStore::with_algo(ua.algo());
-        let mut frames = cairn_object::stream::FrameReader::new(resp);
-        let mut bytes = 0u64;
-        while let Some(c) = frames.next_chunk()? {
-            bytes += c.len() as u64;
-            if bytes > EVIDENCE_BUDGET {
-                bail!(Error::Rejected(format!(
-                    "the node sent more than {EVIDENCE_BUDGET} bytes of chunks"
-                )));
-            }
-            chunks.put(&c)?;
-        }
         Ok(SentChunks {
             a: ua,
             b: ub,
             limit,
-            chunks,
+            body: resp,
         })
     }
 
@@ -1314,7 +1319,7 @@ impl Client {
     }
 }
 
-/// An answer made of the chunks a query read ([`Client::chunks_answer`]).
+/// The head of an answer made of the chunks a query read ([`Client::chunks_answer`]).
 struct SentChunks {
     /// The uid the node ran the query on as `a`.
     a: Uid,
@@ -1322,8 +1327,35 @@ struct SentChunks {
     b: Uid,
     /// The page size the node used (diffs).
     limit: Option<usize>,
-    /// The chunks, each stored under its own hash.
-    chunks: MemoryStore,
+    /// The chunks, framed, still to read.
+    body: Response,
+}
+
+/// Reads the chunks of a diff page, each stored under its own hash: the Meta chunks of
+/// `a` and `b` (one when they are the same version), each at most
+/// [`evidence::MAX_META_FRAME`] bytes, then at most [`evidence::EVIDENCE_BUDGET`] bytes of
+/// POS-tree nodes. Anything else is [`Error::Rejected`].
+fn read_diff_chunks(body: Response, a: &Uid, b: &Uid) -> Result<MemoryStore> {
+    let rejected = |e: cairn_core::Error| -> anyhow::Error {
+        Error::Rejected(format!("the node's diff chunks: {e}")).into()
+    };
+    let chunks = MemoryStore::with_algo(a.algo());
+    let metas = if a == b { 1 } else { 2 };
+    let mut frames = cairn_object::stream::FrameReader::with_limit(body, evidence::MAX_META_FRAME);
+    let mut n = 0usize;
+    let mut bytes = 0u64;
+    while let Some(c) = frames.next_chunk().map_err(rejected)? {
+        n += 1;
+        if n > metas {
+            bytes += c.len() as u64;
+        }
+        if n >= metas {
+            let left = evidence::EVIDENCE_BUDGET.saturating_sub(bytes);
+            frames.set_limit(usize::try_from(left).unwrap_or(usize::MAX));
+        }
+        chunks.put(&c).map_err(rejected)?;
+    }
+    Ok(chunks)
 }
 
 fn resolver_name(r: BuiltinResolver) -> &'static str {

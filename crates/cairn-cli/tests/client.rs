@@ -1191,7 +1191,7 @@ fn diff_and_lca_refuse_what_a_lying_node_sends() {
         let resp = reqwest::blocking::get(url).unwrap();
         assert!(resp.status().is_success());
         let mut headers = String::new();
-        for h in ["x-cairn-a", "x-cairn-b", "x-cairn-limit"] {
+        for h in ["content-type", "x-cairn-a", "x-cairn-b", "x-cairn-limit"] {
             if let Some(v) = resp.headers().get(h) {
                 headers.push_str(&format!("{h}: {}\r\n", v.to_str().unwrap()));
             }
@@ -1243,11 +1243,90 @@ fn diff_and_lca_refuse_what_a_lying_node_sends() {
             .collect();
         cases.push((format!("a page of {limit} changes"), h, honest.clone()));
     }
+    // A Meta chunk far larger than any version's, and a POS-tree node past the budget.
+    let mut huge = honest.clone();
+    huge[0] = vec![0u8; 40 << 20];
+    cases.push(("a 40 MiB Meta chunk".into(), headers.clone(), huge));
+    let mut padded = honest.clone();
+    padded.push(vec![1u8; 9 << 20]);
+    cases.push(("9 MiB more of chunks".into(), headers.clone(), padded));
+    cases.push((
+        "an answer that is not chunks".into(),
+        headers.replace("application/vnd.cairn.chunks", "application/json"),
+        honest.clone(),
+    ));
     let (other, other_headers) = fetch("diff", &v1, "side");
     cases.push(("the diff of other versions".into(), other_headers, other));
     for (what, h, body) in cases {
         check(&what, &diff_args, lying_node_with(h, join(&body)), None);
     }
+
+    // Large inline values: a diff of two 5 MiB strings, and an LCA whose walk reads 12 MiB
+    // of Meta chunks (the search streams them; neither side holds the history).
+    let big = |seed: u64, n: usize| {
+        let path = p(&format!("big{seed}"));
+        let text: Vec<u8> = pseudo_random(n, seed)
+            .iter()
+            .map(|b| b'a' + b % 26)
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let s1 = u.ok(
+        srv,
+        &[
+            "put",
+            "s",
+            "--type",
+            "string",
+            "--file",
+            big(1, 5 << 20).to_str().unwrap(),
+        ],
+    );
+    let s2 = u.ok(
+        srv,
+        &[
+            "put",
+            "s",
+            "--type",
+            "string",
+            "--file",
+            big(2, 5 << 20).to_str().unwrap(),
+        ],
+    );
+    let local_style = u.ok(srv, &["diff", "s", s1.trim(), s2.trim()]);
+    assert!(local_style.starts_with("- ") && local_style.contains("\n+ "));
+    let first = u.ok(
+        srv,
+        &[
+            "put",
+            "h",
+            "--type",
+            "string",
+            "--file",
+            big(3, 300 << 10).to_str().unwrap(),
+        ],
+    );
+    u.ok(srv, &["fork", "h", "--from", first.trim(), "--to", "other"]);
+    u.ok(srv, &["put", "h", "--value", "x", "--branch", "other"]);
+    for i in 0..40 {
+        let f = big(10 + i, 300 << 10);
+        u.ok(
+            srv,
+            &[
+                "put",
+                "h",
+                "--type",
+                "string",
+                "--file",
+                f.to_str().unwrap(),
+            ],
+        );
+    }
+    assert_eq!(
+        u.ok(srv, &["lca", "h", "master", "other"]).trim(),
+        first.trim()
+    );
 
     let lca_args = ["lca", "k", v2.as_str(), "side"];
     let (honest, headers) = fetch("lca", &v2, "side");

@@ -1,82 +1,131 @@
 //! Checkable answers to history queries (ForkBase's Diff and LCA, Table 1 M16 and M17) for
 //! a client that trusts nothing but uids.
 //!
-//! A node runs the query over a [`RecordingChunks`] view of its store, which keeps every
+//! A node runs the query over a [`RecordingChunks`] view of its store, which notes every
 //! chunk the query reads, and sends those chunks as frames of a verified stream (see
-//! [`crate::stream`]). The client stores each chunk under its own hash (any
-//! [`ChunkStore`], such as `cairn_store::MemoryStore`) and runs the same query, with the
-//! same arguments, over them: [`check_diff_page`], [`check_lca`]. Every chunk the query
-//! reaches is the one its parent (or the uid) names, so the answer is the true answer for
-//! those versions; a chunk left out makes the query fail instead of changing its answer.
-//! What a node is still trusted for is only which uid a branch name stands for.
+//! [`crate::stream`]). The client runs the same query, with the same arguments, over
+//! chunks it accepts only under their own hash: [`check_diff_page`] over the chunks of a
+//! diff page stored in any [`ChunkStore`] (such as `cairn_store::MemoryStore`),
+//! [`check_lca`] over them or straight from the stream ([`StreamedChunks`]). Every chunk
+//! the query reaches is the one its parent (or the uid) names, so the answer is the true
+//! answer for those versions; a chunk left out makes the query fail instead of changing
+//! its answer. What a node is still trusted for is only which uid a branch name stands
+//! for.
+//!
+//! A diff page is built in memory: the versions' Meta chunks, then at most
+//! [`EVIDENCE_BUDGET`] bytes of POS-tree nodes (a page that reads more is cut to fewer
+//! changes). An LCA streams: each Meta chunk is sent as the search reads it and the client
+//! searches as the chunks arrive, so neither side holds the history.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
 
 use bytes::Bytes;
 use cairn_core::{Error, HashAlgo, Result};
 use cairn_store::{ChunkStore, Cid, StoreStats};
 use parking_lot::Mutex;
 
+use crate::db::MAX_INLINE_BYTES;
 use crate::fobject::Uid;
-use crate::history::{Diff, DiffCursor, diff_page_in, lca_in, load_version};
+use crate::history::{Diff, DiffCursor, diff_page_in, lca_in, load_version, load_version_chunk};
+use crate::stream::FrameReader;
 
-/// Most bytes of chunks one answer carries (8 MiB): the node builds an answer in memory
-/// before sending it, so this bounds what each transfer holds, as a streamed download's
-/// buffers are bounded, and the client's memory. A diff page that reads more is retried
-/// with fewer changes ([`diff_page_evidence`]).
+/// Most bytes of POS-tree nodes one diff page carries (8 MiB), besides the two versions'
+/// Meta chunks: the node builds the page in memory before sending it, so this bounds what
+/// each answer holds, as a streamed download's buffers are bounded, and the client's
+/// memory. A page that reads more is retried with fewer changes ([`diff_page_evidence`]).
 pub const EVIDENCE_BUDGET: u64 = 8 << 20;
 
-/// A read-only view of a chunk store that keeps every distinct chunk read through it, in
-/// the order first read, up to a byte budget (a read past it fails).
-pub struct RecordingChunks<'a> {
-    inner: &'a dyn ChunkStore,
-    budget: u64,
-    state: Mutex<Recorded>,
+/// Largest Meta chunk a client accepts in an answer: an inline value of at most
+/// [`MAX_INLINE_BYTES`] and room for the key, context and bases.
+pub const MAX_META_FRAME: usize = MAX_INLINE_BYTES + (1 << 20);
+
+/// Where a [`RecordingChunks`] puts what it notes.
+enum Sink<'a> {
+    /// Kept, up to a byte budget.
+    Keep {
+        budget: u64,
+        chunks: Vec<Bytes>,
+        bytes: u64,
+        over: bool,
+    },
+    /// Handed on at once.
+    Emit(Box<dyn FnMut(Bytes) -> Result<()> + Send + 'a>),
 }
 
-#[derive(Default)]
-struct Recorded {
-    seen: HashSet<Cid>,
-    chunks: Vec<Bytes>,
-    bytes: u64,
-    over: bool,
+/// A read-only view of a chunk store that notes every distinct chunk read through it, in
+/// the order first read: kept up to a byte budget (a read past it fails), or handed on
+/// as it is read.
+pub struct RecordingChunks<'a> {
+    inner: &'a dyn ChunkStore,
+    state: Mutex<(HashSet<Cid>, Sink<'a>)>,
 }
 
 impl<'a> RecordingChunks<'a> {
-    /// Records reads of `inner`, at most `budget` bytes of distinct chunks.
+    /// Keeps reads of `inner`, at most `budget` bytes of distinct chunks.
     pub fn new(inner: &'a dyn ChunkStore, budget: u64) -> Self {
+        let keep = Sink::Keep {
+            budget,
+            chunks: Vec::new(),
+            bytes: 0,
+            over: false,
+        };
         RecordingChunks {
             inner,
-            budget,
-            state: Mutex::new(Recorded::default()),
+            state: Mutex::new((HashSet::new(), keep)),
+        }
+    }
+
+    /// Hands each distinct chunk read from `inner` to `emit` as it is read (an error from
+    /// `emit` fails the read).
+    pub fn streaming(
+        inner: &'a dyn ChunkStore,
+        emit: impl FnMut(Bytes) -> Result<()> + Send + 'a,
+    ) -> Self {
+        RecordingChunks {
+            inner,
+            state: Mutex::new((HashSet::new(), Sink::Emit(Box::new(emit)))),
         }
     }
 
     /// True when a read went past the budget (and failed).
     pub fn over_budget(&self) -> bool {
-        self.state.lock().over
+        matches!(self.state.lock().1, Sink::Keep { over: true, .. })
     }
 
-    /// The chunks read, in the order first read.
+    /// The chunks kept, in the order first read (none when streaming).
     pub fn into_chunks(self) -> Vec<Bytes> {
-        self.state.into_inner().chunks
+        match self.state.into_inner().1 {
+            Sink::Keep { chunks, .. } => chunks,
+            Sink::Emit(_) => Vec::new(),
+        }
     }
 
     fn note(&self, cid: &Cid, chunk: &Bytes) -> Result<()> {
-        let mut s = self.state.lock();
-        if !s.seen.insert(*cid) {
+        let mut guard = self.state.lock();
+        let (seen, sink) = &mut *guard;
+        if !seen.insert(*cid) {
             return Ok(());
         }
-        s.bytes += chunk.len() as u64;
-        if s.bytes > self.budget {
-            s.over = true;
-            return Err(Error::invalid(format!(
-                "the query reads more than {} bytes of chunks",
-                self.budget
-            )));
+        match sink {
+            Sink::Keep {
+                budget,
+                chunks,
+                bytes,
+                over,
+            } => {
+                *bytes += chunk.len() as u64;
+                if *bytes > *budget {
+                    *over = true;
+                    return Err(Error::invalid(format!(
+                        "the query reads more than {budget} bytes of chunks"
+                    )));
+                }
+                chunks.push(chunk.clone());
+                Ok(())
+            }
+            Sink::Emit(emit) => emit(chunk.clone()),
         }
-        s.chunks.push(chunk.clone());
-        Ok(())
     }
 }
 
@@ -128,12 +177,96 @@ impl ChunkStore for RecordingChunks<'_> {
     }
 }
 
+/// Chunks read from a verified stream as a query asks for them: `get(cid)` reads frames
+/// until one hashes to `cid`. A query that reads its chunks in the order a node's run of
+/// the same query read them (and each once, as [`crate::history::lca_in`] does) finds
+/// each one next; frames that come early are kept, at most [`EVIDENCE_BUDGET`] bytes. A
+/// chunk is handed out once. The end of the stream, or a cut one, means missing chunks.
+pub struct StreamedChunks<R> {
+    algo: HashAlgo,
+    state: Mutex<Streamed<R>>,
+}
+
+struct Streamed<R> {
+    frames: FrameReader<R>,
+    early: HashMap<Cid, Bytes>,
+    early_bytes: u64,
+}
+
+impl<R: Read + Send> StreamedChunks<R> {
+    /// Chunks named with `algo`, read from `stream`, each frame at most [`MAX_META_FRAME`]
+    /// bytes.
+    pub fn new(stream: R, algo: HashAlgo) -> Self {
+        StreamedChunks {
+            algo,
+            state: Mutex::new(Streamed {
+                frames: FrameReader::with_limit(stream, MAX_META_FRAME),
+                early: HashMap::new(),
+                early_bytes: 0,
+            }),
+        }
+    }
+}
+
+impl<R: Read + Send> ChunkStore for StreamedChunks<R> {
+    fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    fn put_hashed(&self, _cid: Cid, _chunk: &[u8]) -> Result<bool> {
+        Err(Error::invalid("a streamed chunk source is read-only"))
+    }
+
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
+        let mut s = self.state.lock();
+        if let Some(c) = s.early.remove(cid) {
+            s.early_bytes -= c.len() as u64;
+            return Ok(Some(c));
+        }
+        while let Some(c) = s.frames.next_chunk()? {
+            let got = self.algo.digest(&c);
+            if got == *cid {
+                return Ok(Some(c));
+            }
+            s.early_bytes += c.len() as u64;
+            if s.early_bytes > EVIDENCE_BUDGET {
+                return Err(Error::Rejected(format!(
+                    "the stream sent more than {EVIDENCE_BUDGET} bytes of chunks before they \
+                     were needed"
+                )));
+            }
+            s.early.insert(got, c);
+        }
+        Ok(None)
+    }
+
+    fn has(&self, _cid: &Cid) -> Result<bool> {
+        Err(Error::invalid(
+            "a streamed chunk source hands chunks out, it does not answer has",
+        ))
+    }
+
+    fn cids(&self) -> Result<Vec<Cid>> {
+        Err(Error::invalid(
+            "a streamed chunk source does not list chunks",
+        ))
+    }
+
+    fn remove(&self, _cids: &[Cid]) -> Result<()> {
+        Err(Error::invalid("a streamed chunk source is read-only"))
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        Ok(StoreStats::default())
+    }
+}
+
 /// Node side of a diff page: runs [`crate::Db::diff_values_page`] between versions `a`
-/// and `b` of `key` over `chunks`, recording what it reads. Returns the chunks (the two
-/// Meta chunks first) and the page size used: `limit`, or less when a page of `limit`
-/// changes reads more than `budget` bytes (the client checks the page at that size, and
-/// the cursor of its last change goes on from there). A single change that reads more
-/// than `budget` is [`Error::InvalidInput`].
+/// and `b` of `key` over `chunks`, recording what it reads. Returns the chunks (the Meta
+/// chunks of `a` and, when it differs, `b` first) and the page size used: `limit`, or less
+/// when a page of `limit` changes reads more than `budget` bytes of POS-tree nodes (the
+/// client checks the page at that size, and the cursor of its last change goes on from
+/// there). A single change that reads more than `budget` is [`Error::InvalidInput`].
 pub fn diff_page_evidence(
     chunks: &dyn ChunkStore,
     key: &[u8],
@@ -143,17 +276,29 @@ pub fn diff_page_evidence(
     limit: usize,
     budget: u64,
 ) -> Result<(Vec<Bytes>, usize)> {
+    let (meta_a, va) = load_version_chunk(chunks, key, a)?;
+    let (meta_b, vb) = load_version_chunk(chunks, key, b)?;
+    let mut metas = vec![meta_a];
+    if a != b {
+        metas.push(meta_b);
+    }
     let mut limit = limit;
     loop {
         let rec = RecordingChunks::new(chunks, budget);
-        let run = || -> Result<()> {
-            let va = load_version(&rec, key, a)?;
-            let vb = load_version(&rec, key, b)?;
-            diff_page_in(&rec, &va.value, &vb.value, after, limit).map(|_| ())
-        };
-        match run() {
-            Ok(()) => return Ok((rec.into_chunks(), limit)),
+        match diff_page_in(&rec, &va.value, &vb.value, after, limit) {
+            Ok(_) => {
+                metas.extend(rec.into_chunks());
+                return Ok((metas, limit));
+            }
             Err(_) if rec.over_budget() && limit > 1 => limit = (limit / 4).max(1),
+            Err(_) if rec.over_budget() => {
+                return Err(Error::invalid(format!(
+                    "one change of this diff reads more than {} MiB of POS-tree nodes, more \
+                     than a node sends for checking (read the two versions with get and \
+                     compare them)",
+                    budget >> 20
+                )));
+            }
             Err(e) => return Err(e),
         }
     }
@@ -179,22 +324,22 @@ pub fn check_diff_page(
     run().map_err(|e| Error::Rejected(format!("the chunks sent do not give the diff: {e}")))
 }
 
-/// Node side of an LCA: runs [`crate::Db::lca`] over `chunks`, recording the Meta chunks
-/// it reads (`a`'s and `b`'s first).
+/// Node side of an LCA: runs [`crate::Db::lca`] over `chunks`, handing each Meta chunk it
+/// reads (`a`'s and `b`'s first, each once) to `emit` as it is read.
 pub fn lca_evidence(
     chunks: &dyn ChunkStore,
     key: &[u8],
     a: &Uid,
     b: &Uid,
-    budget: u64,
-) -> Result<Vec<Bytes>> {
-    let rec = RecordingChunks::new(chunks, budget);
-    lca_in(&rec, key, a, b)?;
-    Ok(rec.into_chunks())
+    emit: impl FnMut(Bytes) -> Result<()> + Send,
+) -> Result<()> {
+    let rec = RecordingChunks::streaming(chunks, emit);
+    lca_in(&rec, key, a, b).map(|_| ())
 }
 
 /// Client side of an LCA: the least common ancestor of versions `a` and `b` of `key`,
-/// computed from `chunks`. `None` (disjoint histories) only when every ancestor of both was
+/// computed from `chunks` (a store of chunks each under its own hash, or a
+/// [`StreamedChunks`]). `None` (disjoint histories) only when every ancestor of both was
 /// sent; any failure is [`Error::Rejected`].
 pub fn check_lca(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
     lca_in(chunks, key, a, b).map_err(|e| {
@@ -220,6 +365,15 @@ mod tests {
             m.put(c).unwrap();
         }
         m
+    }
+
+    fn lca_chunks(db: &Db, a: &Uid, b: &Uid) -> Result<Vec<Bytes>> {
+        let mut sent = Vec::new();
+        lca_evidence(db.chunks(), b"k", a, b, |c| {
+            sent.push(c);
+            Ok(())
+        })?;
+        Ok(sent)
     }
 
     fn map(entries: impl IntoIterator<Item = (String, String)>) -> NewValue {
@@ -295,11 +449,39 @@ mod tests {
                 }
             }
         }
+        // Pages of any sizes, one after the other, make up the whole diff.
+        let whole = match db.diff_values(&va.object.value, &vb.object.value).unwrap() {
+            Diff::Sorted(cs) => cs,
+            d => panic!("{d:?}"),
+        };
+        for sizes in [[1usize, 3, 2], [2, 1, 5], [4, 4, 1]] {
+            let (mut got, mut after, mut i) = (Vec::new(), None, 0);
+            loop {
+                let limit = sizes[i % sizes.len()];
+                i += 1;
+                let (sent, used) =
+                    diff_page_evidence(db.chunks(), b"m", &a, &b, after.as_ref(), limit, 1 << 30)
+                        .unwrap();
+                let client = replay(&sent, db.algo());
+                let (page, next) =
+                    check_diff_page(&client, b"m", &a, &b, after.as_ref(), used).unwrap();
+                match page {
+                    Diff::Sorted(cs) => got.extend(cs),
+                    d => panic!("{d:?}"),
+                }
+                match next {
+                    Some(c) => after = Some(c),
+                    None => break,
+                }
+            }
+            assert_eq!(got, whole, "pages of sizes {sizes:?}");
+        }
         // Over budget, the node sends a smaller page that still checks out.
         let bytes = |limit| -> u64 {
             let (sent, _) =
                 diff_page_evidence(db.chunks(), b"m", &a, &b, None, limit, 1 << 30).unwrap();
-            sent.iter().map(|c| c.len() as u64).sum()
+            // POS-tree nodes only: the budget does not count the two Meta chunks.
+            sent.iter().skip(2).map(|c| c.len() as u64).sum()
         };
         let (one, all) = (bytes(1), bytes(100));
         assert!(one < all, "{one} {all}");
@@ -327,7 +509,7 @@ mod tests {
         for i in 0..5 {
             side = put("side", &format!("s{i}"));
         }
-        let sent = lca_evidence(db.chunks(), b"k", &main, &side, 1 << 30).unwrap();
+        let sent = lca_chunks(&db, &main, &side).unwrap();
         let client = replay(&sent, db.algo());
         assert_eq!(check_lca(&client, b"k", &main, &side).unwrap(), Some(root));
         for skip in 0..sent.len() {
@@ -336,11 +518,59 @@ mod tests {
             let client = replay(&fewer, db.algo());
             assert!(check_lca(&client, b"k", &main, &side).is_err());
         }
+        // Straight from the stream, each chunk hashed as the search asks for it.
+        let framed = |chunks: &[Bytes]| -> Vec<u8> {
+            let mut out = Vec::new();
+            for c in chunks {
+                crate::stream::write_frame(c.clone(), &mut |p| {
+                    out.extend_from_slice(&p);
+                    Ok(())
+                })
+                .unwrap();
+            }
+            out
+        };
+        let streamed =
+            |chunks: &[Bytes]| StreamedChunks::new(std::io::Cursor::new(framed(chunks)), db.algo());
+        assert_eq!(
+            check_lca(&streamed(&sent), b"k", &main, &side).unwrap(),
+            Some(root)
+        );
+        let mut reordered = sent.clone();
+        reordered.swap(3, 5);
+        assert_eq!(
+            check_lca(&streamed(&reordered), b"k", &main, &side).unwrap(),
+            Some(root),
+            "chunks sent early are kept until asked for"
+        );
+        for skip in 0..sent.len() {
+            let mut fewer = sent.clone();
+            fewer.remove(skip);
+            let e = check_lca(&streamed(&fewer), b"k", &main, &side).unwrap_err();
+            assert!(matches!(e, Error::Rejected(_)), "{e}");
+        }
+        let mut cut = framed(&sent);
+        cut.truncate(cut.len() - 3);
+        let e = check_lca(
+            &StreamedChunks::new(std::io::Cursor::new(cut), db.algo()),
+            b"k",
+            &main,
+            &side,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Rejected(_)), "{e}");
+        // A version and itself: its own LCA, from its one Meta chunk.
+        let one = lca_chunks(&db, &main, &main).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            check_lca(&streamed(&one), b"k", &main, &main).unwrap(),
+            Some(main)
+        );
         // Disjoint histories (another key's version cannot stand in).
         let x = NewValue::String(b"x".to_vec());
         let other = db
             .put(b"j", Target::Branch("master"), x, &PutOptions::default())
             .unwrap();
-        assert!(lca_evidence(db.chunks(), b"k", &main, &other, 1 << 30).is_err());
+        assert!(lca_chunks(&db, &main, &other).is_err());
     }
 }

@@ -196,6 +196,15 @@ impl Db {
 /// Loads version `uid` from `chunks` (verified against the uid by the store) and checks it
 /// belongs to `key`.
 pub fn load_version(chunks: &dyn ChunkStore, key: &[u8], uid: &Uid) -> Result<FObject> {
+    load_version_chunk(chunks, key, uid).map(|(_, o)| o)
+}
+
+/// [`load_version`], with the Meta chunk it decoded.
+pub(crate) fn load_version_chunk(
+    chunks: &dyn ChunkStore,
+    key: &[u8],
+    uid: &Uid,
+) -> Result<(Bytes, FObject)> {
     let chunk = chunks
         .get(uid)?
         .ok_or_else(|| Error::not_found(format!("version {uid}")))?;
@@ -208,7 +217,7 @@ pub fn load_version(chunks: &dyn ChunkStore, key: &[u8], uid: &Uid) -> Result<FO
             crate::fobject::show_key(key)
         )));
     }
-    Ok(o)
+    Ok((chunk, o))
 }
 
 /// [`Db::lca`] over any chunk store (a node's, or the chunks a node sent, see
@@ -220,12 +229,17 @@ pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<O
     const B: u8 = 2;
     let mut flags: HashMap<Uid, u8> = HashMap::new();
     let mut heap = BinaryHeap::new();
-    let mut cache: HashMap<Uid, FObject> = HashMap::new();
+    // Only what the walk needs of each version waiting in the heap (not its value), and
+    // each version is read once: a chunk source that hands each chunk out once (a
+    // stream, see `crate::evidence`) serves this walk.
+    let mut pending: HashMap<Uid, (u64, Vec<Uid>)> = HashMap::new();
     for (u, f) in [(*a, A), (*b, B)] {
-        let o = load_version(chunks, key, &u)?;
         *flags.entry(u).or_default() |= f;
-        heap.push((o.depth, u));
-        cache.insert(u, o);
+        if let std::collections::hash_map::Entry::Vacant(e) = pending.entry(u) {
+            let o = load_version(chunks, key, &u)?;
+            heap.push((o.depth, u));
+            e.insert((o.depth, o.bases));
+        }
     }
     let mut done = HashSet::new();
     while let Some((_, uid)) = heap.pop() {
@@ -236,24 +250,23 @@ pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<O
         if f == A | B {
             return Ok(Some(uid));
         }
-        let o = match cache.remove(&uid) {
-            Some(o) => o,
-            None => load_version(chunks, key, &uid)?,
-        };
-        for base in &o.bases {
+        let (depth, bases) = pending
+            .remove(&uid)
+            .ok_or_else(|| Error::corrupt(format!("version {uid} left the LCA walk")))?;
+        for base in &bases {
             let entry = flags.entry(*base).or_default();
             let before = *entry;
             *entry |= f;
             if before == 0 {
                 let bo = load_version(chunks, key, base)?;
-                if bo.depth >= o.depth {
+                if bo.depth >= depth {
                     return Err(Error::corrupt(format!(
-                        "version {uid} has depth {} but its base {base} has depth {}",
-                        o.depth, bo.depth
+                        "version {uid} has depth {depth} but its base {base} has depth {}",
+                        bo.depth
                     )));
                 }
                 heap.push((bo.depth, *base));
-                cache.insert(*base, bo);
+                pending.insert(*base, (bo.depth, bo.bases));
             } else if done.contains(base) && *entry != before {
                 return Err(Error::corrupt(format!(
                     "history of version {uid} is not ordered by depth"

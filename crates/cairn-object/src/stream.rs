@@ -187,6 +187,16 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
+    /// Frames from `inner`, each at most `limit` bytes.
+    pub fn with_limit(inner: R, limit: usize) -> Self {
+        FrameReader { inner, limit }
+    }
+
+    /// Changes the size limit for the frames still to come.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     /// The next chunk, or `None` at a clean end (no byte of a further frame). A stream cut
     /// inside a frame, or a frame longer than the limit, is an error.
     pub fn next_chunk(&mut self) -> Result<Option<Bytes>> {

@@ -234,16 +234,23 @@ const B_HEADER: HeaderName = HeaderName::from_static("x-cairn-b");
 /// `cairn_object::evidence::EVIDENCE_BUDGET`).
 const LIMIT_HEADER: HeaderName = HeaderName::from_static("x-cairn-limit");
 
-/// An answer carrying `chunks` as frames of a version stream, sent from memory (at most
-/// `EVIDENCE_BUDGET` bytes), with the uids the query ran on and any further headers.
-fn chunks_answer(
+/// An answer carrying chunks as frames of a version stream, written by `send` on the
+/// blocking pool, with the uids the query ran on and any further headers.
+fn chunks_answer<F>(
     node: Arc<Node>,
     permit: crate::node::Transfer,
     a: &Uid,
     b: &Uid,
     more: Option<(HeaderName, HeaderValue)>,
-    chunks: Vec<bytes::Bytes>,
-) -> ApiResult<Response> {
+    send: F,
+) -> ApiResult<Response>
+where
+    F: FnOnce(
+            &mut (dyn FnMut(bytes::Bytes) -> cairn_core::Result<()> + Send),
+        ) -> cairn_core::Result<()>
+        + Send
+        + 'static,
+{
     let uid_value = |u: &Uid| {
         HeaderValue::from_str(&u.to_string())
             .map_err(|e| ApiError::from(Error::invalid(format!("uid header: {e}"))))
@@ -256,11 +263,7 @@ fn chunks_answer(
         headers.insert(n, v);
     }
     let body = body::produce(node, permit, move |w| {
-        let mut out = |piece| w.write_shared(piece);
-        for c in chunks {
-            cairn_object::stream::write_frame(c, &mut out)?;
-        }
-        Ok(())
+        send(&mut |c| cairn_object::stream::write_frame(c, &mut |piece| w.write_shared(piece)))
     });
     Ok((headers, body).into_response())
 }
@@ -327,7 +330,9 @@ pub async fn diff(
         })
         .await?;
         let used = (LIMIT_HEADER, HeaderValue::from(used));
-        return chunks_answer(node, permit, &ua, &ub, Some(used), sent);
+        return chunks_answer(node, permit, &ua, &ub, Some(used), move |emit| {
+            sent.into_iter().try_for_each(emit)
+        });
     }
     let answer = blocking(move || {
         let db = b.db();
@@ -385,21 +390,20 @@ pub async fn lca(
     let b = buckets::open(&node, &bucket).await?.bucket;
     if q.chunks {
         let permit = body::transfer_permit(&node)?;
-        let (ua, ub, sent) = blocking(move || {
-            let db = b.db();
-            let ua = db.resolve(key.as_bytes(), &At::parse(&q.a))?;
-            let ub = db.resolve(key.as_bytes(), &At::parse(&q.b))?;
-            let sent = cairn_object::evidence::lca_evidence(
-                db.chunks(),
-                key.as_bytes(),
-                &ua,
-                &ub,
-                cairn_object::evidence::EVIDENCE_BUDGET,
-            )?;
-            Ok((ua, ub, sent))
+        // Both versions are looked up first, so a bad request answers 4xx; the search
+        // then streams its Meta chunks as it reads them.
+        let bb = b.clone();
+        let k = key.clone();
+        let (ua, ub) = blocking(move || {
+            let db = bb.db();
+            let ua = db.get(k.as_bytes(), &At::parse(&q.a))?.uid;
+            let ub = db.get(k.as_bytes(), &At::parse(&q.b))?.uid;
+            Ok((ua, ub))
         })
         .await?;
-        return chunks_answer(node, permit, &ua, &ub, None, sent);
+        return chunks_answer(node, permit, &ua, &ub, None, move |emit| {
+            cairn_object::evidence::lca_evidence(b.db().chunks(), key.as_bytes(), &ua, &ub, emit)
+        });
     }
     let answer = blocking(move || {
         let db = b.db();
