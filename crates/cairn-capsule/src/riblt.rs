@@ -13,7 +13,7 @@
 //! paper's mapping (density about `1/(1 + i/2)`), seeded by its checksum.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashSet};
 
 use crate::merkle::Digest;
 
@@ -34,7 +34,9 @@ impl CodedSymbol {
             *a ^= b;
         }
         self.check ^= check;
-        self.count += sign;
+        // Counts come from the peer: wrap rather than overflow (a wrapped count is no
+        // longer ±1, so it is never peeled as an item).
+        self.count = self.count.wrapping_add(sign);
     }
 
     fn is_zero(&self) -> bool {
@@ -151,21 +153,29 @@ pub fn decode(remote: &[CodedSymbol], local: &[Digest]) -> Option<Difference> {
         .map(|(r, m)| {
             let mut d = *r;
             d.apply(&m.sum, m.check, 0);
-            d.count -= m.count;
+            d.count = d.count.wrapping_sub(m.count);
             d
         })
         .collect();
     let mut out = Difference::default();
+    // Each index is queued at most once at a time, and each item is recovered at most
+    // once: an honest difference never yields an item twice (peeling removes it from every
+    // index it maps to), so hostile symbols that make an item reappear are refused at once
+    // instead of being peeled back and forth. No difference found in `n` symbols holds more
+    // than `n` items the remote side has and the local set's items.
     let mut queue: Vec<usize> = (0..n).collect();
-    // Each recovered item is removed from every index it maps to below n; bound the work
-    // so hostile symbols cannot make peeling run forever.
+    let mut queued = vec![true; n];
+    let mut recovered: HashSet<Digest> = HashSet::new();
+    let max_items = n.saturating_add(local.len());
+    // Bound the work so hostile symbols cannot make peeling run long.
     let mut budget = 64 * n + 1024;
     while let Some(i) = queue.pop() {
+        queued[i] = false;
         let c = diff[i];
         if (c.count != 1 && c.count != -1) || checksum(&c.sum) != c.check {
             continue;
         }
-        if budget == 0 {
+        if budget == 0 || recovered.len() >= max_items || !recovered.insert(c.sum) {
             return None;
         }
         budget -= 1;
@@ -179,8 +189,12 @@ pub fn decode(remote: &[CodedSymbol], local: &[Digest]) -> Option<Difference> {
         let mut m = Mapping::new(c.check);
         let mut idx = 0u64;
         while (idx as usize) < n {
-            diff[idx as usize].apply(&item, c.check, -sign);
-            queue.push(idx as usize);
+            let at = idx as usize;
+            diff[at].apply(&item, c.check, -sign);
+            if !queued[at] {
+                queued[at] = true;
+                queue.push(at);
+            }
             idx = m.next_index();
         }
     }
@@ -225,6 +239,33 @@ mod tests {
         assert_eq!(diff.local_only.len(), 25);
         // 65 differences need on the order of 1.35–1.7 × 65 symbols, not thousands.
         assert!(syms.len() <= 65 * 3, "{} symbols", syms.len());
+    }
+
+    /// Symbols that make one item reappear after it is peeled (the item at index 0 and
+    /// minus it at its other indices) are refused at once, without peeling back and
+    /// forth; and counts at the ends of the range do not overflow.
+    #[test]
+    fn hostile_symbols_are_refused_cheaply() {
+        let x = item(7);
+        let check = checksum(&x);
+        // A whole batch: the old decoder peeled such symbols 33 million times and queued
+        // hundreds of millions of indices.
+        let n = 1 << 19;
+        let mut syms = vec![CodedSymbol::default(); n];
+        syms[0].apply(&x, check, 1);
+        let mut m = Mapping::new(check);
+        let mut idx = m.next_index();
+        while (idx as usize) < n {
+            syms[idx as usize].apply(&x, check, -1);
+            idx = m.next_index();
+        }
+        let t = std::time::Instant::now();
+        assert_eq!(decode(&syms, &[]), None);
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        let mut extreme = vec![CodedSymbol::default(); 4];
+        extreme[0].count = i64::MIN;
+        extreme[1].count = i64::MAX;
+        assert_eq!(decode(&extreme, &[item(1)]), None);
     }
 
     #[test]

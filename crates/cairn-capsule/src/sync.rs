@@ -450,6 +450,17 @@ impl SyncState {
                 if self.role != Some(Role::Initiator) || !self.want_symbols {
                     return Err(Error::invalid("unexpected coded symbols from the peer"));
                 }
+                // No more than a responder sends in one batch, nor past what this side
+                // would ever ask for.
+                if batch.len() > MAX_SYMBOL_BATCH
+                    || self.received.len() + batch.len()
+                        > self.symbol_cap().saturating_add(MAX_SYMBOL_BATCH)
+                {
+                    return Err(Error::invalid(format!(
+                        "the peer sent {} coded symbols, more than asked for",
+                        batch.len()
+                    )));
+                }
                 self.report.symbols += batch.len();
                 self.received.extend(batch);
                 let local: Vec<Digest> = self.since.iter().map(|n| *n.hash().digest()).collect();
