@@ -518,7 +518,8 @@ pub struct CapsuleServer {
     /// Names held by all sessions' mirrors ([`ServerOptions::max_mirrored_names`]).
     mirrored: Arc<AtomicUsize>,
     next_session: AtomicU64,
-    /// Per (capsule, peer server): this server's log size when their last sync finished.
+    /// Per (capsule, peer server): where in this server's acceptance order the next sync
+    /// with that peer starts (see [`CapsuleServer::since_last_sync`]).
     cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
@@ -1920,12 +1921,16 @@ impl SyncRecord {
 
 impl CapsuleServer {
     /// Proven records this server accepted since its last finished sync with `peer`, and
-    /// its log size now.
+    /// where the next sync may start if this one finishes: the position (in acceptance
+    /// order) of the first record after the cursor that is not proven yet, else the log
+    /// size. A record still unproven is not in this sync's set (only proven records
+    /// travel), so it stays after the cursor and is compared again once a signature
+    /// reaches it.
     pub fn since_last_sync(
         &self,
         capsule: &CapsuleName,
         peer: &PublicKey,
-    ) -> Result<Vec<RecordName>> {
+    ) -> Result<(Vec<RecordName>, u64)> {
         let cursor = self
             .cursors
             .lock()
@@ -1936,17 +1941,42 @@ impl CapsuleServer {
         let cap = cap.lock();
         let order = cap.dag.order();
         let from = (cursor as usize).min(order.len());
-        Ok(order[from..]
-            .iter()
-            .filter(|n| cap.dag.witness(n).and_then(|w| w.hops()).is_some())
-            .copied()
-            .collect())
+        let mut next = order.len();
+        let mut names = Vec::new();
+        for (i, n) in order.iter().enumerate().skip(from) {
+            if cap.dag.witness(n).and_then(|w| w.hops()).is_some() {
+                names.push(*n);
+            } else {
+                next = next.min(i);
+            }
+        }
+        Ok((names, next as u64))
     }
 
-    /// Marks a sync with `peer` finished: the next one starts from the current log size.
-    pub fn finish_sync(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<()> {
-        let size = self.capsule(capsule)?.lock().dag.log().size();
-        self.cursors.lock().insert((*capsule, *peer), size);
+    /// Marks a sync with `peer` finished. The next one starts at `next` (from
+    /// [`CapsuleServer::since_last_sync`] when this one started), moved on over the records
+    /// accepted after it that are proven and that `peer_has` (the peer sent them, or was
+    /// sent them, in this session); any other record accepted meanwhile (from a third
+    /// replica, or not proven yet) is compared next time.
+    pub fn finish_sync(
+        &self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+        next: u64,
+        peer_has: &std::collections::HashSet<RecordName>,
+    ) -> Result<()> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        let order = cap.dag.order();
+        let mut p = (next as usize).min(order.len());
+        while p < order.len()
+            && peer_has.contains(&order[p])
+            && cap.dag.witness(&order[p]).and_then(|w| w.hops()).is_some()
+        {
+            p += 1;
+        }
+        drop(cap);
+        self.cursors.lock().insert((*capsule, *peer), p as u64);
         Ok(())
     }
 

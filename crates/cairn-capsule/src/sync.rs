@@ -180,6 +180,9 @@ pub struct SyncState {
     /// Initiator: coded symbols are still wanted (from Hello until they decode or the
     /// session falls back to full name lists).
     want_symbols: bool,
+    /// Where the next session with this peer starts if this one finishes cleanly
+    /// ([`CapsuleServer::since_last_sync`]).
+    next_cursor: u64,
 }
 
 /// The side of an anti-entropy session.
@@ -189,20 +192,26 @@ enum Role {
     Responder,
 }
 
-/// The quick check: a hash over the sorted names received since the last sync, and over
-/// the current heads (so a replica that fell behind in an earlier, failed session is never
-/// taken for one in sync).
-fn quick_hash(algo: HashAlgo, names: &[RecordName], heads: &[RecordName]) -> Digest {
+/// The quick check: a hash over the sorted names received since the last sync, over the
+/// current heads (so a replica that fell behind in an earlier, failed session is never
+/// taken for one in sync) and over the holes (names its records point to that it lacks:
+/// two replicas that agree on heads and recent records but not on what they miss are not
+/// in sync). `heads` and `holes` come sorted.
+fn quick_hash(
+    algo: HashAlgo,
+    names: &[RecordName],
+    heads: &[RecordName],
+    holes: &[RecordName],
+) -> Digest {
     let mut sorted: Vec<&RecordName> = names.iter().collect();
     sorted.sort();
     let mut h = algo.hasher();
-    h.update(b"cairn/capsule/quick-check/v1");
-    h.update(&(sorted.len() as u64).to_le_bytes());
-    for n in sorted {
-        h.update(&n.hash().to_bytes());
-    }
-    for n in heads {
-        h.update(&n.hash().to_bytes());
+    h.update(b"cairn/capsule/quick-check/v2");
+    for list in [sorted, heads.iter().collect(), holes.iter().collect()] {
+        h.update(&(list.len() as u64).to_le_bytes());
+        for n in list {
+            h.update(&n.hash().to_bytes());
+        }
     }
     *h.finalize().digest()
 }
@@ -210,11 +219,12 @@ fn quick_hash(algo: HashAlgo, names: &[RecordName], heads: &[RecordName]) -> Dig
 impl SyncState {
     /// A session of `server` with the replica whose server key is `peer`.
     pub fn new(server: &CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
-        let since = server.since_last_sync(&capsule, &peer)?;
+        let (since, next_cursor) = server.since_last_sync(&capsule, &peer)?;
         Ok(SyncState {
             capsule,
             peer,
             since,
+            next_cursor,
             encoder: None,
             received: Vec::new(),
             peer_count: 0,
@@ -273,7 +283,13 @@ impl SyncState {
 
     fn quick(&self, server: &CapsuleServer) -> Result<Digest> {
         let (heads, _) = server.heads_roots(&self.capsule)?;
-        Ok(quick_hash(self.capsule.hash().algo(), &self.since, &heads))
+        let holes = server.missing(&self.capsule)?;
+        Ok(quick_hash(
+            self.capsule.hash().algo(),
+            &self.since,
+            &heads,
+            &holes,
+        ))
     }
 
     /// Ends the session; the next one starts from now only if this one saw no bad record
@@ -281,7 +297,12 @@ impl SyncState {
     fn finish(&mut self, server: &CapsuleServer) -> Result<()> {
         self.finished = true;
         if self.report.corrupt == 0 && self.report.unproven == 0 {
-            server.finish_sync(&self.capsule, &self.peer)?;
+            server.finish_sync(
+                &self.capsule,
+                &self.peer,
+                self.next_cursor,
+                &self.sent_names,
+            )?;
         }
         Ok(())
     }

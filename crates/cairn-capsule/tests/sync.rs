@@ -296,3 +296,48 @@ fn a_record_sent_twice_keeps_the_signature_of_either_copy() {
     );
     fresh.prove(&c, &signed, None).unwrap();
 }
+
+/// A record that was unproven when two replicas last synced (so it did not travel) is
+/// compared again once a signature reaches it: the next sync sends it, instead of the
+/// quick check finding both sides in sync while one of them lacks it.
+#[test]
+fn a_record_proven_after_a_sync_travels_at_the_next_one() {
+    let a = server(1);
+    let b = server(2);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "late-proof");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+    let seal = |s: &str| {
+        cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c)
+            .seal(s.as_bytes())
+            .unwrap()
+    };
+    // A signed root on both; then x, unsigned, on A only.
+    let root = Record::new(c, seal("root"), vec![]);
+    let root_sig = vec![(root.name(), w.sign(&root.name()))];
+    for s in [&a, &b] {
+        s.write(&c, std::slice::from_ref(&root), &root_sig).unwrap();
+    }
+    let x = Record::new(c, seal("x"), vec![root.name()]);
+    a.write(&c, std::slice::from_ref(&x), &[]).unwrap();
+    // x is unproven, so this sync does not move it.
+    sync_pair(&a, &b, &c).unwrap();
+    assert!(!present(&b, &c).contains(&x.name()));
+    // y, signed, names x: written to both replicas.
+    let y = Record::new(c, seal("y"), vec![x.name()]);
+    let y_sig = vec![(y.name(), w.sign(&y.name()))];
+    for s in [&a, &b] {
+        s.write(&c, std::slice::from_ref(&y), &y_sig).unwrap();
+    }
+    let (ra, rb) = sync_pair(&a, &b, &c).unwrap();
+    assert!(!ra.quick_match, "{ra:?} {rb:?}");
+    assert_eq!(present(&a, &c), present(&b, &c));
+    assert!(proven(&b, &c).contains(&x.name()));
+    assert!(b.missing(&c).unwrap().is_empty());
+    // And then the replicas are in sync.
+    let (ra2, _) = sync_pair(&a, &b, &c).unwrap();
+    assert!(ra2.quick_match, "{ra2:?}");
+}
