@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | `MANIFEST` | `"CAIRNMAN"`, format version (2), hash algorithm code, 2 zero bytes, CRC32 of the first 12 bytes. Written once, atomically (temporary file, fsync, rename, fsync directory). An existing store keeps its algorithm whatever [`LogStoreOptions::algo`] asks for; a store of another format version is refused. |
 //! | `LOCK` | Held with an exclusive `flock` while the store is open; a second opener gets [`Error::Unavailable`]. |
-//! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
+//! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced: when sealed, or under `Buffered` by a thread right after, see below). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
 //! | `seg-NNNNNN.hint` | For a sealed segment: its records in file order without chunk payloads (see below), so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it (unless the segment is damaged). |
 //! | `refs.snap` | Snapshot of the whole refs map and the sequence number of the last commit it includes, written atomically and durably (temporary file, fsync, rename, fsync directory) when [`LogStoreOptions::refs_log_max`] bytes of commit records were written since the last one (and twice the snapshot's size), and by compaction before it deletes a segment holding commit records the snapshot does not cover. |
 //! | `RECOVERY.log` | Damage crash recovery found, one line per place, appended durably; kept until an operator clears it ([`ChunkStore::clear_recovery_notes`]). |
@@ -69,7 +69,8 @@
 //!    segment is sealed, with the commit payloads read back and checked against their
 //!    record checksums (a commit record that fails gets the segment no hint, so every open
 //!    rescans it and reports the damage). All of a sealed segment is
-//!    durable (it was synced before it was sealed), so damage there is bit rot: handled as
+//!    durable (it was synced before it was sealed; under `Buffered`, just after), so
+//!    damage there is bit rot: handled as
 //!    in the durable region below, reported, and no hint is written for that segment (so
 //!    the damage is reported at every open). Replay records into the index in segment
 //!    order: a chunk record (re)points the cid to itself, a tombstone removes it.
@@ -175,6 +176,12 @@
 //!
 //! When the active segment fills up it is written out, `fdatasync`ed, sealed and its hint
 //! written; the next segment is created with its header and its directory entry synced.
+//! Under [`Durability::Buffered`] the `fdatasync` of the sealed segment is left to a thread
+//! of its own (one segment queued at most; closing the store and writing `refs.snap` wait
+//! for it), so the writer does not stall while a whole segment is written out: buffered
+//! commits are not synced anyway, and a power loss right after a seal, which this level
+//! does not promise to survive, shows up as reported damage in that segment at the next
+//! open. Before writing `refs.snap` a buffered store syncs what the snapshot covers.
 //! After a failed write or `fdatasync` on the commit path the store refuses further writes
 //! (the kernel may have dropped the dirty pages) until it is reopened.
 //!
@@ -453,6 +460,96 @@ impl Writeback {
     }
 }
 
+/// Under [`Durability::Buffered`], syncs each sealed segment on a thread of its own, so
+/// that sealing does not stall the writer while up to a whole segment of dirty pages is
+/// written out (about 90 ms per 256 MiB segment on the project's machine). Buffered
+/// commits are not synced anyway: what a sealed segment holds survives the death of the
+/// process as soon as it is written to the kernel, and after a power loss, which this
+/// level does not promise to survive, damage recovery finds in a recently sealed segment
+/// is reported as damage. The queue holds one segment: a writer that seals the next one
+/// while the previous is still being synced waits for it, so unsynced data stays bounded.
+/// A failed sync fails the store, as one on the commit path does. Closing the store waits
+/// for the queue ([`Sealer::finish`]), and so does writing `refs.snap`.
+struct Sealer {
+    jobs: Mutex<Option<std::sync::mpsc::SyncSender<SealJob>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Work for the [`Sealer`] thread, done in order.
+enum SealJob {
+    /// Sync this sealed segment, written up to this offset.
+    Seal(Arc<Segment>, u64),
+    /// Answer once every job before this one is done.
+    Barrier(std::sync::mpsc::SyncSender<()>),
+}
+
+impl Sealer {
+    /// Starts the thread; `None` when the system refuses one (segments are then synced
+    /// inline).
+    fn start(failed: Arc<Mutex<Option<String>>>, flag: Arc<AtomicBool>) -> Option<Sealer> {
+        let (jobs, todo) = std::sync::mpsc::sync_channel::<SealJob>(1);
+        let thread = std::thread::Builder::new()
+            .name("cairn-sealer".into())
+            .spawn(move || {
+                for job in todo {
+                    match job {
+                        SealJob::Seal(seg, end) => match seg.file.sync_data() {
+                            Ok(()) => {
+                                seg.synced.fetch_max(end, Ordering::AcqRel);
+                            }
+                            Err(e) => {
+                                let mut f = failed.lock();
+                                if f.is_none() {
+                                    *f = Some(format!("syncing {}: {e}", seg.path.display()));
+                                }
+                                flag.store(true, Ordering::Release);
+                            }
+                        },
+                        SealJob::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Sealer {
+            jobs: Mutex::new(Some(jobs)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn sender(&self) -> Option<std::sync::mpsc::SyncSender<SealJob>> {
+        self.jobs.lock().clone()
+    }
+
+    /// Hands a sealed segment, written up to `end`, to the thread (waiting while the queue
+    /// is full); false when the thread is gone (the caller syncs inline).
+    fn seal(&self, seg: Arc<Segment>, end: u64) -> bool {
+        self.sender()
+            .is_some_and(|j| j.send(SealJob::Seal(seg, end)).is_ok())
+    }
+
+    /// Waits until every segment handed over so far is synced (or its sync failed, which
+    /// fails the store).
+    fn wait(&self) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if self
+            .sender()
+            .is_some_and(|j| j.send(SealJob::Barrier(tx)).is_ok())
+        {
+            let _ = rx.recv();
+        }
+    }
+
+    /// Ends the thread once it has synced every segment handed over.
+    fn finish(&self) {
+        self.jobs.lock().take();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Writer {
     /// Asks the kernel to start writing back what was flushed since the last request, if
     /// that is at least [`WRITEBACK_STEP`] bytes past both it and the last sync. A hint:
@@ -718,8 +815,12 @@ pub struct LogStore {
     damaged: Mutex<HashSet<Cid>>,
     any_damaged: AtomicBool,
     compact_lock: Mutex<()>,
-    failed: Mutex<Option<String>>,
-    failed_flag: AtomicBool,
+    /// Why the store refuses writes (shared with the sealer thread, see [`Sealer`]).
+    failed: Arc<Mutex<Option<String>>>,
+    failed_flag: Arc<AtomicBool>,
+    /// Under [`Durability::Buffered`], the thread that syncs sealed segments (`None`:
+    /// synced inline when sealed).
+    sealer: Option<Sealer>,
     /// Tests: the next `fdatasync` on the commit path fails.
     #[cfg(test)]
     fail_next_sync: AtomicBool,
@@ -1021,6 +1122,13 @@ impl LogStore {
             .map(|(cid, _, _)| cid)
             .collect();
         let cap = opts.write_buffer.max(4096);
+        let failed = Arc::new(Mutex::new(None));
+        let failed_flag = Arc::new(AtomicBool::new(false));
+        let sealer = if opts.durability == Durability::Buffered {
+            Sealer::start(failed.clone(), failed_flag.clone())
+        } else {
+            None
+        };
         Ok(LogStore {
             algo,
             any_damaged: AtomicBool::new(!damaged.is_empty()),
@@ -1072,8 +1180,9 @@ impl LogStore {
             failures: Mutex::new(Vec::new()),
             any_failure: AtomicBool::new(false),
             compact_lock: Mutex::new(()),
-            failed: Mutex::new(None),
-            failed_flag: AtomicBool::new(false),
+            failed,
+            failed_flag,
+            sealer,
             #[cfg(test)]
             fail_next_sync: AtomicBool::new(false),
             recovery: {
@@ -1218,9 +1327,19 @@ impl LogStore {
         let old = w.seg.clone();
         let end = old.flushed.load(Ordering::Acquire);
         w.trim()
-            .and_then(|_| old.file.sync_data())
-            .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
-        old.synced.fetch_max(end, Ordering::AcqRel);
+            .map_err(|e| self.fail(Error::io(format!("trimming {}", old.path.display()), e)))?;
+        // Buffered: synced by the sealer thread (see `Sealer`); otherwise now, as commits
+        // whose chunks it holds may be acknowledged once the next segment is synced.
+        if !self
+            .sealer
+            .as_ref()
+            .is_some_and(|s| s.seal(old.clone(), end))
+        {
+            old.file
+                .sync_data()
+                .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
+            old.synced.fetch_max(end, Ordering::AcqRel);
+        }
         let id = old
             .id
             .checked_add(1)
@@ -1443,6 +1562,24 @@ impl LogStore {
         if seq <= snap.seq {
             return Ok(());
         }
+        if self.opts.durability == Durability::Buffered {
+            // The snapshot is durable: so must be the commits it covers, which a buffered
+            // store has only handed to the kernel (after a power loss the snapshot would
+            // name chunks that never reached the disk). They are in the active segment as
+            // of now or in segments sealed before: the sealer syncs those first.
+            let (seg, upto) = {
+                let w = self.writer.lock();
+                (w.seg.clone(), w.seg.flushed.load(Ordering::Acquire))
+            };
+            if let Some(s) = &self.sealer {
+                s.wait();
+            }
+            self.check_failed()?;
+            seg.file
+                .sync_data()
+                .map_err(|e| self.fail(Error::io(format!("syncing {}", seg.path.display()), e)))?;
+            seg.synced.fetch_max(upto, Ordering::AcqRel);
+        }
         let bytes = format::snapshot_bytes(&body);
         let path = self.dir.join(format::REFS_SNAP);
         format::write_atomic(&self.dir, &path, &bytes, true)?;
@@ -1595,6 +1732,11 @@ impl Drop for LogStore {
         }
         if w.flush().is_ok() && w.trim().is_ok() && self.opts.durability != Durability::Buffered {
             let _ = w.seg.file.sync_data();
+        }
+        drop(w);
+        // Sealed segments are synced when the store closes, at every level.
+        if let Some(s) = &self.sealer {
+            s.finish();
         }
     }
 }
