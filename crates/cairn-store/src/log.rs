@@ -1344,7 +1344,15 @@ impl LogStore {
             .id
             .checked_add(1)
             .ok_or_else(|| Error::invalid("segment ids exhausted"))?;
-        let new = Segment::create(&self.dir, id, self.algo)?;
+        let new = Segment::create(&self.dir, id, self.algo).map_err(|e| {
+            // Leave no half-made segment behind (a reopen would take it for the active one
+            // and the segment just sealed for a synced one), and accept no more writes.
+            let path = format::segment_path(&self.dir, id);
+            if std::fs::remove_file(&path).is_ok() {
+                let _ = format::sync_dir(&self.dir);
+            }
+            self.fail(e)
+        })?;
         self.segments.write().insert(id, new.clone());
         if self.opts.page_cache_window.is_some() {
             w.behind.push_back(Behind {

@@ -268,7 +268,9 @@ impl SeqBefore {
 ///   record failing its checksum, a chunk not matching its cid, bytes skipped by a resync,
 ///   an out-of-sequence commit record), it was not durably written: the scan ends at the
 ///   first damaged byte (`end`, `stop`, and one `damage` entry), so the group's commits
-///   from there on are not applied. Damage in earlier groups is bit rot, handled as above.
+///   from there on are not applied. Damage in earlier groups is bit rot, handled as above;
+///   so is damage in a last group that `refs.snap` covers (one of its commits is numbered
+///   at most `before.floor`): it was synced before the snapshot was written.
 pub(crate) fn scan(
     file: &File,
     path: &Path,
@@ -472,6 +474,17 @@ pub(crate) fn scan(
                 .iter()
                 .rposition(|i| i.commit || i.lost_commit)
                 .map_or(SEG_HEADER_LEN, |j| items[j].end);
+            // A group one of whose commits `refs.snap` covers was durably written: the
+            // snapshot is written only after the commits it covers were synced. Damage
+            // there is bit rot, as in earlier groups: cutting it would drop chunks that
+            // the refs replayed from the snapshot name.
+            let covered = before.floor != u64::MAX
+                && out.commits.iter().any(|c| {
+                    c.intact
+                        && c.off >= group_start
+                        && c.off < last_commit_end
+                        && c.seq <= before.floor
+                });
             let mut bad = events
                 .iter()
                 .find(|e| e.pos >= group_start && e.pos < last_commit_end)
@@ -479,6 +492,9 @@ pub(crate) fn scan(
             let limit = bad.as_ref().map_or(last_commit_end, |b| b.0);
             if let Some(at) = first_mismatch(&mut rd, &out.records, group_start, limit)? {
                 bad = Some(at);
+            }
+            if covered {
+                bad = None;
             }
             if let Some((at, why)) = bad {
                 let lost: Vec<u64> = out

@@ -679,3 +679,39 @@ fn buffered_segments_are_sealed_by_their_own_thread_and_lose_nothing() {
         );
     }
 }
+
+/// A last group that `refs.snap` already covers was durably written: damage in it is bit
+/// rot, reported and kept, not a torn write to cut (which would drop the intact chunks
+/// after the damage while the refs replayed from the snapshot still name them).
+#[test]
+fn damage_in_a_last_group_the_snapshot_covers_is_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        refs_log_max: 0,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let a = s.put(&[1u8; 3000]).unwrap();
+    let b = s.put(&[2u8; 3000]).unwrap();
+    s.commit(&[set("k", b"v")]).unwrap();
+    assert_eq!(s.snap.lock().seq, 1, "the snapshot covers the commit");
+    let loc = s.index.get(&a).unwrap();
+    let path = s.segments.read()[&loc.seg].path.clone();
+    drop(s);
+    // Rot one byte of the first chunk's payload.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let at = loc.off + format::FRAME_HEADER_LEN as u64 + 100;
+    f.write_all_at(&[9], at).unwrap();
+    drop(f);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert_eq!(
+        s.recovery().segment_bytes_truncated,
+        0,
+        "{:?}",
+        s.recovery()
+    );
+    assert_eq!(s.get_ref(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(&s.get(&b).unwrap().unwrap()[..], &[2u8; 3000][..]);
+    assert!(matches!(s.get(&a), Err(Error::Corrupt(_))));
+    assert!(!s.recovery().damage.is_empty(), "the rot is reported");
+}
