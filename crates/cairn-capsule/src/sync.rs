@@ -183,6 +183,13 @@ pub struct SyncState {
     /// Where the next session with this peer starts if this one finishes cleanly
     /// ([`CapsuleServer::since_last_sync`]).
     next_cursor: u64,
+    /// Exchange was sent (initiator) or received (responder): Patch rounds may follow,
+    /// and no earlier step may come again.
+    exchanged: bool,
+    /// Initiator: asked for the full name list (SendNames) and not yet answered.
+    names_asked: bool,
+    /// Responder: sent its full name list once.
+    names_sent: bool,
 }
 
 /// The side of an anti-entropy session.
@@ -236,6 +243,9 @@ impl SyncState {
             finished: false,
             role: None,
             want_symbols: false,
+            exchanged: false,
+            names_asked: false,
+            names_sent: false,
         })
     }
 
@@ -245,6 +255,12 @@ impl SyncState {
     /// rounds. Both sides keep exchanging Patches until neither has anything left.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes.max(1);
+    }
+
+    /// Names this session compares (its records since the last sync with the peer): what
+    /// its memory grows with.
+    pub fn names(&self) -> usize {
+        self.since.len()
     }
 
     /// What the session has done so far.
@@ -308,11 +324,19 @@ impl SyncState {
     }
 
     fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<usize> {
-        // The peer has what it sends: never send it back.
-        for r in records {
-            self.sent_names.insert(r.header.name());
-        }
         let r = server.apply_sync(&self.capsule, records)?;
+        // The peer has what it sends: never send it back. Only names of records this side
+        // now holds are noted (whatever the peer sent that failed its checks is not), so
+        // the set stays within the capsule's size.
+        let names: Vec<RecordName> = records.iter().map(|r| r.header.name()).collect();
+        let held: Vec<bool> = server.with_dag(&self.capsule, |d| {
+            names.iter().map(|n| d.contains(n)).collect()
+        })?;
+        for (n, h) in names.into_iter().zip(held) {
+            if h {
+                self.sent_names.insert(n);
+            }
+        }
         self.report.accepted += r.accepted;
         self.report.duplicate += r.duplicate;
         self.report.corrupt += r.corrupt;
@@ -378,6 +402,7 @@ impl SyncState {
         let records = self.export(server, mine_only)?;
         let (heads, roots) = server.heads_roots(&self.capsule)?;
         let missing = server.missing(&self.capsule)?;
+        self.exchanged = true;
         Ok(SyncMsg::Exchange {
             records,
             want: theirs_only,
@@ -447,11 +472,17 @@ impl SyncState {
                 Ok(Some(SyncMsg::Symbols(batch)))
             }
             SyncMsg::InSync => {
+                if self.role != Some(Role::Initiator) || !self.want_symbols {
+                    return Err(Error::invalid("unexpected InSync from the peer"));
+                }
                 self.report.quick_match = true;
                 self.finish(server)?;
                 Ok(None)
             }
             SyncMsg::More => {
+                if self.role != Some(Role::Responder) || self.exchanged || self.names_sent {
+                    return Err(Error::invalid("unexpected request for coded symbols"));
+                }
                 let cap = self.symbol_cap();
                 let Some(enc) = self.encoder.as_mut() else {
                     return Err(Error::invalid("peer asked for symbols before Hello"));
@@ -498,6 +529,7 @@ impl SyncState {
                     None if self.received.len() >= self.symbol_cap() => {
                         self.report.fallback = true;
                         self.want_symbols = false;
+                        self.names_asked = true;
                         self.received = Vec::new();
                         Ok(Some(SyncMsg::SendNames))
                     }
@@ -505,10 +537,18 @@ impl SyncState {
                 }
             }
             SyncMsg::SendNames => {
+                if self.role != Some(Role::Responder) || self.exchanged || self.names_sent {
+                    return Err(Error::invalid("unexpected request for the name list"));
+                }
+                self.names_sent = true;
                 self.report.fallback = true;
                 Ok(Some(SyncMsg::Names(self.since.clone())))
             }
             SyncMsg::Names(theirs) => {
+                if self.role != Some(Role::Initiator) || !self.names_asked {
+                    return Err(Error::invalid("unexpected name list from the peer"));
+                }
+                self.names_asked = false;
                 let theirs_set: std::collections::HashSet<RecordName> =
                     theirs.iter().copied().collect();
                 let mine_set: std::collections::HashSet<RecordName> =
@@ -532,6 +572,10 @@ impl SyncState {
                 roots,
                 missing,
             } => {
+                if self.role != Some(Role::Responder) || self.exchanged {
+                    return Err(Error::invalid("unexpected Exchange from the peer"));
+                }
+                self.exchanged = true;
                 self.apply(server, &records)?;
                 let mut names = want;
                 names.extend(server.lu_patch(
@@ -552,6 +596,9 @@ impl SyncState {
                 roots,
                 missing,
             } => {
+                if !self.exchanged {
+                    return Err(Error::invalid("unexpected Patch before the Exchange"));
+                }
                 self.report.rounds += 1;
                 let incoming = records.len();
                 let accepted = self.apply(server, &records)?;
@@ -576,6 +623,9 @@ impl SyncState {
                 self.patch(server, out).map(Some)
             }
             SyncMsg::Done => {
+                if !self.exchanged {
+                    return Err(Error::invalid("unexpected Done before the Exchange"));
+                }
                 self.finish(server)?;
                 Ok(None)
             }

@@ -24,7 +24,11 @@
 //! Nothing here authenticates the peer: acks, checkpoints and proofs are signed or
 //! verifiable end to end, and a remote server is trusted for nothing else. The anti-entropy
 //! carrier names the initiator's server key, which the responder uses only to pick its
-//! sync cursor; a peer lying about it can at worst make a later session compare more.
+//! sync cursor. A peer lying about it can end a session under another replica's key and so
+//! move that replica's cursor: the next real session then compares fewer recent records,
+//! and what the other replica lacks is found by the quick check (heads and holes differ)
+//! and Lu's heads/roots walk instead of set reconciliation. Sessions' memory is bounded
+//! ([`MAX_SYNC_SESSIONS`], [`MAX_SYNC_NAMES`]) whatever keys a peer makes up.
 
 use std::net::ToSocketAddrs;
 use std::num::NonZeroUsize;
@@ -69,6 +73,12 @@ pub const MAX_MESSAGE: usize = 16 << 10;
 /// Most anti-entropy sessions a [`CapsuleService`] keeps open (the least recently used
 /// is dropped past it).
 pub const MAX_SYNC_SESSIONS: usize = 1024;
+/// Most names all the anti-entropy sessions a [`CapsuleService`] keeps open compare,
+/// together (a session holds about 110 bytes per name, so about 450 MiB): past it the
+/// least recently used sessions are dropped, and a session that alone would hold more is
+/// refused. The initiator's key is not authenticated, so without it a peer could open a
+/// thousand sessions under made-up keys, each comparing the whole log.
+pub const MAX_SYNC_NAMES: usize = 1 << 22;
 /// Elements preallocated for a decoded list (it grows past this only as elements decode).
 const PREALLOC: usize = 1024;
 
@@ -1584,6 +1594,8 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
 }
 
 type SyncKey = (CapsuleName, PublicKey);
+/// An open session and the names it compares (fixed when it starts).
+type OpenSync = (usize, Arc<Mutex<SyncState>>);
 
 /// A capsule server as a network endpoint: [`dispatch`] plus the responder side of
 /// anti-entropy sessions, kept between messages per (capsule, initiator key). A
@@ -1591,7 +1603,9 @@ type SyncKey = (CapsuleName, PublicKey);
 /// session that ends or fails is dropped; at most [`MAX_SYNC_SESSIONS`] are kept.
 pub struct CapsuleService {
     server: Arc<CapsuleServer>,
-    syncs: Mutex<LruCache<SyncKey, Arc<Mutex<SyncState>>>>,
+    syncs: Mutex<LruCache<SyncKey, OpenSync>>,
+    /// Most names all open sessions compare together ([`MAX_SYNC_NAMES`] by default).
+    max_sync_names: usize,
 }
 
 impl CapsuleService {
@@ -1601,7 +1615,15 @@ impl CapsuleService {
         CapsuleService {
             server,
             syncs: Mutex::new(LruCache::new(cap)),
+            max_sync_names: MAX_SYNC_NAMES,
         }
+    }
+
+    /// This endpoint with open anti-entropy sessions comparing at most `names` names
+    /// together (default [`MAX_SYNC_NAMES`]).
+    pub fn with_max_sync_names(mut self, names: usize) -> Self {
+        self.max_sync_names = names;
+        self
     }
 
     /// The server.
@@ -1635,27 +1657,50 @@ impl CapsuleService {
     fn sync(&self, capsule: CapsuleName, peer: PublicKey, msg: SyncMsg) -> Result<Response> {
         let key = (capsule, peer);
         let server = &*self.server;
-        let state = if let SyncMsg::Hello { capsule: c, .. } = &msg {
-            if *c != capsule {
-                return Err(Error::invalid(
-                    "Hello names another capsule than the request",
-                ));
-            }
-            let st = Arc::new(Mutex::new(SyncState::new(server, capsule, peer)?));
-            self.syncs.lock().put(key, st.clone());
-            st
-        } else {
-            self.syncs.lock().get(&key).cloned().ok_or_else(|| {
+        let state =
+            if let SyncMsg::Hello { capsule: c, .. } = &msg {
+                if *c != capsule {
+                    return Err(Error::invalid(
+                        "Hello names another capsule than the request",
+                    ));
+                }
+                let fresh = SyncState::new(server, capsule, peer)?;
+                let names = fresh.names();
+                let max = self.max_sync_names;
+                if names > max {
+                    return Err(Error::Unavailable(format!(
+                        "an anti-entropy session of capsule {capsule} would compare {names} \
+                     records, more than the {max} this server holds for sessions"
+                    )));
+                }
+                let st = Arc::new(Mutex::new(fresh));
+                let mut syncs = self.syncs.lock();
+                syncs.pop(&key);
+                // Room for this session's names: drop the least recently used ones.
+                let mut held: usize = syncs.iter().map(|(_, (n, _))| n).sum();
+                while held + names > max {
+                    match syncs.pop_lru() {
+                        Some((_, (n, _))) => held -= n,
+                        None => break,
+                    }
+                }
+                syncs.put(key, (names, st.clone()));
+                st
+            } else {
+                self.syncs.lock().get(&key).map(|(_, s)| s.clone()).ok_or_else(|| {
                 Error::NotFound(format!(
                     "no anti-entropy session of capsule {capsule} with {peer}; start with Hello"
                 ))
             })?
-        };
+            };
         let mut st = state.lock();
         let out = st.handle(server, msg);
         if out.is_err() || st.is_finished() {
             let mut syncs = self.syncs.lock();
-            if syncs.peek(&key).is_some_and(|s| Arc::ptr_eq(s, &state)) {
+            if syncs
+                .peek(&key)
+                .is_some_and(|(_, s)| Arc::ptr_eq(s, &state))
+            {
                 syncs.pop(&key);
             }
         }

@@ -265,6 +265,60 @@ fn out_of_turn_messages_are_refused() {
         .handle(SyncMsg::Symbols(last_symbols.expect("symbols were sent")))
         .unwrap_err();
     assert!(e.to_string().contains("unexpected"), "{e}");
+    // Each step only in its place: no InSync, Done or Patch for a responder that has not
+    // had the Exchange, no unasked name list, no second Exchange, no request for symbols
+    // or names after it (each would let a peer end a session early or make a server redo
+    // work without bound).
+    let empty_patch = SyncMsg::Patch {
+        records: vec![],
+        heads: vec![],
+        roots: vec![],
+        missing: vec![],
+    };
+    let exchange = SyncMsg::Exchange {
+        records: vec![],
+        want: vec![],
+        heads: vec![],
+        roots: vec![],
+        missing: vec![],
+    };
+    let responder = || {
+        let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+        sb.handle(SyncMsg::Hello {
+            capsule: c,
+            quick: [0; 32],
+            count: 10,
+        })
+        .unwrap();
+        sb
+    };
+    for early in [
+        SyncMsg::InSync,
+        SyncMsg::Done,
+        empty_patch.clone(),
+        SyncMsg::Names(vec![]),
+    ] {
+        let e = responder().handle(early).unwrap_err();
+        assert!(e.to_string().contains("unexpected"), "{e}");
+    }
+    let mut sb = responder();
+    sb.handle(exchange.clone()).unwrap();
+    for late in [exchange.clone(), SyncMsg::More, SyncMsg::SendNames] {
+        let e = sb.handle(late).unwrap_err();
+        assert!(e.to_string().contains("unexpected"), "{e}");
+    }
+    let mut sb = responder();
+    sb.handle(SyncMsg::SendNames).unwrap();
+    assert!(
+        sb.handle(SyncMsg::SendNames).is_err(),
+        "one name list per session"
+    );
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    sa.start().unwrap();
+    for wrong in [SyncMsg::Names(vec![]), exchange, empty_patch, SyncMsg::Done] {
+        let e = sa.handle(wrong).unwrap_err();
+        assert!(e.to_string().contains("unexpected"), "{e}");
+    }
 }
 
 /// A record sent twice in one batch, once without and once with its signature, is taken

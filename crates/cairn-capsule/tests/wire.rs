@@ -310,3 +310,62 @@ fn anti_entropy_over_tcp() {
         })
     ));
 }
+
+/// Open anti-entropy sessions are bounded by the names they compare, whatever initiator
+/// keys a peer makes up: a new session drops the least recently used ones to make room,
+/// and one that alone would compare more than the budget is refused.
+#[test]
+fn sync_sessions_are_bounded_by_the_names_they_compare() {
+    let srv = server(3);
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    for i in 0..30 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let n = r.name();
+        srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
+    }
+    let hello = || Request::Sync {
+        capsule: c,
+        peer: SigningKey::generate().unwrap().public(),
+        msg: SyncMsg::Hello {
+            capsule: c,
+            quick: [0; 32],
+            count: 30,
+        },
+    };
+    let is_ok = |r: &Response| matches!(r, Response::Sync(_));
+    // Room for two sessions of 30 names.
+    let svc = CapsuleService::new(srv.clone()).with_max_sync_names(70);
+    let first = hello();
+    let Request::Sync {
+        peer: first_peer, ..
+    } = &first
+    else {
+        unreachable!()
+    };
+    let first_peer = *first_peer;
+    assert!(is_ok(&svc.handle(first)));
+    assert!(is_ok(&svc.handle(hello())));
+    assert_eq!(svc.open_syncs(), 2);
+    // A third drops the least recently used (the first), whose next message is refused.
+    assert!(is_ok(&svc.handle(hello())));
+    assert_eq!(svc.open_syncs(), 2);
+    let more = svc.handle(Request::Sync {
+        capsule: c,
+        peer: first_peer,
+        msg: SyncMsg::More,
+    });
+    assert!(
+        matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
+        "{more:?}"
+    );
+    // A budget smaller than one session refuses it.
+    let small = CapsuleService::new(srv).with_max_sync_names(10);
+    let r = small.handle(hello());
+    assert!(
+        matches!(&r, Response::Error(e) if e.code == ErrorCode::Unavailable),
+        "{r:?}"
+    );
+    assert_eq!(small.open_syncs(), 0);
+}
