@@ -250,9 +250,8 @@ impl SyncState {
     }
 
     /// Sets the budget of record bytes per message (default [`SYNC_BUDGET`]). A message
-    /// carries records until their size reaches the budget (at least one record, so a
-    /// single record larger than the budget still travels); the rest wait for the next
-    /// rounds. Both sides keep exchanging Patches until neither has anything left.
+    /// carries records while they fit in the budget (at least one record, so a single
+    /// record larger than the budget still travels); the rest wait for the next rounds. Both sides keep exchanging Patches until neither has anything left.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = bytes.max(1);
     }
@@ -371,14 +370,25 @@ impl SyncState {
         let mut out = Vec::new();
         let mut size = 0usize;
         while size < self.budget {
-            let Some((_, n)) = self.backlog.pop_first() else {
+            let Some(&(_, n)) = self.backlog.first() else {
                 break;
             };
             // Names this side lacks (or cannot prove) export to nothing and cost nothing.
-            for r in server.export(&self.capsule, &[n])? {
-                size = size.saturating_add(wire_size(&r));
-                out.push(r);
+            let recs = server.export(&self.capsule, &[n])?;
+            let add = recs
+                .iter()
+                .map(wire_size)
+                .fold(0usize, usize::saturating_add);
+            // A record that would take the message past the budget waits for the next one
+            // (unless the message is empty), so a message stays within a frame however
+            // large the records: a large one after a medium one used to overflow it, every
+            // time, as the order is fixed.
+            if !out.is_empty() && size.saturating_add(add) > self.budget {
+                break;
             }
+            self.backlog.pop_first();
+            size = size.saturating_add(add);
+            out.extend(recs);
         }
         self.report.sent += out.len();
         Ok(out)
@@ -753,5 +763,55 @@ mod tests {
         // Lu's walk re-sends a few shared ancestors; nothing is echoed back.
         assert!(ra.sent + rb.sent <= 130 + 40, "{ra:?} {rb:?}");
         assert!(sync_pair(&a, &b, &c).unwrap().0.quick_match);
+    }
+
+    /// A message never goes past its budget to take one more record (unless it holds a
+    /// single one): a large record after a smaller one waits for the next message, so
+    /// messages stay within a wire frame.
+    #[test]
+    fn a_record_that_does_not_fit_waits_for_the_next_message() {
+        let (a, b) = (server(1), server(2));
+        let wk = SigningKey::from_seed(&[7; 32]);
+        let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "fit");
+        let c = meta.name();
+        a.create(&meta).unwrap();
+        b.create(&meta).unwrap();
+        let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+        for i in 0..40 {
+            let len = if i % 3 == 0 { 2500 } else { 300 };
+            let r = w.record(&vec![i as u8; len], &[]).unwrap();
+            let n = r.name();
+            a.write(&c, std::slice::from_ref(&r), &[(n, w.sign(&n))])
+                .unwrap();
+        }
+        let budget = 3000;
+        let mut sa = SyncState::new(&a, c, b.public_key()).unwrap();
+        let mut sb = SyncState::new(&b, c, a.public_key()).unwrap();
+        sa.set_budget(budget);
+        sb.set_budget(budget);
+        let mut msg = Some(sa.start(&a).unwrap());
+        let mut to_b = true;
+        let mut messages = 0;
+        while let Some(m) = msg {
+            if let SyncMsg::Exchange { records, .. } | SyncMsg::Patch { records, .. } = &m
+                && !records.is_empty()
+            {
+                messages += 1;
+                let size: usize = records.iter().map(wire_size).sum();
+                assert!(
+                    size <= budget || records.len() == 1,
+                    "{size} bytes in {}",
+                    records.len()
+                );
+            }
+            msg = if to_b {
+                sb.handle(&b, m).unwrap()
+            } else {
+                sa.handle(&a, m).unwrap()
+            };
+            to_b = !to_b;
+        }
+        assert!(messages > 10, "{messages}");
+        assert_eq!(b.with_dag(&c, |d| d.len()).unwrap(), 40);
     }
 }
