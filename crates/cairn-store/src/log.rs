@@ -994,7 +994,15 @@ impl LogStore {
             None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
                 let (file, path, len, bound) = Segment::open(&dir, id)?;
-                if len < SEG_HEADER_LEN {
+                // A header of zeros and nothing after it: the file's length reached the disk
+                // but its header did not (a crash inside `Segment::create`).
+                let zero_header = len == SEG_HEADER_LEN && {
+                    let mut h = [0u8; SEG_HEADER_LEN as usize];
+                    file.read_exact_at(&mut h, 0)
+                        .ctx(|| format!("reading {}", path.display()))?;
+                    h.iter().all(|&b| b == 0)
+                };
+                if len < SEG_HEADER_LEN || zero_header {
                     // Torn while being created: it never held a record.
                     file.set_len(0)
                         .and_then(|_| file.write_all_at(&format::segment_header(id, algo), 0))
@@ -2066,6 +2074,8 @@ impl ChunkStore for LogStore {
                 };
                 let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
                 let mut w = self.writer.lock();
+                // A store that failed meanwhile takes no more writes, copies included.
+                self.check_failed()?;
                 if self.index.get(&r.cid) != Some(loc) {
                     continue;
                 }
@@ -2119,6 +2129,7 @@ impl ChunkStore for LogStore {
                 }
                 let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
                 let mut w = self.writer.lock();
+                self.check_failed()?;
                 if self.index.contains(&r.cid) {
                     continue;
                 }

@@ -715,3 +715,24 @@ fn damage_in_a_last_group_the_snapshot_covers_is_not_cut() {
     assert!(matches!(s.get(&a), Err(Error::Corrupt(_))));
     assert!(!s.recovery().damage.is_empty(), "the rot is reported");
 }
+
+/// A last segment whose 16-byte header is all zeros (its length reached the disk, its
+/// header did not, in a crash inside the segment's creation) is initialised again at
+/// open, as a shorter one is, instead of failing the open.
+#[test]
+fn a_last_segment_with_a_zero_header_is_initialised_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions::default();
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let c = s.put(b"kept").unwrap();
+    s.commit(&[set("k", b"v")]).unwrap();
+    drop(s);
+    let next = format::segment_path(dir.path(), 2);
+    std::fs::write(&next, [0u8; SEG_HEADER_LEN as usize]).unwrap();
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert_eq!(&s.get(&c).unwrap().unwrap()[..], b"kept");
+    assert_eq!(s.get_ref(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    let c2 = s.put(b"after").unwrap();
+    s.commit(&[set("k2", b"w")]).unwrap();
+    assert_eq!(&s.get(&c2).unwrap().unwrap()[..], b"after");
+}
