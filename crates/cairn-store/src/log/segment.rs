@@ -474,27 +474,33 @@ pub(crate) fn scan(
                 .iter()
                 .rposition(|i| i.commit || i.lost_commit)
                 .map_or(SEG_HEADER_LEN, |j| items[j].end);
-            // A group one of whose commits `refs.snap` covers was durably written: the
-            // snapshot is written only after the commits it covers were synced. Damage
-            // there is bit rot, as in earlier groups: cutting it would drop chunks that
-            // the refs replayed from the snapshot name.
-            let covered = before.floor != u64::MAX
-                && out.commits.iter().any(|c| {
-                    c.intact
-                        && c.off >= group_start
-                        && c.off < last_commit_end
-                        && c.seq <= before.floor
-                });
+            // Up to the last commit of the group that `refs.snap` covers, the group was
+            // durably written: the snapshot is written only after the commits it covers
+            // were synced. Damage there is bit rot, as in earlier groups (cutting it would
+            // drop chunks the snapshot's refs name); only what follows that commit (later
+            // commit-only groups that merged into this run) can have been torn.
+            let from = if before.floor == u64::MAX {
+                group_start
+            } else {
+                out.commits
+                    .iter()
+                    .filter(|c| {
+                        c.intact
+                            && c.off >= group_start
+                            && c.off < last_commit_end
+                            && c.seq <= before.floor
+                    })
+                    .map(|c| c.off + FRAME_HEADER_LEN as u64 + u64::from(c.len))
+                    .max()
+                    .unwrap_or(group_start)
+            };
             let mut bad = events
                 .iter()
-                .find(|e| e.pos >= group_start && e.pos < last_commit_end)
+                .find(|e| e.pos >= from && e.pos < last_commit_end)
                 .map(|e| (e.pos, e.why.clone()));
             let limit = bad.as_ref().map_or(last_commit_end, |b| b.0);
-            if let Some(at) = first_mismatch(&mut rd, &out.records, group_start, limit)? {
+            if let Some(at) = first_mismatch(&mut rd, &out.records, from, limit)? {
                 bad = Some(at);
-            }
-            if covered {
-                bad = None;
             }
             if let Some((at, why)) = bad {
                 let lost: Vec<u64> = out

@@ -736,3 +736,52 @@ fn a_last_segment_with_a_zero_header_is_initialised_again() {
     s.commit(&[set("k2", b"w")]).unwrap();
     assert_eq!(&s.get(&c2).unwrap().unwrap()[..], b"after");
 }
+
+/// Commit-only groups written after the one `refs.snap` covers merge into the same last
+/// run of commit records: damage after the covered commit is still a torn write, cut there,
+/// and no later commit is applied.
+#[test]
+fn damage_after_the_covered_commit_of_a_last_run_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        refs_log_max: 0,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let a = s.put(&[1u8; 3000]).unwrap();
+    // A large value, so that the snapshot is large and the small commits after it write
+    // no other one.
+    s.commit(&[set("big", &[5u8; 1000])]).unwrap();
+    assert_eq!(s.snap.lock().seq, 1);
+    s.commit(&[set("k2", b"2")]).unwrap();
+    s.commit(&[set("k3", b"3")]).unwrap();
+    assert_eq!(s.snap.lock().seq, 1, "no snapshot past the first commit");
+    let (path, second) = {
+        let w = s.writer.lock();
+        let c = w.commits.iter().find(|c| c.seq == 2).unwrap().off;
+        (w.seg.path.clone(), c)
+    };
+    drop(s);
+    // The second commit's header never reached the disk.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[0u8; format::FRAME_HEADER_LEN], second)
+        .unwrap();
+    drop(f);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert_eq!(
+        s.get_ref(b"big").unwrap().as_deref(),
+        Some(&[5u8; 1000][..])
+    );
+    assert_eq!(&s.get(&a).unwrap().unwrap()[..], &[1u8; 3000][..]);
+    assert_eq!(s.get_ref(b"k2").unwrap(), None);
+    assert_eq!(
+        s.get_ref(b"k3").unwrap(),
+        None,
+        "no commit after a torn one"
+    );
+    assert!(
+        s.recovery().segment_bytes_truncated > 0,
+        "{:?}",
+        s.recovery()
+    );
+}
