@@ -477,8 +477,9 @@ struct Sealer {
 
 /// Work for the [`Sealer`] thread, done in order.
 enum SealJob {
-    /// Sync this sealed segment, written up to this offset.
-    Seal(Arc<Segment>, u64),
+    /// Sync this sealed segment, written up to this offset, then write its hint file
+    /// (path and bytes) if any: a hint is written only once its segment is durable.
+    Seal(Arc<Segment>, u64, Option<(PathBuf, PathBuf, Vec<u8>)>),
     /// Answer once every job before this one is done.
     Barrier(std::sync::mpsc::SyncSender<()>),
 }
@@ -493,9 +494,12 @@ impl Sealer {
             .spawn(move || {
                 for job in todo {
                     match job {
-                        SealJob::Seal(seg, end) => match seg.file.sync_data() {
+                        SealJob::Seal(seg, end, hint) => match seg.file.sync_data() {
                             Ok(()) => {
                                 seg.synced.fetch_max(end, Ordering::AcqRel);
+                                if let Some((dir, path, bytes)) = hint {
+                                    let _ = format::write_atomic(&dir, &path, &bytes, false);
+                                }
                             }
                             Err(e) => {
                                 let mut f = failed.lock();
@@ -522,11 +526,13 @@ impl Sealer {
         self.jobs.lock().clone()
     }
 
-    /// Hands a sealed segment, written up to `end`, to the thread (waiting while the queue
-    /// is full); false when the thread is gone (the caller syncs inline).
-    fn seal(&self, seg: Arc<Segment>, end: u64) -> bool {
-        self.sender()
-            .is_some_and(|j| j.send(SealJob::Seal(seg, end)).is_ok())
+    /// Hands a sealing job to the thread (waiting while the queue is full); gives it back
+    /// when the thread is gone (the caller then does it inline).
+    fn seal(&self, job: SealJob) -> Option<SealJob> {
+        match self.sender() {
+            Some(j) => j.send(job).err().map(|e| e.0),
+            None => Some(job),
+        }
     }
 
     /// Waits until every segment handed over so far is synced (or its sync failed, which
@@ -1052,9 +1058,16 @@ impl LogStore {
                     }
                     // What the last run wrote and never synced (it was killed before its
                     // sync) may still be only in the page cache, yet it is replayed below
-                    // and a snapshot could soon take it in: make it durable first.
+                    // and a snapshot could soon take it in: make it durable first. So for
+                    // the segments a `buffered` run's sealer may not have synced yet (one
+                    // being synced, one queued: the two before this one).
                     file.sync_data()
                         .ctx(|| format!("syncing {}", path.display()))?;
+                    for seg in segments.values().rev().take(2) {
+                        seg.file
+                            .sync_data()
+                            .ctx(|| format!("syncing {}", seg.path.display()))?;
+                    }
                     active_damaged = scan.damaged > 0;
                     report.damaged_records += scan.damaged;
                     report.damaged_bytes += scan.skipped;
@@ -1336,17 +1349,36 @@ impl LogStore {
         let end = old.flushed.load(Ordering::Acquire);
         w.trim()
             .map_err(|e| self.fail(Error::io(format!("trimming {}", old.path.display()), e)))?;
-        // Buffered: synced by the sealer thread (see `Sealer`); otherwise now, as commits
-        // whose chunks it holds may be acknowledged once the next segment is synced.
-        if !self
-            .sealer
-            .as_ref()
-            .is_some_and(|s| s.seal(old.clone(), end))
-        {
+        // The hint of the sealed segment (an optimisation: if it is lost, open rescans the
+        // segment). A segment that held damage gets none, so that every open finds and
+        // reports the damage.
+        let hints = std::mem::take(&mut w.hints);
+        let mut commits = std::mem::take(&mut w.commits);
+        let damaged = std::mem::replace(&mut w.damaged, false);
+        let hint =
+            (!damaged && segment::read_commit_ops(&old, end, &mut commits).is_ok()).then(|| {
+                (
+                    self.dir.clone(),
+                    format::hint_path(&self.dir, old.id),
+                    format::hint_bytes(end, &hints, &commits),
+                )
+            });
+        // Buffered: synced, then its hint written, by the sealer thread (see `Sealer`);
+        // otherwise now, as commits whose chunks it holds may be acknowledged once the
+        // next segment is synced.
+        let job = SealJob::Seal(old.clone(), end, hint);
+        let inline = match &self.sealer {
+            Some(s) => s.seal(job),
+            None => Some(job),
+        };
+        if let Some(SealJob::Seal(_, _, hint)) = inline {
             old.file
                 .sync_data()
                 .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
             old.synced.fetch_max(end, Ordering::AcqRel);
+            if let Some((dir, path, bytes)) = hint {
+                let _ = format::write_atomic(&dir, &path, &bytes, false);
+            }
         }
         let id = old
             .id
@@ -1373,19 +1405,6 @@ impl LogStore {
         w.base += end;
         w.seg = new;
         w.writeback = 0;
-        let hints = std::mem::take(&mut w.hints);
-        let mut commits = std::mem::take(&mut w.commits);
-        let damaged = std::mem::replace(&mut w.damaged, false);
-        // The hint is an optimisation: if it is lost, open rescans the segment. A segment
-        // that held damage gets none, so that every open finds and reports the damage.
-        if !damaged && segment::read_commit_ops(&old, end, &mut commits).is_ok() {
-            let _ = format::write_atomic(
-                &self.dir,
-                &format::hint_path(&self.dir, old.id),
-                &format::hint_bytes(end, &hints, &commits),
-                false,
-            );
-        }
         Ok(())
     }
 
@@ -1492,6 +1511,13 @@ impl LogStore {
                 return Err(e);
             }
             seg.synced.fetch_max(end, Ordering::AcqRel);
+        }
+        // A forced sync under `Buffered` (`sync()`, compaction before it deletes what it
+        // copied) covers the segments sealed before it too, which the sealer may still be
+        // syncing.
+        if durable && let Some(s) = &self.sealer {
+            s.wait();
+            self.check_failed()?;
         }
         let commits = group.iter().filter(|p| !p.marker).count() as u64;
         if commits > 0 {

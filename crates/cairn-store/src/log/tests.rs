@@ -659,6 +659,18 @@ fn buffered_segments_are_sealed_by_their_own_thread_and_lose_nothing() {
     assert!(segs.len() > 4, "{} segments", segs.len());
     // A snapshot was written along the way: it waited for the sealed segments.
     assert!(s.snap.lock().seq > 0);
+    // A forced sync covers the sealed segments too (compaction relies on it before it
+    // deletes what it copied).
+    s.sync().unwrap();
+    let active_now = s.writer.lock().seg.id;
+    for g in segs.iter().filter(|g| g.id != active_now) {
+        assert_eq!(
+            g.synced.load(Ordering::Acquire),
+            g.flushed.load(Ordering::Acquire),
+            "segment {} synced by sync()",
+            g.id
+        );
+    }
     drop(s);
     let active = segs.iter().map(|g| g.id).max().unwrap();
     for g in segs.iter().filter(|g| g.id != active) {
@@ -666,6 +678,14 @@ fn buffered_segments_are_sealed_by_their_own_thread_and_lose_nothing() {
             g.synced.load(Ordering::Acquire),
             g.flushed.load(Ordering::Acquire),
             "segment {} synced by the time the store closed",
+            g.id
+        );
+    }
+    // Each sealed segment got its hint, written once the segment was synced.
+    for g in segs.iter().filter(|g| g.id != active) {
+        assert!(
+            format::hint_path(dir.path(), g.id).exists(),
+            "hint of {}",
             g.id
         );
     }
