@@ -44,7 +44,7 @@ pub use proof::{
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
 pub use server::{
     Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, MAX_BATCH_ANSWER_BYTES, ServerOptions,
-    SessionId, SyncBody, SyncRecord, drop_idle,
+    SessionId, SyncBody, SyncCursor, SyncRecord, drop_idle,
 };
 pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
 pub use wire::{

@@ -506,6 +506,23 @@ impl Loaded {
     }
 }
 
+/// Where the next anti-entropy session with a peer starts ([`CapsuleServer::since_last_sync`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncCursor {
+    /// Position in this server's acceptance order: records from here on are compared.
+    pub pos: u64,
+    /// Records before `pos` that were not proven when a session started, compared once
+    /// they are (at most [`MAX_PENDING_UNPROVEN`]).
+    pub pending: Vec<RecordName>,
+}
+
+/// Most unproven records a sync cursor keeps to compare once proven.
+pub const MAX_PENDING_UNPROVEN: usize = 4096;
+
+/// Most peers a server keeps a sync cursor for (the least recently used is forgotten: the
+/// next session with that peer compares everything).
+pub const MAX_SYNC_CURSORS: usize = 1024;
+
 /// The capsule server.
 pub struct CapsuleServer {
     store: Arc<dyn Store>,
@@ -520,7 +537,7 @@ pub struct CapsuleServer {
     next_session: AtomicU64,
     /// Per (capsule, peer server): where in this server's acceptance order the next sync
     /// with that peer starts (see [`CapsuleServer::since_last_sync`]).
-    cursors: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
+    cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
 }
@@ -639,7 +656,10 @@ impl CapsuleServer {
             sessions: Mutex::new(LruCache::unbounded()),
             mirrored: Arc::new(AtomicUsize::new(0)),
             next_session: AtomicU64::new(1),
-            cursors: Mutex::new(HashMap::new()),
+            cursors: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
+                    .unwrap_or(std::num::NonZeroUsize::MIN),
+            )),
         }
     }
 
@@ -1920,40 +1940,51 @@ impl SyncRecord {
 }
 
 impl CapsuleServer {
-    /// Proven records this server accepted since its last finished sync with `peer`, and
-    /// where the next sync may start if this one finishes: the position (in acceptance
-    /// order) of the first record after the cursor that is not proven yet, else the log
-    /// size. A record still unproven is not in this sync's set (only proven records
-    /// travel), so it stays after the cursor and is compared again once a signature
-    /// reaches it.
+    /// Proven records this server accepted since its last finished sync with `peer` (with
+    /// the records that were not proven yet at an earlier session's start and are now),
+    /// and the cursor the next sync starts from if this one finishes: the log size now,
+    /// and the records still unproven, kept to be compared once a signature reaches them
+    /// (only proven records travel, so they are in no session's set until then). At most
+    /// [`MAX_PENDING_UNPROVEN`] are kept, the newest; the others are found, once proven,
+    /// by the quick check (heads and holes) and Lu's walk rather than set reconciliation.
     pub fn since_last_sync(
         &self,
         capsule: &CapsuleName,
         peer: &PublicKey,
-    ) -> Result<(Vec<RecordName>, u64)> {
+    ) -> Result<(Vec<RecordName>, SyncCursor)> {
         let cursor = self
             .cursors
             .lock()
             .get(&(*capsule, *peer))
-            .copied()
-            .unwrap_or(0);
+            .cloned()
+            .unwrap_or_default();
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let order = cap.dag.order();
-        let from = (cursor as usize).min(order.len());
-        let mut next = order.len();
+        let from = (cursor.pos as usize).min(order.len());
+        let proven = |n: &RecordName| cap.dag.witness(n).and_then(|w| w.hops()).is_some();
         let mut names = Vec::new();
-        for (i, n) in order.iter().enumerate().skip(from) {
-            if cap.dag.witness(n).and_then(|w| w.hops()).is_some() {
+        let mut pending = Vec::new();
+        for n in cursor.pending.iter().chain(&order[from..]) {
+            if proven(n) {
                 names.push(*n);
             } else {
-                next = next.min(i);
+                pending.push(*n);
             }
         }
-        Ok((names, next as u64))
+        if pending.len() > MAX_PENDING_UNPROVEN {
+            pending.drain(..pending.len() - MAX_PENDING_UNPROVEN);
+        }
+        Ok((
+            names,
+            SyncCursor {
+                pos: order.len() as u64,
+                pending,
+            },
+        ))
     }
 
-    /// Marks a sync with `peer` finished. The next one starts at `next` (from
+    /// Marks a sync with `peer` finished. The next one starts from `next` (from
     /// [`CapsuleServer::since_last_sync`] when this one started), moved on over the records
     /// accepted after it that are proven and that `peer_has` (the peer sent them, or was
     /// sent them, in this session); any other record accepted meanwhile (from a third
@@ -1962,13 +1993,13 @@ impl CapsuleServer {
         &self,
         capsule: &CapsuleName,
         peer: &PublicKey,
-        next: u64,
+        next: SyncCursor,
         peer_has: &std::collections::HashSet<RecordName>,
     ) -> Result<()> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let order = cap.dag.order();
-        let mut p = (next as usize).min(order.len());
+        let mut p = (next.pos as usize).min(order.len());
         while p < order.len()
             && peer_has.contains(&order[p])
             && cap.dag.witness(&order[p]).and_then(|w| w.hops()).is_some()
@@ -1976,7 +2007,13 @@ impl CapsuleServer {
             p += 1;
         }
         drop(cap);
-        self.cursors.lock().insert((*capsule, *peer), p as u64);
+        self.cursors.lock().put(
+            (*capsule, *peer),
+            SyncCursor {
+                pos: p as u64,
+                pending: next.pending,
+            },
+        );
         Ok(())
     }
 

@@ -182,7 +182,7 @@ pub struct SyncState {
     want_symbols: bool,
     /// Where the next session with this peer starts if this one finishes cleanly
     /// ([`CapsuleServer::since_last_sync`]).
-    next_cursor: u64,
+    next_cursor: crate::server::SyncCursor,
     /// Exchange was sent (initiator) or received (responder): Patch rounds may follow,
     /// and no earlier step may come again.
     exchanged: bool,
@@ -315,7 +315,7 @@ impl SyncState {
             server.finish_sync(
                 &self.capsule,
                 &self.peer,
-                self.next_cursor,
+                std::mem::take(&mut self.next_cursor),
                 &self.sent_names,
             )?;
         }

@@ -395,3 +395,48 @@ fn a_record_proven_after_a_sync_travels_at_the_next_one() {
     let (ra2, _) = sync_pair(&a, &b, &c).unwrap();
     assert!(ra2.quick_match, "{ra2:?}");
 }
+
+/// A record that stays unproven (its writer never signed past it) does not pin the sync
+/// cursor: once two replicas have synced, later sessions compare only what is new, instead
+/// of sending again every record accepted after that one.
+#[test]
+fn a_record_never_proven_does_not_make_every_sync_compare_again() {
+    let a = server(1);
+    let b = server(2);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "never");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+    let seal = |s: &str| {
+        cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c)
+            .seal(s.as_bytes())
+            .unwrap()
+    };
+    // An unsigned record early on A, then 30 signed records on their own chain, on both.
+    let root = Record::new(c, seal("root"), vec![]);
+    let root_sig = vec![(root.name(), w.sign(&root.name()))];
+    for s in [&a, &b] {
+        s.write(&c, std::slice::from_ref(&root), &root_sig).unwrap();
+    }
+    let orphan = Record::new(c, seal("never signed"), vec![root.name()]);
+    a.write(&c, std::slice::from_ref(&orphan), &[]).unwrap();
+    let mut tip = root.name();
+    for i in 0..30 {
+        let r = Record::new(c, seal(&format!("r{i}")), vec![tip]);
+        let sig = vec![(r.name(), w.sign(&r.name()))];
+        tip = r.name();
+        for s in [&a, &b] {
+            s.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+        }
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    // The heads differ for good (the orphan is a head on A, and it cannot travel), so no
+    // quick match; but the sets compared are the new records only: nothing is sent again.
+    for _ in 0..2 {
+        let (ra, rb) = sync_pair(&a, &b, &c).unwrap();
+        assert_eq!(ra.sent + rb.sent, 0, "{ra:?} {rb:?}");
+        assert!(ra.symbols <= 64, "{ra:?}");
+    }
+}
