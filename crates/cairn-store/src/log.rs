@@ -945,8 +945,11 @@ impl LogStore {
             }
             Err(e) => return Err(Error::io(format!("reading {}", mpath.display()), e)),
         };
+        // Hints of missing segments go, and so does a hint of the last segment: it is the
+        // active one, and a hint is only for sealed ones (a roll whose next segment could
+        // not be made leaves one behind, which could hide damage the segment holds).
         for id in hint_ids {
-            if seg_ids.binary_search(&id).is_err() {
+            if seg_ids.binary_search(&id).is_err() || seg_ids.last() == Some(&id) {
                 let p = format::hint_path(&dir, id);
                 fs::remove_file(&p).ctx(|| format!("removing {}", p.display()))?;
             }
@@ -976,6 +979,16 @@ impl LogStore {
         let mut bad_chunks: Vec<(Cid, u32, u64)> = Vec::new();
         let mut segments = BTreeMap::new();
         let last = seg_ids.last().copied();
+        // A `buffered` run's sealer syncs sealed segments after the fact: one being synced
+        // and one queued may still be only in the page cache if that run was killed. Make
+        // them durable before anything here trusts them (a hint written for one, a
+        // snapshot covering commits that need its chunks).
+        for &id in seg_ids.iter().filter(|&&id| Some(id) != last).rev().take(2) {
+            let path = format::segment_path(&dir, id);
+            fs::File::open(&path)
+                .and_then(|f| f.sync_data())
+                .ctx(|| format!("syncing {}", path.display()))?;
+        }
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
             let (file, path, len, bound) = Segment::open(&dir, id)?;
             let seg = Segment::from_parts(id, path, file, len, bound);
@@ -1058,16 +1071,10 @@ impl LogStore {
                     }
                     // What the last run wrote and never synced (it was killed before its
                     // sync) may still be only in the page cache, yet it is replayed below
-                    // and a snapshot could soon take it in: make it durable first. So for
-                    // the segments a `buffered` run's sealer may not have synced yet (one
-                    // being synced, one queued: the two before this one).
+                    // and a snapshot could soon take it in: make it durable first (the
+                    // sealed segments a killed sealer left were synced above).
                     file.sync_data()
                         .ctx(|| format!("syncing {}", path.display()))?;
-                    for seg in segments.values().rev().take(2) {
-                        seg.file
-                            .sync_data()
-                            .ctx(|| format!("syncing {}", seg.path.display()))?;
-                    }
                     active_damaged = scan.damaged > 0;
                     report.damaged_records += scan.damaged;
                     report.damaged_bytes += scan.skipped;

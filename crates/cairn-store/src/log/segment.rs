@@ -269,8 +269,9 @@ impl SeqBefore {
 ///   an out-of-sequence commit record), it was not durably written: the scan ends at the
 ///   first damaged byte (`end`, `stop`, and one `damage` entry), so the group's commits
 ///   from there on are not applied. Damage in earlier groups is bit rot, handled as above;
-///   so is damage in a last group that `refs.snap` covers (one of its commits is numbered
-///   at most `before.floor`): it was synced before the snapshot was written.
+///   so is damage in the last group up to the end of its last commit record that
+///   `refs.snap` covers (numbered at most `before.floor`): that much was synced before the
+///   snapshot was written, and only what follows it can have been torn.
 pub(crate) fn scan(
     file: &File,
     path: &Path,
@@ -484,11 +485,10 @@ pub(crate) fn scan(
             } else {
                 out.commits
                     .iter()
+                    // Every commit listed passed its header checksum, so its number holds
+                    // even when its payload rotted.
                     .filter(|c| {
-                        c.intact
-                            && c.off >= group_start
-                            && c.off < last_commit_end
-                            && c.seq <= before.floor
+                        c.off >= group_start && c.off < last_commit_end && c.seq <= before.floor
                     })
                     .map(|c| c.off + FRAME_HEADER_LEN as u64 + u64::from(c.len))
                     .max()

@@ -805,3 +805,44 @@ fn damage_after_the_covered_commit_of_a_last_run_is_cut() {
         s.recovery()
     );
 }
+
+/// A commit record that `refs.snap` covers but whose payload rotted still marks the end
+/// of the durable part of the last run: the commit after it is kept and applied, and the
+/// rot is reported as damage, not cut as a torn write.
+#[test]
+fn a_rotted_covered_commit_does_not_cut_the_commits_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        refs_log_max: 0,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    s.commit(&[set("k1", b"1")]).unwrap();
+    s.commit(&[set("big", &[5u8; 1000])]).unwrap();
+    assert_eq!(s.snap.lock().seq, 2);
+    s.commit(&[set("k3", b"3")]).unwrap();
+    assert_eq!(s.snap.lock().seq, 2, "no snapshot past the second commit");
+    let (path, second) = {
+        let w = s.writer.lock();
+        let c = w.commits.iter().find(|c| c.seq == 2).unwrap().clone();
+        (w.seg.path.clone(), c)
+    };
+    drop(s);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let at = second.off + format::FRAME_HEADER_LEN as u64 + u64::from(second.len) / 2;
+    f.write_all_at(&[0xEE], at).unwrap();
+    drop(f);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert_eq!(
+        s.recovery().segment_bytes_truncated,
+        0,
+        "{:?}",
+        s.recovery()
+    );
+    assert_eq!(s.get_ref(b"k3").unwrap().as_deref(), Some(&b"3"[..]));
+    assert_eq!(
+        s.get_ref(b"big").unwrap().as_deref(),
+        Some(&[5u8; 1000][..])
+    );
+    assert!(!s.recovery().damage.is_empty());
+}
