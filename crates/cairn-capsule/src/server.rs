@@ -44,6 +44,27 @@ use crate::record::{
 pub const DOMAIN_ACK: &[u8] = b"cairn/capsule/ack/v1";
 /// Signature domain of server checkpoints.
 pub const DOMAIN_CHECKPOINT: &[u8] = b"cairn/capsule/checkpoint/v1";
+/// Signature domain of an anti-entropy Hello (the initiator's server key signs it).
+pub const DOMAIN_SYNC_HELLO: &[u8] = b"cairn/capsule/sync-hello/v1";
+
+/// What the initiator of an anti-entropy session signs in its Hello: the capsule, the
+/// responder's server key (a Hello is good for one responder), the quick check, the size
+/// of its set and its stamp (never reused with a responder, so a Hello cannot be replayed).
+pub fn sync_hello_message(
+    capsule: &CapsuleName,
+    responder: &PublicKey,
+    quick: &Digest,
+    count: u64,
+    at: u64,
+) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.bytes(&capsule.hash().to_bytes())
+        .raw(responder.raw())
+        .raw(quick)
+        .varint(count)
+        .u64_le(at);
+    e.finish()
+}
 const JOURNAL_VERSION: u8 = 1;
 const REF_PREFIX: &[u8] = b"capsule/";
 /// Most subrecords one record may hold.
@@ -514,6 +535,9 @@ pub struct SyncCursor {
     /// Records before `pos` that were not proven when a session started, compared once
     /// they are (at most [`MAX_PENDING_UNPROVEN`]).
     pub pending: Vec<RecordName>,
+    /// The stamp of the last Hello this peer started a session with (a Hello must carry a
+    /// higher one).
+    pub last_hello: u64,
 }
 
 /// Most unproven records a sync cursor keeps to compare once proven.
@@ -538,6 +562,8 @@ pub struct CapsuleServer {
     /// Per (capsule, peer server): where in this server's acceptance order the next sync
     /// with that peer starts (see [`CapsuleServer::since_last_sync`]).
     cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
+    /// The stamp of the last Hello this server signed ([`CapsuleServer::sign_sync_hello`]).
+    hello_stamp: AtomicU64,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
 }
@@ -656,6 +682,7 @@ impl CapsuleServer {
             sessions: Mutex::new(LruCache::unbounded()),
             mirrored: Arc::new(AtomicUsize::new(0)),
             next_session: AtomicU64::new(1),
+            hello_stamp: AtomicU64::new(0),
             cursors: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
                     .unwrap_or(std::num::NonZeroUsize::MIN),
@@ -1980,6 +2007,7 @@ impl CapsuleServer {
             SyncCursor {
                 pos: order.len() as u64,
                 pending,
+                last_hello: cursor.last_hello,
             },
         ))
     }
@@ -2007,14 +2035,56 @@ impl CapsuleServer {
             p += 1;
         }
         drop(cap);
-        self.cursors.lock().put(
+        let mut cursors = self.cursors.lock();
+        let last_hello = cursors
+            .peek(&(*capsule, *peer))
+            .map_or(next.last_hello, |c| c.last_hello.max(next.last_hello));
+        cursors.put(
             (*capsule, *peer),
             SyncCursor {
                 pos: p as u64,
                 pending: next.pending,
+                last_hello,
             },
         );
         Ok(())
+    }
+
+    /// Signs the Hello of a session with `responder`: returns its stamp (microseconds since
+    /// 1970, or one more than the last this server signed, whichever is higher) and the
+    /// signature over [`sync_hello_message`].
+    pub fn sign_sync_hello(
+        &self,
+        capsule: &CapsuleName,
+        responder: &PublicKey,
+        quick: &Digest,
+        count: u64,
+    ) -> (u64, Signature) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let mut at = 0;
+        let _ = self
+            .hello_stamp
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                at = now.max(last.saturating_add(1));
+                Some(at)
+            });
+        let msg = sync_hello_message(capsule, responder, quick, count, at);
+        (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
+    }
+
+    /// Takes the stamp of a Hello from `peer` (whose signature was checked): true when it
+    /// is higher than that of every Hello this peer started a session of `capsule` with,
+    /// as far as this server remembers ([`MAX_SYNC_CURSORS`] peers), false for a replay.
+    pub fn accept_sync_hello(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> bool {
+        let mut cursors = self.cursors.lock();
+        let c = cursors.get_or_insert_mut((*capsule, *peer), SyncCursor::default);
+        if at <= c.last_hello {
+            return false;
+        }
+        c.last_hello = at;
+        true
     }
 
     /// The present, proven records among `names`, ready to ship to a peer.

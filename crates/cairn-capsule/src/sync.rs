@@ -21,7 +21,7 @@
 //! a faulty peer's corrupt or unprovable records are dropped and counted in the
 //! [`SyncReport`].
 
-use cairn_core::{Error, HashAlgo, PublicKey, Result};
+use cairn_core::{Error, HashAlgo, PublicKey, Result, Signature};
 
 use crate::merkle::Digest;
 use crate::metadata::CapsuleName;
@@ -45,7 +45,9 @@ const MAX_SYMBOL_BATCH: usize = 1 << 19;
 /// A message between two syncing replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncMsg {
-    /// Initiator → responder: the quick-check hash and size of the initiator's set.
+    /// Initiator → responder: the quick-check hash and size of the initiator's set, signed
+    /// by the initiator's server key, so no one can start (and end) a session in another
+    /// replica's name and move its sync cursor.
     Hello {
         /// The capsule.
         capsule: CapsuleName,
@@ -53,6 +55,10 @@ pub enum SyncMsg {
         quick: Digest,
         /// Size of that set.
         count: u64,
+        /// The initiator's stamp, higher than any it used before with this responder.
+        at: u64,
+        /// The initiator's signature over [`crate::server::sync_hello_message`].
+        sig: Signature,
     },
     /// Responder → initiator: the quick check matched; nothing to do.
     InSync,
@@ -289,10 +295,15 @@ impl SyncState {
         }
         self.role = Some(Role::Initiator);
         self.want_symbols = true;
+        let quick = self.quick(server)?;
+        let count = self.since.len() as u64;
+        let (at, sig) = server.sign_sync_hello(&self.capsule, &self.peer, &quick, count);
         Ok(SyncMsg::Hello {
             capsule: self.capsule,
-            quick: self.quick(server)?,
-            count: self.since.len() as u64,
+            quick,
+            count,
+            at,
+            sig,
         })
     }
 
@@ -450,12 +461,35 @@ impl SyncState {
                 capsule,
                 quick,
                 count,
+                at,
+                sig,
             } => {
                 if capsule != self.capsule {
                     return Err(Error::invalid("peer syncs another capsule"));
                 }
                 if self.role.is_some() {
                     return Err(Error::invalid("unexpected Hello: the session has started"));
+                }
+                let msg = crate::server::sync_hello_message(
+                    &capsule,
+                    &server.public_key(),
+                    &quick,
+                    count,
+                    at,
+                );
+                self.peer
+                    .verify(crate::server::DOMAIN_SYNC_HELLO, &msg, &sig)
+                    .map_err(|_| {
+                        Error::Rejected(format!(
+                            "the Hello is not signed by {} for this server: a session is \
+                             started only by the replica whose key it names",
+                            self.peer
+                        ))
+                    })?;
+                if !server.accept_sync_hello(&capsule, &self.peer, at) {
+                    return Err(Error::Rejected(
+                        "a Hello this replica already started a session with (replayed)".into(),
+                    ));
                 }
                 self.role = Some(Role::Responder);
                 // A peer holds at most as many names as a message can list.

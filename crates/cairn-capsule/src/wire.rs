@@ -21,14 +21,17 @@
 //!   client: typed calls, pipelining, and whole anti-entropy sessions against a remote
 //!   replica ([`RemoteCapsule::sync_with`]).
 //!
-//! Nothing here authenticates the peer: acks, checkpoints and proofs are signed or
+//! The transport authenticates nothing: acks, checkpoints and proofs are signed or
 //! verifiable end to end, and a remote server is trusted for nothing else. The anti-entropy
-//! carrier names the initiator's server key, which the responder uses only to pick its
-//! sync cursor. A peer lying about it can end a session under another replica's key and so
-//! move that replica's cursor: the next real session then compares fewer recent records,
-//! and what the other replica lacks is found by the quick check (heads and holes differ)
-//! and Lu's heads/roots walk instead of set reconciliation. Sessions' memory is bounded
-//! ([`MAX_SYNC_SESSIONS`], [`MAX_SYNC_NAMES`]) whatever keys a peer makes up.
+//! carrier names the initiator's server key, which the responder uses to pick its sync
+//! cursor; the Hello that starts a session is signed by that key, for this responder, with
+//! a stamp that only grows, so no one can start a session in another replica's name or
+//! replay one. Later messages of a session are not signed: a peer that sees a session's
+//! capsule and initiator key could still end it early, which moves that replica's cursor,
+//! and the next session then finds what the replica lacks through the quick check (heads
+//! and holes differ) and Lu's heads/roots walk instead of set reconciliation. Sessions'
+//! memory is bounded ([`MAX_SYNC_SESSIONS`], [`MAX_SYNC_NAMES`]) whatever keys a peer makes
+//! up.
 
 use std::net::ToSocketAddrs;
 use std::num::NonZeroUsize;
@@ -56,8 +59,9 @@ use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
 /// Format version of encoded [`Request`]s and [`Response`]s (2: sessions carry a
 /// [`MirrorMode`]; read-and-prove).
 pub const WIRE_VERSION: u8 = 2;
-/// Format version of a standalone encoded [`SyncMsg`].
-pub const SYNC_VERSION: u8 = 1;
+/// Format version of a standalone encoded [`SyncMsg`] (2: a Hello carries its stamp and the
+/// initiator's signature).
+pub const SYNC_VERSION: u8 = 2;
 /// Largest frame the TCP glue sends or accepts: a largest record body plus 1 MiB.
 pub const MAX_FRAME: usize = MAX_BODY_LEN + (1 << 20);
 /// Most records (and most signatures) in one write request or acknowledgment.
@@ -505,10 +509,13 @@ impl SyncMsg {
                 capsule,
                 quick,
                 count,
+                at,
+                sig,
             } => {
                 e.u8(SYNC_HELLO);
                 enc_capsule(e, capsule);
-                e.raw(quick).varint(*count);
+                e.raw(quick).varint(*count).u64_le(*at);
+                sig.encode(e);
             }
             SyncMsg::InSync => {
                 e.u8(SYNC_IN_SYNC);
@@ -569,6 +576,8 @@ impl SyncMsg {
                 capsule: dec_capsule(d)?,
                 quick: dec_digest(d)?,
                 count: d.varint()?,
+                at: d.u64_le()?,
+                sig: cairn_core::Signature::decode(d)?,
             },
             SYNC_IN_SYNC => SyncMsg::InSync,
             SYNC_SYMBOLS => SyncMsg::Symbols(list(d, 41, MAX_SYMBOLS, "coded symbols", |d| {
@@ -2276,6 +2285,8 @@ mod tests {
                 capsule: capsule(),
                 quick: [7; 32],
                 count: 300,
+                at: 1_764_000_000_000_000,
+                sig: SigningKey::from_seed(&[4; 32]).sign(b"test", b"hello"),
             },
             SyncMsg::InSync,
             SyncMsg::Symbols(vec![
@@ -2744,13 +2755,20 @@ mod tests {
 
     fn arb_sync() -> impl Strategy<Value = SyncMsg> {
         prop_oneof![
-            (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(c, q, n)| {
-                SyncMsg::Hello {
+            (
+                any::<[u8; 32]>(),
+                any::<[u8; 32]>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u8>()
+            )
+                .prop_map(|(c, q, n, at, k)| SyncMsg::Hello {
                     capsule: CapsuleName(h(c)),
                     quick: q,
                     count: n,
-                }
-            }),
+                    at,
+                    sig: SigningKey::from_seed(&[k; 32]).sign(b"test", &q),
+                }),
             Just(SyncMsg::InSync),
             Just(SyncMsg::More),
             Just(SyncMsg::SendNames),

@@ -230,11 +230,18 @@ proptest! {
 fn out_of_turn_messages_are_refused() {
     let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
     let (a, b, c, _) = scenario(40, 5, &placement, &[]);
-    let hello = SyncMsg::Hello {
-        capsule: c,
-        quick: [0; 32],
-        count: u64::MAX,
+    // A Hello A signs for B (each with a fresh stamp).
+    let signed_hello = |count: u64| {
+        let (at, sig) = a.sign_sync_hello(&c, &b.public_key(), &[0; 32], count);
+        SyncMsg::Hello {
+            capsule: c,
+            quick: [0; 32],
+            count,
+            at,
+            sig,
+        }
     };
+    let hello = signed_hello(u64::MAX);
     // Responder B: a Hello with a huge count is answered with a bounded first batch.
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
     let Some(SyncMsg::Symbols(first)) = sb.handle(hello.clone()).unwrap() else {
@@ -245,8 +252,43 @@ fn out_of_turn_messages_are_refused() {
     let e = sb.handle(SyncMsg::Symbols(first.clone())).unwrap_err();
     assert!(e.to_string().contains("unexpected"), "{e}");
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
-    sb.handle(hello.clone()).unwrap();
-    assert!(sb.handle(hello).is_err());
+    let again = signed_hello(u64::MAX);
+    sb.handle(again.clone()).unwrap();
+    assert!(sb.handle(again).is_err());
+    // A Hello is A's only if A signed it, for B, and only once: one replayed, one signed by
+    // another key in A's name, and one A signed for another responder are refused.
+    let e = SyncSession::new(&b, c, a.public_key())
+        .unwrap()
+        .handle(hello.clone())
+        .unwrap_err();
+    assert!(e.to_string().contains("replayed"), "{e}");
+    let other = server(9);
+    let (at, sig) = other.sign_sync_hello(&c, &b.public_key(), &[0; 32], 5);
+    let forged = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 5,
+        at,
+        sig,
+    };
+    let e = SyncSession::new(&b, c, a.public_key())
+        .unwrap()
+        .handle(forged)
+        .unwrap_err();
+    assert!(e.to_string().contains("not signed"), "{e}");
+    let (at, sig) = a.sign_sync_hello(&c, &other.public_key(), &[0; 32], 5);
+    let elsewhere = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 5,
+        at,
+        sig,
+    };
+    let e = SyncSession::new(&b, c, a.public_key())
+        .unwrap()
+        .handle(elsewhere)
+        .unwrap_err();
+    assert!(e.to_string().contains("not signed"), "{e}");
     // Initiator A: symbols are taken until they decode, not after.
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
@@ -284,12 +326,7 @@ fn out_of_turn_messages_are_refused() {
     };
     let responder = || {
         let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
-        sb.handle(SyncMsg::Hello {
-            capsule: c,
-            quick: [0; 32],
-            count: 10,
-        })
-        .unwrap();
+        sb.handle(signed_hello(10)).unwrap();
         sb
     };
     for early in [

@@ -325,14 +325,22 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
         let n = r.name();
         srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
     }
-    let hello = || Request::Sync {
-        capsule: c,
-        peer: SigningKey::generate().unwrap().public(),
-        msg: SyncMsg::Hello {
+    // A Hello from a made-up key, signed by it (what any peer can make).
+    let responder = srv.public_key();
+    let hello = || {
+        let k = SigningKey::generate().unwrap();
+        let msg = server::sync_hello_message(&c, &responder, &[0; 32], 30, 1);
+        Request::Sync {
             capsule: c,
-            quick: [0; 32],
-            count: 30,
-        },
+            peer: k.public(),
+            msg: SyncMsg::Hello {
+                capsule: c,
+                quick: [0; 32],
+                count: 30,
+                at: 1,
+                sig: k.sign(server::DOMAIN_SYNC_HELLO, &msg),
+            },
+        }
     };
     let is_ok = |r: &Response| matches!(r, Response::Sync(_));
     // Room for two sessions of 30 names.
