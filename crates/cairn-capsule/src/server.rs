@@ -535,9 +535,21 @@ pub struct SyncCursor {
     /// Records before `pos` that were not proven when a session started, compared once
     /// they are (at most [`MAX_PENDING_UNPROVEN`]).
     pub pending: Vec<RecordName>,
-    /// The stamp of the last Hello this peer started a session with (a Hello must carry a
-    /// higher one).
-    pub last_hello: u64,
+}
+
+/// How far a Hello's stamp may be from the responder's clock (5 minutes, in microseconds):
+/// a Hello is good only that long, so a responder remembers stamps only that long.
+pub const SYNC_HELLO_WINDOW_MICROS: u64 = 300_000_000;
+
+/// Most (capsule, initiator) pairs whose last Hello stamp a server remembers within the
+/// window; past it new initiators are refused (with a retry hint) until stamps age out,
+/// rather than forgetting a stamp, which would let its Hello be replayed.
+pub const MAX_HELLO_STAMPS: usize = 1 << 16;
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Most unproven records a sync cursor keeps to compare once proven.
@@ -564,6 +576,9 @@ pub struct CapsuleServer {
     cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
     /// The stamp of the last Hello this server signed ([`CapsuleServer::sign_sync_hello`]).
     hello_stamp: AtomicU64,
+    /// Per (capsule, initiator): the stamp of the last Hello accepted, while it is within
+    /// [`SYNC_HELLO_WINDOW_MICROS`] (see [`CapsuleServer::accept_sync_hello`]).
+    hello_stamps: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
 }
@@ -683,6 +698,7 @@ impl CapsuleServer {
             mirrored: Arc::new(AtomicUsize::new(0)),
             next_session: AtomicU64::new(1),
             hello_stamp: AtomicU64::new(0),
+            hello_stamps: Mutex::new(HashMap::new()),
             cursors: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
                     .unwrap_or(std::num::NonZeroUsize::MIN),
@@ -2007,7 +2023,6 @@ impl CapsuleServer {
             SyncCursor {
                 pos: order.len() as u64,
                 pending,
-                last_hello: cursor.last_hello,
             },
         ))
     }
@@ -2035,16 +2050,11 @@ impl CapsuleServer {
             p += 1;
         }
         drop(cap);
-        let mut cursors = self.cursors.lock();
-        let last_hello = cursors
-            .peek(&(*capsule, *peer))
-            .map_or(next.last_hello, |c| c.last_hello.max(next.last_hello));
-        cursors.put(
+        self.cursors.lock().put(
             (*capsule, *peer),
             SyncCursor {
                 pos: p as u64,
                 pending: next.pending,
-                last_hello,
             },
         );
         Ok(())
@@ -2060,9 +2070,7 @@ impl CapsuleServer {
         quick: &Digest,
         count: u64,
     ) -> (u64, Signature) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now = now_micros();
         let mut at = 0;
         let _ = self
             .hello_stamp
@@ -2074,17 +2082,47 @@ impl CapsuleServer {
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
     }
 
-    /// Takes the stamp of a Hello from `peer` (whose signature was checked): true when it
-    /// is higher than that of every Hello this peer started a session of `capsule` with,
-    /// as far as this server remembers ([`MAX_SYNC_CURSORS`] peers), false for a replay.
-    pub fn accept_sync_hello(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> bool {
-        let mut cursors = self.cursors.lock();
-        let c = cursors.get_or_insert_mut((*capsule, *peer), SyncCursor::default);
-        if at <= c.last_hello {
-            return false;
+    /// Takes the stamp of a Hello from `peer` (whose signature was checked). It must lie
+    /// within [`SYNC_HELLO_WINDOW_MICROS`] of this server's clock and above the stamp of
+    /// every Hello this peer started a session of `capsule` with in that window, so a
+    /// captured Hello cannot start another session: [`Error::Rejected`] otherwise. Stamps
+    /// are remembered until they leave the window, never dropped before: when
+    /// [`MAX_HELLO_STAMPS`] pairs are remembered, a new pair is refused with
+    /// [`Error::Unavailable`] until some age out.
+    pub fn accept_sync_hello(
+        &self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+        at: u64,
+    ) -> Result<()> {
+        let now = now_micros();
+        if at.abs_diff(now) > SYNC_HELLO_WINDOW_MICROS {
+            return Err(Error::Rejected(format!(
+                "the Hello's stamp is {} s from this server's clock (at most {} s): check both \
+                 servers' clocks",
+                at.abs_diff(now) / 1_000_000,
+                SYNC_HELLO_WINDOW_MICROS / 1_000_000
+            )));
         }
-        c.last_hello = at;
-        true
+        let key = (*capsule, *peer);
+        let mut stamps = self.hello_stamps.lock();
+        if stamps.len() >= MAX_HELLO_STAMPS && !stamps.contains_key(&key) {
+            stamps.retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
+            if stamps.len() >= MAX_HELLO_STAMPS {
+                return Err(Error::Unavailable(
+                    "too many replicas started anti-entropy sessions in the last 5 minutes; \
+                     retry later"
+                        .into(),
+                ));
+            }
+        }
+        if stamps.get(&key).is_some_and(|&last| at <= last) {
+            return Err(Error::Rejected(
+                "a Hello this replica already started a session with (replayed)".into(),
+            ));
+        }
+        stamps.insert(key, at);
+        Ok(())
     }
 
     /// The present, proven records among `names`, ready to ship to a peer.

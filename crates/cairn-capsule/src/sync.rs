@@ -229,6 +229,43 @@ fn quick_hash(
     *h.finalize().digest()
 }
 
+/// Checks that a Hello is signed by `peer` for `server` (the responder).
+fn verify_hello(
+    capsule: &CapsuleName,
+    quick: &Digest,
+    count: u64,
+    at: u64,
+    sig: &Signature,
+    peer: &PublicKey,
+    server: &CapsuleServer,
+) -> Result<()> {
+    let msg = crate::server::sync_hello_message(capsule, &server.public_key(), quick, count, at);
+    peer.verify(crate::server::DOMAIN_SYNC_HELLO, &msg, sig)
+        .map_err(|_| {
+            Error::Rejected(format!(
+                "the Hello is not signed by {peer} for this server: a session is started \
+                 only by the replica whose key it names"
+            ))
+        })
+}
+
+impl SyncMsg {
+    /// For a Hello: checks that `peer` signed it for `server` (the responder), before a
+    /// responder lets it replace a session; any other message passes.
+    pub fn check_hello(&self, peer: &PublicKey, server: &CapsuleServer) -> Result<()> {
+        match self {
+            SyncMsg::Hello {
+                capsule,
+                quick,
+                count,
+                at,
+                sig,
+            } => verify_hello(capsule, quick, *count, *at, sig, peer, server),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl SyncState {
     /// A session of `server` with the replica whose server key is `peer`.
     pub fn new(server: &CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
@@ -470,27 +507,8 @@ impl SyncState {
                 if self.role.is_some() {
                     return Err(Error::invalid("unexpected Hello: the session has started"));
                 }
-                let msg = crate::server::sync_hello_message(
-                    &capsule,
-                    &server.public_key(),
-                    &quick,
-                    count,
-                    at,
-                );
-                self.peer
-                    .verify(crate::server::DOMAIN_SYNC_HELLO, &msg, &sig)
-                    .map_err(|_| {
-                        Error::Rejected(format!(
-                            "the Hello is not signed by {} for this server: a session is \
-                             started only by the replica whose key it names",
-                            self.peer
-                        ))
-                    })?;
-                if !server.accept_sync_hello(&capsule, &self.peer, at) {
-                    return Err(Error::Rejected(
-                        "a Hello this replica already started a session with (replayed)".into(),
-                    ));
-                }
+                verify_hello(&capsule, &quick, count, at, &sig, &self.peer, server)?;
+                server.accept_sync_hello(&capsule, &self.peer, at)?;
                 self.role = Some(Role::Responder);
                 // A peer holds at most as many names as a message can list.
                 self.peer_count = count.min(crate::wire::MAX_NAMES as u64);

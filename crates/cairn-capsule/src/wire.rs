@@ -25,8 +25,11 @@
 //! verifiable end to end, and a remote server is trusted for nothing else. The anti-entropy
 //! carrier names the initiator's server key, which the responder uses to pick its sync
 //! cursor; the Hello that starts a session is signed by that key, for this responder, with
-//! a stamp that only grows, so no one can start a session in another replica's name or
-//! replay one. Later messages of a session are not signed: a peer that sees a session's
+//! a stamp within five minutes of the responder's clock and above the last one it took from
+//! that replica, so no one can start a session in another replica's name or replay one
+//! (stamps are kept in memory: after a responder restarts, a Hello captured less than five
+//! minutes before could start one more session), and a Hello that fails the check does not
+//! touch the session open under that key. Later messages of a session are not signed: a peer that sees a session's
 //! capsule and initiator key could still end it early, which moves that replica's cursor,
 //! and the next session then finds what the replica lacks through the quick check (heads
 //! and holes differ) and Lu's heads/roots walk instead of set reconciliation. Sessions'
@@ -1673,6 +1676,8 @@ impl CapsuleService {
                         "Hello names another capsule than the request",
                     ));
                 }
+                // A Hello that is not the peer's own does not get to replace its session.
+                msg.check_hello(&peer, server)?;
                 let fresh = SyncState::new(server, capsule, peer)?;
                 let names = fresh.names();
                 let max = self.max_sync_names;

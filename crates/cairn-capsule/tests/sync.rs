@@ -289,6 +289,26 @@ fn out_of_turn_messages_are_refused() {
         .handle(elsewhere)
         .unwrap_err();
     assert!(e.to_string().contains("not signed"), "{e}");
+    // A Hello is good for five minutes by the responder's clock: one A signed (with A's
+    // key) ten minutes ago is refused, even though no session used it.
+    let ten_minutes_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+        - 600_000_000;
+    let msg = server::sync_hello_message(&c, &b.public_key(), &[0; 32], 5, ten_minutes_ago);
+    let stale = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 5,
+        at: ten_minutes_ago,
+        sig: SigningKey::from_seed(&[1; 32]).sign(server::DOMAIN_SYNC_HELLO, &msg),
+    };
+    let e = SyncSession::new(&b, c, a.public_key())
+        .unwrap()
+        .handle(stale)
+        .unwrap_err();
+    assert!(e.to_string().contains("clock"), "{e}");
     // Initiator A: symbols are taken until they decode, not after.
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();

@@ -329,7 +329,11 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     let responder = srv.public_key();
     let hello = || {
         let k = SigningKey::generate().unwrap();
-        let msg = server::sync_hello_message(&c, &responder, &[0; 32], 30, 1);
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        let msg = server::sync_hello_message(&c, &responder, &[0; 32], 30, at);
         Request::Sync {
             capsule: c,
             peer: k.public(),
@@ -337,7 +341,7 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
                 capsule: c,
                 quick: [0; 32],
                 count: 30,
-                at: 1,
+                at,
                 sig: k.sign(server::DOMAIN_SYNC_HELLO, &msg),
             },
         }
@@ -376,4 +380,63 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
         "{r:?}"
     );
     assert_eq!(small.open_syncs(), 0);
+}
+
+/// A Hello that is not signed by the key it names is refused before it touches the open
+/// session under that key: the real session goes on.
+#[test]
+fn a_forged_hello_does_not_end_a_real_session() {
+    let srv = server(5);
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    for i in 0..10 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let n = r.name();
+        srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
+    }
+    let a = server(6);
+    let svc = CapsuleService::new(srv.clone());
+    let (at, sig) = a.sign_sync_hello(&c, &srv.public_key(), &[0; 32], 3);
+    let real = svc.handle(Request::Sync {
+        capsule: c,
+        peer: a.public_key(),
+        msg: SyncMsg::Hello {
+            capsule: c,
+            quick: [0; 32],
+            count: 3,
+            at,
+            sig,
+        },
+    });
+    assert!(
+        matches!(real, Response::Sync(Some(SyncMsg::Symbols(_)))),
+        "{real:?}"
+    );
+    let other = SigningKey::from_seed(&[42; 32]);
+    let msg = server::sync_hello_message(&c, &srv.public_key(), &[0; 32], 3, at + 1);
+    let forged = svc.handle(Request::Sync {
+        capsule: c,
+        peer: a.public_key(),
+        msg: SyncMsg::Hello {
+            capsule: c,
+            quick: [0; 32],
+            count: 3,
+            at: at + 1,
+            sig: other.sign(server::DOMAIN_SYNC_HELLO, &msg),
+        },
+    });
+    assert!(
+        matches!(&forged, Response::Error(e) if e.code == ErrorCode::Rejected),
+        "{forged:?}"
+    );
+    let more = svc.handle(Request::Sync {
+        capsule: c,
+        peer: a.public_key(),
+        msg: SyncMsg::More,
+    });
+    assert!(
+        matches!(more, Response::Sync(Some(SyncMsg::Symbols(_)))),
+        "{more:?}"
+    );
 }
