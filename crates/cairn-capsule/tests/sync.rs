@@ -408,41 +408,58 @@ fn a_record_sent_twice_keeps_the_signature_of_either_copy() {
     fresh.prove(&c, &signed, None).unwrap();
 }
 
+/// Two replicas A and B of a new capsule, its writer, and a function sealing a body for it.
+struct Pair {
+    a: CapsuleServer,
+    b: CapsuleServer,
+    c: CapsuleName,
+    w: Writer,
+    seal: Box<dyn Fn(&str) -> Vec<u8>>,
+}
+
+fn pair(label: &str) -> Pair {
+    let (a, b) = (server(1), server(2));
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), label);
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
+    let crypto = cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c);
+    let seal = Box::new(move |s: &str| crypto.seal(s.as_bytes()).unwrap());
+    Pair { a, b, c, w, seal }
+}
+
+/// Writes `r`, signed, to both replicas; returns its name.
+fn both_signed(
+    a: &CapsuleServer,
+    b: &CapsuleServer,
+    c: &CapsuleName,
+    w: &Writer,
+    r: Record,
+) -> RecordName {
+    let sig = vec![(r.name(), w.sign(&r.name()))];
+    for s in [a, b] {
+        s.write(c, std::slice::from_ref(&r), &sig).unwrap();
+    }
+    r.name()
+}
+
 /// A record that was unproven when two replicas last synced (so it did not travel) is
 /// compared again once a signature reaches it: the next sync sends it, instead of the
 /// quick check finding both sides in sync while one of them lacks it.
 #[test]
 fn a_record_proven_after_a_sync_travels_at_the_next_one() {
-    let a = server(1);
-    let b = server(2);
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "late-proof");
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    b.create(&meta).unwrap();
-    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
-    let seal = |s: &str| {
-        cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c)
-            .seal(s.as_bytes())
-            .unwrap()
-    };
+    let Pair { a, b, c, w, seal } = pair("late-proof");
     // A signed root on both; then x, unsigned, on A only.
-    let root = Record::new(c, seal("root"), vec![]);
-    let root_sig = vec![(root.name(), w.sign(&root.name()))];
-    for s in [&a, &b] {
-        s.write(&c, std::slice::from_ref(&root), &root_sig).unwrap();
-    }
-    let x = Record::new(c, seal("x"), vec![root.name()]);
+    let root = both_signed(&a, &b, &c, &w, Record::new(c, seal("root"), vec![]));
+    let x = Record::new(c, seal("x"), vec![root]);
     a.write(&c, std::slice::from_ref(&x), &[]).unwrap();
     // x is unproven, so this sync does not move it.
     sync_pair(&a, &b, &c).unwrap();
     assert!(!present(&b, &c).contains(&x.name()));
     // y, signed, names x: written to both replicas.
-    let y = Record::new(c, seal("y"), vec![x.name()]);
-    let y_sig = vec![(y.name(), w.sign(&y.name()))];
-    for s in [&a, &b] {
-        s.write(&c, std::slice::from_ref(&y), &y_sig).unwrap();
-    }
+    both_signed(&a, &b, &c, &w, Record::new(c, seal("y"), vec![x.name()]));
     let (ra, rb) = sync_pair(&a, &b, &c).unwrap();
     assert!(!ra.quick_match, "{ra:?} {rb:?}");
     assert_eq!(present(&a, &c), present(&b, &c));
@@ -458,35 +475,15 @@ fn a_record_proven_after_a_sync_travels_at_the_next_one() {
 /// of sending again every record accepted after that one.
 #[test]
 fn a_record_never_proven_does_not_make_every_sync_compare_again() {
-    let a = server(1);
-    let b = server(2);
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "never");
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    b.create(&meta).unwrap();
-    let w = Writer::new(meta.clone(), wk, Some(BodyKey([3; 32]))).unwrap();
-    let seal = |s: &str| {
-        cairn_capsule::record::BodyCrypto::new(meta.cipher, Some(&BodyKey([3; 32])), &c)
-            .seal(s.as_bytes())
-            .unwrap()
-    };
+    let Pair { a, b, c, w, seal } = pair("never");
     // An unsigned record early on A, then 30 signed records on their own chain, on both.
-    let root = Record::new(c, seal("root"), vec![]);
-    let root_sig = vec![(root.name(), w.sign(&root.name()))];
-    for s in [&a, &b] {
-        s.write(&c, std::slice::from_ref(&root), &root_sig).unwrap();
-    }
-    let orphan = Record::new(c, seal("never signed"), vec![root.name()]);
+    let root = both_signed(&a, &b, &c, &w, Record::new(c, seal("root"), vec![]));
+    let orphan = Record::new(c, seal("never signed"), vec![root]);
     a.write(&c, std::slice::from_ref(&orphan), &[]).unwrap();
-    let mut tip = root.name();
+    let mut tip = root;
     for i in 0..30 {
         let r = Record::new(c, seal(&format!("r{i}")), vec![tip]);
-        let sig = vec![(r.name(), w.sign(&r.name()))];
-        tip = r.name();
-        for s in [&a, &b] {
-            s.write(&c, std::slice::from_ref(&r), &sig).unwrap();
-        }
+        tip = both_signed(&a, &b, &c, &w, r);
     }
     sync_pair(&a, &b, &c).unwrap();
     // The heads differ for good (the orphan is a head on A, and it cannot travel), so no
