@@ -408,13 +408,16 @@ fn a_record_sent_twice_keeps_the_signature_of_either_copy() {
     fresh.prove(&c, &signed, None).unwrap();
 }
 
+/// Seals a body for a capsule.
+type Seal = Box<dyn Fn(&str) -> Vec<u8>>;
+
 /// Two replicas A and B of a new capsule, its writer, and a function sealing a body for it.
 struct Pair {
     a: CapsuleServer,
     b: CapsuleServer,
     c: CapsuleName,
     w: Writer,
-    seal: Box<dyn Fn(&str) -> Vec<u8>>,
+    seal: Seal,
 }
 
 fn pair(label: &str) -> Pair {
