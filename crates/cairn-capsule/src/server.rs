@@ -541,10 +541,16 @@ pub struct SyncCursor {
 /// a Hello is good only that long, so a responder remembers stamps only that long.
 pub const SYNC_HELLO_WINDOW_MICROS: u64 = 300_000_000;
 
-/// Most (capsule, initiator) pairs whose last Hello stamp a server remembers within the
-/// window; past it new initiators are refused (with a retry hint) until stamps age out,
-/// rather than forgetting a stamp, which would let its Hello be replayed.
+/// Most (capsule, initiator) pairs whose last Hello stamp a server remembers (see
+/// [`CapsuleServer::accept_sync_hello`]).
 pub const MAX_HELLO_STAMPS: usize = 1 << 16;
+
+/// The last Hello stamp taken per (capsule, initiator), and the highest stamp dropped.
+#[derive(Default)]
+struct HelloStamps {
+    map: HashMap<(CapsuleName, PublicKey), u64>,
+    floor: u64,
+}
 
 fn now_micros() -> u64 {
     std::time::SystemTime::now()
@@ -578,7 +584,7 @@ pub struct CapsuleServer {
     hello_stamp: AtomicU64,
     /// Per (capsule, initiator): the stamp of the last Hello accepted, while it is within
     /// [`SYNC_HELLO_WINDOW_MICROS`] (see [`CapsuleServer::accept_sync_hello`]).
-    hello_stamps: Mutex<HashMap<(CapsuleName, PublicKey), u64>>,
+    hello_stamps: Mutex<HelloStamps>,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
 }
@@ -698,7 +704,7 @@ impl CapsuleServer {
             mirrored: Arc::new(AtomicUsize::new(0)),
             next_session: AtomicU64::new(1),
             hello_stamp: AtomicU64::new(0),
-            hello_stamps: Mutex::new(HashMap::new()),
+            hello_stamps: Mutex::new(HelloStamps::default()),
             cursors: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
                     .unwrap_or(std::num::NonZeroUsize::MIN),
@@ -2082,19 +2088,13 @@ impl CapsuleServer {
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
     }
 
-    /// Takes the stamp of a Hello from `peer` (whose signature was checked). It must lie
-    /// within [`SYNC_HELLO_WINDOW_MICROS`] of this server's clock and above the stamp of
-    /// every Hello this peer started a session of `capsule` with in that window, so a
-    /// captured Hello cannot start another session: [`Error::Rejected`] otherwise. Stamps
-    /// are remembered until they leave the window, never dropped before: when
-    /// [`MAX_HELLO_STAMPS`] pairs are remembered, a new pair is refused with
-    /// [`Error::Unavailable`] until some age out.
-    pub fn accept_sync_hello(
-        &self,
-        capsule: &CapsuleName,
-        peer: &PublicKey,
-        at: u64,
-    ) -> Result<()> {
+    /// Checks the stamp of a Hello from `peer` without taking it: it must lie within
+    /// [`SYNC_HELLO_WINDOW_MICROS`] of this server's clock and above the stamp of every Hello
+    /// this peer started a session of `capsule` with in that window (or, for a peer whose
+    /// stamp was dropped to make room, above every stamp dropped), so a captured Hello
+    /// cannot start another session: [`Error::Rejected`] otherwise. A responder checks this
+    /// before a Hello touches the session open under its key.
+    pub fn check_sync_hello(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
         let now = now_micros();
         if at.abs_diff(now) > SYNC_HELLO_WINDOW_MICROS {
             return Err(Error::Rejected(format!(
@@ -2104,24 +2104,49 @@ impl CapsuleServer {
                 SYNC_HELLO_WINDOW_MICROS / 1_000_000
             )));
         }
-        let key = (*capsule, *peer);
-        let mut stamps = self.hello_stamps.lock();
-        if stamps.len() >= MAX_HELLO_STAMPS && !stamps.contains_key(&key) {
-            stamps.retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
-            if stamps.len() >= MAX_HELLO_STAMPS {
-                return Err(Error::Unavailable(
-                    "too many replicas started anti-entropy sessions in the last 5 minutes; \
-                     retry later"
-                        .into(),
-                ));
-            }
-        }
-        if stamps.get(&key).is_some_and(|&last| at <= last) {
+        let stamps = self.hello_stamps.lock();
+        let last = stamps
+            .map
+            .get(&(*capsule, *peer))
+            .copied()
+            .unwrap_or(stamps.floor);
+        if at <= last {
             return Err(Error::Rejected(
                 "a Hello this replica already started a session with (replayed)".into(),
             ));
         }
-        stamps.insert(key, at);
+        Ok(())
+    }
+
+    /// Takes the stamp of a Hello from `peer` (whose signature was checked), after
+    /// [`CapsuleServer::check_sync_hello`]. Stamps are remembered while in the window; past
+    /// [`MAX_HELLO_STAMPS`] pairs the oldest eighth is dropped and the highest stamp dropped
+    /// becomes the floor every unremembered pair must be above (so a dropped stamp's Hello
+    /// still cannot be replayed, and stamps made up in the future cannot lock honest
+    /// replicas out: the oldest go first).
+    pub fn accept_sync_hello(
+        &self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+        at: u64,
+    ) -> Result<()> {
+        self.check_sync_hello(capsule, peer, at)?;
+        let now = now_micros();
+        let mut stamps = self.hello_stamps.lock();
+        stamps.map.insert((*capsule, *peer), at);
+        if stamps.map.len() > MAX_HELLO_STAMPS {
+            stamps
+                .map
+                .retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
+        }
+        if stamps.map.len() > MAX_HELLO_STAMPS {
+            let mut all: Vec<u64> = stamps.map.values().copied().collect();
+            let k = all.len() / 8;
+            let (_, cut, _) = all.select_nth_unstable(k);
+            let cut = *cut;
+            stamps.map.retain(|_, s| *s > cut);
+            stamps.floor = stamps.floor.max(cut);
+        }
         Ok(())
     }
 

@@ -250,8 +250,9 @@ fn verify_hello(
 }
 
 impl SyncMsg {
-    /// For a Hello: checks that `peer` signed it for `server` (the responder), before a
-    /// responder lets it replace a session; any other message passes.
+    /// For a Hello: checks that `peer` signed it for `server` (the responder) and that its
+    /// stamp is fresh and new ([`CapsuleServer::check_sync_hello`], nothing recorded),
+    /// before a responder lets it replace a session; any other message passes.
     pub fn check_hello(&self, peer: &PublicKey, server: &CapsuleServer) -> Result<()> {
         match self {
             SyncMsg::Hello {
@@ -260,7 +261,10 @@ impl SyncMsg {
                 count,
                 at,
                 sig,
-            } => verify_hello(capsule, quick, *count, *at, sig, peer, server),
+            } => {
+                verify_hello(capsule, quick, *count, *at, sig, peer, server)?;
+                server.check_sync_hello(capsule, peer, *at)
+            }
             _ => Ok(()),
         }
     }

@@ -28,8 +28,8 @@
 //! a stamp within five minutes of the responder's clock and above the last one it took from
 //! that replica, so no one can start a session in another replica's name or replay one
 //! (stamps are kept in memory: after a responder restarts, a Hello captured less than five
-//! minutes before could start one more session), and a Hello that fails the check does not
-//! touch the session open under that key. Later messages of a session are not signed: a peer that sees a session's
+//! minutes before could start one more session), and a Hello that fails the signature or
+//! the stamp check does not touch the session open under that key. Later messages of a session are not signed: a peer that sees a session's
 //! capsule and initiator key could still end it early, which moves that replica's cursor,
 //! and the next session then finds what the replica lacks through the quick check (heads
 //! and holes differ) and Lu's heads/roots walk instead of set reconciliation. Sessions'

@@ -382,8 +382,8 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     assert_eq!(small.open_syncs(), 0);
 }
 
-/// A Hello that is not signed by the key it names is refused before it touches the open
-/// session under that key: the real session goes on.
+/// A Hello that is not signed by the key it names, or that was used already, is refused
+/// before it touches the open session under that key: the real session goes on.
 #[test]
 fn a_forged_hello_does_not_end_a_real_session() {
     let srv = server(5);
@@ -398,7 +398,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
     let a = server(6);
     let svc = CapsuleService::new(srv.clone());
     let (at, sig) = a.sign_sync_hello(&c, &srv.public_key(), &[0; 32], 3);
-    let real = svc.handle(Request::Sync {
+    let hello = Request::Sync {
         capsule: c,
         peer: a.public_key(),
         msg: SyncMsg::Hello {
@@ -408,10 +408,18 @@ fn a_forged_hello_does_not_end_a_real_session() {
             at,
             sig,
         },
-    });
+    };
+    let real = svc.handle(hello.clone());
     assert!(
         matches!(real, Response::Sync(Some(SyncMsg::Symbols(_)))),
         "{real:?}"
+    );
+    // The same (validly signed) Hello again: refused as a replay, and the session it
+    // started goes on.
+    let replayed = svc.handle(hello);
+    assert!(
+        matches!(&replayed, Response::Error(e) if e.code == ErrorCode::Rejected),
+        "{replayed:?}"
     );
     let other = SigningKey::from_seed(&[42; 32]);
     let msg = server::sync_hello_message(&c, &srv.public_key(), &[0; 32], 3, at + 1);
