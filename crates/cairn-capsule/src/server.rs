@@ -2449,6 +2449,51 @@ mod tests {
     use cairn_core::HashAlgo;
     use cairn_store::MemoryStore;
 
+    /// A full table of Hello stamps drops its oldest eighth: their Hellos still cannot be
+    /// replayed (the floor), while a replica with a current stamp is taken.
+    #[test]
+    fn a_full_hello_table_drops_the_oldest_and_refuses_their_replays() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let server = CapsuleServer::new(
+            store,
+            SigningKey::from_seed(&[5; 32]),
+            ServerOptions::default(),
+        );
+        let peer = SigningKey::from_seed(&[3; 32]).public();
+        // Pairs differ by capsule name (cheap to make); stamps from 100 s ago, rising.
+        let name = |i: u64| CapsuleName(HashAlgo::Blake3.digest(&i.to_le_bytes()));
+        let start = now_micros() - 100_000_000;
+        for i in 0..=MAX_HELLO_STAMPS as u64 {
+            server
+                .accept_sync_hello(&name(i), &peer, start + i)
+                .unwrap();
+        }
+        let (len, floor) = {
+            let st = server.hello_stamps.lock();
+            (st.map.len(), st.floor)
+        };
+        assert!(len <= MAX_HELLO_STAMPS * 7 / 8 + 1, "{len}");
+        assert!(
+            floor >= start + (MAX_HELLO_STAMPS / 8) as u64 - 1,
+            "{floor}"
+        );
+        // The oldest pair's Hello, dropped from the table, is still refused.
+        let e = server
+            .accept_sync_hello(&name(0), &peer, start)
+            .unwrap_err();
+        assert!(e.to_string().contains("replayed"), "{e}");
+        // The newest pair is still remembered; a new replica with a current stamp passes.
+        let newest = MAX_HELLO_STAMPS as u64;
+        assert!(
+            server
+                .accept_sync_hello(&name(newest), &peer, start + newest)
+                .is_err()
+        );
+        server
+            .accept_sync_hello(&name(u64::MAX), &peer, now_micros())
+            .unwrap();
+    }
+
     /// Acks signed on the signer's thread while the write commits are the same acks: each
     /// verifies and names the log size the capsule has after the write, from one writer
     /// and from several at once (when the signer is busy, writers sign their own), for
