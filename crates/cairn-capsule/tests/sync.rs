@@ -34,6 +34,17 @@ fn proven(s: &CapsuleServer, c: &CapsuleName) -> BTreeSet<RecordName> {
     .unwrap()
 }
 
+/// A Hello of capsule `c` with an all-zero quick check, `count` names, stamp and signature.
+fn hello_msg(c: CapsuleName, count: u64, (at, sig): (u64, cairn_core::Signature)) -> SyncMsg {
+    SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count,
+        at,
+        sig,
+    }
+}
+
 /// A scenario: `n` records on up to 3 branches of one writer, signed every `every`, each
 /// delivered to A, B or both.
 fn scenario(
@@ -232,14 +243,11 @@ fn out_of_turn_messages_are_refused() {
     let (a, b, c, _) = scenario(40, 5, &placement, &[]);
     // A Hello A signs for B (each with a fresh stamp).
     let signed_hello = |count: u64| {
-        let (at, sig) = a.sign_sync_hello(&c, &b.public_key(), &[0; 32], count);
-        SyncMsg::Hello {
-            capsule: c,
-            quick: [0; 32],
+        hello_msg(
+            c,
             count,
-            at,
-            sig,
-        }
+            a.sign_sync_hello(&c, &b.public_key(), &[0; 32], count),
+        )
     };
     let hello = signed_hello(u64::MAX);
     // Responder B: a Hello with a huge count is answered with a bounded first batch.
@@ -263,27 +271,21 @@ fn out_of_turn_messages_are_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("replayed"), "{e}");
     let other = server(9);
-    let (at, sig) = other.sign_sync_hello(&c, &b.public_key(), &[0; 32], 5);
-    let forged = SyncMsg::Hello {
-        capsule: c,
-        quick: [0; 32],
-        count: 5,
-        at,
-        sig,
-    };
+    let forged = hello_msg(
+        c,
+        5,
+        other.sign_sync_hello(&c, &b.public_key(), &[0; 32], 5),
+    );
     let e = SyncSession::new(&b, c, a.public_key())
         .unwrap()
         .handle(forged)
         .unwrap_err();
     assert!(e.to_string().contains("not signed"), "{e}");
-    let (at, sig) = a.sign_sync_hello(&c, &other.public_key(), &[0; 32], 5);
-    let elsewhere = SyncMsg::Hello {
-        capsule: c,
-        quick: [0; 32],
-        count: 5,
-        at,
-        sig,
-    };
+    let elsewhere = hello_msg(
+        c,
+        5,
+        a.sign_sync_hello(&c, &other.public_key(), &[0; 32], 5),
+    );
     let e = SyncSession::new(&b, c, a.public_key())
         .unwrap()
         .handle(elsewhere)
@@ -297,13 +299,14 @@ fn out_of_turn_messages_are_refused() {
         .as_micros() as u64
         - 600_000_000;
     let msg = server::sync_hello_message(&c, &b.public_key(), &[0; 32], 5, ten_minutes_ago);
-    let stale = SyncMsg::Hello {
-        capsule: c,
-        quick: [0; 32],
-        count: 5,
-        at: ten_minutes_ago,
-        sig: SigningKey::from_seed(&[1; 32]).sign(server::DOMAIN_SYNC_HELLO, &msg),
-    };
+    let stale = hello_msg(
+        c,
+        5,
+        (
+            ten_minutes_ago,
+            SigningKey::from_seed(&[1; 32]).sign(server::DOMAIN_SYNC_HELLO, &msg),
+        ),
+    );
     let e = SyncSession::new(&b, c, a.public_key())
         .unwrap()
         .handle(stale)

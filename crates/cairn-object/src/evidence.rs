@@ -40,6 +40,11 @@ pub const EVIDENCE_BUDGET: u64 = 8 << 20;
 /// [`MAX_INLINE_BYTES`] and room for the key, context and bases.
 pub const MAX_META_FRAME: usize = MAX_INLINE_BYTES + (1 << 20);
 
+/// The answer of a chunk source to what it does not do (write, list, forget).
+fn refuse<T>(what: &str) -> Result<T> {
+    Err(Error::invalid(what))
+}
+
 /// Where a [`RecordingChunks`] puts what it notes.
 enum Sink<'a> {
     /// Kept, up to a byte budget.
@@ -135,7 +140,7 @@ impl ChunkStore for RecordingChunks<'_> {
     }
 
     fn put_hashed(&self, _cid: Cid, _chunk: &[u8]) -> Result<bool> {
-        Err(Error::invalid("a recording view of a store is read-only"))
+        refuse("a recording view of a store is read-only")
     }
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
@@ -163,13 +168,11 @@ impl ChunkStore for RecordingChunks<'_> {
     }
 
     fn cids(&self) -> Result<Vec<Cid>> {
-        Err(Error::invalid(
-            "a recording view of a store does not list chunks",
-        ))
+        refuse("a recording view of a store does not list chunks")
     }
 
     fn remove(&self, _cids: &[Cid]) -> Result<()> {
-        Err(Error::invalid("a recording view of a store is read-only"))
+        refuse("a recording view of a store is read-only")
     }
 
     fn stats(&self) -> Result<StoreStats> {
@@ -214,7 +217,7 @@ impl<R: Read + Send> ChunkStore for StreamedChunks<R> {
     }
 
     fn put_hashed(&self, _cid: Cid, _chunk: &[u8]) -> Result<bool> {
-        Err(Error::invalid("a streamed chunk source is read-only"))
+        refuse("a streamed chunk source is read-only")
     }
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
@@ -241,19 +244,15 @@ impl<R: Read + Send> ChunkStore for StreamedChunks<R> {
     }
 
     fn has(&self, _cid: &Cid) -> Result<bool> {
-        Err(Error::invalid(
-            "a streamed chunk source hands chunks out, it does not answer has",
-        ))
+        refuse("a streamed chunk source hands chunks out, it does not answer has")
     }
 
     fn cids(&self) -> Result<Vec<Cid>> {
-        Err(Error::invalid(
-            "a streamed chunk source does not list chunks",
-        ))
+        refuse("a streamed chunk source does not list chunks")
     }
 
     fn remove(&self, _cids: &[Cid]) -> Result<()> {
-        Err(Error::invalid("a streamed chunk source is read-only"))
+        refuse("a streamed chunk source is read-only")
     }
 
     fn stats(&self) -> Result<StoreStats> {

@@ -10,6 +10,12 @@ fn set(name: &str, value: &[u8]) -> RefUpdate {
     }
 }
 
+/// Overwrites `bytes` at `at` in the file at `path` (damage, or a write that never landed).
+fn overwrite(path: &std::path::Path, at: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, at).unwrap();
+}
+
 #[test]
 fn garbage_ratio() {
     assert!(garbage_heavy(0, 0));
@@ -719,10 +725,7 @@ fn damage_in_a_last_group_the_snapshot_covers_is_not_cut() {
     let path = s.segments.read()[&loc.seg].path.clone();
     drop(s);
     // Rot one byte of the first chunk's payload.
-    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    let at = loc.off + format::FRAME_HEADER_LEN as u64 + 100;
-    f.write_all_at(&[9], at).unwrap();
-    drop(f);
+    overwrite(&path, loc.off + format::FRAME_HEADER_LEN as u64 + 100, &[9]);
     let s = LogStore::open(dir.path(), opts).unwrap();
     assert_eq!(
         s.recovery().segment_bytes_truncated,
@@ -783,10 +786,7 @@ fn damage_after_the_covered_commit_of_a_last_run_is_cut() {
     };
     drop(s);
     // The second commit's header never reached the disk.
-    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.write_all_at(&[0u8; format::FRAME_HEADER_LEN], second)
-        .unwrap();
-    drop(f);
+    overwrite(&path, second, &[0u8; format::FRAME_HEADER_LEN]);
     let s = LogStore::open(dir.path(), opts).unwrap();
     assert_eq!(
         s.get_ref(b"big").unwrap().as_deref(),
@@ -828,10 +828,8 @@ fn a_rotted_covered_commit_does_not_cut_the_commits_after_it() {
         (w.seg.path.clone(), c)
     };
     drop(s);
-    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     let at = second.off + format::FRAME_HEADER_LEN as u64 + u64::from(second.len) / 2;
-    f.write_all_at(&[0xEE], at).unwrap();
-    drop(f);
+    overwrite(&path, at, &[0xEE]);
     let s = LogStore::open(dir.path(), opts).unwrap();
     assert_eq!(
         s.recovery().segment_bytes_truncated,
