@@ -48,7 +48,7 @@
 //! durability level), so a restart still refuses them. Every failure is 401
 //! with a message naming the check that failed, and nothing is written.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, Method, Uri, header};
@@ -78,13 +78,17 @@ pub const MAX_NONCE_LEN: usize = 64;
 pub const CONTEXT_HEADER: &str = "x-cairn-context";
 /// How far a request's date may be from the node's clock, either way, in seconds.
 pub const WINDOW_SECS: u64 = 300;
-/// Most signatures remembered at once against replays (about 100 bytes each); past this,
-/// signed requests get 503 until old ones expire.
+/// Most signatures remembered at once against replays (about 100 bytes each, with their
+/// place in their owner's order: 40 MiB in all). Past this, the owner key holding the most loses its oldest
+/// eighth and its floor rises (see [`ReplayGuard`]); other keys are not touched.
 const MAX_REMEMBERED: usize = 400_000;
 /// Most signatures of one owner key remembered at once (166 signed requests a second over
-/// the window): past this, that key's requests get 503 until its old ones expire, so one
-/// key cannot fill the table every other owner needs.
+/// the window): past this, that key's oldest eighth is forgotten and its floor rises.
 pub const MAX_PER_OWNER: usize = 50_000;
+/// Most owner keys with a floor or signatures remembered at once; past this (a flood of
+/// made-up keys, each with a bucket), signed requests of keys not in the table get 503
+/// until floors expire.
+const MAX_OWNERS: usize = 400_000;
 
 /// The parts of a request that its signature covers.
 #[derive(Clone, Debug)]
@@ -207,57 +211,215 @@ pub struct Checked {
 }
 
 /// Signatures accepted recently (until their date leaves the window), against replays.
+///
+/// Memory is bounded ([`MAX_REMEMBERED`] signatures, [`MAX_PER_OWNER`] of one key) without
+/// refusing honest owners when the table fills: the key holding the most signatures (the
+/// one that fills it) forgets its oldest eighth, and its *floor* rises to the latest expiry
+/// it forgot. A request of that key whose date is not past the floor is refused (401: sign
+/// it anew with the current time), which refuses every replay of a forgotten signature.
+/// Requests signed at the time they are sent stay above the floor, since the forgotten
+/// signatures are the key's oldest; other keys' floors do not move. A floor is kept until
+/// it leaves the window.
 #[derive(Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
     persisted: std::sync::atomic::AtomicU64,
 }
 
-/// The remembered signatures, with how many each owner key holds.
+/// The remembered signatures, per owner key.
 #[derive(Default)]
 struct Seen {
-    sigs: HashMap<[u8; 64], (u64, Option<[u8; 32]>)>,
-    per_owner: HashMap<[u8; 32], usize>,
+    /// Per owner key: its signatures, in expiry order, and its floor.
+    owners: HashMap<[u8; 32], OwnerSigs>,
+    /// Signatures of refs written before owners were kept: they only expire.
+    legacy: HashMap<[u8; 64], u64>,
+    /// Signatures remembered in `owners`.
+    total: usize,
+    /// Owner keys by how many signatures they hold, to find the one holding the most.
+    by_count: BTreeSet<(usize, [u8; 32])>,
     /// The second of the last sweep of expired signatures (at most one a second).
     swept_at: u64,
 }
 
+/// One owner key's remembered signatures (by [`sig_id`]: when each leaves the window) and
+/// its floor.
+#[derive(Default)]
+struct OwnerSigs {
+    sigs: HashMap<u128, u64>,
+    order: BTreeSet<(u64, u128)>,
+    /// Signatures of this key expiring at or before this second were forgotten early:
+    /// requests dated so are refused.
+    floor: u64,
+}
+
+/// A signature's name within its owner key's table: 128 bits of its BLAKE3 hash. Two
+/// signatures of one key sharing it (a 2^-128 chance, or a signer reusing its own nonce
+/// on purpose) make the second look like a replay: refused, never wrongly accepted.
+fn sig_id(sig: &[u8; 64]) -> u128 {
+    let h = HashAlgo::Blake3.digest(sig);
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&h.digest()[..16]);
+    u128::from_le_bytes(b)
+}
+
+/// Why [`Seen::admit`] refused a signature.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Accepted before: a replay.
+    Replayed,
+    /// Dated at or before its key's floor.
+    BelowFloor(u64),
+    /// Too many owner keys hold signatures or floors.
+    Full,
+}
+
 impl Seen {
-    fn insert(&mut self, sig: [u8; 64], expires: u64, owner: Option<[u8; 32]>) {
-        if let Some((_, Some(old))) = self.sigs.insert(sig, (expires, owner)) {
-            self.forget(&old);
-        }
-        if let Some(o) = owner {
-            *self.per_owner.entry(o).or_default() += 1;
-        }
+    fn count(&self, owner: &[u8; 32]) -> usize {
+        self.owners.get(owner).map_or(0, |o| o.order.len())
     }
 
-    fn forget(&mut self, owner: &[u8; 32]) {
-        if let Some(n) = self.per_owner.get_mut(owner) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_owner.remove(owner);
+    fn floor(&self, owner: &[u8; 32]) -> u64 {
+        self.owners.get(owner).map_or(0, |o| o.floor)
+    }
+
+    /// Records `sig` of `owner` as used until `expires`, making room as [`ReplayGuard`]
+    /// says.
+    fn admit(
+        &mut self,
+        owner: &[u8; 32],
+        sig: &[u8; 64],
+        expires: u64,
+        now: u64,
+        limits: Limits,
+    ) -> Result<(), Refusal> {
+        let id = sig_id(sig);
+        let seen_before = self.legacy.get(sig).is_some_and(|e| *e >= now)
+            || self
+                .owners
+                .get(owner)
+                .and_then(|o| o.sigs.get(&id))
+                .is_some_and(|e| *e >= now);
+        if seen_before {
+            return Err(Refusal::Replayed);
+        }
+        // Refused requests make no room: the floor is checked before anything is forgotten.
+        if expires <= self.floor(owner) {
+            return Err(Refusal::BelowFloor(self.floor(owner)));
+        }
+        let new_owner = |seen: &Seen| !seen.owners.contains_key(owner);
+        let full = |seen: &Seen| {
+            seen.total + seen.legacy.len() >= limits.max
+                || seen.count(owner) >= limits.per_owner
+                || (seen.owners.len() >= limits.owners && new_owner(seen))
+        };
+        if full(self) && self.swept_at != now {
+            self.sweep(now);
+        }
+        if self.owners.len() >= limits.owners && new_owner(self) {
+            return Err(Refusal::Full);
+        }
+        if self.count(owner) >= limits.per_owner {
+            self.forget_oldest(owner);
+        }
+        if self.total + self.legacy.len() >= limits.max {
+            // The key holding the most gives way; legacy signatures only expire.
+            let Some(&(_, heaviest)) = self.by_count.last() else {
+                return Err(Refusal::Full);
+            };
+            self.forget_oldest(&heaviest);
+        }
+        // What this key just forgot may reach past this request's date (it is older than
+        // the key's oldest eighth).
+        if expires <= self.floor(owner) {
+            return Err(Refusal::BelowFloor(self.floor(owner)));
+        }
+        self.insert(owner, id, expires);
+        Ok(())
+    }
+
+    /// Adds a signature of `owner` whatever the limits (an expired one of the same id is
+    /// replaced).
+    fn insert(&mut self, owner: &[u8; 32], id: u128, expires: u64) {
+        let o = self.owners.entry(*owner).or_default();
+        let before = o.order.len();
+        match o.sigs.insert(id, expires) {
+            Some(old) => {
+                o.order.remove(&(old, id));
+            }
+            None => self.total += 1,
+        }
+        o.order.insert((expires, id));
+        let after = o.order.len();
+        self.recount(owner, before, after);
+    }
+
+    /// Moves `owner` in `by_count` from `before` to `after` signatures.
+    fn recount(&mut self, owner: &[u8; 32], before: usize, after: usize) {
+        if before != after {
+            self.by_count.remove(&(before, *owner));
+            if after > 0 {
+                self.by_count.insert((after, *owner));
             }
         }
     }
 
-    /// Drops the signatures expired at `now`.
+    /// Forgets the oldest eighth (at least one) of `owner`'s signatures and raises its
+    /// floor to the latest expiry forgotten.
+    fn forget_oldest(&mut self, owner: &[u8; 32]) {
+        let Some(o) = self.owners.get_mut(owner) else {
+            return;
+        };
+        let before = o.order.len();
+        for _ in 0..(before / 8).max(1) {
+            let Some((exp, id)) = o.order.pop_first() else {
+                break;
+            };
+            o.sigs.remove(&id);
+            o.floor = o.floor.max(exp);
+        }
+        let after = o.order.len();
+        self.total -= before - after;
+        self.recount(owner, before, after);
+    }
+
+    /// Drops the signatures expired at `now`, and the floors no request can reach any more.
     fn sweep(&mut self, now: u64) {
         self.swept_at = now;
-        let per_owner = &mut self.per_owner;
-        self.sigs.retain(|_, (e, owner)| {
-            let keep = *e >= now;
-            if !keep
-                && let Some(o) = owner
-                && let Some(n) = per_owner.get_mut(o)
+        self.legacy.retain(|_, e| *e >= now);
+        let mut changed = Vec::new();
+        self.owners.retain(|key, o| {
+            let before = o.order.len();
+            while let Some(&(exp, id)) = o.order.first()
+                && exp < now
             {
-                *n -= 1;
+                o.order.pop_first();
+                o.sigs.remove(&id);
             }
-            keep
+            if o.order.len() != before {
+                changed.push((*key, before, o.order.len()));
+            }
+            !o.order.is_empty() || o.floor >= now
         });
-        per_owner.retain(|_, n| *n > 0);
+        for (key, before, after) in changed {
+            self.total -= before - after;
+            self.recount(&key, before, after);
+        }
     }
 }
+
+/// The table's bounds (the constants above; smaller in tests).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max: usize,
+    per_owner: usize,
+    owners: usize,
+}
+
+const LIMITS: Limits = Limits {
+    max: MAX_REMEMBERED,
+    per_owner: MAX_PER_OWNER,
+    owners: MAX_OWNERS,
+};
 
 impl ReplayGuard {
     /// The guard with the signatures an earlier run of the node accepted and persisted
@@ -279,7 +441,12 @@ impl ReplayGuard {
                 };
                 let exp = u64::from_le_bytes(<[u8; 8]>::try_from(exp).unwrap_or_default());
                 if exp >= now {
-                    seen.insert(sig, exp, owner);
+                    match owner {
+                        Some(o) => seen.insert(&o, sig_id(&sig), exp),
+                        None => {
+                            seen.legacy.insert(sig, exp);
+                        }
+                    }
                 } else {
                     expired.push(RefUpdate::Delete {
                         name: name.to_vec(),
@@ -326,7 +493,8 @@ impl ReplayGuard {
     }
 
     /// Records `sig` of `owner` as used until `expires`; false when it was used already.
-    /// 503 when the table, or `owner`'s share of it ([`MAX_PER_OWNER`]), is full.
+    /// 401 when it is dated at or before `owner`'s floor, 503 when the table holds as many
+    /// owner keys as it may (see [`ReplayGuard`]).
     fn first_use(
         &self,
         owner: &[u8; 32],
@@ -334,7 +502,7 @@ impl ReplayGuard {
         expires: u64,
         now: u64,
     ) -> ApiResult<bool> {
-        self.first_use_within(owner, sig, expires, now, MAX_REMEMBERED, MAX_PER_OWNER)
+        self.first_use_within(owner, sig, expires, now, LIMITS)
     }
 
     fn first_use_within(
@@ -343,39 +511,24 @@ impl ReplayGuard {
         sig: [u8; 64],
         expires: u64,
         now: u64,
-        max: usize,
-        max_per_owner: usize,
+        limits: Limits,
     ) -> ApiResult<bool> {
-        let mut seen = self.seen.lock();
-        if seen.sigs.get(&sig).is_some_and(|(e, _)| *e >= now) {
-            return Ok(false);
-        }
-        let full = |seen: &Seen| {
-            seen.sigs.len() >= max
-                || seen.per_owner.get(owner).copied().unwrap_or(0) >= max_per_owner
-        };
-        if full(&seen) && seen.swept_at != now {
-            seen.sweep(now);
-        }
-        let busy = |msg: String| {
-            Err(ApiError::new(
+        match self.seen.lock().admit(owner, &sig, expires, now, limits) {
+            Ok(()) => Ok(true),
+            Err(Refusal::Replayed) => Ok(false),
+            Err(Refusal::BelowFloor(floor)) => Err(ApiError::unauthorized(format!(
+                "this owner key signs more requests than the node remembers, and it no longer \
+                 remembers those dated {} or earlier: sign the request anew with the current \
+                 time",
+                floor.saturating_sub(WINDOW_SECS)
+            ))),
+            Err(Refusal::Full) => Err(ApiError::new(
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
-                msg,
+                "too many owner keys signed requests in the replay window; retry shortly",
             )
-            .with_header(header::RETRY_AFTER, header::HeaderValue::from_static("5")))
-        };
-        if seen.per_owner.get(owner).copied().unwrap_or(0) >= max_per_owner {
-            return busy(format!(
-                "this owner key made {max_per_owner} signed requests in the last {WINDOW_SECS} s, \
-                 as many as the node remembers for one key; retry shortly"
-            ));
+            .with_header(header::RETRY_AFTER, header::HeaderValue::from_static("5"))),
         }
-        if seen.sigs.len() >= max {
-            return busy("too many signed requests in the replay window; retry shortly".into());
-        }
-        seen.insert(sig, expires, Some(*owner));
-        Ok(true)
     }
 }
 
@@ -693,65 +846,176 @@ mod tests {
         }
     }
 
-    /// One owner key cannot take the whole replay table: past its share its requests are
-    /// refused (503, nothing remembered), other keys go on, and its share frees as its
-    /// signatures expire.
+    fn sig(i: u32) -> [u8; 64] {
+        let mut s = [0u8; 64];
+        s[..4].copy_from_slice(&i.to_le_bytes());
+        s
+    }
+
+    const SMALL: Limits = Limits {
+        max: 16,
+        per_owner: 8,
+        owners: 4,
+    };
+
+    /// One owner key past its share forgets its own oldest signatures (its floor rises to
+    /// the latest of them), not other keys': its requests signed now still pass, one dated
+    /// at or before the floor is refused (every replay of a forgotten signature with it),
+    /// and nothing is refused with 503.
     #[test]
-    fn one_owner_cannot_fill_the_replay_table() {
+    fn a_key_past_its_share_forgets_its_oldest_signatures() {
         let guard = ReplayGuard::default();
         let now = 1_700_000_000;
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let sig = |i: u32| {
-            let mut s = [0u8; 64];
-            s[..4].copy_from_slice(&i.to_le_bytes());
-            s
+        let use_at = |owner: &[u8; 32], i: u32, expires: u64, now: u64| {
+            guard.first_use_within(owner, sig(i), expires, now, SMALL)
         };
-        for i in 0..3 {
-            assert!(
-                guard
-                    .first_use_within(&a, sig(i), now + 10, now, 10, 3)
-                    .unwrap()
-            );
+        assert!(use_at(&b, 1000, now + 300, now).unwrap());
+        // a signs 8 requests dated over 8 seconds: its share is full.
+        for i in 0..8 {
+            assert!(use_at(&a, i, now + 300 + i as u64, now + i as u64).unwrap());
         }
+        // The ninth forgets the oldest (one eighth of 8), expiring at now + 300.
+        let t = now + 8;
+        assert!(use_at(&a, 8, t + 300, t).unwrap());
+        assert_eq!(guard.seen.lock().count(&a), 8);
+        assert_eq!(guard.seen.lock().owners[&a].floor, now + 300);
+        // A replay of the forgotten signature is refused by the floor; of a remembered one,
+        // as a replay.
+        let e = use_at(&a, 0, now + 300, t).unwrap_err();
+        assert_eq!(e.status, 401);
+        assert!(e.message.contains("sign the request anew"), "{}", e.message);
+        assert!(!use_at(&a, 1, now + 301, t).unwrap());
+        // A new request dated at the floor's second is refused too; one dated later passes.
+        assert_eq!(use_at(&a, 50, now + 300, t).unwrap_err().status, 401);
+        assert!(use_at(&a, 51, t + 300, t).unwrap());
+        // b was not touched.
+        assert_eq!(guard.seen.lock().count(&b), 1);
+        assert!(!use_at(&b, 1000, now + 300, t).unwrap());
+        assert_eq!(guard.seen.lock().owners[&b].floor, 0);
+    }
+
+    /// When the whole table is full, the key holding the most signatures gives way (the
+    /// flooder), and an honest key's requests are accepted, not refused with 503.
+    #[test]
+    fn a_full_table_takes_room_from_the_key_holding_the_most() {
+        let guard = ReplayGuard::default();
+        let now = 1_700_000_000;
+        let keys: Vec<[u8; 32]> = (1..=3u8).map(|k| [k; 32]).collect();
+        let honest = [9u8; 32];
+        // Three flooding keys fill the table (16) with 6, 5 and 5 signatures.
+        let mut i = 0;
+        for (k, n) in keys.iter().zip([6, 5, 5]) {
+            for _ in 0..n {
+                assert!(
+                    guard
+                        .first_use_within(k, sig(i), now + 300, now, SMALL)
+                        .unwrap()
+                );
+                i += 1;
+            }
+        }
+        assert_eq!(guard.seen.lock().total, 16);
+        // The honest key's request takes the room of the first key's oldest signature.
+        assert!(
+            guard
+                .first_use_within(&honest, sig(100), now + 300, now, SMALL)
+                .unwrap()
+        );
+        let seen = guard.seen.lock();
+        assert_eq!(seen.total, 16);
+        assert_eq!(seen.count(&keys[0]), 5);
+        assert_eq!(seen.owners[&keys[0]].floor, now + 300);
+        assert_eq!(seen.count(&honest), 1);
+        assert_eq!(seen.owners[&honest].floor, 0);
+        drop(seen);
+        // Many keys of one signature each: the table keeps working; past MAX_OWNERS (4 here)
+        // a key it holds nothing for gets 503, and its floors leave with the window.
         let e = guard
-            .first_use_within(&a, sig(3), now + 10, now, 10, 3)
+            .first_use_within(&[7u8; 32], sig(200), now + 300, now, SMALL)
             .unwrap_err();
         assert_eq!(e.status, 503);
-        assert!(e.message.contains("owner key"), "{}", e.message);
-        // A replay is still a replay, not a 503.
+        assert!(e.message.contains("owner keys"), "{}", e.message);
+        let later = now + 301;
         assert!(
-            !guard
-                .first_use_within(&a, sig(0), now + 10, now, 10, 3)
+            guard
+                .first_use_within(&[7u8; 32], sig(201), later + 300, later, SMALL)
                 .unwrap()
         );
-        // Another key is unaffected, up to the table's limit.
-        for i in 100..107 {
-            assert!(
-                guard
-                    .first_use_within(&b, sig(i), now + 5, now, 10, 8)
-                    .unwrap()
+        let seen = guard.seen.lock();
+        assert_eq!(seen.total, 1);
+        assert_eq!(seen.owners.len(), 1);
+        assert_eq!(seen.by_count.len(), 1);
+    }
+
+    /// Whatever the order of requests, owners, dates and sweeps, no signature is accepted
+    /// twice while its date is in the window, and the table's indexes stay in step with
+    /// its signatures within its limits (a model check with small limits).
+    #[test]
+    fn the_replay_table_never_accepts_a_replay_and_stays_consistent() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let guard = ReplayGuard::default();
+        let mut now = 1_700_000_000u64;
+        let limits = Limits {
+            max: 40,
+            per_owner: 12,
+            owners: 6,
+        };
+        // Every signature made: its owner, its expiry, and whether it was accepted.
+        let mut made: Vec<([u8; 32], u64, bool)> = Vec::new();
+        let (mut accepted, mut replays_refused) = (0, 0);
+        for step in 0..20_000u32 {
+            if rng.random_ratio(1, 50) {
+                now += rng.random_range(1..=40);
+            }
+            let id = if made.is_empty() || rng.random_ratio(1, 2) {
+                // A new signature, dated within the window of `now` (some of it ahead).
+                let owner = [rng.random_range(0..8u8); 32];
+                let date = now + rng.random_range(0..=WINDOW_SECS + 30) - WINDOW_SECS;
+                made.push((owner, date + WINDOW_SECS, false));
+                made.len() - 1
+            } else {
+                rng.random_range(0..made.len())
+            };
+            let (owner, expires, before) = made[id];
+            if expires < now {
+                continue; // out of the window: `check` refuses it before the table
+            }
+            let got = guard.first_use_within(&owner, sig(id as u32), expires, now, limits);
+            if before {
+                assert!(
+                    !matches!(got, Ok(true)),
+                    "step {step}: a replay was accepted"
+                );
+                replays_refused += 1;
+            } else if matches!(got, Ok(true)) {
+                made[id].2 = true;
+                accepted += 1;
+            }
+            let seen = guard.seen.lock();
+            let owned: usize = seen.owners.values().map(|o| o.order.len()).sum();
+            assert_eq!(owned, seen.total, "step {step}");
+            assert!(seen.total <= limits.max, "step {step}");
+            assert!(seen.owners.len() <= limits.owners, "step {step}");
+            for (k, o) in &seen.owners {
+                assert!(o.order.len() <= limits.per_owner, "step {step}");
+                let n = o.order.len();
+                assert_eq!(seen.by_count.contains(&(n, *k)), n > 0, "step {step}");
+                assert_eq!(o.sigs.len(), n, "step {step}");
+                for (e, id) in &o.order {
+                    assert_eq!(o.sigs.get(id), Some(e), "step {step}");
+                }
+            }
+            assert_eq!(
+                seen.by_count.len(),
+                seen.owners.values().filter(|o| !o.order.is_empty()).count()
             );
         }
-        let e = guard
-            .first_use_within(&b, sig(200), now + 5, now, 10, 8)
-            .unwrap_err();
-        assert!(e.message.contains("replay window"), "{}", e.message);
-        // Once b's signatures expire, there is room again; a's stay until theirs do.
-        let later = now + 6;
+        // The run exercised both sides.
         assert!(
-            guard
-                .first_use_within(&b, sig(201), later + 5, later, 10, 8)
-                .unwrap()
-        );
-        let e = guard
-            .first_use_within(&a, sig(4), later + 5, later, 10, 3)
-            .unwrap_err();
-        assert!(e.message.contains("owner key"), "{}", e.message);
-        let after = now + 11;
-        assert!(
-            guard
-                .first_use_within(&a, sig(5), after + 5, after, 10, 3)
-                .unwrap()
+            accepted > 1000 && replays_refused > 300,
+            "{accepted} {replays_refused}"
         );
     }
 
@@ -775,10 +1039,7 @@ mod tests {
         assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 1);
         // The signer's share is restored with it; a value written before owners were kept
         // (8 bytes) still guards against its replay and counts against no owner.
-        assert_eq!(
-            second.seen.lock().per_owner.get(key.public().raw()),
-            Some(&1)
-        );
+        assert_eq!(second.seen.lock().count(key.public().raw()), 1);
         let mut legacy = REPLAY_REFS.to_vec();
         legacy.extend_from_slice(&[9u8; 64]);
         store
@@ -793,8 +1054,9 @@ mod tests {
                 .first_use(&[7; 32], [9u8; 64], later + 100, later)
                 .unwrap()
         );
-        assert_eq!(third.seen.lock().sigs.len(), 2);
-        assert_eq!(third.seen.lock().per_owner.len(), 1);
+        assert_eq!(third.seen.lock().total, 1);
+        assert_eq!(third.seen.lock().legacy.len(), 1);
+        assert_eq!(third.seen.lock().owners.len(), 1);
     }
 
     #[test]
