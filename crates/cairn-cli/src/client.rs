@@ -112,26 +112,7 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
                 eprintln!("{}", crate::cli::last_branch_removed(&key, &branch, uid));
             }
         }
-        Command::Branches { key, untagged } => {
-            let r = c.get_json(c.url("branches", Some(&key), &[])?)?;
-            if untagged {
-                for u in array_field(&r, "untagged")? {
-                    writeln!(out, "{}", u.as_str().unwrap_or_default())?;
-                }
-            } else {
-                let tagged = r
-                    .get("tagged")
-                    .and_then(J::as_object)
-                    .ok_or_else(|| bad_answer("tagged"))?;
-                for (name, u) in tagged {
-                    writeln!(out, "{name}\t{}", u.as_str().unwrap_or_default())?;
-                }
-                let n = array_field(&r, "untagged")?.len();
-                if n > 0 {
-                    eprintln!("{}", crate::cli::untagged_note(&key, n));
-                }
-            }
-        }
+        Command::Branches { key, untagged } => c.branches(&key, untagged, &mut out)?,
         Command::Keys => c.keys(&mut out)?,
         Command::Log { key, branch, limit } => c.log(&key, &branch, limit, &mut out)?,
         Command::Diff { key, a, b } => c.diff(&key, a, b, &mut out)?,
@@ -926,6 +907,90 @@ impl Client {
         }
     }
 
+    /// The version `uid` of `key`, from the Meta chunk (hex) the node sent with a listing,
+    /// checked against `uid` and `key`; one the listing left out (too large to travel in
+    /// it) is read alone, verified. `lied` words a failure as the listing's.
+    fn checked_meta(
+        &self,
+        key: &str,
+        uid: Uid,
+        meta: Option<&J>,
+        lied: &dyn Fn(String) -> anyhow::Error,
+    ) -> Result<cairn_object::FObject> {
+        let o = match meta {
+            Some(J::String(h)) => {
+                let chunk = hex::decode(h)
+                    .map_err(|_| lied(format!("sends {uid} with a Meta chunk that is not hex")))?;
+                let got = uid.algo().digest(&chunk);
+                if got != uid {
+                    return Err(lied(format!(
+                        "sends a version {uid} whose Meta chunk hashes to {got}"
+                    )));
+                }
+                cairn_object::FObject::from_chunk(&chunk).map_err(|e| {
+                    lied(format!(
+                        "sends {uid} with a Meta chunk that does not decode: {e}"
+                    ))
+                })?
+            }
+            Some(_) => {
+                return Err(lied(format!(
+                    "sends {uid} with a Meta chunk that is not hex"
+                )));
+            }
+            // Too large to travel in the listing: read it alone, verified.
+            None => {
+                let (_, v) = self.open_version_part(key, Some(uid), None, true)?;
+                v.object().clone()
+            }
+        };
+        if o.key.as_ref() != key.as_bytes() {
+            return Err(lied(format!("lists {uid}, a version of another key")));
+        }
+        Ok(o)
+    }
+
+    /// `branches`: each head the node lists is checked to be a version of `key` (its Meta
+    /// chunk hashes to the uid and names the key), so a node cannot list a made-up head or
+    /// another key's version. It can still leave a branch out or name an older head; `get
+    /// --capsule` proves that the bucket's writer recorded a version.
+    fn branches(&self, key: &str, untagged: bool, out: &mut impl Write) -> Result<()> {
+        let r = self.get_json(self.url("branches", Some(key), &[])?)?;
+        let lied = |what: String| -> anyhow::Error {
+            Error::Rejected(format!("the node's branches of {key:?} {what}")).into()
+        };
+        let metas = r.get("metas").and_then(J::as_object);
+        let check = |u: &J| -> Result<Uid> {
+            let uid: Uid = u
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad_answer("branches"))?;
+            self.checked_meta(key, uid, metas.and_then(|m| m.get(&uid.to_string())), &lied)?;
+            Ok(uid)
+        };
+        let heads = array_field(&r, "untagged")?;
+        let mut lines = Vec::new();
+        if untagged {
+            for u in heads {
+                writeln!(lines, "{}", check(u)?)?;
+            }
+        } else {
+            let tagged = r
+                .get("tagged")
+                .and_then(J::as_object)
+                .ok_or_else(|| bad_answer("tagged"))?;
+            for (name, u) in tagged {
+                writeln!(lines, "{name}\t{}", check(u)?)?;
+            }
+        }
+        // Printed only once every head checked out.
+        out.write_all(&lines)?;
+        if !untagged && !heads.is_empty() {
+            eprintln!("{}", crate::cli::untagged_note(key, heads.len()));
+        }
+        Ok(())
+    }
+
     /// `log`: the node's answer is checked, not trusted. Each entry's Meta chunk must hash
     /// to its uid (what is printed comes from it), and the entries must be exactly the
     /// breadth-first walk of the history those verified versions record, from the start
@@ -994,32 +1059,7 @@ impl Client {
                         )));
                     }
                 }
-                let o = match e.get("meta").and_then(J::as_str) {
-                    Some(h) => {
-                        let chunk = hex::decode(h).map_err(|_| {
-                            lied(format!("sends {uid} with a Meta chunk that is not hex"))
-                        })?;
-                        let got = uid.algo().digest(&chunk);
-                        if got != uid {
-                            return Err(lied(format!(
-                                "sends a version {uid} whose Meta chunk hashes to {got}"
-                            )));
-                        }
-                        cairn_object::FObject::from_chunk(&chunk).map_err(|e| {
-                            lied(format!(
-                                "sends {uid} with a Meta chunk that does not decode: {e}"
-                            ))
-                        })?
-                    }
-                    // Too large to travel in the log: read it alone, verified.
-                    None => {
-                        let (_, v) = self.open_version_part(key, Some(uid), None, true)?;
-                        v.object().clone()
-                    }
-                };
-                if o.key.as_ref() != key.as_bytes() {
-                    return Err(lied(format!("lists {uid}, a version of another key")));
-                }
+                let o = self.checked_meta(key, uid, e.get("meta"), &lied)?;
                 if distance < max {
                     for b in &o.bases {
                         if seen.insert(*b) {

@@ -1441,6 +1441,66 @@ fn log_refuses_what_a_lying_node_sends() {
     }
 }
 
+/// `branches` over a node checks each head it lists against the Meta chunk sent with it:
+/// a made-up head, another key's version or an altered chunk makes it exit 11 with nothing
+/// printed; an honest answer prints as the node's own listing does.
+#[test]
+fn branches_refuse_what_a_lying_node_sends() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    u.ok(srv, &["put", "k", "--value", "1"]);
+    u.ok(srv, &["fork", "k", "--from", "master", "--to", "side"]);
+    u.ok(srv, &["put", "k", "--value", "2", "--branch", "side"]);
+    let other = u.ok(srv, &["put", "other", "--value", "x"]);
+    let expected = u.ok(srv, &["branches", "k"]);
+    assert_eq!(expected.lines().count(), 2, "{expected}");
+    let url = format!("{}/v1/buckets/default/branches/k", s.base);
+    let honest: serde_json::Value =
+        serde_json::from_slice(&reqwest::blocking::get(url).unwrap().bytes().unwrap()).unwrap();
+    assert_eq!(honest["metas"].as_object().unwrap().len(), 2, "{honest}");
+    let serve = |j: &serde_json::Value| lying_node(String::new(), j.to_string().into_bytes());
+    assert_eq!(u.ok(Some(&serve(&honest)), &["branches", "k"]), expected);
+    let side = honest["tagged"]["side"].as_str().unwrap().to_string();
+    let other_url = format!("{}/v1/buckets/default/branches/other", s.base);
+    let other_answer: serde_json::Value =
+        serde_json::from_slice(&reqwest::blocking::get(other_url).unwrap().bytes().unwrap())
+            .unwrap();
+    let other = other.trim().to_string();
+    let mut foreign = honest.clone();
+    foreign["tagged"]["side"] = serde_json::json!(other);
+    foreign["metas"][&other] = other_answer["metas"][&other].clone();
+    let mut altered = honest.clone();
+    let m = altered["metas"][&side].as_str().unwrap().to_string();
+    let flip = if m.ends_with('0') { "1" } else { "0" };
+    altered["metas"][&side] = serde_json::json!(format!("{}{flip}", &m[..m.len() - 1]));
+    let mut swapped = honest.clone();
+    let master = honest["tagged"]["master"].clone();
+    swapped["metas"][&side] = honest["metas"][master.as_str().unwrap()].clone();
+    for (what, j) in [
+        ("another key's version as a head", foreign),
+        ("a Meta chunk altered", altered),
+        ("another head's Meta chunk", swapped),
+    ] {
+        let out = u.run(Some(&serve(&j)), &["branches", "k"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{what}: {err}");
+        assert!(out.stdout.is_empty(), "{what}: printed {:?}", out.stdout);
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+    // A head sent without its Meta chunk is read alone, verified: here the liar cannot
+    // produce it.
+    let mut made_up = honest.clone();
+    made_up["untagged"] = serde_json::json!([format!("1e20{}", "ab".repeat(32))]);
+    let out = u.run(Some(&serve(&made_up)), &["branches", "k", "--untagged"]);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+}
+
 /// A log longer than one answer (the node's 8 MiB budget, here 600 versions with 4 KiB
 /// contexts): the client follows `next_min` from the same start version and checks the
 /// walk across pages.

@@ -83,7 +83,10 @@ pub async fn keys(
 }
 
 /// `GET /v1/buckets/{bucket}/branches/{key}`: tagged branches with their heads, and the
-/// untagged heads (more than one: concurrent writes forked the key).
+/// untagged heads (more than one: concurrent writes forked the key). `metas` maps each head
+/// uid to its version's Meta chunk (hex), so a reader can check that every head is a
+/// version of this key; a Meta chunk over [`LOG_META_BYTES`], or past
+/// [`BRANCHES_META_BYTES`] of them in all, is left out (the reader reads it alone).
 pub async fn branches(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
@@ -100,7 +103,21 @@ pub async fn branches(
             .map(|(n, u)| (n.clone(), J::String(u.to_string())))
             .collect();
         let untagged: Vec<String> = t.untagged.iter().map(|u| u.to_string()).collect();
-        Ok(json!({ "key": key, "tagged": tagged, "untagged": untagged }))
+        let mut metas = serde_json::Map::new();
+        let mut bytes = 0usize;
+        for uid in t.tagged.values().chain(t.untagged.iter()) {
+            let hex_uid = uid.to_string();
+            if metas.contains_key(&hex_uid) {
+                continue;
+            }
+            let meta = b.db().load_for_key(key.as_bytes(), uid)?.to_chunk();
+            if meta.len() > LOG_META_BYTES || bytes + 2 * meta.len() > BRANCHES_META_BYTES {
+                continue;
+            }
+            bytes += 2 * meta.len();
+            metas.insert(hex_uid, J::String(hex::encode(&meta)));
+        }
+        Ok(json!({ "key": key, "tagged": tagged, "untagged": untagged, "metas": metas }))
     })
     .await?;
     Ok(body::json_response(node, permit, answer))
@@ -150,6 +167,9 @@ pub async fn log(
     .await?;
     Ok(body::json_response(node, permit, answer))
 }
+
+/// Most bytes (hex) of Meta chunks one `branches` answer carries.
+pub const BRANCHES_META_BYTES: usize = 8 << 20;
 
 /// Largest Meta chunk a `log` entry carries.
 pub const LOG_META_BYTES: usize = 64 << 10;
