@@ -78,17 +78,17 @@ pub const MAX_NONCE_LEN: usize = 64;
 pub const CONTEXT_HEADER: &str = "x-cairn-context";
 /// How far a request's date may be from the node's clock, either way, in seconds.
 pub const WINDOW_SECS: u64 = 300;
-/// Most signatures remembered at once against replays (about 100 bytes each, with their
-/// place in their owner's order: 40 MiB in all). Past this, the owner key holding the most loses its oldest
-/// eighth and its floor rises (see [`ReplayGuard`]); other keys are not touched.
+/// Most signatures remembered at once against replays (measured: 38 MiB when 8 keys hold
+/// them, 64 MiB when 50,000 keys hold 8 each). Past this, the owner key holding the most
+/// forgets its oldest eighth and its floor rises (see [`ReplayGuard`]).
 const MAX_REMEMBERED: usize = 400_000;
 /// Most signatures of one owner key remembered at once (166 signed requests a second over
 /// the window): past this, that key's oldest eighth is forgotten and its floor rises.
 pub const MAX_PER_OWNER: usize = 50_000;
-/// Most owner keys with a floor or signatures remembered at once; past this (a flood of
-/// made-up keys, each with a bucket), signed requests of keys not in the table get 503
-/// until floors expire.
-const MAX_OWNERS: usize = 400_000;
+/// Most owner keys with signatures or a floor remembered at once; past this (a flood of
+/// made-up keys, each with a bucket of its own), signed requests of keys not in the table
+/// get 503 until signatures and floors expire.
+const MAX_OWNERS: usize = 50_000;
 
 /// The parts of a request that its signature covers.
 #[derive(Clone, Debug)]
@@ -188,11 +188,33 @@ pub fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Prefix of the refs that remember accepted signatures across restarts: the 64-byte
-/// signature follows, the value is the Unix second (u64, little-endian) after which the
-/// signature's date is out of the window, then the 32-byte owner key that signed it
-/// (values of 8 bytes, written before the owner was kept, count against no owner).
+/// Prefix of the refs that remember accepted signatures across restarts: the owner key (32
+/// bytes) and the signature's [`sig_id`] (16 bytes, little-endian) follow, the value is the
+/// Unix second (u64, little-endian) after which the signature's date is out of the window.
+/// Refs written by earlier versions name the 64-byte signature instead, with the second
+/// and then the owner key as the value (or the second alone, before owners were kept).
 pub const REPLAY_REFS: &[u8] = b"native/replay/";
+
+/// Prefix of the refs that keep owner keys' floors (see [`ReplayGuard`]) across restarts:
+/// the owner key follows, the value is the floor (u64, little-endian).
+pub const REPLAY_FLOOR_REFS: &[u8] = b"native/replay-floor/";
+
+fn replay_ref(owner: &[u8; 32], id: u128) -> Vec<u8> {
+    let mut name = REPLAY_REFS.to_vec();
+    name.extend_from_slice(owner);
+    name.extend_from_slice(&id.to_le_bytes());
+    name
+}
+
+fn floor_ref(owner: &[u8; 32]) -> Vec<u8> {
+    let mut name = REPLAY_FLOOR_REFS.to_vec();
+    name.extend_from_slice(owner);
+    name
+}
+
+fn le_u64(b: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(<[u8; 8]>::try_from(b.get(..8)?).ok()?))
+}
 
 /// Persisted signatures between two sweeps of expired replay refs.
 const SWEEP_EVERY: u64 = 4096;
@@ -212,14 +234,19 @@ pub struct Checked {
 
 /// Signatures accepted recently (until their date leaves the window), against replays.
 ///
-/// Memory is bounded ([`MAX_REMEMBERED`] signatures, [`MAX_PER_OWNER`] of one key) without
-/// refusing honest owners when the table fills: the key holding the most signatures (the
-/// one that fills it) forgets its oldest eighth, and its *floor* rises to the latest expiry
-/// it forgot. A request of that key whose date is not past the floor is refused (401: sign
-/// it anew with the current time), which refuses every replay of a forgotten signature.
-/// Requests signed at the time they are sent stay above the floor, since the forgotten
-/// signatures are the key's oldest; other keys' floors do not move. A floor is kept until
-/// it leaves the window.
+/// Memory is bounded ([`MAX_REMEMBERED`] signatures, [`MAX_PER_OWNER`] of one key,
+/// [`MAX_OWNERS`] keys) without refusing honest owners when the table fills: the key
+/// holding the most signatures (the one that fills it) forgets its oldest eighth, and its
+/// *floor* rises to the latest expiry it forgot. A request of that key whose date is not
+/// past the floor is refused (401: sign it anew with the current time), which refuses
+/// every replay of a forgotten signature. Other keys' floors do not move. A key that
+/// holds more signatures in the window than the flooding keys do can become the one that
+/// gives way: its oldest are forgotten first, so only its requests dated no later than
+/// those (requests signed in the same second as many others, or sent late) are refused.
+/// Forgotten signatures' refs are deleted and raised floors stored in the commit of the
+/// next accepted signature ([`ReplayGuard::persist`]), and a reload applies the same
+/// limits ([`ReplayGuard::load`]). A floor is kept until no date in the window can reach
+/// it (up to 10 minutes after it was set, for signatures dated ahead of the clock).
 #[derive(Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
@@ -239,6 +266,13 @@ struct Seen {
     by_count: BTreeSet<(usize, [u8; 32])>,
     /// The second of the last sweep of expired signatures (at most one a second).
     swept_at: u64,
+    /// The latest `now` any request brought: a request whose `now` was read earlier is
+    /// judged at this one (a sweep may have dropped what it would replay).
+    high: u64,
+    /// Store changes the next [`ReplayGuard::persist`] commits: refs of forgotten
+    /// signatures to delete, and owner keys whose floor rose.
+    forgotten: Vec<([u8; 32], u128)>,
+    floors_raised: std::collections::HashSet<[u8; 32]>,
 }
 
 /// One owner key's remembered signatures (by [`sig_id`]: when each leaves the window) and
@@ -269,6 +303,8 @@ enum Refusal {
     Replayed,
     /// Dated at or before its key's floor.
     BelowFloor(u64),
+    /// Out of the window by the latest clock the table has seen.
+    Expired,
     /// Too many owner keys hold signatures or floors.
     Full,
 }
@@ -292,6 +328,11 @@ impl Seen {
         now: u64,
         limits: Limits,
     ) -> Result<(), Refusal> {
+        let now = now.max(self.high);
+        self.high = now;
+        if expires < now {
+            return Err(Refusal::Expired);
+        }
         let id = sig_id(sig);
         let seen_before = self.legacy.get(sig).is_some_and(|e| *e >= now)
             || self
@@ -302,7 +343,8 @@ impl Seen {
         if seen_before {
             return Err(Refusal::Replayed);
         }
-        // Refused requests make no room: the floor is checked before anything is forgotten.
+        // A request refused by its floor makes no room: checked before anything is
+        // forgotten (below, only what the requester's own key forgets can refuse it).
         if expires <= self.floor(owner) {
             return Err(Refusal::BelowFloor(self.floor(owner)));
         }
@@ -376,10 +418,37 @@ impl Seen {
             };
             o.sigs.remove(&id);
             o.floor = o.floor.max(exp);
+            self.forgotten.push((*owner, id));
         }
+        self.floors_raised.insert(*owner);
         let after = o.order.len();
         self.total -= before - after;
         self.recount(owner, before, after);
+    }
+
+    /// The store changes owed since the last call: deletes of forgotten signatures' refs,
+    /// and the raised floors.
+    fn take_store_changes(&mut self) -> Vec<RefUpdate> {
+        let mut out: Vec<RefUpdate> = self
+            .forgotten
+            .drain(..)
+            .map(|(o, id)| RefUpdate::Delete {
+                name: replay_ref(&o, id),
+            })
+            .collect();
+        for o in std::mem::take(&mut self.floors_raised) {
+            out.push(match self.floor(&o) {
+                // Swept meanwhile: its floor is out of every window.
+                0 => RefUpdate::Delete {
+                    name: floor_ref(&o),
+                },
+                f => RefUpdate::Set {
+                    name: floor_ref(&o),
+                    value: f.to_le_bytes().to_vec(),
+                },
+            });
+        }
+        out
     }
 
     /// Drops the signatures expired at `now`, and the floors no request can reach any more.
@@ -422,67 +491,125 @@ const LIMITS: Limits = Limits {
 };
 
 impl ReplayGuard {
-    /// The guard with the signatures an earlier run of the node accepted and persisted
-    /// whose date is still in the window at `now`; expired replay refs are removed.
+    /// The guard with the signatures and floors an earlier run of the node persisted that
+    /// are still in the window at `now`, within the table's limits (what does not fit is
+    /// forgotten as at run time, raising floors); expired and forgotten refs are removed.
     pub fn load(store: &dyn RefStore, now: u64) -> cairn_core::Result<Self> {
+        Self::load_within(store, now, LIMITS)
+    }
+
+    fn load_within(store: &dyn RefStore, now: u64, limits: Limits) -> cairn_core::Result<Self> {
         let guard = ReplayGuard::default();
-        let mut expired = Vec::new();
+        let mut updates = Vec::new();
         {
             let mut seen = guard.seen.lock();
-            for (name, value) in store.list_refs(REPLAY_REFS)? {
-                let Ok(sig) = <[u8; 64]>::try_from(&name[REPLAY_REFS.len()..]) else {
-                    // Not a ref this module wrote: leave it, and it cannot match.
-                    continue;
+            seen.high = now;
+            seen.swept_at = now;
+            for (name, value) in store.list_refs(REPLAY_FLOOR_REFS)? {
+                let Ok(owner) = <[u8; 32]>::try_from(&name[REPLAY_FLOOR_REFS.len()..]) else {
+                    continue; // not a ref this module wrote
                 };
-                let (exp, owner) = match value.len() {
-                    8 => (&value[..8], None),
-                    40 => (&value[..8], <[u8; 32]>::try_from(&value[8..]).ok()),
-                    _ => continue,
-                };
-                let exp = u64::from_le_bytes(<[u8; 8]>::try_from(exp).unwrap_or_default());
-                if exp >= now {
-                    match owner {
-                        Some(o) => seen.insert(&o, sig_id(&sig), exp),
-                        None => {
-                            seen.legacy.insert(sig, exp);
-                        }
-                    }
-                } else {
-                    expired.push(RefUpdate::Delete {
+                match le_u64(&value) {
+                    Some(f) if f >= now => seen.owners.entry(owner).or_default().floor = f,
+                    _ => updates.push(RefUpdate::Delete {
                         name: name.to_vec(),
-                    });
+                    }),
                 }
             }
+            for (name, value) in store.list_refs(REPLAY_REFS)? {
+                let rest = &name[REPLAY_REFS.len()..];
+                let (owner, id, legacy, exp) = match rest.len() {
+                    48 => {
+                        let owner = <[u8; 32]>::try_from(&rest[..32]).ok();
+                        let id = <[u8; 16]>::try_from(&rest[32..])
+                            .ok()
+                            .map(u128::from_le_bytes);
+                        (owner, id, None, le_u64(&value))
+                    }
+                    64 => {
+                        let sig = <[u8; 64]>::try_from(rest).ok();
+                        let owner = value.get(8..40).and_then(|o| <[u8; 32]>::try_from(o).ok());
+                        match (sig, owner) {
+                            (Some(sig), Some(o)) => {
+                                (Some(o), Some(sig_id(&sig)), None, le_u64(&value))
+                            }
+                            (Some(sig), None) if value.len() == 8 => {
+                                (None, None, Some(sig), le_u64(&value))
+                            }
+                            _ => continue,
+                        }
+                    }
+                    _ => continue, // not a ref this module wrote
+                };
+                let Some(exp) = exp else { continue };
+                let below_floor = owner.is_some_and(|o| exp <= seen.floor(&o));
+                if exp < now || below_floor {
+                    updates.push(RefUpdate::Delete {
+                        name: name.to_vec(),
+                    });
+                    continue;
+                }
+                match (owner, id, legacy) {
+                    (Some(o), Some(id), _) => seen.insert(&o, id, exp),
+                    (_, _, Some(sig)) => {
+                        seen.legacy.insert(sig, exp);
+                    }
+                    _ => {}
+                }
+            }
+            seen.owners
+                .retain(|_, o| !o.order.is_empty() || o.floor >= now);
+            // The limits of this run, as at run time.
+            let heavy: Vec<[u8; 32]> = seen
+                .by_count
+                .iter()
+                .rev()
+                .take_while(|(n, _)| *n > limits.per_owner)
+                .map(|(_, k)| *k)
+                .collect();
+            for k in heavy {
+                while seen.count(&k) > limits.per_owner {
+                    seen.forget_oldest(&k);
+                }
+            }
+            while seen.total + seen.legacy.len() > limits.max {
+                let Some(&(_, heaviest)) = seen.by_count.last() else {
+                    break;
+                };
+                seen.forget_oldest(&heaviest);
+            }
+            updates.extend(seen.take_store_changes());
         }
-        if !expired.is_empty() {
-            store.commit(&expired)?;
+        if !updates.is_empty() {
+            store.commit(&updates)?;
         }
         Ok(guard)
     }
 
     /// Commits an accepted signature to `store` (blocking: run it off the runtime, before
-    /// the request's write), and now and then removes the expired ones.
+    /// the request's write), with the refs of signatures forgotten since the last commit
+    /// deleted and the floors raised meanwhile written, in the same commit (until it lands,
+    /// a restart remembers the forgotten signatures again); now and then removes the
+    /// expired ones.
     pub fn persist(&self, store: &dyn RefStore, c: &Checked, now: u64) -> cairn_core::Result<()> {
-        let mut name = REPLAY_REFS.to_vec();
-        name.extend_from_slice(&c.signature);
-        let mut value = c.expires.to_le_bytes().to_vec();
-        value.extend_from_slice(&c.owner);
-        store.commit(&[RefUpdate::Set { name, value }])?;
+        let mut updates = vec![RefUpdate::Set {
+            name: replay_ref(&c.owner, sig_id(&c.signature)),
+            value: c.expires.to_le_bytes().to_vec(),
+        }];
+        updates.extend(self.seen.lock().take_store_changes());
+        store.commit(&updates)?;
         let n = self
             .persisted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
             let mut expired = Vec::new();
-            for (name, value) in store.list_refs(REPLAY_REFS)? {
-                let exp = value
-                    .get(..8)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map(u64::from_le_bytes)
-                    .ok_or(());
-                if exp.is_ok_and(|e| e < now) {
-                    expired.push(RefUpdate::Delete {
-                        name: name.to_vec(),
-                    });
+            for prefix in [REPLAY_REFS, REPLAY_FLOOR_REFS] {
+                for (name, value) in store.list_refs(prefix)? {
+                    if le_u64(&value).is_some_and(|e| e < now) {
+                        expired.push(RefUpdate::Delete {
+                            name: name.to_vec(),
+                        });
+                    }
                 }
             }
             if !expired.is_empty() {
@@ -516,6 +643,9 @@ impl ReplayGuard {
         match self.seen.lock().admit(owner, &sig, expires, now, limits) {
             Ok(()) => Ok(true),
             Err(Refusal::Replayed) => Ok(false),
+            Err(Refusal::Expired) => Err(ApiError::unauthorized(format!(
+                "{DATE_HEADER} is more than {WINDOW_SECS} s before the node's clock"
+            ))),
             Err(Refusal::BelowFloor(floor)) => Err(ApiError::unauthorized(format!(
                 "this owner key signs more requests than the node remembers, and it no longer \
                  remembers those dated {} or earlier: sign the request anew with the current \
@@ -1017,6 +1147,119 @@ mod tests {
             accepted > 1000 && replays_refused > 300,
             "{accepted} {replays_refused}"
         );
+    }
+
+    /// A request whose clock reading is older than one the table already judged at is
+    /// judged at the later one: a sweep at T + 1 cannot let a replay read at T through.
+    #[test]
+    fn a_stale_clock_reading_cannot_replay_what_a_sweep_dropped() {
+        let guard = ReplayGuard::default();
+        let t = 1_700_000_000;
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let tiny = Limits {
+            max: 2,
+            per_owner: 2,
+            owners: 4,
+        };
+        // a's signature expires at t; b's fill the table.
+        assert!(guard.first_use_within(&a, sig(1), t, t, tiny).unwrap());
+        assert!(
+            guard
+                .first_use_within(&b, sig(2), t + 300, t, tiny)
+                .unwrap()
+        );
+        // At t + 1 the table is full: the sweep drops a's expired signature.
+        assert!(
+            guard
+                .first_use_within(&b, sig(3), t + 301, t + 1, tiny)
+                .unwrap()
+        );
+        // A replay of a's signature whose `now` was read at t is refused all the same.
+        let e = guard.first_use_within(&a, sig(1), t, t, tiny).unwrap_err();
+        assert_eq!(e.status, 401);
+        assert!(
+            e.message.contains("before the node's clock"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// What a key forgot stays forgotten across a restart: its refs are deleted and its
+    /// floor persisted in the commit of the next accepted signature, and a reload applies
+    /// the table's limits to whatever refs it finds (here left by a run that had larger
+    /// limits), raising floors as at run time.
+    #[test]
+    fn forgetting_and_floors_survive_a_restart() {
+        let store = cairn_store::MemoryStore::new();
+        let now = 1_700_000_000;
+        let a = [1u8; 32];
+        let guard = ReplayGuard::default();
+        let accept = |g: &ReplayGuard, i: u32, expires: u64, limits: Limits| {
+            assert!(
+                g.first_use_within(&a, sig(i), expires, now, limits)
+                    .unwrap()
+            );
+            let c = Checked {
+                body_blake3: [0; 32],
+                signature: sig(i),
+                expires,
+                owner: a,
+            };
+            g.persist(&store, &c, now).unwrap();
+        };
+        for i in 0..9 {
+            accept(&guard, i, now + 100 + i as u64, SMALL);
+        }
+        // The ninth forgot the first (expiring at now + 100): its ref is gone, the floor
+        // is stored.
+        assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 8);
+        assert_eq!(
+            store.get_ref(&floor_ref(&a)).unwrap().as_deref(),
+            Some(&(now + 100).to_le_bytes()[..])
+        );
+        let again = ReplayGuard::load_within(&store, now, SMALL).unwrap();
+        assert_eq!(again.seen.lock().count(&a), 8);
+        let e = again
+            .first_use_within(&a, sig(0), now + 100, now, SMALL)
+            .unwrap_err();
+        assert!(e.message.contains("sign the request anew"), "{}", e.message);
+        assert!(
+            !again
+                .first_use_within(&a, sig(1), now + 101, now, SMALL)
+                .unwrap()
+        );
+        // A run with a larger share left 20 refs; a reload with the small share keeps the
+        // newest 8 and raises the floor past the others.
+        let big = Limits {
+            max: 100,
+            per_owner: 100,
+            owners: 10,
+        };
+        for i in 100..112 {
+            accept(&again, i, now + 200 + i as u64, big);
+        }
+        assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 20);
+        let third = ReplayGuard::load_within(&store, now, SMALL).unwrap();
+        assert_eq!(third.seen.lock().count(&a), 8);
+        assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 8);
+        let floor = third.seen.lock().floor(&a);
+        assert_eq!(floor, now + 200 + 103);
+        for i in 0..112u32 {
+            let expires = if i < 100 {
+                now + 100 + i as u64
+            } else {
+                now + 200 + i as u64
+            };
+            if !(9..100).contains(&i) {
+                assert!(
+                    !matches!(
+                        third.first_use_within(&a, sig(i), expires, now, SMALL),
+                        Ok(true)
+                    ),
+                    "signature {i} accepted twice"
+                );
+            }
+        }
     }
 
     #[test]

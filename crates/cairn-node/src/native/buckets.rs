@@ -230,6 +230,12 @@ pub async fn create(
         Some(s) => Some(s.parse::<PublicKey>()?),
         None => None,
     };
+    // A taken name is refused before the signature is checked, so requests that create
+    // nothing take no place in the replay table (checked again below, under the lock).
+    let probe = (node.clone(), req.name.clone());
+    if blocking(move || Ok(entry(&probe.0, &probe.1)?.is_some())).await? {
+        return Err(Error::AlreadyExists(format!("bucket {:?}", req.name)).into());
+    }
     if let Some(owner) = &owner {
         // The bucket's capsule does not exist yet: a capsule line is signed, not checked.
         let checked = auth::check(
