@@ -951,9 +951,10 @@ impl Client {
     }
 
     /// `branches`: each head the node lists is checked to be a version of `key` (its Meta
-    /// chunk hashes to the uid and names the key), so a node cannot list a made-up head or
-    /// another key's version. It can still leave a branch out or name an older head; `get
-    /// --capsule` proves that the bucket's writer recorded a version.
+    /// chunk hashes to the uid and names the key), so a node cannot list a uid with no
+    /// version behind it or another key's version. It can still make up a version, leave a
+    /// branch out or name an older head; `get --capsule` proves that the bucket's writer
+    /// recorded a version.
     fn branches(&self, key: &str, untagged: bool, out: &mut impl Write) -> Result<()> {
         let r = self.get_json(self.url("branches", Some(key), &[])?)?;
         let lied = |what: String| -> anyhow::Error {
