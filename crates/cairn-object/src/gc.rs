@@ -63,8 +63,11 @@ impl Db {
                     dead.push(*c);
                 }
             }
-            self.store().remove(&dead)?;
+            // Forgotten first: a remove that fails part way (an object-store delete batch
+            // cut short) must not leave the cache vouching for versions it deleted (a fork
+            // or a put on a base trusts it and skips loading the version).
             self.forget_recent_versions();
+            self.store().remove(&dead)?;
             dead.len() as u64
         };
         let bytes_reclaimed = self.store().compact()?;

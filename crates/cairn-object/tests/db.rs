@@ -1398,3 +1398,90 @@ fn a_base_at_the_greatest_depth_is_refused() {
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
     assert!(db.existing_table(b"k").is_err(), "no head was stored");
 }
+
+/// A store whose `remove` deletes the first cid asked for, then fails (an object store's
+/// delete stream cut short).
+struct FlakyRemove(MemoryStore);
+
+impl ChunkStore for FlakyRemove {
+    fn algo(&self) -> cairn_store::HashAlgo {
+        self.0.algo()
+    }
+    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
+        self.0.put_hashed(c, b)
+    }
+    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.0.get(c)
+    }
+    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
+        self.0.has(c)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
+        self.0.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
+        self.0.remove(&cids[..cids.len().min(1)])?;
+        Err(Error::Unavailable("the delete stream broke".into()))
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.0.stats()
+    }
+}
+
+impl cairn_store::RefStore for FlakyRemove {
+    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.0.get_ref(n)
+    }
+    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.0.list_refs(p)
+    }
+    fn list_refs_from(
+        &self,
+        p: &[u8],
+        f: &[u8],
+        l: usize,
+    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.0.list_refs_from(p, f, l)
+    }
+    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        self.0.commit(u)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.0.durability()
+    }
+}
+
+/// A GC whose remove fails part way leaves no cached version it deleted: a fork from the
+/// deleted version's uid then loads it and fails, instead of making a branch whose head
+/// is missing.
+#[test]
+fn a_gc_cut_short_leaves_no_cached_version_it_deleted() {
+    let db = Db::new(Arc::new(FlakyRemove(MemoryStore::new())));
+    let o = PutOptions::default();
+    db.put(
+        b"k",
+        Target::Branch("master"),
+        NewValue::String("keep".into()),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"k", &At::Branch("master".into()), "tmp").unwrap();
+    // An inline value: the version's Meta chunk is its only chunk.
+    let gone = db
+        .put(
+            b"k",
+            Target::Branch("tmp"),
+            NewValue::String("x".into()),
+            &o,
+        )
+        .unwrap();
+    db.remove(b"k", "tmp").unwrap();
+    assert!(db.gc().is_err(), "the remove failed part way");
+    assert!(
+        db.load(&gone).is_err(),
+        "the garbage version's chunk was deleted"
+    );
+    assert!(db.fork(b"k", &At::Uid(gone), "back").is_err());
+    let v = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(v.is_intact(), "{:?}", v.damage);
+}

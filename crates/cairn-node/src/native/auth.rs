@@ -196,8 +196,19 @@ pub fn now_secs() -> u64 {
 pub const REPLAY_REFS: &[u8] = b"native/replay/";
 
 /// Prefix of the refs that keep owner keys' floors (see [`ReplayGuard`]) across restarts:
-/// the owner key follows, the value is the floor (u64, little-endian).
+/// the owner key and the floor (u64, big-endian) follow, the value is empty. A floor ref is
+/// never overwritten: a key's floor is the highest of its refs, and a raised floor's commit
+/// deletes the ref of the floor before it. So commits landing in any order (two requests
+/// that took their changes in one order and reached the store in the other) never lower
+/// the stored floor, and a sweep deletes only refs whose own floor is past.
 pub const REPLAY_FLOOR_REFS: &[u8] = b"native/replay-floor/";
+
+fn floor_ref(owner: &[u8; 32], floor: u64) -> Vec<u8> {
+    let mut name = REPLAY_FLOOR_REFS.to_vec();
+    name.extend_from_slice(owner);
+    name.extend_from_slice(&floor.to_be_bytes());
+    name
+}
 
 fn replay_ref(owner: &[u8; 32], id: u128) -> Vec<u8> {
     let mut name = REPLAY_REFS.to_vec();
@@ -206,10 +217,12 @@ fn replay_ref(owner: &[u8; 32], id: u128) -> Vec<u8> {
     name
 }
 
-fn floor_ref(owner: &[u8; 32]) -> Vec<u8> {
-    let mut name = REPLAY_FLOOR_REFS.to_vec();
-    name.extend_from_slice(owner);
-    name
+/// The owner key and floor a floor ref names.
+fn parse_floor_ref(name: &[u8]) -> Option<([u8; 32], u64)> {
+    let rest = name.strip_prefix(REPLAY_FLOOR_REFS)?;
+    let owner = <[u8; 32]>::try_from(rest.get(..32)?).ok()?;
+    let floor = u64::from_be_bytes(<[u8; 8]>::try_from(rest.get(32..)?).ok()?);
+    Some((owner, floor))
 }
 
 fn le_u64(b: &[u8]) -> Option<u64> {
@@ -284,6 +297,8 @@ struct OwnerSigs {
     /// Signatures of this key expiring at or before this second were forgotten early:
     /// requests dated so are refused.
     floor: u64,
+    /// The floor whose ref the last store changes wrote (0: none).
+    stored_floor: u64,
 }
 
 /// A signature's name within its owner key's table: 128 bits of its BLAKE3 hash. Two
@@ -437,16 +452,22 @@ impl Seen {
             })
             .collect();
         for o in std::mem::take(&mut self.floors_raised) {
-            out.push(match self.floor(&o) {
-                // Swept meanwhile: its floor is out of every window.
-                0 => RefUpdate::Delete {
-                    name: floor_ref(&o),
-                },
-                f => RefUpdate::Set {
-                    name: floor_ref(&o),
-                    value: f.to_le_bytes().to_vec(),
-                },
+            let Some(entry) = self.owners.get_mut(&o) else {
+                continue; // swept meanwhile: its floor is out of every window
+            };
+            if entry.floor == entry.stored_floor {
+                continue;
+            }
+            out.push(RefUpdate::Set {
+                name: floor_ref(&o, entry.floor),
+                value: Vec::new(),
             });
+            if entry.stored_floor != 0 {
+                out.push(RefUpdate::Delete {
+                    name: floor_ref(&o, entry.stored_floor),
+                });
+            }
+            entry.stored_floor = entry.floor;
         }
         out
     }
@@ -505,15 +526,30 @@ impl ReplayGuard {
             let mut seen = guard.seen.lock();
             seen.high = now;
             seen.swept_at = now;
-            for (name, value) in store.list_refs(REPLAY_FLOOR_REFS)? {
-                let Ok(owner) = <[u8; 32]>::try_from(&name[REPLAY_FLOOR_REFS.len()..]) else {
+            for (name, _) in store.list_refs(REPLAY_FLOOR_REFS)? {
+                let Some((owner, f)) = parse_floor_ref(&name) else {
                     continue; // not a ref this module wrote
                 };
-                match le_u64(&value) {
-                    Some(f) if f >= now => seen.owners.entry(owner).or_default().floor = f,
-                    _ => updates.push(RefUpdate::Delete {
+                if f < now {
+                    updates.push(RefUpdate::Delete {
                         name: name.to_vec(),
-                    }),
+                    });
+                    continue;
+                }
+                let o = seen.owners.entry(owner).or_default();
+                if f > o.floor {
+                    // Only the highest floor ref of a key is kept.
+                    if o.stored_floor != 0 {
+                        updates.push(RefUpdate::Delete {
+                            name: floor_ref(&owner, o.stored_floor),
+                        });
+                    }
+                    o.floor = f;
+                    o.stored_floor = f;
+                } else {
+                    updates.push(RefUpdate::Delete {
+                        name: name.to_vec(),
+                    });
                 }
             }
             for (name, value) in store.list_refs(REPLAY_REFS)? {
@@ -602,23 +638,38 @@ impl ReplayGuard {
             .persisted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            let mut expired = Vec::new();
-            for prefix in [REPLAY_REFS, REPLAY_FLOOR_REFS] {
-                for (name, value) in store.list_refs(prefix)? {
-                    if le_u64(&value).is_some_and(|e| e < now) {
-                        expired.push(RefUpdate::Delete {
-                            name: name.to_vec(),
-                        });
-                    }
-                }
-            }
-            if !expired.is_empty() {
-                store.commit(&expired)?;
-            }
+            sweep_refs(store, now)?;
         }
         Ok(())
     }
+}
 
+/// Deletes the replay refs whose signature is out of the window at `now`, and the floor
+/// refs whose floor is past. A floor ref never changes, so deleting one whose floor is past
+/// is right whatever commits land meanwhile.
+fn sweep_refs(store: &dyn RefStore, now: u64) -> cairn_core::Result<()> {
+    let mut expired = Vec::new();
+    for (name, value) in store.list_refs(REPLAY_REFS)? {
+        if le_u64(&value).is_some_and(|e| e < now) {
+            expired.push(RefUpdate::Delete {
+                name: name.to_vec(),
+            });
+        }
+    }
+    for (name, _) in store.list_refs(REPLAY_FLOOR_REFS)? {
+        if parse_floor_ref(&name).is_some_and(|(_, f)| f < now) {
+            expired.push(RefUpdate::Delete {
+                name: name.to_vec(),
+            });
+        }
+    }
+    if !expired.is_empty() {
+        store.commit(&expired)?;
+    }
+    Ok(())
+}
+
+impl ReplayGuard {
     /// Records `sig` of `owner` as used until `expires`; false when it was used already.
     /// 401 when it is dated at or before `owner`'s floor, 503 when the table holds as many
     /// owner keys as it may (see [`ReplayGuard`]).
@@ -674,6 +725,18 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> ApiResult<&'h str> {
         .map_err(|_| ApiError::unauthorized(format!("header {name} is not ASCII text")))
 }
 
+/// The body hash a signed request names ([`BODY_HASH_HEADER`]), for a caller that holds
+/// the whole body to compare before [`check`] takes the signature's place against replays.
+pub fn signed_body_hash(headers: &HeaderMap) -> ApiResult<[u8; 32]> {
+    let mut body_hash = [0u8; 32];
+    hex::decode_to_slice(
+        header_str(headers, BODY_HASH_HEADER)?.trim(),
+        &mut body_hash,
+    )
+    .map_err(|_| ApiError::unauthorized(format!("{BODY_HASH_HEADER} must be 64 hex digits")))?;
+    Ok(body_hash)
+}
+
 /// Checks that a request is signed by `owner` (see the module documentation) at `now`,
 /// for the bucket whose capsule is `capsule` when known (a request bound to another
 /// capsule is refused).
@@ -719,12 +782,7 @@ pub fn check(
             "{DATE_HEADER} {date} is more than {WINDOW_SECS} s from the node's clock ({now})"
         )));
     }
-    let mut body_hash = [0u8; 32];
-    hex::decode_to_slice(
-        header_str(headers, BODY_HASH_HEADER)?.trim(),
-        &mut body_hash,
-    )
-    .map_err(|_| ApiError::unauthorized(format!("{BODY_HASH_HEADER} must be 64 hex digits")))?;
+    let body_hash = signed_body_hash(headers)?;
     let nonce = header_bytes(headers, NONCE_HEADER);
     if headers.contains_key(NONCE_HEADER)
         && (nonce.is_empty()
@@ -1214,8 +1272,8 @@ mod tests {
         // is stored.
         assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 8);
         assert_eq!(
-            store.get_ref(&floor_ref(&a)).unwrap().as_deref(),
-            Some(&(now + 100).to_le_bytes()[..])
+            store.list_refs(REPLAY_FLOOR_REFS).unwrap()[0].0.as_ref(),
+            &floor_ref(&a, now + 100)[..]
         );
         let again = ReplayGuard::load_within(&store, now, SMALL).unwrap();
         assert_eq!(again.seen.lock().count(&a), 8);
@@ -1260,6 +1318,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Two requests' store changes committed in the other order than they were taken, and
+    /// a sweep that listed an old floor before a new one landed, still leave the stored
+    /// floor at its highest: after a restart no forgotten signature is accepted.
+    #[test]
+    fn floor_refs_hold_whatever_order_commits_land_in() {
+        let store = cairn_store::MemoryStore::new();
+        let now = 1_700_000_000;
+        let a = [1u8; 32];
+        // An old floor of a, past by now, that a sweep will delete.
+        store
+            .commit(&[RefUpdate::Set {
+                name: floor_ref(&a, now - 5),
+                value: Vec::new(),
+            }])
+            .unwrap();
+        let guard = ReplayGuard::default();
+        let mut taken = Vec::new();
+        for i in 0..10u32 {
+            let expires = now + 100 + i as u64;
+            assert!(
+                guard
+                    .first_use_within(&a, sig(i), expires, now, SMALL)
+                    .unwrap()
+            );
+            let mut updates = vec![RefUpdate::Set {
+                name: replay_ref(&a, sig_id(&sig(i))),
+                value: expires.to_le_bytes().to_vec(),
+            }];
+            updates.extend(guard.seen.lock().take_store_changes());
+            taken.push(updates);
+        }
+        // Requests 8 and 9 each forgot one signature; their commits land last-taken first,
+        // then the sweep (which listed the old floor before them) lands.
+        let (last, before) = (taken.pop().unwrap(), taken.pop().unwrap());
+        for u in &taken {
+            store.commit(u).unwrap();
+        }
+        store.commit(&last).unwrap();
+        store.commit(&before).unwrap();
+        sweep_refs(&store, now).unwrap();
+        let again = ReplayGuard::load_within(&store, now, SMALL).unwrap();
+        assert_eq!(again.seen.lock().floor(&a), now + 101);
+        for i in 0..10u32 {
+            let got = again.first_use_within(&a, sig(i), now + 100 + i as u64, now, SMALL);
+            assert!(!matches!(got, Ok(true)), "signature {i} accepted twice");
+        }
+        // One floor ref is left, the highest.
+        let floors = store.list_refs(REPLAY_FLOOR_REFS).unwrap();
+        assert_eq!(floors.len(), 1);
+        assert_eq!(parse_floor_ref(&floors[0].0), Some((a, now + 101)));
     }
 
     #[test]

@@ -237,6 +237,13 @@ pub async fn create(
         return Err(Error::AlreadyExists(format!("bucket {:?}", req.name)).into());
     }
     if let Some(owner) = &owner {
+        // The body is read whole: a body other than the signed one is refused before the
+        // signature takes a place in the replay table.
+        if auth::body_blake3(&bytes) != auth::signed_body_hash(&headers)? {
+            return Err(ApiError::unauthorized(
+                "the body's BLAKE3 hash differs from the signed one",
+            ));
+        }
         // The bucket's capsule does not exist yet: a capsule line is signed, not checked.
         let checked = auth::check(
             owner,
@@ -248,11 +255,6 @@ pub async fn create(
             auth::now_secs(),
         )?;
         remember(&node, checked).await?;
-        if auth::body_blake3(&bytes) != checked.body_blake3 {
-            return Err(ApiError::unauthorized(
-                "the body's BLAKE3 hash differs from the signed one",
-            ));
-        }
     }
     let _one_at_a_time = native.create.lock().await;
     let name = req.name;
