@@ -976,8 +976,9 @@ pub fn out_target(dest: &Path) -> Result<OutTarget> {
     let real = match std::fs::symlink_metadata(dest) {
         Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(dest) {
             Ok(p) => p,
-            // A dangling link: write where it points, by name, in place.
-            Err(_) => return Ok(OutTarget::InPlace),
+            // A dangling link: the file it names is made whole or not at all, like any
+            // new file (written beside it and renamed into place).
+            Err(_) => return Ok(OutTarget::File(link_target(dest)?)),
         },
         Ok(_) => dest.to_path_buf(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutTarget::File(dest.into())),
@@ -993,6 +994,30 @@ pub fn out_target(dest: &Path) -> Result<OutTarget> {
         .open(&real)
         .with_context(|| format!("opening {}", dest.display()))?;
     Ok(OutTarget::File(real))
+}
+
+/// The path a chain of symbolic links starting at `dest` ends at (a path that is not a
+/// link, or does not exist); at most 40 links, as the kernel follows.
+fn link_target(dest: &Path) -> Result<PathBuf> {
+    let mut at = dest.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&at)
+                    .with_context(|| format!("reading the link {}", at.display()))?;
+                at = match at.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(at),
+        }
+    }
+    Err(Error::invalid(format!(
+        "{}: too many levels of symbolic links",
+        dest.display()
+    ))
+    .into())
 }
 
 /// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it, which

@@ -33,7 +33,7 @@
 //! RustCrypto's (`chacha20poly1305`, `aead::stream`) and BLAKE3's; nothing here is
 //! hand-written cryptography.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -141,36 +141,19 @@ pub fn load_or_create_key(path: &Path, create: bool) -> Result<DataKey> {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret)
             .map_err(|e| anyhow::anyhow!("the system random source failed: {e}"))?;
-        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let mut opts = OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        match opts.open(path) {
-            Ok(mut f) => {
-                writeln!(
-                    f,
-                    "# Cairn data key (client-side encryption). Keep it secret and back it up: \
-                     without it encrypted values cannot be read."
-                )?;
-                writeln!(f, "{FILE_PREFIX}{}", hex::encode(secret))?;
-                f.sync_all()?;
-                eprintln!(
-                    "created data key {} (back it up: it is the only way to decrypt)",
-                    path.display()
-                );
-                return Ok(DataKey::from_secret(&secret));
-            }
-            // A concurrent `cairn` made it first: read theirs.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => {
-                return Err(e).with_context(|| format!("creating {}", path.display()));
-            }
+        let text = format!(
+            "# Cairn data key (client-side encryption). Keep it secret and back it up: \
+             without it encrypted values cannot be read.\n{FILE_PREFIX}{}\n",
+            hex::encode(secret)
+        );
+        // Written whole and linked into place, so a concurrent `cairn` making it too either
+        // wins (and both use its key) or reads the one that won, never a partial file.
+        if cairn_node::keys::create_private_file(path, &text)? {
+            eprintln!(
+                "created data key {} (back it up: it is the only way to decrypt)",
+                path.display()
+            );
+            return Ok(DataKey::from_secret(&secret));
         }
     }
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -493,6 +476,41 @@ mod tests {
 
     fn key() -> DataKey {
         DataKey::from_secret(&[7; 32])
+    }
+
+    /// Many creators racing for one new data key all get the key that won, never an empty
+    /// or partial file, and the file is private.
+    #[test]
+    fn racing_creators_share_one_data_key() {
+        use std::os::unix::fs::PermissionsExt;
+        for round in 0..40 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("sub").join("data.key");
+            let ids: Vec<[u8; KEY_ID]> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..6)
+                    .map(|_| s.spawn(|| load_or_create_key(&path, true).map(|k| k.id)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap()
+                            .unwrap_or_else(|e| panic!("round {round}: {e:#}"))
+                    })
+                    .collect()
+            });
+            assert!(
+                ids.windows(2).all(|w| w[0] == w[1]),
+                "round {round}: two keys"
+            );
+            assert_eq!(load_or_create_key(&path, false).unwrap().id, ids[0]);
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            // No temporary file is left beside it.
+            assert_eq!(
+                std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+                1
+            );
+        }
     }
 
     fn place() -> Vec<u8> {

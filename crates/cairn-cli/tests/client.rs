@@ -1441,6 +1441,70 @@ fn log_refuses_what_a_lying_node_sends() {
     }
 }
 
+/// `--out` naming a link to a file that does not exist yet gets the same all-or-nothing
+/// write as a new file: nothing of a refused value reaches the link's target, and a
+/// decrypted value is private (0600).
+#[test]
+fn out_through_a_dangling_link_is_written_whole_or_not_at_all() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let p = |n: &str| -> PathBuf { u.path().join(n) };
+    let link = |name: &str, target: &str| {
+        std::os::unix::fs::symlink(p(target), p(name)).unwrap();
+        p(name).to_str().unwrap().to_string()
+    };
+    std::fs::write(p("plain"), pseudo_random(200_000, 3)).unwrap();
+    let plain = p("plain").to_str().unwrap().to_string();
+    u.ok(srv, &["put", "secret", "--file", &plain, "--encrypt"]);
+    let l1 = link("link1", "target1");
+    u.ok(srv, &["get", "secret", "--decrypt", "--out", &l1]);
+    assert_eq!(
+        std::fs::read(p("target1")).unwrap(),
+        std::fs::read(p("plain")).unwrap()
+    );
+    let mode = std::fs::metadata(p("target1"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode & 0o077, 0, "decrypted through a link: mode {mode:o}");
+    assert!(
+        std::fs::symlink_metadata(p("link1"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    // A node that changes a byte of a leaf: nothing reaches the target.
+    let value = pseudo_random(600_000, 11);
+    std::fs::write(p("v"), &value).unwrap();
+    let uid = u.ok(srv, &["put", "k", "--file", p("v").to_str().unwrap()]);
+    let uid = uid.trim();
+    let url = format!("{}/v1/buckets/default/stream/k?uid={uid}", s.base);
+    let body = reqwest::blocking::get(url)
+        .unwrap()
+        .bytes()
+        .unwrap()
+        .to_vec();
+    let mut fr = frames(&body);
+    let last = fr.len() - 1;
+    fr[last][100] ^= 1;
+    let liar = lying_node(uid.to_string(), join(&fr));
+    let l2 = link("link2", "target2");
+    let out = u.run(Some(&liar), &["get", "k", "--out", &l2]);
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !p("target2").exists(),
+        "a refused value reached the link's target"
+    );
+}
+
 /// `branches` over a node checks each head it lists against the Meta chunk sent with it:
 /// a made-up head, another key's version or an altered chunk makes it exit 11 with nothing
 /// printed; an honest answer prints as the node's own listing does.

@@ -87,6 +87,68 @@ fn warn_if_readable_by_others(path: &Path) {
 #[cfg(not(unix))]
 fn warn_if_readable_by_others(_path: &Path) {}
 
+/// Creates the file `path` holding `text`, readable by its owner only (0600), whole or not
+/// at all and only if it does not exist: the text is written and synced to a temporary
+/// file beside it, which is then linked into place (a link fails if `path` exists) and the
+/// directory synced, so a concurrent creator never sees a partial file and a power loss
+/// never loses an acknowledged one. Returns false when `path` exists already (made by
+/// another process, perhaps at the same moment: read it).
+pub fn create_private_file(path: &Path, text: &str) -> Result<bool> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = write_private_temp(dir, path, text)?;
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            sync_dir(dir);
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
+    }
+}
+
+/// A new temporary file in `dir` (named after `path`, this process and a counter) holding
+/// `text`, mode 0600, synced.
+fn write_private_temp(dir: &Path, path: &Path, text: &str) -> Result<std::path::PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}.{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "key".into()),
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f: File = opts
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let written = f.write_all(text.as_bytes()).and_then(|_| f.sync_all());
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", tmp.display()));
+    }
+    Ok(tmp)
+}
+
+/// Syncs a directory's entries (best effort: some file systems refuse it).
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
 /// Creates a new key file at `path` holding a fresh key; refuses to replace an existing
 /// one unless `force`. `what` says what the key is for (written as a comment).
 pub fn create(path: &Path, what: &str, force: bool) -> Result<SigningKey> {
@@ -103,43 +165,24 @@ pub fn create(path: &Path, what: &str, force: bool) -> Result<SigningKey> {
         )));
     }
     let key = SigningKey::generate()?;
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "key".into()),
-        std::process::id()
-    ));
-    {
-        let mut opts = OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let _ = fs::remove_file(&tmp);
-        let mut f: File = opts
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        writeln!(
-            f,
-            "# Cairn Ed25519 secret key ({what}). Public key: {}",
-            key.public()
-        )?;
-        writeln!(f, "{PREFIX}{}", hex::encode(key.seed()))?;
-        f.sync_all()?;
-    }
-    let placed = if force {
+    let text = format!(
+        "# Cairn Ed25519 secret key ({what}). Public key: {}\n{PREFIX}{}\n",
+        key.public(),
+        hex::encode(key.seed())
+    );
+    if force {
+        let tmp = write_private_temp(dir, path, &text)?;
         fs::rename(&tmp, path)
-    } else {
-        let r = fs::hard_link(&tmp, path);
-        let _ = fs::remove_file(&tmp);
-        r
-    };
-    placed.with_context(|| format!("writing key file {}", path.display()))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+            .inspect_err(|_| {
+                let _ = fs::remove_file(&tmp);
+            })
+            .with_context(|| format!("writing key file {}", path.display()))?;
+        sync_dir(dir);
+    } else if !create_private_file(path, &text)? {
+        bail!(Error::AlreadyExists(format!(
+            "key file {} (created meanwhile by another process)",
+            path.display()
+        )));
     }
     Ok(key)
 }
