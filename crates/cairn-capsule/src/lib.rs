@@ -48,5 +48,6 @@ pub use server::{
 };
 pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
 pub use wire::{
-    CapsuleService, ErrorCode, RemoteCapsule, Request, Response, WireError, dispatch, serve_tcp,
+    CapsuleService, ErrorCode, MAX_SYNC_SUBRECORDS, RemoteCapsule, Request, Response, WireError,
+    dispatch, serve_tcp,
 };

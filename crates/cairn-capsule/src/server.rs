@@ -147,20 +147,19 @@ struct BodyCache {
     cache: Option<BodyMap>,
 }
 
-/// The cache proper: sealed bytes by (capsule, hash), weighed in bytes.
-type BodyMap = quick_cache::sync::Cache<
-    (CapsuleName, Hash),
-    Arc<[u8]>,
-    BodyWeight,
-    foldhash::fast::RandomState,
->;
+/// The cache proper: sealed bytes by (capsule, hash, is a subrecord), weighed in bytes.
+/// Record bodies and subrecords are kept apart, so a read of a subrecord never answers
+/// with a record's body.
+type BodyKey = (CapsuleName, Hash, bool);
+type BodyMap =
+    quick_cache::sync::Cache<BodyKey, Arc<[u8]>, BodyWeight, foldhash::fast::RandomState>;
 
 /// What a cached body costs the budget: its bytes plus the bookkeeping per entry.
 #[derive(Clone)]
 struct BodyWeight;
 
-impl quick_cache::Weighter<(CapsuleName, Hash), Arc<[u8]>> for BodyWeight {
-    fn weight(&self, _: &(CapsuleName, Hash), sealed: &Arc<[u8]>) -> u64 {
+impl quick_cache::Weighter<BodyKey, Arc<[u8]>> for BodyWeight {
+    fn weight(&self, _: &BodyKey, sealed: &Arc<[u8]>) -> u64 {
         (sealed.len() + BODY_ENTRY_OVERHEAD) as u64
     }
 }
@@ -195,19 +194,20 @@ impl BodyCache {
         BodyCache { cache }
     }
 
-    fn get(&self, capsule: &CapsuleName, h: &Hash) -> Option<Arc<[u8]>> {
-        self.cache.as_ref()?.get(&(*capsule, *h))
+    /// The cached record body (`sub` false) or subrecord (`sub` true) named `h`.
+    fn get(&self, capsule: &CapsuleName, h: &Hash, sub: bool) -> Option<Arc<[u8]>> {
+        self.cache.as_ref()?.get(&(*capsule, *h, sub))
     }
 
     /// Keeps `sealed` under `capsule` and `h`: the caller has verified that `sealed`
     /// hashes to `h`, and the capsule holds it (or, for a record body, holds or is about
     /// to hold its record, which every read looks up first).
-    fn insert(&self, capsule: &CapsuleName, h: Hash, sealed: &[u8]) {
+    fn insert(&self, capsule: &CapsuleName, h: Hash, sub: bool, sealed: &[u8]) {
         if sealed.len() > MAX_CACHED_BODY {
             return;
         }
         if let Some(c) = &self.cache {
-            c.insert((*capsule, h), Arc::from(sealed));
+            c.insert((*capsule, h, sub), Arc::from(sealed));
         }
     }
 }
@@ -324,10 +324,17 @@ impl Checkpoint {
         e.finish()
     }
 
-    /// Checks the server's signature.
-    pub fn verify(&self, server: &PublicKey) -> Result<()> {
+    /// Checks that this is `capsule`'s checkpoint and the server's signature on it (a
+    /// server answering a QueryFresh with another capsule's checkpoint is refused).
+    pub fn verify(&self, server: &PublicKey, capsule: &CapsuleName) -> Result<()> {
         if &self.server != server {
             return Err(Error::Rejected("checkpoint is from another server".into()));
+        }
+        if &self.capsule != capsule {
+            return Err(Error::Rejected(format!(
+                "checkpoint of capsule {} where capsule {capsule} was asked for",
+                self.capsule
+            )));
         }
         server.verify(
             DOMAIN_CHECKPOINT,
@@ -1094,7 +1101,7 @@ impl CapsuleServer {
             let r = &records[i];
             if let BodyRef::Plain { hash, .. } = r.header.body {
                 // Only now, with the record journaled: a hit there means it was accepted.
-                self.bodies.insert(capsule, hash, &r.body);
+                self.bodies.insert(capsule, hash, false, &r.body);
                 cap.dag
                     .insert(names[i], &r.header, StoredBody::Plain { cid: hash });
             }
@@ -1201,14 +1208,27 @@ impl CapsuleServer {
         let name = RecordName(algo.digest(&hb));
         if let Some(ws) = &sig {
             ws.verify(cap.dag.meta(), &name)?;
-        } else if cap.dag.unproven() + 1 > self.opts.max_unproven {
+        }
+        if cap.dag.contains(&name) {
+            // Present already (committed unsigned, or received by anti-entropy): a signature
+            // sent now is kept, as `write` keeps one on a present record, before the ack.
+            if let Some(ws) = sig
+                && cap.dag.signature(&name).is_none()
+            {
+                self.append_journal(
+                    capsule,
+                    &mut cap,
+                    &[JournalEntry::Signature { name, sig: ws }],
+                )?;
+                cap.dag.insert_verified_signature(name, ws);
+            }
+            let size = cap.dag.log().size();
+            return Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size));
+        }
+        if sig.is_none() && cap.dag.unproven() + 1 > self.opts.max_unproven {
             return Err(Error::Unavailable(format!(
                 "capsule {capsule} holds too many records no signature covers; sign one first"
             )));
-        }
-        if cap.dag.contains(&name) {
-            let size = cap.dag.log().size();
-            return Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size));
         }
         let list_cid = self.store_subrecords(subrecords, &names)?;
         self.store.put_hashed(*name.hash(), &hb)?;
@@ -1226,7 +1246,7 @@ impl CapsuleServer {
         }
         // Only now that the capsule holds them (see `BodyCache`).
         for (data, n) in subrecords.iter().zip(&names) {
-            self.bodies.insert(capsule, *n, data);
+            self.bodies.insert(capsule, *n, true, data);
         }
         cap.dag.insert(name, header, body);
         if let Some(ws) = sig {
@@ -1264,7 +1284,7 @@ impl CapsuleServer {
         let (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) = (body, &header.body) else {
             return Ok(None);
         };
-        let Some(sealed) = self.bodies.get(capsule, &cid) else {
+        let Some(sealed) = self.bodies.get(capsule, &cid, false) else {
             return Ok(None);
         };
         if cid != *hash || sealed.len() as u64 != *len {
@@ -1313,7 +1333,7 @@ impl CapsuleServer {
                 if chunk.len() < 2 || chunk[..2] != TAG_BODY || (chunk.len() - 2) as u64 != *len {
                     return Err(mismatch());
                 }
-                self.bodies.insert(capsule, cid, &chunk[2..]);
+                self.bodies.insert(capsule, cid, false, &chunk[2..]);
                 // Reuses the chunk's buffer when the store handed over the only reference.
                 let mut sealed = Vec::from(chunk);
                 sealed.drain(..2);
@@ -1375,7 +1395,7 @@ impl CapsuleServer {
     /// Read(subrecord name): the subrecord's bytes.
     pub fn read_subrecord(&self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
         // A hit means the capsule accepted this subrecord (see `BodyCache`).
-        if let Some(sealed) = self.bodies.get(capsule, sub) {
+        if let Some(sealed) = self.bodies.get(capsule, sub, true) {
             return Ok(sealed.to_vec());
         }
         {
@@ -1391,7 +1411,7 @@ impl CapsuleServer {
             .get(sub)?
             .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
         let sealed = chunk.get(2..).unwrap_or_default();
-        self.bodies.insert(capsule, *sub, sealed);
+        self.bodies.insert(capsule, *sub, true, sealed);
         Ok(sealed.to_vec())
     }
 
@@ -2326,7 +2346,7 @@ impl CapsuleServer {
         self.append_journal(capsule, &mut cap, &entries)?;
         report.accepted = inserts.len();
         for (hash, b) in cached {
-            self.bodies.insert(capsule, hash, b);
+            self.bodies.insert(capsule, hash, false, b);
         }
         for (sn, name, i) in subrecord_index {
             cap.subrecords.entry(sn).or_insert((name, i));

@@ -421,6 +421,7 @@ impl SyncState {
         }
         let mut out = Vec::new();
         let mut size = 0usize;
+        let mut subrecords = 0usize;
         while size < self.budget {
             let Some(&(_, n)) = self.backlog.first() else {
                 break;
@@ -435,11 +436,18 @@ impl SyncState {
             // (unless the message is empty), so a message stays within a frame however
             // large the records: a large one after a medium one used to overflow it, every
             // time, as the order is fixed.
-            if !out.is_empty() && size.saturating_add(add) > self.budget {
+            // Nor past the subrecords a receiver decodes in one message (a single record
+            // holds at most `MAX_SUBRECORDS`, below it).
+            let subs: usize = recs.iter().map(sync_subrecords).sum();
+            if !out.is_empty()
+                && (size.saturating_add(add) > self.budget
+                    || subrecords + subs > crate::wire::MAX_SYNC_SUBRECORDS)
+            {
                 break;
             }
             self.backlog.pop_first();
             size = size.saturating_add(add);
+            subrecords += subs;
             out.extend(recs);
         }
         self.report.sent += out.len();
@@ -704,6 +712,14 @@ impl SyncState {
 pub const MAX_STEPS: usize = 1 << 20;
 
 /// Approximate encoded size of a record in a sync message.
+/// Subrecords a sync record carries.
+fn sync_subrecords(r: &SyncRecord) -> usize {
+    match &r.body {
+        crate::server::SyncBody::Plain(_) => 0,
+        crate::server::SyncBody::Subrecords(subs) => subs.len(),
+    }
+}
+
 fn wire_size(r: &SyncRecord) -> usize {
     let body = match &r.body {
         crate::server::SyncBody::Plain(b) => b.len(),

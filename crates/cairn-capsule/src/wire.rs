@@ -362,7 +362,24 @@ fn enc_blobs(e: &mut Encoder, blobs: &[Vec<u8>]) {
 }
 
 fn dec_blobs(d: &mut Decoder<'_>) -> Result<Vec<Vec<u8>>> {
+    let mut left = MAX_SUBRECORDS;
+    dec_blobs_within(d, &mut left)
+}
+
+/// Most subrecords all the records of one sync message carry together. An empty subrecord
+/// is one byte on the wire and a 24-byte list entry in memory, so without a cap across the
+/// records a message of a few MiB decoded into gigabytes; senders cut their messages to it
+/// (`sync::SyncSession`).
+pub const MAX_SYNC_SUBRECORDS: usize = 1 << 21;
+
+/// Decodes a list of subrecords, taking each from `left` (refused when it runs out).
+fn dec_blobs_within(d: &mut Decoder<'_>, left: &mut usize) -> Result<Vec<Vec<u8>>> {
     list(d, 1, MAX_SUBRECORDS, "subrecords", |d| {
+        *left = left.checked_sub(1).ok_or_else(|| {
+            Error::decode(format!(
+                "more than {MAX_SYNC_SUBRECORDS} subrecords in one message"
+            ))
+        })?;
         Ok(d.bytes()?.to_vec())
     })
 }
@@ -446,7 +463,7 @@ fn enc_sync_record(e: &mut Encoder, r: &SyncRecord) {
     enc_opt_sig(e, &r.signature);
 }
 
-fn dec_sync_record(d: &mut Decoder<'_>) -> Result<SyncRecord> {
+fn dec_sync_record(d: &mut Decoder<'_>, subrecords_left: &mut usize) -> Result<SyncRecord> {
     let header = dec_header(d)?;
     let body = match d.u8()? {
         0 => {
@@ -456,7 +473,7 @@ fn dec_sync_record(d: &mut Decoder<'_>) -> Result<SyncRecord> {
             }
             SyncBody::Plain(b.to_vec())
         }
-        1 => SyncBody::Subrecords(dec_blobs(d)?),
+        1 => SyncBody::Subrecords(dec_blobs_within(d, subrecords_left)?),
         other => return Err(Error::decode(format!("unknown sync body kind {other}"))),
     };
     Ok(SyncRecord {
@@ -475,7 +492,10 @@ fn enc_sync_records(e: &mut Encoder, rs: &[SyncRecord]) {
 
 fn dec_sync_records(d: &mut Decoder<'_>) -> Result<Vec<SyncRecord>> {
     // An encoded header alone is over 70 bytes.
-    list(d, 72, MAX_NAMES, "sync records", dec_sync_record)
+    let mut left = MAX_SYNC_SUBRECORDS;
+    list(d, 72, MAX_NAMES, "sync records", |d| {
+        dec_sync_record(d, &mut left)
+    })
 }
 
 /// Decodes a standalone value with `f`, refusing trailing bytes.

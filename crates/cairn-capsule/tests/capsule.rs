@@ -568,10 +568,10 @@ fn merkle_log_checkpoints_and_proofs() {
     let names = write_chain(&server, &mut w, 50, 7);
     let pk = server.public_key();
     let cp1 = server.query_fresh(&c).unwrap();
-    cp1.verify(&pk).unwrap();
+    cp1.verify(&pk, &c).unwrap();
     let more = write_chain(&server, &mut w, 30, 7);
     let cp2 = server.query_fresh(&c).unwrap();
-    cp2.verify(&pk).unwrap();
+    cp2.verify(&pk, &c).unwrap();
     assert_eq!(cp2.heads, vec![more[29]]);
     let cons = server.log_consistency(&c, cp1.size, cp2.size).unwrap();
     verify_consistency(
@@ -589,7 +589,7 @@ fn merkle_log_checkpoints_and_proofs() {
     assert!(path.len() <= 7);
     let mut forged = cp2.clone();
     forged.size += 1;
-    assert!(forged.verify(&pk).is_err());
+    assert!(forged.verify(&pk, &c).is_err());
 }
 
 #[test]

@@ -145,7 +145,7 @@ fn write_read_prove_over_tcp() {
     rc.close_session(session).unwrap();
     // Checkpoint and Merkle-log proofs.
     let cp = rc.query_fresh(&c).unwrap();
-    cp.verify(&skey).unwrap();
+    cp.verify(&skey, &c).unwrap();
     assert_eq!(cp.size, 40);
     assert_eq!(cp.heads, vec![names[39]]);
     let (index, path) = rc.log_inclusion(&c, &names[5], cp.size).unwrap();

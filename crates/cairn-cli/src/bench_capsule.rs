@@ -1095,7 +1095,7 @@ fn log_check(root: &Path, d: Durability, t: Transport, cipher: BodyCipher) -> Re
         Some(Response::Checkpoint(cp)) => cp,
         _ => bail!("no checkpoint"),
     };
-    cp.verify(&c.server)?;
+    cp.verify(&c.server, &c.capsule)?;
     ensure!(cp.size == 1000, "checkpoint size {}", cp.size);
     for (n, r) in names.iter().zip(resps) {
         let Response::Inclusion { index, path } = r else {
