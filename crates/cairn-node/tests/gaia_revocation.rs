@@ -240,6 +240,38 @@ async fn a_token_issued_in_the_future_is_refused() {
     assert_eq!(hub.store(&near, &a, "f", b"1", &[]).await.0, 202);
 }
 
+/// Every token the hub accepts can be revoked at once: a token issued just under the skew
+/// ahead (a fraction of a second past the last whole second `revoke-all` may name) is
+/// either refused or revoked by the latest `revoke-all` allowed right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_accepted_token_can_be_revoked_at_once() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(35);
+    let a = k.address();
+    for frac in [0.0, 0.5, 0.999] {
+        let t = now().floor();
+        let mut p = k.payload();
+        p["iat"] = json!(t + 300.0 + frac);
+        let ahead = k.bearer_with(&p);
+        let (st, body) = hub.store(&ahead, &a, "g", b"1", &[]).await;
+        if st == 401 {
+            assert!(body.to_string().contains("issued in the future"), "{body}");
+            continue;
+        }
+        assert_eq!(st, 202, "{body}");
+        let latest = now().floor() as i64 + 300;
+        let (st, body) = revoke(&hub, &a, &ahead, json!(latest)).await;
+        assert_eq!(st, 202, "{body}");
+        let (st, body) = hub.store(&ahead, &a, "g", b"2", &[]).await;
+        assert_eq!(
+            st,
+            401,
+            "iat {} outlived a revoke-all at {latest}: {body}",
+            t + 300.0 + frac
+        );
+    }
+}
+
 /// Requests refused before their body (a bad path, a precondition that fails, a body over
 /// the limit) leave no bucket behind; the first accepted store creates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

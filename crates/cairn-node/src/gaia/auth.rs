@@ -448,9 +448,10 @@ fn v1(
         parse_scopes(&jwt.payload).map_err(|e| AuthError::v(format!("{PARSE_FAILED} {e}")))?;
     let issued_at = jwt.time_claim("iat")?;
     // A token issued far ahead of the clock would outlive every revocation its owner could
-    // make (`revoke-all` takes times at most the same skew ahead).
+    // make: `revoke-all` takes whole seconds at most the same skew ahead, and revokes a
+    // token issued before the time it names, so an accepted `iat` lies before that bound.
     if let Some(iat) = issued_at
-        && iat > now + crate::gaia::REVOCATION_SKEW_SECS as f64
+        && iat >= now.floor() + crate::gaia::REVOCATION_SKEW_SECS as f64
     {
         return Err(AuthError::v(format!(
             "Auth token issued in the future: its `iat` ({iat}) is more than {} seconds \
