@@ -221,6 +221,26 @@ pub enum AckKind {
     Wrote(Vec<RecordName>),
     /// A signature on this record is stored.
     Signed(RecordName),
+    /// These records are stored, and a writer signature on each of `signed` (the
+    /// signatures the write carried): a server cannot keep the records, drop a signature
+    /// and still acknowledge the write.
+    WroteSigned {
+        /// The records stored.
+        records: Vec<RecordName>,
+        /// The records whose signature the write carried, all now stored.
+        signed: Vec<RecordName>,
+    },
+}
+
+impl AckKind {
+    /// What a write of `records` carrying signatures on `signed` is acknowledged with.
+    pub fn wrote(records: Vec<RecordName>, signed: Vec<RecordName>) -> AckKind {
+        if signed.is_empty() {
+            AckKind::Wrote(records)
+        } else {
+            AckKind::WroteSigned { records, signed }
+        }
+    }
 }
 
 /// A server's signed acknowledgment: the write is durable at the server's level.
@@ -254,6 +274,16 @@ impl Ack {
             }
             AckKind::Signed(n) => {
                 e.u8(2).hash(n.hash());
+            }
+            AckKind::WroteSigned { records, signed } => {
+                e.u8(3).varint(records.len() as u64);
+                for n in records {
+                    e.hash(n.hash());
+                }
+                e.varint(signed.len() as u64);
+                for n in signed {
+                    e.hash(n.hash());
+                }
             }
         }
         e.varint(log_size);
@@ -982,24 +1012,27 @@ impl CapsuleServer {
     ) -> Result<Ack> {
         // The ack is signed on the signer's thread while this one commits (and syncs).
         let mut early = None;
+        let signed: Vec<RecordName> = signatures.iter().map(|(n, _)| *n).collect();
         let (names, size) =
             self.write_inner(capsule, records, signatures, false, &mut |names, size| {
-                let msg = Ack::message(capsule, &AckKind::Wrote(names.to_vec()), size);
+                let kind = AckKind::wrote(names.to_vec(), signed.clone());
+                let msg = Ack::message(capsule, &kind, size);
                 early = self.signer.start(msg).map(|rx| (size, rx));
             })?;
+        let kind = AckKind::wrote(names, signed);
         if let Some((signed_size, rx)) = early
             && signed_size == size
             && let Ok(sig) = rx.recv()
         {
             return Ok(Ack {
                 capsule: *capsule,
-                kind: AckKind::Wrote(names),
+                kind,
                 log_size: size,
                 server: self.key.public(),
                 sig,
             });
         }
-        Ok(self.make_ack(*capsule, AckKind::Wrote(names), size))
+        Ok(self.make_ack(*capsule, kind, size))
     }
 
     /// [`CapsuleServer::write`] without signing an ack, for writers in this process (a
@@ -1223,7 +1256,8 @@ impl CapsuleServer {
                 cap.dag.insert_verified_signature(name, ws);
             }
             let size = cap.dag.log().size();
-            return Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size));
+            let signed = sig.map(|_| name).into_iter().collect();
+            return Ok(self.make_ack(*capsule, AckKind::wrote(vec![name], signed), size));
         }
         if sig.is_none() && cap.dag.unproven() + 1 > self.opts.max_unproven {
             return Err(Error::Unavailable(format!(
@@ -1254,7 +1288,8 @@ impl CapsuleServer {
         }
         cap.cache_tree(&self.opts, name, Arc::new(tree));
         let size = cap.dag.log().size();
-        Ok(self.make_ack(*capsule, AckKind::Wrote(vec![name]), size))
+        let signed = sig.map(|_| name).into_iter().collect();
+        Ok(self.make_ack(*capsule, AckKind::wrote(vec![name], signed), size))
     }
 
     fn header(&self, name: &RecordName) -> Result<RecordHeader> {
@@ -2547,7 +2582,14 @@ mod tests {
                         let sig = (name, w.sign(&name));
                         let sigs = if i % 3 == 0 { vec![sig] } else { vec![] };
                         let ack = server.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
-                        ack.verify(&key, &c, &AckKind::Wrote(vec![name])).unwrap();
+                        let signed = sigs.iter().map(|(n, _)| *n).collect();
+                        ack.verify(&key, &c, &AckKind::wrote(vec![name], signed))
+                            .unwrap();
+                        // The ack names the signature it carried: an ack for the records
+                        // alone does not pass for it.
+                        if i % 3 == 0 {
+                            assert!(ack.verify(&key, &c, &AckKind::Wrote(vec![name])).is_err());
+                        }
                         let size = server.with_dag(&c, |d| d.log().size()).unwrap();
                         assert_eq!(ack.log_size, size);
                         assert_eq!(size, u64::from(i) + 1);
@@ -2558,7 +2600,8 @@ mod tests {
                         // A signature alone.
                         if i % 3 == 1 {
                             let ack = server.write(&c, &[], &[sig]).unwrap();
-                            ack.verify(&key, &c, &AckKind::Wrote(vec![])).unwrap();
+                            ack.verify(&key, &c, &AckKind::wrote(vec![], vec![name]))
+                                .unwrap();
                             assert_eq!(ack.log_size, size);
                         }
                     }

@@ -405,6 +405,11 @@ fn enc_ack(e: &mut Encoder, a: &Ack) {
         AckKind::Signed(n) => {
             e.u8(2).hash(n.hash());
         }
+        AckKind::WroteSigned { records, signed } => {
+            e.u8(3);
+            enc_names(e, records);
+            enc_names(e, signed);
+        }
     }
     e.varint(a.log_size);
     a.server.encode(e);
@@ -417,6 +422,10 @@ fn dec_ack(d: &mut Decoder<'_>) -> Result<Ack> {
         0 => AckKind::Created,
         1 => AckKind::Wrote(dec_names(d, MAX_BATCH)?),
         2 => AckKind::Signed(dec_name(d)?),
+        3 => AckKind::WroteSigned {
+            records: dec_names(d, MAX_BATCH)?,
+            signed: dec_names(d, MAX_BATCH)?,
+        },
         other => return Err(Error::decode(format!("unknown ack kind {other}"))),
     };
     Ok(Ack {
@@ -3013,9 +3022,15 @@ mod tests {
                             sig: k.sign(b"c", &c),
                         })
                     } else {
+                        // Both write acks: with and without the signatures named.
+                        let kind = if size % 4 == 1 {
+                            AckKind::Wrote(heads)
+                        } else {
+                            AckKind::wrote(heads.clone(), heads)
+                        };
                         Response::Ack(Ack {
                             capsule: CapsuleName(h(c)),
-                            kind: AckKind::Wrote(heads),
+                            kind,
                             log_size,
                             server: k.public(),
                             sig: k.sign(b"a", &c),

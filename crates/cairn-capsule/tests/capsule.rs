@@ -56,9 +56,14 @@ fn write_chain(
         } else {
             vec![]
         };
+        let signed = sigs.iter().map(|(n, _)| *n).collect();
         let ack = server.write(&c, &[r], &sigs).unwrap();
-        ack.verify(&server.public_key(), &c, &AckKind::Wrote(vec![name]))
-            .unwrap();
+        ack.verify(
+            &server.public_key(),
+            &c,
+            &AckKind::wrote(vec![name], signed),
+        )
+        .unwrap();
         names.push(name);
     }
     names

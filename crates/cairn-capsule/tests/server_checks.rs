@@ -39,8 +39,12 @@ fn a_signature_on_a_present_subrecord_record_is_kept() {
     let ack = server
         .commit_subrecords(&c, &header, &subs, Some(sig))
         .unwrap();
-    ack.verify(&server.public_key(), &c, &AckKind::Wrote(vec![name]))
-        .unwrap();
+    ack.verify(
+        &server.public_key(),
+        &c,
+        &AckKind::wrote(vec![name], vec![name]),
+    )
+    .unwrap();
     assert!(
         server
             .with_dag(&c, |d| d.signature(&name).is_some())

@@ -64,11 +64,13 @@ fn write_read_prove_over_tcp() {
         names.push(n);
     }
     assert_eq!(rc.in_flight(), 40);
-    for n in &names {
+    for (i, n) in names.iter().enumerate() {
         let Response::Ack(a) = rc.recv().unwrap() else {
             panic!("not an ack")
         };
-        a.verify(&skey, &c, &AckKind::Wrote(vec![*n])).unwrap();
+        let signed = if i % 8 == 7 { vec![*n] } else { vec![] };
+        a.verify(&skey, &c, &AckKind::wrote(vec![*n], signed))
+            .unwrap();
     }
     // Read and verify through a reader session, acking each proof.
     let meta2 = rc.metadata(&c).unwrap();
@@ -190,7 +192,7 @@ fn subrecords_over_tcp() {
     ack.verify(
         &rc.server_key().unwrap(),
         &c,
-        &AckKind::Wrote(vec![header.name()]),
+        &AckKind::wrote(vec![header.name()], vec![header.name()]),
     )
     .unwrap();
     assert_eq!(rc.subrecords(&c, &header.name()).unwrap(), subs);

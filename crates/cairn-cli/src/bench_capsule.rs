@@ -577,14 +577,14 @@ impl Client {
                         records,
                         signatures: vec![(last, sig)],
                     });
-                    wants.push(AckKind::Wrote(names));
+                    wants.push(AckKind::wrote(names, vec![last]));
                 }
                 Api::Subrecord => {
                     for b in group {
                         items.push(Item::Sub(self.writer.write_subrecord(b)?));
                     }
                     let (header, subs, sig) = self.writer.commit_subrecords(&[])?;
-                    wants.push(AckKind::Wrote(vec![header.name()]));
+                    wants.push(AckKind::wrote(vec![header.name()], vec![header.name()]));
                     reqs.push(Request::CommitSubrecords {
                         capsule: self.capsule,
                         header,
@@ -1261,13 +1261,19 @@ fn conc_phase(c: &mut Client, phase: &str, data: &[Vec<u8>]) -> Result<Vec<u32>>
                 } else {
                     Vec::new()
                 };
+                let signed = sigs.iter().map(|(n, _)| *n).collect();
                 let resp = c.call(vec![Request::Write {
                     capsule: c.capsule,
                     records: vec![r],
                     signatures: sigs,
                 }])?;
                 let r = resp.into_iter().next().context("no write response")?;
-                expect_ack(r, &c.server, &c.capsule, &AckKind::Wrote(vec![name]))?;
+                expect_ack(
+                    r,
+                    &c.server,
+                    &c.capsule,
+                    &AckKind::wrote(vec![name], signed),
+                )?;
                 lat.push(nanos(t.elapsed()));
                 names.push(name);
             }
@@ -1520,6 +1526,7 @@ impl CapsuleKv {
         let mut reqs = Vec::with_capacity(1 + gets.len());
         let wrote: Vec<RecordName> = records.iter().map(Record::name).collect();
         let write = !records.is_empty();
+        let mut signed = Vec::new();
         if write {
             // With proofs on, the writer signs the newest record of each commit: every put
             // of the batch chains to it, so gets never wait for a signature of their own.
@@ -1531,6 +1538,7 @@ impl CapsuleKv {
                 }
                 _ => Vec::new(),
             };
+            signed = sigs.iter().map(|(n, _)| *n).collect();
             reqs.push(Request::Write {
                 capsule: self.c.capsule,
                 records,
@@ -1552,7 +1560,12 @@ impl CapsuleKv {
         let mut resps = self.c.call(reqs)?.into_iter();
         if write {
             let r = resps.next().context("no write response")?;
-            expect_ack(r, &self.c.server, &self.c.capsule, &AckKind::Wrote(wrote))?;
+            expect_ack(
+                r,
+                &self.c.server,
+                &self.c.capsule,
+                &AckKind::wrote(wrote, signed),
+            )?;
         }
         for (k, name, want) in &gets {
             let r = resps.next().context("no read response")?;
