@@ -751,8 +751,14 @@ impl Bucket {
 
     /// [`Db::remove`], recorded.
     pub fn remove(&self, key: &[u8], branch: &str) -> Result<Uid> {
+        self.remove_guarded(key, branch, None)
+    }
+
+    /// [`Bucket::remove`] only if the branch's head is `guard` (when given; see
+    /// [`Db::remove_guarded`]).
+    pub fn remove_guarded(&self, key: &[u8], branch: &str, guard: Option<&Uid>) -> Result<Uid> {
         self.check_writable()?;
-        self.db.remove(key, branch)
+        self.db.remove_guarded(key, branch, guard)
     }
 
     /// Reads a record of the bucket's capsule and decodes its mutation.

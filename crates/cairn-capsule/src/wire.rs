@@ -1843,8 +1843,16 @@ impl RemoteCapsule {
         Response::from_bytes(&self.buf)?.into_result()
     }
 
-    /// Sends one encoded request and returns its response.
+    /// Sends one encoded request and returns its response. Refused while responses to
+    /// pipelined requests ([`RemoteCapsule::send`]) are unread: it would read the oldest of
+    /// them as its own.
     pub fn call_bytes(&mut self, req: &[u8]) -> Result<Response> {
+        if self.client.in_flight() != 0 {
+            return Err(Error::invalid(format!(
+                "a call with {} pipelined responses unread (recv them first)",
+                self.client.in_flight()
+            )));
+        }
         self.client.send(req)?;
         self.recv()
     }

@@ -64,6 +64,10 @@ fn write_read_prove_over_tcp() {
         names.push(n);
     }
     assert_eq!(rc.in_flight(), 40);
+    // A typed call now would read the oldest pipelined answer as its own: refused, and the
+    // connection stays in step.
+    assert!(matches!(rc.list_capsules(), Err(Error::InvalidInput(_))));
+    assert_eq!(rc.in_flight(), 40);
     for (i, n) in names.iter().enumerate() {
         let Response::Ack(a) = rc.recv().unwrap() else {
             panic!("not an ack")

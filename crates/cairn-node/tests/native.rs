@@ -36,6 +36,25 @@ async fn buckets_create_list_info_metadata() {
     // The node's default leaf size, recorded in the metadata.
     assert_eq!(info["leaf_size"], 65536);
     assert_eq!(meta.settings["cairn.leaf_size"], "65536");
+    // Parameters in the query of the bucket routes are refused, not ignored: an owner
+    // meant as `?owner=` must not create an open bucket.
+    let (st, e) = s
+        .send(
+            Method::POST,
+            "/v1/buckets?owner=ed25519:00",
+            &[("content-type", "application/json")],
+            json!({"name": "typo"}).to_string(),
+        )
+        .await;
+    assert_eq!(st, 400, "{e}");
+    for path in [
+        "/v1/buckets?x=1",
+        "/v1/buckets/photos?x=1",
+        "/v1/buckets/photos/metadata?x=1",
+    ] {
+        assert_eq!(s.get(path).await.status(), 400, "{path}");
+    }
+    assert_eq!(s.get("/v1/buckets/typo").await.status(), 404);
     let r = s.get("/v1/buckets/photos/metadata").await;
     assert_eq!(r.status(), 200);
     assert_eq!(
@@ -524,6 +543,27 @@ async fn guarded_writes_and_size_limits() {
             .await;
         assert_eq!(st, 400, "{bad}");
     }
+    // If-None-Match on a write is refused, not ignored (a create-only `*` must not
+    // overwrite).
+    let (st, e) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/g/objects/k",
+            &[("if-none-match", "*")],
+            "over",
+        )
+        .await;
+    assert_eq!(st, 400, "{e}");
+    // DELETE honours If-Match: a stale one is 412 and removes nothing.
+    let (st, e) = s
+        .send(
+            Method::DELETE,
+            "/v1/buckets/g/objects/k",
+            &[("if-match", guard.as_str())],
+            "",
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (412, "guard_mismatch"), "{e}");
     let r = s.get("/v1/buckets/g/objects/k").await;
     assert_eq!(
         r.headers()["etag"].to_str().unwrap(),
@@ -1372,14 +1412,23 @@ async fn small_and_streamed_reads_answer_alike() {
             served += n as u64;
         }
     }
-    // Bytes served from memory count in the metrics as streamed ones do.
-    let m = s.get("/metrics").await.text().await.unwrap();
-    let read = m
-        .lines()
-        .find(|l| l.starts_with("cairn_bytes_read_total") && l.contains("api=\"native\""))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or(0);
+    // Bytes served from memory count in the metrics as streamed ones do. A streamed answer
+    // is counted once its producer finishes, which can be just after the client has read
+    // the last byte: wait for it, briefly.
+    let mut read = 0;
+    for _ in 0..100 {
+        let m = s.get("/metrics").await.text().await.unwrap();
+        read = m
+            .lines()
+            .find(|l| l.starts_with("cairn_bytes_read_total") && l.contains("api=\"native\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        if read >= served {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert!(read >= served, "{read} bytes counted, {served} served");
     // A conditional GET of the current version answers 304 with no body.
     let (_, put) = s

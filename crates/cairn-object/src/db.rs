@@ -675,7 +675,7 @@ impl Db {
             }
             NewValue::Integer(i) => Value::Integer(i),
             NewValue::Tuple(items) => {
-                check_inline(items.iter().map(|i| i.len() + 4).sum())?;
+                check_inline(tuple_bytes(&items))?;
                 Value::Tuple(items.into_iter().map(Bytes::from).collect())
             }
             NewValue::Blob(b) => Value::Tree(postree::build_blob(s, &self.cfg, &b)?),
@@ -991,6 +991,7 @@ impl Db {
                 Value::String(n.into())
             }
             (Value::Tuple(t), Op::Append(x)) => {
+                check_inline(tuple_bytes(t) + x.len() + 4)?;
                 let mut n = t.clone();
                 n.push(Bytes::copy_from_slice(x));
                 Value::Tuple(n)
@@ -1005,6 +1006,7 @@ impl Db {
                             t.len()
                         ))
                     })?;
+                check_inline(tuple_bytes(t) + x.len() + 4)?;
                 let mut n = t.clone();
                 n.insert(pos, Bytes::copy_from_slice(x));
                 Value::Tuple(n)
@@ -1126,11 +1128,26 @@ impl Db {
     /// M14: removes a tagged branch (its versions stay until no head reaches them and GC
     /// runs). Removing a key's last head removes the key. Returns the removed head.
     pub fn remove(&self, key: &[u8], branch: &str) -> Result<Uid> {
+        self.remove_guarded(key, branch, None)
+    }
+
+    /// [`Db::remove`] only if the branch's head is `guard` (when given), checked under the
+    /// key's lock with the removal: otherwise a [`Error::GuardMismatch`] and nothing
+    /// changes.
+    pub fn remove_guarded(&self, key: &[u8], branch: &str, guard: Option<&Uid>) -> Result<Uid> {
         let _k = self.lock_key(key);
         let mut t = self.existing_table(key)?;
         let uid = t.tagged.remove(branch).ok_or_else(|| {
             Error::not_found(format!("branch {branch:?} of key {}", show_key(key)))
         })?;
+        if let Some(g) = guard
+            && *g != uid
+        {
+            return Err(Error::GuardMismatch(format!(
+                "branch {branch:?} of key {} is at {uid}, not {g}",
+                show_key(key)
+            )));
+        }
         self.record_head(HeadChange {
             kind: HeadChangeKind::Remove,
             key,
@@ -1161,6 +1178,11 @@ pub fn check_bucket_name(name: &str) -> Result<()> {
             "bucket name {name:?}: use 1 to 64 characters from a-z, 0-9, '.', '_' and '-'"
         )))
     }
+}
+
+/// The bytes a tuple counts against [`MAX_INLINE_BYTES`] (as a put of it counts them).
+fn tuple_bytes<T: AsRef<[u8]>>(t: &[T]) -> usize {
+    t.iter().map(|i| i.as_ref().len() + 4).sum()
 }
 
 fn check_inline(n: usize) -> Result<()> {

@@ -219,6 +219,22 @@ fn primitive_type_operations() {
         db.get(b"t", &master()).unwrap().object.value,
         Value::Tuple(vec!["a".into(), "b".into(), "c".into()])
     );
+    // A tuple cannot grow past the inline limit a put of it has (16 MiB), by append or
+    // insert: the update is refused and the head stays.
+    let big = vec![0u8; 6 << 20];
+    db.put(
+        b"big",
+        m,
+        NewValue::Tuple(vec![big.clone(), big.clone()]),
+        &o,
+    )
+    .unwrap();
+    let head = db.get(b"big", &master()).unwrap().uid;
+    for op in [Op::Append(big.clone()), Op::Insert(0, big.clone())] {
+        let e = db.update(b"big", m, op, &o).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    }
+    assert_eq!(db.get(b"big", &master()).unwrap().uid, head);
 }
 
 #[test]

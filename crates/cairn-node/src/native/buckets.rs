@@ -208,6 +208,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    // Parameters belong in the body: `?owner=...` must not create an open bucket.
+    let _: super::NoQuery = super::query(&uri)?;
     let (_permit, body) = body::body_permit(&node, body)?;
     let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
     let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
@@ -291,7 +293,8 @@ pub async fn create(
 }
 
 /// `GET /v1/buckets`: every bucket of the native API.
-pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Response> {
+pub async fn list(State(node): State<Arc<Node>>, uri: Uri) -> ApiResult<Response> {
+    let _: super::NoQuery = super::query(&uri)?;
     // The listing grows with the buckets: it holds a transfer and streams, like the keys
     // listing.
     let permit = body::transfer_permit(&node)?;
@@ -319,7 +322,9 @@ pub async fn list(State(node): State<Arc<Node>>) -> ApiResult<Response> {
 pub async fn show(
     State(node): State<Arc<Node>>,
     BucketPath(name): BucketPath,
+    uri: Uri,
 ) -> ApiResult<Json<serde_json::Value>> {
+    let _: super::NoQuery = super::query(&uri)?;
     let o = open(&node, &name).await?;
     Ok(Json(info(&name, &o.entry, &o.bucket)))
 }
@@ -329,7 +334,9 @@ pub async fn show(
 pub async fn metadata(
     State(node): State<Arc<Node>>,
     BucketPath(name): BucketPath,
+    uri: Uri,
 ) -> ApiResult<Response> {
+    let _: super::NoQuery = super::query(&uri)?;
     let o = open(&node, &name).await?;
     let meta = o.bucket.metadata().ok_or_else(|| {
         ApiError::from(Error::not_found(format!("the capsule of bucket {name:?}")))

@@ -185,6 +185,11 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     }
 }
 
+/// A query that takes no parameters (an unknown one is refused).
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
 /// Parses the query string; unknown parameters are refused (a typo must not write
 /// somewhere else).
 pub fn query<T: DeserializeOwned>(uri: &Uri) -> ApiResult<T> {

@@ -76,6 +76,18 @@ pub fn is_json(headers: &HeaderMap, name: HeaderName) -> bool {
 }
 
 /// The uid named by `If-Match: "<uid>"`, if the header is present.
+/// The guard of a write (`PUT`, `PATCH`, `DELETE` of an object): its `If-Match`.
+/// `If-None-Match` is refused rather than ignored (a create-only `*` would otherwise
+/// overwrite silently): guard with `If-Match` and the head's ETag.
+fn write_guard(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
+    if headers.contains_key(header::IF_NONE_MATCH) {
+        return Err(ApiError::bad_request(
+            "If-None-Match is not supported on writes; guard with If-Match and the head's ETag",
+        ));
+    }
+    if_match(headers)
+}
+
 fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
     let Some(v) = headers.get(header::IF_MATCH) else {
         return Ok(None);
@@ -493,7 +505,7 @@ pub async fn put(
     let q: PutQuery = query(&uri)?;
     check_key(key.as_bytes())?;
     let ty = q.ty.as_deref().map(str::parse::<ValueType>).transpose()?;
-    let guard = if_match(&headers)?;
+    let guard = write_guard(&headers)?;
     let dest = dest(q.branch, q.base, guard)?;
     let context = headers
         .get(super::auth::CONTEXT_HEADER)
@@ -595,6 +607,8 @@ pub async fn remove(
 ) -> ApiResult<Json<serde_json::Value>> {
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
+    // `If-Match` guards the removal: checked with it, under the key's lock.
+    let guard = write_guard(&headers)?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     body::read_all(body, CONTROL_LIMIT, expect).await?;
@@ -603,7 +617,7 @@ pub async fn remove(
     let k = key.clone();
     let uid = blocking(move || {
         let _permit = permit;
-        Ok(b.remove(k.as_bytes(), &br)?)
+        Ok(b.remove_guarded(k.as_bytes(), &br, guard.as_ref())?)
     })
     .await?;
     Ok(Json(
@@ -747,7 +761,7 @@ pub async fn patch(
 ) -> ApiResult<Response> {
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
-    let guard = if_match(&headers)?;
+    let guard = write_guard(&headers)?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;

@@ -34,7 +34,7 @@ use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
 use super::objects::{CONTROL_LIMIT, is_json};
 use super::values::{bytes_json, json_bytes};
-use super::{BucketPath, KeyPath, VersionQuery, body, parse_uid, query, version_at};
+use super::{BucketPath, KeyPath, NoQuery, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
 
 /// Most keys one `GET .../keys` page lists.
@@ -122,11 +122,6 @@ pub async fn branches(
     .await?;
     Ok(body::json_response(node, permit, answer))
 }
-
-/// A query that takes no parameters (an unknown one is refused).
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct NoQuery {}
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
