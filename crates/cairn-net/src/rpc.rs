@@ -58,6 +58,13 @@ pub struct ServerConfig {
     /// requests, or inside one): idle or stalled peers are dropped, so they cannot hold
     /// every connection slot.
     pub idle_timeout: Option<Duration>,
+    /// How long a request may take to arrive once its first byte has, plus one second per
+    /// [`ServerConfig::min_request_rate`] bytes it announces: a peer that trickles a
+    /// request (a byte just inside every idle timeout) is dropped when it runs out, so it
+    /// cannot hold a slot for long.
+    pub request_timeout: Option<Duration>,
+    /// Bytes a second a request must at least arrive at (see `request_timeout`).
+    pub min_request_rate: u64,
 }
 
 impl Default for ServerConfig {
@@ -68,7 +75,67 @@ impl Default for ServerConfig {
             write_timeout: Some(Duration::from_secs(60)),
             handshake_timeout: Some(Duration::from_secs(10)),
             idle_timeout: Some(Duration::from_secs(300)),
+            request_timeout: Some(Duration::from_secs(30)),
+            min_request_rate: 256 << 10,
         }
+    }
+}
+
+/// A connection's reader that cuts a request taking longer than its deadline: the
+/// deadline starts with the request's first byte ([`RequestReader::start`] sets it off,
+/// [`RequestReader::extend`] adds time for the announced length), and every read waits at
+/// most until it (or the idle timeout, whichever is sooner).
+struct RequestReader<'a> {
+    inner: BufReader<TcpStream>,
+    stream: &'a TcpStream,
+    idle: Option<Duration>,
+    timeout: Option<Duration>,
+    min_rate: u64,
+    started: Option<std::time::Instant>,
+    deadline: Option<std::time::Instant>,
+}
+
+impl RequestReader<'_> {
+    /// Waits for the next request (the idle timeout applies).
+    fn start(&mut self) {
+        self.started = None;
+        self.deadline = None;
+    }
+
+    /// The request announced `len` payload bytes: it may take that much longer.
+    fn extend(&mut self, len: u64) {
+        if let (Some(t0), Some(timeout)) = (self.started, self.timeout) {
+            let extra = Duration::from_secs(len / self.min_rate.max(1));
+            self.deadline = Some(t0 + timeout + extra);
+        }
+    }
+}
+
+impl Read for RequestReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.inner.buffer().is_empty() {
+            let wait = match self.deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the request did not arrive in time",
+                        ));
+                    }
+                    Some(self.idle.map_or(left, |i| i.min(left)))
+                }
+                None => self.idle,
+            };
+            self.stream.set_read_timeout(wait)?;
+        }
+        let n = self.inner.read(buf)?;
+        if n > 0 && self.started.is_none() {
+            let now = std::time::Instant::now();
+            self.started = Some(now);
+            self.deadline = self.timeout.map(|t| now + t);
+        }
+        Ok(n)
     }
 }
 
@@ -282,12 +349,22 @@ fn serve_connection(
     writer.write_all(&PREAMBLE)?;
     writer.flush()?;
     writer.get_ref().set_read_timeout(config.idle_timeout)?;
+    let mut reader = RequestReader {
+        inner: reader,
+        stream,
+        idle: config.idle_timeout,
+        timeout: config.request_timeout,
+        min_rate: config.min_request_rate,
+        started: None,
+        deadline: None,
+    };
     let mut request = Vec::new();
     loop {
-        if reader.buffer().is_empty() {
+        if reader.inner.buffer().is_empty() {
             writer.flush()?;
         }
-        match read_frame(&mut reader, config.max_frame, &mut request) {
+        reader.start();
+        match read_request(&mut reader, config.max_frame, &mut request) {
             Ok(true) => {}
             Ok(false) | Err(_) => break,
         }
@@ -300,6 +377,29 @@ fn serve_connection(
         }
     }
     writer.flush()
+}
+
+/// Reads one request frame through `r`, giving it time for the length it announces.
+fn read_request(r: &mut RequestReader<'_>, max: usize, buf: &mut Vec<u8>) -> Result<bool> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    while got < header.len() {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(Error::io(
+                    "reading a frame header",
+                    io::Error::from(io::ErrorKind::UnexpectedEof),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("reading a frame header", e)),
+        }
+    }
+    r.extend(u64::from(u32::from_be_bytes(header)));
+    // The header again in front, for the shared frame decoder.
+    read_frame(&mut (&header[..]).chain(&mut *r), max, buf)
 }
 
 /// A connection to an RPC server.

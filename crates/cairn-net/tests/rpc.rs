@@ -368,6 +368,62 @@ fn idle_peers_give_their_slots_back() {
     drop(idle);
 }
 
+/// A peer that trickles a request (a byte well inside every idle timeout) is cut once the
+/// request's time runs out, so it cannot hold its slot: a client coming later is served,
+/// and the trickler's connection is closed.
+#[test]
+fn a_trickled_request_gives_its_slot_back() {
+    use std::io::{Read, Write};
+    let cfg = ServerConfig {
+        max_connections: 1,
+        idle_timeout: Some(std::time::Duration::from_secs(10)),
+        request_timeout: Some(std::time::Duration::from_millis(300)),
+        ..ServerConfig::default()
+    };
+    let (h, _) = echo(cfg);
+    let mut slow = std::net::TcpStream::connect(h.local_addr()).unwrap();
+    slow.write_all(&cairn_net::rpc::PREAMBLE).unwrap();
+    let mut pre = [0u8; 5];
+    slow.read_exact(&mut pre).unwrap();
+    // A 100-byte request, one byte every 50 ms (5 s in all, far past 300 ms).
+    slow.write_all(&100u32.to_be_bytes()).unwrap();
+    let trickler = std::thread::spawn(move || {
+        for _ in 0..100 {
+            if slow.write_all(b"x").is_err() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        // Closed by the server: the next read sees the end.
+        slow.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+            .unwrap();
+        matches!(slow.read(&mut [0u8; 1]), Ok(0) | Err(_))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let mut served = false;
+    for _ in 0..60 {
+        let r = Client::connect_with(
+            h.local_addr(),
+            ClientConfig {
+                read_timeout: Some(std::time::Duration::from_secs(2)),
+                ..ClientConfig::default()
+            },
+        )
+        .and_then(|mut c| c.call(b"hello"));
+        if let Ok(v) = r {
+            assert_eq!(v, b"re:hello");
+            served = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(served, "the trickling peer kept the only slot");
+    assert!(
+        trickler.join().unwrap(),
+        "the trickler's connection stayed open"
+    );
+}
+
 /// A handler that panics ends its connection at once: the client gets an error instead of
 /// waiting on a socket nobody serves.
 #[test]
