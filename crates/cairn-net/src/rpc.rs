@@ -93,6 +93,9 @@ struct RequestReader<'a> {
     min_rate: u64,
     started: Option<std::time::Instant>,
     deadline: Option<std::time::Instant>,
+    /// The read timeout the socket has now (set again only when it changes: a pipelined
+    /// burst refills the buffer often).
+    set: Option<Option<Duration>>,
 }
 
 impl RequestReader<'_> {
@@ -127,7 +130,10 @@ impl Read for RequestReader<'_> {
                 }
                 None => self.idle,
             };
-            self.stream.set_read_timeout(wait)?;
+            if self.set != Some(wait) {
+                self.stream.set_read_timeout(wait)?;
+                self.set = Some(wait);
+            }
         }
         let n = self.inner.read(buf)?;
         if n > 0 && self.started.is_none() {
@@ -357,6 +363,7 @@ fn serve_connection(
         min_rate: config.min_request_rate,
         started: None,
         deadline: None,
+        set: Some(config.idle_timeout),
     };
     let mut request = Vec::new();
     loop {
