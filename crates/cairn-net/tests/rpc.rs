@@ -329,6 +329,27 @@ fn shutdown_answers_received_requests() {
     }
 }
 
+/// Whether a new client gets an answer from the echo server at `addr` within about three
+/// seconds of retrying (a slot may take a moment to free).
+fn served_soon(addr: std::net::SocketAddr) -> bool {
+    for _ in 0..60 {
+        let r = Client::connect_with(
+            addr,
+            ClientConfig {
+                read_timeout: Some(std::time::Duration::from_secs(2)),
+                ..ClientConfig::default()
+            },
+        )
+        .and_then(|mut c| c.call(b"hello"));
+        if let Ok(v) = r {
+            assert_eq!(v, b"re:hello");
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
 /// Peers that finished the preamble and then send nothing are dropped after the idle
 /// timeout, so a few of them cannot hold every connection slot: a client coming later is
 /// served.
@@ -347,24 +368,10 @@ fn idle_peers_give_their_slots_back() {
         idle.push(s);
     }
     std::thread::sleep(std::time::Duration::from_millis(900));
-    let mut served = false;
-    for _ in 0..50 {
-        let r = Client::connect_with(
-            h.local_addr(),
-            ClientConfig {
-                read_timeout: Some(std::time::Duration::from_secs(2)),
-                ..ClientConfig::default()
-            },
-        )
-        .and_then(|mut c| c.call(b"hello"));
-        if let Ok(v) = r {
-            assert_eq!(v, b"re:hello");
-            served = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(served, "the idle peers kept every slot");
+    assert!(
+        served_soon(h.local_addr()),
+        "the idle peers kept every slot"
+    );
     drop(idle);
 }
 
@@ -400,24 +407,10 @@ fn a_trickled_request_gives_its_slot_back() {
         matches!(slow.read(&mut [0u8; 1]), Ok(0) | Err(_))
     });
     std::thread::sleep(std::time::Duration::from_millis(600));
-    let mut served = false;
-    for _ in 0..60 {
-        let r = Client::connect_with(
-            h.local_addr(),
-            ClientConfig {
-                read_timeout: Some(std::time::Duration::from_secs(2)),
-                ..ClientConfig::default()
-            },
-        )
-        .and_then(|mut c| c.call(b"hello"));
-        if let Ok(v) = r {
-            assert_eq!(v, b"re:hello");
-            served = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(served, "the trickling peer kept the only slot");
+    assert!(
+        served_soon(h.local_addr()),
+        "the trickling peer kept the only slot"
+    );
     assert!(
         trickler.join().unwrap(),
         "the trickler's connection stayed open"
