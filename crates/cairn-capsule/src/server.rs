@@ -233,6 +233,14 @@ pub enum AckKind {
 }
 
 impl AckKind {
+    /// What a write of `records` carrying `signatures` is acknowledged with.
+    pub fn for_write(
+        records: Vec<RecordName>,
+        signatures: &[(RecordName, WriterSignature)],
+    ) -> AckKind {
+        AckKind::wrote(records, signatures.iter().map(|(n, _)| *n).collect())
+    }
+
     /// What a write of `records` carrying signatures on `signed` is acknowledged with.
     pub fn wrote(records: Vec<RecordName>, signed: Vec<RecordName>) -> AckKind {
         if signed.is_empty() {
@@ -1012,14 +1020,13 @@ impl CapsuleServer {
     ) -> Result<Ack> {
         // The ack is signed on the signer's thread while this one commits (and syncs).
         let mut early = None;
-        let signed: Vec<RecordName> = signatures.iter().map(|(n, _)| *n).collect();
         let (names, size) =
             self.write_inner(capsule, records, signatures, false, &mut |names, size| {
-                let kind = AckKind::wrote(names.to_vec(), signed.clone());
+                let kind = AckKind::for_write(names.to_vec(), signatures);
                 let msg = Ack::message(capsule, &kind, size);
                 early = self.signer.start(msg).map(|rx| (size, rx));
             })?;
-        let kind = AckKind::wrote(names, signed);
+        let kind = AckKind::for_write(names, signatures);
         if let Some((signed_size, rx)) = early
             && signed_size == size
             && let Ok(sig) = rx.recv()
@@ -2582,8 +2589,7 @@ mod tests {
                         let sig = (name, w.sign(&name));
                         let sigs = if i % 3 == 0 { vec![sig] } else { vec![] };
                         let ack = server.write(&c, std::slice::from_ref(&r), &sigs).unwrap();
-                        let signed = sigs.iter().map(|(n, _)| *n).collect();
-                        ack.verify(&key, &c, &AckKind::wrote(vec![name], signed))
+                        ack.verify(&key, &c, &AckKind::for_write(vec![name], &sigs))
                             .unwrap();
                         // The ack names the signature it carried: an ack for the records
                         // alone does not pass for it.

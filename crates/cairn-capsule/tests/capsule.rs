@@ -57,12 +57,11 @@ fn write_chain(
         } else {
             vec![]
         };
-        let signed = sigs.iter().map(|(n, _)| *n).collect();
         let ack = server.write(&c, &[r], &sigs).unwrap();
         ack.verify(
             &server.public_key(),
             &c,
-            &AckKind::wrote(vec![name], signed),
+            &AckKind::for_write(vec![name], &sigs),
         )
         .unwrap();
         names.push(name);

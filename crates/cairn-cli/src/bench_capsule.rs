@@ -1261,19 +1261,14 @@ fn conc_phase(c: &mut Client, phase: &str, data: &[Vec<u8>]) -> Result<Vec<u32>>
                 } else {
                     Vec::new()
                 };
-                let signed = sigs.iter().map(|(n, _)| *n).collect();
+                let want = AckKind::for_write(vec![name], &sigs);
                 let resp = c.call(vec![Request::Write {
                     capsule: c.capsule,
                     records: vec![r],
                     signatures: sigs,
                 }])?;
                 let r = resp.into_iter().next().context("no write response")?;
-                expect_ack(
-                    r,
-                    &c.server,
-                    &c.capsule,
-                    &AckKind::wrote(vec![name], signed),
-                )?;
+                expect_ack(r, &c.server, &c.capsule, &want)?;
                 lat.push(nanos(t.elapsed()));
                 names.push(name);
             }
@@ -1526,7 +1521,7 @@ impl CapsuleKv {
         let mut reqs = Vec::with_capacity(1 + gets.len());
         let wrote: Vec<RecordName> = records.iter().map(Record::name).collect();
         let write = !records.is_empty();
-        let mut signed = Vec::new();
+        let mut ack_want = None;
         if write {
             // With proofs on, the writer signs the newest record of each commit: every put
             // of the batch chains to it, so gets never wait for a signature of their own.
@@ -1538,7 +1533,7 @@ impl CapsuleKv {
                 }
                 _ => Vec::new(),
             };
-            signed = sigs.iter().map(|(n, _)| *n).collect();
+            ack_want = Some(AckKind::for_write(wrote.clone(), &sigs));
             reqs.push(Request::Write {
                 capsule: self.c.capsule,
                 records,
@@ -1560,12 +1555,8 @@ impl CapsuleKv {
         let mut resps = self.c.call(reqs)?.into_iter();
         if write {
             let r = resps.next().context("no write response")?;
-            expect_ack(
-                r,
-                &self.c.server,
-                &self.c.capsule,
-                &AckKind::wrote(wrote, signed),
-            )?;
+            let want = ack_want.context("no acknowledgment expected")?;
+            expect_ack(r, &self.c.server, &self.c.capsule, &want)?;
         }
         for (k, name, want) in &gets {
             let r = resps.next().context("no read response")?;

@@ -76,7 +76,7 @@ impl Default for ServerConfig {
             handshake_timeout: Some(Duration::from_secs(10)),
             idle_timeout: Some(Duration::from_secs(300)),
             request_timeout: Some(Duration::from_secs(30)),
-            min_request_rate: 256 << 10,
+            min_request_rate: 64 << 10,
         }
     }
 }
@@ -126,6 +126,10 @@ impl Read for RequestReader<'_> {
                             "the request did not arrive in time",
                         ));
                     }
+                    // In whole seconds (rounded up), so the socket's timeout changes at
+                    // most once a second while a request arrives: a read may end up to a
+                    // second past the deadline, and the next one is refused.
+                    let left = Duration::from_secs(left.as_secs() + 1);
                     Some(self.idle.map_or(left, |i| i.min(left)))
                 }
                 None => self.idle,

@@ -108,7 +108,28 @@ pub fn create_private_file(path: &Path, text: &str) -> Result<bool> {
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
+        // A file system without hard links (vfat, some FUSE mounts): an exclusive create,
+        // written and synced (a concurrent reader may then see it partly written).
+        Err(_) => {
+            let mut opts = OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            match opts.open(path) {
+                Ok(mut f) => {
+                    f.write_all(text.as_bytes())
+                        .and_then(|_| f.sync_all())
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    sync_dir(dir);
+                    Ok(true)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
+            }
+        }
     }
 }
 

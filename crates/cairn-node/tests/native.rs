@@ -554,6 +554,16 @@ async fn guarded_writes_and_size_limits() {
         )
         .await;
     assert_eq!(st, 400, "{e}");
+    // Fork, rename and merge take no conditions: refused rather than ignored.
+    let (st, e) = s
+        .send(
+            Method::POST,
+            "/v1/buckets/g/fork/k",
+            &[JSON, ("if-match", guard.as_str())],
+            json!({"branch": "side"}).to_string(),
+        )
+        .await;
+    assert_eq!(st, 400, "{e}");
     // DELETE honours If-Match: a stale one is 412 and removes nothing.
     let (st, e) = s
         .send(

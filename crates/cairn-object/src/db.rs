@@ -617,6 +617,12 @@ impl Db {
     // ----- writes -----
 
     pub(crate) fn store_object(&self, o: &FObject) -> Result<Uid> {
+        // Every inline value, however made (put, type operation, merge), within the limit.
+        match &o.value {
+            Value::String(b) => check_inline(b.len())?,
+            Value::Tuple(t) => check_inline(tuple_bytes(t))?,
+            _ => {}
+        }
         let chunk = o.to_chunk();
         let uid = self.algo.digest(&chunk);
         self.store.put_hashed(uid, &chunk)?;

@@ -235,6 +235,37 @@ fn primitive_type_operations() {
         assert!(matches!(e, Error::InvalidInput(_)), "{e}");
     }
     assert_eq!(db.get(b"big", &master()).unwrap().uid, head);
+    // Nor by a merge: two branches each appending 6 MiB, merged with `append`.
+    db.fork(b"big", &At::Branch("master".into()), "dev")
+        .unwrap();
+    db.update(b"big", m, Op::Append(vec![1u8; 1 << 20]), &o)
+        .unwrap();
+    db.update(
+        b"big",
+        Target::Branch("dev"),
+        Op::Append(vec![3u8; 1 << 20]),
+        &o,
+    )
+    .unwrap();
+    let before = db.get(b"big", &master()).unwrap().uid;
+    db.update(
+        b"big",
+        Target::Branch("dev"),
+        Op::Append(vec![2u8; 2 << 20]),
+        &o,
+    )
+    .unwrap();
+    let e = db
+        .merge_into(
+            b"big",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Append,
+            &o,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert_eq!(db.get(b"big", &master()).unwrap().uid, before);
 }
 
 #[test]

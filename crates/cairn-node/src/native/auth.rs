@@ -343,7 +343,15 @@ impl Seen {
         now: u64,
         limits: Limits,
     ) -> Result<(), Refusal> {
-        let now = now.max(self.high);
+        // A clock reading a little older than one the table judged at (read before the lock,
+        // by a request that waited for it) is judged at the later one: a sweep may have
+        // dropped what it would replay. A much older one is the clock stepped back: the
+        // table follows it, as `check` does.
+        let now = if now + CLOCK_SLACK_SECS >= self.high {
+            now.max(self.high)
+        } else {
+            now
+        };
         self.high = now;
         if expires < now {
             return Err(Refusal::Expired);
@@ -496,6 +504,10 @@ impl Seen {
         }
     }
 }
+
+/// How far a request's clock reading may lag the latest one the table saw and still be
+/// judged at the latest (requests read the clock before they wait for the table's lock).
+const CLOCK_SLACK_SECS: u64 = 5;
 
 /// The table's bounds (the constants above; smaller in tests).
 #[derive(Clone, Copy, Debug)]
@@ -695,7 +707,8 @@ impl ReplayGuard {
             Ok(()) => Ok(true),
             Err(Refusal::Replayed) => Ok(false),
             Err(Refusal::Expired) => Err(ApiError::unauthorized(format!(
-                "{DATE_HEADER} is more than {WINDOW_SECS} s before the node's clock"
+                "{DATE_HEADER} left the {WINDOW_SECS} s window while the request waited; sign \
+                 it anew"
             ))),
             Err(Refusal::BelowFloor(floor)) => Err(ApiError::unauthorized(format!(
                 "this owner key signs more requests than the node remembers, and it no longer \
@@ -1235,10 +1248,26 @@ mod tests {
         // A replay of a's signature whose `now` was read at t is refused all the same.
         let e = guard.first_use_within(&a, sig(1), t, t, tiny).unwrap_err();
         assert_eq!(e.status, 401);
+        assert!(e.message.contains("left the 300 s window"), "{}", e.message);
+    }
+
+    /// A clock stepped back (by more than a few seconds) is followed, not held against
+    /// every later request.
+    #[test]
+    fn a_clock_stepped_back_does_not_lock_signed_requests_out() {
+        let guard = ReplayGuard::default();
+        let t = 1_700_000_000;
+        let a = [1u8; 32];
         assert!(
-            e.message.contains("before the node's clock"),
-            "{}",
-            e.message
+            guard
+                .first_use_within(&a, sig(1), t + 3600 + 300, t + 3600, SMALL)
+                .unwrap()
+        );
+        // The clock is pulled back an hour: a request signed now passes.
+        assert!(
+            guard
+                .first_use_within(&a, sig(2), t + 300, t, SMALL)
+                .unwrap()
         );
     }
 

@@ -75,7 +75,6 @@ pub fn is_json(headers: &HeaderMap, name: HeaderName) -> bool {
         })
 }
 
-/// The uid named by `If-Match: "<uid>"`, if the header is present.
 /// The guard of a write (`PUT`, `PATCH`, `DELETE` of an object): its `If-Match`.
 /// `If-None-Match` is refused rather than ignored (a create-only `*` would otherwise
 /// overwrite silently): guard with `If-Match` and the head's ETag.
@@ -88,6 +87,7 @@ fn write_guard(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
     if_match(headers)
 }
 
+/// The uid named by `If-Match: "<uid>"`, if the header is present.
 fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
     let Some(v) = headers.get(header::IF_MATCH) else {
         return Ok(None);

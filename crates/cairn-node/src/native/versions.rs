@@ -449,6 +449,15 @@ async fn control<T: DeserializeOwned>(
     body: Body,
 ) -> ApiResult<(Permit, Arc<cairn_capsule::Bucket>, T)> {
     let _: NoQuery = query(uri)?;
+    // Conditions would be ignored here: refused, so a guarded fork, rename or merge never
+    // goes ahead unguarded.
+    if headers.contains_key(axum::http::header::IF_MATCH)
+        || headers.contains_key(axum::http::header::IF_NONE_MATCH)
+    {
+        return Err(ApiError::bad_request(
+            "fork, rename and merge take no If-Match or If-None-Match",
+        ));
+    }
     let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
