@@ -65,6 +65,9 @@ pub struct ObjectChunkStore {
     /// False once the backend said it cannot do create-if-absent puts; then puts use a HEAD
     /// followed by an overwriting PUT (safe: the bytes under a cid never change).
     create_supported: Arc<AtomicBool>,
+    /// Chunks a read found damaged: a put of one overwrites it (a create-if-absent put
+    /// would find the damaged object and report the chunk present), and `has` says no.
+    damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
     /// Always `Some` until drop.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -99,6 +102,7 @@ impl ObjectChunkStore {
             root,
             algo: HashAlgo::default(),
             create_supported: Arc::new(AtomicBool::new(true)),
+            damaged: Default::default(),
             runtime: Some(runtime),
         })
     }
@@ -138,11 +142,14 @@ impl ObjectChunkStore {
     /// Passes `bytes` read for `cid` through only if they hash to it.
     fn verified(&self, cid: &Cid, bytes: Option<Bytes>) -> Result<Option<Bytes>> {
         match bytes {
-            Some(bytes) if !cid.matches(&bytes) => Err(Error::corrupt(format!(
-                "chunk {cid} does not match its hash (object {} in {})",
-                self.chunk_path(cid),
-                self.store
-            ))),
+            Some(bytes) if !cid.matches(&bytes) => {
+                self.damaged.lock().insert(*cid);
+                Err(Error::corrupt(format!(
+                    "chunk {cid} does not match its hash (object {} in {})",
+                    self.chunk_path(cid),
+                    self.store
+                )))
+            }
             other => Ok(other),
         }
     }
@@ -200,14 +207,23 @@ fn os_err(what: &str, e: object_store::Error) -> Error {
     }
 }
 
-/// Stores one chunk unless present. True when it was new.
+/// Stores one chunk unless present (or, with `overwrite`, whether present or not: a copy
+/// known to be damaged). True when it was new.
 async fn put_object(
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
     bytes: Bytes,
     create_supported: Arc<AtomicBool>,
+    overwrite: bool,
 ) -> Result<bool> {
     use object_store::Error as E;
+    if overwrite {
+        store
+            .put(&path, PutPayload::from_bytes(bytes))
+            .await
+            .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
+        return Ok(true);
+    }
     if create_supported.load(Ordering::Relaxed) {
         let payload = PutPayload::from_bytes(bytes.clone());
         match store.put_opts(&path, payload, PutMode::Create.into()).await {
@@ -244,9 +260,13 @@ async fn fetch_object(store: Arc<dyn ObjectStore>, path: ObjectPath) -> Result<O
         .map_err(|e| os_err(&format!("reading chunk {path}"), e))
 }
 
-/// Parses the cid out of a chunk object's path (`.../<xx>/<cid hex>`); `None` for objects
-/// that are not chunks (e.g. an operator's stray file).
-fn cid_of(path: &ObjectPath) -> Option<Cid> {
+/// Parses the cid out of a chunk object's path (`<root>/<xx>/<cid hex>`); `None` for
+/// objects that are not chunks of this root (an operator's stray file, or a chunk of
+/// another node whose prefix lies under this one's).
+fn cid_of(root: &ObjectPath, path: &ObjectPath) -> Option<Cid> {
+    if path.parts().count() != root.parts().count() + 2 {
+        return None;
+    }
     let name = path.filename()?;
     let bytes = hex_decode(name)?;
     let cid = Hash::from_bytes(&bytes).ok()?;
@@ -271,13 +291,19 @@ impl ChunkStore for ObjectChunkStore {
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         crate::check_cid_algo(&cid, self.algo)?;
+        let overwrite = self.damaged.lock().contains(&cid);
         let fut = put_object(
             self.store.clone(),
             self.chunk_path(&cid),
             Bytes::copy_from_slice(chunk),
             self.create_supported.clone(),
+            overwrite,
         );
-        self.run(fut)
+        let new = self.run(fut)?;
+        if overwrite {
+            self.damaged.lock().remove(&cid);
+        }
+        Ok(new)
     }
 
     /// Puts up to [`MAX_IN_FLIGHT`] chunks concurrently; returns when every one was
@@ -285,20 +311,40 @@ impl ChunkStore for ObjectChunkStore {
     fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
         let mut cids = Vec::with_capacity(chunks.len());
         let mut jobs = Vec::with_capacity(chunks.len());
-        for chunk in chunks {
-            let cid = self.algo.digest(chunk);
-            cids.push(cid);
-            jobs.push((self.chunk_path(&cid), Bytes::copy_from_slice(chunk)));
+        let mut repaired = Vec::new();
+        {
+            let damaged = self.damaged.lock();
+            for chunk in chunks {
+                let cid = self.algo.digest(chunk);
+                let overwrite = damaged.contains(&cid);
+                if overwrite {
+                    repaired.push(cid);
+                }
+                cids.push(cid);
+                jobs.push((
+                    self.chunk_path(&cid),
+                    Bytes::copy_from_slice(chunk),
+                    overwrite,
+                ));
+            }
         }
         let store = self.store.clone();
         let create = self.create_supported.clone();
         self.run(async move {
             futures_util::stream::iter(jobs)
-                .map(|(path, bytes)| put_object(store.clone(), path, bytes, create.clone()))
+                .map(|(path, bytes, overwrite)| {
+                    put_object(store.clone(), path, bytes, create.clone(), overwrite)
+                })
                 .buffer_unordered(MAX_IN_FLIGHT)
                 .try_for_each(|_| async { Ok(()) })
                 .await
         })?;
+        if !repaired.is_empty() {
+            let mut damaged = self.damaged.lock();
+            for c in &repaired {
+                damaged.remove(c);
+            }
+        }
         Ok(cids)
     }
 
@@ -326,6 +372,9 @@ impl ChunkStore for ObjectChunkStore {
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
+        if self.damaged.lock().contains(cid) {
+            return Ok(false);
+        }
         let path = self.chunk_path(cid);
         let store = self.store.clone();
         self.run(async move {
@@ -344,7 +393,10 @@ impl ChunkStore for ObjectChunkStore {
             store
                 .list(Some(&root))
                 .map_err(|e| os_err("listing chunks", e))
-                .try_filter_map(|meta| async move { Ok(cid_of(&meta.location)) })
+                .try_filter_map(|meta| {
+                    let cid = cid_of(&root, &meta.location);
+                    async move { Ok(cid) }
+                })
                 .try_collect()
                 .await
         })
@@ -375,7 +427,7 @@ impl ChunkStore for ObjectChunkStore {
             while let Some(meta) = list.next().await {
                 let meta = meta.map_err(|e| os_err("listing chunks", e))?;
                 stats.bytes_on_disk += meta.size;
-                if cid_of(&meta.location).is_some() {
+                if cid_of(&root, &meta.location).is_some() {
                     stats.chunks += 1;
                     stats.chunk_bytes += meta.size;
                 }
@@ -684,14 +736,23 @@ mod tests {
             text,
             format!("p/q/chunks/{:02x}/{}", cid.digest()[0], cid.to_hex())
         );
-        assert_eq!(cid_of(&path), Some(cid));
-        assert_eq!(cid_of(&ObjectPath::from("p/q/chunks/00/zz")), None);
+        let root = ObjectPath::from("p/q/chunks");
+        assert_eq!(cid_of(&root, &path), Some(cid));
+        assert_eq!(cid_of(&root, &ObjectPath::from("p/q/chunks/00/zz")), None);
         assert_eq!(
-            cid_of(&ObjectPath::from(
-                "p/q/chunks/zz/".to_string() + &cid.to_hex()
-            )),
+            cid_of(
+                &root,
+                &ObjectPath::from("p/q/chunks/zz/".to_string() + &cid.to_hex())
+            ),
             None
         );
+        // A chunk of a store whose prefix lies under this one's is not this store's.
+        let nested = ObjectPath::from(format!(
+            "p/q/chunks/x/chunks/{:02x}/{}",
+            cid.digest()[0],
+            cid.to_hex()
+        ));
+        assert_eq!(cid_of(&root, &nested), None);
     }
 
     #[test]
@@ -767,6 +828,12 @@ mod tests {
             err.to_string().contains(&a.to_string()),
             "get_many verifies too: {err}"
         );
+        // A chunk found damaged is repaired by the next put of its bytes (a put reporting
+        // it present would leave a new reference to unreadable bytes).
+        assert!(!store.has(&a).unwrap());
+        assert!(store.put_hashed(a, b"alpha").unwrap());
+        assert_eq!(store.get(&a).unwrap().as_deref(), Some(&b"alpha"[..]));
+        assert!(store.has(&a).unwrap());
 
         store.remove(&[a, cids[0], missing]).unwrap();
         assert!(!store.has(&a).unwrap());
