@@ -109,7 +109,11 @@ pub fn create_private_file(path: &Path, text: &str) -> Result<bool> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         // A file system without hard links (vfat, some FUSE mounts): an exclusive create,
-        // written and synced (a concurrent reader may then see it partly written).
+        // written and synced (a concurrent reader may then see it partly written). Any
+        // other error is reported.
+        Err(e) if !links_unsupported(&e) => {
+            Err(e).with_context(|| format!("writing {}", path.display()))
+        }
         Err(_) => {
             let mut opts = OpenOptions::new();
             opts.write(true).create_new(true);
@@ -120,9 +124,11 @@ pub fn create_private_file(path: &Path, text: &str) -> Result<bool> {
             }
             match opts.open(path) {
                 Ok(mut f) => {
-                    f.write_all(text.as_bytes())
-                        .and_then(|_| f.sync_all())
-                        .with_context(|| format!("writing {}", path.display()))?;
+                    if let Err(e) = f.write_all(text.as_bytes()).and_then(|_| f.sync_all()) {
+                        // A partial key file must not be read as the key next time.
+                        let _ = fs::remove_file(path);
+                        return Err(e).with_context(|| format!("writing {}", path.display()));
+                    }
                     sync_dir(dir);
                     Ok(true)
                 }
@@ -131,6 +137,16 @@ pub fn create_private_file(path: &Path, text: &str) -> Result<bool> {
             }
         }
     }
+}
+
+/// Whether a failed `hard_link` means the file system has no hard links (rather than a
+/// real failure such as a full disk): unsupported, not permitted (EPERM), too many links
+/// (EMLINK) or not supported (EOPNOTSUPP).
+fn links_unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied
+    ) || matches!(e.raw_os_error(), Some(1 | 31 | 95))
 }
 
 /// A new temporary file in `dir` (named after `path`, this process and a counter) holding

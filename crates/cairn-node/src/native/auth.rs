@@ -258,8 +258,8 @@ pub struct Checked {
 /// those (requests signed in the same second as many others, or sent late) are refused.
 /// Forgotten signatures' refs are deleted and raised floors stored in the commit of the
 /// next accepted signature ([`ReplayGuard::persist`]), and a reload applies the same
-/// limits ([`ReplayGuard::load`]). A floor is kept until no date in the window can reach
-/// it (up to 10 minutes after it was set, for signatures dated ahead of the clock).
+/// limits ([`ReplayGuard::load`]). Signatures and floors are kept [`SWEEP_GRACE_SECS`]
+/// past the window.
 #[derive(Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
@@ -279,9 +279,6 @@ struct Seen {
     by_count: BTreeSet<(usize, [u8; 32])>,
     /// The second of the last sweep of expired signatures (at most one a second).
     swept_at: u64,
-    /// The latest `now` any request brought: a request whose `now` was read earlier is
-    /// judged at this one (a sweep may have dropped what it would replay).
-    high: u64,
     /// Store changes the next [`ReplayGuard::persist`] commits: refs of forgotten
     /// signatures to delete, and owner keys whose floor rose.
     forgotten: Vec<([u8; 32], u128)>,
@@ -343,16 +340,8 @@ impl Seen {
         now: u64,
         limits: Limits,
     ) -> Result<(), Refusal> {
-        // A clock reading a little older than one the table judged at (read before the lock,
-        // by a request that waited for it) is judged at the later one: a sweep may have
-        // dropped what it would replay. A much older one is the clock stepped back: the
-        // table follows it, as `check` does.
-        let now = if now + CLOCK_SLACK_SECS >= self.high {
-            now.max(self.high)
-        } else {
-            now
-        };
-        self.high = now;
+        // Out of the window at this request's own clock, as `check` judges it (a request
+        // that read the clock before a long wait for the lock).
         if expires < now {
             return Err(Refusal::Expired);
         }
@@ -483,6 +472,10 @@ impl Seen {
     /// Drops the signatures expired at `now`, and the floors no request can reach any more.
     fn sweep(&mut self, now: u64) {
         self.swept_at = now;
+        // What left the window less than SWEEP_GRACE_SECS ago is kept: a request judged
+        // at an earlier clock reading (read before a wait for the lock, or a clock stepped
+        // back by up to that much) still finds every signature it could replay.
+        let now = now.saturating_sub(SWEEP_GRACE_SECS);
         self.legacy.retain(|_, e| *e >= now);
         let mut changed = Vec::new();
         self.owners.retain(|key, o| {
@@ -505,9 +498,10 @@ impl Seen {
     }
 }
 
-/// How far a request's clock reading may lag the latest one the table saw and still be
-/// judged at the latest (requests read the clock before they wait for the table's lock).
-const CLOCK_SLACK_SECS: u64 = 5;
+/// How long signatures and floors are kept past the window: a clock reading (or the clock
+/// itself) may go back by this much without reopening what the table dropped. A clock
+/// stepped back further can let a signature dropped meanwhile be replayed once.
+pub const SWEEP_GRACE_SECS: u64 = 300;
 
 /// The table's bounds (the constants above; smaller in tests).
 #[derive(Clone, Copy, Debug)]
@@ -536,13 +530,12 @@ impl ReplayGuard {
         let mut updates = Vec::new();
         {
             let mut seen = guard.seen.lock();
-            seen.high = now;
             seen.swept_at = now;
             for (name, _) in store.list_refs(REPLAY_FLOOR_REFS)? {
                 let Some((owner, f)) = parse_floor_ref(&name) else {
                     continue; // not a ref this module wrote
                 };
-                if f < now {
+                if f < now.saturating_sub(SWEEP_GRACE_SECS) {
                     updates.push(RefUpdate::Delete {
                         name: name.to_vec(),
                     });
@@ -591,7 +584,7 @@ impl ReplayGuard {
                 };
                 let Some(exp) = exp else { continue };
                 let below_floor = owner.is_some_and(|o| exp <= seen.floor(&o));
-                if exp < now || below_floor {
+                if exp < now.saturating_sub(SWEEP_GRACE_SECS) || below_floor {
                     updates.push(RefUpdate::Delete {
                         name: name.to_vec(),
                     });
@@ -660,6 +653,7 @@ impl ReplayGuard {
 /// refs whose floor is past. A floor ref never changes, so deleting one whose floor is past
 /// is right whatever commits land meanwhile.
 fn sweep_refs(store: &dyn RefStore, now: u64) -> cairn_core::Result<()> {
+    let now = now.saturating_sub(SWEEP_GRACE_SECS);
     let mut expired = Vec::new();
     for (name, value) in store.list_refs(REPLAY_REFS)? {
         if le_u64(&value).is_some_and(|e| e < now) {
@@ -1137,7 +1131,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.status, 503);
         assert!(e.message.contains("owner keys"), "{}", e.message);
-        let later = now + 301;
+        let later = now + 301 + SWEEP_GRACE_SECS;
         assert!(
             guard
                 .first_use_within(&[7u8; 32], sig(201), later + 300, later, SMALL)
@@ -1239,20 +1233,41 @@ mod tests {
                 .first_use_within(&b, sig(2), t + 300, t, tiny)
                 .unwrap()
         );
-        // At t + 1 the table is full: the sweep drops a's expired signature.
+        // At t + 1 the table is full and sweeps; a's signature left the window a second
+        // ago and is kept for the grace.
         assert!(
             guard
                 .first_use_within(&b, sig(3), t + 301, t + 1, tiny)
                 .unwrap()
         );
-        // A replay of a's signature whose `now` was read at t is refused all the same.
-        let e = guard.first_use_within(&a, sig(1), t, t, tiny).unwrap_err();
-        assert_eq!(e.status, 401);
+        // A replay of a's signature whose `now` was read at t is refused.
+        assert!(!guard.first_use_within(&a, sig(1), t, t, tiny).unwrap());
+        // So is one judged 10 s behind a sweep (a request that waited, or a clock stepped
+        // back a little).
+        assert!(
+            guard
+                .first_use_within(&a, sig(4), t + 15, t + 5, tiny)
+                .unwrap()
+        );
+        assert!(
+            guard
+                .first_use_within(&b, sig(5), t + 320, t + 20, tiny)
+                .unwrap()
+        );
+        assert!(
+            !guard
+                .first_use_within(&a, sig(4), t + 15, t + 10, tiny)
+                .unwrap()
+        );
+        // Out of the window at the request's own clock: refused before the table.
+        let e = guard
+            .first_use_within(&a, sig(6), t, t + 1, tiny)
+            .unwrap_err();
         assert!(e.message.contains("left the 300 s window"), "{}", e.message);
     }
 
-    /// A clock stepped back (by more than a few seconds) is followed, not held against
-    /// every later request.
+    /// A clock stepped back is followed, not held against every later request; within the
+    /// grace, what a sweep at the later reading dropped is still refused.
     #[test]
     fn a_clock_stepped_back_does_not_lock_signed_requests_out() {
         let guard = ReplayGuard::default();
@@ -1269,6 +1284,25 @@ mod tests {
                 .first_use_within(&a, sig(2), t + 300, t, SMALL)
                 .unwrap()
         );
+        // A sweep at t + 10 keeps what left the window within the grace: a request judged
+        // at t + 4 (6 s behind) cannot replay it.
+        let tiny = Limits {
+            max: 2,
+            per_owner: 2,
+            owners: 4,
+        };
+        let g = ReplayGuard::default();
+        let b = [2u8; 32];
+        assert!(g.first_use_within(&a, sig(1), t + 5, t, tiny).unwrap());
+        assert!(g.first_use_within(&b, sig(2), t + 300, t, tiny).unwrap());
+        assert!(
+            g.first_use_within(&b, sig(3), t + 310, t + 10, tiny)
+                .unwrap()
+        );
+        assert!(!matches!(
+            g.first_use_within(&a, sig(1), t + 5, t + 4, tiny),
+            Ok(true)
+        ));
     }
 
     /// What a key forgot stays forgotten across a restart: its refs are deleted and its
@@ -1418,10 +1452,14 @@ mod tests {
         let second = ReplayGuard::load(&store, later).unwrap();
         let e = check(&key.public(), None, &second, &Method::PUT, &uri, &h, later).unwrap_err();
         assert!(e.message.contains("replayed"), "{}", e.message);
+        // The second left the window 10 s ago: kept for the grace, then removed.
+        assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 2);
+        assert_eq!(second.seen.lock().count(key.public().raw()), 2);
+        let past_grace = ReplayGuard::load(&store, now + 11 + SWEEP_GRACE_SECS).unwrap();
         assert_eq!(store.list_refs(REPLAY_REFS).unwrap().len(), 1);
         // The signer's share is restored with it; a value written before owners were kept
         // (8 bytes) still guards against its replay and counts against no owner.
-        assert_eq!(second.seen.lock().count(key.public().raw()), 1);
+        assert_eq!(past_grace.seen.lock().count(key.public().raw()), 1);
         let mut legacy = REPLAY_REFS.to_vec();
         legacy.extend_from_slice(&[9u8; 64]);
         store
