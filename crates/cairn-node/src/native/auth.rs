@@ -1047,6 +1047,13 @@ mod tests {
         s
     }
 
+    /// Room for two signatures: a third makes the table sweep.
+    const TINY: Limits = Limits {
+        max: 2,
+        per_owner: 2,
+        owners: 4,
+    };
+
     const SMALL: Limits = Limits {
         max: 16,
         per_owner: 8,
@@ -1221,47 +1228,42 @@ mod tests {
         let guard = ReplayGuard::default();
         let t = 1_700_000_000;
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let tiny = Limits {
-            max: 2,
-            per_owner: 2,
-            owners: 4,
-        };
         // a's signature expires at t; b's fill the table.
-        assert!(guard.first_use_within(&a, sig(1), t, t, tiny).unwrap());
+        assert!(guard.first_use_within(&a, sig(1), t, t, TINY).unwrap());
         assert!(
             guard
-                .first_use_within(&b, sig(2), t + 300, t, tiny)
+                .first_use_within(&b, sig(2), t + 300, t, TINY)
                 .unwrap()
         );
         // At t + 1 the table is full and sweeps; a's signature left the window a second
         // ago and is kept for the grace.
         assert!(
             guard
-                .first_use_within(&b, sig(3), t + 301, t + 1, tiny)
+                .first_use_within(&b, sig(3), t + 301, t + 1, TINY)
                 .unwrap()
         );
         // A replay of a's signature whose `now` was read at t is refused.
-        assert!(!guard.first_use_within(&a, sig(1), t, t, tiny).unwrap());
+        assert!(!guard.first_use_within(&a, sig(1), t, t, TINY).unwrap());
         // So is one judged 10 s behind a sweep (a request that waited, or a clock stepped
         // back a little).
         assert!(
             guard
-                .first_use_within(&a, sig(4), t + 15, t + 5, tiny)
+                .first_use_within(&a, sig(4), t + 15, t + 5, TINY)
                 .unwrap()
         );
         assert!(
             guard
-                .first_use_within(&b, sig(5), t + 320, t + 20, tiny)
+                .first_use_within(&b, sig(5), t + 320, t + 20, TINY)
                 .unwrap()
         );
         assert!(
             !guard
-                .first_use_within(&a, sig(4), t + 15, t + 10, tiny)
+                .first_use_within(&a, sig(4), t + 15, t + 10, TINY)
                 .unwrap()
         );
         // Out of the window at the request's own clock: refused before the table.
         let e = guard
-            .first_use_within(&a, sig(6), t, t + 1, tiny)
+            .first_use_within(&a, sig(6), t, t + 1, TINY)
             .unwrap_err();
         assert!(e.message.contains("left the 300 s window"), "{}", e.message);
     }
@@ -1286,21 +1288,16 @@ mod tests {
         );
         // A sweep at t + 10 keeps what left the window within the grace: a request judged
         // at t + 4 (6 s behind) cannot replay it.
-        let tiny = Limits {
-            max: 2,
-            per_owner: 2,
-            owners: 4,
-        };
         let g = ReplayGuard::default();
         let b = [2u8; 32];
-        assert!(g.first_use_within(&a, sig(1), t + 5, t, tiny).unwrap());
-        assert!(g.first_use_within(&b, sig(2), t + 300, t, tiny).unwrap());
+        assert!(g.first_use_within(&a, sig(1), t + 5, t, TINY).unwrap());
+        assert!(g.first_use_within(&b, sig(2), t + 300, t, TINY).unwrap());
         assert!(
-            g.first_use_within(&b, sig(3), t + 310, t + 10, tiny)
+            g.first_use_within(&b, sig(3), t + 310, t + 10, TINY)
                 .unwrap()
         );
         assert!(!matches!(
-            g.first_use_within(&a, sig(1), t + 5, t + 4, tiny),
+            g.first_use_within(&a, sig(1), t + 5, t + 4, TINY),
             Ok(true)
         ));
     }
