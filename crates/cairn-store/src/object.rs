@@ -16,7 +16,11 @@
 //!
 //! [`ObjectChunkStore::put_hashed`] returns only after the object store acknowledged the
 //! PUT (for S3, Azure and GCS an acknowledged PUT is stored durably by the service; for the
-//! `local` kind the file and its directory are `fsync`ed before the PUT returns). Upper
+//! `local` kind the file and its directory are `fsync`ed before the PUT returns; the 256
+//! fan-out directories are created and synced when the store opens, and a chunk another
+//! put just linked into place is synced before it counts as present). A create-if-absent
+//! PUT answered "exists" without proof that the object is stored (S3's 409 while another
+//! conditional PUT of the key is in flight) is checked with a HEAD first. Upper
 //! layers put a version's chunks before they commit the refs that name them, so by the time a
 //! [`SplitStore`] commit starts, every chunk it refers to is already durable; the commit
 //! itself then has the embedded log's [`Durability`]. An acknowledged write therefore
@@ -68,6 +72,8 @@ pub struct ObjectChunkStore {
     /// Chunks a read found damaged: a put of one overwrites it (a create-if-absent put
     /// would find the damaged object and report the chunk present), and `has` says no.
     damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
+    /// Set for the `local` kind with `fsync`: chunks found present are synced first.
+    local: Option<LocalSync>,
     /// Always `Some` until drop.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -103,6 +109,7 @@ impl ObjectChunkStore {
             algo: HashAlgo::default(),
             create_supported: Arc::new(AtomicBool::new(true)),
             damaged: Default::default(),
+            local: None,
             runtime: Some(runtime),
         })
     }
@@ -209,12 +216,19 @@ fn os_err(what: &str, e: object_store::Error) -> Error {
 
 /// Stores one chunk unless present (or, with `overwrite`, whether present or not: a copy
 /// known to be damaged). True when it was new.
+///
+/// "Present" is only answered for a copy that is already durable: an S3 409 (another
+/// conditional PUT of the key in flight, which may still fail) is checked with a HEAD and
+/// followed by an overwriting PUT when the object is not there; with `local`, a copy that
+/// another put just linked into place is synced (file and directory) before it counts,
+/// since that put may not have synced the directory yet.
 async fn put_object(
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
     bytes: Bytes,
     create_supported: Arc<AtomicBool>,
     overwrite: bool,
+    local: Option<LocalSync>,
 ) -> Result<bool> {
     use object_store::Error as E;
     if overwrite {
@@ -228,7 +242,11 @@ async fn put_object(
         let payload = PutPayload::from_bytes(bytes.clone());
         match store.put_opts(&path, payload, PutMode::Create.into()).await {
             Ok(_) => return Ok(true),
-            Err(E::AlreadyExists { .. }) | Err(E::Precondition { .. }) => return Ok(false),
+            // 412: the object exists (S3 answers it only for a stored object).
+            Err(E::Precondition { .. }) if local.is_none() => return Ok(false),
+            // EEXIST (`local`), 409 (S3: a conflicting PUT in flight) or 412 (GCS):
+            // checked below before it counts as present.
+            Err(E::AlreadyExists { .. }) | Err(E::Precondition { .. }) => {}
             Err(E::NotImplemented { .. }) | Err(E::NotSupported { .. }) => {
                 create_supported.store(false, Ordering::Relaxed);
             }
@@ -236,7 +254,12 @@ async fn put_object(
         }
     }
     match store.head(&path).await {
-        Ok(_) => return Ok(false),
+        Ok(_) => {
+            if let Some(local) = local {
+                local.settle(&path).await?;
+            }
+            return Ok(false);
+        }
         Err(E::NotFound { .. }) => {}
         Err(e) => return Err(os_err(&format!("checking chunk {path}"), e)),
     }
@@ -245,6 +268,87 @@ async fn put_object(
         .await
         .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
     Ok(true)
+}
+
+/// The `local` kind with `fsync`: makes chunks that another put linked into place durable
+/// before they count as present (see [`put_object`]).
+#[derive(Clone)]
+struct LocalSync {
+    fs: Arc<object_store::local::LocalFileSystem>,
+}
+
+impl LocalSync {
+    /// Syncs the chunk's file and its directory (the fan-out directories above it were
+    /// made durable when the store opened: [`ObjectStoreConfig::open`]).
+    async fn settle(&self, path: &ObjectPath) -> Result<()> {
+        let file = self
+            .fs
+            .path_to_filesystem(path)
+            .map_err(|e| os_err(&format!("locating chunk {path}"), e))?;
+        tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&file)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(format!("syncing chunk file {}", file.display()), e))?;
+            match file.parent() {
+                Some(dir) => sync_dir(dir),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| Error::Unavailable(format!("syncing chunk {path}: {e}")))?
+    }
+}
+
+/// `fsync`s a directory so that its entries are durable.
+fn sync_dir(dir: &std::path::Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
+}
+
+/// Creates the 256 fan-out directories of a `local` chunk root (and the directories above
+/// them, up to `dir`) and makes every one durable, so that no put has to create one: a put
+/// that creates a directory syncs it, but a concurrent put into the new directory could
+/// return before that sync, leaving its chunk unreachable after a power loss.
+fn create_fan_out_dirs(
+    fs: &object_store::local::LocalFileSystem,
+    dir: &std::path::Path,
+    root: &ObjectPath,
+) -> Result<()> {
+    let mut fan_dirs = Vec::with_capacity(256);
+    for b in 0..=255u8 {
+        let probe = root.clone().join(hex_byte(b).as_str()).join("x");
+        let file = fs
+            .path_to_filesystem(&probe)
+            .map_err(|e| os_err(&format!("locating chunk directory of {probe}"), e))?;
+        let Some(fan) = file.parent() else {
+            return Err(Error::invalid(format!(
+                "chunk path {} has no directory",
+                file.display()
+            )));
+        };
+        std::fs::create_dir_all(fan)
+            .map_err(|e| Error::io(format!("creating chunk directory {}", fan.display()), e))?;
+        fan_dirs.push(fan.to_path_buf());
+    }
+    for fan in &fan_dirs {
+        sync_dir(fan)?;
+    }
+    // The directories between the fan-out and `dir`, and `dir`'s own entry in its parent.
+    if let Some(first) = fan_dirs.first() {
+        let mut at = first.parent();
+        while let Some(d) = at {
+            sync_dir(d)?;
+            if d == dir {
+                if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    sync_dir(parent)?;
+                }
+                break;
+            }
+            at = d.parent();
+        }
+    }
+    Ok(())
 }
 
 /// Reads one object; `None` when absent.
@@ -298,6 +402,7 @@ impl ChunkStore for ObjectChunkStore {
             Bytes::copy_from_slice(chunk),
             self.create_supported.clone(),
             overwrite,
+            self.local.clone(),
         );
         let new = self.run(fut)?;
         if overwrite {
@@ -330,10 +435,18 @@ impl ChunkStore for ObjectChunkStore {
         }
         let store = self.store.clone();
         let create = self.create_supported.clone();
+        let local = self.local.clone();
         self.run(async move {
             futures_util::stream::iter(jobs)
                 .map(|(path, bytes, overwrite)| {
-                    put_object(store.clone(), path, bytes, create.clone(), overwrite)
+                    put_object(
+                        store.clone(),
+                        path,
+                        bytes,
+                        create.clone(),
+                        overwrite,
+                        local.clone(),
+                    )
                 })
                 .buffer_unordered(MAX_IN_FLIGHT)
                 .try_for_each(|_| async { Ok(()) })
@@ -657,6 +770,18 @@ impl ObjectStoreConfig {
     /// Builds the object store (credentials from the environment). `refs` is the durability
     /// of the ref store it will be paired with (see [`ObjectStoreConfig::chunk_durability`]).
     pub fn build(&self, refs: Durability) -> Result<Arc<dyn ObjectStore>> {
+        Ok(self.build_parts(refs)?.0)
+    }
+
+    /// [`Self::build`], and for the `local` kind the file system store with its directory.
+    #[allow(clippy::type_complexity)]
+    fn build_parts(
+        &self,
+        refs: Durability,
+    ) -> Result<(
+        Arc<dyn ObjectStore>,
+        Option<(Arc<object_store::local::LocalFileSystem>, PathBuf)>,
+    )> {
         self.check()?;
         let kind = self.kind.name();
         let fail = |e: object_store::Error| {
@@ -666,7 +791,8 @@ impl ObjectStoreConfig {
         };
         let bucket = self.bucket.clone().unwrap_or_default();
         let client = object_store::ClientOptions::new().with_allow_http(self.allow_http);
-        Ok(match self.kind {
+        let mut local = None;
+        let store: Arc<dyn ObjectStore> = match self.kind {
             ObjectStoreKind::S3 => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
@@ -704,19 +830,33 @@ impl ObjectStoreConfig {
                 std::fs::create_dir_all(dir).map_err(|e| {
                     Error::io(format!("creating chunk directory {}", dir.display()), e)
                 })?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                    .map_err(fail)?
-                    .with_fsync(refs != Durability::Buffered)
-                    .with_automatic_cleanup(true);
-                Arc::new(fs)
+                // No automatic cleanup: the fan-out directories stay when their last chunk
+                // is removed (see `create_fan_out_dirs`).
+                let fs = Arc::new(
+                    object_store::local::LocalFileSystem::new_with_prefix(dir)
+                        .map_err(fail)?
+                        .with_fsync(refs != Durability::Buffered),
+                );
+                local = Some((fs.clone(), dir.clone()));
+                fs
             }
-        })
+        };
+        Ok((store, local))
     }
 
     /// Builds the object store and an [`ObjectChunkStore`] over it at [`Self::prefix`]
-    /// (without contacting it: see [`ObjectChunkStore::probe`]).
+    /// (without contacting it: see [`ObjectChunkStore::probe`]). For the `local` kind it
+    /// creates the chunk directories, durably when chunks are `fsync`ed.
     pub fn open(&self, refs: Durability) -> Result<ObjectChunkStore> {
-        ObjectChunkStore::new(self.build(refs)?, &self.prefix)
+        let (store, local) = self.build_parts(refs)?;
+        let mut chunks = ObjectChunkStore::new(store, &self.prefix)?;
+        if let Some((fs, dir)) = local {
+            create_fan_out_dirs(&fs, &dir, &chunks.root)?;
+            if self.chunk_durability(refs) != Durability::Buffered {
+                chunks.local = Some(LocalSync { fs });
+            }
+        }
+        Ok(chunks)
     }
 }
 
@@ -870,6 +1010,100 @@ mod tests {
         assert_eq!(store.cids().unwrap().len(), before.len());
         assert!(store.cids().unwrap().contains(&cid));
         assert_eq!(store.stats().unwrap().chunks, before.len() as u64);
+        // Every fan-out directory exists from the start (made durable at open, so no put
+        // creates one), and stays when its last chunk goes.
+        let fan = |b: u8| dir.path().join(format!("chunks-here/p/chunks/{b:02x}"));
+        assert!((0..=255u8).all(|b| fan(b).is_dir()));
+        store.remove(&[cid]).unwrap();
+        assert!(fan(cid.digest()[0]).is_dir());
+        assert!(store.put_hashed(cid, b"on disk").unwrap());
+    }
+
+    /// An object store whose create-if-absent puts answer "already exists" without
+    /// storing anything, as S3 answers 409 when another conditional PUT of the key is in
+    /// flight (which may still fail).
+    #[derive(Debug)]
+    struct ConflictingCreates(object_store::memory::InMemory);
+
+    impl fmt::Display for ConflictingCreates {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "ConflictingCreates")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for ConflictingCreates {
+        async fn put_opts(
+            &self,
+            location: &ObjectPath,
+            payload: PutPayload,
+            opts: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            if matches!(opts.mode, PutMode::Create) {
+                return Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "409 ConditionalRequestConflict".into(),
+                });
+            }
+            self.0.put_opts(location, payload, opts).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &ObjectPath,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.0.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(
+            &self,
+            location: &ObjectPath,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.0.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures_util::stream::BoxStream<'static, object_store::Result<ObjectPath>>,
+        ) -> futures_util::stream::BoxStream<'static, object_store::Result<ObjectPath>> {
+            self.0.delete_stream(locations)
+        }
+        fn list(
+            &self,
+            prefix: Option<&ObjectPath>,
+        ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.0.list(prefix)
+        }
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&ObjectPath>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.0.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(
+            &self,
+            from: &ObjectPath,
+            to: &ObjectPath,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.0.copy_opts(from, to, options).await
+        }
+    }
+
+    #[test]
+    fn a_conflicting_create_is_not_taken_for_a_stored_chunk() {
+        let store = ObjectChunkStore::new(
+            Arc::new(ConflictingCreates(object_store::memory::InMemory::new())),
+            "",
+        )
+        .unwrap();
+        let cid = store.put(b"raced").unwrap();
+        assert_eq!(store.get(&cid).unwrap().as_deref(), Some(&b"raced"[..]));
+        assert!(!store.put_hashed(cid, b"raced").unwrap(), "stored now");
+        let bodies = [&b"one"[..], &b"two"[..]];
+        for cid in store.put_batch(&bodies).unwrap() {
+            assert!(store.get(&cid).unwrap().is_some());
+        }
     }
 
     #[test]
