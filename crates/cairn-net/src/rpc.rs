@@ -10,7 +10,10 @@
 //! A connection thread reads a request, calls the handler, buffers the response, and
 //! flushes only when no further request is already buffered, so a pipelined burst is
 //! answered with few writes. Sockets use `TCP_NODELAY`. A request over the frame limit,
-//! a torn frame or a write that times out closes that connection only.
+//! a torn frame, a request or response that misses its deadline (a timeout plus a second
+//! per 64 KiB by default) closes that connection only. Request buffers grow as bytes
+//! arrive, within one server-wide memory budget ([`ServerConfig::max_request_memory`],
+//! 1 GiB by default): past it, arriving requests wait for memory instead of growing it.
 //! [`ServerHandle::shutdown`] (or dropping the handle) stops accepting, lets each
 //! connection finish the requests it already received, and joins every thread.
 //!
@@ -50,7 +53,9 @@ pub struct ServerConfig {
     pub max_frame: usize,
     /// Most open connections; further ones are closed on accept.
     pub max_connections: usize,
-    /// How long writing a response may block (a client that stops reading is dropped).
+    /// How long writing a response may take, plus one second per
+    /// [`ServerConfig::min_request_rate`] bytes it holds: a client that stops reading, or
+    /// reads too slowly, is dropped (and cannot hold up a shutdown for longer).
     pub write_timeout: Option<Duration>,
     /// How long a new connection may take to send its preamble.
     pub handshake_timeout: Option<Duration>,
@@ -63,8 +68,15 @@ pub struct ServerConfig {
     /// request (a byte just inside every idle timeout) is dropped when it runs out, so it
     /// cannot hold a slot for long.
     pub request_timeout: Option<Duration>,
-    /// Bytes a second a request must at least arrive at (see `request_timeout`).
+    /// Bytes a second a request must at least arrive at (see `request_timeout`), and a
+    /// response be taken at (see `write_timeout`).
     pub min_request_rate: u64,
+    /// Most memory all connections together hold for request payloads (those arriving,
+    /// being handled, and the buffers connections keep between requests). A request's
+    /// buffer grows only as its bytes arrive, and only while the server is under this
+    /// budget: past it, arriving requests wait for memory (within their deadline, else
+    /// their connection is closed). Raised to `max_frame` if lower.
+    pub max_request_memory: u64,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +89,7 @@ impl Default for ServerConfig {
             idle_timeout: Some(Duration::from_secs(300)),
             request_timeout: Some(Duration::from_secs(30)),
             min_request_rate: 64 << 10,
+            max_request_memory: 1 << 30,
         }
     }
 }
@@ -146,6 +159,153 @@ impl Read for RequestReader<'_> {
             self.deadline = self.timeout.map(|t| now + t);
         }
         Ok(n)
+    }
+}
+
+/// The server's memory budget for request payloads (see
+/// [`ServerConfig::max_request_memory`]).
+struct Budget {
+    left: std::sync::Mutex<u64>,
+    freed: std::sync::Condvar,
+}
+
+impl Budget {
+    fn new(bytes: u64) -> Self {
+        Budget {
+            left: std::sync::Mutex::new(bytes),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn left(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.left
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes `n` bytes, waiting for them until `deadline` (or the server stops).
+    fn take(&self, n: u64, deadline: Option<std::time::Instant>, stop: &AtomicBool) -> bool {
+        let mut left = self.left();
+        loop {
+            if *left >= n {
+                *left -= n;
+                return true;
+            }
+            if stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            // Waits in slices, so that a stopping server is noticed.
+            let mut wait = Duration::from_millis(100);
+            if let Some(d) = deadline {
+                let rest = d.saturating_duration_since(std::time::Instant::now());
+                if rest.is_zero() {
+                    return false;
+                }
+                wait = wait.min(rest);
+            }
+            left = self
+                .freed
+                .wait_timeout(left, wait)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn give(&self, n: u64) {
+        if n > 0 {
+            *self.left() += n;
+            self.freed.notify_all();
+        }
+    }
+}
+
+/// The part of the [`Budget`] one connection holds: at least its request buffer's
+/// capacity. Given back when dropped.
+struct Charge<'a> {
+    budget: &'a Budget,
+    stop: &'a AtomicBool,
+    held: u64,
+}
+
+impl Charge<'_> {
+    /// Holds at least `bytes`, waiting for them until `deadline`.
+    fn cover(&mut self, bytes: usize, deadline: Option<std::time::Instant>) -> io::Result<()> {
+        let bytes = bytes as u64;
+        if bytes > self.held {
+            if !self.budget.take(bytes - self.held, deadline, self.stop) {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    "the server's request memory stayed in use until the request's deadline",
+                ));
+            }
+            self.held = bytes;
+        }
+        Ok(())
+    }
+
+    /// Holds exactly `bytes` (at most what it holds now).
+    fn keep(&mut self, bytes: usize) {
+        let bytes = (bytes as u64).min(self.held);
+        self.budget.give(self.held - bytes);
+        self.held = bytes;
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        self.budget.give(self.held);
+    }
+}
+
+/// Bytes a request's buffer grows by at most per read while its payload arrives.
+const READ_STEP: usize = 256 << 10;
+
+/// A connection's writer that cuts a response taking longer than its deadline (set by
+/// [`ResponseWriter::start`] for each response; every write waits at most until it).
+struct ResponseWriter {
+    stream: TcpStream,
+    timeout: Option<Duration>,
+    min_rate: u64,
+    deadline: Option<std::time::Instant>,
+    /// The write timeout the socket has now (set again only when it changes).
+    set: Option<Option<Duration>>,
+}
+
+impl ResponseWriter {
+    /// A response of `len` bytes is about to be written: it (and whatever is buffered
+    /// before it) may take the write timeout plus a second per `min_rate` bytes.
+    fn start(&mut self, len: usize) {
+        self.deadline = self.timeout.map(|t| {
+            std::time::Instant::now() + t + Duration::from_secs(len as u64 / self.min_rate.max(1))
+        });
+    }
+}
+
+impl Write for ResponseWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let wait = match self.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client did not take the response in time",
+                    ));
+                }
+                // In whole seconds (rounded up), as for requests.
+                Some(Duration::from_secs(left.as_secs() + 1))
+            }
+            None => None,
+        };
+        if self.set != Some(wait) {
+            self.stream.set_write_timeout(wait)?;
+            self.set = Some(wait);
+        }
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
     }
 }
 
@@ -287,6 +447,9 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
 ) {
     let mut conns: Vec<Conn> = Vec::new();
+    let budget = Arc::new(Budget::new(
+        config.max_request_memory.max(config.max_frame as u64),
+    ));
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::SeqCst) {
@@ -317,6 +480,8 @@ fn accept_loop(
         };
         let handler = handler.clone();
         let config = config.clone();
+        let budget = budget.clone();
+        let stop = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("cairn-net-conn".into())
             .spawn(move || {
@@ -324,7 +489,12 @@ fn accept_loop(
                 // when the handler panics) so the peer sees the end now, not when the
                 // clone is reaped.
                 let stream = CloseOnDrop(stream);
-                let _ = serve_connection(&stream.0, &config, &*handler);
+                let charge = Charge {
+                    budget: &budget,
+                    stop: &stop,
+                    held: 0,
+                };
+                let _ = serve_connection(&stream.0, &config, &*handler, charge);
             });
         if let Ok(thread) = spawned {
             conns.push(Conn {
@@ -345,20 +515,31 @@ fn serve_connection(
     stream: &TcpStream,
     config: &ServerConfig,
     handler: &Handler,
+    mut charge: Charge<'_>,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(config.write_timeout)?;
     stream.set_read_timeout(config.handshake_timeout)?;
     let mut reader = BufReader::with_capacity(IO_BUF, stream.try_clone()?);
-    let mut writer = BufWriter::with_capacity(IO_BUF, stream.try_clone()?);
+    let mut writer = BufWriter::with_capacity(
+        IO_BUF,
+        ResponseWriter {
+            stream: stream.try_clone()?,
+            timeout: config.write_timeout,
+            min_rate: config.min_request_rate,
+            deadline: None,
+            set: Some(config.write_timeout),
+        },
+    );
     let mut pre = [0u8; PREAMBLE.len()];
     reader.read_exact(&mut pre)?;
     if pre != PREAMBLE {
         return Ok(());
     }
+    writer.get_mut().start(PREAMBLE.len());
     writer.write_all(&PREAMBLE)?;
     writer.flush()?;
-    writer.get_ref().set_read_timeout(config.idle_timeout)?;
+    stream.set_read_timeout(config.idle_timeout)?;
     let mut reader = RequestReader {
         inner: reader,
         stream,
@@ -375,7 +556,7 @@ fn serve_connection(
             writer.flush()?;
         }
         reader.start();
-        match read_request(&mut reader, config.max_frame, &mut request) {
+        match read_request(&mut reader, config.max_frame, &mut request, &mut charge) {
             Ok(true) => {}
             Ok(false) | Err(_) => break,
         }
@@ -383,6 +564,8 @@ fn serve_connection(
         if request.capacity() > KEEP_REQUEST_BUF {
             request = Vec::new();
         }
+        charge.keep(request.capacity());
+        writer.get_mut().start(response.len());
         if write_frame(&mut writer, &response, u32::MAX as usize).is_err() {
             break;
         }
@@ -390,8 +573,15 @@ fn serve_connection(
     writer.flush()
 }
 
-/// Reads one request frame through `r`, giving it time for the length it announces.
-fn read_request(r: &mut RequestReader<'_>, max: usize, buf: &mut Vec<u8>) -> Result<bool> {
+/// Reads one request frame through `r`, giving it time for the length it announces and
+/// growing `buf` only as its bytes arrive, within the memory `charge` can get.
+fn read_request(
+    r: &mut RequestReader<'_>,
+    max: usize,
+    buf: &mut Vec<u8>,
+    charge: &mut Charge<'_>,
+) -> Result<bool> {
+    buf.clear();
     let mut header = [0u8; 4];
     let mut got = 0;
     while got < header.len() {
@@ -408,9 +598,46 @@ fn read_request(r: &mut RequestReader<'_>, max: usize, buf: &mut Vec<u8>) -> Res
             Err(e) => return Err(Error::io("reading a frame header", e)),
         }
     }
-    r.extend(u64::from(u32::from_be_bytes(header)));
-    // The header again in front, for the shared frame decoder.
-    read_frame(&mut (&header[..]).chain(&mut *r), max, buf)
+    let announced = u64::from(u32::from_be_bytes(header));
+    if announced > max as u64 {
+        return Err(Error::decode(format!(
+            "frame too large: {announced} bytes (limit {max})"
+        )));
+    }
+    r.extend(announced);
+    let len = announced as usize;
+    while buf.len() < len {
+        let start = buf.len();
+        let want = (len - start).min(READ_STEP);
+        if buf.capacity() < start + want {
+            // Geometric growth (no quadratic copying), never past the announced length.
+            let cap = (start + want)
+                .max(buf.capacity().saturating_mul(2))
+                .min(len);
+            charge
+                .cover(cap, r.deadline)
+                .map_err(|e| Error::io("reading a frame payload", e))?;
+            buf.reserve_exact(cap - start);
+        }
+        // Reads into the capacity just covered (without zeroing it first).
+        let n = (&mut *r)
+            .take(want as u64)
+            .read_to_end(buf)
+            .map_err(|e| Error::io("reading a frame payload", e))?;
+        if n < want {
+            return Err(Error::io(
+                "reading a frame payload",
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "peer closed the connection after {} of {len} payload bytes",
+                        start + n
+                    ),
+                ),
+            ));
+        }
+    }
+    Ok(true)
 }
 
 /// A connection to an RPC server.

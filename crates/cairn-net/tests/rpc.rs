@@ -446,3 +446,77 @@ fn a_panicking_handler_closes_its_connection() {
     let mut c2 = Client::connect(h.local_addr()).unwrap();
     assert_eq!(c2.call(b"ok").unwrap(), b"ok");
 }
+
+/// Requests in progress share the server's memory budget: while one peer holds all of it
+/// (a large request it stopped sending halfway), another request waits instead of growing
+/// the server's memory, and is served once the memory is given back.
+#[test]
+fn requests_wait_for_the_memory_budget() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 1 << 20,
+        ..ServerConfig::default()
+    };
+    let (h, calls) = echo(cfg);
+    let mut hog = raw(&h);
+    hog.write_all(&(1u32 << 20).to_be_bytes()).unwrap();
+    hog.write_all(&vec![7u8; 900 << 10]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let addr = h.local_addr();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut c = Client::connect(addr).unwrap();
+        let r = c.call(&vec![1u8; 512 << 10]);
+        let _ = tx.send(());
+        r
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(800)).is_err(),
+        "a request was read past the memory budget"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    drop(hog);
+    let answer = waiter.join().unwrap().unwrap();
+    assert_eq!(answer.len(), 3 + (512 << 10));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Small requests flow as before.
+    assert!(served_soon(addr));
+}
+
+/// A client that takes its response too slowly (here at about 1 MiB/s, each write
+/// progressing within the write timeout) is dropped when the response's time runs out, so
+/// it holds neither its thread nor the server's shutdown for long.
+#[test]
+fn a_slow_reader_is_dropped_when_its_response_runs_out_of_time() {
+    let cfg = ServerConfig {
+        write_timeout: Some(Duration::from_millis(300)),
+        min_request_rate: 1 << 30,
+        ..ServerConfig::default()
+    };
+    let h = serve("127.0.0.1:0", cfg, |_req: &[u8]| vec![9u8; 64 << 20]).unwrap();
+    let mut s = raw(&h);
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    s.write_all(b"big").unwrap();
+    let t = std::time::Instant::now();
+    let reader = std::thread::spawn(move || {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got += n,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let got = reader.join().unwrap();
+    assert!(got < (64 << 20), "the whole slow response was sent");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "the slow reader was served for {:?}",
+        t.elapsed()
+    );
+    let t = std::time::Instant::now();
+    h.shutdown();
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
