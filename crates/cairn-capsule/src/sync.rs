@@ -143,6 +143,12 @@ impl<'a> SyncSession<'a> {
         self.state.report()
     }
 
+    /// Names of records this session noted as sent or held by the peer (see
+    /// [`SyncState::noted`]).
+    pub fn noted(&self) -> usize {
+        self.state.noted()
+    }
+
     /// Whether the session is over.
     pub fn is_finished(&self) -> bool {
         self.state.is_finished()
@@ -314,6 +320,12 @@ impl SyncState {
         self.report
     }
 
+    /// Names of records this session noted as sent or as held by the peer: at most the
+    /// records this side holds, whatever the peer asks for.
+    pub fn noted(&self) -> usize {
+        self.sent_names.len()
+    }
+
     /// Whether the session is over.
     pub fn is_finished(&self) -> bool {
         self.finished
@@ -400,25 +412,35 @@ impl SyncState {
     /// forever), then exports queued records up to the message budget, fewest witness
     /// hops first (a receiver takes a record only once a signature reaches it through
     /// records it holds or receives with it).
+    ///
+    /// Each record goes with the records its proof runs through (its witness chain to a
+    /// signed record), so the receiver can prove it whatever it holds: a record sent
+    /// without them could be refused as unproven and never sent again in the session.
+    /// Names this side lacks or cannot prove are not noted, so the set of sent names stays
+    /// within the capsule's size whatever names the peer asks for.
     fn export(&mut self, server: &CapsuleServer, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
-        let fresh: Vec<RecordName> = names
-            .iter()
-            .filter(|n| self.sent_names.insert(**n))
-            .copied()
-            .collect();
-        if !fresh.is_empty() {
-            let hops: Vec<Option<u32>> = server.with_dag(&self.capsule, |d| {
-                fresh
-                    .iter()
-                    .map(|n| d.witness(n).and_then(|w| w.hops()))
-                    .collect()
-            })?;
-            for (n, h) in fresh.into_iter().zip(hops) {
-                if let Some(h) = h {
-                    self.backlog.insert((h, n));
+        let sent = &mut self.sent_names;
+        let backlog = &mut self.backlog;
+        server.with_dag(&self.capsule, |d| {
+            for n in names {
+                let mut cur = *n;
+                // A name already sent had its chain queued with it.
+                while !sent.contains(&cur) {
+                    let next = match d.witness(&cur) {
+                        Some(crate::dag::Witness::Signed) => None,
+                        Some(crate::dag::Witness::Next { next, .. }) => Some(next),
+                        _ => break,
+                    };
+                    let hops = d.witness(&cur).and_then(|w| w.hops()).unwrap_or(0);
+                    sent.insert(cur);
+                    backlog.insert((hops, cur));
+                    match next {
+                        Some(next) => cur = next,
+                        None => break,
+                    }
                 }
             }
-        }
+        })?;
         let mut out = Vec::new();
         let mut size = 0usize;
         let mut subrecords = 0usize;
@@ -576,6 +598,16 @@ impl SyncState {
                 if self.role != Some(Role::Initiator) || !self.want_symbols {
                     return Err(Error::invalid("unexpected coded symbols from the peer"));
                 }
+                // A responder's batches double (the first holds at least FIRST_BATCH), so
+                // decoding runs a few dozen times at most: a batch smaller than that
+                // schedule would make this side decode its whole set again for nothing.
+                let least = FIRST_BATCH.max(self.received.len()).min(MAX_SYMBOL_BATCH);
+                if batch.len() < least {
+                    return Err(Error::invalid(format!(
+                        "the peer sent {} coded symbols, fewer than the {least} its batch holds",
+                        batch.len()
+                    )));
+                }
                 // No more than a responder sends in one batch, nor past what this side
                 // would ever ask for.
                 if batch.len() > MAX_SYMBOL_BATCH
@@ -651,7 +683,12 @@ impl SyncState {
                 }
                 self.exchanged = true;
                 self.apply(server, &records)?;
-                let mut names = want;
+                // The initiator wants names of this side's set (what decoding or the name
+                // list showed it): anything else is not taken from a peer's list.
+                let mine: std::collections::HashSet<&RecordName> = self.since.iter().collect();
+                let mut names: Vec<RecordName> =
+                    want.into_iter().filter(|n| mine.contains(n)).collect();
+                drop(mine);
                 names.extend(server.lu_patch(
                     &self.capsule,
                     &heads,

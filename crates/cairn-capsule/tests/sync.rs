@@ -500,3 +500,84 @@ fn a_record_never_proven_does_not_make_every_sync_compare_again() {
         assert!(ra.symbols <= 64, "{ra:?}");
     }
 }
+
+/// A replica that lost its data comes back with the same key, so the other side's cursor
+/// is past a long chain signed only at its head: Lu's walk picks records deep in the chain,
+/// and each travels with the records its proof runs through, so one session brings back
+/// every record, proven (a record sent alone was refused as unproven and never sent again
+/// in that session, which still ended with Done).
+#[test]
+fn one_session_restores_a_chain_signed_only_at_its_head() {
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "lu");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    let a = server(1);
+    a.create(&meta).unwrap();
+    let mut prev: Option<RecordName> = None;
+    let n = 100;
+    for i in 0..n {
+        let r = Record::new(c, vec![i as u8; 8], prev.into_iter().collect());
+        prev = Some(r.name());
+        a.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+    }
+    let w = Writer::new(meta.clone(), wk, None).unwrap();
+    let head = prev.unwrap();
+    a.sign(&c, &head, w.sign(&head)).unwrap();
+    let b = server(2);
+    b.create(&meta).unwrap();
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(proven(&b, &c).len(), n);
+    let lost = server(2);
+    lost.create(&meta).unwrap();
+    let (_, rb) = sync_pair(&a, &lost, &c).unwrap();
+    assert_eq!(rb.unproven, 0, "{rb:?}");
+    assert_eq!(present(&lost, &c), present(&a, &c));
+    assert_eq!(proven(&lost, &c).len(), n);
+}
+
+/// The names an initiator wants are taken only from the responder's own set: made-up
+/// names (a Hello under any key, then an Exchange wanting millions of names) leave nothing
+/// behind in the session.
+#[test]
+fn wanted_names_outside_the_responders_set_are_not_kept() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let hello = hello_msg(c, 0, a.sign_sync_hello(&c, &b.public_key(), &[0; 32], 0));
+    sb.handle(hello).unwrap();
+    let junk: Vec<RecordName> = (0..100_000u32)
+        .map(|i| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes())))
+        .collect();
+    let reply = sb
+        .handle(SyncMsg::Exchange {
+            records: vec![],
+            want: junk,
+            heads: vec![],
+            roots: vec![],
+            missing: vec![],
+        })
+        .unwrap();
+    assert!(matches!(reply, Some(SyncMsg::Patch { .. })));
+    let held = present(&b, &c).len();
+    assert!(
+        sb.noted() <= held,
+        "the session noted {} names for a capsule of {held} records",
+        sb.noted()
+    );
+}
+
+/// Coded symbols come in doubling batches: a responder that answers with fewer (an empty
+/// batch, say, to make the initiator decode its whole set again and again) is refused.
+#[test]
+fn coded_symbol_batches_below_the_schedule_are_refused() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    sa.start().unwrap();
+    let e = sa.handle(SyncMsg::Symbols(vec![])).unwrap_err();
+    assert!(e.to_string().contains("fewer"), "{e}");
+    // The honest schedule still converges.
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+}
