@@ -494,7 +494,7 @@ impl Sealer {
             .spawn(move || {
                 for job in todo {
                     match job {
-                        SealJob::Seal(seg, end, hint) => match seg.file.sync_data() {
+                        SealJob::Seal(seg, end, hint) => match seg.sync() {
                             Ok(()) => {
                                 seg.synced.fetch_max(end, Ordering::AcqRel);
                                 if let Some((dir, path, bytes)) = hint {
@@ -704,10 +704,17 @@ impl Writer {
             return Ok(());
         }
         let at = self.seg.flushed.load(Ordering::Acquire);
-        self.seg
-            .file
-            .write_all_at(&self.buf, at)
-            .ctx(|| format!("writing {}", self.seg.path.display()))?;
+        if let Err(e) = self.seg.file.write_all_at(&self.buf, at) {
+            // Part of the buffer may have reached the file (a short write, then ENOSPC):
+            // whole commit records among it would be replayed by a reopen although their
+            // commits failed. Cut the file back to what was written before (best effort;
+            // the caller fails the store, so the buffer is not needed again).
+            self.buf.clear();
+            if self.seg.file.set_len(at).is_ok() {
+                self.alloc_end = 0;
+            }
+            return Err(Error::io(format!("writing {}", self.seg.path.display()), e));
+        }
         self.seg
             .flushed
             .store(at + self.buf.len() as u64, Ordering::Release);
@@ -1099,6 +1106,10 @@ impl LogStore {
                 }
             }
         };
+        // The active segment's entry in the directory: a run killed inside
+        // `Segment::create` may have left it unsynced, and this run acknowledges commits in
+        // it with `fdatasync`s of the file alone.
+        format::sync_dir(&dir)?;
         segments.insert(active.id, active.clone());
 
         // Refs: the snapshot, then the commit records after it, in log order.
@@ -1246,14 +1257,15 @@ impl LogStore {
     }
 
     /// `fdatasync`s a file on the commit path; a failure poisons the store.
-    fn timed_sync(&self, file: &File, path: &Path) -> Result<()> {
+    fn timed_sync(&self, seg: &Segment) -> Result<()> {
         let t = std::time::Instant::now();
+        let path = &seg.path;
         #[cfg(test)]
         if self.fail_next_sync.swap(false, Ordering::AcqRel) {
             let e = std::io::Error::other("injected fdatasync failure");
             return Err(self.fail(Error::io(format!("syncing {}", path.display()), e)));
         }
-        file.sync_data()
+        seg.sync()
             .map_err(|e| self.fail(Error::io(format!("syncing {}", path.display()), e)))?;
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -1335,7 +1347,7 @@ impl LogStore {
     /// After an append: writes the buffer out when full and rolls the segment when full.
     fn after_append(&self, w: &mut Writer) -> Result<()> {
         if w.buf.len() >= w.cap {
-            w.flush()?;
+            w.flush().map_err(|e| self.fail(e))?;
             if self.opts.durability != Durability::Buffered {
                 w.start_writeback();
             }
@@ -1351,7 +1363,7 @@ impl LogStore {
 
     /// Seals the active segment (written, synced, hint written) and starts the next one.
     fn roll(&self, w: &mut Writer) -> Result<()> {
-        w.flush()?;
+        w.flush().map_err(|e| self.fail(e))?;
         let old = w.seg.clone();
         let end = old.flushed.load(Ordering::Acquire);
         w.trim()
@@ -1379,8 +1391,7 @@ impl LogStore {
             None => Some(job),
         };
         if let Some(SealJob::Seal(_, _, hint)) = inline {
-            old.file
-                .sync_data()
+            old.sync()
                 .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
             old.synced.fetch_max(end, Ordering::AcqRel);
             if let Some((dir, path, bytes)) = hint {
@@ -1511,7 +1522,7 @@ impl LogStore {
             (seg, end)
         };
         if durable && seg.synced.load(Ordering::Acquire) < end {
-            if let Err(e) = self.timed_sync(&seg.file, &seg.path) {
+            if let Err(e) = self.timed_sync(&seg) {
                 if self.opts.durability != Durability::Buffered {
                     self.cut_unsynced(&seg);
                 }
@@ -1624,8 +1635,7 @@ impl LogStore {
                 s.wait();
             }
             self.check_failed()?;
-            seg.file
-                .sync_data()
+            seg.sync()
                 .map_err(|e| self.fail(Error::io(format!("syncing {}", seg.path.display()), e)))?;
             seg.synced.fetch_max(upto, Ordering::AcqRel);
         }
@@ -1780,7 +1790,7 @@ impl Drop for LogStore {
             w.append_commit(&refs::encode_ops(&[]).0);
         }
         if w.flush().is_ok() && w.trim().is_ok() && self.opts.durability != Durability::Buffered {
-            let _ = w.seg.file.sync_data();
+            let _ = w.seg.sync();
         }
         drop(w);
         // Sealed segments are synced when the store closes, at every level.
