@@ -41,7 +41,10 @@ const HEAD_CACHE_ENTRIES: usize = 64;
 /// a put's cost. Kept per key-lock stripe for versions this process wrote or read.
 #[derive(Clone, Copy, Debug)]
 struct BaseInfo {
-    key_hash: u64,
+    /// The version's key, as [`key_id`] names it: the cache stands in for reading the
+    /// version to check that it belongs to the key, so a 64-bit stripe hash (whose
+    /// collisions can be computed from the bucket name) would not do.
+    key_id: [u8; 32],
     depth: u64,
     ty: ValueType,
 }
@@ -65,6 +68,11 @@ impl std::hash::Hasher for PassHasher {
     fn write_u64(&mut self, n: u64) {
         self.0 = n;
     }
+}
+
+/// A collision-resistant name of a key (its BLAKE3 digest), for [`BaseInfo`].
+fn key_id(key: &[u8]) -> [u8; 32] {
+    *cairn_core::HashAlgo::Blake3.digest(key).digest()
 }
 
 /// The first 8 bytes of a uid's digest: a well-mixed map key.
@@ -819,6 +827,7 @@ impl Db {
     ) -> Result<Uid> {
         crate::fobject::check_context(&opts.context)?;
         let key_hash = self.key_hash(key);
+        let key_id = key_id(key);
         let mut stripe = self.lock_key_hash(key_hash);
         // One buffer for every ref name this put looks up or writes: the key's prefix, then
         // a head's kind and name.
@@ -875,7 +884,7 @@ impl Db {
         };
         let cached = base
             .and_then(|b| stripe.recall(&b))
-            .filter(|i| i.key_hash == key_hash);
+            .filter(|i| i.key_id == key_id);
         let (base_info, base_obj) = match base {
             None => (None, None),
             Some(b) => match cached {
@@ -883,7 +892,7 @@ impl Db {
                 _ => {
                     let o = self.load_for_key(key, &b)?;
                     let info = BaseInfo {
-                        key_hash,
+                        key_id,
                         depth: o.depth,
                         ty: o.value_type(),
                     };
@@ -912,7 +921,7 @@ impl Db {
         stripe.remember(
             uid,
             BaseInfo {
-                key_hash,
+                key_id,
                 depth: object.depth,
                 ty: object.value_type(),
             },
@@ -1074,7 +1083,7 @@ impl Db {
             At::Uid(u) => {
                 // A uid from outside must name a version of this key (which may have no
                 // branch left: forking one of its versions brings it back).
-                let known = stripe.recall(u).is_some_and(|i| i.key_hash == key_hash);
+                let known = stripe.recall(u).is_some_and(|i| i.key_id == key_id(key));
                 if !known {
                     self.load_for_key(key, u)?;
                 }

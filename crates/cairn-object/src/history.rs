@@ -147,6 +147,12 @@ impl Db {
         lca_in(self.chunks(), key, a, b)
     }
 
+    /// Every merge base of two versions of `key` (see [`merge_bases_in`]), deepest first:
+    /// one for most histories, several after criss-cross merges, none for disjoint ones.
+    pub fn merge_bases(&self, key: &[u8], a: &Uid, b: &Uid) -> Result<Vec<Uid>> {
+        merge_bases_in(self.chunks(), key, a, b)
+    }
+
     /// Diff between two versions of the same type (they may belong to different keys).
     pub fn diff(&self, a: &Uid, b: &Uid) -> Result<Diff> {
         let (oa, ob) = (self.load(a)?, self.load(b)?);
@@ -225,8 +231,34 @@ pub(crate) fn load_version_chunk(
 /// derive from), or `None` when their histories are disjoint. Walks only down to the
 /// answer's depth, newest first, using each FObject's depth.
 pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
+    Ok(common_ancestors(chunks, key, a, b, false)?
+        .into_iter()
+        .next())
+}
+
+/// Every merge base of two versions of `key`: the common ancestors that are not ancestors
+/// of another common ancestor, deepest first (empty when the histories are disjoint). A
+/// criss-cross history (each side merged the other's branch) has several; a three-way
+/// merge against any one of them alone can silently undo a change made after it.
+pub fn merge_bases_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<Vec<Uid>> {
+    common_ancestors(chunks, key, a, b, true)
+}
+
+/// The walk behind [`lca_in`] and [`merge_bases_in`]: versions newest first by depth,
+/// each marked with the sides it is reached from; a version reached from both is a
+/// common ancestor, and everything below it is marked stale (an ancestor of an answer is
+/// no answer). Stops at the first answer unless `all`, else once only stale versions are
+/// left to visit.
+fn common_ancestors(
+    chunks: &dyn ChunkStore,
+    key: &[u8],
+    a: &Uid,
+    b: &Uid,
+    all: bool,
+) -> Result<Vec<Uid>> {
     const A: u8 = 1;
     const B: u8 = 2;
+    const STALE: u8 = 4;
     let mut flags: HashMap<Uid, u8> = HashMap::new();
     let mut heap = BinaryHeap::new();
     // Only what the walk needs of each version waiting in the heap (not its value), and
@@ -241,14 +273,19 @@ pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<O
             e.insert((o.depth, o.bases));
         }
     }
+    let mut found = Vec::new();
     let mut done = HashSet::new();
     while let Some((_, uid)) = heap.pop() {
         if !done.insert(uid) {
             continue;
         }
-        let f = flags.get(&uid).copied().unwrap_or(0);
+        let mut f = flags.get(&uid).copied().unwrap_or(0);
         if f == A | B {
-            return Ok(Some(uid));
+            found.push(uid);
+            if !all {
+                break;
+            }
+            f |= STALE;
         }
         let (depth, bases) = pending
             .remove(&uid)
@@ -273,8 +310,16 @@ pub fn lca_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> Result<O
                 )));
             }
         }
+        // Only stale versions left: none of them, nor anything below, is an answer.
+        if !found.is_empty()
+            && heap
+                .iter()
+                .all(|(_, u)| done.contains(u) || flags.get(u).is_some_and(|f| f & STALE != 0))
+        {
+            break;
+        }
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// [`Db::diff_values`] over any chunk store.

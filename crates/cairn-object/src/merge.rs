@@ -196,9 +196,13 @@ impl Resolver for BuiltinResolver {
                 // Lists and Tuples append element-wise in the merge itself.
                 ValueType::Integer | ValueType::Set | ValueType::Tuple | ValueType::List => None,
                 _ => {
+                    // A side that deleted a Map entry has nothing to append to or from:
+                    // leave it (appending to nothing kept a fragment of theirs).
+                    let ours = c.ours.as_deref()?;
+                    let theirs = c.theirs.as_deref()?;
                     let base = c.base.as_deref().unwrap_or_default();
-                    let mut v = c.ours.as_deref().unwrap_or_default().to_vec();
-                    v.extend_from_slice(&added(base, c.theirs.as_deref().unwrap_or_default()));
+                    let mut v = ours.to_vec();
+                    v.extend_from_slice(&added(base, theirs));
                     Some(Resolution::Value(Some(v.into())))
                 }
             },
@@ -297,7 +301,8 @@ pub enum MergeOutcome {
     FastForward(Uid),
     /// The other side was already contained in the target; nothing changed.
     UpToDate(Uid),
-    /// Unresolved conflicts; nothing was written.
+    /// Unresolved conflicts; no head moved (versions and chunks the merge stored on the
+    /// way, such as a virtual merge base, are left for GC).
     Conflicts(Vec<Conflict>),
 }
 
@@ -324,6 +329,8 @@ impl Db {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
                 table.tagged.insert(into.to_string(), *u);
                 table.untagged.remove(&theirs);
+                // The old head, if it was an untagged head too, now has a descendant.
+                table.untagged.remove(&ours);
                 self.record_head(HeadChange {
                     kind: HeadChangeKind::Merge,
                     key,
@@ -418,16 +425,64 @@ impl Db {
         resolver: &dyn Resolver,
         opts: &PutOptions,
     ) -> Result<MergeOutcome> {
+        self.merge_pair_at(key, ours, theirs, resolver, opts, 0)
+    }
+
+    /// [`Db::merge_pair`] as a merge of merge bases `level` deep: when the sides have
+    /// several merge bases (a criss-cross history), they are merged first (recursively,
+    /// resolving nothing) into one virtual base, stored as a version no branch names, as
+    /// Git's recursive strategy does; bases that conflict with each other make the merge's
+    /// conflicts. Taking any one of them alone could silently undo a change.
+    fn merge_pair_at(
+        &self,
+        key: &[u8],
+        ours: Uid,
+        theirs: Uid,
+        resolver: &dyn Resolver,
+        opts: &PutOptions,
+        level: usize,
+    ) -> Result<MergeOutcome> {
+        /// Merges of merge bases inside merges of merge bases, at most.
+        const MAX_LEVELS: usize = 16;
         if ours == theirs {
             return Ok(MergeOutcome::UpToDate(ours));
         }
-        let lca = self.lca(key, &ours, &theirs)?;
-        if lca == Some(theirs) {
+        let bases = self.merge_bases(key, &ours, &theirs)?;
+        if bases.contains(&theirs) {
             return Ok(MergeOutcome::UpToDate(ours));
         }
-        if lca == Some(ours) {
+        if bases.contains(&ours) {
             return Ok(MergeOutcome::FastForward(theirs));
         }
+        let lca = match bases.split_first() {
+            None => None,
+            Some((first, [])) => Some(*first),
+            Some((first, rest)) => {
+                if level >= MAX_LEVELS {
+                    return Err(Error::invalid(format!(
+                        "the merge bases of {ours} and {theirs} are merges of merge bases \
+                         {MAX_LEVELS} levels deep"
+                    )));
+                }
+                let mut acc = *first;
+                for next in rest {
+                    acc = match self.merge_pair_at(
+                        key,
+                        acc,
+                        *next,
+                        &BuiltinResolver::Manual,
+                        &PutOptions::default(),
+                        level + 1,
+                    )? {
+                        MergeOutcome::Merged(u)
+                        | MergeOutcome::FastForward(u)
+                        | MergeOutcome::UpToDate(u) => u,
+                        c @ MergeOutcome::Conflicts(_) => return Ok(c),
+                    };
+                }
+                Some(acc)
+            }
+        };
         let o = self.load_for_key(key, &ours)?;
         let t = self.load_for_key(key, &theirs)?;
         if o.value_type() != t.value_type() {
@@ -762,26 +817,51 @@ impl Units {
         }
     }
 
-    /// Append and union, element-wise for Lists (and byte-wise append for Blobs).
+    /// Append and union, element-wise for Lists (and byte-wise append for Blobs), over the
+    /// span either side changed: a region comes whole leaves at a time, so acting on all of
+    /// it would put their change at the end of a leaf (where depends on the chunking) and
+    /// could repeat the base's units around it.
     fn builtin_resolve(
         r: Option<BuiltinResolver>,
         b: &Units,
         o: &Units,
         t: &Units,
     ) -> Option<Units> {
+        /// `ours` with its middle (between the units both sides kept at the ends)
+        /// replaced by `f(base middle, ours middle, theirs middle)`.
+        fn in_changed_span<T: PartialEq + Clone>(
+            b: &[T],
+            o: &[T],
+            t: &[T],
+            f: impl FnOnce(&[T], &[T], &[T]) -> Vec<T>,
+        ) -> Vec<T> {
+            let (po, so) = common_ends(b, o);
+            let (pt, st) = common_ends(b, t);
+            let (p, s) = (po.min(pt), so.min(st));
+            let mid = f(&b[p..b.len() - s], &o[p..o.len() - s], &t[p..t.len() - s]);
+            let mut v = Vec::with_capacity(p + mid.len() + s);
+            v.extend_from_slice(&o[..p]);
+            v.extend(mid);
+            v.extend_from_slice(&o[o.len() - s..]);
+            v
+        }
+        /// Ours, then what theirs put in place of the base.
+        fn append<T: PartialEq + Clone>(b: &[T], o: &[T], t: &[T]) -> Vec<T> {
+            let mut v = o.to_vec();
+            v.extend(added(b, t));
+            v
+        }
         match (r?, b, o, t) {
             (BuiltinResolver::Append, Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
-                let mut v = o.clone();
-                v.extend(added(b, t));
-                Some(Units::Bytes(v))
+                Some(Units::Bytes(in_changed_span(b, o, t, append)))
             }
             (BuiltinResolver::Append, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
-                let mut v = o.clone();
-                v.extend(added(b, t));
-                Some(Units::Elems(v))
+                Some(Units::Elems(in_changed_span(b, o, t, append)))
             }
-            (BuiltinResolver::Union, _, Units::Elems(o), Units::Elems(t)) => {
-                Some(Units::Elems(union(o, t)))
+            (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
+                Some(Units::Elems(in_changed_span(b, o, t, |_, o, t| {
+                    union(o, t)
+                })))
             }
             _ => None,
         }

@@ -1532,3 +1532,213 @@ fn a_gc_cut_short_leaves_no_cached_version_it_deleted() {
     let v = db.verify(None, &mut |_, _| {}).unwrap();
     assert!(v.is_intact(), "{:?}", v.damage);
 }
+
+/// Map contents as (key, value) strings.
+fn map_at(db: &Db, key: &[u8], at: &At) -> Vec<(String, String)> {
+    let v = db.get(key, at).unwrap().object.value;
+    postree::iter(db.chunks(), v.tree().unwrap())
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                String::from_utf8(e.key.to_vec()).unwrap(),
+                String::from_utf8(e.value.unwrap().to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn map_edit(db: &Db, branch: &str, k: &str, v: Option<&str>, ctx: u8) -> cairn_object::Uid {
+    let o = PutOptions {
+        context: vec![ctx],
+        ..Default::default()
+    };
+    db.update(
+        b"m",
+        Target::Branch(branch),
+        Op::MapUpdate(vec![(
+            k.as_bytes().to_vec(),
+            v.map(|v| v.as_bytes().to_vec()),
+        )]),
+        &o,
+    )
+    .unwrap()
+}
+
+/// A criss-cross history (each branch merged the other's head) has two merge bases. The
+/// merge runs against both (merged into one virtual base), so a deletion made after them is
+/// kept whichever base sorts first; against one of them alone it came back in some runs.
+#[test]
+fn criss_cross_merges_keep_changes_made_after_either_base() {
+    let dev = At::Branch("dev".into());
+    // The context byte varies the uids, so each run puts the two bases in another order.
+    for ctx in 0..8u8 {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        db.put(
+            b"m",
+            Target::Branch("master"),
+            NewValue::Map(BTreeMap::new()),
+            &o,
+        )
+        .unwrap();
+        db.fork(b"m", &master(), "dev").unwrap();
+        let b1 = map_edit(&db, "master", "a", Some("1"), ctx);
+        let c1 = map_edit(&db, "dev", "b", Some("1"), 0);
+        for (into, from) in [("master", c1), ("dev", b1)] {
+            let r = db
+                .merge_into(b"m", into, &At::Uid(from), &BuiltinResolver::Manual, &o)
+                .unwrap();
+            assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+        }
+        let (mh, dh) = (
+            db.resolve(b"m", &master()).unwrap(),
+            db.resolve(b"m", &dev).unwrap(),
+        );
+        let mut bases = db.merge_bases(b"m", &mh, &dh).unwrap();
+        bases.sort();
+        let mut want = vec![b1, c1];
+        want.sort();
+        assert_eq!(bases, want, "two merge bases");
+        map_edit(&db, "dev", "b", None, 0);
+        map_edit(&db, "master", "c", Some("1"), 0);
+        let r = db
+            .merge_into(b"m", "master", &dev, &BuiltinResolver::Manual, &o)
+            .unwrap();
+        assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+        let keys: Vec<String> = map_at(&db, b"m", &master())
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            ["a", "c"],
+            "run {ctx}: dev's deletion of b was undone"
+        );
+    }
+}
+
+/// Append over Blobs and Lists acts on the span the sides changed, not on the whole leaves
+/// around it: theirs' change lands right after ours, whatever the leaf size.
+#[test]
+fn append_puts_their_change_next_to_ours_whatever_the_chunking() {
+    for leaf in [128u32, 1024, 4096] {
+        let cfg = TreeConfig {
+            leaf_target: leaf,
+            index_target: 256,
+        };
+        let db = Db::with_config(Arc::new(MemoryStore::new()), cfg);
+        let o = PutOptions::default();
+        let base = noise(50_000, 7);
+        db.put(
+            b"b",
+            Target::Branch("master"),
+            NewValue::Blob(base.clone()),
+            &o,
+        )
+        .unwrap();
+        let elems: Vec<Vec<u8>> = (0..3000).map(|i| format!("e{i}").into_bytes()).collect();
+        db.put(
+            b"l",
+            Target::Branch("master"),
+            NewValue::List(elems.clone()),
+            &o,
+        )
+        .unwrap();
+        for k in [&b"b"[..], b"l"] {
+            db.fork(k, &master(), "dev").unwrap();
+        }
+        for (branch, x) in [("master", b'O'), ("dev", b'T')] {
+            let splice = Op::BlobSplice {
+                offset: 10,
+                delete: 1,
+                insert: vec![x],
+            };
+            db.update(b"b", Target::Branch(branch), splice, &o).unwrap();
+            let splice = Op::ListSplice {
+                index: 5,
+                delete: 1,
+                insert: vec![vec![x]],
+            };
+            db.update(b"l", Target::Branch(branch), splice, &o).unwrap();
+        }
+        for k in [&b"b"[..], b"l"] {
+            let r = db
+                .merge_into(
+                    k,
+                    "master",
+                    &At::Branch("dev".into()),
+                    &BuiltinResolver::Append,
+                    &o,
+                )
+                .unwrap();
+            assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+        }
+        let mut want = base[..10].to_vec();
+        want.extend_from_slice(b"OT");
+        want.extend_from_slice(&base[11..]);
+        let got = blob_of(&db, &db.get(b"b", &master()).unwrap().object.value);
+        assert!(
+            got == want,
+            "leaf {leaf}: the blob's append is not at offset 10"
+        );
+        let mut want = elems[..5].to_vec();
+        want.extend([b"O".to_vec(), b"T".to_vec()]);
+        want.extend_from_slice(&elems[6..]);
+        let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
+        assert!(
+            got == want,
+            "leaf {leaf}: the list's append is not at index 5"
+        );
+    }
+}
+
+/// Append leaves a Map entry one side deleted and the other edited as a conflict: there
+/// is nothing to append to (it used to keep a fragment of theirs).
+#[test]
+fn append_does_not_resolve_a_deleted_map_entry() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let start: BTreeMap<Vec<u8>, Vec<u8>> = [(b"k".to_vec(), b"hello".to_vec())].into();
+    db.put(b"m", Target::Branch("master"), NewValue::Map(start), &o)
+        .unwrap();
+    db.fork(b"m", &master(), "dev").unwrap();
+    map_edit(&db, "master", "k", None, 0);
+    map_edit(&db, "dev", "k", Some("hello world"), 0);
+    let r = db
+        .merge_into(
+            b"m",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Append,
+            &o,
+        )
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
+    assert!(map_at(&db, b"m", &master()).is_empty());
+}
+
+/// A branch forked from an untagged head, then merged into: the old head now has a
+/// descendant, so it is no longer listed as an untagged head.
+#[test]
+fn merging_into_a_branch_at_an_untagged_head_drops_that_head() {
+    let (db, _) = db();
+    let s1 = put_str(&db, "k", Target::Branch("master"), "S1");
+    let s2 = put_str(&db, "k", Target::Base(s1), "S1+W1");
+    let s3 = put_str(&db, "k", Target::Base(s1), "S1+W2");
+    assert_eq!(db.list_untagged(b"k").unwrap().len(), 2);
+    db.fork(b"k", &At::Uid(s2), "w1").unwrap();
+    let MergeOutcome::Merged(m) = db
+        .merge_into(
+            b"k",
+            "w1",
+            &At::Uid(s3),
+            &BuiltinResolver::Append,
+            &PutOptions::default(),
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(db.resolve(b"k", &At::Branch("w1".into())).unwrap(), m);
+    assert!(db.list_untagged(b"k").unwrap().is_empty());
+}
