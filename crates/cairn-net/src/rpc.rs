@@ -53,6 +53,12 @@ pub struct ServerConfig {
     pub max_frame: usize,
     /// Most open connections; further ones are closed on accept.
     pub max_connections: usize,
+    /// Most open connections from one IP address other than loopback (where a local proxy
+    /// or benchmark speaks for many clients); further ones are closed on accept, so one
+    /// remote host cannot take every slot.
+    pub max_connections_per_ip: usize,
+    /// Whether `max_connections_per_ip` counts loopback peers too (off by default).
+    pub limit_loopback: bool,
     /// How long writing a response may take, plus one second per
     /// [`ServerConfig::min_request_rate`] bytes it holds: a client that stops reading, or
     /// reads too slowly, is dropped (and cannot hold up a shutdown for longer).
@@ -84,6 +90,8 @@ impl Default for ServerConfig {
         ServerConfig {
             max_frame: DEFAULT_MAX_FRAME,
             max_connections: 4096,
+            max_connections_per_ip: 512,
+            limit_loopback: false,
             write_timeout: Some(Duration::from_secs(60)),
             handshake_timeout: Some(Duration::from_secs(10)),
             idle_timeout: Some(Duration::from_secs(300)),
@@ -438,6 +446,8 @@ impl std::fmt::Debug for ServerHandle {
 struct Conn {
     stream: TcpStream,
     thread: JoinHandle<()>,
+    /// The peer's address (`None` if the socket could not say).
+    ip: Option<std::net::IpAddr>,
 }
 
 fn accept_loop(
@@ -475,6 +485,16 @@ fn accept_loop(
         if conns.len() >= config.max_connections {
             continue;
         }
+        let ip = stream
+            .peer_addr()
+            .ok()
+            .map(|a| a.ip())
+            .filter(|ip| config.limit_loopback || !ip.is_loopback());
+        if ip.is_some()
+            && conns.iter().filter(|c| c.ip == ip).count() >= config.max_connections_per_ip
+        {
+            continue;
+        }
         let Ok(clone) = stream.try_clone() else {
             continue;
         };
@@ -500,6 +520,7 @@ fn accept_loop(
             conns.push(Conn {
                 stream: clone,
                 thread,
+                ip,
             });
         }
     }

@@ -520,3 +520,30 @@ fn a_slow_reader_is_dropped_when_its_response_runs_out_of_time() {
     h.shutdown();
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// One address holds at most `max_connections_per_ip` connections: the next one from it is
+/// closed at once, and a slot it gives back can be taken again.
+#[test]
+fn one_address_holds_at_most_its_share_of_connections() {
+    let cfg = ServerConfig {
+        max_connections_per_ip: 2,
+        limit_loopback: true,
+        ..ServerConfig::default()
+    };
+    let (h, _) = echo(cfg);
+    let first = raw(&h);
+    let _second = raw(&h);
+    let mut third = TcpStream::connect(h.local_addr()).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = third.write_all(&PREAMBLE);
+    let mut pre = [0u8; 5];
+    assert!(
+        third.read_exact(&mut pre).is_err(),
+        "a third connection from one address was served"
+    );
+    drop(first);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(served_soon(h.local_addr()));
+}
