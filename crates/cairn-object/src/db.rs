@@ -81,6 +81,20 @@ fn uid_word(uid: &Uid) -> u64 {
     u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 
+thread_local! {
+    /// Writers' holds ([`Db::writer_guard`]) this thread has now.
+    static WRITER_HOLDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A writer's hold on the writers' lock ([`Db::writer_guard`]).
+pub(crate) struct WriterGuard<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        WRITER_HOLDS.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
 /// A key-lock stripe: the lock itself guards this small cache of recent versions.
 #[derive(Default)]
 pub(crate) struct Stripe {
@@ -440,8 +454,21 @@ impl Db {
         }
     }
 
-    pub(crate) fn writer_guard(&self) -> RwLockReadGuard<'_, ()> {
-        self.shared.gc_lock.read_recursive()
+    /// A writer's shared hold on the writers' lock (see [`crate::gc`]). The outermost
+    /// hold of a thread queues behind a waiting GC, so writers that never pause cannot
+    /// starve it; a hold taken inside another (a write path calling another) must not
+    /// wait, or it would deadlock behind the GC waiting for the outer one.
+    pub(crate) fn writer_guard(&self) -> WriterGuard<'_> {
+        let held = WRITER_HOLDS.with(|h| {
+            let n = h.get();
+            h.set(n + 1);
+            n
+        });
+        WriterGuard(if held == 0 {
+            self.shared.gc_lock.read()
+        } else {
+            self.shared.gc_lock.read_recursive()
+        })
     }
 
     /// GC's exclusive hold on the writers' lock of every bucket of the store.

@@ -49,20 +49,25 @@ impl Db {
         let candidates: HashSet<Uid> = self.store().cids()?.into_iter().collect();
         let mut marked = HashSet::new();
         self.mark_all(&mut marked)?;
+        // Only object-layer chunks (framed with CHUNK_FORMAT) are this GC's to reclaim;
+        // chunks of other layers sharing the store (capsule records, journals, metadata:
+        // they start with 0xCA) are append-only and kept. A chunk's bytes never change, so
+        // this is read (and each chunk's hash checked) before writers are held off.
+        let mut unmarked: Vec<Uid> = Vec::new();
+        for c in candidates.iter().filter(|c| !marked.contains(*c)) {
+            if let Some(bytes) = self.store().get(c)?
+                && bytes.first() == Some(&crate::chunk::CHUNK_FORMAT)
+            {
+                unmarked.push(*c);
+            }
+        }
         let removed = {
             let _excl = self.gc_write_lock();
             self.mark_all(&mut marked)?;
-            let mut dead: Vec<Uid> = Vec::new();
-            for c in candidates.iter().filter(|c| !marked.contains(*c)) {
-                // Only object-layer chunks (framed with CHUNK_FORMAT) are this GC's to
-                // reclaim; chunks of other layers sharing the store (capsule records,
-                // journals, metadata: they start with 0xCA) are append-only and kept.
-                if let Some(bytes) = self.store().get(c)?
-                    && bytes.first() == Some(&crate::chunk::CHUNK_FORMAT)
-                {
-                    dead.push(*c);
-                }
-            }
+            let dead: Vec<Uid> = unmarked
+                .into_iter()
+                .filter(|c| !marked.contains(c))
+                .collect();
             // Forgotten first: a remove that fails part way (an object-store delete batch
             // cut short) must not leave the cache vouching for versions it deleted (a fork
             // or a put on a base trusts it and skips loading the version).
@@ -127,5 +132,59 @@ impl Db {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::time::Duration;
+
+    use cairn_store::MemoryStore;
+
+    use crate::db::Db;
+
+    /// A GC waiting for the writers' lock goes before writers that come after it (busy
+    /// writers used to hold it off for as long as they kept coming), while a writer
+    /// already holding the lock can take it again inside (no deadlock behind the GC).
+    #[test]
+    fn a_waiting_gc_goes_before_later_writers() {
+        let db = Arc::new(Db::new(Arc::new(MemoryStore::new())));
+        // 1: the GC has the lock; 2: the later writer has it.
+        let order = Arc::new(AtomicU8::new(0));
+        let first = db.writer_guard();
+        let gc = {
+            let (db, order) = (db.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _excl = db.gc_write_lock();
+                let _ = order.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(50));
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let later = {
+            let (db, order) = (db.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _w = db.writer_guard();
+                let _ = order.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        // Still holding: a nested hold does not wait for the GC.
+        drop(db.writer_guard());
+        assert_eq!(
+            order.load(Ordering::SeqCst),
+            0,
+            "nobody passed the first writer"
+        );
+        drop(first);
+        gc.join().unwrap();
+        later.join().unwrap();
+        assert_eq!(
+            order.load(Ordering::SeqCst),
+            1,
+            "a later writer went before the GC"
+        );
     }
 }
