@@ -260,7 +260,10 @@ pub fn requests() -> Vec<Request> {
             subrecords: subs,
             sig: Some(w.sign(&f.sub_record)),
         },
-        Request::QueryFresh { capsule: c },
+        Request::QueryFresh {
+            capsule: c,
+            nonce: [3; 16],
+        },
         Request::LogInclusion {
             capsule: c,
             name: f.records[3].name(),

@@ -59,8 +59,10 @@ impl Writer {
         self
     }
 
-    /// Continues after `heads` (e.g. the heads a server reported), which the next record
-    /// points to, all of them (whatever this writer wrote before).
+    /// Continues after `heads`, which the next record points to, all of them (whatever
+    /// this writer wrote before). Its signature will vouch for each of them, so pass only
+    /// heads this process holds or verified ([`Reader::verify_record`]): a server's word
+    /// alone would let it have a record it made up signed by this writer.
     pub fn continue_from(&mut self, heads: &[RecordName]) {
         self.recent = heads.to_vec();
         self.count = 0;
@@ -143,7 +145,11 @@ impl Writer {
     /// Ed25519 check, since the signature was made here.
     pub fn sign_for(&self, name: &RecordName, reader: &mut Reader) -> WriterSignature {
         let sig = self.sign(name);
-        reader.trust_own_signature(*name, sig);
+        // Only a reader of this capsule (the same metadata, so the same writer list) may
+        // skip the check: for another capsule's reader this key may be no writer at all.
+        if reader.capsule == self.capsule {
+            reader.trust_own_signature(*name, sig);
+        }
         sig
     }
 

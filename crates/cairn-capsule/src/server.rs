@@ -338,6 +338,9 @@ pub struct Checkpoint {
     pub heads: Vec<RecordName>,
     /// Server time, milliseconds since the Unix epoch.
     pub time_ms: u64,
+    /// The nonce of the QueryFresh this answers, so that a recorded checkpoint cannot be
+    /// replayed as the answer to a later one.
+    pub nonce: [u8; 16],
     /// The signing server.
     pub server: PublicKey,
     /// Signature over all of the above.
@@ -351,20 +354,27 @@ impl Checkpoint {
         root: &Digest,
         heads: &[RecordName],
         time_ms: u64,
+        nonce: &[u8; 16],
     ) -> Vec<u8> {
-        let mut e = Encoder::versioned(1);
+        let mut e = Encoder::versioned(2);
         e.hash(capsule.hash()).varint(size).raw(root);
         e.varint(heads.len() as u64);
         for h in heads {
             e.hash(h.hash());
         }
-        e.varint(time_ms);
+        e.varint(time_ms).raw(nonce);
         e.finish()
     }
 
-    /// Checks that this is `capsule`'s checkpoint and the server's signature on it (a
-    /// server answering a QueryFresh with another capsule's checkpoint is refused).
-    pub fn verify(&self, server: &PublicKey, capsule: &CapsuleName) -> Result<()> {
+    /// Checks that this is `capsule`'s checkpoint answering the QueryFresh that carried
+    /// `nonce`, and the server's signature on it (a server answering with another
+    /// capsule's checkpoint, or anyone replaying an earlier one, is refused).
+    pub fn verify(
+        &self,
+        server: &PublicKey,
+        capsule: &CapsuleName,
+        nonce: &[u8; 16],
+    ) -> Result<()> {
         if &self.server != server {
             return Err(Error::Rejected("checkpoint is from another server".into()));
         }
@@ -374,6 +384,11 @@ impl Checkpoint {
                 self.capsule
             )));
         }
+        if &self.nonce != nonce {
+            return Err(Error::Rejected(
+                "checkpoint answers another QueryFresh (its nonce differs): a replay".into(),
+            ));
+        }
         server.verify(
             DOMAIN_CHECKPOINT,
             &Self::message(
@@ -382,6 +397,7 @@ impl Checkpoint {
                 &self.root,
                 &self.heads,
                 self.time_ms,
+                &self.nonce,
             ),
             &self.sig,
         )
@@ -1504,21 +1520,23 @@ impl CapsuleServer {
         }
     }
 
-    /// QueryFresh(): the heads, with the log size and root, signed by this server.
-    pub fn query_fresh(&self, capsule: &CapsuleName) -> Result<Checkpoint> {
+    /// QueryFresh(): the heads, with the log size and root, signed by this server together
+    /// with the reader's `nonce` (a fresh random value per query).
+    pub fn query_fresh(&self, capsule: &CapsuleName, nonce: [u8; 16]) -> Result<Checkpoint> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let size = cap.dag.log().size();
         let root = cap.dag.log().root();
         let heads = cap.dag.heads();
         let time_ms = now_ms();
-        let msg = Checkpoint::message(capsule, size, &root, &heads, time_ms);
+        let msg = Checkpoint::message(capsule, size, &root, &heads, time_ms, &nonce);
         let cp = Checkpoint {
             capsule: *capsule,
             size,
             root,
             heads,
             time_ms,
+            nonce,
             server: self.key.public(),
             sig: self.key.sign(DOMAIN_CHECKPOINT, &msg),
         };

@@ -437,11 +437,18 @@ fn dec_ack(d: &mut Decoder<'_>) -> Result<Ack> {
     })
 }
 
+/// A QueryFresh nonce: 16 raw bytes.
+fn dec_nonce(d: &mut Decoder<'_>) -> Result<[u8; 16]> {
+    let mut n = [0u8; 16];
+    n.copy_from_slice(d.raw(16)?);
+    Ok(n)
+}
+
 fn enc_checkpoint(e: &mut Encoder, c: &Checkpoint) {
     enc_capsule(e, &c.capsule);
     e.varint(c.size).raw(&c.root);
     enc_names(e, &c.heads);
-    e.varint(c.time_ms);
+    e.varint(c.time_ms).raw(&c.nonce);
     c.server.encode(e);
     c.sig.encode(e);
 }
@@ -453,6 +460,7 @@ fn dec_checkpoint(d: &mut Decoder<'_>) -> Result<Checkpoint> {
         root: dec_digest(d)?,
         heads: dec_names(d, MAX_NAMES)?,
         time_ms: d.varint()?,
+        nonce: dec_nonce(d)?,
         server: PublicKey::decode(d)?,
         sig: cairn_core::Signature::decode(d)?,
     })
@@ -734,6 +742,8 @@ pub enum Request {
     QueryFresh {
         /// The capsule.
         capsule: CapsuleName,
+        /// The reader's fresh random value, signed back in the checkpoint.
+        nonce: [u8; 16],
     },
     /// [`CapsuleServer::log_inclusion`].
     LogInclusion {
@@ -951,9 +961,10 @@ impl Request {
             } => {
                 e.raw(&encode_commit_subrecords(capsule, header, subrecords, sig.as_ref())[1..]);
             }
-            Request::QueryFresh { capsule } => {
+            Request::QueryFresh { capsule, nonce } => {
                 e.u8(REQ_QUERY_FRESH);
                 enc_capsule(e, capsule);
+                e.raw(nonce);
             }
             Request::LogInclusion {
                 capsule,
@@ -1088,6 +1099,7 @@ impl Request {
             },
             REQ_QUERY_FRESH => Request::QueryFresh {
                 capsule: dec_capsule(d)?,
+                nonce: dec_nonce(d)?,
             },
             REQ_LOG_INCLUSION => Request::LogInclusion {
                 capsule: dec_capsule(d)?,
@@ -1561,7 +1573,9 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
             subrecords,
             sig,
         } => Response::Ack(server.commit_subrecords(&capsule, &header, &subrecords, sig)?),
-        Request::QueryFresh { capsule } => Response::Checkpoint(server.query_fresh(&capsule)?),
+        Request::QueryFresh { capsule, nonce } => {
+            Response::Checkpoint(server.query_fresh(&capsule, nonce)?)
+        }
         Request::LogInclusion {
             capsule,
             name,
@@ -2024,10 +2038,20 @@ impl RemoteCapsule {
         }
     }
 
-    /// [`CapsuleServer::query_fresh`].
-    pub fn query_fresh(&mut self, capsule: &CapsuleName) -> Result<Checkpoint> {
-        match self.call(&Request::QueryFresh { capsule: *capsule })? {
-            Response::Checkpoint(c) => Ok(c),
+    /// [`CapsuleServer::query_fresh`] with a fresh random nonce; returns the checkpoint
+    /// once it verifies against `server` (the server's key), this capsule and that nonce.
+    pub fn query_fresh(&mut self, capsule: &CapsuleName, server: &PublicKey) -> Result<Checkpoint> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| Error::Unavailable(format!("no randomness for a nonce: {e}")))?;
+        match self.call(&Request::QueryFresh {
+            capsule: *capsule,
+            nonce,
+        })? {
+            Response::Checkpoint(c) => {
+                c.verify(server, capsule, &nonce)?;
+                Ok(c)
+            }
             other => unexpected("query_fresh", &other),
         }
     }
@@ -2420,7 +2444,10 @@ mod tests {
                 subrecords: vec![vec![1]],
                 sig: None,
             },
-            Request::QueryFresh { capsule: c },
+            Request::QueryFresh {
+                capsule: c,
+                nonce: [7; 16],
+            },
             Request::LogInclusion {
                 capsule: c,
                 name: name(7),
@@ -2521,6 +2548,7 @@ mod tests {
                 root: [3; 32],
                 heads: vec![name(1), name(2)],
                 time_ms: 1_700_000_000_000,
+                nonce: [9; 16],
                 server: server.public(),
                 sig: server.sign(b"x", b"y"),
             }),
@@ -3026,6 +3054,7 @@ mod tests {
                             root: c,
                             heads,
                             time_ms: log_size,
+                            nonce: [size as u8; 16],
                             server: k.public(),
                             sig: k.sign(b"c", &c),
                         })

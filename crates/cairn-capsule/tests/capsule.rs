@@ -126,7 +126,7 @@ fn server_refuses_bad_writes_and_changes_nothing() {
     let (server, mut w, meta, _) = setup();
     let c = meta.name();
     let names = write_chain(&server, &mut w, 3, 3);
-    let size = server.query_fresh(&c).unwrap().size;
+    let size = server.query_fresh(&c, [1; 16]).unwrap().size;
     // Tampered body.
     let mut r = w.record(b"x", &[]).unwrap();
     r.body[0] ^= 1;
@@ -164,7 +164,7 @@ fn server_refuses_bad_writes_and_changes_nothing() {
         Err(Error::NotFound(_))
     ));
     // Nothing changed.
-    let after = server.query_fresh(&c).unwrap();
+    let after = server.query_fresh(&c, [1; 16]).unwrap();
     assert_eq!(after.size, size);
     assert_eq!(after.heads, vec![names[2]]);
 }
@@ -572,11 +572,20 @@ fn merkle_log_checkpoints_and_proofs() {
     let c = meta.name();
     let names = write_chain(&server, &mut w, 50, 7);
     let pk = server.public_key();
-    let cp1 = server.query_fresh(&c).unwrap();
-    cp1.verify(&pk, &c).unwrap();
+    let cp1 = server.query_fresh(&c, [1; 16]).unwrap();
+    cp1.verify(&pk, &c, &[1; 16]).unwrap();
+    // A checkpoint answers the query whose nonce it signs: replayed for another, refused.
+    let e = cp1.verify(&pk, &c, &[2; 16]).unwrap_err();
+    assert!(e.to_string().contains("replay"), "{e}");
+    let mut moved = cp1.clone();
+    moved.nonce = [2; 16];
+    assert!(
+        moved.verify(&pk, &c, &[2; 16]).is_err(),
+        "the nonce is signed"
+    );
     let more = write_chain(&server, &mut w, 30, 7);
-    let cp2 = server.query_fresh(&c).unwrap();
-    cp2.verify(&pk, &c).unwrap();
+    let cp2 = server.query_fresh(&c, [1; 16]).unwrap();
+    cp2.verify(&pk, &c, &[1; 16]).unwrap();
     assert_eq!(cp2.heads, vec![more[29]]);
     let cons = server.log_consistency(&c, cp1.size, cp2.size).unwrap();
     verify_consistency(
@@ -594,7 +603,7 @@ fn merkle_log_checkpoints_and_proofs() {
     assert!(path.len() <= 7);
     let mut forged = cp2.clone();
     forged.size += 1;
-    assert!(forged.verify(&pk, &c).is_err());
+    assert!(forged.verify(&pk, &c, &[1; 16]).is_err());
 }
 
 #[test]
@@ -616,7 +625,7 @@ fn journal_replays_after_reopen() {
             .unwrap()
             .with_skip_pointers(true);
         let names = write_chain(&server, &mut w, 64, 16);
-        let cp = server.query_fresh(&c).unwrap();
+        let cp = server.query_fresh(&c, [1; 16]).unwrap();
         (names, cp.heads, cp.root)
     };
     let store: Arc<dyn Store> =
@@ -627,7 +636,7 @@ fn journal_replays_after_reopen() {
         ServerOptions::default(),
     );
     assert_eq!(server.capsule_names().unwrap(), vec![c]);
-    let cp = server.query_fresh(&c).unwrap();
+    let cp = server.query_fresh(&c, [1; 16]).unwrap();
     assert_eq!(cp.heads, heads);
     assert_eq!(cp.root, root);
     let mut reader = Reader::new(c, server.metadata(&c).unwrap(), CachePolicy::Off, None).unwrap();
@@ -1294,13 +1303,17 @@ fn a_checkpoint_of_another_capsule_is_refused() {
     let n = r.name();
     server.write(&a, &[r], &[(n, w.sign(&n))]).unwrap();
     let pk = server.public_key();
-    server.query_fresh(&a).unwrap().verify(&pk, &a).unwrap();
-    let cp_b = server.query_fresh(&meta_b.name()).unwrap();
+    server
+        .query_fresh(&a, [1; 16])
+        .unwrap()
+        .verify(&pk, &a, &[1; 16])
+        .unwrap();
+    let cp_b = server.query_fresh(&meta_b.name(), [1; 16]).unwrap();
     assert!(matches!(
-        cp_b.verify(&pk, &a),
+        cp_b.verify(&pk, &a, &[1; 16]),
         Err(cairn_core::Error::Rejected(_))
     ));
-    cp_b.verify(&pk, &meta_b.name()).unwrap();
+    cp_b.verify(&pk, &meta_b.name(), &[1; 16]).unwrap();
 }
 
 /// A subrecord read of a name that is a record's body hash (its body cached) is not

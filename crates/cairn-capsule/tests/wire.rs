@@ -150,8 +150,13 @@ fn write_read_prove_over_tcp() {
     assert!(matches!(rc.ack_proof(session, 1), Err(Error::Rejected(_))));
     rc.close_session(session).unwrap();
     // Checkpoint and Merkle-log proofs.
-    let cp = rc.query_fresh(&c).unwrap();
-    cp.verify(&skey, &c).unwrap();
+    // Verified against the server's key and the query's own nonce.
+    let cp = rc.query_fresh(&c, &skey).unwrap();
+    let other = cairn_core::SigningKey::from_seed(&[99; 32]).public();
+    assert!(matches!(
+        rc.query_fresh(&c, &other),
+        Err(Error::Rejected(_))
+    ));
     assert_eq!(cp.size, 40);
     assert_eq!(cp.heads, vec![names[39]]);
     let (index, path) = rc.log_inclusion(&c, &names[5], cp.size).unwrap();
@@ -173,7 +178,7 @@ fn write_read_prove_over_tcp() {
     assert!(matches!(rc.write(&c, &[bad], &[]), Err(Error::Rejected(_))));
     // Garbage bytes get a decode error response, not a dropped connection.
     assert!(matches!(rc.call_bytes(&[1, 200, 3]), Err(Error::Decode(_))));
-    assert!(rc.query_fresh(&c).is_ok());
+    assert!(rc.query_fresh(&c, &skey).is_ok());
     h.shutdown();
 }
 
@@ -246,7 +251,10 @@ fn subrecords_over_tcp() {
             Request::Metadata {
                 capsule: CapsuleName(HashAlgo::Blake3.digest(b"no such capsule")),
             },
-            Request::QueryFresh { capsule: c },
+            Request::QueryFresh {
+                capsule: c,
+                nonce: [5; 16],
+            },
         ])
         .unwrap();
     assert!(matches!(&out[0], Ok(Response::SubrecordNames(n)) if *n == subs));

@@ -1074,7 +1074,11 @@ fn log_check(root: &Path, d: Durability, t: Transport, cipher: BodyCipher) -> Re
     )?;
     let data = bodies(1000, 100, 7);
     let items = c.write_all(Api::Flexible, &data, 100)?;
-    let mut reqs = vec![Request::QueryFresh { capsule: c.capsule }];
+    let nonce: [u8; 16] = rand::random();
+    let mut reqs = vec![Request::QueryFresh {
+        capsule: c.capsule,
+        nonce,
+    }];
     let names: Vec<RecordName> = items
         .iter()
         .step_by(97)
@@ -1095,7 +1099,7 @@ fn log_check(root: &Path, d: Durability, t: Transport, cipher: BodyCipher) -> Re
         Some(Response::Checkpoint(cp)) => cp,
         _ => bail!("no checkpoint"),
     };
-    cp.verify(&c.server, &c.capsule)?;
+    cp.verify(&c.server, &c.capsule, &nonce)?;
     ensure!(cp.size == 1000, "checkpoint size {}", cp.size);
     for (n, r) in names.iter().zip(resps) {
         let Response::Inclusion { index, path } = r else {
