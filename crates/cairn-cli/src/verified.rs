@@ -58,11 +58,14 @@ impl<R: Read> VerifiedValue<R> {
     /// Reads and checks the Meta chunk of the stream `body` against `uid`; `meta_only`:
     /// the stream holds nothing else (the value is not rendered).
     pub fn open(body: R, uid: Uid, meta_only: bool) -> cairn_core::Result<Self> {
-        let mut frames = FrameReader::new(body);
+        // The Meta chunk holds at most an inline value; the tree chunks after it may be
+        // larger.
+        let mut frames = FrameReader::with_limit(body, cairn_object::evidence::MAX_META_FRAME);
         let mut check = VersionCheck::new(uid);
         let first = frames
             .next_chunk()?
             .ok_or_else(|| Error::corrupt(format!("the node sent nothing for version {uid}")))?;
+        frames.set_limit(cairn_object::stream::MAX_FRAME);
         let Verified::Object(object) = check.accept(first)? else {
             return Err(Error::corrupt(
                 "a version stream must start with its Meta chunk",

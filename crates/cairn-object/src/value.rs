@@ -190,10 +190,29 @@ impl Value {
             ValueType::String => Value::String(Bytes::copy_from_slice(d.bytes()?)),
             ValueType::Integer => Value::Integer(d.ivarint()?),
             ValueType::Tuple => {
+                // Within the inline limit as a put counts it (4 bytes an element beside its
+                // bytes): an element costs 32 bytes in memory even when empty, so a chunk of
+                // empty elements must not decode to 32 times its size.
                 let n = d.count(1)?;
+                let limit = crate::db::MAX_INLINE_BYTES;
+                if n > limit / 4 {
+                    return Err(Error::decode(format!(
+                        "a tuple of {n} elements exceeds the inline limit of {} MiB",
+                        limit >> 20
+                    )));
+                }
                 let mut items = Vec::with_capacity(n);
+                let mut size = 0usize;
                 for _ in 0..n {
-                    items.push(Bytes::copy_from_slice(d.bytes()?));
+                    let b = d.bytes()?;
+                    size += b.len() + 4;
+                    if size > limit {
+                        return Err(Error::decode(format!(
+                            "a tuple exceeds the inline limit of {} MiB",
+                            limit >> 20
+                        )));
+                    }
+                    items.push(Bytes::copy_from_slice(b));
                 }
                 Value::Tuple(items)
             }
@@ -349,5 +368,33 @@ impl NewValue {
                 NewValue::Map(m)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tuple decodes only within the inline limit a put applies: a chunk of empty
+    /// elements (one byte each on the wire, 32 bytes each in memory) is refused before it
+    /// is held.
+    #[test]
+    fn tuples_past_the_inline_limit_do_not_decode() {
+        let limit = crate::db::MAX_INLINE_BYTES;
+        let encoded = |n: usize, each: &[u8]| {
+            let mut e = Encoder::new();
+            e.u8(ValueType::Tuple as u8).varint(n as u64);
+            for _ in 0..n {
+                e.bytes(each);
+            }
+            e.finish()
+        };
+        let at = encoded(limit / 4, b"");
+        assert!(Value::decode(&mut Decoder::new(&at, "value")).is_ok());
+        let over = encoded(limit / 4 + 1, b"");
+        let e = Value::decode(&mut Decoder::new(&over, "value")).unwrap_err();
+        assert!(e.to_string().contains("inline limit"), "{e}");
+        let heavy = encoded(5, &vec![7u8; limit / 4]);
+        assert!(Value::decode(&mut Decoder::new(&heavy, "value")).is_err());
     }
 }
