@@ -78,7 +78,8 @@ pub enum MutationKind {
     Merge,
     /// Branch `from` renamed to `branch`; its head is `uid`.
     Rename,
-    /// Branch `branch` removed; its head was `uid`.
+    /// Branch `branch` removed; its head was `uid`. Without a branch: untagged head `uid`
+    /// left the heads (a merge found it contained in its target).
     Remove,
 }
 
@@ -208,9 +209,11 @@ impl Mutation {
     fn check_shape(&self) -> Result<()> {
         let ok = match self.kind {
             MutationKind::Put | MutationKind::Merge => self.from.is_none(),
-            MutationKind::Fork | MutationKind::Remove => {
+            MutationKind::Fork => {
                 self.branch.is_some() && self.from.is_none() && self.bases.is_empty()
             }
+            // Without a branch: an untagged head a merge found contained in its target.
+            MutationKind::Remove => self.from.is_none() && self.bases.is_empty(),
             MutationKind::Rename => {
                 self.branch.is_some() && self.from.is_some() && self.bases.is_empty()
             }
@@ -339,15 +342,17 @@ impl HeadRecorder for Journal {
             HeadChangeKind::Rename => MutationKind::Rename,
             HeadChangeKind::Remove => MutationKind::Remove,
         };
-        self.append(Mutation {
+        let m = Mutation {
             kind,
             key: c.key.to_vec(),
             branch: c.branch.map(str::to_string),
             from: c.from.map(str::to_string),
             uid: c.uid,
             bases: c.bases.to_vec(),
-        })
-        .map(|_| ())
+        };
+        // A record that would not decode must not be written (the change is refused).
+        m.check_shape()?;
+        self.append(m).map(|_| ())
     }
 }
 
@@ -379,9 +384,18 @@ impl Journal {
             let sig = c.writer.sign(&last);
             drop(c);
             let records: Vec<Record> = group.iter().map(|q| q.record.clone()).collect();
-            let result = self
-                .server
-                .write_unacked(&capsule, &records, &[(last, sig)], true);
+            // A panic in the write fails the group like an error: `writing` must be reset
+            // and the waiters woken, or every later writer of the bucket (holding its key
+            // lock and the writers' lock) would wait forever.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.server
+                    .write_unacked(&capsule, &records, &[(last, sig)], true)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable(
+                    "writing to the bucket's capsule panicked".into(),
+                ))
+            });
             if result.is_ok()
                 && let Some(index) = self.index.lock().as_mut()
             {
@@ -415,8 +429,11 @@ impl Journal {
                         q.mutation.uid
                     ))));
                 }
-                if let Ok((heads, _)) = self.server.heads_roots(&capsule) {
-                    c.writer.continue_from(&heads);
+                // The next record must not point at what the capsule never got (a hole
+                // forever): at its heads, or at nothing when they cannot be read.
+                match self.server.heads_roots(&capsule) {
+                    Ok((heads, _)) => c.writer.continue_from(&heads),
+                    Err(_) => c.writer.continue_from(&[]),
                 }
             }
             c.writing = false;

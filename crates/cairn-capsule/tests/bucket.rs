@@ -634,3 +634,60 @@ fn a_mutation_whose_record_fails_changes_no_head() {
     let reopened = open(&store, Some(writer())).unwrap();
     assert_eq!(proven(&reopened, b"k", &v2).uid, v2);
 }
+
+/// Merging three untagged heads makes one version with all three as bases, so every
+/// version in the new head's history has a proof (pairwise merges used to leave an
+/// unrecorded intermediate version in it); a merge that finds the other side contained
+/// records the untagged head it drops.
+#[test]
+fn merged_untagged_heads_leave_only_recorded_versions() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+    let heads: Vec<_> = ["x", "y", "z"]
+        .iter()
+        .map(|v| b.put(b"k", Target::Base(v1), s(v), &o).unwrap())
+        .collect();
+    let MergeOutcome::Merged(m) = b
+        .merge_untagged(b"k", &[], &BuiltinResolver::Append, &o)
+        .unwrap()
+    else {
+        panic!("expected a merge")
+    };
+    let mm = proven(&b, b"k", &m);
+    assert_eq!(mm.kind, MutationKind::Merge);
+    let mut bases = mm.bases.clone();
+    bases.sort();
+    let mut want = heads.clone();
+    want.sort();
+    assert_eq!(bases, want, "one version based on every merged head");
+    let db = b.db();
+    let mut stack = vec![m];
+    while let Some(u) = stack.pop() {
+        proven(&b, b"k", &u);
+        stack.extend(db.load(&u).unwrap().bases);
+    }
+    // Contained: fork at the merged head, then merge an older untagged head into it.
+    let old = b.put(b"k", Target::Base(v1), s("w"), &o).unwrap();
+    let w = b.put(b"k", Target::Base(old), s("w2"), &o).unwrap();
+    b.fork(b"k", &At::Uid(w), "dev").unwrap();
+    let before = b
+        .server()
+        .with_dag(&b.capsule().unwrap(), |d| d.len())
+        .unwrap();
+    let r = b
+        .merge_into(b"k", "dev", &At::Uid(w), &BuiltinResolver::Manual, &o)
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::UpToDate(_)), "{r:?}");
+    assert!(!b.db().list_untagged(b"k").unwrap().contains(&w));
+    let capsule = b.capsule().unwrap();
+    let after = b
+        .server()
+        .with_dag(&capsule, |d| d.order().to_vec())
+        .unwrap();
+    assert_eq!(after.len(), before + 1, "the dropped head is recorded");
+    let last = b.server().read(&capsule, &after[after.len() - 1]).unwrap();
+    let m = Mutation::decode(&last.body).unwrap();
+    assert_eq!((m.kind, m.branch, m.uid), (MutationKind::Remove, None, w));
+}

@@ -164,7 +164,8 @@ pub enum HeadChangeKind {
     Merge,
     /// Branch `from` was renamed to `branch`; its head is `uid`.
     Rename,
-    /// Branch `branch` was removed; its head was `uid`.
+    /// Branch `branch` was removed; its head was `uid`. With `branch` `None`: untagged
+    /// head `uid` left the heads (a merge found it contained in its target).
     Remove,
 }
 

@@ -342,8 +342,17 @@ impl Db {
                 self.commit_table(key, &table)?;
             }
             MergeOutcome::UpToDate(_) => {
-                // `from` is contained in the target: an untagged head it was is now derived.
+                // `from` is contained in the target: an untagged head it was is now derived,
+                // and leaves the heads (recorded, as every head change is).
                 if table.untagged.remove(&theirs) {
+                    self.record_head(HeadChange {
+                        kind: HeadChangeKind::Remove,
+                        key,
+                        branch: None,
+                        from: None,
+                        uid: theirs,
+                        bases: &[],
+                    })?;
                     self.commit_table(key, &table)?;
                 }
             }
@@ -392,13 +401,35 @@ impl Db {
             )));
         }
         let mut acc = inputs[0];
+        let mut merges = 0;
         for next in &inputs[1..] {
             match self.merge_pair(key, acc, *next, resolver, opts)? {
-                MergeOutcome::Merged(u)
-                | MergeOutcome::FastForward(u)
-                | MergeOutcome::UpToDate(u) => acc = u,
+                MergeOutcome::Merged(u) => {
+                    acc = u;
+                    merges += 1;
+                }
+                MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => acc = u,
                 c @ MergeOutcome::Conflicts(_) => return Ok(c),
             }
+        }
+        if merges > 1 {
+            // The pairwise merges made intermediate versions: the new head is one version of
+            // the merged value whose bases are all the heads merged, so every version in its
+            // history is one a head change recorded.
+            let merged = self.load(&acc)?;
+            let mut depth = 0u64;
+            for u in &inputs {
+                depth = depth.max(self.load_for_key(key, u)?.depth);
+            }
+            acc = self.store_object(&FObject {
+                key: merged.key,
+                value: merged.value,
+                depth: depth.checked_add(1).ok_or_else(|| {
+                    Error::corrupt("a version being merged claims the greatest depth there is")
+                })?,
+                bases: inputs.clone(),
+                context: Bytes::copy_from_slice(&opts.context),
+            })?;
         }
         for u in &inputs {
             table.untagged.remove(u);
