@@ -385,6 +385,33 @@ impl Reader {
         Ok(())
     }
 
+    /// Verifies that `subs` is the whole of `record`'s subrecords, in order (the list
+    /// `subrecords` answers), with a multiproof of all of them; notes what it verified, as
+    /// [`Reader::verify_subrecords`] does.
+    pub fn verify_record_subrecords(
+        &mut self,
+        record: &RecordName,
+        subs: &[Hash],
+        proof: &SubrecordsProof,
+    ) -> Result<()> {
+        let verified = proof.verify_record_in(
+            &self.meta,
+            &self.capsule,
+            record,
+            subs,
+            |h| self.cache.contains(h),
+            |n, s| self.is_own(n, s),
+        )?;
+        let noted: Vec<Hash> = verified
+            .into_iter()
+            .flat_map(|(root, names)| {
+                std::iter::once(root).chain(names.into_iter().map(|n| *n.hash()))
+            })
+            .collect();
+        self.note_verified(noted);
+        Ok(())
+    }
+
     /// Read-and-prove: verifies `proof` for `target` (its first header is the record's),
     /// checks the sealed `body` against that header and opens it. The proof's names are
     /// noted only when all of that succeeds (so under [`MirrorMode::OnAck`], ack the proof

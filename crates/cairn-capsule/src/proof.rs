@@ -503,6 +503,46 @@ impl SubrecordsProof {
         Ok(verified)
     }
 
+    /// [`SubrecordsProof::verify_in`] for the whole of one record: `subs` must be all of
+    /// `record`'s subrecords, in tree order (one group, of that record, whose leaves are
+    /// every index, each at its own position). A server that leaves some out, adds another
+    /// record's or reorders them is refused; [`SubrecordsProof::verify_in`] alone only
+    /// shows that each listed subrecord is in some record of the capsule.
+    pub(crate) fn verify_record_in(
+        &self,
+        meta: &CapsuleMetadata,
+        capsule: &CapsuleName,
+        record: &RecordName,
+        subs: &[Hash],
+        trusted: impl Fn(&Hash) -> bool,
+        authentic: impl Fn(&RecordName, &WriterSignature) -> bool,
+    ) -> Result<Vec<(Hash, Vec<RecordName>)>> {
+        let [g] = self.groups.as_slice() else {
+            return Err(Error::Rejected(format!(
+                "a proof of one record's subrecords has {} groups",
+                self.groups.len()
+            )));
+        };
+        if g.record.chain.first().map(|h| h.name()) != Some(*record) {
+            return Err(Error::Rejected(format!(
+                "the proof is of another record's subrecords, not {record}'s"
+            )));
+        }
+        if g.count != subs.len() as u64
+            || g.leaves.len() != subs.len()
+            || g.leaves
+                .iter()
+                .enumerate()
+                .any(|(i, &(index, pos))| index != i as u64 || pos as usize != i)
+        {
+            return Err(Error::Rejected(format!(
+                "the list is not all {} subrecords of record {record}, in order",
+                g.count
+            )));
+        }
+        self.verify_in(meta, capsule, subs, trusted, authentic)
+    }
+
     /// Appends the encoding.
     pub fn encode(&self, e: &mut Encoder) {
         e.u8(PROOF_VERSION).varint(self.groups.len() as u64);

@@ -1367,3 +1367,42 @@ fn a_sync_message_cannot_carry_unbounded_subrecords() {
     let e = Request::from_bytes(&past).unwrap_err();
     assert!(e.to_string().contains("subrecords in one message"), "{e}");
 }
+
+/// A reader asking for the whole of a record's subrecords checks that the list is all of
+/// that record's, in order: a server answering with part of the list, with another
+/// record's subrecords, or reordered is refused, though each listed subrecord is in the
+/// capsule.
+#[test]
+fn a_whole_record_of_subrecords_is_checked_complete() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let a = commit_subrecords(&server, &mut w, 37);
+    let rec_a = server.query_fresh(&c, [1; 16]).unwrap().heads[0];
+    let b = commit_subrecords(&server, &mut w, 5);
+    assert_eq!(server.subrecords(&c, &rec_a).unwrap(), a);
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk)).unwrap();
+    let whole = server.prove_subrecords(&c, &a, None).unwrap().proof;
+    reader.verify_record_subrecords(&rec_a, &a, &whole).unwrap();
+    // Part of the list: each is in the capsule, but it is not the whole record.
+    let part = server.prove_subrecords(&c, &a[..30], None).unwrap().proof;
+    reader.verify_subrecords(&a[..30], &part).unwrap();
+    assert!(
+        reader
+            .verify_record_subrecords(&rec_a, &a[..30], &part)
+            .is_err()
+    );
+    // Another record's subrecords, offered as this record's.
+    let other = server.prove_subrecords(&c, &b, None).unwrap().proof;
+    reader.verify_subrecords(&b, &other).unwrap();
+    assert!(reader.verify_record_subrecords(&rec_a, &b, &other).is_err());
+    // Reordered.
+    let mut swapped = a.clone();
+    swapped.swap(0, 1);
+    let p = server.prove_subrecords(&c, &swapped, None).unwrap().proof;
+    reader.verify_subrecords(&swapped, &p).unwrap();
+    assert!(
+        reader
+            .verify_record_subrecords(&rec_a, &swapped, &p)
+            .is_err()
+    );
+}
