@@ -207,6 +207,12 @@ impl Mutation {
 
     /// The fields each kind needs are there, and the others are not.
     fn check_shape(&self) -> Result<()> {
+        if self.bases.len() > MAX_BASES {
+            return Err(Error::decode(format!(
+                "a mutation with {} bases (at most {MAX_BASES})",
+                self.bases.len()
+            )));
+        }
         let ok = match self.kind {
             MutationKind::Put | MutationKind::Merge => self.from.is_none(),
             MutationKind::Fork => {

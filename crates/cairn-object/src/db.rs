@@ -472,9 +472,23 @@ impl Db {
         })
     }
 
-    /// GC's exclusive hold on the writers' lock of every bucket of the store.
+    /// GC's exclusive hold on the writers' lock of every bucket of the store. While GC
+    /// waits, writers that come after it wait too ([`Db::writer_guard`]), so it waits 20 ms
+    /// at a time, then lets writers in for 200 ms: writers that keep coming cannot starve
+    /// it (those holding the lock finish within the 20 ms), while a writer that holds the
+    /// lock for long (an upload streaming from a slow client) holds GC off, not every
+    /// other writer of the store.
     pub(crate) fn gc_write_lock(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
-        self.shared.gc_lock.write()
+        loop {
+            if let Some(g) = self
+                .shared
+                .gc_lock
+                .try_write_for(std::time::Duration::from_millis(20))
+            {
+                return g;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     // ----- reads -----

@@ -145,46 +145,60 @@ mod tests {
 
     use crate::db::Db;
 
-    /// A GC waiting for the writers' lock goes before writers that come after it (busy
-    /// writers used to hold it off for as long as they kept coming), while a writer
-    /// already holding the lock can take it again inside (no deadlock behind the GC).
+    /// Writers that keep the lock held between them (each hold overlapping the next) do not
+    /// starve GC: while it waits, later writers wait too. A writer already holding the
+    /// lock can take it again inside (no deadlock behind the waiting GC), and a long hold
+    /// keeps GC off, not other writers.
     #[test]
-    fn a_waiting_gc_goes_before_later_writers() {
+    fn busy_writers_do_not_starve_gc_and_a_long_hold_does_not_stop_writers() {
         let db = Arc::new(Db::new(Arc::new(MemoryStore::new())));
-        // 1: the GC has the lock; 2: the later writer has it.
-        let order = Arc::new(AtomicU8::new(0));
-        let first = db.writer_guard();
+        let stop = Arc::new(AtomicU8::new(0));
+        let writers: Vec<_> = (0..3)
+            .map(|i| {
+                let (db, stop) = (db.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(2 * i));
+                    // At most 3 s, so a starved GC fails the test instead of hanging it.
+                    let t0 = std::time::Instant::now();
+                    while stop.load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(3)
+                    {
+                        let _w = db.writer_guard();
+                        drop(db.writer_guard());
+                        std::thread::sleep(Duration::from_millis(6));
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let t = std::time::Instant::now();
+        drop(db.gc_write_lock());
+        let waited = t.elapsed();
+        stop.store(1, Ordering::SeqCst);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(waited < Duration::from_secs(2), "GC waited {waited:?}");
+        // A long hold: GC keeps trying, and another writer still gets in meanwhile.
+        let long = db.writer_guard();
         let gc = {
-            let (db, order) = (db.clone(), order.clone());
-            std::thread::spawn(move || {
-                let _excl = db.gc_write_lock();
-                let _ = order.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(50));
-            })
+            let db = db.clone();
+            std::thread::spawn(move || drop(db.gc_write_lock()))
         };
-        std::thread::sleep(Duration::from_millis(200));
-        let later = {
-            let (db, order) = (db.clone(), order.clone());
-            std::thread::spawn(move || {
-                let _w = db.writer_guard();
-                let _ = order.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
-            })
+        std::thread::sleep(Duration::from_millis(100));
+        let other = {
+            let db = db.clone();
+            std::thread::spawn(move || drop(db.writer_guard()))
         };
-        std::thread::sleep(Duration::from_millis(200));
-        // Still holding: a nested hold does not wait for the GC.
-        drop(db.writer_guard());
-        assert_eq!(
-            order.load(Ordering::SeqCst),
-            0,
-            "nobody passed the first writer"
-        );
-        drop(first);
+        let t = std::time::Instant::now();
+        while !other.is_finished() {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "a writer waited behind a GC held off by a long hold"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(long);
         gc.join().unwrap();
-        later.join().unwrap();
-        assert_eq!(
-            order.load(Ordering::SeqCst),
-            1,
-            "a later writer went before the GC"
-        );
+        other.join().unwrap();
     }
 }

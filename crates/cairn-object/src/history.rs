@@ -265,12 +265,15 @@ fn common_ancestors(
     // each version is read once: a chunk source that hands each chunk out once (a
     // stream, see `crate::evidence`) serves this walk.
     let mut pending: HashMap<Uid, (u64, Vec<Uid>)> = HashMap::new();
+    // Versions waiting in the heap that are not stale.
+    let mut live = 0usize;
     for (u, f) in [(*a, A), (*b, B)] {
         *flags.entry(u).or_default() |= f;
         if let std::collections::hash_map::Entry::Vacant(e) = pending.entry(u) {
             let o = load_version(chunks, key, &u)?;
             heap.push((o.depth, u));
             e.insert((o.depth, o.bases));
+            live += 1;
         }
     }
     let mut found = Vec::new();
@@ -280,6 +283,9 @@ fn common_ancestors(
             continue;
         }
         let mut f = flags.get(&uid).copied().unwrap_or(0);
+        if f & STALE == 0 {
+            live -= 1;
+        }
         if f == A | B {
             found.push(uid);
             if !all {
@@ -304,18 +310,22 @@ fn common_ancestors(
                 }
                 heap.push((bo.depth, *base));
                 pending.insert(*base, (bo.depth, bo.bases));
-            } else if done.contains(base) && *entry != before {
-                return Err(Error::corrupt(format!(
-                    "history of version {uid} is not ordered by depth"
-                )));
+                if f & STALE == 0 {
+                    live += 1;
+                }
+            } else if done.contains(base) {
+                if *entry != before {
+                    return Err(Error::corrupt(format!(
+                        "history of version {uid} is not ordered by depth"
+                    )));
+                }
+            } else if before & STALE == 0 && f & STALE != 0 {
+                // Waiting in the heap, and stale from now on.
+                live -= 1;
             }
         }
         // Only stale versions left: none of them, nor anything below, is an answer.
-        if !found.is_empty()
-            && heap
-                .iter()
-                .all(|(_, u)| done.contains(u) || flags.get(u).is_some_and(|f| f & STALE != 0))
-        {
+        if !found.is_empty() && live == 0 {
             break;
         }
     }

@@ -225,6 +225,18 @@ impl Resolver for BuiltinResolver {
     }
 }
 
+/// Settles each conflict between merge bases with the value of their own common base, as
+/// Git does in a virtual merge base: the outer merge then sees both heads' changes on that
+/// value and leaves them to the caller's resolver (bases conflicting with each other never
+/// block a merge by themselves).
+struct BaseOfBases;
+
+impl Resolver for BaseOfBases {
+    fn resolve(&self, _ty: ValueType, c: &Conflict) -> Option<Resolution> {
+        Some(Resolution::Value(c.base.clone()))
+    }
+}
+
 /// Lengths of the common prefix and (non-overlapping) common suffix of `a` and `b`.
 fn common_ends<T: PartialEq>(a: &[T], b: &[T]) -> (usize, usize) {
     let p = a.iter().zip(b).take_while(|(x, y)| x == y).count();
@@ -393,6 +405,14 @@ impl Db {
                 "version {u} is named twice; a merge needs two different untagged heads"
             )));
         }
+        /// Heads one merge takes at most (they all become the new version's bases).
+        const MAX_MERGED_HEADS: usize = 1 << 16;
+        if inputs.len() > MAX_MERGED_HEADS {
+            return Err(Error::invalid(format!(
+                "{} untagged heads in one merge; at most {MAX_MERGED_HEADS} (name some)",
+                inputs.len()
+            )));
+        }
         if inputs.len() < 2 {
             return Err(Error::invalid(format!(
                 "key {} has {} untagged head(s); a merge needs at least two",
@@ -460,10 +480,11 @@ impl Db {
     }
 
     /// [`Db::merge_pair`] as a merge of merge bases `level` deep: when the sides have
-    /// several merge bases (a criss-cross history), they are merged first (recursively,
-    /// resolving nothing) into one virtual base, stored as a version no branch names, as
-    /// Git's recursive strategy does; bases that conflict with each other make the merge's
-    /// conflicts. Taking any one of them alone could silently undo a change.
+    /// several merge bases (a criss-cross history), they are merged first (recursively)
+    /// into one virtual base, stored as a version no branch names, as Git's recursive
+    /// strategy does; where the bases conflict with each other, the virtual base keeps
+    /// their own common base's value ([`BaseOfBases`]). Taking any one of them alone could
+    /// silently undo a change.
     fn merge_pair_at(
         &self,
         key: &[u8],
@@ -501,7 +522,7 @@ impl Db {
                         key,
                         acc,
                         *next,
-                        &BuiltinResolver::Manual,
+                        &BaseOfBases,
                         &PutOptions::default(),
                         level + 1,
                     )? {
@@ -890,8 +911,12 @@ impl Units {
                 Some(Units::Elems(in_changed_span(b, o, t, append)))
             }
             (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
-                Some(Units::Elems(in_changed_span(b, o, t, |_, o, t| {
-                    union(o, t)
+                // Their elements found nowhere in ours (not only in the changed span).
+                let have: HashSet<&Bytes> = o.iter().collect();
+                Some(Units::Elems(in_changed_span(b, o, t, |_, om, tm| {
+                    let mut v = om.to_vec();
+                    v.extend(tm.iter().filter(|x| !have.contains(x)).cloned());
+                    v
                 })))
             }
             _ => None,

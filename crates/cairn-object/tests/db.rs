@@ -1742,3 +1742,67 @@ fn merging_into_a_branch_at_an_untagged_head_drops_that_head() {
     assert_eq!(db.resolve(b"k", &At::Branch("w1".into())).unwrap(), m);
     assert!(db.list_untagged(b"k").unwrap().is_empty());
 }
+
+/// Merge bases that conflict with each other do not block a merge: the virtual base keeps
+/// their own common base's value there, and the caller's resolver settles the heads.
+#[test]
+fn conflicting_merge_bases_leave_the_heads_to_the_resolver() {
+    let dev = At::Branch("dev".into());
+    for (resolver, want) in [(BuiltinResolver::Ours, "m"), (BuiltinResolver::Theirs, "d")] {
+        let (db, _) = db();
+        let o = PutOptions::default();
+        put_str(&db, "k", Target::Branch("master"), "b");
+        db.fork(b"k", &master(), "dev").unwrap();
+        let m1 = put_str(&db, "k", Target::Branch("master"), "m");
+        let d1 = put_str(&db, "k", Target::Branch("dev"), "d");
+        for (into, from) in [("master", d1), ("dev", m1)] {
+            let r = db
+                .merge_into(b"k", into, &At::Uid(from), &BuiltinResolver::Ours, &o)
+                .unwrap();
+            assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+        }
+        let r = db
+            .merge_into(b"k", "master", &dev, &BuiltinResolver::Manual, &o)
+            .unwrap();
+        assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
+        let r = db.merge_into(b"k", "master", &dev, &resolver, &o).unwrap();
+        assert!(matches!(r, MergeOutcome::Merged(_)), "{resolver:?}: {r:?}");
+        assert_eq!(string_at(&db, "k", &master()), want);
+    }
+}
+
+/// Union adds their elements found nowhere in ours, not only outside the changed span.
+#[test]
+fn union_skips_their_elements_anywhere_in_ours() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let items = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
+    db.put(
+        b"l",
+        Target::Branch("master"),
+        NewValue::List(items(&["x", "y"])),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"l", &master(), "dev").unwrap();
+    for (branch, add) in [("master", "z"), ("dev", "x")] {
+        let splice = Op::ListSplice {
+            index: 2,
+            delete: 0,
+            insert: items(&[add]),
+        };
+        db.update(b"l", Target::Branch(branch), splice, &o).unwrap();
+    }
+    let r = db
+        .merge_into(
+            b"l",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Union,
+            &o,
+        )
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+    let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
+    assert_eq!(got, items(&["x", "y", "z"]));
+}
