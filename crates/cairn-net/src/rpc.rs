@@ -13,7 +13,8 @@
 //! a torn frame, a request or response that misses its deadline (a timeout plus a second
 //! per 64 KiB by default) closes that connection only. Request buffers grow as bytes
 //! arrive, within one server-wide memory budget ([`ServerConfig::max_request_memory`],
-//! 1 GiB by default): past it, arriving requests wait for memory instead of growing it.
+//! 1 GiB by default, besides 64 KiB a connection may keep between requests): past it,
+//! arriving requests wait for memory (at most 10 s) instead of growing it.
 //! [`ServerHandle::shutdown`] (or dropping the handle) stops accepting, lets each
 //! connection finish the requests it already received, and joins every thread.
 //!
@@ -227,8 +228,19 @@ impl Budget {
     }
 }
 
-/// The part of the [`Budget`] one connection holds: at least its request buffer's
-/// capacity. Given back when dropped.
+/// Bytes of a request buffer each connection holds outside the [`Budget`] (so a buffer
+/// kept between requests, at most this large, holds none of it while the connection is
+/// idle): 4096 connections hold at most 256 MiB this way.
+const UNCHARGED: usize = 64 << 10;
+
+/// Longest a request waits for memory from the [`Budget`] (within its own deadline): a
+/// request that cannot get it in this time is cut (its connection closed, its memory
+/// given back), so requests each holding part of what they need cannot wait on each other
+/// for long.
+const BUDGET_WAIT: Duration = Duration::from_secs(10);
+
+/// The part of the [`Budget`] one connection holds: its request buffer's capacity past
+/// [`UNCHARGED`]. Given back when dropped.
 struct Charge<'a> {
     budget: &'a Budget,
     stop: &'a AtomicBool,
@@ -236,14 +248,17 @@ struct Charge<'a> {
 }
 
 impl Charge<'_> {
-    /// Holds at least `bytes`, waiting for them until `deadline`.
+    /// Covers a buffer of `bytes`, waiting for memory until `deadline` (at most
+    /// [`BUDGET_WAIT`]).
     fn cover(&mut self, bytes: usize, deadline: Option<std::time::Instant>) -> io::Result<()> {
-        let bytes = bytes as u64;
+        let bytes = bytes.saturating_sub(UNCHARGED) as u64;
         if bytes > self.held {
+            let limit = std::time::Instant::now() + BUDGET_WAIT;
+            let deadline = Some(deadline.map_or(limit, |d| d.min(limit)));
             if !self.budget.take(bytes - self.held, deadline, self.stop) {
                 return Err(io::Error::new(
                     io::ErrorKind::OutOfMemory,
-                    "the server's request memory stayed in use until the request's deadline",
+                    "the server's request memory stayed in use while the request waited",
                 ));
             }
             self.held = bytes;
@@ -251,11 +266,10 @@ impl Charge<'_> {
         Ok(())
     }
 
-    /// Holds exactly `bytes` (at most what it holds now).
-    fn keep(&mut self, bytes: usize) {
-        let bytes = (bytes as u64).min(self.held);
-        self.budget.give(self.held - bytes);
-        self.held = bytes;
+    /// Gives everything back (the buffer kept is at most [`UNCHARGED`]).
+    fn release(&mut self) {
+        self.budget.give(self.held);
+        self.held = 0;
     }
 }
 
@@ -328,7 +342,7 @@ impl Drop for CloseOnDrop {
 }
 
 /// Requests larger than this do not keep their buffer after they are answered.
-const KEEP_REQUEST_BUF: usize = 1 << 20;
+const KEEP_REQUEST_BUF: usize = UNCHARGED;
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -585,7 +599,7 @@ fn serve_connection(
         if request.capacity() > KEEP_REQUEST_BUF {
             request = Vec::new();
         }
-        charge.keep(request.capacity());
+        charge.release();
         writer.get_mut().start(response.len());
         if write_frame(&mut writer, &response, u32::MAX as usize).is_err() {
             break;

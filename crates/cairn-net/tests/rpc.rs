@@ -547,3 +547,38 @@ fn one_address_holds_at_most_its_share_of_connections() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(served_soon(h.local_addr()));
 }
+
+/// Connections idle after a large request hold none of the memory budget: their buffers
+/// are given back, so a client coming later is served at once.
+#[test]
+fn idle_connections_hold_no_request_memory() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 2 << 20,
+        request_timeout: Some(Duration::from_secs(2)),
+        ..ServerConfig::default()
+    };
+    let (h, _) = echo(cfg);
+    let idle: Vec<Client> = (0..4)
+        .map(|_| {
+            let mut c = Client::connect(h.local_addr()).unwrap();
+            assert_eq!(
+                c.call(&vec![1u8; (1 << 20) - 64]).unwrap().len(),
+                3 + (1 << 20) - 64
+            );
+            c
+        })
+        .collect();
+    let mut late = Client::connect(h.local_addr()).unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        late.call(&vec![2u8; 512 << 10]).unwrap().len(),
+        3 + (512 << 10)
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "waited {:?}",
+        t.elapsed()
+    );
+    drop(idle);
+}
