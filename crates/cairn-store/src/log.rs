@@ -1513,8 +1513,8 @@ impl LogStore {
                 written += (FRAME_HEADER_LEN + p.ops_bytes.len()) as u64;
             }
             if let Err(e) = w.flush() {
-                // The commit records may be partly written and are still buffered: only a
-                // reopen can sort that out.
+                // `flush` cut the file back to where the write began (best effort) and
+                // dropped the buffer: the store refuses everything until it is reopened.
                 return Err(self.fail(e));
             }
             let seg = w.seg.clone();

@@ -72,7 +72,7 @@ pub struct ObjectChunkStore {
     /// Chunks a read found damaged: a put of one overwrites it (a create-if-absent put
     /// would find the damaged object and report the chunk present), and `has` says no.
     damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
-    /// Set for the `local` kind with `fsync`: chunks found present are synced first.
+    /// Set for the `local` kind (see [`LocalSync`]).
     local: Option<LocalSync>,
     /// Always `Some` until drop.
     runtime: Option<tokio::runtime::Runtime>,
@@ -238,15 +238,26 @@ async fn put_object(
             .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
         return Ok(true);
     }
+    // Puts of this chunk in flight in this process, this one included (`local` only).
+    let _flight = local.as_ref().map(|l| l.fly(&path));
     if create_supported.load(Ordering::Relaxed) {
         let payload = PutPayload::from_bytes(bytes.clone());
         match store.put_opts(&path, payload, PutMode::Create.into()).await {
             Ok(_) => return Ok(true),
-            // 412: the object exists (S3 answers it only for a stored object).
-            Err(E::Precondition { .. }) if local.is_none() => return Ok(false),
-            // EEXIST (`local`), 409 (S3: a conflicting PUT in flight) or 412 (GCS):
-            // checked below before it counts as present.
-            Err(E::AlreadyExists { .. }) | Err(E::Precondition { .. }) => {}
+            Err(e @ (E::AlreadyExists { .. } | E::Precondition { .. })) => {
+                if let Some(local) = &local {
+                    // EEXIST: linked by an earlier put of this process (which synced it
+                    // before returning), by an earlier run (open synced the directories),
+                    // or by a put still in flight, which may not have synced yet.
+                    local.settle_if_in_flight(&path).await?;
+                    return Ok(false);
+                }
+                if stored_for_sure(&e) {
+                    return Ok(false);
+                }
+                // S3's 409 (another conditional PUT of the key in flight, which may still
+                // fail) or GCS's 412: checked below before it counts as present.
+            }
             Err(E::NotImplemented { .. }) | Err(E::NotSupported { .. }) => {
                 create_supported.store(false, Ordering::Relaxed);
             }
@@ -255,8 +266,8 @@ async fn put_object(
     }
     match store.head(&path).await {
         Ok(_) => {
-            if let Some(local) = local {
-                local.settle(&path).await?;
+            if let Some(local) = &local {
+                local.settle_if_in_flight(&path).await?;
             }
             return Ok(false);
         }
@@ -270,14 +281,69 @@ async fn put_object(
     Ok(true)
 }
 
-/// The `local` kind with `fsync`: makes chunks that another put linked into place durable
-/// before they count as present (see [`put_object`]).
+/// Whether a create-if-absent PUT's "exists" answer proves the object is stored: S3's
+/// 412 (`object_store` wraps it in `AlreadyExists`), not its 409, which also comes as
+/// `AlreadyExists` but means another conditional PUT of the key is still in flight.
+fn stored_for_sure(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match e {
+        E::Precondition { .. } => true,
+        E::AlreadyExists { source, .. } => source
+            .downcast_ref::<object_store::Error>()
+            .is_some_and(|inner| matches!(inner, E::Precondition { .. } | E::NotModified { .. })),
+        _ => false,
+    }
+}
+
+/// The `local` kind: which chunks are being put in this process, so that with `fsync` a
+/// chunk another put just linked into place is made durable before it counts as present
+/// (see [`put_object`]). One process writes a chunk directory (the node's data directory
+/// lock).
 #[derive(Clone)]
 struct LocalSync {
     fs: Arc<object_store::local::LocalFileSystem>,
+    fsync: bool,
+    in_flight: Arc<parking_lot::Mutex<std::collections::HashMap<ObjectPath, usize>>>,
+}
+
+/// A put of one chunk, counted in [`LocalSync::in_flight`] while it lives.
+struct Flight {
+    in_flight: Arc<parking_lot::Mutex<std::collections::HashMap<ObjectPath, usize>>>,
+    path: ObjectPath,
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut m = self.in_flight.lock();
+        if let Some(n) = m.get_mut(&self.path) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.path);
+            }
+        }
+    }
 }
 
 impl LocalSync {
+    /// Counts a put of `path` in flight until the result is dropped.
+    fn fly(&self, path: &ObjectPath) -> Flight {
+        *self.in_flight.lock().entry(path.clone()).or_default() += 1;
+        Flight {
+            in_flight: self.in_flight.clone(),
+            path: path.clone(),
+        }
+    }
+
+    /// Syncs the chunk at `path` when chunks are synced and another put of it is in
+    /// flight (it linked the file, but may not have synced its directory yet).
+    async fn settle_if_in_flight(&self, path: &ObjectPath) -> Result<()> {
+        let others = self.in_flight.lock().get(path).copied().unwrap_or(0) > 1;
+        if self.fsync && others {
+            self.settle(path).await?;
+        }
+        Ok(())
+    }
+
     /// Syncs the chunk's file and its directory (the fan-out directories above it were
     /// made durable when the store opened: [`ObjectStoreConfig::open`]).
     async fn settle(&self, path: &ObjectPath) -> Result<()> {
@@ -314,7 +380,12 @@ fn create_fan_out_dirs(
     fs: &object_store::local::LocalFileSystem,
     dir: &std::path::Path,
     root: &ObjectPath,
+    fsync: bool,
 ) -> Result<()> {
+    // The store names files by `dir` made absolute and canonical: compare like with like.
+    let dir = std::fs::canonicalize(dir)
+        .map_err(|e| Error::io(format!("resolving chunk directory {}", dir.display()), e))?;
+    let dir = dir.as_path();
     let mut fan_dirs = Vec::with_capacity(256);
     for b in 0..=255u8 {
         let probe = root.clone().join(hex_byte(b).as_str()).join("x");
@@ -330,6 +401,9 @@ fn create_fan_out_dirs(
         std::fs::create_dir_all(fan)
             .map_err(|e| Error::io(format!("creating chunk directory {}", fan.display()), e))?;
         fan_dirs.push(fan.to_path_buf());
+    }
+    if !fsync {
+        return Ok(());
     }
     for fan in &fan_dirs {
         sync_dir(fan)?;
@@ -851,10 +925,13 @@ impl ObjectStoreConfig {
         let (store, local) = self.build_parts(refs)?;
         let mut chunks = ObjectChunkStore::new(store, &self.prefix)?;
         if let Some((fs, dir)) = local {
-            create_fan_out_dirs(&fs, &dir, &chunks.root)?;
-            if self.chunk_durability(refs) != Durability::Buffered {
-                chunks.local = Some(LocalSync { fs });
-            }
+            let fsync = self.chunk_durability(refs) != Durability::Buffered;
+            create_fan_out_dirs(&fs, &dir, &chunks.root, fsync)?;
+            chunks.local = Some(LocalSync {
+                fs,
+                fsync,
+                in_flight: Default::default(),
+            });
         }
         Ok(chunks)
     }
@@ -1088,6 +1165,47 @@ mod tests {
         ) -> object_store::Result<()> {
             self.0.copy_opts(from, to, options).await
         }
+    }
+
+    /// S3's 412 (wrapped in `AlreadyExists`) proves the object stored; its 409 (another
+    /// conditional PUT in flight) and other errors do not.
+    #[test]
+    fn only_a_precondition_failure_proves_a_chunk_stored() {
+        use object_store::Error as E;
+        let pre = || E::Precondition {
+            path: "p".into(),
+            source: "412".into(),
+        };
+        assert!(stored_for_sure(&pre()));
+        assert!(stored_for_sure(&E::AlreadyExists {
+            path: "p".into(),
+            source: Box::new(pre()),
+        }));
+        assert!(!stored_for_sure(&E::AlreadyExists {
+            path: "p".into(),
+            source: "409 ConditionalRequestConflict".into(),
+        }));
+    }
+
+    /// Puts in flight are counted per chunk and forgotten when they end.
+    #[test]
+    fn puts_in_flight_are_counted_per_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let l = LocalSync {
+            fs,
+            fsync: true,
+            in_flight: Default::default(),
+        };
+        let p = ObjectPath::from("a/b");
+        let one = l.fly(&p);
+        let two = l.fly(&p);
+        assert_eq!(l.in_flight.lock().get(&p), Some(&2));
+        drop(one);
+        assert_eq!(l.in_flight.lock().get(&p), Some(&1));
+        drop(two);
+        assert!(l.in_flight.lock().is_empty());
     }
 
     #[test]
