@@ -289,6 +289,10 @@ struct ResponseWriter {
     timeout: Option<Duration>,
     min_rate: u64,
     deadline: Option<std::time::Instant>,
+    /// The length of the response started since the last write, whose deadline the next
+    /// write sets (the clock is read once per write to the socket, not once per response
+    /// of a pipelined burst).
+    started: Option<usize>,
     /// The write timeout the socket has now (set again only when it changes).
     set: Option<Option<Duration>>,
 }
@@ -297,14 +301,19 @@ impl ResponseWriter {
     /// A response of `len` bytes is about to be written: it (and whatever is buffered
     /// before it) may take the write timeout plus a second per `min_rate` bytes.
     fn start(&mut self, len: usize) {
-        self.deadline = self.timeout.map(|t| {
-            std::time::Instant::now() + t + Duration::from_secs(len as u64 / self.min_rate.max(1))
-        });
+        self.started = Some(len);
     }
 }
 
 impl Write for ResponseWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(len) = self.started.take() {
+            self.deadline = self.timeout.map(|t| {
+                std::time::Instant::now()
+                    + t
+                    + Duration::from_secs(len as u64 / self.min_rate.max(1))
+            });
+        }
         let wait = match self.deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(std::time::Instant::now());
@@ -563,6 +572,7 @@ fn serve_connection(
             timeout: config.write_timeout,
             min_rate: config.min_request_rate,
             deadline: None,
+            started: None,
             set: Some(config.write_timeout),
         },
     );
