@@ -315,12 +315,106 @@ pub fn check_diff_page(
     after: Option<&DiffCursor>,
     limit: usize,
 ) -> Result<(Diff, Option<DiffCursor>)> {
+    let sent = chunks.stats()?.chunk_bytes;
+    let reads = sent
+        .saturating_mul(DIFF_READS_PER_BYTE_SENT)
+        .saturating_add(DIFF_READS_BASE);
+    check_diff_page_within(chunks, key, a, b, after, limit, reads)
+}
+
+/// Bytes of chunks a client's diff check may read per byte it was sent, beyond
+/// [`DIFF_READS_BASE`]: an honest page reads each node a few times at most, while made-up
+/// trees whose subtrees repeat can make a diff read a few chunks over and over (the work
+/// growing as a power of the tree's height), which this bound cuts short.
+pub const DIFF_READS_PER_BYTE_SENT: u64 = 64;
+/// Bytes of chunks a client's diff check may always read.
+pub const DIFF_READS_BASE: u64 = 256 << 20;
+
+/// [`check_diff_page`] allowed to read at most `reads` bytes of chunks (each read counting
+/// at least 64).
+pub fn check_diff_page_within(
+    chunks: &dyn ChunkStore,
+    key: &[u8],
+    a: &Uid,
+    b: &Uid,
+    after: Option<&DiffCursor>,
+    limit: usize,
+    reads: u64,
+) -> Result<(Diff, Option<DiffCursor>)> {
+    let counted = CountedReads {
+        inner: chunks,
+        left: std::sync::atomic::AtomicU64::new(reads),
+    };
     let run = || {
-        let va = load_version(chunks, key, a)?;
-        let vb = load_version(chunks, key, b)?;
-        diff_page_in(chunks, &va.value, &vb.value, after, limit)
+        let va = load_version(&counted, key, a)?;
+        let vb = load_version(&counted, key, b)?;
+        diff_page_in(&counted, &va.value, &vb.value, after, limit)
     };
     run().map_err(|e| Error::Rejected(format!("the chunks sent do not give the diff: {e}")))
+}
+
+/// A read-only view of a chunk store that refuses reads past a count of bytes.
+struct CountedReads<'a> {
+    inner: &'a dyn ChunkStore,
+    left: std::sync::atomic::AtomicU64,
+}
+
+impl CountedReads<'_> {
+    fn spend(&self, n: u64) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let ok = self
+            .left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(n))
+            .is_ok();
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Rejected(
+                "the diff reads its chunks far more often than any honest answer needs".into(),
+            ))
+        }
+    }
+}
+
+impl ChunkStore for CountedReads<'_> {
+    fn algo(&self) -> HashAlgo {
+        self.inner.algo()
+    }
+
+    fn put_hashed(&self, _cid: Cid, _chunk: &[u8]) -> Result<bool> {
+        refuse("a counted view of a store is read-only")
+    }
+
+    fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
+        let got = self.inner.get(cid)?;
+        self.spend(got.as_ref().map_or(0, |c| c.len() as u64).max(64))?;
+        Ok(got)
+    }
+
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
+        let got = self.inner.get_many(cids)?;
+        for c in &got {
+            self.spend(c.as_ref().map_or(0, |c| c.len() as u64).max(64))?;
+        }
+        Ok(got)
+    }
+
+    fn has(&self, cid: &Cid) -> Result<bool> {
+        self.spend(64)?;
+        self.inner.has(cid)
+    }
+
+    fn cids(&self) -> Result<Vec<Cid>> {
+        refuse("a counted view of a store does not list chunks")
+    }
+
+    fn remove(&self, _cids: &[Cid]) -> Result<()> {
+        refuse("a counted view of a store is read-only")
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        self.inner.stats()
+    }
 }
 
 /// Node side of an LCA: runs [`crate::Db::lca`] over `chunks`, handing each Meta chunk it
@@ -488,6 +582,12 @@ mod tests {
         assert!(used < 100, "{used}");
         let client = replay(&sent, db.algo());
         check_diff_page(&client, b"m", &a, &b, None, used).unwrap();
+        // The check reads within its allowance, and refuses a diff that would read more
+        // (as one over made-up trees with repeating subtrees would).
+        let sent_bytes: u64 = sent.iter().map(|c| c.len() as u64).sum();
+        check_diff_page_within(&client, b"m", &a, &b, None, used, 64 * sent_bytes).unwrap();
+        let e = check_diff_page_within(&client, b"m", &a, &b, None, used, 200).unwrap_err();
+        assert!(e.to_string().contains("honest"), "{e}");
     }
 
     #[test]
