@@ -374,7 +374,13 @@ impl Reader {
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
         )?;
-        // The server's mirror inserts group by group: the root, then that record's names.
+        self.note_groups(verified);
+        Ok(())
+    }
+
+    /// Notes what a subrecord multiproof verified as the server's mirror inserts it, group
+    /// by group: the root, then that record's names.
+    fn note_groups(&mut self, verified: Vec<(Hash, Vec<RecordName>)>) {
         let noted: Vec<Hash> = verified
             .into_iter()
             .flat_map(|(root, names)| {
@@ -382,7 +388,6 @@ impl Reader {
             })
             .collect();
         self.note_verified(noted);
-        Ok(())
     }
 
     /// Verifies that `subs` is the whole of `record`'s subrecords, in order (the list
@@ -402,13 +407,7 @@ impl Reader {
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
         )?;
-        let noted: Vec<Hash> = verified
-            .into_iter()
-            .flat_map(|(root, names)| {
-                std::iter::once(root).chain(names.into_iter().map(|n| *n.hash()))
-            })
-            .collect();
-        self.note_verified(noted);
+        self.note_groups(verified);
         Ok(())
     }
 

@@ -103,6 +103,18 @@ impl Default for ServerConfig {
     }
 }
 
+/// The time left until `deadline`, in whole seconds rounded up, so a socket's timeout
+/// changes at most once a second while a transfer goes on (an I/O call may end up to a
+/// second past the deadline, and the next one is refused); a `TimedOut` error saying
+/// `what` once it has passed.
+fn time_left(deadline: std::time::Instant, what: &'static str) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, what));
+    }
+    Ok(Duration::from_secs(left.as_secs() + 1))
+}
+
 /// A connection's reader that cuts a request taking longer than its deadline: the
 /// deadline starts with the request's first byte ([`RequestReader::start`] sets it off,
 /// [`RequestReader::extend`] adds time for the announced length), and every read waits at
@@ -141,17 +153,7 @@ impl Read for RequestReader<'_> {
         if self.inner.buffer().is_empty() {
             let wait = match self.deadline {
                 Some(d) => {
-                    let left = d.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the request did not arrive in time",
-                        ));
-                    }
-                    // In whole seconds (rounded up), so the socket's timeout changes at
-                    // most once a second while a request arrives: a read may end up to a
-                    // second past the deadline, and the next one is refused.
-                    let left = Duration::from_secs(left.as_secs() + 1);
+                    let left = time_left(d, "the request did not arrive in time")?;
                     Some(self.idle.map_or(left, |i| i.min(left)))
                 }
                 None => self.idle,
@@ -315,17 +317,10 @@ impl Write for ResponseWriter {
             });
         }
         let wait = match self.deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client did not take the response in time",
-                    ));
-                }
-                // In whole seconds (rounded up), as for requests.
-                Some(Duration::from_secs(left.as_secs() + 1))
-            }
+            Some(d) => Some(time_left(
+                d,
+                "the client did not take the response in time",
+            )?),
             None => None,
         };
         if self.set != Some(wait) {
