@@ -464,7 +464,12 @@ impl Db {
             bases: &self.load(&acc)?.bases,
         })?;
         self.commit_table(key, &table)?;
-        Ok(MergeOutcome::Merged(acc))
+        // No merge made a version: every other head was contained in this one.
+        Ok(if merges == 0 {
+            MergeOutcome::FastForward(acc)
+        } else {
+            MergeOutcome::Merged(acc)
+        })
     }
 
     /// Merges `theirs` into `ours`, storing the merged FObject (but committing no branch).
