@@ -281,13 +281,43 @@ pub fn diff_page_evidence(
     if a != b {
         metas.push(meta_b);
     }
+    let meta_bytes: u64 = metas.iter().map(|m| m.len() as u64).sum::<u64>() * 2;
+    let allowed = |sent: u64| {
+        sent.saturating_mul(DIFF_READS_PER_BYTE_SENT)
+            .saturating_add(DIFF_READS_BASE)
+    };
+    let too_repetitive = || {
+        Error::invalid(
+            "this diff reads its POS-tree nodes far more often than a client checking it \
+             allows (a value whose content repeats): read the two versions with get and \
+             compare them",
+        )
+    };
     let mut limit = limit;
     loop {
         let rec = RecordingChunks::new(chunks, budget);
-        match diff_page_in(&rec, &va.value, &vb.value, after, limit) {
+        // The client's check reads the same chunks, in the same order, within a bound set
+        // by the bytes it is sent (`check_diff_page`): a page it would refuse is refused
+        // here, and the walk stops once no page within the budget could pass.
+        let cap = allowed(budget.saturating_add(meta_bytes));
+        let counted = CountedReads {
+            inner: &rec,
+            left: std::sync::atomic::AtomicU64::new(cap),
+            exhausted: Default::default(),
+        };
+        match diff_page_in(&counted, &va.value, &vb.value, after, limit) {
             Ok(_) => {
-                metas.extend(rec.into_chunks());
+                let read = cap - counted.left.load(std::sync::atomic::Ordering::Relaxed);
+                let chunks = rec.into_chunks();
+                let sent: u64 = chunks.iter().map(|c| c.len() as u64).sum::<u64>() + meta_bytes / 2;
+                if read.saturating_add(meta_bytes) > allowed(sent) {
+                    return Err(too_repetitive());
+                }
+                metas.extend(chunks);
                 return Ok((metas, limit));
+            }
+            Err(_) if counted.exhausted.load(std::sync::atomic::Ordering::Relaxed) => {
+                return Err(too_repetitive());
             }
             Err(_) if rec.over_budget() && limit > 1 => limit = (limit / 4).max(1),
             Err(_) if rec.over_budget() => {
@@ -344,6 +374,7 @@ pub fn check_diff_page_within(
     let counted = CountedReads {
         inner: chunks,
         left: std::sync::atomic::AtomicU64::new(reads),
+        exhausted: Default::default(),
     };
     let run = || {
         let va = load_version(&counted, key, a)?;
@@ -357,6 +388,8 @@ pub fn check_diff_page_within(
 struct CountedReads<'a> {
     inner: &'a dyn ChunkStore,
     left: std::sync::atomic::AtomicU64,
+    /// A read was refused: the count ran out.
+    exhausted: std::sync::atomic::AtomicBool,
 }
 
 impl CountedReads<'_> {
@@ -369,8 +402,12 @@ impl CountedReads<'_> {
         if ok {
             Ok(())
         } else {
+            self.exhausted.store(true, Ordering::Relaxed);
             Err(Error::Rejected(
-                "the diff reads its chunks far more often than any honest answer needs".into(),
+                "the diff reads its chunks more often than this client allows for the bytes it \
+                 was sent (64 times, plus 256 MiB): a node that made up repeating trees, or a \
+                 value whose content repeats (compare the versions with get)"
+                    .into(),
             ))
         }
     }
@@ -587,7 +624,10 @@ mod tests {
         let sent_bytes: u64 = sent.iter().map(|c| c.len() as u64).sum();
         check_diff_page_within(&client, b"m", &a, &b, None, used, 64 * sent_bytes).unwrap();
         let e = check_diff_page_within(&client, b"m", &a, &b, None, used, 200).unwrap_err();
-        assert!(e.to_string().contains("honest"), "{e}");
+        assert!(
+            e.to_string().contains("more often than this client allows"),
+            "{e}"
+        );
     }
 
     #[test]

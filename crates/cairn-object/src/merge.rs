@@ -124,6 +124,9 @@ pub enum Resolution {
     Theirs,
     /// Use this content (`None` deletes a Map key).
     Value(Option<Bytes>),
+    /// Use the base's content (as it is, not through the conflict's text, which joins a
+    /// List region's or a Tuple's elements with newlines).
+    Base,
 }
 
 /// A conflict resolution strategy: returns `None` to leave a conflict unresolved.
@@ -232,8 +235,8 @@ impl Resolver for BuiltinResolver {
 struct BaseOfBases;
 
 impl Resolver for BaseOfBases {
-    fn resolve(&self, _ty: ValueType, c: &Conflict) -> Option<Resolution> {
-        Some(Resolution::Value(c.base.clone()))
+    fn resolve(&self, _ty: ValueType, _c: &Conflict) -> Option<Resolution> {
+        Some(Resolution::Base)
     }
 }
 
@@ -390,27 +393,24 @@ impl Db {
         } else {
             uids.to_vec()
         };
-        if let Some(u) = inputs.iter().find(|u| !table.untagged.contains(*u)) {
-            return Err(Error::invalid(format!(
-                "version {u} is not an untagged head of key {}",
-                show_key(key)
-            )));
-        }
-        if let Some((_, u)) = inputs
-            .iter()
-            .enumerate()
-            .find(|(i, u)| inputs[..*i].contains(u))
-        {
-            return Err(Error::invalid(format!(
-                "version {u} is named twice; a merge needs two different untagged heads"
-            )));
-        }
         /// Heads one merge takes at most (they all become the new version's bases).
         const MAX_MERGED_HEADS: usize = 1 << 16;
         if inputs.len() > MAX_MERGED_HEADS {
             return Err(Error::invalid(format!(
                 "{} untagged heads in one merge; at most {MAX_MERGED_HEADS} (name some)",
                 inputs.len()
+            )));
+        }
+        if let Some(u) = inputs.iter().find(|u| !table.untagged.contains(*u)) {
+            return Err(Error::invalid(format!(
+                "version {u} is not an untagged head of key {}",
+                show_key(key)
+            )));
+        }
+        let mut named = HashSet::with_capacity(inputs.len());
+        if let Some(u) = inputs.iter().find(|u| !named.insert(**u)) {
+            return Err(Error::invalid(format!(
+                "version {u} is named twice; a merge needs two different untagged heads"
             )));
         }
         if inputs.len() < 2 {
@@ -654,6 +654,9 @@ impl Db {
                             )?;
                             edits.push((c.key.to_vec(), v.map(|v| v.to_vec())))
                         }
+                        Some(Resolution::Base) => {
+                            edits.push((c.key.to_vec(), conflict.base.map(|v| v.to_vec())))
+                        }
                         None => conflicts.push(conflict),
                     }
                 }
@@ -759,6 +762,7 @@ impl Db {
             match resolver.resolve(ty, &conflict) {
                 Some(Resolution::Ours) => {}
                 Some(Resolution::Theirs) => plan.push((os, oe, theirs_u)),
+                Some(Resolution::Base) => plan.push((os, oe, base_u)),
                 Some(Resolution::Value(v)) => {
                     let v = v.unwrap_or_default();
                     mem.charge(2 * v.len() as u64)?;
@@ -916,7 +920,7 @@ impl Units {
                 Some(Units::Elems(in_changed_span(b, o, t, append)))
             }
             (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
-                // Their elements found nowhere in ours (not only in the changed span).
+                // Their elements found nowhere in ours' region (not only outside its changed span).
                 let have: HashSet<&Bytes> = o.iter().collect();
                 Some(Units::Elems(in_changed_span(b, o, t, |_, om, tm| {
                     let mut v = om.to_vec();
@@ -1001,6 +1005,7 @@ fn merge_primitive(
     match resolver.resolve(ty, &conflict) {
         Some(Resolution::Ours) => Ok(ours.clone()),
         Some(Resolution::Theirs) => Ok(theirs.clone()),
+        Some(Resolution::Base) => Ok(base.clone()),
         Some(Resolution::Value(v)) => {
             let v = v.unwrap_or_default();
             match ty {

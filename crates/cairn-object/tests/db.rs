@@ -1806,3 +1806,50 @@ fn union_skips_their_elements_anywhere_in_ours() {
     let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
     assert_eq!(got, items(&["x", "y", "z"]));
 }
+
+/// The virtual base of conflicting merge bases keeps their own base's content as it is:
+/// a List element holding a newline stays one element (through the conflict's text it
+/// became two, and a head that went back to it conflicted).
+#[test]
+fn a_virtual_base_keeps_list_elements_whole() {
+    let items = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
+    let (db, _) = db();
+    let o = PutOptions::default();
+    db.put(
+        b"l",
+        Target::Branch("master"),
+        NewValue::List(items(&["x\ny", "k"])),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"l", &master(), "dev").unwrap();
+    let set = |branch: &str, v: &str| {
+        let splice = Op::ListSplice {
+            index: 0,
+            delete: 1,
+            insert: items(&[v]),
+        };
+        db.update(b"l", Target::Branch(branch), splice, &o).unwrap()
+    };
+    let m1 = set("master", "m");
+    let d1 = set("dev", "d");
+    for (into, from) in [("master", d1), ("dev", m1)] {
+        let r = db
+            .merge_into(b"l", into, &At::Uid(from), &BuiltinResolver::Ours, &o)
+            .unwrap();
+        assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+    }
+    set("dev", "x\ny");
+    let r = db
+        .merge_into(
+            b"l",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Manual,
+            &o,
+        )
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+    let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
+    assert_eq!(got, items(&["m", "k"]));
+}

@@ -18,7 +18,10 @@
 //! PUT (for S3, Azure and GCS an acknowledged PUT is stored durably by the service; for the
 //! `local` kind the file and its directory are `fsync`ed before the PUT returns; the 256
 //! fan-out directories are created and synced when the store opens, and a chunk another
-//! put just linked into place is synced before it counts as present). A create-if-absent
+//! put of this process is still writing is synced before it counts as present; after a
+//! failed put, every chunk found present is). Files an earlier run wrote at `buffered`
+//! were never synced: switching a chunk directory from `buffered` to a syncing level
+//! does not make them durable. A create-if-absent
 //! PUT answered "exists" without proof that the object is stored (S3's 409 while another
 //! conditional PUT of the key is in flight) is checked with a HEAD first. Upper
 //! layers put a version's chunks before they commit the refs that name them, so by the time a
@@ -230,7 +233,32 @@ async fn put_object(
     overwrite: bool,
     local: Option<LocalSync>,
 ) -> Result<bool> {
+    // Puts of this chunk in flight in this process, this one included (`local` only).
+    let flight = local.as_ref().map(|l| l.fly(&path));
+    let result =
+        put_object_counted(store, &path, bytes, &create_supported, overwrite, &local).await;
+    if result.is_err()
+        && let Some(l) = &local
+    {
+        // It may have linked the file without syncing it: from now on every chunk found
+        // present is synced.
+        l.suspect.store(true, Ordering::Relaxed);
+    }
+    drop(flight);
+    result
+}
+
+/// [`put_object`] once the put is counted in flight.
+async fn put_object_counted(
+    store: Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    bytes: Bytes,
+    create_supported: &AtomicBool,
+    overwrite: bool,
+    local: &Option<LocalSync>,
+) -> Result<bool> {
     use object_store::Error as E;
+    let path = path.clone();
     if overwrite {
         store
             .put(&path, PutPayload::from_bytes(bytes))
@@ -238,14 +266,12 @@ async fn put_object(
             .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
         return Ok(true);
     }
-    // Puts of this chunk in flight in this process, this one included (`local` only).
-    let _flight = local.as_ref().map(|l| l.fly(&path));
     if create_supported.load(Ordering::Relaxed) {
         let payload = PutPayload::from_bytes(bytes.clone());
         match store.put_opts(&path, payload, PutMode::Create.into()).await {
             Ok(_) => return Ok(true),
             Err(e @ (E::AlreadyExists { .. } | E::Precondition { .. })) => {
-                if let Some(local) = &local {
+                if let Some(local) = local {
                     // EEXIST: linked by an earlier put of this process (which synced it
                     // before returning), by an earlier run (open synced the directories),
                     // or by a put still in flight, which may not have synced yet.
@@ -266,7 +292,7 @@ async fn put_object(
     }
     match store.head(&path).await {
         Ok(_) => {
-            if let Some(local) = &local {
+            if let Some(local) = local {
                 local.settle_if_in_flight(&path).await?;
             }
             return Ok(false);
@@ -304,6 +330,9 @@ struct LocalSync {
     fs: Arc<object_store::local::LocalFileSystem>,
     fsync: bool,
     in_flight: Arc<parking_lot::Mutex<std::collections::HashMap<ObjectPath, usize>>>,
+    /// A put failed (it may have linked a file it did not sync): every chunk found
+    /// present is synced from then on.
+    suspect: Arc<AtomicBool>,
 }
 
 /// A put of one chunk, counted in [`LocalSync::in_flight`] while it lives.
@@ -338,7 +367,7 @@ impl LocalSync {
     /// flight (it linked the file, but may not have synced its directory yet).
     async fn settle_if_in_flight(&self, path: &ObjectPath) -> Result<()> {
         let others = self.in_flight.lock().get(path).copied().unwrap_or(0) > 1;
-        if self.fsync && others {
+        if self.fsync && (others || self.suspect.load(Ordering::Relaxed)) {
             self.settle(path).await?;
         }
         Ok(())
@@ -931,6 +960,7 @@ impl ObjectStoreConfig {
                 fs,
                 fsync,
                 in_flight: Default::default(),
+                suspect: Default::default(),
             });
         }
         Ok(chunks)
@@ -1197,6 +1227,7 @@ mod tests {
             fs,
             fsync: true,
             in_flight: Default::default(),
+            suspect: Default::default(),
         };
         let p = ObjectPath::from("a/b");
         let one = l.fly(&p);
