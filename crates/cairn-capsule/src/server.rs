@@ -433,7 +433,8 @@ impl Drop for Session {
     }
 }
 
-/// Identifies a reader session on one server.
+/// Identifies a reader session on one server: 64 random bits, so it cannot be guessed by
+/// another client (whoever names a session can ack its proofs or close it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SessionId(pub u64);
 
@@ -637,7 +638,6 @@ pub struct CapsuleServer {
     sessions: Mutex<LruCache<SessionId, Arc<Mutex<Session>>>>,
     /// Names held by all sessions' mirrors ([`ServerOptions::max_mirrored_names`]).
     mirrored: Arc<AtomicUsize>,
-    next_session: AtomicU64,
     /// Per (capsule, peer server): where in this server's acceptance order the next sync
     /// with that peer starts (see [`CapsuleServer::since_last_sync`]).
     cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
@@ -763,7 +763,6 @@ impl CapsuleServer {
             }),
             sessions: Mutex::new(LruCache::unbounded()),
             mirrored: Arc::new(AtomicUsize::new(0)),
-            next_session: AtomicU64::new(1),
             hello_stamp: AtomicU64::new(0),
             hello_stamps: Mutex::new(HelloStamps::default()),
             cursors: Mutex::new(LruCache::new(
@@ -1613,14 +1612,25 @@ impl CapsuleServer {
             mirrored: self.mirrored.clone(),
         };
         session.mirror_insert(cached);
-        let id = SessionId(self.next_session.fetch_add(1, Ordering::Relaxed));
-        {
+        // Random, so that no other client can name (and close, or ack proofs in) a session
+        // it did not open: a session id is a capability.
+        let id = {
             let mut sessions = self.sessions.lock();
             while sessions.len() >= self.opts.max_sessions.max(1) {
                 sessions.pop_lru();
             }
+            let id = loop {
+                let mut b = [0u8; 8];
+                getrandom::fill(&mut b)
+                    .map_err(|e| Error::Unavailable(format!("no randomness for a session: {e}")))?;
+                let id = SessionId(u64::from_le_bytes(b));
+                if id.0 != 0 && !sessions.contains(&id) {
+                    break id;
+                }
+            };
             sessions.put(id, Arc::new(Mutex::new(session)));
-        }
+            id
+        };
         self.keep_mirrors_in_budget(id);
         Ok(id)
     }

@@ -1400,3 +1400,27 @@ fn a_whole_record_of_subrecords_is_checked_complete() {
             .is_err()
     );
 }
+
+/// Session ids cannot be guessed from one's own: closing the ids next to a session's does
+/// not end a session opened just before or after it.
+#[test]
+fn session_ids_are_not_guessable_from_neighbours() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 3, 1);
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let first = server.open_session(&c, policy, &[]).unwrap();
+    let mine = server.open_session(&c, policy, &[]).unwrap();
+    let next = server.open_session(&c, policy, &[]).unwrap();
+    for guess in [mine.0.wrapping_sub(1), mine.0.wrapping_add(1)] {
+        server.close_session(SessionId(guess));
+    }
+    for s in [first, mine, next] {
+        assert!(
+            server.prove(&c, &names[0], Some(s)).is_ok(),
+            "session {s:?} was closed"
+        );
+    }
+    server.close_session(mine);
+    assert!(server.prove(&c, &names[0], Some(mine)).is_err());
+}
