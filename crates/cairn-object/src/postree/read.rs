@@ -107,7 +107,11 @@ impl<'a> BlobReader<'a> {
     fn fill(&mut self) -> Result<()> {
         expect_kind(&self.tree, &[TreeKind::Blob], "BlobReader")?;
         let leaf_end = self.leaf_start + self.leaf.len() as u64;
-        if !(self.in_sequence && self.pos == leaf_end) {
+        let in_sequence = std::mem::replace(&mut self.in_sequence, false);
+        // Out of sequence until this fill succeeds: a failed seek or fetch leaves the
+        // cursor past leaves it never handed out, so the next read must seek again (it
+        // would otherwise file later leaves under this offset).
+        if !(in_sequence && self.pos == leaf_end) {
             self.ahead.clear();
             self.next_start = self.cursor.seek(self.pos, false)?;
         }

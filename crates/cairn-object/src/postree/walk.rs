@@ -43,7 +43,7 @@ pub struct TreeCheck {
     stack: Vec<Task>,
     /// Subtrees of unsorted trees already checked, with their counts (only when repeats
     /// are skipped).
-    done: Option<HashMap<Cid, u64>>,
+    done: Option<HashMap<(Cid, u8), u64>>,
     prev_key: Option<Bytes>,
     first: bool,
     /// Most nodes waiting to be checked, and most elements in one leaf.
@@ -100,7 +100,9 @@ impl TreeCheck {
             let Some(done) = &self.done else {
                 return Ok(Some(task.cid));
             };
-            let Some(&c) = done.get(&task.cid) else {
+            // A subtree checked before counts only at the same level: the same chunk
+            // where another level is expected is checked (and refused) there.
+            let Some(&c) = done.get(&(task.cid, task.level)) else {
                 return Ok(Some(task.cid));
             };
             if c != task.count {
@@ -259,7 +261,7 @@ impl TreeCheck {
             }
         };
         if let Some(done) = &mut self.done {
-            done.insert(task.cid, task.count);
+            done.insert((task.cid, task.level), task.count);
         }
         Ok(out)
     }
