@@ -330,3 +330,42 @@ pub fn child_cids(chunk: &[u8]) -> Result<Vec<Cid>> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cairn_store::{ChunkStore, MemoryStore};
+
+    use super::*;
+    use crate::chunk::{self, ChunkKind};
+    use crate::postree::node::{Entry, encode_index};
+
+    /// A subtree checked at one level does not count as checked where another level is
+    /// expected: the same index node reused one level too high fails the walk there,
+    /// as every reader refuses it.
+    #[test]
+    fn a_repeated_subtree_counts_as_checked_only_at_its_level() {
+        let s = MemoryStore::new();
+        let put = |bytes: Vec<u8>| s.put(&bytes).unwrap();
+        let leaf = put(chunk::frame(ChunkKind::Blob, b"hello"));
+        let entry = |cid| Entry {
+            cid,
+            count: 5,
+            key: None,
+        };
+        let x = put(encode_index(TreeKind::Blob, 1, &[entry(leaf)]));
+        let y = put(encode_index(TreeKind::Blob, 2, &[entry(x)]));
+        let tree = |root| TreeRef {
+            kind: TreeKind::Blob,
+            root,
+            count: 10,
+            height: 3,
+        };
+        // Sound: the same level-2 subtree twice.
+        let fine = put(encode_index(TreeKind::Blob, 3, &[entry(y), entry(y)]));
+        walk(&s, &tree(fine), &mut |_, _| Ok(())).unwrap();
+        // X (level 1) where level 2 is expected, after it was checked at level 1.
+        let bad = put(encode_index(TreeKind::Blob, 3, &[entry(y), entry(x)]));
+        let e = walk(&s, &tree(bad), &mut |_, _| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("level"), "{e}");
+    }
+}
