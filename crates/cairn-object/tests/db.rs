@@ -1776,7 +1776,6 @@ fn conflicting_merge_bases_leave_the_heads_to_the_resolver() {
 fn union_skips_their_elements_anywhere_in_ours() {
     let (db, _) = db();
     let o = PutOptions::default();
-    let items = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
     db.put(
         b"l",
         Target::Branch("master"),
@@ -1812,7 +1811,6 @@ fn union_skips_their_elements_anywhere_in_ours() {
 /// became two, and a head that went back to it conflicted).
 #[test]
 fn a_virtual_base_keeps_list_elements_whole() {
-    let items = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
     let (db, _) = db();
     let o = PutOptions::default();
     db.put(
@@ -1852,4 +1850,9 @@ fn a_virtual_base_keeps_list_elements_whole() {
     assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
     let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
     assert_eq!(got, items(&["m", "k"]));
+}
+
+/// List elements from strings.
+fn items(v: &[&str]) -> Vec<Vec<u8>> {
+    v.iter().map(|x| x.as_bytes().to_vec()).collect()
 }

@@ -1057,10 +1057,21 @@ impl Read for Dribble<'_> {
     }
 }
 
-/// A store whose puts fail after `budget` chunks.
+/// A store whose puts fail after `budget` chunks, and whose reads fail while
+/// `fail_reads` is set.
 struct FailingStore {
     inner: MemoryStore,
     budget: AtomicUsize,
+    fail_reads: std::sync::atomic::AtomicBool,
+}
+
+impl FailingStore {
+    fn check_read(&self) -> cairn_core::Result<()> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable("read failed (injected)".into()));
+        }
+        Ok(())
+    }
 }
 
 impl ChunkStore for FailingStore {
@@ -1078,7 +1089,12 @@ impl ChunkStore for FailingStore {
         self.inner.put_hashed(cid, chunk)
     }
     fn get(&self, cid: &cairn_store::Cid) -> cairn_core::Result<Option<Bytes>> {
+        self.check_read()?;
         self.inner.get(cid)
+    }
+    fn get_many(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<Vec<Option<Bytes>>> {
+        self.check_read()?;
+        self.inner.get_many(cids)
     }
     fn has(&self, cid: &cairn_store::Cid) -> cairn_core::Result<bool> {
         self.inner.has(cid)
@@ -1104,6 +1120,7 @@ fn a_store_failure_on_the_pipe_thread_fails_the_blob() {
         let store = Arc::new(FailingStore {
             inner: MemoryStore::new(),
             budget: AtomicUsize::new(budget),
+            fail_reads: Default::default(),
         });
         let shared: Arc<dyn ChunkStore> = store.clone();
         let mut w = BlobWriter::new(&*store, &c).storing_on_pipe(shared);
@@ -1219,58 +1236,15 @@ fn a_diff_does_not_walk_what_a_deduplicated_tree_claims() {
     );
 }
 
-/// A store whose reads fail while `fail` is set.
-struct FlakyReads {
-    inner: MemoryStore,
-    fail: std::sync::atomic::AtomicBool,
-}
-
-impl FlakyReads {
-    fn check(&self) -> cairn_core::Result<()> {
-        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(cairn_core::Error::Unavailable("read failed (test)".into()));
-        }
-        Ok(())
-    }
-}
-
-impl ChunkStore for FlakyReads {
-    fn algo(&self) -> cairn_core::HashAlgo {
-        self.inner.algo()
-    }
-    fn put_hashed(&self, cid: cairn_store::Cid, chunk: &[u8]) -> cairn_core::Result<bool> {
-        self.inner.put_hashed(cid, chunk)
-    }
-    fn get(&self, cid: &cairn_store::Cid) -> cairn_core::Result<Option<Bytes>> {
-        self.check()?;
-        self.inner.get(cid)
-    }
-    fn get_many(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<Vec<Option<Bytes>>> {
-        self.check()?;
-        self.inner.get_many(cids)
-    }
-    fn has(&self, cid: &cairn_store::Cid) -> cairn_core::Result<bool> {
-        self.inner.has(cid)
-    }
-    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Cid>> {
-        self.inner.cids()
-    }
-    fn remove(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<()> {
-        self.inner.remove(cids)
-    }
-    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.inner.stats()
-    }
-}
-
 /// A read retried after a failed fetch returns the bytes at its position: the reader's
 /// cursor had moved past leaves it never handed out, and the retry used to return bytes
 /// from further on, silently.
 #[test]
 fn a_blob_read_retried_after_a_failed_fetch_reads_the_right_bytes() {
-    let s = FlakyReads {
+    let s = FailingStore {
         inner: MemoryStore::new(),
-        fail: Default::default(),
+        budget: AtomicUsize::new(usize::MAX),
+        fail_reads: Default::default(),
     };
     let cfg = TreeConfig {
         leaf_target: 256,
@@ -1284,7 +1258,7 @@ fn a_blob_read_retried_after_a_failed_fetch_reads_the_right_bytes() {
     // Read on to the end of the leaves fetched ahead, then fail the next fetch.
     let mut at = 5_000usize;
     let mut buf = vec![0u8; 1];
-    s.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    s.fail_reads.store(true, Ordering::SeqCst);
     let failed = loop {
         match r.read(&mut buf) {
             Ok(n) => {
@@ -1294,7 +1268,7 @@ fn a_blob_read_retried_after_a_failed_fetch_reads_the_right_bytes() {
             Err(_) => break at,
         }
     };
-    s.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.fail_reads.store(false, Ordering::SeqCst);
     let mut rest = Vec::new();
     r.read_to_end(&mut rest).unwrap();
     assert!(
