@@ -206,8 +206,16 @@ pub fn sync_messages() -> Vec<SyncMsg> {
     out.extend([
         SyncMsg::InSync,
         SyncMsg::More,
-        SyncMsg::SendNames,
-        SyncMsg::Names(records.iter().map(Record::name).collect()),
+        SyncMsg::SendNames { from: 0 },
+        SyncMsg::SendNames { from: 3 },
+        SyncMsg::Names {
+            names: records.iter().map(Record::name).collect(),
+            more: false,
+        },
+        SyncMsg::Names {
+            names: records.iter().take(2).map(Record::name).collect(),
+            more: true,
+        },
     ]);
     out
 }

@@ -11,8 +11,10 @@
 //!    responder streams coded symbols, the initiator peels the difference (asking for more
 //!    symbols while it cannot) and learns exactly what each side lacks, in about one round
 //!    trip for small differences. If decoding has not succeeded after a cap proportional to
-//!    both sets' sizes, the sides exchange the full name lists instead, so the stage is
-//!    always complete.
+//!    both sets' sizes, the responder sends its full name list instead, so the stage is
+//!    always complete. Name lists travel in pages ([`NAME_PAGE`]): the responder's list
+//!    page by page on request, the initiator's wanted names one page per message, so no
+//!    message outgrows a frame however large the sets.
 //! 3. **Lu's heads/roots walk** for anything outside those sets (holes, stale and missing
 //!    branches left by earlier failures): the sides exchange heads and roots and send what
 //!    the other's DAG shape shows it lacks, round after round, until a round moves nothing.
@@ -41,6 +43,12 @@ pub const SYNC_BUDGET: usize = 16 << 20;
 const FIRST_BATCH: usize = 32;
 /// Most coded symbols in one batch (about 25 MiB encoded).
 const MAX_SYMBOL_BATCH: usize = 1 << 19;
+/// Default most names in one page of a name list ([`SyncMsg::Names`], or the wanted names
+/// of an [`SyncMsg::Exchange`] or [`SyncMsg::Patch`]): 16 MiB of names, so a message
+/// with a page and a full record budget stays well within the wire's frame.
+pub const NAME_PAGE: usize = 1 << 19;
+// A page of names (34 bytes each encoded) and a message's records fit in a frame together.
+const _: () = assert!(NAME_PAGE * 34 + SYNC_BUDGET + (1 << 20) <= crate::wire::MAX_FRAME);
 
 /// A message between two syncing replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,16 +74,25 @@ pub enum SyncMsg {
     Symbols(Vec<CodedSymbol>),
     /// Initiator → responder: send more symbols.
     More,
-    /// Initiator → responder: decoding gave up; send your whole since-set.
-    SendNames,
-    /// Responder → initiator: the responder's whole since-set (fallback).
-    Names(Vec<RecordName>),
+    /// Initiator → responder: decoding gave up; send your since-set, sorted, from
+    /// position `from` (0 first, then the count received so far).
+    SendNames {
+        /// Position in the responder's sorted since-set of the first name wanted.
+        from: u64,
+    },
+    /// Responder → initiator: one page of the responder's sorted since-set (fallback).
+    Names {
+        /// The page.
+        names: Vec<RecordName>,
+        /// More pages follow (the initiator asks for them with [`SyncMsg::SendNames`]).
+        more: bool,
+    },
     /// Initiator → responder: records the responder lacks, names the initiator lacks, and
     /// the initiator's heads and roots.
     Exchange {
         /// Records for the responder.
         records: Vec<SyncRecord>,
-        /// Names the initiator wants.
+        /// Names the initiator wants (the first page; the rest travel in its Patches).
         want: Vec<RecordName>,
         /// The initiator's heads.
         heads: Vec<RecordName>,
@@ -89,6 +106,8 @@ pub enum SyncMsg {
     Patch {
         /// Records for the receiver.
         records: Vec<SyncRecord>,
+        /// Initiator only: the next page of names it wants from the responder's set.
+        want: Vec<RecordName>,
         /// The sender's heads.
         heads: Vec<RecordName>,
         /// The sender's roots.
@@ -159,6 +178,12 @@ impl<'a> SyncSession<'a> {
         self.state.start(self.server)
     }
 
+    /// Sets the most names in a page of a name list this side sends (see
+    /// [`SyncState::set_name_page`]).
+    pub fn set_name_page(&mut self, names: usize) {
+        self.state.set_name_page(names);
+    }
+
     /// Feeds one message from the peer; returns the message to send back, or `None` when
     /// the session is over.
     pub fn handle(&mut self, msg: SyncMsg) -> Result<Option<SyncMsg>> {
@@ -198,10 +223,16 @@ pub struct SyncState {
     /// Exchange was sent (initiator) or received (responder): Patch rounds may follow,
     /// and no earlier step may come again.
     exchanged: bool,
-    /// Initiator: asked for the full name list (SendNames) and not yet answered.
+    /// Initiator: asked for a page of the name list (SendNames) and not yet answered.
     names_asked: bool,
-    /// Responder: sent its full name list once.
-    names_sent: bool,
+    /// Initiator: the pages of the responder's name list received so far.
+    names_in: Vec<RecordName>,
+    /// Responder: the position of the next page of its name list it sends, once asked.
+    names_from: Option<usize>,
+    /// Initiator: wanted names not yet sent (they go a page per message).
+    want_rest: std::collections::VecDeque<RecordName>,
+    /// Most names in a page this side sends.
+    name_page: usize,
 }
 
 /// The side of an anti-entropy session.
@@ -279,7 +310,10 @@ impl SyncMsg {
 impl SyncState {
     /// A session of `server` with the replica whose server key is `peer`.
     pub fn new(server: &CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
-        let (since, next_cursor) = server.since_last_sync(&capsule, &peer)?;
+        let (mut since, next_cursor) = server.since_last_sync(&capsule, &peer)?;
+        // Sorted, so the name list pages in a fixed order and membership is a search.
+        since.sort_unstable();
+        since.dedup();
         Ok(SyncState {
             capsule,
             peer,
@@ -298,8 +332,37 @@ impl SyncState {
             want_symbols: false,
             exchanged: false,
             names_asked: false,
-            names_sent: false,
+            names_in: Vec::new(),
+            names_from: None,
+            want_rest: std::collections::VecDeque::new(),
+            name_page: NAME_PAGE,
         })
+    }
+
+    /// Sets the most names in a page of a name list this side sends (default
+    /// [`NAME_PAGE`]).
+    pub fn set_name_page(&mut self, names: usize) {
+        self.name_page = names.max(1);
+    }
+
+    /// Whether `name` is in this side's since-set.
+    fn in_since(&self, name: &RecordName) -> bool {
+        self.since.binary_search(name).is_ok()
+    }
+
+    /// Initiator: the next page of names it wants to go with `records` (empty when all
+    /// went, or when `records` is a single record over the budget: a page beside it could
+    /// take the message past a frame, so it waits for the next message).
+    fn next_want_page(&mut self, records: &[SyncRecord]) -> Vec<RecordName> {
+        let size = records
+            .iter()
+            .map(wire_size)
+            .fold(0usize, usize::saturating_add);
+        if size > self.budget {
+            return Vec::new();
+        }
+        let n = self.want_rest.len().min(self.name_page);
+        self.want_rest.drain(..n).collect()
     }
 
     /// Sets the budget of record bytes per message (default [`SYNC_BUDGET`]). A message
@@ -495,21 +558,29 @@ impl SyncState {
         let (heads, roots) = server.heads_roots(&self.capsule)?;
         let missing = server.missing(&self.capsule)?;
         self.exchanged = true;
+        self.want_rest = theirs_only.into();
+        let want = self.next_want_page(&records);
         Ok(SyncMsg::Exchange {
             records,
-            want: theirs_only,
+            want,
             heads,
             roots,
             missing,
         })
     }
 
-    /// A Patch carrying `records` and this side's current heads, roots and holes.
-    fn patch(&self, server: &CapsuleServer, records: Vec<SyncRecord>) -> Result<SyncMsg> {
+    /// A Patch carrying `records`, `want` and this side's current heads, roots and holes.
+    fn patch(
+        &self,
+        server: &CapsuleServer,
+        records: Vec<SyncRecord>,
+        want: Vec<RecordName>,
+    ) -> Result<SyncMsg> {
         let (heads, roots) = server.heads_roots(&self.capsule)?;
         let missing = server.missing(&self.capsule)?;
         Ok(SyncMsg::Patch {
             records,
+            want,
             heads,
             roots,
             missing,
@@ -576,7 +647,8 @@ impl SyncState {
                 Ok(None)
             }
             SyncMsg::More => {
-                if self.role != Some(Role::Responder) || self.exchanged || self.names_sent {
+                if self.role != Some(Role::Responder) || self.exchanged || self.names_from.is_some()
+                {
                     return Err(Error::invalid("unexpected request for coded symbols"));
                 }
                 let cap = self.symbol_cap();
@@ -637,38 +709,67 @@ impl SyncState {
                         self.want_symbols = false;
                         self.names_asked = true;
                         self.received = Vec::new();
-                        Ok(Some(SyncMsg::SendNames))
+                        Ok(Some(SyncMsg::SendNames { from: 0 }))
                     }
                     None => Ok(Some(SyncMsg::More)),
                 }
             }
-            SyncMsg::SendNames => {
-                if self.role != Some(Role::Responder) || self.exchanged || self.names_sent {
+            SyncMsg::SendNames { from } => {
+                // Pages go in order, each once: the first at 0, each next one where the
+                // last ended.
+                let expected = self.names_from.unwrap_or(0);
+                if self.role != Some(Role::Responder)
+                    || self.exchanged
+                    || from != expected as u64
+                    || (self.names_from.is_some() && expected >= self.since.len())
+                {
                     return Err(Error::invalid("unexpected request for the name list"));
                 }
-                self.names_sent = true;
                 self.report.fallback = true;
-                Ok(Some(SyncMsg::Names(self.since.clone())))
+                let end = expected
+                    .saturating_add(self.name_page)
+                    .min(self.since.len());
+                self.names_from = Some(end);
+                Ok(Some(SyncMsg::Names {
+                    names: self.since[expected..end].to_vec(),
+                    more: end < self.since.len(),
+                }))
             }
-            SyncMsg::Names(theirs) => {
+            SyncMsg::Names { names, more } => {
                 if self.role != Some(Role::Initiator) || !self.names_asked {
                     return Err(Error::invalid("unexpected name list from the peer"));
                 }
+                // Every page but the last holds names, and all of them together no more
+                // than a list may: a peer cannot keep this side asking forever.
+                if more && names.is_empty() {
+                    return Err(Error::invalid(
+                        "the peer sent an empty page of its name list with more to follow",
+                    ));
+                }
+                if self.names_in.len().saturating_add(names.len()) > crate::wire::MAX_NAMES {
+                    return Err(Error::invalid(format!(
+                        "the peer's name list holds more than {} names",
+                        crate::wire::MAX_NAMES
+                    )));
+                }
+                self.names_in.extend(names);
+                if more {
+                    return Ok(Some(SyncMsg::SendNames {
+                        from: self.names_in.len() as u64,
+                    }));
+                }
                 self.names_asked = false;
-                let theirs_set: std::collections::HashSet<RecordName> =
-                    theirs.iter().copied().collect();
-                let mine_set: std::collections::HashSet<RecordName> =
-                    self.since.iter().copied().collect();
+                let mut theirs = std::mem::take(&mut self.names_in);
+                theirs.sort_unstable();
+                theirs.dedup();
                 let mine_only: Vec<RecordName> = self
                     .since
                     .iter()
-                    .filter(|n| !theirs_set.contains(n))
+                    .filter(|n| theirs.binary_search(n).is_err())
                     .copied()
                     .collect();
-                let theirs_only: Vec<RecordName> = theirs
-                    .into_iter()
-                    .filter(|n| !mine_set.contains(n))
-                    .collect();
+                let theirs_only: Vec<RecordName> =
+                    theirs.into_iter().filter(|n| !self.in_since(n)).collect();
                 self.exchange(server, &mine_only, theirs_only).map(Some)
             }
             SyncMsg::Exchange {
@@ -685,10 +786,8 @@ impl SyncState {
                 self.apply(server, &records)?;
                 // The initiator wants names of this side's set (what decoding or the name
                 // list showed it): anything else is not taken from a peer's list.
-                let mine: std::collections::HashSet<&RecordName> = self.since.iter().collect();
                 let mut names: Vec<RecordName> =
-                    want.into_iter().filter(|n| mine.contains(n)).collect();
-                drop(mine);
+                    want.into_iter().filter(|n| self.in_since(n)).collect();
                 names.extend(server.lu_patch(
                     &self.capsule,
                     &heads,
@@ -699,10 +798,11 @@ impl SyncState {
                 names.sort();
                 names.dedup();
                 let records = self.export(server, &names)?;
-                self.patch(server, records).map(Some)
+                self.patch(server, records, Vec::new()).map(Some)
             }
             SyncMsg::Patch {
                 records,
+                want,
                 heads,
                 roots,
                 missing,
@@ -710,11 +810,23 @@ impl SyncState {
                 if !self.exchanged {
                     return Err(Error::invalid("unexpected Patch before the Exchange"));
                 }
+                if !want.is_empty() && self.role != Some(Role::Responder) {
+                    return Err(Error::invalid("the responder asked for names in a Patch"));
+                }
                 self.report.rounds += 1;
                 let incoming = records.len();
+                let asked = !want.is_empty();
+                let was_backlogged = !self.backlog.is_empty();
                 let accepted = self.apply(server, &records)?;
-                // A round that moved nothing new either way counts against the limit.
-                if accepted == 0 && self.backlog.is_empty() {
+                let mut names =
+                    server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
+                // The next page of the initiator's wanted names, of this side's set only.
+                names.extend(want.into_iter().filter(|n| self.in_since(n)));
+                let out = self.export(server, &names)?;
+                let want_page = self.next_want_page(&out);
+                // A round that moved nothing new either way counts against the limit (a
+                // page of wanted names is progress: the initiator has finitely many).
+                if accepted == 0 && !was_backlogged && want_page.is_empty() && !asked {
                     self.limited_rounds += 1;
                     if self.limited_rounds > MAX_ROUNDS {
                         return Err(Error::Unavailable(format!(
@@ -722,20 +834,23 @@ impl SyncState {
                         )));
                     }
                 }
-                let names =
-                    server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
-                let out = self.export(server, &names)?;
-                // Over only when neither side sends anything: a peer with a backlog always
-                // sends records, even ones this side already had.
-                if out.is_empty() && incoming == 0 {
+                // Over only when neither side sends or asks for anything: a peer with a
+                // backlog always sends records, even ones this side already had, and an
+                // initiator with wanted names left always sends their next page.
+                if out.is_empty() && incoming == 0 && !asked && want_page.is_empty() {
                     self.finish(server)?;
                     return Ok(Some(SyncMsg::Done));
                 }
-                self.patch(server, out).map(Some)
+                self.patch(server, out, want_page).map(Some)
             }
             SyncMsg::Done => {
                 if !self.exchanged {
                     return Err(Error::invalid("unexpected Done before the Exchange"));
+                }
+                if !self.want_rest.is_empty() {
+                    return Err(Error::invalid(
+                        "the peer ended the session before sending every wanted record",
+                    ));
                 }
                 self.finish(server)?;
                 Ok(None)

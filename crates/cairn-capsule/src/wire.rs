@@ -63,8 +63,8 @@ use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
 /// [`MirrorMode`]; read-and-prove).
 pub const WIRE_VERSION: u8 = 2;
 /// Format version of a standalone encoded [`SyncMsg`] (2: a Hello carries its stamp and the
-/// initiator's signature).
-pub const SYNC_VERSION: u8 = 2;
+/// initiator's signature; 3: name lists and wanted names travel in pages).
+pub const SYNC_VERSION: u8 = 3;
 /// Largest frame the TCP glue sends or accepts: a largest record body plus 1 MiB.
 pub const MAX_FRAME: usize = MAX_BODY_LEN + (1 << 20);
 /// Most records (and most signatures) in one write request or acknowledgment.
@@ -569,12 +569,13 @@ impl SyncMsg {
             SyncMsg::More => {
                 e.u8(SYNC_MORE);
             }
-            SyncMsg::SendNames => {
-                e.u8(SYNC_SEND_NAMES);
+            SyncMsg::SendNames { from } => {
+                e.u8(SYNC_SEND_NAMES).varint(*from);
             }
-            SyncMsg::Names(names) => {
+            SyncMsg::Names { names, more } => {
                 e.u8(SYNC_NAMES);
                 enc_names(e, names);
+                e.u8(u8::from(*more));
             }
             SyncMsg::Exchange {
                 records,
@@ -592,12 +593,14 @@ impl SyncMsg {
             }
             SyncMsg::Patch {
                 records,
+                want,
                 heads,
                 roots,
                 missing,
             } => {
                 e.u8(SYNC_PATCH);
                 enc_sync_records(e, records);
+                enc_names(e, want);
                 enc_names(e, heads);
                 enc_names(e, roots);
                 enc_names(e, missing);
@@ -628,8 +631,19 @@ impl SyncMsg {
                 })
             })?),
             SYNC_MORE => SyncMsg::More,
-            SYNC_SEND_NAMES => SyncMsg::SendNames,
-            SYNC_NAMES => SyncMsg::Names(dec_names(d, MAX_NAMES)?),
+            SYNC_SEND_NAMES => SyncMsg::SendNames { from: d.varint()? },
+            SYNC_NAMES => SyncMsg::Names {
+                names: dec_names(d, MAX_NAMES)?,
+                more: match d.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => {
+                        return Err(Error::decode(format!(
+                            "a name page's more flag is {other}, not 0 or 1"
+                        )));
+                    }
+                },
+            },
             SYNC_EXCHANGE => SyncMsg::Exchange {
                 records: dec_sync_records(d)?,
                 want: dec_names(d, MAX_NAMES)?,
@@ -639,6 +653,7 @@ impl SyncMsg {
             },
             SYNC_PATCH => SyncMsg::Patch {
                 records: dec_sync_records(d)?,
+                want: dec_names(d, MAX_NAMES)?,
                 heads: dec_names(d, MAX_NAMES)?,
                 roots: dec_names(d, MAX_NAMES)?,
                 missing: dec_names(d, MAX_NAMES)?,
@@ -2364,8 +2379,16 @@ mod tests {
                 CodedSymbol::default(),
             ]),
             SyncMsg::More,
-            SyncMsg::SendNames,
-            SyncMsg::Names(vec![name(1), name(2)]),
+            SyncMsg::SendNames { from: 0 },
+            SyncMsg::SendNames { from: 1 << 40 },
+            SyncMsg::Names {
+                names: vec![name(1), name(2)],
+                more: true,
+            },
+            SyncMsg::Names {
+                names: vec![],
+                more: false,
+            },
             SyncMsg::Exchange {
                 records: vec![sync_record(0), sync_record(1), sync_record(2)],
                 want: vec![name(3)],
@@ -2375,6 +2398,7 @@ mod tests {
             },
             SyncMsg::Patch {
                 records: vec![sync_record(3)],
+                want: vec![name(8)],
                 heads: vec![],
                 roots: vec![name(7)],
                 missing: vec![],
@@ -2841,7 +2865,7 @@ mod tests {
                 }),
             Just(SyncMsg::InSync),
             Just(SyncMsg::More),
-            Just(SyncMsg::SendNames),
+            any::<u64>().prop_map(|from| SyncMsg::SendNames { from }),
             Just(SyncMsg::Done),
             proptest::collection::vec(
                 (any::<[u8; 32]>(), any::<u64>(), any::<i64>())
@@ -2849,7 +2873,7 @@ mod tests {
                 0..5
             )
             .prop_map(SyncMsg::Symbols),
-            arb_names().prop_map(SyncMsg::Names),
+            (arb_names(), any::<bool>()).prop_map(|(names, more)| SyncMsg::Names { names, more }),
             (
                 proptest::collection::vec(arb_sync_record(), 0..3),
                 arb_names(),
@@ -2868,10 +2892,12 @@ mod tests {
                 proptest::collection::vec(arb_sync_record(), 0..3),
                 arb_names(),
                 arb_names(),
+                arb_names(),
                 arb_names()
             )
-                .prop_map(|(records, heads, roots, missing)| SyncMsg::Patch {
+                .prop_map(|(records, want, heads, roots, missing)| SyncMsg::Patch {
                     records,
+                    want,
                     heads,
                     roots,
                     missing,

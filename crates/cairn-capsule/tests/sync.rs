@@ -171,6 +171,7 @@ fn faulty_peer_records_are_refused() {
         }
         SyncMsg::Patch {
             mut records,
+            want,
             heads,
             roots,
             missing,
@@ -182,6 +183,7 @@ fn faulty_peer_records_are_refused() {
             }
             SyncMsg::Patch {
                 records,
+                want,
                 heads,
                 roots,
                 missing,
@@ -336,6 +338,7 @@ fn out_of_turn_messages_are_refused() {
     // work without bound).
     let empty_patch = SyncMsg::Patch {
         records: vec![],
+        want: vec![],
         heads: vec![],
         roots: vec![],
         missing: vec![],
@@ -356,26 +359,54 @@ fn out_of_turn_messages_are_refused() {
         SyncMsg::InSync,
         SyncMsg::Done,
         empty_patch.clone(),
-        SyncMsg::Names(vec![]),
+        SyncMsg::Names {
+            names: vec![],
+            more: false,
+        },
     ] {
         let e = responder().handle(early).unwrap_err();
         assert!(e.to_string().contains("unexpected"), "{e}");
     }
     let mut sb = responder();
     sb.handle(exchange.clone()).unwrap();
-    for late in [exchange.clone(), SyncMsg::More, SyncMsg::SendNames] {
+    for late in [
+        exchange.clone(),
+        SyncMsg::More,
+        SyncMsg::SendNames { from: 0 },
+    ] {
         let e = sb.handle(late).unwrap_err();
         assert!(e.to_string().contains("unexpected"), "{e}");
     }
+    // Pages of the name list go in order, each once: not from elsewhere than where the
+    // last one ended, and none after the last.
+    let e = responder()
+        .handle(SyncMsg::SendNames { from: 1 })
+        .unwrap_err();
+    assert!(e.to_string().contains("unexpected"), "{e}");
     let mut sb = responder();
-    sb.handle(SyncMsg::SendNames).unwrap();
+    let Some(SyncMsg::Names { names, more: false }) =
+        sb.handle(SyncMsg::SendNames { from: 0 }).unwrap()
+    else {
+        panic!("the name list is one page");
+    };
     assert!(
-        sb.handle(SyncMsg::SendNames).is_err(),
+        sb.handle(SyncMsg::SendNames {
+            from: names.len() as u64
+        })
+        .is_err(),
+        "no page after the last"
+    );
+    assert!(
+        sb.handle(SyncMsg::SendNames { from: 0 }).is_err(),
         "one name list per session"
     );
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     sa.start().unwrap();
-    for wrong in [SyncMsg::Names(vec![]), exchange, empty_patch, SyncMsg::Done] {
+    let no_names = SyncMsg::Names {
+        names: vec![],
+        more: false,
+    };
+    for wrong in [no_names, exchange, empty_patch, SyncMsg::Done] {
         let e = sa.handle(wrong).unwrap_err();
         assert!(e.to_string().contains("unexpected"), "{e}");
     }
@@ -580,4 +611,79 @@ fn coded_symbol_batches_below_the_schedule_are_refused() {
     // The honest schedule still converges.
     sync_pair(&a, &b, &c).unwrap();
     assert_eq!(present(&a, &c), present(&b, &c));
+}
+
+/// When set reconciliation gives up, the responder's name list and the initiator's wanted
+/// names travel a page per message, and the replicas still converge exactly: a capsule
+/// of millions of records used to need one message holding every name, larger than a
+/// frame, so such a replica could never catch up.
+#[test]
+fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
+    // Two disjoint halves of equal size: the coded symbols double from 32 and reach the
+    // initiator's cap (2 × 96 + 64 = 256) before they can decode 192 differences.
+    let placement: Vec<u8> = (0..192).map(|i| (i % 2) as u8).collect();
+    let (a, b, c, all) = scenario(192, 1, &placement, &[]);
+    const PAGE: usize = 10;
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    sa.set_name_page(PAGE);
+    sb.set_name_page(PAGE);
+    let (mut name_pages, mut want_pages) = (0, 0);
+    let mut msg = Some(sa.start().unwrap());
+    let mut to_b = true;
+    while let Some(m) = msg {
+        match &m {
+            SyncMsg::Names { names, .. } => {
+                assert!(names.len() <= PAGE, "a page of {} names", names.len());
+                name_pages += 1;
+            }
+            SyncMsg::Exchange { want, .. } | SyncMsg::Patch { want, .. } => {
+                assert!(want.len() <= PAGE, "{} wanted names at once", want.len());
+                assert!(to_b || want.is_empty(), "the responder asked for names");
+                want_pages += usize::from(!want.is_empty());
+            }
+            _ => {}
+        }
+        msg = if to_b { sb.handle(m) } else { sa.handle(m) }.unwrap();
+        to_b = !to_b;
+    }
+    let (ra, rb) = (sa.report(), sb.report());
+    assert!(ra.fallback && rb.fallback, "{ra:?} {rb:?}");
+    // 96 names in pages of 10; 96 wanted names likewise.
+    assert_eq!(name_pages, 10);
+    assert_eq!(want_pages, 10);
+    assert_eq!(present(&a, &c), all);
+    assert_eq!(present(&b, &c), all);
+    assert_eq!(proven(&a, &c), all);
+    assert_eq!(proven(&b, &c), all);
+    assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
+    assert!(sa.is_finished() && sb.is_finished());
+    let (again, _) = sync_pair(&a, &b, &c).unwrap();
+    assert!(again.quick_match, "{again:?}");
+}
+
+/// A peer cannot keep the initiator asking for pages: a page announcing more must hold
+/// names.
+#[test]
+fn an_empty_name_page_announcing_more_is_refused() {
+    let placement: Vec<u8> = (0..192).map(|i| (i % 2) as u8).collect();
+    let (a, b, c, _) = scenario(192, 1, &placement, &[]);
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let mut msg = sa.start().unwrap();
+    loop {
+        msg = sb.handle(msg).unwrap().unwrap();
+        match sa.handle(msg).unwrap().unwrap() {
+            SyncMsg::SendNames { from: 0 } => break,
+            SyncMsg::More => msg = SyncMsg::More,
+            other => panic!("expected the fallback, got {other:?}"),
+        }
+    }
+    let e = sa
+        .handle(SyncMsg::Names {
+            names: vec![],
+            more: true,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("empty page"), "{e}");
 }
