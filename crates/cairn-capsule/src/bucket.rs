@@ -436,9 +436,9 @@ impl Journal {
                     ))));
                 }
                 // The next record must not point at what the capsule never got (a hole
-                // forever): at its heads, or at nothing when they cannot be read.
-                match self.server.heads_roots(&capsule) {
-                    Ok((heads, _)) => c.writer.continue_from(&heads),
+                // forever): at its proven heads, or at nothing when they cannot be read.
+                match self.server.with_dag(&capsule, |d| d.proven_heads()) {
+                    Ok(heads) => c.writer.continue_from(&heads),
                     Err(_) => c.writer.continue_from(&[]),
                 }
             }
@@ -614,7 +614,9 @@ impl Bucket {
                             .join(", ")
                     ))
                 })?;
-                let (heads, _) = server.heads_roots(&meta.name())?;
+                // Only proven heads: anyone may write unsigned records to a capsule, and
+                // the writer's next signature vouches for every record it points to.
+                let heads = server.with_dag(&meta.name(), |d| d.proven_heads())?;
                 w.continue_from(&heads);
                 Some(Arc::new(Journal {
                     server: server.clone(),
@@ -806,7 +808,15 @@ impl Bucket {
         };
         let mut index = self.index.lock();
         if index.is_none() {
-            let order = self.server.with_dag(&capsule, |d| d.order().to_vec())?;
+            // Proven records only: an unsigned record (anyone may write one) claiming a
+            // uid must not stand for the writer's.
+            let order = self.server.with_dag(&capsule, |d| {
+                d.order()
+                    .iter()
+                    .filter(|n| d.witness(n).and_then(|w| w.hops()).is_some())
+                    .copied()
+                    .collect::<Vec<_>>()
+            })?;
             let mut map = HashMap::with_capacity(order.len());
             for name in order {
                 let (_, m) = self.mutation(&capsule, &name)?;

@@ -63,8 +63,13 @@ impl Writer {
     /// this writer wrote before). Its signature will vouch for each of them, so pass only
     /// heads this process holds or verified ([`Reader::verify_record`]): a server's word
     /// alone would let it have a record it made up signed by this writer.
+    ///
+    /// At most half of [`crate::record::MAX_BACKPOINTERS`] heads are taken (the first, in
+    /// the order given), so the next record stays within the limit with its skip pointers
+    /// and a merge's extra backpointers; the others stay heads, for a later record.
     pub fn continue_from(&mut self, heads: &[RecordName]) {
-        self.recent = heads.to_vec();
+        let n = heads.len().min(crate::record::MAX_BACKPOINTERS / 2);
+        self.recent = heads[..n].to_vec();
         self.count = 0;
     }
 

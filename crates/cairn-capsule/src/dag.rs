@@ -11,7 +11,7 @@
 //! takes its witness from them and propagates it the same way. Lengths only ever shrink,
 //! so updates commute.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use cairn_core::{Error, Hash, Result};
 
@@ -182,6 +182,31 @@ impl CapsuleDag {
     /// Current heads (present records no present record points to), sorted.
     pub fn heads(&self) -> Vec<RecordName> {
         self.heads.iter().copied().collect()
+    }
+
+    /// Heads of the proven part of the DAG (proven records no proven record points to),
+    /// sorted: what a writer may continue from. Records no signature reaches (anyone can
+    /// write them) stay out, so a writer's next signature never vouches for one. Found by
+    /// walking back from the heads through unproven records only (a proven record's
+    /// ancestors are proven), so it costs the unproven records, not the capsule.
+    pub fn proven_heads(&self) -> Vec<RecordName> {
+        let proven = |n: &RecordName| self.witness(n).and_then(|w| w.hops()).is_some();
+        let mut out = BTreeSet::new();
+        let mut seen: HashSet<RecordName> = HashSet::new();
+        let mut stack: Vec<RecordName> = self.heads.iter().copied().collect();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if proven(&n) {
+                if !self.children(&n).iter().any(proven) {
+                    out.insert(n);
+                }
+            } else if let Some(node) = self.nodes.get(&n) {
+                stack.extend(node.backpointers.iter().filter(|b| self.nodes.contains_key(*b)));
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// Current roots (present records none of whose backpointers is present), sorted.
@@ -379,7 +404,11 @@ impl CapsuleDag {
                 break;
             }
             for c in self.children(&x) {
-                if !self.nodes.contains_key(c) || parent.contains_key(c) || c == name {
+                // Only proven children: a path to a trusted record runs through proven
+                // records alone, and a capsule's unsigned records (anyone may write them)
+                // would otherwise make every proof walk all of them.
+                let proven = self.witness(c).and_then(|w| w.hops()).is_some();
+                if !proven || parent.contains_key(c) || c == name {
                     continue;
                 }
                 parent.insert(*c, x);

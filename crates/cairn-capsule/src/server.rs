@@ -614,6 +614,24 @@ struct HelloStamps {
     floor: u64,
 }
 
+impl HelloStamps {
+    /// Refuses a Hello stamped `at` that is not above the last one taken from `peer` for
+    /// `capsule` (or the floor).
+    fn check_new(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
+        let last = self
+            .map
+            .get(&(*capsule, *peer))
+            .copied()
+            .unwrap_or(self.floor);
+        if at <= last {
+            return Err(Error::Rejected(
+                "a Hello this replica already started a session with (replayed)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn now_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1095,6 +1113,7 @@ impl CapsuleServer {
             }
             r.check_body()?;
             let hb = r.header.encode();
+            check_reloadable(&hb)?;
             names.push(RecordName(capsule.hash().algo().digest(&hb)));
             encoded.push(hb);
         }
@@ -1233,6 +1252,7 @@ impl CapsuleServer {
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
         cap.dag.check_header(header)?;
+        check_reloadable(&header.encode())?;
         let algo = capsule.hash().algo();
         let BodyRef::Subrecords { root, count } = header.body else {
             return Err(Error::invalid(
@@ -2194,18 +2214,7 @@ impl CapsuleServer {
                 SYNC_HELLO_WINDOW_MICROS / 1_000_000
             )));
         }
-        let stamps = self.hello_stamps.lock();
-        let last = stamps
-            .map
-            .get(&(*capsule, *peer))
-            .copied()
-            .unwrap_or(stamps.floor);
-        if at <= last {
-            return Err(Error::Rejected(
-                "a Hello this replica already started a session with (replayed)".into(),
-            ));
-        }
-        Ok(())
+        self.hello_stamps.lock().check_new(capsule, peer, at)
     }
 
     /// Takes the stamp of a Hello from `peer` (whose signature was checked), after
@@ -2223,6 +2232,9 @@ impl CapsuleServer {
         self.check_sync_hello(capsule, peer, at)?;
         let now = now_micros();
         let mut stamps = self.hello_stamps.lock();
+        // Checked again under the same hold as the insert: two copies of one Hello
+        // arriving together must not both pass, nor a lower stamp replace a higher one.
+        stamps.check_new(capsule, peer, at)?;
         stamps.map.insert((*capsule, *peer), at);
         if stamps.map.len() > MAX_HELLO_STAMPS {
             stamps
@@ -2532,6 +2544,16 @@ fn body_mismatch(name: &RecordName) -> Error {
     ))
 }
 
+
+/// Refuses a header (given encoded) that a reload would not decode: one built in this
+/// process skips the decoder's checks (at most [`crate::record::MAX_BACKPOINTERS`]
+/// distinct backpointers, hashes in the capsule's algorithm, a bounded body), and once
+/// journaled it would keep the whole capsule from loading.
+fn check_reloadable(encoded: &[u8]) -> Result<()> {
+    RecordHeader::decode(encoded)
+        .map(|_| ())
+        .map_err(|e| Error::invalid(format!("record header refused: {e}")))
+}
 #[cfg(test)]
 mod tests {
     use super::*;

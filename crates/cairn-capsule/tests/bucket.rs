@@ -691,3 +691,79 @@ fn merged_untagged_heads_leave_only_recorded_versions() {
     let m = Mutation::decode(&last.body).unwrap();
     assert_eq!((m.kind, m.branch, m.uid), (MutationKind::Remove, None, w));
 }
+
+/// Anyone may write unsigned records to a bucket's capsule. One naming a version nobody
+/// made must stay unproven when the bucket is opened again and writes: its writer
+/// continues from proven heads only, so its signature never vouches for the made-up
+/// record (before, it pointed at every head, and the forged version proof verified).
+#[test]
+fn a_non_writers_unsigned_record_never_gets_the_writers_signature() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let srv = server(&store);
+    let o = PutOptions::default();
+    let first = {
+        let b = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer())).unwrap();
+        b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap()
+    };
+    let (meta, capsule) = {
+        let b = Bucket::open(Db::new(store.clone()), srv.clone(), None).unwrap();
+        (b.metadata().unwrap().clone(), b.capsule().unwrap())
+    };
+    let fake_uid = cairn_core::HashAlgo::Blake3.digest(b"a version nobody made");
+    let forged = Mutation {
+        kind: MutationKind::Put,
+        key: b"k".to_vec(),
+        branch: Some("master".into()),
+        from: None,
+        uid: fake_uid,
+        bases: vec![],
+    };
+    let rec = Record::new(capsule, forged.encode(), vec![]);
+    srv.write(&capsule, std::slice::from_ref(&rec), &[]).unwrap();
+    let b = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer())).unwrap();
+    let second = b.put(b"k", Target::Branch("master"), s("b"), &o).unwrap();
+    assert!(srv.prove(&capsule, &rec.name(), None).is_err());
+    // The made-up record does not stand for a version either.
+    assert!(b.record_of(&fake_uid).unwrap().is_none());
+    assert!(b.prove(b"k", &fake_uid).is_err());
+    // The writer's own versions stay proven, the new one chained to the old.
+    for uid in [first, second] {
+        let p = b.prove(b"k", &uid).unwrap();
+        p.verify(&meta, b"k", &uid).unwrap();
+    }
+}
+
+/// A record that the journal's reload would not decode (here, more backpointers than a
+/// header may hold) is refused when written, never acknowledged: once journaled it kept
+/// the whole capsule from loading after a restart.
+#[test]
+fn a_header_a_reload_would_refuse_is_refused_when_written() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let srv = server(&store);
+    let o = PutOptions::default();
+    let capsule = {
+        let b = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer())).unwrap();
+        b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+        b.capsule().unwrap()
+    };
+    // Many unsigned heads, by anyone.
+    let junk: Vec<Record> = (0..1025u32)
+        .map(|i| Record::new(capsule, i.to_le_bytes().to_vec(), vec![]))
+        .collect();
+    srv.write(&capsule, &junk, &[]).unwrap();
+    let too_many = Record::new(
+        capsule,
+        b"x".to_vec(),
+        junk.iter().map(Record::name).collect(),
+    );
+    let e = srv.write(&capsule, &[too_many], &[]).unwrap_err();
+    assert!(e.to_string().contains("backpointers"), "{e}");
+    // The bucket writes on, and the capsule loads again after a restart.
+    let uid = {
+        let b = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer())).unwrap();
+        b.put(b"k", Target::Branch("master"), s("b"), &o).unwrap()
+    };
+    let b = Bucket::open(Db::new(store.clone()), server(&store), Some(writer())).unwrap();
+    assert_eq!(b.db().get(b"k", &At::default_branch()).unwrap().uid, uid);
+    b.prove(b"k", &uid).unwrap();
+}

@@ -1424,3 +1424,49 @@ fn session_ids_are_not_guessable_from_neighbours() {
     server.close_session(mine);
     assert!(server.prove(&c, &names[0], Some(mine)).is_err());
 }
+
+/// A session proof's search for a record the reader trusts looks at proven records only:
+/// unsigned children (anyone may write them) cannot lead to a trusted record, and a
+/// record with 10,000 of them made every proof of it walk them all. Also, the proven
+/// heads a writer continues from leave those children out.
+#[test]
+fn the_search_for_a_trusted_record_skips_unproven_children() {
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "dag");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    let mut w = Writer::new(meta.clone(), wk, None).unwrap();
+    let mut dag = CapsuleDag::new(meta);
+    let body = |r: &Record| match r.header.body {
+        cairn_capsule::record::BodyRef::Plain { hash, .. } => {
+            cairn_capsule::dag::StoredBody::Plain { cid: hash }
+        }
+        _ => unreachable!("plain records"),
+    };
+    let chain: Vec<Record> = (0..4)
+        .map(|i| w.record(format!("r{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    for r in &chain {
+        assert!(dag.insert(r.name(), &r.header, body(r)));
+    }
+    let newest = chain[3].name();
+    dag.add_signature(newest, w.sign(&newest)).unwrap();
+    let oldest = chain[0].name();
+    for i in 0..10_000u32 {
+        let junk = Record::new(c, i.to_le_bytes().to_vec(), vec![oldest]);
+        dag.insert(junk.name(), &junk.header, body(&junk));
+    }
+    // The reader trusts chain[2]: the path from the oldest runs through chain[1].
+    let asked = std::cell::Cell::new(0usize);
+    let trusted = chain[2].name();
+    let found = dag
+        .chain_to_trusted(&oldest, |h| {
+            asked.set(asked.get() + 1);
+            h == trusted.hash()
+        })
+        .unwrap();
+    assert_eq!(found, vec![oldest, chain[1].name(), trusted]);
+    assert!(asked.get() <= 4, "{} records looked at", asked.get());
+    assert_eq!(dag.proven_heads(), vec![newest]);
+    assert_eq!(dag.heads().len(), 10_001);
+}
