@@ -31,7 +31,7 @@ use std::sync::Arc;
 use cairn_core::{Decoder, Encoder, Error, Hash, Result, SigningKey};
 use cairn_object::{
     At, Db, HeadChange, HeadChangeKind, HeadRecorder, MergeOutcome, NewValue, Op, PutOptions,
-    Resolver, Target, TreeConfig, Uid, check_bucket_name,
+    Resolver, Target, TreeConfig, Uid, VersionMembership, check_bucket_name,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -329,6 +329,68 @@ struct Chain {
 /// uid → the record that created it; built on first use from the capsule.
 type VersionIndex = Arc<Mutex<Option<HashMap<Uid, RecordName>>>>;
 
+/// The versions of a bucket: those a proven record of its capsule created. The bucket's
+/// Db takes only these where a caller names a version by uid ([`VersionMembership`]), and
+/// proofs are found through the same index.
+struct BucketVersions {
+    server: Arc<CapsuleServer>,
+    /// The bucket's capsule (none yet: no versions).
+    capsule: Option<CapsuleName>,
+    bucket: String,
+    index: VersionIndex,
+}
+
+impl BucketVersions {
+    /// Reads a record of the bucket's capsule and decodes its mutation.
+    fn mutation(&self, capsule: &CapsuleName, name: &RecordName) -> Result<(Record, Mutation)> {
+        let record = self.server.read(capsule, name)?;
+        if record.name() != *name || record.header.capsule != *capsule {
+            return Err(Error::corrupt(format!(
+                "record {name} read back as another"
+            )));
+        }
+        record.check_body()?;
+        let m = Mutation::decode(&record.body)
+            .map_err(|e| Error::corrupt(format!("record {name} of bucket {}: {e}", self.bucket)))?;
+        Ok((record, m))
+    }
+
+    /// The record that created version `uid`, if any (the index is built from the capsule
+    /// on first use and kept up to date by later mutations).
+    fn record_of(&self, uid: &Uid) -> Result<Option<RecordName>> {
+        let Some(capsule) = self.capsule else {
+            return Ok(None);
+        };
+        let mut index = self.index.lock();
+        if index.is_none() {
+            // Proven records only: an unsigned record (anyone may write one) claiming a
+            // uid must not stand for the writer's.
+            let order = self.server.with_dag(&capsule, |d| {
+                d.order()
+                    .iter()
+                    .filter(|n| d.witness(n).and_then(|w| w.hops()).is_some())
+                    .copied()
+                    .collect::<Vec<_>>()
+            })?;
+            let mut map = HashMap::with_capacity(order.len());
+            for name in order {
+                let (_, m) = self.mutation(&capsule, &name)?;
+                if m.creates_version() {
+                    map.entry(m.uid).or_insert(name);
+                }
+            }
+            *index = Some(map);
+        }
+        Ok(index.as_ref().and_then(|m| m.get(uid).copied()))
+    }
+}
+
+impl VersionMembership for BucketVersions {
+    fn holds(&self, uid: &Uid) -> Result<bool> {
+        self.record_of(uid).map(|r| r.is_some())
+    }
+}
+
 /// A writable bucket's capsule journal: the [`HeadRecorder`] of the bucket's Db, which
 /// appends one record per mutation before the Db commits it.
 struct Journal {
@@ -477,7 +539,7 @@ pub struct Bucket {
     server: Arc<CapsuleServer>,
     meta: Option<CapsuleMetadata>,
     journal: Option<Arc<Journal>>,
-    index: VersionIndex,
+    versions: Arc<BucketVersions>,
 }
 
 impl Bucket {
@@ -632,16 +694,23 @@ impl Bucket {
             }
             _ => None,
         };
+        let versions = Arc::new(BucketVersions {
+            server: server.clone(),
+            capsule: meta.as_ref().map(CapsuleMetadata::name),
+            bucket: db.bucket().to_string(),
+            index,
+        });
         let db = match &journal {
             Some(j) => db.with_recorder(j.clone()),
             None => db,
         };
+        let db = db.with_members(versions.clone());
         Ok(Bucket {
             db,
             server,
             meta,
             journal,
-            index,
+            versions,
         })
     }
 
@@ -788,45 +857,13 @@ impl Bucket {
 
     /// Reads a record of the bucket's capsule and decodes its mutation.
     fn mutation(&self, capsule: &CapsuleName, name: &RecordName) -> Result<(Record, Mutation)> {
-        let record = self.server.read(capsule, name)?;
-        if record.name() != *name || record.header.capsule != *capsule {
-            return Err(Error::corrupt(format!(
-                "record {name} read back as another"
-            )));
-        }
-        record.check_body()?;
-        let m = Mutation::decode(&record.body)
-            .map_err(|e| Error::corrupt(format!("record {name} of bucket {}: {e}", self.name())))?;
-        Ok((record, m))
+        self.versions.mutation(capsule, name)
     }
 
     /// The record that created version `uid`, if any (the index is built from the capsule
     /// on first use and kept up to date by later mutations).
     pub fn record_of(&self, uid: &Uid) -> Result<Option<RecordName>> {
-        let Some(capsule) = self.capsule() else {
-            return Ok(None);
-        };
-        let mut index = self.index.lock();
-        if index.is_none() {
-            // Proven records only: an unsigned record (anyone may write one) claiming a
-            // uid must not stand for the writer's.
-            let order = self.server.with_dag(&capsule, |d| {
-                d.order()
-                    .iter()
-                    .filter(|n| d.witness(n).and_then(|w| w.hops()).is_some())
-                    .copied()
-                    .collect::<Vec<_>>()
-            })?;
-            let mut map = HashMap::with_capacity(order.len());
-            for name in order {
-                let (_, m) = self.mutation(&capsule, &name)?;
-                if m.creates_version() {
-                    map.entry(m.uid).or_insert(name);
-                }
-            }
-            *index = Some(map);
-        }
-        Ok(index.as_ref().and_then(|m| m.get(uid).copied()))
+        self.versions.record_of(uid)
     }
 
     /// The proof that this bucket's writer created version `uid` of `key`.

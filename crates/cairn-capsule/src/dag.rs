@@ -203,7 +203,11 @@ impl CapsuleDag {
                     out.insert(n);
                 }
             } else if let Some(node) = self.nodes.get(&n) {
-                stack.extend(node.backpointers.iter().filter(|b| self.nodes.contains_key(*b)));
+                stack.extend(
+                    node.backpointers
+                        .iter()
+                        .filter(|b| self.nodes.contains_key(*b)),
+                );
             }
         }
         out.into_iter().collect()

@@ -2544,7 +2544,6 @@ fn body_mismatch(name: &RecordName) -> Error {
     ))
 }
 
-
 /// Refuses a header (given encoded) that a reload would not decode: one built in this
 /// process skips the decoder's checks (at most [`crate::record::MAX_BACKPOINTERS`]
 /// distinct backpointers, hashes in the capsule's algorithm, a bounded body), and once

@@ -719,7 +719,8 @@ fn a_non_writers_unsigned_record_never_gets_the_writers_signature() {
         bases: vec![],
     };
     let rec = Record::new(capsule, forged.encode(), vec![]);
-    srv.write(&capsule, std::slice::from_ref(&rec), &[]).unwrap();
+    srv.write(&capsule, std::slice::from_ref(&rec), &[])
+        .unwrap();
     let b = Bucket::open(Db::new(store.clone()), srv.clone(), Some(writer())).unwrap();
     let second = b.put(b"k", Target::Branch("master"), s("b"), &o).unwrap();
     assert!(srv.prove(&capsule, &rec.name(), None).is_err());

@@ -58,10 +58,28 @@ fn scenario(
     CapsuleName,
     BTreeSet<RecordName>,
 ) {
+    scenario_in(BodyCipher::default(), n, every, placement, branch)
+}
+
+/// [`scenario`] with bodies sealed by `cipher`: with plaintext bodies the record names,
+/// and so the coded symbols, are the same in every run.
+fn scenario_in(
+    cipher: BodyCipher,
+    n: usize,
+    every: usize,
+    placement: &[u8],
+    branch: &[u8],
+) -> (
+    CapsuleServer,
+    CapsuleServer,
+    CapsuleName,
+    BTreeSet<RecordName>,
+) {
     let a = server(1);
     let b = server(2);
     let wk = SigningKey::from_seed(&[7; 32]);
-    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "sync");
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "sync");
+    meta.cipher = cipher;
     let c = meta.name();
     a.create(&meta).unwrap();
     b.create(&meta).unwrap();
@@ -620,10 +638,11 @@ fn coded_symbol_batches_below_the_schedule_are_refused() {
 #[test]
 fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
     // Two disjoint halves of equal size: the coded symbols double from 32 and reach the
-    // initiator's cap (2 × 96 + 64 = 256) before they can decode 192 differences.
-    let placement: Vec<u8> = (0..192).map(|i| (i % 2) as u8).collect();
-    let (a, b, c, all) = scenario(192, 1, &placement, &[]);
-    const PAGE: usize = 10;
+    // initiator's cap (2 × 224 + 64 = 512) with 512, too few to decode 448 differences
+    // (a rateless IBLT needs about 1.35 symbols a difference).
+    let placement: Vec<u8> = (0..448).map(|i| (i % 2) as u8).collect();
+    let (a, b, c, all) = scenario_in(BodyCipher::Plaintext, 448, 1, &placement, &[]);
+    const PAGE: usize = 16;
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
     sa.set_name_page(PAGE);
@@ -649,9 +668,9 @@ fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
     }
     let (ra, rb) = (sa.report(), sb.report());
     assert!(ra.fallback && rb.fallback, "{ra:?} {rb:?}");
-    // 96 names in pages of 10; 96 wanted names likewise.
-    assert_eq!(name_pages, 10);
-    assert_eq!(want_pages, 10);
+    // 224 names in pages of 16; 224 wanted names likewise.
+    assert_eq!(name_pages, 14);
+    assert_eq!(want_pages, 14);
     assert_eq!(present(&a, &c), all);
     assert_eq!(present(&b, &c), all);
     assert_eq!(proven(&a, &c), all);
@@ -666,8 +685,8 @@ fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
 /// names.
 #[test]
 fn an_empty_name_page_announcing_more_is_refused() {
-    let placement: Vec<u8> = (0..192).map(|i| (i % 2) as u8).collect();
-    let (a, b, c, _) = scenario(192, 1, &placement, &[]);
+    let placement: Vec<u8> = (0..448).map(|i| (i % 2) as u8).collect();
+    let (a, b, c, _) = scenario_in(BodyCipher::Plaintext, 448, 1, &placement, &[]);
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
     let mut msg = sa.start().unwrap();

@@ -1491,3 +1491,76 @@ async fn small_blob_puts_whole_or_streamed_give_one_tree() {
         "different keys, different uids"
     );
 }
+
+/// Buckets share one chunk store, but a uid names a version only in the bucket that made
+/// it: another bucket's versions, such as a Gaia file's overwritten content, are not found
+/// through any other bucket (read, meta, log, base, fork, merge, diff), so they can be
+/// neither read nor brought in and kept from GC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_names_a_version_only_in_its_own_bucket() {
+    let s = Server::start(1 << 20).await;
+    // A Gaia file, since overwritten: its first version is history only its bucket keeps.
+    let node = s.node.clone();
+    let old = tokio::task::spawn_blocking(move || {
+        let b = node.bucket("gaia-x").unwrap();
+        let put = |v: &[u8]| {
+            b.put(
+                b"k",
+                cairn_object::Target::Branch("master"),
+                cairn_object::NewValue::String(v.to_vec()),
+                &Default::default(),
+            )
+            .unwrap()
+        };
+        let old = put(b"private phone number");
+        put(b"nothing to see");
+        old
+    })
+    .await
+    .unwrap();
+    s.open_bucket("mine").await;
+    let (st, v) = s
+        .send(Method::PUT, "/v1/buckets/mine/objects/k", &[], "mine")
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let own = uid_of(&v);
+    for path in [
+        format!("/v1/buckets/mine/objects/k?uid={old}"),
+        format!("/v1/buckets/mine/meta/k?uid={old}"),
+        format!("/v1/buckets/mine/log/k?uid={old}"),
+        format!("/v1/buckets/mine/stream/k?uid={old}"),
+        format!("/v1/buckets/mine/diff/k?a={own}&b={old}"),
+        format!("/v1/buckets/mine/lca/k?a={own}&b={old}"),
+    ] {
+        let (st, e) = s.get_json(&path).await;
+        assert_eq!((st, kind(&e)), (404, "not_found"), "{path}: {e}");
+    }
+    let (st, e) = s
+        .send(
+            Method::PUT,
+            &format!("/v1/buckets/mine/objects/k?base={old}"),
+            &[],
+            "x",
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let body = json!({ "from": old.to_string(), "branch": "stolen" }).to_string();
+    let (st, e) = s
+        .send(Method::POST, "/v1/buckets/mine/fork/k", &[JSON], body)
+        .await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    let body = json!({ "into": "master", "from": old.to_string() }).to_string();
+    let (st, e) = s
+        .send(Method::POST, "/v1/buckets/mine/merge/k", &[JSON], body)
+        .await;
+    assert_eq!((st, kind(&e)), (404, "not_found"), "{e}");
+    // Its own versions still answer by uid, and nothing above changed the bucket.
+    let (st, v) = s
+        .get_json(&format!("/v1/buckets/mine/meta/k?uid={own}"))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.get_json("/v1/buckets/mine/branches/k").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["tagged"].as_object().map(|t| t.len()), Some(1), "{v}");
+    s.stop().await;
+}

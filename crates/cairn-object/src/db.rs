@@ -197,6 +197,16 @@ pub trait HeadRecorder: Send + Sync {
     fn record(&self, change: &HeadChange<'_>) -> Result<()>;
 }
 
+/// Which versions belong to a bucket ([`Db::with_members`]). Buckets share one chunk
+/// store, so a version of any bucket loads in every other; a uid a caller names (a read
+/// `At::Uid`, a fork's or merge's source, a put's base) must be a version of this bucket,
+/// or another bucket's history, even versions its owner overwrote or deleted, could be
+/// read and brought in through any bucket.
+pub trait VersionMembership: Send + Sync {
+    /// Whether `uid` is a version made in this bucket.
+    fn holds(&self, uid: &Uid) -> Result<bool>;
+}
+
 /// Options of a Put.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutOptions {
@@ -231,6 +241,8 @@ pub struct Db {
     shared: Arc<Shared>,
     /// Sees every head-moving commit of this bucket before it is made.
     recorder: Option<Arc<dyn HeadRecorder>>,
+    /// Says which versions a caller may name by uid (every one when `None`).
+    members: Option<Arc<dyn VersionMembership>>,
     /// Most bytes one merge may hold in memory (see [`Db::with_merge_memory`]).
     merge_memory: u64,
 }
@@ -273,6 +285,7 @@ impl Db {
                 gc_lock: RwLock::new(()),
             }),
             recorder: None,
+            members: None,
             merge_memory: crate::merge::DEFAULT_MERGE_MEMORY,
         }
     }
@@ -289,6 +302,7 @@ impl Db {
             bucket_seed: self.bucket_seed,
             shared: self.shared.clone(),
             recorder: None,
+            members: None,
             merge_memory: self.merge_memory,
         }
         .in_bucket(name)
@@ -315,6 +329,27 @@ impl Db {
         self
     }
 
+    /// This Db taking only versions `members` holds where a caller names a version by uid
+    /// (see [`VersionMembership`]); others are not found. Other views of the store
+    /// ([`Db::for_bucket`]) do not share it.
+    pub fn with_members(mut self, members: Arc<dyn VersionMembership>) -> Self {
+        self.members = Some(members);
+        self
+    }
+
+    /// Refuses (not found) a version `uid` of `key` a caller named that is not one of this
+    /// bucket's ([`Db::with_members`]).
+    fn admit(&self, key: &[u8], uid: &Uid) -> Result<()> {
+        match &self.members {
+            Some(m) if !m.holds(uid)? => Err(Error::not_found(format!(
+                "version {uid} of key {} in bucket {}",
+                show_key(key),
+                self.bucket()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Shows `change` to the recorder, if any, before its commit.
     pub(crate) fn record_head(&self, change: HeadChange<'_>) -> Result<()> {
         match &self.recorder {
@@ -327,8 +362,9 @@ impl Db {
     /// namespace of keys in the store's refs). Names are 1 to 64 bytes of `a-z 0-9 . _ -`.
     pub fn in_bucket(mut self, name: &str) -> Result<Self> {
         check_bucket_name(name)?;
-        // A recorder belongs to one bucket.
+        // A recorder and a membership belong to one bucket.
         self.recorder = None;
+        self.members = None;
         self.prefix = format!("bucket/{name}/").into_bytes();
         self.bucket_seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         Ok(self)
@@ -549,7 +585,10 @@ impl Db {
     /// Resolves a branch name or uid of `key` to a uid.
     pub fn resolve(&self, key: &[u8], at: &At) -> Result<Uid> {
         match at {
-            At::Uid(u) => Ok(*u),
+            At::Uid(u) => {
+                self.admit(key, u)?;
+                Ok(*u)
+            }
             At::Branch(b) => {
                 let t = self.existing_table(key)?;
                 t.tagged.get(b.as_str()).copied().ok_or_else(|| {
@@ -868,6 +907,13 @@ impl Db {
         make: impl FnOnce(Option<ValueType>, Option<&FObject>) -> Result<Value>,
     ) -> Result<Uid> {
         crate::fobject::check_context(&opts.context)?;
+        // Versions the caller names, checked before any lock is taken.
+        if let Target::Base(u) = target {
+            self.admit(key, &u)?;
+        }
+        if let Some(u) = &opts.branch_from {
+            self.admit(key, u)?;
+        }
         let key_hash = self.key_hash(key);
         let key_id = key_id(key);
         let mut stripe = self.lock_key_hash(key_hash);
@@ -1114,6 +1160,9 @@ impl Db {
     /// M11 / M12: creates tagged branch `new_branch` at a branch head or a version.
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
         check_branch_name(new_branch)?;
+        if let At::Uid(u) = from {
+            self.admit(key, u)?;
+        }
         let _w = self.writer_guard();
         let key_hash = self.key_hash(key);
         let stripe = self.lock_key_hash(key_hash);

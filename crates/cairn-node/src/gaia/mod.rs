@@ -1048,6 +1048,8 @@ fn remove_blocking(
     headers: &HeaderMap,
 ) -> HubResult<()> {
     let v = hub.authenticate(headers, address)?;
+    // Like a store: never into a bucket registered through the native API.
+    hub.writable_name(address)?;
     let missing = || GaiaError::DoesNotExist("File does not exist".into());
     let Some(bucket) = hub.existing_bucket(address)? else {
         // Nothing was ever stored, so nothing was revoked either.
