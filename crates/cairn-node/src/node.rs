@@ -44,6 +44,10 @@ pub struct Node {
     /// The share of them reads may hold ([`read_share`]): the rest stays for writes, so
     /// slow readers cannot lock uploads out.
     reads: Arc<tokio::sync::Semaphore>,
+    /// The share of them writes may hold ([`write_share`]): the rest stays for reads, so
+    /// slow uploads (any Gaia identity, which costs nothing to make, may upload) cannot
+    /// lock downloads out.
+    writes: Arc<tokio::sync::Semaphore>,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
 }
@@ -52,13 +56,23 @@ pub struct Node {
 /// back when dropped.
 pub struct Transfer {
     _total: tokio::sync::OwnedSemaphorePermit,
-    _read: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The read's or the write's share.
+    _share: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// How many of `max_transfers` reads may hold at once: all but a quarter, which stays for
 /// requests that write (at least one transfer is a read's).
 pub fn read_share(max_transfers: usize) -> usize {
     (max_transfers - max_transfers / 4).max(1)
+}
+
+/// How many of `max_transfers` requests that write may hold at once: all but an eighth
+/// (at least one), which stays for reads. Uploads hold less memory than downloads, and a
+/// hub's clients mostly upload, so their share is the larger: 224 of the default 256.
+pub fn write_share(max_transfers: usize) -> usize {
+    max_transfers
+        .saturating_sub((max_transfers / 8).max(1))
+        .max(1)
 }
 
 impl Node {
@@ -103,6 +117,9 @@ impl Node {
             reads: Arc::new(tokio::sync::Semaphore::new(read_share(
                 config.max_transfers,
             ))),
+            writes: Arc::new(tokio::sync::Semaphore::new(write_share(
+                config.max_transfers,
+            ))),
             config,
             db: Db::new(store.clone()),
             store,
@@ -114,12 +131,13 @@ impl Node {
     }
 
     /// A permit for one request that reads a body (an upload, a mutation), held until it
-    /// ends; `None` while `max_transfers` are in progress (the caller answers 503 with
-    /// `Retry-After`).
+    /// ends; `None` while writes hold their share of `max_transfers` (see [`write_share`])
+    /// or all are in progress (the caller answers 503 with `Retry-After`).
     pub fn write_permit(&self) -> Option<Transfer> {
+        let write = self.writes.clone().try_acquire_owned().ok()?;
         Some(Transfer {
             _total: self.transfers.clone().try_acquire_owned().ok()?,
-            _read: None,
+            _share: write,
         })
     }
 
@@ -130,7 +148,7 @@ impl Node {
         let read = self.reads.clone().try_acquire_owned().ok()?;
         Some(Transfer {
             _total: self.transfers.clone().try_acquire_owned().ok()?,
-            _read: Some(read),
+            _share: read,
         })
     }
 

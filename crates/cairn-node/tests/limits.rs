@@ -359,6 +359,44 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     s.stop().await;
 }
 
+/// Writers hold all but an eighth of `max_transfers` (at least one is kept): with every
+/// write slot taken by slow uploads, reads still get through (and writes get 503 until a
+/// slot frees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_writers_leave_room_for_reads() {
+    let s = Server::start_with(|c| c.max_transfers = 4).await;
+    s.open_bucket("b").await;
+    assert_eq!(cairn_node::node::write_share(4), 3);
+    assert_eq!(cairn_node::node::write_share(256), 224);
+    assert_eq!(cairn_node::node::write_share(1), 1);
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/k")
+        .body("written before the writers are slow")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let writers: Vec<_> = (0..3).map(|_| s.node.write_permit().unwrap()).collect();
+    assert!(s.node.write_permit().is_none());
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/k")
+        .body("refused")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let r = s.get("/v1/buckets/b/objects/k").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.bytes().await.unwrap(),
+        "written before the writers are slow"
+    );
+    drop(writers);
+    assert!(s.node.write_permit().is_some());
+    s.stop().await;
+}
+
 /// Readers hold at most three quarters of `max_transfers`: with every read slot taken by
 /// slow downloads, uploads still get through (and reads get 503 until a slot frees).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

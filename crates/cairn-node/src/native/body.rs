@@ -627,7 +627,9 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
         None => {
             drain_refused(body);
             Err(busy(format!(
-                "{} transfers are in progress (max_transfers); retry shortly",
+                "{} writes or {} transfers in all are in progress (max_transfers, of which an \
+                 eighth is kept for reads); retry shortly",
+                crate::node::write_share(node.config.max_transfers),
                 node.config.max_transfers
             )))
         }
