@@ -17,7 +17,7 @@
 //! and, past [`ServerOptions::max_unproven`], more records that no signature covers yet.
 //! Each gets a clear error and changes nothing.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -409,9 +409,13 @@ struct Session {
     capsule: CapsuleName,
     mirror: VerificationCache,
     mode: MirrorMode,
-    pending: HashMap<u64, Vec<Hash>>,
+    /// Proofs issued and not yet acked ([`MirrorMode::OnAck`]), by id, with the names
+    /// each will bring into the mirror.
+    pending: BTreeMap<u64, Vec<Hash>>,
+    /// Names in `pending`, counted in `mirrored` like the mirror's own.
+    pending_names: usize,
     next_proof: u64,
-    /// Names held by all sessions' mirrors, shared with the server (see
+    /// Names held by all sessions' mirrors and pending proofs, shared with the server (see
     /// [`ServerOptions::max_mirrored_names`]); this session's part leaves with it.
     mirrored: Arc<AtomicUsize>,
 }
@@ -424,12 +428,46 @@ impl Session {
         let grew = self.mirror.len().saturating_sub(before);
         self.mirrored.fetch_add(grew, Ordering::Relaxed);
     }
+
+    /// Keeps proof `id`'s names until its ack (counted against the mirrors' budget: a
+    /// reader that never acks must not hold more than one that does), dropping the
+    /// oldest proofs past [`MAX_PENDING_ACKS`] or while this session alone would hold
+    /// more than `budget` names (their acks are then refused).
+    fn hold_pending(&mut self, id: u64, names: Vec<Hash>, budget: usize) {
+        self.pending_names += names.len();
+        self.mirrored.fetch_add(names.len(), Ordering::Relaxed);
+        self.pending.insert(id, names);
+        while self.pending.len() > 1
+            && (self.pending.len() > MAX_PENDING_ACKS || self.held() > budget)
+        {
+            if let Some((_, old)) = self.pending.pop_first() {
+                self.release_pending(old.len());
+            }
+        }
+    }
+
+    /// The names of proof `id`, which leave the pending count (none when never issued or
+    /// already acked).
+    fn take_pending(&mut self, id: u64) -> Option<Vec<Hash>> {
+        let names = self.pending.remove(&id)?;
+        self.release_pending(names.len());
+        Some(names)
+    }
+
+    fn release_pending(&mut self, n: usize) {
+        self.pending_names -= n;
+        self.mirrored.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Names this session holds against the budget: its mirror's and its pending proofs'.
+    fn held(&self) -> usize {
+        self.mirror.len() + self.pending_names
+    }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.mirrored
-            .fetch_sub(self.mirror.len(), Ordering::Relaxed);
+        self.mirrored.fetch_sub(self.held(), Ordering::Relaxed);
     }
 }
 
@@ -1627,7 +1665,8 @@ impl CapsuleServer {
             capsule: *capsule,
             mirror: VerificationCache::new(policy)?,
             mode,
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
+            pending_names: 0,
             next_proof: 1,
             mirrored: self.mirrored.clone(),
         };
@@ -1676,7 +1715,7 @@ impl CapsuleServer {
                 let Some((_, s)) = sessions.pop_lru() else {
                     break;
                 };
-                held = held.saturating_sub(s.try_lock().map_or(0, |g| g.mirror.len()));
+                held = held.saturating_sub(s.try_lock().map_or(0, |g| g.held()));
                 ended.push(s);
             }
         }
@@ -1705,20 +1744,20 @@ impl CapsuleServer {
     /// Hands `proof` to `session`: its names go into the mirror now ([`MirrorMode::OnIssue`])
     /// or when the reader acks it. The caller then calls
     /// [`CapsuleServer::keep_mirrors_in_budget`].
-    fn issue<P>(session: &mut Session, inserts: Vec<Hash>, proof: P) -> Issued<P> {
+    fn issue<P>(session: &mut Session, inserts: Vec<Hash>, proof: P, budget: usize) -> Issued<P> {
         if session.mode == MirrorMode::OnIssue {
             session.mirror_insert(&inserts);
             return Issued { proof_id: 0, proof };
         }
         let id = session.next_proof;
         session.next_proof += 1;
-        if session.pending.len() >= MAX_PENDING_ACKS {
-            let oldest = session.pending.keys().min().copied();
-            if let Some(o) = oldest {
-                session.pending.remove(&o);
-            }
-        }
-        session.pending.insert(id, inserts);
+        // A mirror that caches nothing takes nothing in at the ack either.
+        let inserts = if session.mirror.policy() == CachePolicy::Off {
+            Vec::new()
+        } else {
+            inserts
+        };
+        session.hold_pending(id, inserts, budget);
         Issued {
             proof_id: id,
             proof,
@@ -1794,7 +1833,7 @@ impl CapsuleServer {
                 let s = self.session(id, capsule)?;
                 let mut s = s.lock();
                 let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror), first)?;
-                let issued = Self::issue(&mut s, inserts, proof);
+                let issued = Self::issue(&mut s, inserts, proof, self.opts.max_mirrored_names);
                 drop(s);
                 self.keep_mirrors_in_budget(id);
                 Ok(issued)
@@ -1884,7 +1923,7 @@ impl CapsuleServer {
             record: record_proof,
         };
         let issued = match guard.as_deref_mut() {
-            Some(s) => Self::issue(s, node_inserts, proof),
+            Some(s) => Self::issue(s, node_inserts, proof, self.opts.max_mirrored_names),
             None => Issued { proof_id: 0, proof },
         };
         drop(guard);
@@ -1980,7 +2019,7 @@ impl CapsuleServer {
         }
         let proof = SubrecordsProof { groups: out };
         let issued = match guard.as_deref_mut() {
-            Some(s) => Self::issue(s, inserts, proof),
+            Some(s) => Self::issue(s, inserts, proof, self.opts.max_mirrored_names),
             None => Issued { proof_id: 0, proof },
         };
         drop(guard);
@@ -2001,7 +2040,7 @@ impl CapsuleServer {
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("session {}", session.0)))?;
         let mut s = s.lock();
-        let inserts = s.pending.remove(&proof_id).ok_or_else(|| {
+        let inserts = s.take_pending(proof_id).ok_or_else(|| {
             Error::Rejected(format!(
                 "ack for proof {proof_id} refused: never issued to this session or already acknowledged"
             ))

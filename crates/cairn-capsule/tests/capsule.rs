@@ -1214,17 +1214,19 @@ fn mirrors_stay_within_the_servers_name_budget() {
         server.prove(&c, &names[7], Some(a)),
         Err(Error::NotFound(m)) if m.contains("session")
     ));
-    // `b` grows by an ack (the chain from the first record to the signature: eight names;
-    // its own capacity keeps 10 of its 11) past the budget: `d` ends, `b` stays.
+    // `b` is issued a proof (the chain from the first record to the signature: eight
+    // names). They count from the issue, as a reader that never acks holds them too: past
+    // the budget, `d` ends, `b` stays.
     let issued = server.prove(&c, &names[0], Some(b)).unwrap();
     assert_eq!(issued.proof.chain.len(), 8);
-    assert_eq!(server.mirrored_names(), 6, "names wait for the ack");
-    server.ack(b, issued.proof_id).unwrap();
-    assert_eq!(server.mirrored_names(), 10);
+    assert_eq!(server.mirrored_names(), 11);
     assert!(matches!(
         server.prove(&c, &names[7], Some(d)),
         Err(Error::NotFound(m)) if m.contains("session")
     ));
+    // At the ack they move to the mirror, whose capacity keeps 10 of its 11.
+    server.ack(b, issued.proof_id).unwrap();
+    assert_eq!(server.mirrored_names(), 10);
     // `b` mirrors the whole chain now: its proofs stop at its own cache.
     let p = server.prove(&c, &names[5], Some(b)).unwrap();
     assert_eq!(p.proof.chain.len(), 1);
@@ -1469,4 +1471,44 @@ fn the_search_for_a_trusted_record_skips_unproven_children() {
     assert!(asked.get() <= 4, "{} records looked at", asked.get());
     assert_eq!(dag.proven_heads(), vec![newest]);
     assert_eq!(dag.heads().len(), 10_001);
+}
+
+/// A reader that never acks holds no more than the mirrors' budget on the server: each
+/// pending proof's names count against it, and past it the oldest pending proofs go (their
+/// acks are then refused). Before, 65,536 pending proofs per session were kept outside
+/// the budget, whatever the session's cache capacity.
+#[test]
+fn pending_proofs_count_against_the_mirror_budget() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let server = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions {
+            max_mirrored_names: 20,
+            ..ServerOptions::default()
+        },
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "pending budget");
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([7; 32]))).unwrap();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 8, 8);
+    let s = server
+        .open_session(&c, CachePolicy::Lru { capacity: 1 }, &[])
+        .unwrap();
+    let ids: Vec<u64> = (0..100)
+        .map(|_| server.prove(&c, &names[0], Some(s)).unwrap().proof_id)
+        .collect();
+    assert!(server.mirrored_names() <= 20, "{}", server.mirrored_names());
+    // The oldest went; the newest is still acked.
+    assert!(server.ack(s, ids[0]).is_err());
+    server.ack(s, ids[99]).unwrap();
+    // A session that caches nothing keeps nothing for its acks.
+    let off = server.open_session(&c, CachePolicy::Off, &[]).unwrap();
+    server.close_session(s);
+    for _ in 0..10 {
+        server.prove(&c, &names[0], Some(off)).unwrap();
+    }
+    assert_eq!(server.mirrored_names(), 0);
 }
