@@ -1175,10 +1175,14 @@ impl CapsuleServer {
         let covered = signatures
             .iter()
             .map(|(n, _)| n)
-            .filter(|n| batch.contains(n) || cap.dag.signature(n).is_none())
+            .filter(|n| cap.dag.contains(n) && cap.dag.signature(n).is_none())
             .collect::<HashSet<_>>()
             .len();
-        if cap.dag.unproven() + fresh.len() > self.opts.max_unproven + covered {
+        // Records of the batch its signatures prove (a signed record and every record of
+        // the batch it reaches through backpointers) are not counted: a writer's chain
+        // signed at its newest record is taken whatever unsigned records others left.
+        let new_unproven = fresh.len() - proven_in_batch(&batch, &fresh, records, signatures);
+        if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
             return Err(Error::Unavailable(format!(
                 "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
                 cap.dag.unproven(),
@@ -2583,6 +2587,35 @@ fn body_mismatch(name: &RecordName) -> Error {
     ))
 }
 
+/// How many of the batch's fresh records (`batch[j]` is `records[fresh[j]]`'s name) its
+/// `signatures` prove: a signed record and every fresh record it reaches through
+/// backpointers within the batch.
+fn proven_in_batch(
+    batch: &[RecordName],
+    fresh: &[usize],
+    records: &[Record],
+    signatures: &[(RecordName, WriterSignature)],
+) -> usize {
+    let at: HashMap<&RecordName, usize> = batch.iter().enumerate().map(|(j, n)| (n, j)).collect();
+    let mut proven = vec![false; batch.len()];
+    let mut stack: Vec<usize> = signatures
+        .iter()
+        .filter_map(|(n, _)| at.get(n).copied())
+        .collect();
+    while let Some(j) = stack.pop() {
+        if std::mem::replace(&mut proven[j], true) {
+            continue;
+        }
+        for b in &records[fresh[j]].header.backpointers {
+            if let Some(&k) = at.get(b)
+                && !proven[k]
+            {
+                stack.push(k);
+            }
+        }
+    }
+    proven.iter().filter(|p| **p).count()
+}
 /// Refuses a header (given encoded) that a reload would not decode: one built in this
 /// process skips the decoder's checks (at most [`crate::record::MAX_BACKPOINTERS`]
 /// distinct backpointers, hashes in the capsule's algorithm, a bounded body), and once

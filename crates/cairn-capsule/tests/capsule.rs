@@ -1512,3 +1512,41 @@ fn pending_proofs_count_against_the_mirror_budget() {
     }
     assert_eq!(server.mirrored_names(), 0);
 }
+
+/// Unsigned records anyone may write fill `max_unproven`; a writer's chain signed at its
+/// newest record is still taken (the signature proves the whole chain), while one more
+/// unsigned record is refused. Before, each signature counted for one record, so a
+/// grouped commit of two or more records failed for good.
+#[test]
+fn a_signed_chain_is_taken_when_unsigned_records_fill_the_limit() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let srv = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions {
+            max_unproven: 10,
+            ..ServerOptions::default()
+        },
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "unproven");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    let junk: Vec<Record> = (0..10u32)
+        .map(|i| Record::new(c, i.to_le_bytes().to_vec(), vec![]))
+        .collect();
+    srv.write(&c, &junk, &[]).unwrap();
+    let one_more = Record::new(c, b"one more".to_vec(), vec![]);
+    let e = srv.write(&c, &[one_more], &[]).unwrap_err();
+    assert!(e.to_string().contains("no signature covers"), "{e}");
+    let mut w = Writer::new(meta, wk, None).unwrap();
+    let chain: Vec<Record> = (0..3)
+        .map(|i| w.record(format!("r{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    let newest = chain[2].name();
+    srv.write(&c, &chain, &[(newest, w.sign(&newest))]).unwrap();
+    for r in &chain {
+        assert!(srv.prove(&c, &r.name(), None).is_ok());
+    }
+}
