@@ -341,6 +341,7 @@ pub fn requests() -> Vec<Request> {
         out.push(Request::Sync {
             capsule: c,
             peer,
+            session: 7,
             msg,
         });
     }

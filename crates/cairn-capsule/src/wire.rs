@@ -60,8 +60,8 @@ use crate::server::{
 use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
 
 /// Format version of encoded [`Request`]s and [`Response`]s (2: sessions carry a
-/// [`MirrorMode`]; read-and-prove).
-pub const WIRE_VERSION: u8 = 2;
+/// [`MirrorMode`]; read-and-prove; 3: a sync request carries its session number).
+pub const WIRE_VERSION: u8 = 3;
 /// Format version of a standalone encoded [`SyncMsg`] (2: a Hello carries its stamp and the
 /// initiator's signature; 3: name lists and wanted names travel in pages).
 pub const SYNC_VERSION: u8 = 3;
@@ -844,6 +844,10 @@ pub enum Request {
         capsule: CapsuleName,
         /// The initiator's server key (picks the responder's sync cursor).
         peer: PublicKey,
+        /// The session: a random number the initiator picks for its Hello (not 0) and
+        /// sends with every later message, so no one else can continue (or end) the
+        /// session by naming the capsule and the initiator's public key.
+        session: u64,
         /// The message.
         msg: SyncMsg,
     },
@@ -1057,10 +1061,16 @@ impl Request {
             Request::Ack { session, proof_id } => {
                 e.u8(REQ_ACK).varint(session.0).varint(*proof_id);
             }
-            Request::Sync { capsule, peer, msg } => {
+            Request::Sync {
+                capsule,
+                peer,
+                session,
+                msg,
+            } => {
                 e.u8(REQ_SYNC);
                 enc_capsule(e, capsule);
                 peer.encode(e);
+                e.u64_le(*session);
                 msg.encode(e);
             }
         }
@@ -1162,6 +1172,7 @@ impl Request {
             REQ_SYNC => Request::Sync {
                 capsule: dec_capsule(d)?,
                 peer: PublicKey::decode(d)?,
+                session: d.u64_le()?,
                 msg: SyncMsg::decode(d)?,
             },
             other => return Err(Error::decode(format!("unknown request tag {other}"))),
@@ -1664,8 +1675,9 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
 }
 
 type SyncKey = (CapsuleName, PublicKey);
-/// An open session and the names it compares (fixed when it starts).
-type OpenSync = (usize, Arc<Mutex<SyncState>>);
+/// An open session: the names it compares (fixed when it starts), the session number its
+/// Hello carried, and its state.
+type OpenSync = (usize, u64, Arc<Mutex<SyncState>>);
 
 /// A capsule server as a network endpoint: [`dispatch`] plus the responder side of
 /// anti-entropy sessions, kept between messages per (capsule, initiator key). A
@@ -1709,7 +1721,12 @@ impl CapsuleService {
     /// Runs one request.
     pub fn handle(&self, req: Request) -> Response {
         match req {
-            Request::Sync { capsule, peer, msg } => result(self.sync(capsule, peer, msg)),
+            Request::Sync {
+                capsule,
+                peer,
+                session,
+                msg,
+            } => result(self.sync(capsule, peer, session, msg)),
             other => dispatch(&self.server, other),
         }
     }
@@ -1724,54 +1741,72 @@ impl CapsuleService {
         resp.to_bytes()
     }
 
-    fn sync(&self, capsule: CapsuleName, peer: PublicKey, msg: SyncMsg) -> Result<Response> {
+    fn sync(
+        &self,
+        capsule: CapsuleName,
+        peer: PublicKey,
+        session: u64,
+        msg: SyncMsg,
+    ) -> Result<Response> {
         let key = (capsule, peer);
         let server = &*self.server;
-        let state =
-            if let SyncMsg::Hello { capsule: c, .. } = &msg {
-                if *c != capsule {
-                    return Err(Error::invalid(
-                        "Hello names another capsule than the request",
-                    ));
-                }
-                // A Hello that is not the peer's own does not get to replace its session.
-                msg.check_hello(&peer, server)?;
-                let fresh = SyncState::new(server, capsule, peer)?;
-                let names = fresh.names();
-                let max = self.max_sync_names;
-                if names > max {
-                    return Err(Error::Unavailable(format!(
-                        "an anti-entropy session of capsule {capsule} would compare {names} \
+        let state = if let SyncMsg::Hello { capsule: c, .. } = &msg {
+            if *c != capsule {
+                return Err(Error::invalid(
+                    "Hello names another capsule than the request",
+                ));
+            }
+            if session == 0 {
+                return Err(Error::invalid(
+                    "a Hello names its session by a random number other than 0",
+                ));
+            }
+            // A Hello that is not the peer's own does not get to replace its session.
+            msg.check_hello(&peer, server)?;
+            let fresh = SyncState::new(server, capsule, peer)?;
+            let names = fresh.names();
+            let max = self.max_sync_names;
+            if names > max {
+                return Err(Error::Unavailable(format!(
+                    "an anti-entropy session of capsule {capsule} would compare {names} \
                      records, more than the {max} this server holds for sessions"
-                    )));
+                )));
+            }
+            let st = Arc::new(Mutex::new(fresh));
+            let mut syncs = self.syncs.lock();
+            syncs.pop(&key);
+            // Room for this session's names: drop the least recently used ones.
+            let mut held: usize = syncs.iter().map(|(_, (n, _, _))| n).sum();
+            while held + names > max {
+                match syncs.pop_lru() {
+                    Some((_, (n, _, _))) => held -= n,
+                    None => break,
                 }
-                let st = Arc::new(Mutex::new(fresh));
-                let mut syncs = self.syncs.lock();
-                syncs.pop(&key);
-                // Room for this session's names: drop the least recently used ones.
-                let mut held: usize = syncs.iter().map(|(_, (n, _))| n).sum();
-                while held + names > max {
-                    match syncs.pop_lru() {
-                        Some((_, (n, _))) => held -= n,
-                        None => break,
-                    }
-                }
-                syncs.put(key, (names, st.clone()));
-                st
-            } else {
-                self.syncs.lock().get(&key).map(|(_, s)| s.clone()).ok_or_else(|| {
-                Error::NotFound(format!(
-                    "no anti-entropy session of capsule {capsule} with {peer}; start with Hello"
-                ))
-            })?
-            };
+            }
+            syncs.put(key, (names, session, st.clone()));
+            st
+        } else {
+            // Only with the number its Hello carried: the same answer as no session, so
+            // a guess learns nothing.
+            self.syncs
+                .lock()
+                .get(&key)
+                .filter(|(_, id, _)| *id == session)
+                .map(|(_, _, s)| s.clone())
+                .ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "no anti-entropy session {session} of capsule {capsule} with {peer}; \
+                             start with Hello"
+                    ))
+                })?
+        };
         let mut st = state.lock();
         let out = st.handle(server, msg);
         if out.is_err() || st.is_finished() {
             let mut syncs = self.syncs.lock();
             if syncs
                 .peek(&key)
-                .is_some_and(|(_, s)| Arc::ptr_eq(s, &state))
+                .is_some_and(|(_, _, s)| Arc::ptr_eq(s, &state))
             {
                 syncs.pop(&key);
             }
@@ -2216,17 +2251,19 @@ impl RemoteCapsule {
         self.unit(&Request::Ack { session, proof_id })
     }
 
-    /// Sends one anti-entropy message as the initiator `peer`; returns the responder's
-    /// answer.
+    /// Sends one anti-entropy message of session `session` (see [`Request::Sync`]) as the
+    /// initiator `peer`; returns the responder's answer.
     pub fn sync_message(
         &mut self,
         capsule: &CapsuleName,
         peer: PublicKey,
+        session: u64,
         msg: SyncMsg,
     ) -> Result<Option<SyncMsg>> {
         match self.call(&Request::Sync {
             capsule: *capsule,
             peer,
+            session,
             msg,
         })? {
             Response::Sync(m) => Ok(m),
@@ -2245,8 +2282,17 @@ impl RemoteCapsule {
         let me = local.public_key();
         let mut st = SyncState::new(local, *capsule, remote)?;
         let mut msg = st.start(local)?;
+        let session = loop {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b)
+                .map_err(|e| Error::Unavailable(format!("no randomness for a session: {e}")))?;
+            let id = u64::from_le_bytes(b);
+            if id != 0 {
+                break id;
+            }
+        };
         for _ in 0..MAX_STEPS {
-            let Some(reply) = self.sync_message(capsule, me, msg)? else {
+            let Some(reply) = self.sync_message(capsule, me, session, msg)? else {
                 return Ok(st.report());
             };
             match st.handle(local, reply)? {
@@ -2545,6 +2591,7 @@ mod tests {
             out.push(Request::Sync {
                 capsule: c,
                 peer: key(5).public(),
+                session: u64::MAX - 3,
                 msg,
             });
         }
@@ -3023,10 +3070,13 @@ mod tests {
                 session: SessionId(s),
                 proof_id,
             }),
-            (c, any::<u8>(), arb_sync()).prop_map(|(capsule, k, msg)| Request::Sync {
-                capsule,
-                peer: key(k).public(),
-                msg,
+            (c, any::<u8>(), any::<u64>(), arb_sync()).prop_map(|(capsule, k, session, msg)| {
+                Request::Sync {
+                    capsule,
+                    peer: key(k).public(),
+                    session,
+                    msg,
+                }
             }),
         ]
     }

@@ -1347,6 +1347,7 @@ fn a_sync_message_cannot_carry_unbounded_subrecords() {
         Request::Sync {
             capsule: CapsuleName(HashAlgo::Blake3.digest(b"c")),
             peer: SigningKey::from_seed(&[5; 32]).public(),
+            session: 7,
             msg: SyncMsg::Exchange {
                 records: vec![rec; records],
                 want: vec![],

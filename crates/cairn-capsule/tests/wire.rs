@@ -305,7 +305,7 @@ fn anti_entropy_over_tcp() {
     // A sync message outside a session is refused; dispatch alone refuses sync.
     let peer = local.public_key();
     assert!(matches!(
-        rc.sync_message(&c, peer, SyncMsg::More),
+        rc.sync_message(&c, peer, 7, SyncMsg::More),
         Err(Error::NotFound(_))
     ));
     let r = dispatch(
@@ -313,6 +313,7 @@ fn anti_entropy_over_tcp() {
         Request::Sync {
             capsule: c,
             peer,
+            session: 7,
             msg: SyncMsg::Done,
         },
     );
@@ -351,6 +352,7 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
         Request::Sync {
             capsule: c,
             peer: k.public(),
+            session: 7,
             msg: SyncMsg::Hello {
                 capsule: c,
                 quick: [0; 32],
@@ -380,6 +382,7 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     let more = svc.handle(Request::Sync {
         capsule: c,
         peer: first_peer,
+        session: 7,
         msg: SyncMsg::More,
     });
     assert!(
@@ -415,6 +418,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
     let hello = Request::Sync {
         capsule: c,
         peer: a.public_key(),
+        session: 7,
         msg: SyncMsg::Hello {
             capsule: c,
             quick: [0; 32],
@@ -440,6 +444,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
     let forged = svc.handle(Request::Sync {
         capsule: c,
         peer: a.public_key(),
+        session: 7,
         msg: SyncMsg::Hello {
             capsule: c,
             quick: [0; 32],
@@ -452,9 +457,25 @@ fn a_forged_hello_does_not_end_a_real_session() {
         matches!(&forged, Response::Error(e) if e.code == ErrorCode::Rejected),
         "{forged:?}"
     );
+    // Anyone can name the capsule and the initiator's key, but not the session number its
+    // Hello carried: a Done under another number neither ends nor finishes the session.
+    for wrong in [SyncMsg::Done, SyncMsg::More] {
+        let r = svc.handle(Request::Sync {
+            capsule: c,
+            peer: a.public_key(),
+            session: 8,
+            msg: wrong,
+        });
+        assert!(
+            matches!(&r, Response::Error(e) if e.code == ErrorCode::NotFound),
+            "{r:?}"
+        );
+    }
+    assert_eq!(svc.open_syncs(), 1);
     let more = svc.handle(Request::Sync {
         capsule: c,
         peer: a.public_key(),
+        session: 7,
         msg: SyncMsg::More,
     });
     assert!(
