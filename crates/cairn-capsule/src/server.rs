@@ -491,11 +491,45 @@ struct Capsule {
     dag: CapsuleDag,
     journal_head: Option<Hash>,
     journal_seq: u64,
-    /// Subrecord name → (record, index).
+    /// Subrecord name → (record, index), the first record that held it.
     subrecords: foldhash::HashMap<Hash, (RecordName, u32)>,
+    /// Later records holding a subrecord name `subrecords` has under another record (rare:
+    /// a repeated plaintext subrecord, or one copied into an unsigned record by anyone).
+    more_subrecords: foldhash::HashMap<Hash, Vec<(RecordName, u32)>>,
     trees: LruCache<RecordName, Arc<MerkleLog>>,
     /// Leaves across `trees`.
     tree_leaves: usize,
+}
+
+impl Capsule {
+    /// Notes that subrecord `sub` is at `index` of `record`.
+    fn index_subrecord(&mut self, sub: Hash, record: RecordName, index: u32) {
+        match self.subrecords.entry(sub) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert((record, index));
+            }
+            std::collections::hash_map::Entry::Occupied(o) if o.get().0 != record => {
+                let more = self.more_subrecords.entry(sub).or_default();
+                if !more.iter().any(|(r, _)| *r == record) {
+                    more.push((record, index));
+                }
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {}
+        }
+    }
+
+    /// Where subrecord `sub` is: in the first record holding it that a signature reaches,
+    /// else the first record holding it. So a subrecord someone copied into an unsigned
+    /// record first still has a proof through the writer's signed record.
+    fn subrecord_at(&self, sub: &Hash) -> Option<(RecordName, u32)> {
+        let first = *self.subrecords.get(sub)?;
+        let proven = |r: &RecordName| self.dag.witness(r).and_then(|w| w.hops()).is_some();
+        if proven(&first.0) {
+            return Some(first);
+        }
+        let later = self.more_subrecords.get(sub).into_iter().flatten();
+        Some(later.copied().find(|(r, _)| proven(r)).unwrap_or(first))
+    }
 }
 
 impl Capsule {
@@ -899,6 +933,7 @@ impl CapsuleServer {
             journal_head: Some(journal_head),
             journal_seq: 0,
             subrecords: Default::default(),
+            more_subrecords: Default::default(),
             trees: LruCache::new(trees),
             tree_leaves: 0,
         }
@@ -1010,7 +1045,7 @@ impl CapsuleServer {
                         if let StoredBody::Subrecords { list, .. } = body {
                             let leaves = self.subrecord_list(&list)?;
                             for (i, s) in leaves.iter().enumerate() {
-                                cap.subrecords.entry(*s).or_insert((rn, i as u32));
+                                cap.index_subrecord(*s, rn, i as u32);
                             }
                         }
                         cap.dag.insert(rn, &header, body);
@@ -1360,7 +1395,7 @@ impl CapsuleServer {
         }
         self.append_journal(capsule, &mut cap, &entries)?;
         for (i, n) in names.iter().enumerate() {
-            cap.subrecords.entry(*n).or_insert((name, i as u32));
+            cap.index_subrecord(*n, name, i as u32);
         }
         // Only now that the capsule holds them (see `BodyCache`).
         for (data, n) in subrecords.iter().zip(&names) {
@@ -1876,9 +1911,8 @@ impl CapsuleServer {
     ) -> Result<Issued<SubrecordProof>> {
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
-        let (record, index) = *cap
-            .subrecords
-            .get(sub)
+        let (record, index) = cap
+            .subrecord_at(sub)
             .ok_or_else(|| Error::NotFound(format!("subrecord {sub} in capsule {capsule}")))?;
         let tree = self.tree(&mut cap, &record)?;
         let algo = cap.dag.meta().algo;
@@ -1963,9 +1997,8 @@ impl CapsuleServer {
         let mut groups: Vec<(RecordName, Vec<(u64, u32)>)> = Vec::new();
         let mut group_of: foldhash::HashMap<RecordName, usize> = Default::default();
         for (pos, sub) in subs.iter().enumerate() {
-            let (record, index) = *cap
-                .subrecords
-                .get(sub)
+            let (record, index) = cap
+                .subrecord_at(sub)
                 .ok_or_else(|| Error::NotFound(format!("subrecord {sub} in capsule {capsule}")))?;
             let g = match groups.last() {
                 Some((r, _)) if *r == record => groups.len() - 1,
@@ -2474,7 +2507,7 @@ impl CapsuleServer {
             self.bodies.insert(capsule, hash, false, b);
         }
         for (sn, name, i) in subrecord_index {
-            cap.subrecords.entry(sn).or_insert((name, i));
+            cap.index_subrecord(sn, name, i);
         }
         for (name, header, body) in inserts {
             cap.dag.insert(name, &header, body);

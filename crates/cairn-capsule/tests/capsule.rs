@@ -1551,3 +1551,42 @@ fn a_signed_chain_is_taken_when_unsigned_records_fill_the_limit() {
         assert!(srv.prove(&c, &r.name(), None).is_ok());
     }
 }
+
+/// A subrecord someone first put into an unsigned record (anyone may write one, and a
+/// plaintext subrecord's name is predictable) still has a proof once the writer's signed
+/// record holds it: proofs go through a proven record. Before, the subrecord was indexed
+/// under the first record only, and had no proof for good.
+#[test]
+fn a_subrecord_copied_into_an_unsigned_record_first_is_proven_through_the_signed_one() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let srv = CapsuleServer::new(
+        store,
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    );
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "subrecords");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    // The copy: the same subrecord in a record committed without a signature (built
+    // here with a writer's encoder; anyone can build the same header and body).
+    let mut w = Writer::new(meta.clone(), wk.clone(), None).unwrap();
+    w.write_subrecord(b"dup").unwrap();
+    let (h1, s1, _) = w.commit_subrecords(&[]).unwrap();
+    srv.commit_subrecords(&c, &h1, &s1, None).unwrap();
+    // The writer's own record, signed, holding it too.
+    let mut w2 = Writer::new(meta.clone(), wk, None).unwrap();
+    w2.write_subrecord(b"dup").unwrap();
+    w2.write_subrecord(b"other").unwrap();
+    let (h2, s2, sig2) = w2.commit_subrecords(&[]).unwrap();
+    srv.commit_subrecords(&c, &h2, &s2, Some(sig2)).unwrap();
+    let subs = srv.subrecords(&c, &h2.name()).unwrap();
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    for s in &subs {
+        let p = srv.prove_subrecord(&c, s, None).unwrap().proof;
+        reader.verify_subrecord(s, &p).unwrap();
+    }
+    let p = srv.prove_subrecords(&c, &subs, None).unwrap().proof;
+    reader.verify_subrecords(&subs, &p).unwrap();
+}
