@@ -1,6 +1,7 @@
 //! The node's shared state: the store, the capsule server, the open buckets and the
 //! metrics, built once by [`Node::open`] and shared by every request handler.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,10 @@ pub struct Node {
     /// hub whose users create buckets at will, as any Gaia address may write to its own,
     /// keeps its memory bounded this way).
     buckets: Mutex<LruCache<String, Arc<Bucket>>>,
+    /// One gate per bucket being opened: its opener loads it (replaying its capsule) with
+    /// no lock every request takes held, and a second request for it waits at the gate
+    /// instead of opening a second copy.
+    opening: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Permits for streamed transfers (`max_transfers`).
     transfers: Arc<tokio::sync::Semaphore>,
     /// The share of them reads may hold ([`read_share`]): the rest stays for writes, so
@@ -127,6 +132,7 @@ impl Node {
             metrics: Metrics::new()?,
             key,
             buckets: Mutex::new(LruCache::unbounded()),
+            opening: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -187,18 +193,54 @@ impl Node {
     /// The bucket `name`, opened once and shared; the node key writes its capsule records
     /// (the bucket's capsule is created on first use).
     pub fn bucket(&self, name: &str) -> cairn_core::Result<Arc<Bucket>> {
-        let mut open = self.buckets.lock();
-        if let Some(b) = open.get(name) {
+        if let Some(b) = self.buckets.lock().get(name) {
             return Ok(b.clone());
         }
-        let db = self.db_for_new(name, self.config.leaf_size)?;
-        let b = Arc::new(Bucket::open(
-            db,
-            self.capsules.clone(),
-            Some(self.key.clone()),
-        )?);
-        keep_open(&mut open, name, b.clone(), self.config.max_open_buckets);
-        Ok(b)
+        self.opening_one(name, || {
+            let db = self.db_for_new(name, self.config.leaf_size)?;
+            Bucket::open(db, self.capsules.clone(), Some(self.key.clone()))
+        })
+        .map(|(b, _)| b)
+    }
+
+    /// Opens bucket `name` with `open` unless it is open already, one opener per name at a
+    /// time, without holding the open buckets' lock while it loads. Returns the bucket and
+    /// whether this call opened it.
+    fn opening_one(
+        &self,
+        name: &str,
+        open: impl FnOnce() -> cairn_core::Result<Bucket>,
+    ) -> cairn_core::Result<(Arc<Bucket>, bool)> {
+        let gate = self
+            .opening
+            .lock()
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let result = {
+            let _turn = gate.lock();
+            // Opened by the request this one waited for?
+            let found = self.buckets.lock().get(name).cloned();
+            match found {
+                Some(b) => Ok((b, false)),
+                None => open().map(|b| {
+                    let b = Arc::new(b);
+                    keep_open(
+                        &mut self.buckets.lock(),
+                        name,
+                        b.clone(),
+                        self.config.max_open_buckets,
+                    );
+                    (b, true)
+                }),
+            }
+        };
+        // The gate goes with its last user.
+        let mut opening = self.opening.lock();
+        if Arc::strong_count(&gate) == 2 {
+            opening.remove(name);
+        }
+        result
     }
 
     /// Buckets open now (at most [`Config::max_open_buckets`] unless more are in use).
@@ -217,7 +259,6 @@ impl Node {
         leaf_size: Option<u64>,
         settings: &[(&str, String)],
     ) -> cairn_core::Result<Arc<Bucket>> {
-        let mut open = self.buckets.lock();
         let leaf_size = leaf_size.unwrap_or(self.config.leaf_size);
         let db = self.db_for_new(name, leaf_size)?;
         let mut meta = cairn_capsule::CapsuleMetadata::new(
@@ -238,13 +279,17 @@ impl Node {
         for (k, v) in settings {
             meta.settings.insert(k.to_string(), v.clone());
         }
-        let b = Arc::new(Bucket::open_with_metadata(
-            db,
-            self.capsules.clone(),
-            Some(self.key.clone()),
-            meta,
-        )?);
-        keep_open(&mut open, name, b.clone(), self.config.max_open_buckets);
+        // Through the bucket's gate: no other request opens it meanwhile.
+        // `open_with_metadata` refuses metadata other than an existing capsule's; a bucket
+        // already open (a concurrent create got there first) is not created again.
+        let (b, opened) = self.opening_one(name, || {
+            Bucket::open_with_metadata(db, self.capsules.clone(), Some(self.key.clone()), meta)
+        })?;
+        if !opened {
+            return Err(cairn_core::Error::AlreadyExists(format!(
+                "bucket {name:?} (created meanwhile)"
+            )));
+        }
         Ok(b)
     }
 

@@ -1564,3 +1564,64 @@ async fn a_uid_names_a_version_only_in_its_own_bucket() {
     assert_eq!(v["tagged"].as_object().map(|t| t.len()), Some(1), "{v}");
     s.stop().await;
 }
+
+/// Concurrent creates of one bucket name by different owners: exactly one is created, the
+/// others are refused with 409, and the bucket's registry entry names the owner its
+/// capsule was created with. Buckets now open outside the lock every request takes, each
+/// behind its own gate, so this race must still have one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_of_one_bucket_have_one_winner() {
+    let s = std::sync::Arc::new(Server::start(1 << 20).await);
+    let owners: Vec<SigningKey> = (0..8u8)
+        .map(|i| SigningKey::from_seed(&[40 + i; 32]))
+        .collect();
+    let tries: Vec<_> = owners
+        .iter()
+        .cloned()
+        .map(|o| {
+            let s = s.clone();
+            tokio::spawn(async move { (o.public(), s.create_owned(&o, "contested").await) })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for t in tries {
+        let (owner, (st, v)) = t.await.unwrap();
+        match st {
+            201 => winners.push(owner),
+            409 => assert_eq!(kind(&v), "already_exists", "{v}"),
+            other => panic!("create answered {other}: {v}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let (st, info) = s.get_json("/v1/buckets/contested").await;
+    assert_eq!(st, 200, "{info}");
+    assert_eq!(info["owner"], winners[0].to_string(), "{info}");
+    assert_eq!(
+        info["settings"]["cairn.native.owner"],
+        winners[0].to_string(),
+        "{info}"
+    );
+    // The race's narrow end, made directly: a create that finds the bucket open already
+    // (another create got there first) is refused, and the first one's bucket stays the
+    // one open copy.
+    let node = s.node.clone();
+    tokio::task::spawn_blocking(move || {
+        let first = node
+            .create_bucket("raced", None, &[("cairn.native.owner", "open".into())])
+            .unwrap();
+        for owner in ["open", "other"] {
+            let e = node
+                .create_bucket("raced", None, &[("cairn.native.owner", owner.into())])
+                .err()
+                .expect("a second create of an open bucket");
+            assert!(matches!(e, cairn_core::Error::AlreadyExists(_)), "{e}");
+        }
+        assert!(std::sync::Arc::ptr_eq(
+            &first,
+            &node.bucket("raced").unwrap()
+        ));
+    })
+    .await
+    .unwrap();
+    std::sync::Arc::into_inner(s).unwrap().stop().await;
+}
