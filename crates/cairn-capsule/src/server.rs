@@ -509,8 +509,11 @@ impl Capsule {
                 v.insert((record, index));
             }
             std::collections::hash_map::Entry::Occupied(o) if o.get().0 != record => {
+                // A record's own repeats come one after another (records are indexed whole,
+                // once each), so only the last entry can be this record: constant time
+                // however many records hold the name.
                 let more = self.more_subrecords.entry(sub).or_default();
-                if !more.iter().any(|(r, _)| *r == record) {
+                if more.last().is_none_or(|(r, _)| *r != record) {
                     more.push((record, index));
                 }
             }
@@ -520,15 +523,24 @@ impl Capsule {
 
     /// Where subrecord `sub` is: in the first record holding it that a signature reaches,
     /// else the first record holding it. So a subrecord someone copied into an unsigned
-    /// record first still has a proof through the writer's signed record.
-    fn subrecord_at(&self, sub: &Hash) -> Option<(RecordName, u32)> {
+    /// record first still has a proof through the writer's signed record. A proven holder
+    /// found among the later ones takes the first place, so the search runs once.
+    fn subrecord_at(&mut self, sub: &Hash) -> Option<(RecordName, u32)> {
         let first = *self.subrecords.get(sub)?;
-        let proven = |r: &RecordName| self.dag.witness(r).and_then(|w| w.hops()).is_some();
+        let dag = &self.dag;
+        let proven = |r: &RecordName| dag.witness(r).and_then(|w| w.hops()).is_some();
         if proven(&first.0) {
             return Some(first);
         }
-        let later = self.more_subrecords.get(sub).into_iter().flatten();
-        Some(later.copied().find(|(r, _)| proven(r)).unwrap_or(first))
+        let Some(more) = self.more_subrecords.get_mut(sub) else {
+            return Some(first);
+        };
+        let Some(i) = more.iter().position(|(r, _)| proven(r)) else {
+            return Some(first);
+        };
+        let found = std::mem::replace(&mut more[i], first);
+        self.subrecords.insert(*sub, found);
+        Some(found)
     }
 }
 

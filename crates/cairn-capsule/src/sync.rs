@@ -44,11 +44,18 @@ const FIRST_BATCH: usize = 32;
 /// Most coded symbols in one batch (about 25 MiB encoded).
 const MAX_SYMBOL_BATCH: usize = 1 << 19;
 /// Default most names in one page of a name list ([`SyncMsg::Names`], or the wanted names
-/// of an [`SyncMsg::Exchange`] or [`SyncMsg::Patch`]): 16 MiB of names, so a message
-/// with a page and a full record budget stays well within the wire's frame.
-pub const NAME_PAGE: usize = 1 << 19;
-// A page of names (34 bytes each encoded) and a message's records fit in a frame together.
-const _: () = assert!(NAME_PAGE * 34 + SYNC_BUDGET + (1 << 20) <= crate::wire::MAX_FRAME);
+/// of an [`SyncMsg::Exchange`] or [`SyncMsg::Patch`]): 8.5 MiB of names, so a message
+/// with a page, its shape lists and a full record budget stays within the wire's frame.
+pub const NAME_PAGE: usize = 1 << 18;
+/// Most names of each of the heads, roots and holes lists a message carries: past it, the
+/// proven ones first (those are what a session moves), the rest left out. Anyone may write
+/// unsigned records, and a million of them as heads and roots would otherwise make every
+/// message of the capsule's sessions larger than a frame.
+pub const SHAPE_LIST: usize = 1 << 18;
+// A page of names, the three shape lists (34 bytes a name encoded) and a message's records
+// fit in a frame together.
+const _: () =
+    assert!((NAME_PAGE + 3 * SHAPE_LIST) * 34 + SYNC_BUDGET + (1 << 20) <= crate::wire::MAX_FRAME);
 
 /// A message between two syncing replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +191,12 @@ impl<'a> SyncSession<'a> {
         self.state.set_name_page(names);
     }
 
+    /// Sets the most names of each shape list this side sends (see
+    /// [`SyncState::set_shape_list`]).
+    pub fn set_shape_list(&mut self, names: usize) {
+        self.state.set_shape_list(names);
+    }
+
     /// Feeds one message from the peer; returns the message to send back, or `None` when
     /// the session is over.
     pub fn handle(&mut self, msg: SyncMsg) -> Result<Option<SyncMsg>> {
@@ -233,6 +246,8 @@ pub struct SyncState {
     want_rest: std::collections::VecDeque<RecordName>,
     /// Most names in a page this side sends.
     name_page: usize,
+    /// Most names of each shape list this side sends.
+    shape_list: usize,
 }
 
 /// The side of an anti-entropy session.
@@ -336,7 +351,14 @@ impl SyncState {
             names_from: None,
             want_rest: std::collections::VecDeque::new(),
             name_page: NAME_PAGE,
+            shape_list: SHAPE_LIST,
         })
+    }
+
+    /// Sets the most names of each of the heads, roots and holes lists this side sends
+    /// (default [`SHAPE_LIST`]).
+    pub fn set_shape_list(&mut self, names: usize) {
+        self.shape_list = names.max(1);
     }
 
     /// Sets the most names in a page of a name list this side sends (default
@@ -548,6 +570,39 @@ impl SyncState {
             .min(1 << 22)
     }
 
+    /// This side's heads, roots and holes, each cut to [`SyncState::set_shape_list`]'s
+    /// count (proven ones first).
+    fn shape(
+        &self,
+        server: &CapsuleServer,
+    ) -> Result<(Vec<RecordName>, Vec<RecordName>, Vec<RecordName>)> {
+        let (heads, roots) = server.heads_roots(&self.capsule)?;
+        let missing = server.missing(&self.capsule)?;
+        let max = self.shape_list;
+        if heads.len().max(roots.len()).max(missing.len()) <= max {
+            return Ok((heads, roots, missing));
+        }
+        server.with_dag(&self.capsule, |d| {
+            let cut = |mut names: Vec<RecordName>, key: &dyn Fn(&RecordName) -> bool| {
+                if names.len() > max {
+                    // Stable: sorted order kept within each kind.
+                    names.sort_by_key(|n| !key(n));
+                    names.truncate(max);
+                    names.sort();
+                }
+                names
+            };
+            let proven = |n: &RecordName| d.witness(n).and_then(|w| w.hops()).is_some();
+            // A hole matters when a proven record points at it.
+            let wanted_hole = |n: &RecordName| d.children(n).iter().any(proven);
+            (
+                cut(heads, &proven),
+                cut(roots, &proven),
+                cut(missing, &wanted_hole),
+            )
+        })
+    }
+
     fn exchange(
         &mut self,
         server: &CapsuleServer,
@@ -555,8 +610,7 @@ impl SyncState {
         theirs_only: Vec<RecordName>,
     ) -> Result<SyncMsg> {
         let records = self.export(server, mine_only)?;
-        let (heads, roots) = server.heads_roots(&self.capsule)?;
-        let missing = server.missing(&self.capsule)?;
+        let (heads, roots, missing) = self.shape(server)?;
         self.exchanged = true;
         self.want_rest = theirs_only.into();
         let want = self.next_want_page(&records);
@@ -576,8 +630,7 @@ impl SyncState {
         records: Vec<SyncRecord>,
         want: Vec<RecordName>,
     ) -> Result<SyncMsg> {
-        let (heads, roots) = server.heads_roots(&self.capsule)?;
-        let missing = server.missing(&self.capsule)?;
+        let (heads, roots, missing) = self.shape(server)?;
         Ok(SyncMsg::Patch {
             records,
             want,
@@ -820,13 +873,18 @@ impl SyncState {
                 let accepted = self.apply(server, &records)?;
                 let mut names =
                     server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
-                // The next page of the initiator's wanted names, of this side's set only.
-                names.extend(want.into_iter().filter(|n| self.in_since(n)));
+                // The next page of the initiator's wanted names, of this side's set only. It
+                // is progress only when it names a record of that set not sent yet: pages of
+                // made-up or repeated names count against the limit like empty rounds.
+                let wanted: Vec<RecordName> =
+                    want.into_iter().filter(|n| self.in_since(n)).collect();
+                let new_wants = wanted.iter().any(|n| !self.sent_names.contains(n));
+                names.extend(wanted);
                 let out = self.export(server, &names)?;
                 let want_page = self.next_want_page(&out);
                 // A round that moved nothing new either way counts against the limit (a
-                // page of wanted names is progress: the initiator has finitely many).
-                if accepted == 0 && !was_backlogged && want_page.is_empty() && !asked {
+                // page of wanted names this side sends is progress: it has finitely many).
+                if accepted == 0 && !was_backlogged && want_page.is_empty() && !new_wants {
                     self.limited_rounds += 1;
                     if self.limited_rounds > MAX_ROUNDS {
                         return Err(Error::Unavailable(format!(

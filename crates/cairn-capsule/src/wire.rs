@@ -1750,7 +1750,7 @@ impl CapsuleService {
     ) -> Result<Response> {
         let key = (capsule, peer);
         let server = &*self.server;
-        let state = if let SyncMsg::Hello { capsule: c, .. } = &msg {
+        if let SyncMsg::Hello { capsule: c, .. } = &msg {
             if *c != capsule {
                 return Err(Error::invalid(
                     "Hello names another capsule than the request",
@@ -1763,7 +1763,7 @@ impl CapsuleService {
             }
             // A Hello that is not the peer's own does not get to replace its session.
             msg.check_hello(&peer, server)?;
-            let fresh = SyncState::new(server, capsule, peer)?;
+            let mut fresh = SyncState::new(server, capsule, peer)?;
             let names = fresh.names();
             let max = self.max_sync_names;
             if names > max {
@@ -1772,34 +1772,39 @@ impl CapsuleService {
                      records, more than the {max} this server holds for sessions"
                 )));
             }
-            let st = Arc::new(Mutex::new(fresh));
-            let mut syncs = self.syncs.lock();
-            syncs.pop(&key);
-            // Room for this session's names: drop the least recently used ones.
-            let mut held: usize = syncs.iter().map(|(_, (n, _, _))| n).sum();
-            while held + names > max {
-                match syncs.pop_lru() {
-                    Some((_, (n, _, _))) => held -= n,
-                    None => break,
+            // The Hello is handled (its stamp taken) before the session enters the table:
+            // of two copies arriving together, the one refused as a replay never replaces
+            // (and, failing, removes) the one taken.
+            let out = fresh.handle(server, msg)?;
+            if !fresh.is_finished() {
+                let mut syncs = self.syncs.lock();
+                syncs.pop(&key);
+                // Room for this session's names: drop the least recently used ones.
+                let mut held: usize = syncs.iter().map(|(_, (n, _, _))| n).sum();
+                while held + names > max {
+                    match syncs.pop_lru() {
+                        Some((_, (n, _, _))) => held -= n,
+                        None => break,
+                    }
                 }
+                syncs.put(key, (names, session, Arc::new(Mutex::new(fresh))));
             }
-            syncs.put(key, (names, session, st.clone()));
-            st
-        } else {
-            // Only with the number its Hello carried: the same answer as no session, so
-            // a guess learns nothing.
-            self.syncs
-                .lock()
-                .get(&key)
-                .filter(|(_, id, _)| *id == session)
-                .map(|(_, _, s)| s.clone())
-                .ok_or_else(|| {
-                    Error::NotFound(format!(
-                        "no anti-entropy session {session} of capsule {capsule} with {peer}; \
-                             start with Hello"
-                    ))
-                })?
-        };
+            return Ok(Response::Sync(out));
+        }
+        // Only with the number its Hello carried: the same answer as no session, so a
+        // guess learns nothing.
+        let state = self
+            .syncs
+            .lock()
+            .get(&key)
+            .filter(|(_, id, _)| *id == session)
+            .map(|(_, _, s)| s.clone())
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "no anti-entropy session {session} of capsule {capsule} with {peer}; \
+                     start with Hello"
+                ))
+            })?;
         let mut st = state.lock();
         let out = st.handle(server, msg);
         if out.is_err() || st.is_finished() {

@@ -706,3 +706,100 @@ fn an_empty_name_page_announcing_more_is_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("empty page"), "{e}");
 }
+
+/// A peer cannot keep a responder's session going with pages of wanted names that name
+/// nothing it sends: such rounds count against the round limit like empty ones, so the
+/// session ends with an error. (A page of names is progress only when it names records
+/// of the responder's set not sent yet.)
+#[test]
+fn made_up_wanted_names_do_not_keep_a_session_going() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    sb.handle(hello_msg(
+        c,
+        10,
+        a.sign_sync_hello(&c, &b.public_key(), &[0; 32], 10),
+    ))
+    .unwrap();
+    let empty = || SyncMsg::Exchange {
+        records: vec![],
+        want: vec![],
+        heads: vec![],
+        roots: vec![],
+        missing: vec![],
+    };
+    sb.handle(empty()).unwrap();
+    let bogus = RecordName(HashAlgo::Blake3.digest(b"no such record"));
+    let mut ended = None;
+    for round in 0..1000 {
+        let patch = SyncMsg::Patch {
+            records: vec![],
+            want: vec![bogus],
+            heads: vec![],
+            roots: vec![],
+            missing: vec![],
+        };
+        match sb.handle(patch) {
+            Ok(Some(SyncMsg::Patch { .. })) => {}
+            Ok(other) => panic!("round {round}: {other:?}"),
+            Err(e) => {
+                ended = Some((round, e));
+                break;
+            }
+        }
+    }
+    let (round, e) = ended.expect("the session went on for 1000 rounds");
+    assert!(
+        round <= cairn_capsule::sync::MAX_ROUNDS + 1,
+        "ended after {round} rounds"
+    );
+    assert!(e.to_string().contains("did not converge"), "{e}");
+}
+
+/// Unsigned records anyone may write (here 60 lone heads and roots on each side) do not
+/// crowd a replica's heads, roots and holes out of its messages: each list is cut to its
+/// limit with the proven names first, and the replicas still converge exactly on every
+/// signed record. Before, a million such records made every message larger than a frame.
+#[test]
+fn unsigned_records_do_not_crowd_the_shape_lists_out() {
+    let placement: Vec<u8> = (0..120)
+        .map(|i| if i < 20 { 2 } else { (i % 2) as u8 })
+        .collect();
+    let (a, b, c, all) = scenario_in(BodyCipher::Plaintext, 120, 7, &placement, &[0, 1, 2]);
+    for (s, tag) in [(&a, "a"), (&b, "b")] {
+        let junk: Vec<Record> = (0..60u32)
+            .map(|i| Record::new(c, format!("junk {tag} {i}").into_bytes(), vec![]))
+            .collect();
+        s.write(&c, &junk, &[]).unwrap();
+    }
+    const CUT: usize = 8;
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    sa.set_shape_list(CUT);
+    sb.set_shape_list(CUT);
+    let mut msg = Some(sa.start().unwrap());
+    let mut to_b = true;
+    while let Some(m) = msg {
+        if let SyncMsg::Exchange {
+            heads,
+            roots,
+            missing,
+            ..
+        }
+        | SyncMsg::Patch {
+            heads,
+            roots,
+            missing,
+            ..
+        } = &m
+        {
+            assert!(heads.len() <= CUT && roots.len() <= CUT && missing.len() <= CUT);
+        }
+        msg = if to_b { sb.handle(m) } else { sa.handle(m) }.unwrap();
+        to_b = !to_b;
+    }
+    assert!(sa.is_finished() && sb.is_finished());
+    assert_eq!(proven(&a, &c), all);
+    assert_eq!(proven(&b, &c), all);
+}
