@@ -532,30 +532,46 @@ impl Db {
     /// The branch table of `key`, or an empty one when the key does not exist (a key no
     /// put accepts, empty or too long, is [`Error::InvalidInput`]).
     pub fn table(&self, key: &[u8]) -> Result<BranchTable> {
+        let (t, damage) = self.table_lenient(key)?;
+        match damage.into_iter().next() {
+            Some(why) => Err(Error::corrupt(format!(
+                "branch table of key {} is damaged: {why}",
+                show_key(key)
+            ))),
+            None => Ok(t),
+        }
+    }
+
+    /// The branch table of `key` from its readable head refs, and what is wrong with each
+    /// other one (so `verify` still walks a key's good heads past a damaged ref).
+    pub(crate) fn table_lenient(&self, key: &[u8]) -> Result<(BranchTable, Vec<String>)> {
         check_key(key)?;
         let prefix = self.key_prefix(key);
         let mut t = BranchTable::default();
+        let mut damage = Vec::new();
         for (name, value) in self.store.list_refs(&prefix)? {
-            let damaged = |why: &str| {
-                Error::corrupt(format!(
-                    "branch table of key {} is damaged: {why}",
-                    show_key(key)
-                ))
-            };
-            let uid = Uid::from_bytes(&value).map_err(|e| damaged(&e.to_string()))?;
-            match name[prefix.len()..].split_first() {
-                Some((b't', branch)) => {
-                    let branch = std::str::from_utf8(branch)
-                        .map_err(|_| damaged("a branch name is not UTF-8"))?;
-                    t.tagged.insert(branch.to_string(), uid);
+            let shown = || String::from_utf8_lossy(&name[prefix.len()..]).into_owned();
+            let uid = match Uid::from_bytes(&value) {
+                Ok(u) => u,
+                Err(e) => {
+                    damage.push(format!("head ref {:?}: {e}", shown()));
+                    continue;
                 }
+            };
+            match name[prefix.len()..].split_first() {
+                Some((b't', branch)) => match std::str::from_utf8(branch) {
+                    Ok(branch) => {
+                        t.tagged.insert(branch.to_string(), uid);
+                    }
+                    Err(_) => damage.push("a branch name is not UTF-8".into()),
+                },
                 Some((b'u', u)) if u == uid.to_bytes() => {
                     t.untagged.insert(uid);
                 }
-                _ => return Err(damaged("a head ref has an unknown form")),
+                _ => damage.push(format!("head ref {:?} has an unknown form", shown())),
             }
         }
-        Ok(t)
+        Ok((t, damage))
     }
 
     /// The branch table of `key`; [`Error::NotFound`] when the key does not exist.
@@ -611,19 +627,31 @@ impl Db {
 
     /// M8: every key with at least one head, sorted.
     pub fn list_keys(&self) -> Result<Vec<Bytes>> {
+        let (keys, damage) = self.list_keys_lenient()?;
+        match damage.into_iter().next() {
+            Some(why) => Err(Error::corrupt(why)),
+            None => Ok(keys),
+        }
+    }
+
+    /// [`Db::list_keys`] of the ref names that parse, and what is wrong with each other one
+    /// (so `verify` still checks every other key).
+    pub(crate) fn list_keys_lenient(&self) -> Result<(Vec<Bytes>, Vec<String>)> {
         let mut keys: Vec<Bytes> = Vec::new();
+        let mut damage = Vec::new();
         for (name, _) in self.store.list_refs(&self.prefix)? {
-            let (key, _) = Self::key_of_ref(&name[self.prefix.len()..]).ok_or_else(|| {
-                Error::corrupt(format!(
+            let Some((key, _)) = Self::key_of_ref(&name[self.prefix.len()..]) else {
+                damage.push(format!(
                     "head ref {:?} has an unknown form",
                     String::from_utf8_lossy(&name)
-                ))
-            })?;
+                ));
+                continue;
+            };
             if keys.last().is_none_or(|k| k[..] != key[..]) {
                 keys.push(key.into());
             }
         }
-        Ok(keys)
+        Ok((keys, damage))
     }
 
     /// M8 a page at a time: up to `limit` keys (at least one) that sort after `after` (from

@@ -53,19 +53,24 @@ impl Db {
         // chunks of other layers sharing the store (capsule records, journals, metadata:
         // they start with 0xCA) are append-only and kept. A chunk's bytes never change, so
         // this is read (and each chunk's hash checked) before writers are held off.
-        let mut unmarked: Vec<Uid> = Vec::new();
+        let mut unmarked: Vec<((u8, u64), Uid)> = Vec::new();
         for c in candidates.iter().filter(|c| !marked.contains(*c)) {
             if let Some(bytes) = self.store().get(c)?
                 && bytes.first() == Some(&crate::chunk::CHUNK_FORMAT)
             {
-                unmarked.push(*c);
+                unmarked.push((removal_rank(&bytes), *c));
             }
         }
+        // Whatever points at a chunk goes before it, so a remove cut short (an object-store
+        // delete batch that fails, a crash) leaves only whole versions and whole subtrees:
+        // never a version a fork or a put could bring back whose tree or bases are gone.
+        unmarked.sort_unstable();
         let removed = {
             let _excl = self.gc_write_lock();
             self.mark_all(&mut marked)?;
             let dead: Vec<Uid> = unmarked
                 .into_iter()
+                .map(|(_, c)| c)
                 .filter(|c| !marked.contains(c))
                 .collect();
             // Forgotten first: a remove that fails part way (an object-store delete batch
@@ -132,6 +137,24 @@ impl Db {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a dead chunk goes in GC's removal order (lowest first): versions first, deepest
+/// first (a version before its bases), then index nodes, highest level first, then leaves.
+/// A chunk that does not parse goes last.
+fn removal_rank(chunk: &[u8]) -> (u8, u64) {
+    match chunk::parse(chunk) {
+        Ok((ChunkKind::Meta, _)) => (
+            0,
+            crate::fobject::FObject::from_chunk(chunk).map_or(u64::MAX, |o| u64::MAX - o.depth),
+        ),
+        Ok((ChunkKind::UIndex | ChunkKind::SIndex, payload)) => (
+            1,
+            u64::from(u8::MAX - payload.first().copied().unwrap_or(0)),
+        ),
+        Ok(_) => (2, 0),
+        Err(_) => (3, 0),
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 
 use bytes::Bytes;
-use cairn_core::Result;
+use cairn_core::{Error, Result};
 
 use crate::db::Db;
 use crate::fobject::{Uid, show_key};
@@ -64,14 +64,30 @@ impl Db {
         key: Option<&[u8]>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
         let keys: Vec<Bytes> = match key {
             Some(k) => {
-                self.existing_table(k)?;
+                let (t, damage) = self.table_lenient(k)?;
+                if t.is_empty() && damage.is_empty() {
+                    return Err(Error::not_found(format!("key {}", show_key(k))));
+                }
                 vec![Bytes::copy_from_slice(k)]
             }
-            None => self.list_keys()?,
+            None => {
+                // A ref name that does not parse is damage of the store; every other key
+                // is still checked.
+                let (keys, damage) = self.list_keys_lenient()?;
+                for what in damage {
+                    report.damage.push(Damage {
+                        key: Bytes::from_static(b"(store)"),
+                        uid: None,
+                        reached_from: "head refs".into(),
+                        what,
+                    });
+                }
+                keys
+            }
         };
-        let mut report = VerifyReport::default();
         // Damage crash recovery worked around is damage too, even where no key shows it any
         // more (a commit cut because its group was torn names the refs it changed).
         for note in self.store().recovery_notes()? {
@@ -98,8 +114,19 @@ impl Db {
         trees_done: &mut HashSet<postree::TreeRef>,
     ) {
         report.keys += 1;
-        let table = match self.table(key) {
-            Ok(t) => t,
+        // Each damaged head ref is reported, and the key's other heads are still walked.
+        let table = match self.table_lenient(key) {
+            Ok((t, damage)) => {
+                for why in damage {
+                    report.damage.push(Damage {
+                        key: key.clone(),
+                        uid: None,
+                        reached_from: "branch table".into(),
+                        what: format!("branch table of key {} is damaged: {why}", show_key(key)),
+                    });
+                }
+                t
+            }
             Err(e) => {
                 report.damage.push(Damage {
                     key: key.clone(),
