@@ -186,6 +186,50 @@ impl RecordHeader {
         })
     }
 
+    /// Checks what [`RecordHeader::decode`] checks, on a header built in memory (which
+    /// skips the decoder): every hash in the capsule's algorithm, at most
+    /// [`MAX_BACKPOINTERS`] distinct backpointers, a body of at most [`MAX_BODY_LEN`] bytes
+    /// or a non-empty subrecord tree. One that fails this would not load again once stored.
+    pub fn check_well_formed(&self) -> Result<()> {
+        let algo = self.capsule.hash().algo();
+        let body_algo = match &self.body {
+            BodyRef::Plain { hash, len } => {
+                if *len > MAX_BODY_LEN as u64 {
+                    return Err(Error::decode(format!("body of {len} bytes is too large")));
+                }
+                hash.algo()
+            }
+            BodyRef::Subrecords { root, count } => {
+                if *count == 0 {
+                    return Err(Error::decode("subrecord tree with no subrecords"));
+                }
+                root.algo()
+            }
+        };
+        if body_algo != algo {
+            return Err(Error::decode(
+                "body hash uses another algorithm than the capsule",
+            ));
+        }
+        let n = self.backpointers.len();
+        if n > MAX_BACKPOINTERS {
+            return Err(Error::decode(format!(
+                "{n} backpointers (at most {MAX_BACKPOINTERS})"
+            )));
+        }
+        for (i, b) in self.backpointers.iter().enumerate() {
+            if b.hash().algo() != algo {
+                return Err(Error::decode(
+                    "backpointer uses another algorithm than the capsule",
+                ));
+            }
+            if self.backpointers[..i].contains(b) {
+                return Err(Error::decode(format!("backpointer {b} appears twice")));
+            }
+        }
+        Ok(())
+    }
+
     /// The record name: the hash of the encoding, in the capsule's algorithm.
     pub fn name(&self) -> RecordName {
         RecordName(self.capsule.hash().algo().digest(&self.encode()))

@@ -1197,8 +1197,8 @@ impl CapsuleServer {
                 ));
             }
             r.check_body()?;
+            check_reloadable(&r.header)?;
             let hb = r.header.encode();
-            check_reloadable(&hb)?;
             names.push(RecordName(capsule.hash().algo().digest(&hb)));
             encoded.push(hb);
         }
@@ -1341,7 +1341,7 @@ impl CapsuleServer {
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
         cap.dag.check_header(header)?;
-        check_reloadable(&header.encode())?;
+        check_reloadable(header)?;
         let algo = capsule.hash().algo();
         let BodyRef::Subrecords { root, count } = header.body else {
             return Err(Error::invalid(
@@ -2641,6 +2641,13 @@ fn proven_in_batch(
     records: &[Record],
     signatures: &[(RecordName, WriterSignature)],
 ) -> usize {
+    // Most batches: no signature, or one record.
+    if signatures.is_empty() || batch.is_empty() {
+        return 0;
+    }
+    if batch.len() == 1 {
+        return usize::from(signatures.iter().any(|(n, _)| *n == batch[0]));
+    }
     let at: HashMap<&RecordName, usize> = batch.iter().enumerate().map(|(j, n)| (n, j)).collect();
     let mut proven = vec![false; batch.len()];
     let mut stack: Vec<usize> = signatures
@@ -2661,13 +2668,14 @@ fn proven_in_batch(
     }
     proven.iter().filter(|p| **p).count()
 }
-/// Refuses a header (given encoded) that a reload would not decode: one built in this
-/// process skips the decoder's checks (at most [`crate::record::MAX_BACKPOINTERS`]
-/// distinct backpointers, hashes in the capsule's algorithm, a bounded body), and once
-/// journaled it would keep the whole capsule from loading.
-fn check_reloadable(encoded: &[u8]) -> Result<()> {
-    RecordHeader::decode(encoded)
-        .map(|_| ())
+/// Refuses a header that a reload would not decode: one built in this process skips the
+/// decoder's checks ([`RecordHeader::check_well_formed`]: at most
+/// [`crate::record::MAX_BACKPOINTERS`] distinct backpointers, hashes in the capsule's
+/// algorithm, a bounded body), and once journaled it would keep the whole capsule from
+/// loading.
+fn check_reloadable(header: &RecordHeader) -> Result<()> {
+    header
+        .check_well_formed()
         .map_err(|e| Error::invalid(format!("record header refused: {e}")))
 }
 #[cfg(test)]

@@ -1593,3 +1593,62 @@ fn a_subrecord_copied_into_an_unsigned_record_first_is_proven_through_the_signed
     let p = srv.prove_subrecords(&c, &subs, None).unwrap().proof;
     reader.verify_subrecords(&subs, &p).unwrap();
 }
+
+/// A header built in memory is well formed exactly when its encoding decodes: what the
+/// server checks before it stores one (so a reload never meets a header it refuses).
+#[test]
+fn a_header_is_well_formed_exactly_when_its_encoding_decodes() {
+    use cairn_capsule::record::{BodyRef, MAX_BACKPOINTERS, MAX_BODY_LEN, RecordHeader};
+    let c = CapsuleName(HashAlgo::Blake3.digest(b"c"));
+    let name = |i: u32| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes()));
+    let plain = |len| BodyRef::Plain {
+        hash: HashAlgo::Blake3.digest(b"body"),
+        len,
+    };
+    let header = |body, backpointers| RecordHeader {
+        capsule: c,
+        body,
+        backpointers,
+    };
+    let cases = [
+        (header(plain(3), vec![name(1), name(2)]), true),
+        (
+            header(plain(3), (0..MAX_BACKPOINTERS as u32).map(name).collect()),
+            true,
+        ),
+        (
+            header(plain(3), (0..=MAX_BACKPOINTERS as u32).map(name).collect()),
+            false,
+        ),
+        (header(plain(3), vec![name(1), name(1)]), false),
+        (header(plain(MAX_BODY_LEN as u64 + 1), vec![]), false),
+        (
+            header(
+                BodyRef::Subrecords {
+                    root: HashAlgo::Blake3.digest(b"root"),
+                    count: 0,
+                },
+                vec![],
+            ),
+            false,
+        ),
+        (
+            header(
+                BodyRef::Plain {
+                    hash: HashAlgo::Sha256.digest(b"body"),
+                    len: 3,
+                },
+                vec![],
+            ),
+            false,
+        ),
+        (
+            header(plain(3), vec![RecordName(HashAlgo::Sha256.digest(b"x"))]),
+            false,
+        ),
+    ];
+    for (i, (h, ok)) in cases.iter().enumerate() {
+        assert_eq!(h.check_well_formed().is_ok(), *ok, "case {i}");
+        assert_eq!(RecordHeader::decode(&h.encode()).is_ok(), *ok, "case {i}");
+    }
+}
