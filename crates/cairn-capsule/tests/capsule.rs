@@ -11,12 +11,7 @@ use cairn_store::{LogStore, LogStoreOptions, MemoryStore, Store};
 use proptest::prelude::*;
 
 fn setup() -> (CapsuleServer, Writer, CapsuleMetadata, BodyKey) {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let server = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions::default(),
-    );
+    let server = server_with(ServerOptions::default());
     let wk = SigningKey::from_seed(&[1; 32]);
     let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "test");
     let bk = BodyKey([7; 32]);
@@ -1130,15 +1125,10 @@ fn idle_capsules_are_unloaded_and_reload_intact() {
 /// naming it are refused as not found (nothing else changes), the others go on.
 #[test]
 fn the_least_recently_used_session_ends_past_the_limit() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let server = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions {
-            max_sessions: 2,
-            ..ServerOptions::default()
-        },
-    );
+    let server = server_with(ServerOptions {
+        max_sessions: 2,
+        ..ServerOptions::default()
+    });
     let wk = SigningKey::from_seed(&[1; 32]);
     let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "sessions");
     server.create(&meta).unwrap();
@@ -1174,15 +1164,10 @@ fn the_least_recently_used_session_ends_past_the_limit() {
 /// sessions give their names back.
 #[test]
 fn mirrors_stay_within_the_servers_name_budget() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let server = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions {
-            max_mirrored_names: 10,
-            ..ServerOptions::default()
-        },
-    );
+    let server = server_with(ServerOptions {
+        max_mirrored_names: 10,
+        ..ServerOptions::default()
+    });
     let wk = SigningKey::from_seed(&[1; 32]);
     let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "mirror budget");
     server.create(&meta).unwrap();
@@ -1480,15 +1465,10 @@ fn the_search_for_a_trusted_record_skips_unproven_children() {
 /// the budget, whatever the session's cache capacity.
 #[test]
 fn pending_proofs_count_against_the_mirror_budget() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let server = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions {
-            max_mirrored_names: 20,
-            ..ServerOptions::default()
-        },
-    );
+    let server = server_with(ServerOptions {
+        max_mirrored_names: 20,
+        ..ServerOptions::default()
+    });
     let wk = SigningKey::from_seed(&[1; 32]);
     let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "pending budget");
     server.create(&meta).unwrap();
@@ -1520,15 +1500,10 @@ fn pending_proofs_count_against_the_mirror_budget() {
 /// grouped commit of two or more records failed for good.
 #[test]
 fn a_signed_chain_is_taken_when_unsigned_records_fill_the_limit() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let srv = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions {
-            max_unproven: 10,
-            ..ServerOptions::default()
-        },
-    );
+    let srv = server_with(ServerOptions {
+        max_unproven: 10,
+        ..ServerOptions::default()
+    });
     let wk = SigningKey::from_seed(&[1; 32]);
     let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "unproven");
     meta.cipher = BodyCipher::Plaintext;
@@ -1558,12 +1533,7 @@ fn a_signed_chain_is_taken_when_unsigned_records_fill_the_limit() {
 /// under the first record only, and had no proof for good.
 #[test]
 fn a_subrecord_copied_into_an_unsigned_record_first_is_proven_through_the_signed_one() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let srv = CapsuleServer::new(
-        store,
-        SigningKey::from_seed(&[9; 32]),
-        ServerOptions::default(),
-    );
+    let srv = server_with(ServerOptions::default());
     let wk = SigningKey::from_seed(&[1; 32]);
     let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "subrecords");
     meta.cipher = BodyCipher::Plaintext;
@@ -1651,4 +1621,10 @@ fn a_header_is_well_formed_exactly_when_its_encoding_decodes() {
         assert_eq!(h.check_well_formed().is_ok(), *ok, "case {i}");
         assert_eq!(RecordHeader::decode(&h.encode()).is_ok(), *ok, "case {i}");
     }
+}
+
+/// A capsule server over a new in-memory store, with `opts`.
+fn server_with(opts: ServerOptions) -> CapsuleServer {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    CapsuleServer::new(store, SigningKey::from_seed(&[9; 32]), opts)
 }

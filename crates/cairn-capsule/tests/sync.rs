@@ -45,19 +45,17 @@ fn hello_msg(c: CapsuleName, count: u64, (at, sig): (u64, cairn_core::Signature)
     }
 }
 
-/// A scenario: `n` records on up to 3 branches of one writer, signed every `every`, each
-/// delivered to A, B or both.
-fn scenario(
-    n: usize,
-    every: usize,
-    placement: &[u8],
-    branch: &[u8],
-) -> (
+/// Replicas A and B of one capsule, and every record name written to either.
+type Scenario = (
     CapsuleServer,
     CapsuleServer,
     CapsuleName,
     BTreeSet<RecordName>,
-) {
+);
+
+/// A scenario: `n` records on up to 3 branches of one writer, signed every `every`, each
+/// delivered to A, B or both.
+fn scenario(n: usize, every: usize, placement: &[u8], branch: &[u8]) -> Scenario {
     scenario_in(BodyCipher::default(), n, every, placement, branch)
 }
 
@@ -69,12 +67,7 @@ fn scenario_in(
     every: usize,
     placement: &[u8],
     branch: &[u8],
-) -> (
-    CapsuleServer,
-    CapsuleServer,
-    CapsuleName,
-    BTreeSet<RecordName>,
-) {
+) -> Scenario {
     let a = server(1);
     let b = server(2);
     let wk = SigningKey::from_seed(&[7; 32]);
