@@ -326,9 +326,6 @@ struct Chain {
     writing: bool,
 }
 
-/// uid → the record that created it; built on first use from the capsule.
-type VersionIndex = Arc<Mutex<Option<HashMap<Uid, RecordName>>>>;
-
 /// The versions of a bucket: those a proven record of its capsule created. The bucket's
 /// Db takes only these where a caller names a version by uid ([`VersionMembership`]), and
 /// proofs are found through the same index.
@@ -337,10 +334,23 @@ struct BucketVersions {
     /// The bucket's capsule (none yet: no versions).
     capsule: Option<CapsuleName>,
     bucket: String,
-    index: VersionIndex,
+    /// uid → the record that created it; built on first use from the capsule.
+    index: Mutex<Option<HashMap<Uid, RecordName>>>,
 }
 
 impl BucketVersions {
+    /// Notes the versions `records` created, once the capsule holds them (only when the
+    /// index was built: a later build reads them from the capsule).
+    fn note<'a>(&self, records: impl IntoIterator<Item = (&'a Mutation, RecordName)>) {
+        if let Some(index) = self.index.lock().as_mut() {
+            for (m, name) in records {
+                if m.creates_version() {
+                    index.entry(m.uid).or_insert(name);
+                }
+            }
+        }
+    }
+
     /// Reads a record of the bucket's capsule and decodes its mutation.
     fn mutation(&self, capsule: &CapsuleName, name: &RecordName) -> Result<(Record, Mutation)> {
         let record = self.server.read(capsule, name)?;
@@ -368,7 +378,7 @@ impl BucketVersions {
             let order = self.server.with_dag(&capsule, |d| {
                 d.order()
                     .iter()
-                    .filter(|n| d.witness(n).and_then(|w| w.hops()).is_some())
+                    .filter(|n| d.is_proven(n))
                     .copied()
                     .collect::<Vec<_>>()
             })?;
@@ -398,7 +408,8 @@ struct Journal {
     capsule: CapsuleName,
     chain: Mutex<Chain>,
     written: Condvar,
-    index: VersionIndex,
+    /// The bucket's versions, told of each group written.
+    versions: Arc<BucketVersions>,
 }
 
 impl HeadRecorder for Journal {
@@ -464,14 +475,9 @@ impl Journal {
                     "writing to the bucket's capsule panicked".into(),
                 ))
             });
-            if result.is_ok()
-                && let Some(index) = self.index.lock().as_mut()
-            {
-                for q in &group {
-                    if q.mutation.creates_version() {
-                        index.entry(q.mutation.uid).or_insert(q.record.name());
-                    }
-                }
+            if result.is_ok() {
+                self.versions
+                    .note(group.iter().map(|q| (&q.mutation, q.record.name())));
             }
             for q in &group {
                 *q.done.lock() = Some(match &result {
@@ -658,7 +664,12 @@ impl Bucket {
             }
             None => db,
         };
-        let index: VersionIndex = Arc::new(Mutex::new(None));
+        let versions = Arc::new(BucketVersions {
+            server: server.clone(),
+            capsule: meta.as_ref().map(CapsuleMetadata::name),
+            bucket: db.bucket().to_string(),
+            index: Mutex::new(None),
+        });
         let journal = match (&meta, writer) {
             (Some(meta), Some(key)) => {
                 let public = key.public();
@@ -689,17 +700,11 @@ impl Bucket {
                         writing: false,
                     }),
                     written: Condvar::new(),
-                    index: index.clone(),
+                    versions: versions.clone(),
                 }))
             }
             _ => None,
         };
-        let versions = Arc::new(BucketVersions {
-            server: server.clone(),
-            capsule: meta.as_ref().map(CapsuleMetadata::name),
-            bucket: db.bucket().to_string(),
-            index,
-        });
         let db = match &journal {
             Some(j) => db.with_recorder(j.clone()),
             None => db,

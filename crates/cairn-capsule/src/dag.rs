@@ -184,13 +184,18 @@ impl CapsuleDag {
         self.heads.iter().copied().collect()
     }
 
+    /// Whether `name` is present and a writer signature reaches it (its witness is known).
+    pub fn is_proven(&self, name: &RecordName) -> bool {
+        self.witness(name).and_then(|w| w.hops()).is_some()
+    }
+
     /// Heads of the proven part of the DAG (proven records no proven record points to),
     /// sorted: what a writer may continue from. Records no signature reaches (anyone can
     /// write them) stay out, so a writer's next signature never vouches for one. Found by
     /// walking back from the heads through unproven records only (a proven record's
     /// ancestors are proven), so it costs the unproven records, not the capsule.
     pub fn proven_heads(&self) -> Vec<RecordName> {
-        let proven = |n: &RecordName| self.witness(n).and_then(|w| w.hops()).is_some();
+        let proven = |n: &RecordName| self.is_proven(n);
         let mut out = BTreeSet::new();
         let mut seen: HashSet<RecordName> = HashSet::new();
         let mut stack: Vec<RecordName> = self.heads.iter().copied().collect();
@@ -411,8 +416,7 @@ impl CapsuleDag {
                 // Only proven children: a path to a trusted record runs through proven
                 // records alone, and a capsule's unsigned records (anyone may write them)
                 // would otherwise make every proof walk all of them.
-                let proven = self.witness(c).and_then(|w| w.hops()).is_some();
-                if !proven || parent.contains_key(c) || c == name {
+                if !self.is_proven(c) || parent.contains_key(c) || c == name {
                     continue;
                 }
                 parent.insert(*c, x);

@@ -190,6 +190,8 @@ impl RecordHeader {
     /// skips the decoder): every hash in the capsule's algorithm, at most
     /// [`MAX_BACKPOINTERS`] distinct backpointers, a body of at most [`MAX_BODY_LEN`] bytes
     /// or a non-empty subrecord tree. One that fails this would not load again once stored.
+    /// (`decode` makes the same checks inline, as it parses: it runs on every read, and a
+    /// second pass over the parsed header cost reads a few percent.)
     pub fn check_well_formed(&self) -> Result<()> {
         let algo = self.capsule.hash().algo();
         let body_algo = match &self.body {

@@ -528,7 +528,7 @@ impl Capsule {
     fn subrecord_at(&mut self, sub: &Hash) -> Option<(RecordName, u32)> {
         let first = *self.subrecords.get(sub)?;
         let dag = &self.dag;
-        let proven = |r: &RecordName| dag.witness(r).and_then(|w| w.hops()).is_some();
+        let proven = |r: &RecordName| dag.is_proven(r);
         if proven(&first.0) {
             return Some(first);
         }
@@ -1730,11 +1730,8 @@ impl CapsuleServer {
                 sessions.pop_lru();
             }
             let id = loop {
-                let mut b = [0u8; 8];
-                getrandom::fill(&mut b)
-                    .map_err(|e| Error::Unavailable(format!("no randomness for a session: {e}")))?;
-                let id = SessionId(u64::from_le_bytes(b));
-                if id.0 != 0 && !sessions.contains(&id) {
+                let id = SessionId(random_session_number()?);
+                if !sessions.contains(&id) {
                     break id;
                 }
             };
@@ -2209,7 +2206,7 @@ impl CapsuleServer {
         let cap = cap.lock();
         let order = cap.dag.order();
         let from = (cursor.pos as usize).min(order.len());
-        let proven = |n: &RecordName| cap.dag.witness(n).and_then(|w| w.hops()).is_some();
+        let proven = |n: &RecordName| cap.dag.is_proven(n);
         let mut names = Vec::new();
         let mut pending = Vec::new();
         for n in cursor.pending.iter().chain(&order[from..]) {
@@ -2247,10 +2244,7 @@ impl CapsuleServer {
         let cap = cap.lock();
         let order = cap.dag.order();
         let mut p = (next.pos as usize).min(order.len());
-        while p < order.len()
-            && peer_has.contains(&order[p])
-            && cap.dag.witness(&order[p]).and_then(|w| w.hops()).is_some()
-        {
+        while p < order.len() && peer_has.contains(&order[p]) && cap.dag.is_proven(&order[p]) {
             p += 1;
         }
         drop(cap);
@@ -2293,15 +2287,7 @@ impl CapsuleServer {
     /// cannot start another session: [`Error::Rejected`] otherwise. A responder checks this
     /// before a Hello touches the session open under its key.
     pub fn check_sync_hello(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
-        let now = now_micros();
-        if at.abs_diff(now) > SYNC_HELLO_WINDOW_MICROS {
-            return Err(Error::Rejected(format!(
-                "the Hello's stamp is {} s from this server's clock (at most {} s): check both \
-                 servers' clocks",
-                at.abs_diff(now) / 1_000_000,
-                SYNC_HELLO_WINDOW_MICROS / 1_000_000
-            )));
-        }
+        check_hello_window(at, now_micros())?;
         self.hello_stamps.lock().check_new(capsule, peer, at)
     }
 
@@ -2317,11 +2303,11 @@ impl CapsuleServer {
         peer: &PublicKey,
         at: u64,
     ) -> Result<()> {
-        self.check_sync_hello(capsule, peer, at)?;
         let now = now_micros();
+        check_hello_window(at, now)?;
         let mut stamps = self.hello_stamps.lock();
-        // Checked again under the same hold as the insert: two copies of one Hello
-        // arriving together must not both pass, nor a lower stamp replace a higher one.
+        // Checked under the same hold as the insert: two copies of one Hello arriving
+        // together must not both pass, nor a lower stamp replace a higher one.
         stamps.check_new(capsule, peer, at)?;
         stamps.map.insert((*capsule, *peer), at);
         if stamps.map.len() > MAX_HELLO_STAMPS {
@@ -2427,11 +2413,7 @@ impl CapsuleServer {
         let mut visited: HashSet<RecordName> = HashSet::new();
         let mut queue: VecDeque<RecordName> = VecDeque::new();
         for (n, r) in &fresh {
-            let by_child = cap
-                .dag
-                .children(n)
-                .iter()
-                .any(|c| cap.dag.witness(c).and_then(|w| w.hops()).is_some());
+            let by_child = cap.dag.children(n).iter().any(|c| cap.dag.is_proven(c));
             if r.signature.is_some() || late_sigs.contains_key(n) || by_child {
                 proven.insert(*n);
                 visited.insert(*n);
@@ -2620,7 +2602,7 @@ impl CapsuleServer {
                 walk(r, false, depth, &mut out, &mut seen);
             }
         }
-        out.retain(|n| dag.witness(n).and_then(|w| w.hops()).is_some());
+        out.retain(|n| dag.is_proven(n));
         Ok(out)
     }
 }
@@ -2667,6 +2649,33 @@ fn proven_in_batch(
         }
     }
     proven.iter().filter(|p| **p).count()
+}
+
+/// Refuses a Hello stamped `at` more than [`SYNC_HELLO_WINDOW_MICROS`] from `now`.
+fn check_hello_window(at: u64, now: u64) -> Result<()> {
+    if at.abs_diff(now) > SYNC_HELLO_WINDOW_MICROS {
+        return Err(Error::Rejected(format!(
+            "the Hello's stamp is {} s from this server's clock (at most {} s): check both \
+             servers' clocks",
+            at.abs_diff(now) / 1_000_000,
+            SYNC_HELLO_WINDOW_MICROS / 1_000_000
+        )));
+    }
+    Ok(())
+}
+
+/// A random number other than 0 naming a session (a reader session, an anti-entropy
+/// session): whoever names a session acts in it, so it must not be guessable.
+pub(crate) fn random_session_number() -> Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b)
+            .map_err(|e| Error::Unavailable(format!("no randomness for a session: {e}")))?;
+        let n = u64::from_le_bytes(b);
+        if n != 0 {
+            return Ok(n);
+        }
+    }
 }
 /// Refuses a header that a reload would not decode: one built in this process skips the
 /// decoder's checks ([`RecordHeader::check_well_formed`]: at most

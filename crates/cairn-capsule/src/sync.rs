@@ -571,17 +571,12 @@ impl SyncState {
     }
 
     /// This side's heads, roots and holes, each cut to [`SyncState::set_shape_list`]'s
-    /// count (proven ones first).
+    /// count (proven ones first), read under one hold of the capsule.
     fn shape(
         &self,
         server: &CapsuleServer,
     ) -> Result<(Vec<RecordName>, Vec<RecordName>, Vec<RecordName>)> {
-        let (heads, roots) = server.heads_roots(&self.capsule)?;
-        let missing = server.missing(&self.capsule)?;
         let max = self.shape_list;
-        if heads.len().max(roots.len()).max(missing.len()) <= max {
-            return Ok((heads, roots, missing));
-        }
         server.with_dag(&self.capsule, |d| {
             let cut = |mut names: Vec<RecordName>, key: &dyn Fn(&RecordName) -> bool| {
                 if names.len() > max {
@@ -592,13 +587,13 @@ impl SyncState {
                 }
                 names
             };
-            let proven = |n: &RecordName| d.witness(n).and_then(|w| w.hops()).is_some();
+            let proven = |n: &RecordName| d.is_proven(n);
             // A hole matters when a proven record points at it.
             let wanted_hole = |n: &RecordName| d.children(n).iter().any(proven);
             (
-                cut(heads, &proven),
-                cut(roots, &proven),
-                cut(missing, &wanted_hole),
+                cut(d.heads(), &proven),
+                cut(d.roots(), &proven),
+                cut(d.missing(), &wanted_hole),
             )
         })
     }

@@ -1761,7 +1761,8 @@ impl CapsuleService {
                     "a Hello names its session by a random number other than 0",
                 ));
             }
-            // A Hello that is not the peer's own does not get to replace its session.
+            // A Hello that is not the peer's own (or is a replay) is refused before a
+            // session state is built for it.
             msg.check_hello(&peer, server)?;
             let mut fresh = SyncState::new(server, capsule, peer)?;
             let names = fresh.names();
@@ -2287,15 +2288,7 @@ impl RemoteCapsule {
         let me = local.public_key();
         let mut st = SyncState::new(local, *capsule, remote)?;
         let mut msg = st.start(local)?;
-        let session = loop {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b)
-                .map_err(|e| Error::Unavailable(format!("no randomness for a session: {e}")))?;
-            let id = u64::from_le_bytes(b);
-            if id != 0 {
-                break id;
-            }
-        };
+        let session = crate::server::random_session_number()?;
         for _ in 0..MAX_STEPS {
             let Some(reply) = self.sync_message(capsule, me, session, msg)? else {
                 return Ok(st.report());

@@ -788,6 +788,20 @@ fn unsigned_records_do_not_crowd_the_shape_lists_out() {
         } = &m
         {
             assert!(heads.len() <= CUT && roots.len() <= CUT && missing.len() <= CUT);
+            // The cut keeps proven heads first: those are what the peer's walk needs (a
+            // proven record no proven record points to is a head of the whole DAG too,
+            // unless unsigned records point to it).
+            let sender = if to_b { &a } else { &b };
+            let proven: Vec<RecordName> = sender
+                .with_dag(&c, |d| {
+                    d.heads().into_iter().filter(|h| d.is_proven(h)).collect()
+                })
+                .unwrap();
+            if proven.len() <= CUT {
+                assert!(proven.iter().all(|h| heads.contains(h)), "{heads:?}");
+            } else {
+                assert!(heads.iter().all(|h| proven.contains(h)), "{heads:?}");
+            }
         }
         msg = if to_b { sb.handle(m) } else { sa.handle(m) }.unwrap();
         to_b = !to_b;

@@ -1446,9 +1446,9 @@ fn a_base_at_the_greatest_depth_is_refused() {
     assert!(db.existing_table(b"k").is_err(), "no head was stored");
 }
 
-/// A store whose `remove` deletes the first cid asked for, then fails (an object store's
-/// delete stream cut short).
-struct FlakyRemove(MemoryStore);
+/// A store whose `remove` deletes the first `.1` cids asked for, then fails (an object
+/// store's delete stream cut short).
+struct FlakyRemove(MemoryStore, usize);
 
 impl ChunkStore for FlakyRemove {
     fn algo(&self) -> cairn_store::HashAlgo {
@@ -1467,7 +1467,7 @@ impl ChunkStore for FlakyRemove {
         self.0.cids()
     }
     fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
-        self.0.remove(&cids[..cids.len().min(1)])?;
+        self.0.remove(&cids[..cids.len().min(self.1)])?;
         Err(Error::Unavailable("the delete stream broke".into()))
     }
     fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
@@ -1503,7 +1503,7 @@ impl cairn_store::RefStore for FlakyRemove {
 /// is missing.
 #[test]
 fn a_gc_cut_short_leaves_no_cached_version_it_deleted() {
-    let db = Db::new(Arc::new(FlakyRemove(MemoryStore::new())));
+    let db = Db::new(Arc::new(FlakyRemove(MemoryStore::new(), 1)));
     let o = PutOptions::default();
     db.put(
         b"k",
@@ -1534,33 +1534,42 @@ fn a_gc_cut_short_leaves_no_cached_version_it_deleted() {
 }
 
 /// GC removes what points at a chunk before the chunk (versions deepest first, then index
-/// nodes from the top, then leaves), so a remove cut short leaves only whole versions: a
-/// version whose Meta chunk is still there can be forked back and read in full. Before,
-/// the order was a hash set's, and a cut could leave a version whose tree was half gone,
-/// which a fork brought back as a head that no GC could then mark.
+/// nodes from the top, then leaves), so a remove cut short anywhere leaves only whole
+/// versions: a dead version whose Meta chunk is still there can be forked back and read
+/// in full. Before, the order was a hash set's, and a cut could leave a version whose tree
+/// was half gone, which a fork brought back as a head that no GC could then mark.
 #[test]
 fn a_gc_cut_short_leaves_only_whole_versions() {
-    // Each round cuts the remove after its first chunk (a hash set's order differed from
-    // run to run, so several rounds).
-    for round in 0..8u64 {
-        let db = Db::new(Arc::new(FlakyRemove(MemoryStore::new())));
+    // The remove is cut after 1, 2, … chunks: within the versions, at the index nodes and
+    // among the leaves.
+    for cut in 1..=16usize {
+        let db = Db::new(Arc::new(FlakyRemove(MemoryStore::new(), cut)));
         let o = PutOptions::default();
-        let blob = |n| NewValue::Blob(noise(20_000, round * 10 + n));
+        let seed = cut as u64 * 10;
+        let blob = |n| NewValue::Blob(noise(20_000, seed + n));
         db.put(b"k", Target::Branch("master"), blob(0), &o).unwrap();
         db.fork(b"k", &At::Branch("master".into()), "tmp").unwrap();
-        let older = db.put(b"k", Target::Branch("tmp"), blob(1), &o).unwrap();
-        let newer = db.put(b"k", Target::Branch("tmp"), blob(2), &o).unwrap();
+        let dead = [
+            (db.put(b"k", Target::Branch("tmp"), blob(1), &o).unwrap(), 1),
+            (db.put(b"k", Target::Branch("tmp"), blob(2), &o).unwrap(), 2),
+        ];
         db.remove(b"k", "tmp").unwrap();
         assert!(db.gc().is_err(), "the remove failed part way");
-        // The deepest dead version went first; the older one is whole.
-        assert!(db.load(&newer).is_err(), "round {round}");
-        db.fork(b"k", &At::Uid(older), "back").unwrap();
-        let got = db.get(b"k", &At::Branch("back".into())).unwrap();
-        let tree = got.object.value.tree().expect("a blob");
-        let bytes = postree::blob_read(db.chunks(), tree, 0, tree.count).unwrap();
-        assert!(bytes == noise(20_000, round * 10 + 1), "round {round}");
+        // The deepest dead version goes first.
+        assert!(db.load(&dead[1].0).is_err(), "cut {cut}");
+        for (i, (uid, n)) in dead.iter().enumerate() {
+            if db.load(uid).is_err() {
+                continue;
+            }
+            let branch = format!("back{i}");
+            db.fork(b"k", &At::Uid(*uid), &branch).unwrap();
+            let got = db.get(b"k", &At::Branch(branch)).unwrap();
+            let tree = got.object.value.tree().expect("a blob");
+            let bytes = postree::blob_read(db.chunks(), tree, 0, tree.count).unwrap();
+            assert!(bytes == noise(20_000, seed + n), "cut {cut}: version {i}");
+        }
         let v = db.verify(None, &mut |_, _| {}).unwrap();
-        assert!(v.is_intact(), "round {round}: {:?}", v.damage);
+        assert!(v.is_intact(), "cut {cut}: {:?}", v.damage);
     }
 }
 
