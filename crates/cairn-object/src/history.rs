@@ -278,10 +278,21 @@ fn common_ancestors(
     }
     let mut found = Vec::new();
     let mut done = HashSet::new();
-    while let Some((_, uid)) = heap.pop() {
+    // Versions walked, in walk order (so by depth, deepest first). One deeper than the
+    // version being walked is never reached again (a base is shallower than its child),
+    // so it leaves `done` and `flags`: the walk holds its frontier, not the history.
+    let mut walked: VecDeque<(u64, Uid)> = VecDeque::new();
+    while let Some((depth_now, uid)) = heap.pop() {
+        while walked.front().is_some_and(|(d, _)| *d > depth_now) {
+            if let Some((_, old)) = walked.pop_front() {
+                done.remove(&old);
+                flags.remove(&old);
+            }
+        }
         if !done.insert(uid) {
             continue;
         }
+        walked.push_back((depth_now, uid));
         let mut f = flags.get(&uid).copied().unwrap_or(0);
         if f & STALE == 0 {
             live -= 1;

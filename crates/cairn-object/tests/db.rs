@@ -1954,3 +1954,62 @@ fn verify_reports_past_damaged_refs() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// LCA and merge bases over random histories (versions with up to three earlier bases,
+    /// several roots) match a model built from ancestor sets: the LCA is the deepest
+    /// common ancestor (greatest (depth, uid)), the merge bases are the common ancestors
+    /// no other common ancestor descends from, deepest first. The walk forgets versions
+    /// deeper than where it is, so this also checks that nothing it forgets is needed.
+    #[test]
+    fn lca_and_merge_bases_match_a_model(
+        parents in proptest::collection::vec(proptest::collection::vec(any::<prop::sample::Index>(), 0..4), 1..40),
+        pairs in proptest::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..8),
+    ) {
+        let store = MemoryStore::new();
+        let mut uids: Vec<cairn_object::Uid> = Vec::new();
+        let mut depth: Vec<u64> = Vec::new();
+        let mut anc: Vec<BTreeSet<usize>> = Vec::new();
+        for (i, ps) in parents.iter().enumerate() {
+            let mut bases: Vec<usize> = if i == 0 { vec![] } else { ps.iter().map(|p| p.index(i)).collect() };
+            bases.sort_unstable();
+            bases.dedup();
+            let d = bases.iter().map(|b| depth[*b] + 1).max().unwrap_or(0);
+            let o = cairn_object::FObject {
+                key: bytes::Bytes::from_static(b"k"),
+                value: Value::Integer(i as i64),
+                depth: d,
+                bases: bases.iter().map(|b| uids[*b]).collect(),
+                context: bytes::Bytes::new(),
+            };
+            let chunk = o.to_chunk();
+            let uid = store.algo().digest(&chunk);
+            store.put_hashed(uid, &chunk).unwrap();
+            let mut a: BTreeSet<usize> = bases.iter().flat_map(|b| anc[*b].iter().copied()).collect();
+            a.insert(i);
+            uids.push(uid);
+            depth.push(d);
+            anc.push(a);
+        }
+        let n = uids.len();
+        for (x, y) in pairs {
+            let (a, b) = (x.index(n), y.index(n));
+            let common: Vec<usize> = anc[a].intersection(&anc[b]).copied().collect();
+            let key = |i: &usize| (depth[*i], uids[*i]);
+            let want_lca = common.iter().max_by_key(|i| key(i)).map(|i| uids[*i]);
+            let got_lca = cairn_object::history::lca_in(&store, b"k", &uids[a], &uids[b]).unwrap();
+            prop_assert_eq!(got_lca, want_lca);
+            let mut want_bases: Vec<usize> = common
+                .iter()
+                .copied()
+                .filter(|c| !common.iter().any(|o| o != c && anc[*o].contains(c)))
+                .collect();
+            want_bases.sort_by_key(|i| std::cmp::Reverse(key(i)));
+            let want_bases: Vec<cairn_object::Uid> = want_bases.iter().map(|i| uids[*i]).collect();
+            let got_bases = cairn_object::history::merge_bases_in(&store, b"k", &uids[a], &uids[b]).unwrap();
+            prop_assert_eq!(got_bases, want_bases);
+        }
+    }
+}
