@@ -1391,8 +1391,30 @@ impl LogStore {
             None => Some(job),
         };
         if let Some(SealJob::Seal(_, _, hint)) = inline {
-            old.sync()
-                .map_err(|e| self.fail(Error::io(format!("syncing {}", old.path.display()), e)))?;
+            #[cfg(test)]
+            let synced = if self.fail_next_sync.swap(false, Ordering::AcqRel) {
+                Err(std::io::Error::other("injected fdatasync failure"))
+            } else {
+                old.sync()
+            };
+            #[cfg(not(test))]
+            let synced = old.sync();
+            if let Err(e) = synced {
+                let e = self.fail(Error::io(format!("syncing {}", old.path.display()), e));
+                // As after a failed sync of the active segment (`cut_unsynced`, which takes
+                // the writer this holds): the records past what is known durable go, or a
+                // reopen in this boot would read them from pages the kernel may keep clean
+                // though they never reached the disk, and take their chunks as stored
+                // (a later put would deduplicate against them and its commit be
+                // acknowledged). The segment stays the last one, so a reopen takes it as
+                // the active one and finds the cut end.
+                let durable = old.synced.load(Ordering::Acquire);
+                if old.file.set_len(durable).is_ok() {
+                    old.flushed.store(durable, Ordering::Release);
+                    w.alloc_end = 0;
+                }
+                return Err(e);
+            }
             old.synced.fetch_max(end, Ordering::AcqRel);
             if let Some((dir, path, bytes)) = hint {
                 let _ = format::write_atomic(&dir, &path, &bytes, false);

@@ -637,6 +637,52 @@ fn a_commit_whose_sync_failed_is_not_replayed_by_a_reopen() {
     s.commit(&[set("next", b"v")]).unwrap();
 }
 
+/// A segment whose seal `fdatasync` fails is cut back to what is known durable, as the
+/// active segment is after a failed commit sync: a reopen in the same boot does not find
+/// the chunks written since the last sync (the kernel may keep their pages clean though
+/// they never reached the disk), so a later put of the same bytes stores them again
+/// rather than deduplicating against chunks that may not exist, and its commit is durable.
+#[test]
+fn a_segment_whose_seal_sync_failed_is_cut_to_what_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        durability: Durability::Group,
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let kept = s.put(b"acknowledged").unwrap();
+    s.commit(&[set("acked", b"v")]).unwrap();
+    s.fail_next_sync.store(true, Ordering::Release);
+    let mut unsynced = Vec::new();
+    let e = loop {
+        let i = unsynced.len() as u32;
+        let chunk: Vec<u8> = (0..4096u32)
+            .map(|j| (i ^ j) as u8)
+            .chain(i.to_le_bytes())
+            .collect();
+        match s.put(&chunk) {
+            Ok(c) => unsynced.push((c, chunk)),
+            Err(e) => break e,
+        }
+        assert!(unsynced.len() < 1000, "no segment was sealed");
+    };
+    assert!(e.to_string().contains("injected"), "{e}");
+    drop(s);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert!(s.get(&kept).unwrap().is_some());
+    assert!(s.get_ref(b"acked").unwrap().is_some());
+    for (c, _) in &unsynced {
+        assert!(!s.has(c).unwrap(), "a chunk never synced came back");
+    }
+    // Written again, it is stored (not taken as present) and its commit is durable.
+    let (c, chunk) = &unsynced[0];
+    assert!(s.put_hashed(*c, chunk).unwrap());
+    s.commit(&[set("again", b"v")]).unwrap();
+    assert!(s.get(c).unwrap().is_some());
+}
+
 /// Under `Buffered`, sealed segments are synced by the sealer thread: the writer goes on
 /// at once, every sealed segment is synced by the time the store is closed (and before a
 /// snapshot is written), and a reopen finds everything, with no damage.
