@@ -152,9 +152,14 @@ impl Read for RequestReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.inner.buffer().is_empty() {
             let wait = match self.deadline {
+                // Within a request, at most the request timeout between bytes (not the
+                // idle timeout): a peer that sent most of a large frame fast and then
+                // stops gives back the memory it holds after that, not at the end of
+                // the time its length allows.
                 Some(d) => {
                     let left = time_left(d, "the request did not arrive in time")?;
-                    Some(self.idle.map_or(left, |i| i.min(left)))
+                    let gap = self.timeout.or(self.idle);
+                    Some(gap.map_or(left, |g| g.min(left)))
                 }
                 None => self.idle,
             };
@@ -605,8 +610,17 @@ fn serve_connection(
             request = Vec::new();
         }
         charge.release();
+        // A response is held until it is written, as long as its reader takes: it counts
+        // against the same budget, or peers that send small requests and never read would
+        // pin a large response each.
+        if charge.cover(response.len(), None).is_err() {
+            break;
+        }
         writer.get_mut().start(response.len());
-        if write_frame(&mut writer, &response, u32::MAX as usize).is_err() {
+        let written = write_frame(&mut writer, &response, u32::MAX as usize);
+        drop(response);
+        charge.release();
+        if written.is_err() {
             break;
         }
     }

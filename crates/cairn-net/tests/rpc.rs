@@ -582,3 +582,60 @@ fn idle_connections_hold_no_request_memory() {
     );
     drop(idle);
 }
+
+/// A response counts against the memory budget until it is written: a peer that sends a
+/// small request and never reads holds its large response's share, and another client's
+/// large response waits for memory instead of adding to it; once the hog goes, it flows.
+/// Before, responses were outside every limit, so peers that never read could pin one
+/// large response per connection.
+#[test]
+fn responses_wait_for_the_memory_budget() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 32 << 20,
+        ..ServerConfig::default()
+    };
+    let h = serve("127.0.0.1:0", cfg, |_req: &[u8]| vec![5u8; 24 << 20]).unwrap();
+    let mut hog = raw(&h);
+    hog.write_all(&3u32.to_be_bytes()).unwrap();
+    hog.write_all(b"big").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let addr = h.local_addr();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut c = Client::connect(addr).unwrap();
+        let r = c.call(b"big too");
+        let _ = tx.send(());
+        r
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(800)).is_err(),
+        "a response was held past the memory budget"
+    );
+    drop(hog);
+    let answer = waiter.join().unwrap().unwrap();
+    assert_eq!(answer.len(), 24 << 20);
+}
+
+/// Within a request, a peer that stops sending is cut after the request timeout of
+/// silence, whatever time the announced length would allow: one that sent most of a large
+/// frame and then stalled held its memory until the whole length's time ran out.
+#[test]
+fn a_request_that_stalls_midway_is_cut_after_the_request_timeout() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        request_timeout: Some(Duration::from_secs(1)),
+        // The announced length alone would allow over a quarter of an hour.
+        min_request_rate: 1 << 10,
+        ..ServerConfig::default()
+    };
+    let (h, calls) = echo(cfg);
+    let mut s = raw(&h);
+    s.write_all(&(1u32 << 20).to_be_bytes()).unwrap();
+    s.write_all(&vec![7u8; 900 << 10]).unwrap();
+    let t = std::time::Instant::now();
+    assert_closed(&mut s);
+    assert!(t.elapsed() < Duration::from_secs(5), "cut after {:?}", t.elapsed());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(served_soon(h.local_addr()));
+}
