@@ -13,8 +13,9 @@
 //! a torn frame, a request or response that misses its deadline (a timeout plus a second
 //! per 64 KiB by default) closes that connection only. Request buffers grow as bytes
 //! arrive, within one server-wide memory budget ([`ServerConfig::max_request_memory`],
-//! 1 GiB by default, besides 64 KiB a connection may keep between requests): past it,
-//! arriving requests wait for memory (at most 10 s) instead of growing it.
+//! 1 GiB by default, besides 64 KiB a connection may keep between requests), which
+//! responses waiting to be written count against too: past it, arriving requests and
+//! answers wait for memory (at most 10 s) instead of growing it.
 //! [`ServerHandle::shutdown`] (or dropping the handle) stops accepting, lets each
 //! connection finish the requests it already received, and joins every thread.
 //!
@@ -73,16 +74,18 @@ pub struct ServerConfig {
     /// How long a request may take to arrive once its first byte has, plus one second per
     /// [`ServerConfig::min_request_rate`] bytes it announces: a peer that trickles a
     /// request (a byte just inside every idle timeout) is dropped when it runs out, so it
-    /// cannot hold a slot for long.
+    /// cannot hold a slot for long. Also the longest silence between a request's bytes, so
+    /// a peer that stalls midway gives back the memory it holds.
     pub request_timeout: Option<Duration>,
     /// Bytes a second a request must at least arrive at (see `request_timeout`), and a
     /// response be taken at (see `write_timeout`).
     pub min_request_rate: u64,
     /// Most memory all connections together hold for request payloads (those arriving,
-    /// being handled, and the buffers connections keep between requests). A request's
-    /// buffer grows only as its bytes arrive, and only while the server is under this
-    /// budget: past it, arriving requests wait for memory (within their deadline, else
-    /// their connection is closed). Raised to `max_frame` if lower.
+    /// being handled, and the buffers connections keep between requests) and for
+    /// responses until they are written. A request's buffer grows only as its bytes
+    /// arrive, and only while the server is under this budget: past it, arriving requests
+    /// and answers wait for memory (within their deadline and at most 10 s, else their
+    /// connection is closed). Raised to `max_frame` if lower.
     pub max_request_memory: u64,
 }
 
