@@ -635,7 +635,11 @@ fn a_request_that_stalls_midway_is_cut_after_the_request_timeout() {
     s.write_all(&vec![7u8; 900 << 10]).unwrap();
     let t = std::time::Instant::now();
     assert_closed(&mut s);
-    assert!(t.elapsed() < Duration::from_secs(5), "cut after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "cut after {:?}",
+        t.elapsed()
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(served_soon(h.local_addr()));
 }
