@@ -363,8 +363,13 @@ pub struct ClientConfig {
     pub max_frame: usize,
     /// Limit on establishing the connection; `None` waits as long as the OS does.
     pub connect_timeout: Option<Duration>,
-    /// Limit on waiting for a response; `None` waits forever.
+    /// Longest silence while reading the server's preamble or a response (each read
+    /// waits at most this long for a byte); `None` waits forever. A server that stops
+    /// answering breaks the connection with an I/O error after it.
     pub read_timeout: Option<Duration>,
+    /// Longest a write of requests may block on a server that does not read them;
+    /// `None` waits forever.
+    pub write_timeout: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -372,7 +377,8 @@ impl Default for ClientConfig {
         ClientConfig {
             max_frame: DEFAULT_MAX_FRAME,
             connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: None,
+            read_timeout: Some(Duration::from_secs(60)),
+            write_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -746,6 +752,9 @@ impl Client {
         let ctx = |e| Error::io("setting up the RPC connection", e);
         stream.set_nodelay(true).map_err(ctx)?;
         stream.set_read_timeout(config.read_timeout).map_err(ctx)?;
+        stream
+            .set_write_timeout(config.write_timeout)
+            .map_err(ctx)?;
         let reader = BufReader::with_capacity(IO_BUF, stream.try_clone().map_err(ctx)?);
         let mut writer = BufWriter::with_capacity(IO_BUF, stream);
         writer

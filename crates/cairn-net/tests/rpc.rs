@@ -643,3 +643,57 @@ fn a_request_that_stalls_midway_is_cut_after_the_request_timeout() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(served_soon(h.local_addr()));
 }
+
+/// A fake server that sends the preamble and then neither reads nor answers; the
+/// listener thread keeps the accepted socket open until `hold` ends.
+fn silent_server(hold: Duration) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(&PREAMBLE).unwrap();
+        std::thread::sleep(hold);
+    });
+    (addr, t)
+}
+
+/// A server that stops answering, or stops reading, breaks the client's call with an
+/// I/O error within the client's timeouts, not never; the defaults have both timeouts.
+#[test]
+fn a_silent_server_times_the_client_out() {
+    let d = ClientConfig::default();
+    assert!(d.read_timeout.is_some() && d.write_timeout.is_some());
+    let cfg = ClientConfig {
+        read_timeout: Some(Duration::from_millis(200)),
+        write_timeout: Some(Duration::from_millis(200)),
+        ..ClientConfig::default()
+    };
+    // No answer to a small request.
+    let (addr, t) = silent_server(Duration::from_millis(2500));
+    let mut c = Client::connect_with(addr, cfg.clone()).unwrap();
+    let start = std::time::Instant::now();
+    let err = c.call(b"hello").unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(matches!(c.call(b"x"), Err(Error::Unavailable(_))));
+    t.join().unwrap();
+    // Requests the server never reads: the socket buffers fill and the write gives up.
+    let (addr, t) = silent_server(Duration::from_millis(2500));
+    let mut c = Client::connect_with(addr, cfg).unwrap();
+    let start = std::time::Instant::now();
+    let big = vec![7u8; 1 << 20];
+    let err = (0..64)
+        .find_map(|_| c.send(&big).and_then(|()| c.flush()).err())
+        .expect("64 MiB never read by the server cannot all be sent");
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    t.join().unwrap();
+}
