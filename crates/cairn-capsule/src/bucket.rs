@@ -482,12 +482,15 @@ impl Journal {
             for q in &group {
                 *q.done.lock() = Some(match &result {
                     Ok(_) => Ok(q.record.name()),
-                    Err(e) => Err(Error::Unavailable(format!(
-                        "the record of this {} (version {}) could not be written to the \
-                         bucket's capsule, so nothing was committed: {e}",
-                        q.mutation.kind.name(),
-                        q.mutation.uid
-                    ))),
+                    Err(e) => Err(nothing_committed(
+                        e,
+                        format!(
+                            "the record of this {} (version {}) could not be written to the \
+                             bucket's capsule, so nothing was committed",
+                            q.mutation.kind.name(),
+                            q.mutation.uid
+                        ),
+                    )),
                 });
             }
             c = self.chain.lock();
@@ -496,12 +499,15 @@ impl Journal {
                 // they fail too (their mutations commit nothing), and later records start
                 // from the capsule's heads.
                 for q in std::mem::take(&mut c.queue) {
-                    *q.done.lock() = Some(Err(Error::Unavailable(format!(
-                        "the record of this {} (version {}) followed one the bucket's \
-                         capsule could not take, so nothing was committed: {e}",
-                        q.mutation.kind.name(),
-                        q.mutation.uid
-                    ))));
+                    *q.done.lock() = Some(Err(nothing_committed(
+                        e,
+                        format!(
+                            "the record of this {} (version {}) followed one the bucket's \
+                             capsule could not take, so nothing was committed",
+                            q.mutation.kind.name(),
+                            q.mutation.uid
+                        ),
+                    )));
                 }
                 // The next record must not point at what the capsule never got (a hole
                 // forever): at its proven heads, or at nothing when they cannot be read.
@@ -898,5 +904,19 @@ impl Bucket {
         }
         let proof = self.server.prove(&capsule, &name, None)?.proof;
         Ok(VersionProof { record, proof })
+    }
+}
+
+/// The error of a mutation whose record the capsule did not take because of `cause`
+/// (shared by a group, so rebuilt for each member): an I/O error stays one of the same
+/// kind, so a full disk is still told apart from other failures (the node answers 507);
+/// anything else is [`Error::Unavailable`]. `what` says what was not committed.
+fn nothing_committed(cause: &Error, what: String) -> Error {
+    match cause {
+        Error::Io { context, source } => Error::io(
+            format!("{what} ({context})"),
+            std::io::Error::new(source.kind(), source.to_string()),
+        ),
+        other => Error::Unavailable(format!("{what}: {other}")),
     }
 }

@@ -524,11 +524,11 @@ fn a_bucket_without_a_leaf_size_setting_keeps_4_kib_and_a_bad_one_is_refused() {
     assert_eq!(t, blob_root(4096, &data));
 }
 
-/// A store whose commits of capsule journals fail while `fail` is set (a full or broken
-/// disk under the capsule, nothing else).
+/// A store whose commits of capsule journals fail while `fail` is set (1: a broken disk,
+/// 2: a full one, under the capsule, nothing else).
 struct JournalFails {
     inner: MemoryStore,
-    fail: std::sync::atomic::AtomicBool,
+    fail: std::sync::atomic::AtomicU8,
 }
 
 impl cairn_store::ChunkStore for JournalFails {
@@ -571,10 +571,14 @@ impl cairn_store::RefStore for JournalFails {
                 name.starts_with(b"capsule/")
             }
         });
-        if journal && self.fail.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Unavailable("journal disk failed (injected)".into()));
+        match self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            1 if journal => Err(Error::Unavailable("journal disk failed (injected)".into())),
+            2 if journal => Err(Error::io(
+                "writing the journal",
+                std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full (injected)"),
+            )),
+            _ => self.inner.commit(updates),
         }
-        self.inner.commit(updates)
     }
     fn durability(&self) -> cairn_store::Durability {
         self.inner.durability()
@@ -588,7 +592,7 @@ impl cairn_store::RefStore for JournalFails {
 fn a_mutation_whose_record_fails_changes_no_head() {
     let js = Arc::new(JournalFails {
         inner: MemoryStore::new(),
-        fail: std::sync::atomic::AtomicBool::new(false),
+        fail: std::sync::atomic::AtomicU8::new(0),
     });
     let store: Arc<dyn Store> = js.clone();
     let b = open(&store, Some(writer())).unwrap();
@@ -605,20 +609,32 @@ fn a_mutation_whose_record_fails_changes_no_head() {
     };
     let before = heads(&b);
 
-    js.fail.store(true, std::sync::atomic::Ordering::SeqCst);
-    let failures: Vec<cairn_core::Error> = vec![
-        b.put(b"k", Target::Branch("master"), s("two"), &o)
-            .unwrap_err(),
-        b.put(b"k", Target::Base(v1), s("side"), &o).unwrap_err(),
-        b.put(b"new", Target::Branch("master"), s("x"), &o)
-            .unwrap_err(),
-        b.fork(b"k", &At::Branch("master".into()), "f").unwrap_err(),
-        b.rename(b"k", "dev", "dev2").unwrap_err(),
-        b.remove(b"k", "dev").unwrap_err(),
-    ];
-    for e in &failures {
-        assert!(matches!(e, Error::Unavailable(_)), "{e}");
-        assert!(e.to_string().contains("nothing was committed"), "{e}");
+    for mode in [1, 2] {
+        js.fail.store(mode, std::sync::atomic::Ordering::SeqCst);
+        let failures: Vec<cairn_core::Error> = vec![
+            b.put(b"k", Target::Branch("master"), s("two"), &o)
+                .unwrap_err(),
+            b.put(b"k", Target::Base(v1), s("side"), &o).unwrap_err(),
+            b.put(b"new", Target::Branch("master"), s("x"), &o)
+                .unwrap_err(),
+            b.fork(b"k", &At::Branch("master".into()), "f").unwrap_err(),
+            b.rename(b"k", "dev", "dev2").unwrap_err(),
+            b.remove(b"k", "dev").unwrap_err(),
+        ];
+        for e in &failures {
+            if mode == 1 {
+                assert!(matches!(e, Error::Unavailable(_)), "{e}");
+            } else {
+                // A full disk stays an I/O error of its kind (the node answers 507).
+                assert!(
+                    matches!(e, Error::Io { source, .. }
+                        if source.kind() == std::io::ErrorKind::StorageFull),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("disk full (injected)"), "{e}");
+            }
+            assert!(e.to_string().contains("nothing was committed"), "{e}");
+        }
     }
     assert_eq!(heads(&b), before, "no head moved");
     assert!(
@@ -628,7 +644,7 @@ fn a_mutation_whose_record_fails_changes_no_head() {
     assert_eq!(b.server().with_dag(&capsule, |d| d.len()).unwrap(), records);
 
     // The disk is back: writing goes on, and the new version is proven.
-    js.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    js.fail.store(0, std::sync::atomic::Ordering::SeqCst);
     let v2 = b.put(b"k", Target::Branch("master"), s("two"), &o).unwrap();
     assert_eq!(proven(&b, b"k", &v2).bases, vec![v1]);
     let reopened = open(&store, Some(writer())).unwrap();

@@ -1614,18 +1614,26 @@ fn a_long_log_is_read_and_checked_across_pages() {
 /// `cairn serve` on `data` as a child process (synced commits, the default), on a port of
 /// its choosing; returns it and its base URL, read from its "listening" log line.
 fn spawn_node(u: &User, data: &Path) -> (std::process::Child, String) {
-    let mut child = u
-        .command(
-            None,
-            &["serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
-        )
-        .arg("--data")
+    spawn_node_with(u, data, |_| {})
+}
+
+/// [`spawn_node`], with `setup` applied to the command first.
+fn spawn_node_with(
+    u: &User,
+    data: &Path,
+    setup: impl FnOnce(&mut Command),
+) -> (std::process::Child, String) {
+    let mut cmd = u.command(
+        None,
+        &["serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
+    );
+    cmd.arg("--data")
         .arg(data)
         .env_remove("CAIRN_LOCK_TIMEOUT")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    setup(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     let addr = loop {
@@ -1768,4 +1776,130 @@ fn a_node_killed_mid_writes_keeps_every_acknowledged_write() {
         let proof = local(&["--bucket", "pub", "verify", "--proof", &key]);
         assert!(proof.ends_with("proof OK\n"), "{proof}");
     }
+}
+
+/// A full disk, here the node's file size limit (`RLIMIT_FSIZE`, which fails a write past
+/// it as a full disk does, with `EFBIG` instead of `ENOSPC`): the write that hits it fails
+/// with 507, later writes with 503, `/healthz` turns 503 with the reason and the metrics
+/// say so, and acknowledged writes are still read. Restarted with room again, the node has
+/// every acknowledged write, takes new ones and verifies intact.
+#[test]
+fn a_full_disk_fails_writes_and_keeps_acknowledged_ones() {
+    use std::os::unix::process::CommandExt;
+    let u = User::new();
+    let data = u.path().join("node");
+    let limited = |c: &mut Command| {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 6 << 20,
+                    rlim_max: 6 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A write past the limit then fails with EFBIG instead of killing.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    };
+    let (mut node, base) = spawn_node_with(&u, &data, limited);
+    create_open_bucket(&base, "pub");
+    let http = reqwest::blocking::Client::new();
+    let put = |key: &str, value: Vec<u8>| {
+        let resp = http
+            .put(format!("{base}/v1/buckets/pub/objects/{key}"))
+            .body(value)
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.text().unwrap())
+    };
+    let mut acked = Vec::new();
+    let mut refused = None;
+    for i in 0..64 {
+        let value = pseudo_random(200_000, 1000 + 2 * i);
+        let (status, body) = put(&format!("k{i}"), value.clone());
+        if status != 201 {
+            refused = Some((status, body));
+            break;
+        }
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        acked.push((i, body["uid"].as_str().unwrap().to_string(), value));
+    }
+    let (status, body) = refused.expect("6 MiB cannot hold 64 distinct values of 200 KB");
+    assert!(
+        acked.len() >= 5,
+        "only {} writes before the limit",
+        acked.len()
+    );
+    assert_eq!(status, 507, "{body}");
+    assert!(body.contains("insufficient_storage"), "{body}");
+    assert!(body.contains("nothing was committed"), "{body}");
+    // The store takes no more writes; the reason is given, and health and metrics say so.
+    let (status, body) = put("after", b"small".to_vec());
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("refuses writes"), "{body}");
+    let health = http.get(format!("{base}/healthz")).send().unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let why = health.text().unwrap();
+    assert!(
+        why.contains("refuses writes") && why.contains("too large"),
+        "{why}"
+    );
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "cairn_store_writable 0"),
+        "{metrics}"
+    );
+    // Reads go on.
+    let read = |base: &str, key: String, uid: &str| {
+        let resp = http
+            .get(format!("{base}/v1/buckets/pub/objects/{key}?uid={uid}"))
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{key}");
+        resp.bytes().unwrap().to_vec()
+    };
+    for (i, uid, value) in &acked {
+        assert!(read(&base, format!("k{i}"), uid) == *value, "k{i}");
+    }
+    node.kill().unwrap();
+    node.wait().unwrap();
+    // Room again: every acknowledged write is there, new writes land, health is back.
+    let (mut node, base) = spawn_node(&u, &data);
+    for (i, uid, value) in &acked {
+        assert!(
+            read(&base, format!("k{i}"), uid) == *value,
+            "k{i} after the restart"
+        );
+    }
+    let resp = http
+        .put(format!("{base}/v1/buckets/pub/objects/after"))
+        .body("small")
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let health = http.get(format!("{base}/healthz")).send().unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(&data)
+        .arg("verify")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -69,8 +69,19 @@ async fn stall_bodies(
     next.run(req).await
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// `GET /healthz`: 200 `ok` while the node can take writes; 503 with the reason once its
+/// store refuses every write until a restart (after a failed write or sync, such as a
+/// full disk), so a supervisor can tell and restart it. Reads are still served then.
+async fn healthz(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
+) -> (axum::http::StatusCode, String) {
+    match node.store.write_failure() {
+        None => (axum::http::StatusCode::OK, "ok\n".into()),
+        Some(why) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store refuses writes until the node restarts: {why}\n"),
+        ),
+    }
 }
 
 /// A bound node: its address, and the future that serves until `shutdown` completes (or

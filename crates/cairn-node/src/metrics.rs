@@ -31,6 +31,9 @@ pub struct Metrics {
     pub open_buckets: IntGauge,
     /// Capsules loaded in memory now; set when scraped.
     pub loaded_capsules: IntGauge,
+    /// 1 while the store takes writes, 0 once it refuses them until a restart (see
+    /// `/healthz`); set when scraped.
+    pub store_writable: IntGauge,
     /// Streamed transfers in progress (bounded by `max_transfers`); set when scraped.
     pub transfers: IntGauge,
 }
@@ -69,6 +72,11 @@ impl Metrics {
         registry.register(Box::new(open_buckets.clone()))?;
         registry.register(Box::new(loaded_capsules.clone()))?;
         registry.register(Box::new(transfers.clone()))?;
+        let store_writable = IntGauge::new(
+            "store_writable",
+            "1 while the store takes writes, 0 once it refuses them until a restart",
+        )?;
+        registry.register(Box::new(store_writable.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -79,6 +87,7 @@ impl Metrics {
             open_buckets,
             loaded_capsules,
             transfers,
+            store_writable,
         })
     }
 
@@ -97,6 +106,8 @@ pub async fn handler(State(node): State<Arc<Node>>) -> Response {
     m.loaded_capsules
         .set(node.capsules.loaded_capsules() as i64);
     m.transfers.set(node.transfers_in_progress() as i64);
+    m.store_writable
+        .set(i64::from(node.store.write_failure().is_none()));
     match node.metrics.render() {
         Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),

@@ -223,6 +223,14 @@ pub trait RefStore: Send + Sync {
 
     /// The durability level commits get.
     fn durability(&self) -> Durability;
+
+    /// Why the store refuses every write until it is reopened, if it does: after a write
+    /// or `fdatasync` failed (a full disk, an I/O error), what reached the disk is no
+    /// longer known, so a store stops taking writes rather than acknowledge one it cannot
+    /// vouch for. Reads go on. `None` for backends that never enter that state.
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A complete backend: chunks plus refs.

@@ -2300,6 +2300,13 @@ impl RefStore for LogStore {
     fn durability(&self) -> Durability {
         self.opts.durability
     }
+
+    fn write_failure(&self) -> Option<String> {
+        if !self.failed_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failed.lock().clone()
+    }
 }
 
 /// Drops the given ranges of segments from the page cache (see [`Writer::drop_behind`]).

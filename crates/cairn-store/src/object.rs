@@ -759,6 +759,9 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> RefStore for SplitStore<C, R> {
             refs
         }
     }
+    fn write_failure(&self) -> Option<String> {
+        self.refs.write_failure()
+    }
 }
 
 /// Which object store holds the chunks.

@@ -69,9 +69,12 @@ fn buffered_reads_see_unflushed_records() {
 fn failed_store_refuses_writes() {
     let dir = tempfile::tempdir().unwrap();
     let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert_eq!(s.write_failure(), None);
     let _ = s.fail(Error::invalid("simulated fsync failure"));
     assert!(matches!(s.put(b"x"), Err(Error::Unavailable(_))));
     assert!(matches!(s.commit(&[]), Err(Error::Unavailable(_))));
+    let why = s.write_failure().expect("the failure is reported");
+    assert!(why.contains("simulated fsync failure"), "{why}");
 }
 
 /// A resync over a damaged chunk header can lock onto a commit record embedded in that
