@@ -108,8 +108,12 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
                 Ok(_) => false,
             };
             if gone {
-                let uid = r.get("removed").and_then(J::as_str).unwrap_or("UID");
-                eprintln!("{}", crate::cli::last_branch_removed(&key, &branch, uid));
+                let uid = r
+                    .get("removed")
+                    .and_then(J::as_str)
+                    .and_then(|u| u.parse::<Uid>().ok())
+                    .map_or("UID".to_string(), |u| u.to_string());
+                eprintln!("{}", crate::cli::last_branch_removed(&key, &branch, &uid));
             }
         }
         Command::Branches { key, untagged } => c.branches(&key, untagged, &mut out)?,
@@ -981,6 +985,10 @@ impl Client {
                 .and_then(J::as_object)
                 .ok_or_else(|| bad_answer("tagged"))?;
             for (name, u) in tagged {
+                // A name with a tab or newline could forge a checked line.
+                cairn_object::branch::check_branch_name(name).map_err(|e| {
+                    Error::Rejected(format!("the node's branches of {key:?} name {e}"))
+                })?;
                 writeln!(lines, "{name}\t{}", check(u)?)?;
             }
         }
@@ -1026,7 +1034,12 @@ impl Client {
                 ("max", max.to_string()),
             ];
             let r = self.get_json(self.url("log", Some(key), &q)?)?;
-            for e in array_field(&r, "versions")? {
+            let versions = array_field(&r, "versions")?;
+            if versions.is_empty() && r.get("next_min").is_some() {
+                // A page that moves the walk nowhere would be asked for again, forever.
+                return Err(lied("sends an empty page that goes on".to_string()));
+            }
+            for e in versions {
                 let uid: Uid = str_field(e, "uid")?
                     .parse()
                     .map_err(|_| bad_answer("uid"))?;
@@ -1329,19 +1342,20 @@ impl Client {
         let info = self.get_json(self.url("", None, &[])?)?;
         writeln!(out, "bucket: {}", self.bucket)?;
         match info.get("capsule").and_then(J::as_str) {
-            Some(c) => writeln!(out, "capsule: {c}")?,
+            Some(c) => writeln!(out, "capsule: {}", crate::format::escape_controls(c))?,
             None => writeln!(out, "capsule: none yet")?,
         }
         if let Some(d) = info.get("description").and_then(J::as_str) {
-            writeln!(out, "description: {d}")?;
+            writeln!(out, "description: {}", crate::format::escape_controls(d))?;
         }
         if let Some(ws) = info.get("writers").and_then(J::as_array) {
             for (i, w) in ws.iter().enumerate() {
-                writeln!(out, "writer {i}: {}", w.as_str().unwrap_or_default())?;
+                let w = w.as_str().unwrap_or_default();
+                writeln!(out, "writer {i}: {}", crate::format::escape_controls(w))?;
             }
         }
         match info.get("owner").and_then(J::as_str) {
-            Some(o) => writeln!(out, "owner: {o}")?,
+            Some(o) => writeln!(out, "owner: {}", crate::format::escape_controls(o))?,
             None => writeln!(out, "owner: none (open bucket)")?,
         }
         if let Some(p) = metadata_out {
@@ -1687,7 +1701,7 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
             format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim()),
         ),
     };
-    let mut message = message;
+    let mut message = crate::format::escape_controls(&message);
     if let Some(cs) = parsed
         .as_ref()
         .and_then(|j| j.get("conflicts"))
@@ -1716,6 +1730,10 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
         "unavailable" => Error::Unavailable(strip("unavailable: ")),
         "unauthorized" => Error::Rejected(format!("the node refused the request: {message}")),
         "too_large" | "range_not_satisfiable" => Error::InvalidInput(message),
+        "insufficient_storage" => Error::io(
+            "storing the request on the node",
+            io::Error::new(io::ErrorKind::StorageFull, message),
+        ),
         "io" | "internal" => {
             Error::io("serving the request on the node", io::Error::other(message))
         }

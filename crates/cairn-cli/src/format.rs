@@ -19,10 +19,30 @@ pub fn parse_value(ty: ValueType, input: Vec<u8>) -> Result<NewValue> {
     NewValue::parse_text(ty, input)
 }
 
-/// A short printable form of possibly-binary bytes.
+/// A short printable form of possibly-binary bytes: at most 80 of them, control
+/// characters escaped (so a value cannot add lines to, or steer the terminal showing,
+/// the output around it).
 pub fn show(b: &[u8]) -> String {
-    let s = String::from_utf8_lossy(&b[..b.len().min(80)]).into_owned();
-    if b.len() > 80 { format!("{s}…") } else { s }
+    let mut s = escape_controls(&String::from_utf8_lossy(&b[..b.len().min(80)]));
+    if b.len() > 80 {
+        s.push('…');
+    }
+    s
+}
+
+/// `s` with every control character (newlines and terminal escapes included) written as
+/// its Rust escape, such as `\n` or `\u{1b}`: for text from a node or a store that is
+/// printed among checked output.
+pub fn escape_controls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Prints an inline value (string, integer, tuple) as `cairn get` does; `false` for a
@@ -51,4 +71,21 @@ pub fn write_element(ty: ValueType, el: &Element, sink: &mut dyn Write) -> io::R
         sink.write_all(el.value.as_deref().unwrap_or_default())?;
     }
     sink.write_all(b"\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_escapes_control_characters_and_cuts_at_80_bytes() {
+        assert_eq!(show(b"plain text"), "plain text");
+        assert_eq!(
+            show(b"a\nmaster\t1e20\x1b[2Jb"),
+            "a\\nmaster\\t1e20\\u{1b}[2Jb"
+        );
+        assert_eq!(show("été".as_bytes()), "été");
+        let long = vec![b'x'; 81];
+        assert_eq!(show(&long), format!("{}…", "x".repeat(80)));
+    }
 }

@@ -952,11 +952,21 @@ fn lying_node(etag: String, body: Vec<u8>) -> String {
 
 /// [`lying_node`] answering with the given header lines (each ending in CRLF).
 fn lying_node_with(headers: String, body: Vec<u8>) -> String {
+    lying_node_seq(headers, vec![body])
+}
+
+/// [`lying_node_with`] answering its n-th request with `bodies[n]` (the last one after
+/// those), and hanging up on every request after the 64th.
+fn lying_node_seq(headers: String, bodies: Vec<Vec<u8>>) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
+        for (n, conn) in listener.incoming().enumerate() {
             let Ok(mut conn) = conn else { return };
+            if n >= 64 {
+                continue;
+            }
+            let body = &bodies[n.min(bodies.len() - 1)];
             let mut head = Vec::new();
             let mut byte = [0u8; 1];
             while !head.ends_with(b"\r\n\r\n") {
@@ -970,7 +980,7 @@ fn lying_node_with(headers: String, body: Vec<u8>) -> String {
                 body.len()
             );
             let _ = conn.write_all(resp.as_bytes());
-            let _ = conn.write_all(&body);
+            let _ = conn.write_all(body);
         }
     });
     format!("http://{addr}")
@@ -1439,6 +1449,23 @@ fn log_refuses_what_a_lying_node_sends() {
         assert_eq!(out.status.code(), Some(11), "{what}: {err}");
         assert!(!err.contains("panicked"), "{what}: {err}");
     }
+    // A first page that stops where the walk goes on, then empty pages that go on at the
+    // same place: the client must not ask again forever.
+    let mut first = with(versions[..2].to_vec());
+    first["next_min"] = versions[2]["distance"].clone();
+    let mut empty = with(Vec::new());
+    empty["next_min"] = versions[2]["distance"].clone();
+    let liar = lying_node_seq(
+        String::new(),
+        vec![
+            first.to_string().into_bytes(),
+            empty.to_string().into_bytes(),
+        ],
+    );
+    let out = u.run(Some(&liar), &["log", "k", "--limit", "20"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "empty pages: {err}");
+    assert!(err.contains("empty page"), "{err}");
 }
 
 /// `--out` naming a link to a file that does not exist yet gets the same all-or-nothing
@@ -1541,10 +1568,14 @@ fn branches_refuse_what_a_lying_node_sends() {
     let mut swapped = honest.clone();
     let master = honest["tagged"]["master"].clone();
     swapped["metas"][&side] = honest["metas"][master.as_str().unwrap()].clone();
+    // A branch name carrying a forged line: "master<TAB><another key's uid>".
+    let mut forged = honest.clone();
+    forged["tagged"][format!("zz\nmaster\t{other}")] = honest["tagged"]["side"].clone();
     for (what, j) in [
         ("another key's version as a head", foreign),
         ("a Meta chunk altered", altered),
         ("another head's Meta chunk", swapped),
+        ("a branch name with a newline", forged),
     ] {
         let out = u.run(Some(&serve(&j)), &["branches", "k"]);
         let err = String::from_utf8_lossy(&out.stderr);
