@@ -92,7 +92,16 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
         Command::Update(a) => c.update(a, &mut out)?,
         Command::Fork { key, from, to } => {
             let r = c.control("fork", &key, json!({ "from": from, "branch": to }))?;
-            writeln!(out, "{}", str_field(&r, "uid")?)?;
+            // A fork makes no version: the branch starts at the one forked from.
+            let (uid, _) = c.written_version(&key, &r, "fork")?;
+            if let At::Uid(u) = At::parse(&from)
+                && u != uid
+            {
+                bail!(Error::Rejected(format!(
+                    "the node forked {key:?} at {uid}, not at {u}"
+                )));
+            }
+            writeln!(out, "{uid}")?;
         }
         Command::Merge(a) => c.merge(a, &mut out)?,
         Command::Rename { key, from, to } => {
@@ -539,6 +548,9 @@ impl Client {
         };
         // An encrypted value is bound to its bucket and key.
         let place = crypt::binding(&self.bucket, &a.key);
+        // What the version must hold: the value given inline, else the length sent.
+        let mut sent_inline: Option<Vec<u8>> = None;
+        let sent_len: Option<u64>;
         let r = if let Some(v) = a.value {
             let body = match &key {
                 Some(k) => {
@@ -548,6 +560,10 @@ impl Client {
                 }
                 None => v.into_bytes(),
             };
+            sent_len = Some(body.len() as u64);
+            if ty == ValueType::String {
+                sent_inline = Some(body.clone());
+            }
             read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin,
@@ -656,6 +672,7 @@ impl Client {
                     )
                 }
             };
+            sent_len = len.map(wire_len);
             let pb = progress_bar(len, "put");
             let reader = body_reader(Box::new(pb.wrap_read(reader)));
             let answer = self.send_stream(
@@ -671,8 +688,59 @@ impl Client {
             drop(spooled);
             answer?
         };
-        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        let (uid, o) = self.written_version(&a.key, &r, "put")?;
+        let lied = |what: String| -> anyhow::Error {
+            Error::Rejected(format!("the node's version {uid} of the put {what}")).into()
+        };
+        if o.value_type() != ty {
+            return Err(lied(format!(
+                "is a {}, not a {}",
+                o.value_type().name(),
+                ty.name()
+            )));
+        }
+        if o.context.as_ref() != a.context.as_bytes() {
+            return Err(lied("has another context than the one sent".into()));
+        }
+        if let Some(b) = a.base.or(a.guard)
+            && !o.bases.contains(&b)
+        {
+            return Err(lied(format!("does not derive from {b}")));
+        }
+        match (&o.value, &sent_inline, sent_len) {
+            (cairn_object::Value::String(v), Some(sent), _) if v.as_ref() != sent.as_slice() => {
+                return Err(lied("holds another value than the one sent".into()));
+            }
+            (cairn_object::Value::Tree(t), None, Some(n))
+                if ty == ValueType::Blob && t.count != n =>
+            {
+                return Err(lied(format!("holds {} bytes, not the {n} sent", t.count)));
+            }
+            _ => {}
+        }
+        writeln!(out, "{uid}")?;
         Ok(())
+    }
+
+    /// The version a write (`what`) answered with, checked rather than trusted: the uid
+    /// must parse, and its Meta chunk, read from the node and hashed against it, must be a
+    /// version of `key`, or the uid printed (and perhaps anchored on a chain) would name
+    /// something the node made up. The caller then checks the Meta against what it wrote.
+    fn written_version(
+        &self,
+        key: &str,
+        r: &J,
+        what: &str,
+    ) -> Result<(Uid, cairn_object::FObject)> {
+        let raw = str_field(r, "uid")?;
+        let uid: Uid = raw.parse().map_err(|_| {
+            Error::Rejected(format!(
+                "the node answered the {what} with {:?}, not a version id",
+                crate::format::show(raw.as_bytes())
+            ))
+        })?;
+        let (_, v) = self.open_version_part(key, Some(uid), None, true)?;
+        Ok((uid, v.object().clone()))
     }
 
     fn version_query(uid: Option<Uid>, branch: Option<String>) -> Vec<(&'static str, String)> {
@@ -852,7 +920,15 @@ impl Client {
         let signer = self.signer()?;
         let resp = self.send(Method::PATCH, url, body, &headers, signer.as_ref())?;
         let r = read_json(resp)?;
-        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        let (uid, o) = self.written_version(&a.key, &r, "update")?;
+        if let Some(g) = a.guard
+            && !o.bases.contains(&g)
+        {
+            bail!(Error::Rejected(format!(
+                "the node's version {uid} of the update does not derive from {g}"
+            )));
+        }
+        writeln!(out, "{uid}")?;
         Ok(())
     }
 
@@ -874,7 +950,8 @@ impl Client {
             Some("up_to_date") => eprintln!("already up to date"),
             _ => {}
         }
-        writeln!(out, "{}", str_field(&r, "uid")?)?;
+        let (uid, _) = self.written_version(&a.key, &r, "merge")?;
+        writeln!(out, "{uid}")?;
         Ok(())
     }
 

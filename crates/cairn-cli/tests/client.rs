@@ -1934,3 +1934,83 @@ fn a_full_disk_fails_writes_and_keeps_acknowledged_ones() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A write's answer is checked, not trusted: the uid must parse and name a version of the
+/// key (its Meta chunk read back and hashed against it) holding what was written, so a
+/// node cannot have the client print (and its user anchor) a made-up or older version.
+#[test]
+fn writes_refuse_a_version_the_node_made_up() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let old = u
+        .ok(srv, &["put", "k", "--value", "old"])
+        .trim()
+        .to_string();
+    let other = u
+        .ok(srv, &["put", "o", "--value", "new"])
+        .trim()
+        .to_string();
+    let big = u.path().join("big");
+    std::fs::write(&big, pseudo_random(300_000, 7)).unwrap();
+    let file = u
+        .ok(srv, &["put", "f", "--file", big.to_str().unwrap()])
+        .trim()
+        .to_string();
+    let http = reqwest::blocking::Client::new();
+    let get = |url: String| http.get(url).send().unwrap().bytes().unwrap().to_vec();
+    let info = get(format!("{}/v1/buckets/default", s.base));
+    let meta = |key: &str, uid: &str| {
+        get(format!(
+            "{}/v1/buckets/default/stream/{key}?uid={uid}&meta=true",
+            s.base
+        ))
+    };
+    // The client asks for the bucket's details, sends the write, then reads the version
+    // back: the liar answers those three in turn.
+    let liar = |etag: &str, answer: &str, stream: Vec<u8>| {
+        lying_node_seq(
+            format!("ETag: \"{etag}\"\r\nContent-Type: application/vnd.cairn.version-stream\r\n"),
+            vec![info.clone(), answer.as_bytes().to_vec(), stream],
+        )
+    };
+    let short = pseudo_random(299_999, 7);
+    let shorter = u.path().join("shorter");
+    std::fs::write(&shorter, &short).unwrap();
+    for (what, node, args) in [
+        (
+            "not a uid",
+            liar(&old, r#"{"uid":"latest"}"#, Vec::new()),
+            vec!["put", "k", "--value", "new"],
+        ),
+        (
+            "the older version",
+            liar(&old, &format!(r#"{{"uid":"{old}"}}"#), meta("k", &old)),
+            vec!["put", "k", "--value", "new"],
+        ),
+        (
+            "another key's version with the same value",
+            liar(
+                &other,
+                &format!(r#"{{"uid":"{other}"}}"#),
+                meta("o", &other),
+            ),
+            vec!["put", "k", "--value", "new"],
+        ),
+        (
+            "a blob of another length",
+            liar(&file, &format!(r#"{{"uid":"{file}"}}"#), meta("f", &file)),
+            vec!["put", "f", "--file", shorter.to_str().unwrap()],
+        ),
+        (
+            "a fork elsewhere than asked",
+            liar(&old, &format!(r#"{{"uid":"{old}"}}"#), meta("k", &old)),
+            vec!["fork", "k", "--from", &file, "--to", "x"],
+        ),
+    ] {
+        let out = u.run(Some(&node), &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{what}: {err}");
+        assert!(out.stdout.is_empty(), "{what}: printed {:?}", out.stdout);
+    }
+}
