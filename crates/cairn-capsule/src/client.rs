@@ -346,13 +346,27 @@ impl Reader {
     /// Verifies a subrecord proof for the subrecord named `sub`; on success notes the tree
     /// nodes it computed, the siblings its path consumed and the record names it verified.
     pub fn verify_subrecord(&mut self, sub: &Hash, proof: &SubrecordProof) -> Result<()> {
-        let (nodes, names) = proof.verify_in(
+        let cached = proof.verify_in(
             &self.meta,
             &self.capsule,
             sub,
             |h| self.cache.contains(h),
             |n, s| self.is_own(n, s),
-        )?;
+        );
+        let (nodes, names) = match cached {
+            Ok(v) => v,
+            // A full proof (one that reaches a record proof) for a reader that already
+            // trusts a node on its path, which a proof outside a session, or after the
+            // mirror fell behind, is: checked as a whole, trusting nothing cached.
+            Err(_) if proof.record.is_some() => proof.verify_in(
+                &self.meta,
+                &self.capsule,
+                sub,
+                |_| false,
+                |n, s| self.is_own(n, s),
+            )?,
+            Err(e) => return Err(e),
+        };
         // The siblings the path consumed are bound by where the walk ended (a trusted node,
         // or the root the record proof binds): trusting them too, as DCS does, lets a
         // later proof of a neighbouring subrecord stop at its leaf. The server's mirror
@@ -431,6 +445,7 @@ impl Reader {
             .chain
             .first()
             .ok_or_else(|| Error::Rejected("proof has no headers".into()))?;
+        refuse_subrecord_record(header)?;
         header.check_body(&body)?;
         let plain = self.crypto.open(&body)?;
         self.note_verified(names.iter().map(|n| *n.hash()));
@@ -449,6 +464,7 @@ impl Reader {
         if record.header.capsule != self.capsule {
             return Err(Error::Rejected("record belongs to another capsule".into()));
         }
+        refuse_subrecord_record(&record.header)?;
         record.check_body()?;
         self.crypto.open(&record.body)
     }
@@ -461,5 +477,18 @@ impl Reader {
             )));
         }
         self.crypto.open(sealed)
+    }
+}
+
+/// A record of subrecords has no body to open: its data are its subrecords, read and
+/// proven one by one. Opening its empty body would answer an empty value in a plaintext
+/// capsule and an error in a sealed one.
+fn refuse_subrecord_record(header: &RecordHeader) -> Result<()> {
+    match header.body {
+        BodyRef::Plain { .. } => Ok(()),
+        BodyRef::Subrecords { .. } => Err(Error::TypeMismatch(format!(
+            "record {} holds subrecords, not a body: read its subrecords",
+            header.name()
+        ))),
     }
 }

@@ -87,6 +87,10 @@ pub struct CapsuleDag {
     nodes: foldhash::HashMap<RecordName, Node>,
     children: foldhash::HashMap<RecordName, Vec<RecordName>>,
     heads: BTreeSet<RecordName>,
+    /// Heads of the proven part: proven records no proven record points to (kept as
+    /// records become proven, so asking costs nothing however many unsigned records
+    /// anyone wrote).
+    proven_heads: BTreeSet<RecordName>,
     roots: BTreeSet<RecordName>,
     /// Names some present record points to that are not present (holes).
     missing: BTreeSet<RecordName>,
@@ -107,6 +111,7 @@ impl CapsuleDag {
             nodes: Default::default(),
             children: Default::default(),
             heads: BTreeSet::new(),
+            proven_heads: BTreeSet::new(),
             roots: BTreeSet::new(),
             missing: BTreeSet::new(),
             signatures: Default::default(),
@@ -190,32 +195,11 @@ impl CapsuleDag {
     }
 
     /// Heads of the proven part of the DAG (proven records no proven record points to),
-    /// sorted: what a writer may continue from. Records no signature reaches (anyone can
-    /// write them) stay out, so a writer's next signature never vouches for one. Found by
-    /// walking back from the heads through unproven records only (a proven record's
-    /// ancestors are proven), so it costs the unproven records, not the capsule.
+    /// sorted: what a writer may continue from, and what a checkpoint lists. Records no
+    /// signature reaches (anyone can write them) stay out, so a writer's next signature
+    /// never vouches for one, and a reader is never pointed at a head it cannot prove.
     pub fn proven_heads(&self) -> Vec<RecordName> {
-        let proven = |n: &RecordName| self.is_proven(n);
-        let mut out = BTreeSet::new();
-        let mut seen: HashSet<RecordName> = HashSet::new();
-        let mut stack: Vec<RecordName> = self.heads.iter().copied().collect();
-        while let Some(n) = stack.pop() {
-            if !seen.insert(n) {
-                continue;
-            }
-            if proven(&n) {
-                if !self.children(&n).iter().any(proven) {
-                    out.insert(n);
-                }
-            } else if let Some(node) = self.nodes.get(&n) {
-                stack.extend(
-                    node.backpointers
-                        .iter()
-                        .filter(|b| self.nodes.contains_key(*b)),
-                );
-            }
-        }
-        out.into_iter().collect()
+        self.proven_heads.iter().copied().collect()
     }
 
     /// Current roots (present records none of whose backpointers is present), sorted.
@@ -336,11 +320,23 @@ impl CapsuleDag {
     }
 
     fn set_witness(&mut self, name: &RecordName, w: Witness) {
-        if let Some(n) = self.nodes.get_mut(name) {
-            if n.witness == Witness::Unknown && w != Witness::Unknown {
-                self.unproven -= 1;
-            }
-            n.witness = w;
+        let Some(n) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let newly_proven = n.witness == Witness::Unknown && w != Witness::Unknown;
+        n.witness = w;
+        if !newly_proven {
+            return;
+        }
+        self.unproven -= 1;
+        // Its parents are proven too (by the propagation this is part of) and no longer
+        // heads of the proven part; it is one unless a proven child points to it.
+        let parents = self.nodes[name].backpointers.clone();
+        for p in parents.iter() {
+            self.proven_heads.remove(p);
+        }
+        if !self.children(name).iter().any(|c| self.is_proven(c)) {
+            self.proven_heads.insert(*name);
         }
     }
 

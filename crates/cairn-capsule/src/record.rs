@@ -7,9 +7,12 @@
 //! body is stored as its own chunk, `TAG_BODY ‖ ciphertext`, whose hash is the body hash in
 //! the header: a server can check a body against its header without any key.
 //!
-//! Every capsule-layer encoding starts with a two-byte tag (`0xCA`, kind). Object-layer
-//! chunks start with `0x01` and RFC 6962 tree nodes with `0x00`/`0x01` under a separate
-//! preimage shape, so no header can be mistaken for another structure.
+//! Every capsule-layer encoding starts with a two-byte tag (`0xCA`, kind), and object-layer
+//! chunks and RFC 6962 tree nodes (`0x00` leaf, `0x01` interior) never start with `0xCA`,
+//! so no header can be mistaken for another structure. (An object chunk and a tree node can
+//! share a preimage shape, for instance a 65-byte object chunk starting with `0x01`, but
+//! no check ever compares one with the other: a reader's cache holds only its capsule's
+//! record names and tree nodes.)
 
 use std::fmt;
 use std::str::FromStr;

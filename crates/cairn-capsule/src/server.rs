@@ -334,7 +334,9 @@ pub struct Checkpoint {
     pub size: u64,
     /// The log's RFC 6962 root.
     pub root: Digest,
-    /// The heads of the record DAG, sorted.
+    /// The heads of the record DAG's proven part (records a writer signature reaches
+    /// that no such record points to), sorted: every one has a proof. Unsigned records,
+    /// which anyone may write, are left out, so they cannot hide the newest signed state.
     pub heads: Vec<RecordName>,
     /// Server time, milliseconds since the Unix epoch.
     pub time_ms: u64,
@@ -1628,14 +1630,16 @@ impl CapsuleServer {
         }
     }
 
-    /// QueryFresh(): the heads, with the log size and root, signed by this server together
-    /// with the reader's `nonce` (a fresh random value per query).
+    /// QueryFresh(): the proven heads ([`CapsuleDag::proven_heads`]), with the log size
+    /// and root, signed by this server together with the reader's `nonce` (a fresh random
+    /// value per query). The log counts every accepted record, signed or not: inclusion
+    /// in it shows the server took a record, not that a writer signed it.
     pub fn query_fresh(&self, capsule: &CapsuleName, nonce: [u8; 16]) -> Result<Checkpoint> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let size = cap.dag.log().size();
         let root = cap.dag.log().root();
-        let heads = cap.dag.heads();
+        let heads = cap.dag.proven_heads();
         let time_ms = now_ms();
         let msg = Checkpoint::message(capsule, size, &root, &heads, time_ms, &nonce);
         let cp = Checkpoint {

@@ -520,6 +520,15 @@ fn subrecord_proof_siblings_become_trusted() {
     other.verify_subrecord(&subs[2], &empty).unwrap();
     empty.index = 5;
     assert!(other.verify_subrecord(&subs[5], &empty).is_err());
+    // A full proof (no session) of leaf 2, whose leaf the reader already trusts, still
+    // verifies: a reader that asks again without its cache after a mirror went wrong must
+    // get somewhere. A tampered one is still refused.
+    let full = server.prove_subrecord(&c, &subs[2], None).unwrap().proof;
+    assert!(!full.path.is_empty() && full.record.is_some());
+    other.verify_subrecord(&subs[2], &full).unwrap();
+    let mut bad = full.clone();
+    bad.path[0][0] ^= 1;
+    assert!(other.verify_subrecord(&subs[2], &bad).is_err());
 }
 
 /// The verified-body cache answers a read only for the capsule that accepted the body: a
@@ -1627,4 +1636,147 @@ fn a_header_is_well_formed_exactly_when_its_encoding_decodes() {
 fn server_with(opts: ServerOptions) -> CapsuleServer {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     CapsuleServer::new(store, SigningKey::from_seed(&[9; 32]), opts)
+}
+
+/// A record of subrecords has no body to open: reading it as a record is refused with a
+/// type mismatch in a plaintext capsule too (its empty body used to open as an empty
+/// value there, and fail as too short in a sealed one).
+#[test]
+fn a_record_of_subrecords_is_not_opened_as_a_body() {
+    let (server, _, _, _) = setup();
+    let wk = SigningKey::from_seed(&[5; 32]);
+    let meta = CapsuleMetadata {
+        cipher: cairn_capsule::metadata::BodyCipher::Plaintext,
+        ..CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "plain")
+    };
+    let c = meta.name();
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, None).unwrap();
+    w.write_subrecord(b"one").unwrap();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let name = header.name();
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let mut reader = Reader::new(c, meta, policy, None).unwrap();
+    let rec = server.read(&c, &name).unwrap();
+    assert!(matches!(
+        reader.open_record(&name, &rec),
+        Err(Error::TypeMismatch(_))
+    ));
+    let proof = server.prove(&c, &name, None).unwrap().proof;
+    assert!(matches!(
+        reader.verify_read(&name, rec.body.clone(), &proof),
+        Err(Error::TypeMismatch(_))
+    ));
+    // The proof itself is fine: the record is proven, its subrecords read one by one.
+    reader.verify_record(&name, &proof).unwrap();
+}
+
+/// Random DAGs of plain records, inserted in a random order (children before parents
+/// make holes that later fill) with signatures on random records at random times:
+/// after every step, the proven heads the DAG keeps are exactly the proven records no
+/// proven record points to (the definition, computed over the whole DAG).
+#[test]
+fn proven_heads_match_their_definition_on_random_dags() {
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "heads");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    let w = Writer::new(meta.clone(), wk, None).unwrap();
+    let body = |r: &Record| match r.header.body {
+        cairn_capsule::record::BodyRef::Plain { hash, .. } => {
+            cairn_capsule::dag::StoredBody::Plain { cid: hash }
+        }
+        _ => unreachable!("plain records"),
+    };
+    let shape = (
+        proptest::collection::vec(proptest::collection::vec(any::<u16>(), 0..3), 1..40),
+        any::<u64>(),
+        proptest::collection::vec(any::<u16>(), 0..12),
+    );
+    proptest!(ProptestConfig::with_cases(200), |((parents, order_seed, signed) in shape)| {
+        // Record i points back at up to two earlier records.
+        let mut recs: Vec<Record> = Vec::new();
+        for (i, ps) in parents.iter().enumerate() {
+            let mut back: Vec<RecordName> = Vec::new();
+            if i > 0 {
+                for p in ps {
+                    let n = recs[*p as usize % i].name();
+                    if !back.contains(&n) {
+                        back.push(n);
+                    }
+                }
+            }
+            recs.push(Record::new(c, format!("r{i}").into_bytes(), back));
+        }
+        // A shuffled insertion order, with each signature placed at a random step.
+        let mut order: Vec<usize> = (0..recs.len()).collect();
+        let mut x = order_seed | 1;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let mut dag = CapsuleDag::new(meta.clone());
+        let mut inserted = Vec::new();
+        for (step, &i) in order.iter().enumerate() {
+            let r = &recs[i];
+            dag.insert(r.name(), &r.header, body(r));
+            inserted.push(r.name());
+            for s in &signed {
+                if *s as usize % order.len() == step {
+                    let n = inserted[*s as usize % inserted.len()];
+                    let _ = dag.add_signature(n, w.sign(&n));
+                }
+            }
+            let by_definition: Vec<RecordName> = inserted
+                .iter()
+                .copied()
+                .filter(|n| dag.is_proven(n))
+                .filter(|n| !dag.children(n).iter().any(|k| dag.is_proven(k)))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            prop_assert_eq!(dag.proven_heads(), by_definition);
+        }
+    });
+}
+
+/// Anyone may write unsigned records, but one pointing at the newest signed record does
+/// not hide it from a checkpoint: QueryFresh lists the proven heads, each of which a
+/// reader can prove. Once the writer signs past it, the checkpoint moves on.
+#[test]
+fn an_unsigned_record_cannot_hide_the_signed_head_from_a_checkpoint() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 3, 3);
+    let head = names[2];
+    let stranger = intruder(&meta);
+    let junk = Record::new(c, b"junk".to_vec(), vec![head]);
+    server.write(&c, &[junk.clone()], &[]).unwrap();
+    assert_eq!(
+        server.with_dag(&c, |d| d.heads()).unwrap(),
+        vec![junk.name()]
+    );
+    let cp = server.query_fresh(&c, [9; 16]).unwrap();
+    cp.verify(&server.public_key(), &c, &[9; 16]).unwrap();
+    assert_eq!(cp.heads, vec![head]);
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+    for h in &cp.heads {
+        let p = server.prove(&c, h, None).unwrap().proof;
+        reader.verify_record(h, &p).unwrap();
+    }
+    // A stranger's signature proves nothing; the writer's next signed record moves it.
+    let r = Record::new(c, b"x".to_vec(), vec![junk.name()]);
+    assert!(
+        server
+            .write(&c, &[r.clone()], &[(r.name(), stranger.sign(&r.name()))])
+            .is_err()
+    );
+    assert_eq!(server.query_fresh(&c, [9; 16]).unwrap().heads, vec![head]);
+    let next = write_chain(&server, &mut w, 1, 1)[0];
+    assert_eq!(server.query_fresh(&c, [9; 16]).unwrap().heads, vec![next]);
 }
