@@ -1479,10 +1479,13 @@ fn read_diff_chunks(body: Response, a: &Uid, b: &Uid) -> Result<MemoryStore> {
     while let Some(c) = frames.next_chunk().map_err(rejected)? {
         n += 1;
         if n > metas {
-            bytes += c.len() as u64;
+            bytes += c.len() as u64 + evidence::CHUNK_COST;
         }
         if n >= metas {
-            let left = evidence::EVIDENCE_BUDGET.saturating_sub(bytes);
+            // Room for the next chunk's bytes once its cost is counted too.
+            let left = evidence::EVIDENCE_BUDGET
+                .saturating_sub(bytes)
+                .saturating_sub(evidence::CHUNK_COST);
             frames.set_limit(usize::try_from(left).unwrap_or(usize::MAX));
         }
         chunks.put(&c).map_err(rejected)?;

@@ -36,6 +36,11 @@ use crate::stream::FrameReader;
 /// memory. A page that reads more is retried with fewer changes ([`diff_page_evidence`]).
 pub const EVIDENCE_BUDGET: u64 = 8 << 20;
 
+/// What each chunk counts against [`EVIDENCE_BUDGET`] besides its bytes: holding a chunk
+/// costs a map entry and a handle, so a budget spent on millions of tiny chunks would
+/// hold far more memory than its bytes. Node and client count alike.
+pub const CHUNK_COST: u64 = 64;
+
 /// Largest Meta chunk a client accepts in an answer: an inline value of at most
 /// [`MAX_INLINE_BYTES`] and room for the key, context and bases.
 pub const MAX_META_FRAME: usize = MAX_INLINE_BYTES + (1 << 20);
@@ -119,7 +124,7 @@ impl<'a> RecordingChunks<'a> {
                 bytes,
                 over,
             } => {
-                *bytes += chunk.len() as u64;
+                *bytes += chunk.len() as u64 + CHUNK_COST;
                 if *bytes > *budget {
                     *over = true;
                     return Err(Error::invalid(format!(
@@ -183,7 +188,8 @@ impl ChunkStore for RecordingChunks<'_> {
 /// Chunks read from a verified stream as a query asks for them: `get(cid)` reads frames
 /// until one hashes to `cid`. A query that reads its chunks in the order a node's run of
 /// the same query read them (and each once, as [`crate::history::lca_in`] does) finds
-/// each one next; frames that come early are kept, at most [`EVIDENCE_BUDGET`] bytes. A
+/// each one next; frames that come early are kept, at most [`EVIDENCE_BUDGET`] bytes
+/// (each counting [`CHUNK_COST`] more than its length). A
 /// chunk is handed out once. The end of the stream, or a cut one, means missing chunks.
 pub struct StreamedChunks<R> {
     algo: HashAlgo,
@@ -223,7 +229,7 @@ impl<R: Read + Send> ChunkStore for StreamedChunks<R> {
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
         let mut s = self.state.lock();
         if let Some(c) = s.early.remove(cid) {
-            s.early_bytes -= c.len() as u64;
+            s.early_bytes -= c.len() as u64 + CHUNK_COST;
             return Ok(Some(c));
         }
         while let Some(c) = s.frames.next_chunk()? {
@@ -231,7 +237,7 @@ impl<R: Read + Send> ChunkStore for StreamedChunks<R> {
             if got == *cid {
                 return Ok(Some(c));
             }
-            s.early_bytes += c.len() as u64;
+            s.early_bytes += c.len() as u64 + CHUNK_COST;
             if s.early_bytes > EVIDENCE_BUDGET {
                 return Err(Error::Rejected(format!(
                     "the stream sent more than {EVIDENCE_BUDGET} bytes of chunks before they \
@@ -611,7 +617,10 @@ mod tests {
             let (sent, _) =
                 diff_page_evidence(db.chunks(), b"m", &a, &b, None, limit, 1 << 30).unwrap();
             // POS-tree nodes only: the budget does not count the two Meta chunks.
-            sent.iter().skip(2).map(|c| c.len() as u64).sum()
+            sent.iter()
+                .skip(2)
+                .map(|c| c.len() as u64 + CHUNK_COST)
+                .sum()
         };
         let (one, all) = (bytes(1), bytes(100));
         assert!(one < all, "{one} {all}");
@@ -711,5 +720,25 @@ mod tests {
             .put(b"j", Target::Branch("master"), x, &PutOptions::default())
             .unwrap();
         assert!(lca_chunks(&db, &main, &other).is_err());
+    }
+
+    /// Early frames count [`CHUNK_COST`] each besides their bytes: a stream of tiny
+    /// chunks sent before they are needed is refused once they would hold the budget in
+    /// memory, not after millions of them.
+    #[test]
+    fn tiny_early_chunks_count_their_cost() {
+        let n = (EVIDENCE_BUDGET / (3 + CHUNK_COST)) as u32 + 10;
+        let mut stream = Vec::new();
+        for i in 0..n {
+            let c = Bytes::from(i.to_le_bytes()[..3].to_vec());
+            crate::stream::write_frame(c, &mut |p| {
+                stream.extend_from_slice(&p);
+                Ok(())
+            })
+            .unwrap();
+        }
+        let s = StreamedChunks::new(std::io::Cursor::new(stream), HashAlgo::Blake3);
+        let absent = HashAlgo::Blake3.digest(b"not in the stream");
+        assert!(matches!(s.get(&absent), Err(Error::Rejected(_))));
     }
 }
