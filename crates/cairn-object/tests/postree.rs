@@ -1276,3 +1276,70 @@ fn a_blob_read_retried_after_a_failed_fetch_reads_the_right_bytes() {
         "the retried read is not at offset {failed}"
     );
 }
+
+/// Every leaf cut at the size limit: a List of one element repeated, whose hash shows no
+/// pattern, so no leaf ends early. Splices at the front, the middle, the end, across the
+/// last leaf and down to one leaf give the tree a build of the same list gives.
+#[test]
+fn edits_of_a_list_cut_only_at_the_size_limit_match_a_rebuild() {
+    let s = MemoryStore::new();
+    let c = cfg(64, 64);
+    // An element that is never a pattern boundary: with 300 copies, leaves hold many.
+    let elem = (0u32..1000)
+        .map(|i| format!("element {i}").into_bytes())
+        .find(|e| {
+            let t = postree::build_list(&s, &c, vec![e.clone(); 300]).unwrap();
+            let units = leaf_units(&s, &t);
+            units.len() > 1 && units[..units.len() - 1].iter().all(|&n| n > 2)
+        })
+        .expect("some element shows no pattern");
+    let n = 600u64;
+    let list: Vec<Vec<u8>> = vec![elem.clone(); n as usize];
+    let t = postree::build_list(&s, &c, list.clone()).unwrap();
+    // Full leaves are all alike, so the walk meets one of them and the last one.
+    let units = leaf_units(&s, &t);
+    let per_leaf = units[0];
+    let last = if n % per_leaf == 0 {
+        per_leaf
+    } else {
+        n % per_leaf
+    };
+    assert!(
+        per_leaf > 2 && n / per_leaf >= 8 && t.height >= 2,
+        "{units:?} {t:?}"
+    );
+    let other = Bytes::from_static(b"x");
+    let cases: Vec<(u64, u64, Vec<Bytes>)> = vec![
+        (0, 0, vec![other.clone()]),
+        (0, 1, vec![]),
+        (n / 2, 0, vec![Bytes::from(elem.clone())]),
+        (n / 2, 3, vec![other.clone(), other.clone()]),
+        (n, 0, vec![Bytes::from(elem.clone()); 5]),
+        (n - last, last, vec![]),
+        (n - per_leaf - 1, per_leaf + 1, vec![other.clone()]),
+        (1, n - 1, vec![]),
+        (0, n - 1, vec![]),
+        (
+            per_leaf,
+            1,
+            vec![Bytes::from(elem.clone()); 3 * per_leaf as usize],
+        ),
+    ];
+    for (index, delete, insert) in cases {
+        let got = postree::list_splice(&s, &c, &t, index, delete, &insert).unwrap();
+        let mut want = list.clone();
+        want.splice(
+            index as usize..(index + delete) as usize,
+            insert.iter().map(|b| b.to_vec()),
+        );
+        let rebuilt = postree::build_list(&s, &c, want.clone()).unwrap();
+        assert_eq!(
+            got,
+            rebuilt,
+            "splice at {index}, delete {delete}, insert {}",
+            insert.len()
+        );
+        assert_eq!(list_model(&s, &got), want);
+        walk_ok(&s, &got);
+    }
+}
