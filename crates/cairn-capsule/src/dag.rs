@@ -11,7 +11,7 @@
 //! takes its witness from them and propagates it the same way. Lengths only ever shrink,
 //! so updates commute.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use cairn_core::{Error, Hash, Result};
 

@@ -1756,7 +1756,7 @@ fn an_unsigned_record_cannot_hide_the_signed_head_from_a_checkpoint() {
     let head = names[2];
     let stranger = intruder(&meta);
     let junk = Record::new(c, b"junk".to_vec(), vec![head]);
-    server.write(&c, &[junk.clone()], &[]).unwrap();
+    server.write(&c, std::slice::from_ref(&junk), &[]).unwrap();
     assert_eq!(
         server.with_dag(&c, |d| d.heads()).unwrap(),
         vec![junk.name()]
@@ -1773,7 +1773,11 @@ fn an_unsigned_record_cannot_hide_the_signed_head_from_a_checkpoint() {
     let r = Record::new(c, b"x".to_vec(), vec![junk.name()]);
     assert!(
         server
-            .write(&c, &[r.clone()], &[(r.name(), stranger.sign(&r.name()))])
+            .write(
+                &c,
+                std::slice::from_ref(&r),
+                &[(r.name(), stranger.sign(&r.name()))]
+            )
             .is_err()
     );
     assert_eq!(server.query_fresh(&c, [9; 16]).unwrap().heads, vec![head]);

@@ -565,6 +565,73 @@ impl Client {
                 sent_inline = Some(body.clone());
             }
             read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
+        } else if let (Some(k), Some(_)) = (&key, &signer) {
+            // Signed and encrypted: encrypted once, into a spool of ciphertext hashed as it
+            // is written, and that spool sent. Encrypting the input twice (once to hash,
+            // once to send) would use one nonce prefix for two readings of a file that may
+            // change in between, and a spool of stdin would hold plaintext on disk.
+            let (input, len): (Box<dyn Read + Send>, Option<u64>) = match &a.file {
+                Some(p) => {
+                    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                    let m = f
+                        .metadata()
+                        .with_context(|| format!("reading {}", p.display()))?;
+                    let len = m.is_file().then_some(m.len());
+                    (Box::new(io::BufReader::with_capacity(1 << 20, f)), len)
+                }
+                None => (
+                    Box::new(io::BufReader::with_capacity(1 << 20, io::stdin())),
+                    None,
+                ),
+            };
+            crate::cleanup::arm();
+            let mut spool = tempfile::NamedTempFile::new()
+                .context("creating a temporary file for the ciphertext")?;
+            let _interrupt = crate::cleanup::remove_on_interrupt(spool.path());
+            let pb = progress_bar(len, "encrypting");
+            let mut enc = crypt::EncryptReader::new(pb.wrap_read(input), k, &place)?;
+            let mut h = blake3::Hasher::new();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = enc.read(&mut buf).context("reading the input")?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+                spool
+                    .write_all(&buf[..n])
+                    .context("writing the ciphertext to a temporary file")?;
+            }
+            pb.finish_and_clear();
+            spool
+                .flush()
+                .context("writing the ciphertext to a temporary file")?;
+            let n = spool
+                .as_file()
+                .metadata()
+                .context("reading the ciphertext's temporary file")?
+                .len();
+            sent_len = Some(n);
+            let f = spool
+                .reopen()
+                .context("reading the ciphertext's temporary file")?;
+            let pb = progress_bar(Some(n), "put");
+            let reader: Box<dyn Read + Send> = Box::new(pb.wrap_read(ExactLen::new(
+                io::BufReader::with_capacity(1 << 20, f),
+                n,
+                spool.path(),
+            )));
+            let answer = self.send_stream(
+                Method::PUT,
+                url,
+                reader,
+                Some(n),
+                &headers,
+                signer.as_ref(),
+                Some(*h.finalize().as_bytes()),
+            );
+            pb.finish_and_clear();
+            answer?
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin,
             // and any input that is not a regular file (a pipe, `<(...)`, a device).

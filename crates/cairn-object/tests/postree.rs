@@ -1299,7 +1299,7 @@ fn edits_of_a_list_cut_only_at_the_size_limit_match_a_rebuild() {
     // Full leaves are all alike, so the walk meets one of them and the last one.
     let units = leaf_units(&s, &t);
     let per_leaf = units[0];
-    let last = if n % per_leaf == 0 {
+    let last = if n.is_multiple_of(per_leaf) {
         per_leaf
     } else {
         n % per_leaf
