@@ -1438,14 +1438,25 @@ impl Client {
         let p = self.proven(key, &uid, version.object(), pinned.as_ref())?;
         let (vp, meta) = (&p.proof, &p.meta);
         let capsule = meta.name();
-        writeln!(out, "bucket   {}  capsule {capsule}", self.bucket)?;
+        // Printed once the content checked out too, so that no "valid" line reaches stdout
+        // for a version whose content fails.
+        let mut lines = Vec::new();
+        writeln!(lines, "bucket   {}  capsule {capsule}", self.bucket)?;
         if pinned.is_none() {
             eprintln!(
                 "note: capsule {capsule} is the name of the metadata the node sent; pin the one \
                  you trust with --capsule"
             );
         }
-        crate::cli::print_verified_proof(vp, meta, key.as_bytes(), &uid, &p.record, &p.names, out)?;
+        crate::cli::print_verified_proof(
+            vp,
+            meta,
+            key.as_bytes(),
+            &uid,
+            &p.record,
+            &p.names,
+            &mut lines,
+        )?;
         // The version itself comes as a verified stream: its FObject hashed to the uid, and
         // every chunk of its value is re-hashed here as it arrives.
         let (_, mut value) = self.open_version(key, Some(uid), None)?;
@@ -1457,6 +1468,7 @@ impl Client {
             return Err(anyhow::Error::new(e).context(format!("checking version {uid} of {key:?}")));
         }
         drained.context("reading the version from the node")?;
+        out.write_all(&lines)?;
         writeln!(
             out,
             "content  the version hashes to its uid; {} chunk(s) received and re-hashed",

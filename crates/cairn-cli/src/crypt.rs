@@ -364,6 +364,19 @@ pub fn decrypt(
             header[8], header[9], header[10]
         )));
     }
+    if header[8] == VERSION_UNBOUND {
+        // Not bound to its bucket and key: a node could serve another value of this data
+        // key here, and it would decrypt cleanly. Readable, but said (once: a value
+        // decrypted to a pipe is read twice).
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: this value is in encryption format {VERSION_UNBOUND}, which does not \
+             bind it to its bucket and key (a node could have served another value encrypted \
+             with this data key); put it again to store it in format {VERSION}"
+            )
+        });
+    }
     if header[12 + NONCE_PREFIX..] != key.id() {
         bail!(Error::Rejected(format!(
             "the value was encrypted with another data key (key id {}, this key {})",
