@@ -331,9 +331,10 @@ impl CapsuleDag {
         self.unproven -= 1;
         // Its parents are proven too (by the propagation this is part of) and no longer
         // heads of the proven part; it is one unless a proven child points to it.
-        let parents = self.nodes[name].backpointers.clone();
-        for p in parents.iter() {
-            self.proven_heads.remove(p);
+        if let Some(n) = self.nodes.get(name) {
+            for p in n.backpointers.iter() {
+                self.proven_heads.remove(p);
+            }
         }
         if !self.children(name).iter().any(|c| self.is_proven(c)) {
             self.proven_heads.insert(*name);
