@@ -1299,6 +1299,11 @@ fn parse_context(s: &str) -> std::result::Result<String, String> {
     if s.bytes().any(|b| b < 0x20 || b == 0x7f) {
         return Err("context is one line of text: no newlines or other control characters".into());
     }
+    // Sent to a node as an HTTP header value, whose surrounding spaces HTTP drops: the
+    // version would hold another context than the one given.
+    if s.starts_with(' ') || s.ends_with(' ') {
+        return Err("context may not start or end with a space".into());
+    }
     Ok(s.to_string())
 }
 

@@ -1179,7 +1179,7 @@ impl Client {
             ];
             let r = self.get_json(self.url("log", Some(key), &q)?)?;
             let versions = array_field(&r, "versions")?;
-            if versions.is_empty() && r.get("next_min").is_some() {
+            if versions.is_empty() && r.get("next_min").and_then(J::as_u64).is_some() {
                 // A page that moves the walk nowhere would be asked for again, forever.
                 return Err(lied("sends an empty page that goes on".to_string()));
             }

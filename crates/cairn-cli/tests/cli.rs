@@ -208,6 +208,10 @@ fn errors_are_one_clear_line_and_change_nothing() {
     let e = fails(dir, &["--durability", "bogus", "keys"], 8);
     assert!(e.contains("expected fsync, group or buffered"), "{e}");
     fails(dir, &["put", "k", "--value", "v", "--no-such-flag"], 8);
+    // A context HTTP would change on the way to a node (its spaces trimmed).
+    let e = fails(dir, &["put", "k", "--value", "w", "--context", "fix "], 8);
+    assert!(e.contains("space"), "{e}");
+    fails(dir, &["put", "k", "--value", "w", "--context", " fix"], 8);
     // Client-mode input checked before any request is sent.
     let e = fails(dir, &["--server", "localhost:3917", "keys"], 8);
     assert!(e.contains("http://"), "{e}");

@@ -68,17 +68,26 @@ impl Db {
         let removed = {
             let _excl = self.gc_write_lock();
             self.mark_all(&mut marked)?;
-            let dead: Vec<Uid> = unmarked
-                .into_iter()
-                .map(|(_, c)| c)
-                .filter(|c| !marked.contains(c))
-                .collect();
+            // One group per rank: chunks of one rank never point at each other, and a
+            // store that deletes a group in parallel (an object store's concurrent
+            // batches) finishes it before the next group starts.
+            let mut groups: Vec<Vec<Uid>> = Vec::new();
+            let mut last = None;
+            for (rank, c) in unmarked.into_iter().filter(|(_, c)| !marked.contains(c)) {
+                if last != Some(rank) {
+                    groups.push(Vec::new());
+                    last = Some(rank);
+                }
+                if let Some(g) = groups.last_mut() {
+                    g.push(c);
+                }
+            }
             // Forgotten first: a remove that fails part way (an object-store delete batch
             // cut short) must not leave the cache vouching for versions it deleted (a fork
             // or a put on a base trusts it and skips loading the version).
             self.forget_recent_versions();
-            self.store().remove(&dead)?;
-            dead.len() as u64
+            self.store().remove_in_order(&groups)?;
+            groups.iter().map(|g| g.len() as u64).sum()
         };
         let bytes_reclaimed = self.store().compact()?;
         Ok(GcReport {

@@ -142,6 +142,19 @@ pub trait ChunkStore: Send + Sync {
     /// time (see [`ChunkStore::compact`]). Absent cids are ignored.
     fn remove(&self, cids: &[Cid]) -> Result<()>;
 
+    /// Removes `groups` one after another: no chunk of a group is removed before every
+    /// chunk of the groups before it, so a removal cut short (an error, a crash) has
+    /// removed a prefix of the groups and part of one. The default calls
+    /// [`ChunkStore::remove`] once per group, for backends whose `remove` works in
+    /// parallel (object stores delete in concurrent batches); a backend whose `remove`
+    /// applies its list in order may take all groups at once.
+    fn remove_in_order(&self, groups: &[Vec<Cid>]) -> Result<()> {
+        for g in groups.iter().filter(|g| !g.is_empty()) {
+            self.remove(g)?;
+        }
+        Ok(())
+    }
+
     /// Reclaims space held by removed chunks, where the backend needs a separate step.
     /// Returns the bytes reclaimed.
     fn compact(&self) -> Result<u64> {

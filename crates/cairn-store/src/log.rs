@@ -2069,6 +2069,13 @@ impl ChunkStore for LogStore {
         Ok(())
     }
 
+    /// One batch: tombstones are appended in list order, and a crash keeps a prefix of
+    /// them (recovery cuts a torn tail), so the groups' order holds without a sync
+    /// between them.
+    fn remove_in_order(&self, groups: &[Vec<Cid>]) -> Result<()> {
+        self.remove(&groups.concat())
+    }
+
     fn compact(&self) -> Result<u64> {
         self.check_failed()?;
         let _guard = self.compact_lock.lock();

@@ -60,6 +60,23 @@ use crate::{
 /// Requests a batch operation keeps in flight at once.
 pub const MAX_IN_FLIGHT: usize = 16;
 
+/// Largest chunk object stored or read back. No layer writes larger chunks (capsule
+/// bodies, the largest, are at most 64 MiB; POS-tree leaves at most 16 MiB), and a read
+/// checks the object's size before taking its bytes: an object replaced in the bucket by
+/// a huge one is reported corrupt, not read into memory.
+pub const MAX_OBJECT_CHUNK: u64 = 128 << 20;
+
+/// Refuses a chunk over [`MAX_OBJECT_CHUNK`] before anything is sent.
+fn check_chunk_len(chunk: &[u8]) -> Result<()> {
+    if chunk.len() as u64 > MAX_OBJECT_CHUNK {
+        return Err(Error::invalid(format!(
+            "chunk of {} bytes exceeds the object-store limit of {MAX_OBJECT_CHUNK}",
+            chunk.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Worker threads of the runtime each [`ObjectChunkStore`] owns.
 const RUNTIME_THREADS: usize = 2;
 
@@ -213,8 +230,28 @@ fn os_err(what: &str, e: object_store::Error) -> Error {
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
             Error::Unavailable(format!("{what}: access denied by the object store: {e}"))
         }
-        other => Error::Unavailable(format!("{what}: {other}")),
+        other => match out_of_space(&other) {
+            // A full disk under a `local` chunk directory (or a quota): an I/O error of
+            // that kind, which the node answers with 507.
+            Some(kind) => Error::io(what, std::io::Error::new(kind, other.to_string())),
+            None => Error::Unavailable(format!("{what}: {other}")),
+        },
     }
+}
+
+/// The kind of an I/O error in `e`'s causes that says the storage is full, if any.
+fn out_of_space(e: &object_store::Error) -> Option<std::io::ErrorKind> {
+    use std::io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), StorageFull | FileTooLarge | QuotaExceeded)
+        {
+            return Some(io.kind());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// Stores one chunk unless present (or, with `overwrite`, whether present or not: a copy
@@ -461,6 +498,13 @@ async fn fetch_object(store: Arc<dyn ObjectStore>, path: ObjectPath) -> Result<O
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(os_err(&format!("reading chunk {path}"), e)),
     };
+    if got.meta.size > MAX_OBJECT_CHUNK {
+        return Err(Error::corrupt(format!(
+            "chunk object {path} is {} bytes, over the limit of {MAX_OBJECT_CHUNK} no chunk \
+             exceeds: it was changed in the bucket",
+            got.meta.size
+        )));
+    }
     got.bytes()
         .await
         .map(Some)
@@ -498,6 +542,7 @@ impl ChunkStore for ObjectChunkStore {
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         crate::check_cid_algo(&cid, self.algo)?;
+        check_chunk_len(chunk)?;
         let overwrite = self.damaged.lock().contains(&cid);
         let fut = put_object(
             self.store.clone(),
@@ -517,6 +562,7 @@ impl ChunkStore for ObjectChunkStore {
     /// Puts up to [`MAX_IN_FLIGHT`] chunks concurrently; returns when every one was
     /// acknowledged (or with the first error).
     fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
+        chunks.iter().try_for_each(|c| check_chunk_len(c))?;
         let mut cids = Vec::with_capacity(chunks.len());
         let mut jobs = Vec::with_capacity(chunks.len());
         let mut repaired = Vec::new();
@@ -713,6 +759,9 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> ChunkStore for SplitStore<C, R> {
     }
     fn remove(&self, cids: &[Cid]) -> Result<()> {
         self.chunks.remove(cids)
+    }
+    fn remove_in_order(&self, groups: &[Vec<Cid>]) -> Result<()> {
+        self.chunks.remove_in_order(groups)
     }
     fn compact(&self) -> Result<u64> {
         Ok(self.chunks.compact()? + self.refs.compact()?)
@@ -1281,5 +1330,64 @@ mod tests {
             Some(&cid.to_bytes()[..])
         );
         assert_eq!(split.durability(), split.refs().durability());
+    }
+
+    /// A chunk object replaced in the bucket by one over the limit is reported corrupt
+    /// from its size, before its bytes are read; a chunk over the limit is refused before
+    /// anything is sent.
+    #[test]
+    fn an_oversized_chunk_object_is_corrupt_without_being_read() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        let cid = store.put(b"small").unwrap();
+        let huge = vec![0u8; MAX_OBJECT_CHUNK as usize + 1];
+        store
+            .run({
+                let mem = mem.clone();
+                let path = store.chunk_path(&cid);
+                let huge = Bytes::from(huge.clone());
+                async move {
+                    mem.put(&path, PutPayload::from(huge))
+                        .await
+                        .map_err(|e| os_err("replacing", e))
+                }
+            })
+            .unwrap();
+        assert!(matches!(store.get(&cid), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            store.put_hashed(HashAlgo::Blake3.digest(&huge), &huge),
+            Err(Error::InvalidInput(_))
+        ));
+        assert!(matches!(
+            store.put_batch(&[&huge]),
+            Err(Error::InvalidInput(_))
+        ));
+    }
+
+    /// A full disk under the object store (a `local` chunk directory) is an I/O error of
+    /// its kind, which the node answers with 507; other failures stay unavailable.
+    #[test]
+    fn a_full_disk_is_an_io_error_of_its_kind() {
+        let full = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "No space left on device",
+            )),
+        };
+        match os_err("writing chunk x", full) {
+            Error::Io { source, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::StorageFull)
+            }
+            other => panic!("{other}"),
+        }
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: "connection reset".into(),
+        };
+        assert!(matches!(
+            os_err("writing chunk x", other),
+            Error::Unavailable(_)
+        ));
     }
 }

@@ -32,9 +32,10 @@
 //!   element) falls below `2^64 × size(e) / leaf_target` — a pattern whose probability is
 //!   proportional to the element's encoded size, so leaves average about `leaf_target`
 //!   bytes — or when the leaf reaches `8 × leaf_target` bytes. A pattern inside an element
-//!   thus extends the leaf to the element's end (ForkBase §4.3.2). A Map value edit leaves
-//!   every pattern boundary where it was (patterns hash keys only), but it can move a
-//!   size-forced cut after it, and that change runs on until the boundaries agree again.
+//!   thus extends the leaf to the element's end (ForkBase §4.3.2). A Map value edit can
+//!   add or remove the boundary after its own entry (the odds depend on the entry's size)
+//!   and move size-forced cuts after it, until the boundaries agree again; other pattern
+//!   boundaries stay where they were.
 //! - Index nodes (ForkBase's P′) end after an entry when the child cid's
 //!   [`Hash::low_u64`](cairn_core::Hash::low_u64) falls below `2^64 × size(entry) /
 //!   index_target`, or at `8 × index_target` bytes, but never before holding two entries
