@@ -17,7 +17,7 @@
 //! and, past [`ServerOptions::max_unproven`], more records that no signature covers yet.
 //! Each gets a clear error and changes nothing.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -2572,13 +2572,18 @@ impl CapsuleServer {
                 }
             }
         };
-        for h in peer_heads {
+        // Each start walked once: a peer repeating one head (or root) a million times in
+        // a message would otherwise have its descendants walked a million times, under the
+        // capsule's lock.
+        let peer_heads: BTreeSet<RecordName> = peer_heads.iter().copied().collect();
+        let peer_roots: BTreeSet<RecordName> = peer_roots.iter().copied().collect();
+        for h in &peer_heads {
             // Stale branch: the peer's head has descendants here.
             if dag.contains(h) && !dag.children(h).iter().all(|c| !dag.contains(c)) {
                 walk(*h, false, usize::MAX, &mut out, &mut seen);
             }
         }
-        for r in peer_roots {
+        for r in &peer_roots {
             // Hole: the peer's root has ancestors here.
             if let Some(n) = dag.node(r)
                 && n.backpointers.iter().any(|p| dag.contains(p))

@@ -52,6 +52,15 @@ pub const NAME_PAGE: usize = 1 << 18;
 /// unsigned records, and a million of them as heads and roots would otherwise make every
 /// message of the capsule's sessions larger than a frame.
 pub const SHAPE_LIST: usize = 1 << 18;
+/// Bytes of one record name on the wire.
+const NAME_BYTES: usize = 34;
+/// Names each shape list keeps however large the records beside it: a largest body, its
+/// header (1024 backpointers at most) and three such lists still fit in a frame.
+const MIN_SHAPE_LIST: usize = 1024;
+const _: () = assert!(
+    crate::record::MAX_BODY_LEN + 200 + 1024 * NAME_BYTES + 3 * MIN_SHAPE_LIST * NAME_BYTES + 1024
+        <= crate::wire::MAX_FRAME
+);
 // A page of names, the three shape lists (34 bytes a name encoded) and a message's records
 // fit in a frame together.
 const _: () =
@@ -195,6 +204,11 @@ impl<'a> SyncSession<'a> {
     /// [`SyncState::set_shape_list`]).
     pub fn set_shape_list(&mut self, names: usize) {
         self.state.set_shape_list(names);
+    }
+
+    /// Sets the budget of record bytes per message (see [`SyncState::set_budget`]).
+    pub fn set_budget(&mut self, bytes: usize) {
+        self.state.set_budget(bytes);
     }
 
     /// Feeds one message from the peer; returns the message to send back, or `None` when
@@ -471,7 +485,11 @@ impl SyncState {
         Ok(())
     }
 
-    fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<usize> {
+    /// Applies the peer's `records`; returns how many were new here and how many names
+    /// this session had not noted before (a record this side already held, sent for the
+    /// first time in the session, is progress too: a replica that lost its cursor sends
+    /// what the other has, once).
+    fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<(usize, usize)> {
         let r = server.apply_sync(&self.capsule, records)?;
         // The peer has what it sends: never send it back. Only names of records this side
         // now holds are noted (whatever the peer sent that failed its checks is not), so
@@ -480,16 +498,17 @@ impl SyncState {
         let held: Vec<bool> = server.with_dag(&self.capsule, |d| {
             names.iter().map(|n| d.contains(n)).collect()
         })?;
+        let mut noted = 0;
         for (n, h) in names.into_iter().zip(held) {
-            if h {
-                self.sent_names.insert(n);
+            if h && self.sent_names.insert(n) {
+                noted += 1;
             }
         }
         self.report.accepted += r.accepted;
         self.report.duplicate += r.duplicate;
         self.report.corrupt += r.corrupt;
         self.report.unproven += r.unproven;
-        Ok(r.accepted)
+        Ok((r.accepted, noted))
     }
 
     /// Queues the proven records among `names` for sending, never the same record twice
@@ -572,11 +591,27 @@ impl SyncState {
 
     /// This side's heads, roots and holes, each cut to [`SyncState::set_shape_list`]'s
     /// count (proven ones first), read under one hold of the capsule.
+    ///
+    /// The lists also leave room in the frame for `records` and `want`: a record over the
+    /// message budget travels alone (up to the largest body), and with full lists beside
+    /// it the message would outgrow the frame, in every session.
     fn shape(
         &self,
         server: &CapsuleServer,
+        records: &[SyncRecord],
+        want: usize,
     ) -> Result<(Vec<RecordName>, Vec<RecordName>, Vec<RecordName>)> {
-        let max = self.shape_list;
+        let used = records
+            .iter()
+            .map(wire_size)
+            .fold(0usize, usize::saturating_add)
+            .saturating_add(want.saturating_mul(NAME_BYTES));
+        let room = crate::wire::MAX_FRAME
+            .saturating_sub(1 << 20)
+            .saturating_sub(used);
+        let max = self
+            .shape_list
+            .min((room / (3 * NAME_BYTES)).max(MIN_SHAPE_LIST));
         server.with_dag(&self.capsule, |d| {
             let cut = |mut names: Vec<RecordName>, key: &dyn Fn(&RecordName) -> bool| {
                 if names.len() > max {
@@ -605,10 +640,24 @@ impl SyncState {
         theirs_only: Vec<RecordName>,
     ) -> Result<SyncMsg> {
         let records = self.export(server, mine_only)?;
-        let (heads, roots, missing) = self.shape(server)?;
         self.exchanged = true;
-        self.want_rest = theirs_only.into();
+        // Names of the peer's set this side already holds proven are not asked for (the
+        // sets differ after a replica lost its cursor, not the records): noted as held on
+        // both sides instead.
+        let held: Vec<bool> = server.with_dag(&self.capsule, |d| {
+            theirs_only.iter().map(|n| d.is_proven(n)).collect()
+        })?;
+        let mut wanted = Vec::with_capacity(theirs_only.len());
+        for (n, h) in theirs_only.into_iter().zip(held) {
+            if h {
+                self.sent_names.insert(n);
+            } else {
+                wanted.push(n);
+            }
+        }
+        self.want_rest = wanted.into();
         let want = self.next_want_page(&records);
+        let (heads, roots, missing) = self.shape(server, &records, want.len())?;
         Ok(SyncMsg::Exchange {
             records,
             want,
@@ -625,7 +674,7 @@ impl SyncState {
         records: Vec<SyncRecord>,
         want: Vec<RecordName>,
     ) -> Result<SyncMsg> {
-        let (heads, roots, missing) = self.shape(server)?;
+        let (heads, roots, missing) = self.shape(server, &records, want.len())?;
         Ok(SyncMsg::Patch {
             records,
             want,
@@ -865,7 +914,7 @@ impl SyncState {
                 let incoming = records.len();
                 let asked = !want.is_empty();
                 let was_backlogged = !self.backlog.is_empty();
-                let accepted = self.apply(server, &records)?;
+                let (accepted, noted) = self.apply(server, &records)?;
                 let mut names =
                     server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
                 // The next page of the initiator's wanted names, of this side's set only. It
@@ -879,7 +928,12 @@ impl SyncState {
                 let want_page = self.next_want_page(&out);
                 // A round that moved nothing new either way counts against the limit (a
                 // page of wanted names this side sends is progress: it has finitely many).
-                if accepted == 0 && !was_backlogged && want_page.is_empty() && !new_wants {
+                if accepted == 0
+                    && noted == 0
+                    && !was_backlogged
+                    && want_page.is_empty()
+                    && !new_wants
+                {
                     self.limited_rounds += 1;
                     if self.limited_rounds > MAX_ROUNDS {
                         return Err(Error::Unavailable(format!(
@@ -1090,5 +1144,41 @@ mod tests {
         }
         assert!(messages > 10, "{messages}");
         assert_eq!(b.with_dag(&c, |d| d.len()).unwrap(), 40);
+    }
+
+    /// A message carrying a record as large as a body may be keeps its shape lists within
+    /// the frame: cut (proven names first) to what room is left, down to
+    /// `MIN_SHAPE_LIST`. Before, anyone's 2^18 lone unsigned records filled the lists, and
+    /// a record over about 39 MiB then never fit in a frame.
+    #[test]
+    fn shape_lists_leave_room_for_a_large_record() {
+        let a = server(1);
+        let wk = SigningKey::from_seed(&[7; 32]);
+        let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "room");
+        let c = meta.name();
+        a.create(&meta).unwrap();
+        // Lone unsigned records, each pointing at a record nobody has: each is a head and
+        // a root, and its backpointer a hole.
+        let n = MIN_SHAPE_LIST + 500;
+        for i in 0..n as u32 {
+            let ghost = RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes()));
+            let r = crate::Record::new(c, i.to_le_bytes().to_vec(), vec![ghost]);
+            a.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+        }
+        let st = SyncState::new(&a, c, server(2).public_key()).unwrap();
+        let (h, r, m) = st.shape(&a, &[], 0).unwrap();
+        assert_eq!((h.len(), r.len(), m.len()), (n, n, n));
+        let big = SyncRecord {
+            header: crate::Record::new(c, vec![], vec![]).header,
+            body: crate::server::SyncBody::Plain(vec![0; crate::record::MAX_BODY_LEN]),
+            signature: None,
+        };
+        let (h, r, m) = st.shape(&a, std::slice::from_ref(&big), 0).unwrap();
+        assert_eq!(
+            (h.len(), r.len(), m.len()),
+            (MIN_SHAPE_LIST, MIN_SHAPE_LIST, MIN_SHAPE_LIST)
+        );
+        let used = wire_size(&big) + 3 * MIN_SHAPE_LIST * NAME_BYTES;
+        assert!(used + 1024 <= crate::wire::MAX_FRAME);
     }
 }
