@@ -408,10 +408,20 @@ impl SyncState {
         self.budget = bytes.max(1);
     }
 
-    /// Names this session compares (its records since the last sync with the peer): what
-    /// its memory grows with.
+    /// Names this session compares (its records since the last sync with the peer).
     pub fn names(&self) -> usize {
         self.since.len()
+    }
+
+    /// Names the session holds now: those it compares, those it noted as sent or held by
+    /// the peer, its backlog and the wanted names it has yet to send. What its memory
+    /// grows with as it runs.
+    pub fn weight(&self) -> usize {
+        self.since
+            .len()
+            .saturating_add(self.sent_names.len())
+            .saturating_add(self.backlog.len())
+            .saturating_add(self.want_rest.len())
     }
 
     /// What the session has done so far.

@@ -1777,6 +1777,7 @@ impl CapsuleService {
             // of two copies arriving together, the one refused as a replay never replaces
             // (and, failing, removes) the one taken.
             let out = fresh.handle(server, msg)?;
+            let names = fresh.weight();
             if !fresh.is_finished() {
                 let mut syncs = self.syncs.lock();
                 syncs.pop(&key);
@@ -1808,15 +1809,38 @@ impl CapsuleService {
             })?;
         let mut st = state.lock();
         let out = st.handle(server, msg);
+        let weight = st.weight();
+        let mut syncs = self.syncs.lock();
+        let ours = syncs
+            .peek(&key)
+            .is_some_and(|(_, _, s)| Arc::ptr_eq(s, &state));
         if out.is_err() || st.is_finished() {
-            let mut syncs = self.syncs.lock();
-            if syncs
-                .peek(&key)
-                .is_some_and(|(_, _, s)| Arc::ptr_eq(s, &state))
-            {
+            if ours {
                 syncs.pop(&key);
             }
+        } else if ours {
+            // What a session holds grows as it runs (the names it sent or was sent, its
+            // backlog): other sessions make room for it, least recently used first, so
+            // sessions that each queue a whole capsule cannot pile up. This one is never
+            // dropped for its own growth, which the capsule's size bounds.
+            if let Some(entry) = syncs.get_mut(&key) {
+                entry.0 = weight;
+            }
+            let mut held: usize = syncs.iter().map(|(_, (n, _, _))| n).sum();
+            while held > self.max_sync_names && syncs.len() > 1 {
+                match syncs.pop_lru() {
+                    Some((k, v)) if k == key => {
+                        // Touched by another message meanwhile: keep it, most recent.
+                        syncs.put(k, v);
+                        break;
+                    }
+                    Some((_, (n, _, _))) => held -= n,
+                    None => break,
+                }
+            }
         }
+        drop(syncs);
+        drop(st);
         Ok(Response::Sync(out?))
     }
 }

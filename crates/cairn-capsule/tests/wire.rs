@@ -335,11 +335,14 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     let (mut w, meta, _) = writer();
     let c = meta.name();
     srv.create(&meta).unwrap();
+    let mut first_record = None;
     for i in 0..30 {
         let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
         let n = r.name();
+        first_record.get_or_insert(n);
         srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
     }
+    let first_record = first_record.unwrap();
     // A Hello from a made-up key, signed by it (what any peer can make).
     let responder = srv.public_key();
     let hello = || {
@@ -390,13 +393,49 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
         "{more:?}"
     );
     // A budget smaller than one session refuses it.
-    let small = CapsuleService::new(srv).with_max_sync_names(10);
+    let small = CapsuleService::new(srv.clone()).with_max_sync_names(10);
     let r = small.handle(hello());
     assert!(
         matches!(&r, Response::Error(e) if e.code == ErrorCode::Unavailable),
         "{r:?}"
     );
     assert_eq!(small.open_syncs(), 0);
+    // A session's names grow as it runs: one whose Exchange names the first record as a
+    // head (so the whole capsule is queued for it) makes the others give room.
+    let svc = CapsuleService::new(srv.clone()).with_max_sync_names(70);
+    let (quiet, busy) = (hello(), hello());
+    let peer = |r: &Request| match r {
+        Request::Sync { peer, .. } => *peer,
+        _ => unreachable!(),
+    };
+    let (quiet_peer, busy_peer) = (peer(&quiet), peer(&busy));
+    assert!(is_ok(&svc.handle(quiet)));
+    assert!(is_ok(&svc.handle(busy)));
+    assert_eq!(svc.open_syncs(), 2);
+    let exchange = svc.handle(Request::Sync {
+        capsule: c,
+        peer: busy_peer,
+        session: 7,
+        msg: SyncMsg::Exchange {
+            records: vec![],
+            want: vec![],
+            heads: vec![first_record],
+            roots: vec![],
+            missing: vec![],
+        },
+    });
+    assert!(is_ok(&exchange), "{exchange:?}");
+    assert_eq!(svc.open_syncs(), 1, "the quiet session gave room");
+    let more = svc.handle(Request::Sync {
+        capsule: c,
+        peer: quiet_peer,
+        session: 7,
+        msg: SyncMsg::More,
+    });
+    assert!(
+        matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
+        "{more:?}"
+    );
 }
 
 /// A Hello that is not signed by the key it names, or that was used already, is refused

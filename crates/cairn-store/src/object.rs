@@ -20,8 +20,8 @@
 //! fan-out directories are created and synced when the store opens, and a chunk another
 //! put of this process is still writing is synced before it counts as present; after a
 //! failed put, every chunk found present is). Files an earlier run wrote at `buffered`
-//! were never synced: switching a chunk directory from `buffered` to a syncing level
-//! does not make them durable. A create-if-absent
+//! were never synced: a store opened at a syncing level therefore syncs the chunk
+//! directory's file system once (`syncfs`) before it takes a write. A create-if-absent
 //! PUT answered "exists" without proof that the object is stored (S3's 409 while another
 //! conditional PUT of the key is in flight) is checked with a HEAD first. Upper
 //! layers put a version's chunks before they commit the refs that name them, so by the time a
@@ -442,6 +442,22 @@ fn sync_dir(dir: &std::path::Path) -> Result<()> {
 /// them, up to `dir`) and makes every one durable, so that no put has to create one: a put
 /// that creates a directory syncs it, but a concurrent put into the new directory could
 /// return before that sync, leaving its chunk unreachable after a power loss.
+/// `syncfs(2)` of the file system holding `dir`: every file on it written so far is
+/// durable when it returns.
+fn sync_file_system(dir: &std::path::Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir)
+        .map_err(|e| Error::io(format!("opening {} to sync it", dir.display()), e))?;
+    // SAFETY: `f` is an open file descriptor for the length of the call.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(Error::io(
+            format!("syncing the file system of {}", dir.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 fn create_fan_out_dirs(
     fs: &object_store::local::LocalFileSystem,
     dir: &std::path::Path,
@@ -1008,6 +1024,12 @@ impl ObjectStoreConfig {
         if let Some((fs, dir)) = local {
             let fsync = self.chunk_durability(refs) != Durability::Buffered;
             create_fan_out_dirs(&fs, &dir, &chunks.root, fsync)?;
+            if fsync {
+                // Chunks an earlier run wrote at `buffered` were never synced, and a put
+                // that finds one counts it present: made durable once, here, before any
+                // write is acknowledged.
+                sync_file_system(&dir)?;
+            }
             chunks.local = Some(LocalSync {
                 fs,
                 fsync,
