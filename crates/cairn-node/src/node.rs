@@ -95,11 +95,15 @@ impl Node {
             tracing::warn!("waiting for the store: {msg}")
         })
         .with_context(|| format!("opening store {}", config.data_dir.display()))?;
-        let store = with_backend(&config, store)?;
+        let key = crate::keys::read_or_create(&config.data_dir.join(NODE_KEY_FILE), "node", false)?;
+        let record = check_backend_record(&config)?;
+        let store = with_backend(&config, store, &key)?;
+        if let Some(write) = record {
+            write()?;
+        }
         for note in store.recovery_notes()? {
             tracing::warn!(%note, "crash recovery found damage (see `cairn recovery`)");
         }
-        let key = crate::keys::read_or_create(&config.data_dir.join(NODE_KEY_FILE), "node", false)?;
         let capsules = Arc::new(CapsuleServer::new(
             store.clone(),
             key.clone(),
@@ -317,7 +321,7 @@ fn keep_open(
 /// The node's store: the embedded log alone, or (for any other `[backend] kind`) refs in
 /// the log and chunks in the configured object store.
 #[cfg(feature = "object-store")]
-fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
+fn with_backend(config: &Config, log: LogStore, key: &SigningKey) -> Result<Arc<dyn Store>> {
     use cairn_store::ChunkStore;
     use cairn_store::object::SplitStore;
     let Some(os) = config.backend.object_store() else {
@@ -340,6 +344,9 @@ fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
     chunks
         .probe()
         .with_context(|| format!("[backend] kind = \"{kind}\": the chunk store does not answer"))?;
+    chunks
+        .claim(&format!("cairn node {}\n", key.public()))
+        .with_context(|| format!("[backend] kind = \"{kind}\", prefix {:?}", os.prefix))?;
     tracing::info!(backend = kind, store = %chunks.object_store(), prefix = %os.prefix, "chunks in an object store");
     let durability = os.chunk_durability(config.durability);
     Ok(Arc::new(SplitStore::new(chunks, log, durability)))
@@ -348,7 +355,71 @@ fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
 /// The node's store: this build has only the embedded log (`Config::check` already refused
 /// any other `[backend] kind`).
 #[cfg(not(feature = "object-store"))]
-fn with_backend(config: &Config, log: LogStore) -> Result<Arc<dyn Store>> {
+fn with_backend(config: &Config, log: LogStore, _key: &SigningKey) -> Result<Arc<dyn Store>> {
     config.backend.check()?;
     Ok(Arc::new(log))
+}
+
+/// The file in `data_dir` that records where its chunks live (written by the first start
+/// with an object-store backend).
+pub const BACKEND_RECORD_FILE: &str = "BACKEND";
+
+/// The backend a config names, as [`BACKEND_RECORD_FILE`] records it: kind, place and
+/// prefix (not credentials or endpoints, which may change).
+fn backend_record(config: &Config) -> Option<String> {
+    let b = &config.backend;
+    if b.kind == crate::config::BackendKind::Embedded {
+        return None;
+    }
+    let place = match (&b.bucket, &b.path) {
+        (Some(bucket), _) => format!("bucket {bucket}"),
+        (None, Some(path)) => format!("path {}", path.display()),
+        (None, None) => String::new(),
+    };
+    Some(format!(
+        "kind {}\n{place}\nprefix {}\n",
+        b.kind.name(),
+        b.prefix.trim_matches('/')
+    ))
+}
+
+/// What writes the record, once the backend opened (see [`check_backend_record`]).
+type WriteRecord = Box<dyn FnOnce() -> Result<()>>;
+
+/// Refuses a data directory whose refs name chunks in another backend than the config's:
+/// started with another bucket, prefix or kind (or as `embedded`), every version would
+/// read as missing. On the first start with an object-store backend it returns what
+/// writes the record, to run once that backend opened.
+fn check_backend_record(config: &Config) -> Result<Option<WriteRecord>> {
+    let path = config.data_dir.join(BACKEND_RECORD_FILE);
+    let want = backend_record(config);
+    let have = match std::fs::read_to_string(&path) {
+        Ok(s) => Some(s),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    match (have, want) {
+        (None, None) => Ok(None),
+        (Some(have), want) if Some(&have) != want.as_ref() => anyhow::bail!(
+            "{} keeps its chunks in another backend ({}) than this config's ({}): its \
+             versions would read as missing. Start it with the [backend] it was made with",
+            config.data_dir.display(),
+            have.trim().replace('\n', ", "),
+            want.as_deref().map_or("kind embedded".to_string(), |w| w
+                .trim()
+                .replace('\n', ", "))
+        ),
+        (Some(_), _) => Ok(None),
+        (None, Some(want)) => {
+            let dir = config.data_dir.clone();
+            Ok(Some(Box::new(move || {
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, want.as_bytes())
+                    .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .and_then(|()| std::fs::File::open(&dir)?.sync_all())
+                    .with_context(|| format!("writing {}", path.display()))
+            })))
+        }
+    }
 }

@@ -102,10 +102,15 @@ fn node_keeps_chunks_in_s3_across_restarts() {
         "{} objects in the bucket, {chunks} chunks in the store",
         objects.len()
     );
+    // Chunks, and the marker naming the node that writes the prefix.
+    assert!(objects.iter().all(|o| {
+        let at = o.location.as_ref();
+        at.starts_with("node-1/chunks/") || at == "node-1/cairn-owner"
+    }));
     assert!(
         objects
             .iter()
-            .all(|o| o.location.as_ref().starts_with("node-1/chunks/"))
+            .any(|o| o.location.as_ref() == "node-1/cairn-owner")
     );
 
     let node = Node::open(config.clone()).expect("reopen the node");
@@ -154,4 +159,80 @@ fn node_keeps_chunks_in_s3_across_restarts() {
         .err()
         .expect("a switched backend is refused");
     assert!(format!("{err:#}").contains("embedded"), "{err:#}");
+}
+
+/// A data directory remembers where its chunks live, and a prefix the node that writes it:
+/// a restart with another prefix, or as `embedded`, is refused (every version would read
+/// as missing), and so is a second node on a prefix the first claimed (each would count
+/// the other's half-written chunks as stored). Uses the `local` kind: no server needed.
+#[test]
+fn a_node_refuses_another_backend_or_another_nodes_prefix() {
+    let chunks = tempfile::tempdir().unwrap();
+    let local = |prefix: &str| BackendConfig {
+        kind: BackendKind::Local,
+        bucket: None,
+        prefix: prefix.into(),
+        endpoint: None,
+        region: None,
+        path: Some(chunks.path().to_path_buf()),
+        allow_http: false,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        data_dir: dir.path().join("data"),
+        durability: Durability::Group,
+        backend: local("a"),
+        ..Config::default()
+    };
+    let body = data(300_000);
+    {
+        let node = Node::open(config.clone()).unwrap();
+        node.bucket("b")
+            .unwrap()
+            .put_blob_stream(
+                b"k",
+                Target::Branch("master"),
+                &mut body.as_slice(),
+                &PutOptions::default(),
+                &mut |_| {},
+            )
+            .unwrap();
+    }
+    assert!(dir.path().join("data/BACKEND").is_file());
+    assert!(chunks.path().join("a/cairn-owner").is_file());
+    // The same config starts again and reads its data.
+    assert_eq!(
+        read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
+        body
+    );
+    // Another prefix, or no object store at all: refused, saying why.
+    for backend in [local("other"), BackendConfig::default()] {
+        let e = Node::open(Config {
+            backend,
+            ..config.clone()
+        })
+        .err()
+        .expect("refused");
+        assert!(format!("{e:#}").contains("another backend"), "{e:#}");
+    }
+    // A second node (its own data directory, so its own key) on the same prefix.
+    let other = tempfile::tempdir().unwrap();
+    let second = Config {
+        data_dir: other.path().join("data"),
+        ..config.clone()
+    };
+    let e = Node::open(second.clone()).err().expect("refused");
+    assert!(format!("{e:#}").contains("another Cairn node"), "{e:#}");
+    assert!(
+        !other.path().join("data/BACKEND").exists(),
+        "nothing recorded"
+    );
+    // On a prefix of its own it starts.
+    Node::open(Config {
+        backend: local("second"),
+        ..second
+    })
+    .unwrap();
+    // The first node is still fine.
+    assert_eq!(read_blob(&Node::open(config).unwrap(), b"k").unwrap(), body);
 }

@@ -85,6 +85,8 @@ const RUNTIME_THREADS: usize = 2;
 pub struct ObjectChunkStore {
     store: Arc<dyn ObjectStore>,
     root: ObjectPath,
+    /// `<prefix>/cairn-owner`: which node writes under this prefix ([`Self::claim`]).
+    owner: ObjectPath,
     algo: HashAlgo,
     /// False once the backend said it cannot do create-if-absent puts; then puts use a HEAD
     /// followed by an overwriting PUT (safe: the bytes under a cid never change).
@@ -116,7 +118,8 @@ impl ObjectChunkStore {
         let prefix = prefix.trim_matches('/');
         let base = ObjectPath::parse(prefix)
             .map_err(|e| Error::invalid(format!("object store prefix {prefix:?}: {e}")))?;
-        let root = base.join("chunks");
+        let root = base.clone().join("chunks");
+        let owner = base.join("cairn-owner");
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(RUNTIME_THREADS)
             .thread_name("cairn-object-store")
@@ -126,6 +129,7 @@ impl ObjectChunkStore {
         Ok(ObjectChunkStore {
             store,
             root,
+            owner,
             algo: HashAlgo::default(),
             create_supported: Arc::new(AtomicBool::new(true)),
             damaged: Default::default(),
@@ -163,6 +167,67 @@ impl ObjectChunkStore {
                 .await
                 .map(|_| ())
                 .map_err(|e| os_err(&format!("reaching object store {name}"), e))
+        })
+    }
+
+    /// Claims this prefix for the node `owner` names (a line identifying it, such as its
+    /// key): the first claim writes `<prefix>/cairn-owner` (create-if-absent), later ones
+    /// by the same owner find it. A prefix another owner claimed is refused: two nodes
+    /// writing one prefix would each count the other's half-written chunks as stored, and
+    /// a GC of either would delete chunks the other needs.
+    pub fn claim(&self, owner: &str) -> Result<()> {
+        let store = self.store.clone();
+        let path = self.owner.clone();
+        let name = self.store.to_string();
+        let want = Bytes::from(owner.as_bytes().to_vec());
+        self.run(async move {
+            let ctx = |e| os_err(&format!("claiming {path} in {name}"), e);
+            let created = store
+                .put_opts(
+                    &path,
+                    PutPayload::from(want.clone()),
+                    PutMode::Create.into(),
+                )
+                .await;
+            let first_error = match created {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let got = match store.get(&path).await {
+                Ok(got) if got.meta.size > 4096 => {
+                    return Err(Error::Rejected(format!(
+                        "{path} in {name} is not a Cairn owner marker ({} bytes)",
+                        got.meta.size
+                    )));
+                }
+                Ok(got) => got.bytes().await.map_err(ctx)?,
+                // No conditional create here (some S3-compatible servers), and no marker
+                // yet: written plainly.
+                Err(object_store::Error::NotFound { .. })
+                    if matches!(
+                        first_error,
+                        object_store::Error::NotImplemented { .. }
+                            | object_store::Error::NotSupported { .. }
+                    ) =>
+                {
+                    store
+                        .put(&path, PutPayload::from(want))
+                        .await
+                        .map_err(ctx)?;
+                    return Ok(());
+                }
+                Err(_) => return Err(ctx(first_error)),
+            };
+            if got == want {
+                Ok(())
+            } else {
+                Err(Error::Rejected(format!(
+                    "the prefix of {path} in {name} belongs to another Cairn node ({:?}; this \
+                     one is {:?}): give each node its own prefix",
+                    String::from_utf8_lossy(&got).trim(),
+                    String::from_utf8_lossy(&want).trim()
+                )))
+            }
         })
     }
 
@@ -1411,5 +1476,25 @@ mod tests {
             os_err("writing chunk x", other),
             Error::Unavailable(_)
         ));
+    }
+
+    /// A prefix is claimed once: the same owner finds its claim, another is refused, and
+    /// a nested prefix is a prefix of its own.
+    #[test]
+    fn a_prefix_belongs_to_the_node_that_claimed_it() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let a = ObjectChunkStore::new(mem.clone(), "tenant").unwrap();
+        a.claim("cairn node 01\n").unwrap();
+        a.claim("cairn node 01\n").unwrap();
+        let b = ObjectChunkStore::new(mem.clone(), "tenant/").unwrap();
+        let e = b.claim("cairn node 02\n").unwrap_err();
+        assert!(matches!(e, Error::Rejected(_)), "{e}");
+        assert!(e.to_string().contains("another Cairn node"), "{e}");
+        ObjectChunkStore::new(mem, "tenant/inner")
+            .unwrap()
+            .claim("cairn node 02\n")
+            .unwrap();
+        // The marker is not a chunk.
+        assert!(a.cids().unwrap().is_empty());
     }
 }
