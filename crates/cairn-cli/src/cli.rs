@@ -59,7 +59,8 @@ pub struct Cli {
         long,
         global = true,
         help_heading = "Global options",
-        env = "CAIRN_LOCK_TIMEOUT"
+        env = "CAIRN_LOCK_TIMEOUT",
+        value_parser = parse_lock_timeout
     )]
     pub lock_timeout: Option<f64>,
     /// The bucket (namespace of keys, backed by one capsule) the command works on.
@@ -203,7 +204,8 @@ pub enum Command {
         capsule: Option<CapsuleName>,
     },
     /// Check a proof file written by `cairn verify --proof --out` against a capsule name,
-    /// without any store: exit 0 when it proves the version, 11 otherwise.
+    /// without any store: exit 0 when it proves the version, 11 when it does not, 6 when
+    /// the file is not a proof at all (damaged or truncated).
     VerifyProof {
         /// The proof file.
         file: PathBuf,
@@ -532,13 +534,22 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 .flatten()
                 .any(|e| e.file_name().to_string_lossy().starts_with("seg-"))
         });
-    if !writes && !is_store {
+    // Only a put (or the demo) makes something new: every other command needs a store,
+    // and its key, to exist already, and fails before anything is created otherwise.
+    let creates = matches!(cli.command, Command::Put(_) | Command::Demo);
+    if !creates && !is_store {
         bail!(Error::NotFound(format!(
             "no store at {} (a write such as `cairn put` creates one; check --data or \
              CAIRN_DATA)",
             data.display()
         )));
     }
+    // A put's input is read and checked first: bad input creates no store, no key and
+    // no capsule.
+    let mut put_input = match &cli.command {
+        Command::Put(a) => Some(prepare_put(a)?),
+        _ => None,
+    };
     let store = open_store(
         &data,
         cli.durability.unwrap_or(Durability::Group),
@@ -556,6 +567,22 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 notes.len()
             );
         }
+    }
+    let existing_key = match &cli.command {
+        Command::Update(a) => Some(a.key.as_str()),
+        // A fork from a uid may bring back a key whose last branch was removed.
+        Command::Fork { key, from, .. } if !matches!(At::parse(from), At::Uid(_)) => {
+            Some(key.as_str())
+        }
+        Command::Rename { key, .. } | Command::Remove { key, .. } => Some(key.as_str()),
+        Command::Merge(a) => Some(a.key.as_str()),
+        Command::Put(a) if a.base.is_some() => Some(a.key.as_str()),
+        _ => None,
+    };
+    if let Some(key) = existing_key {
+        Db::new(store.clone())
+            .in_bucket(&cli.bucket)?
+            .existing_table(key.as_bytes())?;
     }
     let writer = if writes {
         Some(cairn_node::keys::read_or_create(
@@ -578,7 +605,12 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     let out = io::stdout();
     let mut out = out.lock();
     match cli.command {
-        Command::Put(a) => put(&bucket, a, &mut out)?,
+        Command::Put(a) => {
+            let input = put_input
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("the put's input was not prepared"))?;
+            put(&bucket, a, input, &mut out)?
+        }
         Command::Get(a) => get(db, a, &mut out)?,
         Command::Update(a) => update(&bucket, a, &mut out)?,
         Command::Fork { key, from, to } => {
@@ -786,7 +818,75 @@ fn size_of(v: &Value) -> String {
     }
 }
 
-fn put(db: &Bucket, a: PutArgs, out: &mut impl Write) -> Result<()> {
+/// A put's value, read (or opened, for the streamed types) and checked before the store
+/// is opened.
+enum PutInput {
+    /// A value read whole and parsed.
+    Value(cairn_object::NewValue),
+    /// A blob streamed from the reader (with its length when known).
+    Blob(Box<dyn Read>, Option<u64>),
+    /// A list streamed from the reader, one element per line.
+    List(Box<dyn Read>, Option<u64>),
+}
+
+fn prepare_put(a: &PutArgs) -> Result<PutInput> {
+    if let Some(v) = &a.value {
+        let ty = a.ty.unwrap_or(ValueType::String);
+        return Ok(PutInput::Value(format::parse_value(
+            ty,
+            v.clone().into_bytes(),
+        )?));
+    }
+    let ty = a.ty.unwrap_or(ValueType::Blob);
+    let (reader, len): (Box<dyn Read>, Option<u64>) = match &a.file {
+        Some(p) => {
+            let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            let len = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+            (Box::new(f), len)
+        }
+        None => {
+            if io::stdin().is_terminal() {
+                eprintln!(
+                    "reading the value from stdin (end with Ctrl-D; or use --value / --file)"
+                );
+            }
+            (Box::new(io::stdin()), None)
+        }
+    };
+    match ty {
+        ValueType::Blob => Ok(PutInput::Blob(reader, len)),
+        ValueType::List => Ok(PutInput::List(reader, len)),
+        _ => {
+            let inline = matches!(
+                ty,
+                ValueType::String | ValueType::Tuple | ValueType::Integer
+            );
+            let limit = cairn_object::db::MAX_INLINE_BYTES as u64;
+            let too_large = || {
+                Error::invalid(format!(
+                    "a {ty} is stored inline and limited to {} MiB; store this as a blob or list",
+                    limit >> 20
+                ))
+            };
+            if inline && len.is_some_and(|n| n > limit) {
+                bail!(too_large());
+            }
+            // An inline value is read no further than its limit (a pipe has no length).
+            let mut buf = Vec::new();
+            let cap = if inline { limit + 1 } else { u64::MAX };
+            reader
+                .take(cap)
+                .read_to_end(&mut buf)
+                .context("reading the input")?;
+            if inline && buf.len() as u64 > limit {
+                bail!(too_large());
+            }
+            Ok(PutInput::Value(format::parse_value(ty, buf)?))
+        }
+    }
+}
+
+fn put(db: &Bucket, a: PutArgs, input: PutInput, out: &mut impl Write) -> Result<()> {
     let target = match (&a.branch, &a.base) {
         (_, Some(b)) => Target::Base(*b),
         (Some(b), None) => Target::Branch(b),
@@ -798,64 +898,29 @@ fn put(db: &Bucket, a: PutArgs, out: &mut impl Write) -> Result<()> {
         ..PutOptions::default()
     };
     let key = a.key.as_bytes();
-    let uid = match (a.value, a.file) {
-        (Some(v), _) => {
-            let ty = a.ty.unwrap_or(ValueType::String);
-            db.put(key, target, format::parse_value(ty, v.into_bytes())?, &opts)?
+    let uid = match input {
+        PutInput::Value(v) => db.put(key, target, v, &opts)?,
+        PutInput::Blob(mut reader, len) => {
+            let pb = progress_bar(len, "put");
+            let uid =
+                db.put_blob_stream(key, target, &mut reader, &opts, &mut |n| pb.set_position(n))?;
+            pb.finish_and_clear();
+            uid
         }
-        (None, file) => {
-            let ty = a.ty.unwrap_or(ValueType::Blob);
-            let (mut reader, len): (Box<dyn Read>, Option<u64>) = match &file {
-                Some(p) => {
-                    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-                    let len = f.metadata().ok().map(|m| m.len());
-                    (Box::new(f), len)
-                }
-                None => {
-                    if io::stdin().is_terminal() {
-                        eprintln!(
-                            "reading the value from stdin (end with Ctrl-D; or use --value / --file)"
-                        );
-                    }
-                    (Box::new(io::stdin().lock()), None)
-                }
-            };
-            if ty == ValueType::Blob {
-                let pb = progress_bar(len, "put");
-                let uid = db.put_blob_stream(key, target, &mut reader, &opts, &mut |n| {
-                    pb.set_position(n)
-                })?;
-                pb.finish_and_clear();
-                uid
-            } else if ty == ValueType::List {
-                let pb = progress_bar(len, "put");
-                let lines = io::BufRead::split(
-                    io::BufReader::with_capacity(1 << 20, pb.wrap_read(reader)),
-                    b'\n',
-                );
-                let uid = db.put_list_stream(
-                    key,
-                    target,
-                    &mut lines.map(|l| l.map_err(|e| Error::io("reading the input", e))),
-                    &opts,
-                )?;
-                pb.finish_and_clear();
-                uid
-            } else {
-                if matches!(
-                    ty,
-                    ValueType::String | ValueType::Tuple | ValueType::Integer
-                ) && len.is_some_and(|n| n > cairn_object::db::MAX_INLINE_BYTES as u64)
-                {
-                    bail!(Error::invalid(format!(
-                        "a {ty} is stored inline and limited to {} MiB; store this as a blob or list",
-                        cairn_object::db::MAX_INLINE_BYTES >> 20
-                    )));
-                }
-                let mut buf = Vec::new();
-                reader.read_to_end(&mut buf).context("reading the input")?;
-                db.put(key, target, format::parse_value(ty, buf)?, &opts)?
-            }
+        PutInput::List(reader, len) => {
+            let pb = progress_bar(len, "put");
+            let lines = io::BufRead::split(
+                io::BufReader::with_capacity(1 << 20, pb.wrap_read(reader)),
+                b'\n',
+            );
+            let uid = db.put_list_stream(
+                key,
+                target,
+                &mut lines.map(|l| l.map_err(|e| Error::io("reading the input", e))),
+                &opts,
+            )?;
+            pb.finish_and_clear();
+            uid
         }
     };
     writeln!(out, "{uid}")?;
@@ -1295,6 +1360,18 @@ use cairn_node::node::NODE_KEY_FILE;
 
 /// `--context`: one line of text, the same in local and client mode (`cairn log` shows it
 /// on the version's line, and a node receives it in an HTTP header).
+/// `--lock-timeout`: seconds, 0 to 86400 (as `serve`'s `lock_timeout_secs`).
+fn parse_lock_timeout(s: &str) -> std::result::Result<f64, String> {
+    let t: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.0..=86_400.0).contains(&t) {
+        return Err("the lock timeout must be between 0 and 86400 seconds".into());
+    }
+    Ok(t)
+}
+
 fn parse_context(s: &str) -> std::result::Result<String, String> {
     if s.bytes().any(|b| b < 0x20 || b == 0x7f) {
         return Err("context is one line of text: no newlines or other control characters".into());
@@ -1400,7 +1477,11 @@ fn show_bucket(bucket: &Bucket, metadata_out: Option<&Path>, out: &mut impl Writ
         writeln!(out, "head: {h}")?;
     }
     if let Some(p) = metadata_out {
-        std::fs::write(p, meta.encode()).with_context(|| format!("writing {}", p.display()))?;
+        write_whole_file(p, 0o666, &mut |w| {
+            let b: &[u8] = &meta.encode();
+            w.write_all(b)?;
+            Ok(b.len() as u64)
+        })?;
         eprintln!("metadata written to {}", p.display());
     }
     Ok(())
@@ -1451,7 +1532,11 @@ fn verify_version(
         "content  the version hashes to its uid; {chunks} chunk(s) re-hashed"
     )?;
     if let Some(p) = file {
-        std::fs::write(p, vp.to_bytes()).with_context(|| format!("writing {}", p.display()))?;
+        write_whole_file(p, 0o666, &mut |w| {
+            let b: &[u8] = &vp.to_bytes();
+            w.write_all(b)?;
+            Ok(b.len() as u64)
+        })?;
         eprintln!(
             "proof written to {} (check it with `cairn verify-proof`)",
             p.display()

@@ -1475,7 +1475,11 @@ impl Client {
             value.chunks_checked()
         )?;
         if let Some(p) = file {
-            std::fs::write(p, vp.to_bytes()).with_context(|| format!("writing {}", p.display()))?;
+            crate::cli::write_whole_file(p, 0o666, &mut |w| {
+                let b: &[u8] = &vp.to_bytes();
+                w.write_all(b)?;
+                Ok(b.len() as u64)
+            })?;
             eprintln!(
                 "proof written to {} (check it with `cairn verify-proof`)",
                 p.display()
@@ -1523,7 +1527,11 @@ impl Client {
                     meta.name()
                 )));
             }
-            std::fs::write(p, &bytes).with_context(|| format!("writing {}", p.display()))?;
+            crate::cli::write_whole_file(p, 0o666, &mut |w| {
+                let b: &[u8] = &bytes;
+                w.write_all(b)?;
+                Ok(b.len() as u64)
+            })?;
             eprintln!("metadata written to {}", p.display());
         }
         Ok(())

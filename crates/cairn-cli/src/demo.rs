@@ -12,7 +12,12 @@ use cairn_object::{At, BuiltinResolver, MergeOutcome, NewValue, Op, PutOptions, 
 pub fn run(bucket: &Bucket, data: Option<&std::path::Path>, out: &mut impl Write) -> Result<()> {
     let db = bucket.db();
     let opts = PutOptions::default();
-    let key = format!("demo/{}", std::process::id());
+    // A key of its own each run: the process id alone repeats (in a container it is
+    // often 1 every time), and a second run would find its branches taken.
+    let mut tag = [0u8; 6];
+    getrandom::fill(&mut tag)
+        .map_err(|e| anyhow::anyhow!("the system random source failed: {e}"))?;
+    let key = format!("demo/{}-{}", std::process::id(), hex::encode(tag));
     let key = key.as_bytes();
     writeln!(
         out,

@@ -110,13 +110,13 @@ fn one_line(e: &anyhow::Error) -> String {
 /// block) with exit status 8, like every other refused input.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         e.exit()
+    }
+    // No command at all: the help, then exit 8 like any other refused command line.
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let _ = e.print();
+        return ExitCode::from(8);
     }
     let text = e.render().to_string();
     let mut line = String::new();

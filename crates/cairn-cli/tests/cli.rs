@@ -208,6 +208,12 @@ fn errors_are_one_clear_line_and_change_nothing() {
     let e = fails(dir, &["--durability", "bogus", "keys"], 8);
     assert!(e.contains("expected fsync, group or buffered"), "{e}");
     fails(dir, &["put", "k", "--value", "v", "--no-such-flag"], 8);
+    fails(dir, &["--lock-timeout", "inf", "keys"], 8);
+    fails(dir, &["--lock-timeout", "1e20", "keys"], 8);
+    // No command at all: the help, and the exit status of a refused command line.
+    let bare = Command::new(env!("CARGO_BIN_EXE_cairn")).output().unwrap();
+    assert_eq!(bare.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("Usage"));
     // A context HTTP would change on the way to a node (its spaces trimmed).
     let e = fails(dir, &["put", "k", "--value", "w", "--context", "fix "], 8);
     assert!(e.contains("space"), "{e}");
@@ -244,6 +250,39 @@ fn errors_are_one_clear_line_and_change_nothing() {
     assert_eq!(std::fs::read_dir(&plain).unwrap().count(), 0);
     let e = fails(dir, &["get"], 8);
     assert!(e.contains("not provided: <KEY>"), "{e}");
+    // A write with bad input creates nothing: no store, no key, no bucket capsule.
+    let fresh = dir.join("fresh");
+    fails(
+        &fresh,
+        &["put", "n", "--value", "x1", "--type", "integer"],
+        8,
+    );
+    fails(&fresh, &["put", "f", "--file", "/nonexistent/input"], 10);
+    fails(&fresh, &["update", "k", "--add", "1"], 3);
+    fails(&fresh, &["fork", "k", "--from", "master", "--to", "x"], 3);
+    assert!(!fresh.exists(), "nothing was created");
+    fails(
+        dir,
+        &[
+            "--bucket", "prod", "put", "n", "--value", "x1", "--type", "integer",
+        ],
+        8,
+    );
+    fails(dir, &["--bucket", "prod", "rename", "k", "master", "x"], 3);
+    let other_key = dir.join("other.key");
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(dir)
+        .arg("--key-file")
+        .arg(&other_key)
+        .args(["--bucket", "prod", "put", "k", "--value", "v"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the bucket is still free for another key: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Files the command cannot read or write: I/O errors.
     fails(dir, &["put", "f", "--file", "/nonexistent/input"], 10);
     fails(dir, &["get", "k", "--out", "/nonexistent/dir/out"], 10);
