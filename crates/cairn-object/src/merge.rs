@@ -214,9 +214,10 @@ impl Resolver for BuiltinResolver {
                     // A side that deleted a Map entry has no number to add: leave it.
                     c.ours.as_ref()?;
                     c.theirs.as_ref()?;
-                    let s = parse_int(&c.ours)?
-                        .checked_add(parse_int(&c.theirs)?)?
-                        .checked_sub(parse_int(&c.base)?)?;
+                    // In 128 bits: ours + theirs may overflow where the result does not.
+                    let s = i128::from(parse_int(&c.ours)?) + i128::from(parse_int(&c.theirs)?)
+                        - i128::from(parse_int(&c.base)?);
+                    let s = i64::try_from(s).ok()?;
                     Some(Resolution::Value(Some(s.to_string().into())))
                 }
                 _ => None,
@@ -289,6 +290,158 @@ fn merge_region<T: PartialEq + Clone>(base: &[T], ours: &[T], theirs: &[T]) -> O
     out.extend_from_slice(second_new);
     out.extend_from_slice(&base[second.1..]);
     Some(out)
+}
+
+/// Longest an element-level diff of one merge region may take before it settles for a
+/// coarser answer (still correct: coarser hunks can only make more conflicts).
+const DIFF3_DEADLINE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// One part of a three-way merge of a region ([`diff3`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Seg<C> {
+    /// Content both sides agree on (unchanged, changed by one side, or changed alike).
+    Agreed(C),
+    /// Changes of both sides that overlap (or touch) and differ: the base units
+    /// `start..end` of the region, and what each side has in their place.
+    Conflict {
+        start: usize,
+        end: usize,
+        base: C,
+        ours: C,
+        theirs: C,
+    },
+}
+
+/// The changed parts of `side` against `base`, as `(base start, base end, side start, side
+/// end)`, sorted and disjoint: the gaps between the runs a Myers diff matches. The runs
+/// are checked (in order on both sides, and equal) before they are used; should they not
+/// be, the whole region counts as one change, which can only make a conflict more.
+fn hunks<T: Eq + std::hash::Hash + Ord>(
+    base: &[T],
+    side: &[T],
+) -> Vec<(usize, usize, usize, usize)> {
+    let whole = || vec![(0, base.len(), 0, side.len())];
+    let deadline = std::time::Instant::now().checked_add(DIFF3_DEADLINE);
+    let ops =
+        similar::capture_diff_slices_deadline(similar::Algorithm::Myers, base, side, deadline);
+    let mut runs: Vec<(usize, usize, usize)> = ops
+        .iter()
+        .map(similar::DiffOp::as_tag_tuple)
+        .filter(|(tag, b, _)| *tag == similar::DiffTag::Equal && !b.is_empty())
+        .map(|(_, b, x)| (b.start, x.start, b.len()))
+        .collect();
+    runs.sort_unstable();
+    let mut out = Vec::new();
+    let (mut pb, mut px) = (0usize, 0usize);
+    for (b0, x0, len) in runs {
+        let fits = b0 >= pb
+            && x0 >= px
+            && b0 + len <= base.len()
+            && x0 + len <= side.len()
+            && base[b0..b0 + len] == side[x0..x0 + len];
+        if !fits {
+            return whole();
+        }
+        if b0 > pb || x0 > px {
+            out.push((pb, b0, px, x0));
+        }
+        pb = b0 + len;
+        px = x0 + len;
+    }
+    if pb < base.len() || px < side.len() {
+        out.push((pb, base.len(), px, side.len()));
+    }
+    out
+}
+
+/// Element-level three-way merge (diff3) of one region: each side's changes against the
+/// base, found by a Myers diff, are applied where they do not overlap; overlapping (or
+/// touching) changes of both sides are agreed when they give the same content, else a
+/// conflict of just that part. So non-conflicting edits of a side are never lost to a
+/// conflict elsewhere in the region, whatever resolves that conflict.
+fn diff3<T: Eq + std::hash::Hash + Ord + Clone>(
+    base: &[T],
+    ours: &[T],
+    theirs: &[T],
+) -> Vec<Seg<Vec<T>>> {
+    let (ho, ht) = (hunks(base, ours), hunks(base, theirs));
+    let (mut i, mut j) = (0, 0);
+    // Where each side is, in its own units, at base position `pos`.
+    let (mut pos, mut at_o, mut at_t) = (0usize, 0usize, 0usize);
+    let mut out: Vec<Seg<Vec<T>>> = Vec::new();
+    let agreed = |out: &mut Vec<Seg<Vec<T>>>, units: &[T]| {
+        if units.is_empty() {
+            return;
+        }
+        match out.last_mut() {
+            Some(Seg::Agreed(v)) => v.extend_from_slice(units),
+            _ => out.push(Seg::Agreed(units.to_vec())),
+        }
+    };
+    loop {
+        let next_o = ho.get(i).map(|h| h.0);
+        let next_t = ht.get(j).map(|h| h.0);
+        let start = match (next_o, next_t) {
+            (None, None) => break,
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+        };
+        // The group: every hunk of either side that overlaps or touches it.
+        let (gi, gj) = (i, j);
+        let mut end = start;
+        loop {
+            let mut grew = false;
+            if let Some(h) = ho.get(i).filter(|h| h.0 <= end) {
+                end = end.max(h.1);
+                i += 1;
+                grew = true;
+            }
+            if let Some(h) = ht.get(j).filter(|h| h.0 <= end) {
+                end = end.max(h.1);
+                j += 1;
+                grew = true;
+            }
+            if !grew {
+                break;
+            }
+        }
+        agreed(&mut out, &base[pos..start]);
+        at_o += start - pos;
+        at_t += start - pos;
+        // Each side's content in place of base `start..end`: from where it stands at
+        // `start` to where its last hunk in the group ends, plus the base units after it.
+        let content =
+            |src: &[T], hs: &[(usize, usize, usize, usize)], at: usize| -> (Vec<T>, usize) {
+                match hs.last() {
+                    Some(last) => {
+                        let s1 = last.3 + (end - last.1);
+                        (src[at..s1].to_vec(), s1 - at)
+                    }
+                    None => (base[start..end].to_vec(), end - start),
+                }
+            };
+        let (oc, o_len) = content(ours, &ho[gi..i], at_o);
+        let (tc, t_len) = content(theirs, &ht[gj..j], at_t);
+        at_o += o_len;
+        at_t += t_len;
+        let (o_changed, t_changed) = (i > gi, j > gj);
+        if !t_changed || oc == tc {
+            agreed(&mut out, &oc);
+        } else if !o_changed {
+            agreed(&mut out, &tc);
+        } else {
+            out.push(Seg::Conflict {
+                start,
+                end,
+                base: base[start..end].to_vec(),
+                ours: oc,
+                theirs: tc,
+            });
+        }
+        pos = end;
+    }
+    agreed(&mut out, &base[pos..]);
+    out
 }
 
 /// `ours`, then the elements of `theirs` that `ours` lacks, in their order (linear time).
@@ -747,28 +900,57 @@ impl Db {
                 plan.push((os, oe, m));
                 continue;
             }
-            if let Some(r) = Units::builtin_resolve(builtin, &base_u, &ours_u, &theirs_u) {
-                mem.charge(r.bytes())?;
-                plan.push((os, oe, r));
-                continue;
-            }
-            mem.charge(base_u.bytes() + ours_u.bytes() + theirs_u.bytes())?;
-            let conflict = Conflict {
-                at: ConflictAt::Range { start: cs, end: ce },
-                base: Some(base_u.to_text()),
-                ours: Some(ours_u.to_text()),
-                theirs: Some(theirs_u.to_text()),
-            };
-            match resolver.resolve(ty, &conflict) {
-                Some(Resolution::Ours) => {}
-                Some(Resolution::Theirs) => plan.push((os, oe, theirs_u)),
-                Some(Resolution::Base) => plan.push((os, oe, base_u)),
-                Some(Resolution::Value(v)) => {
-                    let v = v.unwrap_or_default();
-                    mem.charge(2 * v.len() as u64)?;
-                    plan.push((os, oe, Units::from_text(ty, v)))
+            // The sides' changes in this region overlap somewhere: merged unit by unit
+            // (diff3), so only the parts where both changed differently conflict, and a
+            // resolver's answer replaces just those parts.
+            mem.charge(2 * (base_u.bytes() + ours_u.bytes() + theirs_u.bytes()))?;
+            let mut merged = base_u.empty_like();
+            let mut unresolved = false;
+            for seg in base_u.diff3(&ours_u, &theirs_u) {
+                let (start, end, bg, og, tg) = match seg {
+                    Seg::Agreed(u) => {
+                        merged.extend(u);
+                        continue;
+                    }
+                    Seg::Conflict {
+                        start,
+                        end,
+                        base,
+                        ours,
+                        theirs,
+                    } => (start, end, base, ours, theirs),
+                };
+                if let Some(r) = Units::builtin_resolve(builtin, &bg, &og, &tg, &ours_u) {
+                    mem.charge(r.bytes())?;
+                    merged.extend(r);
+                    continue;
                 }
-                None => conflicts.push(conflict),
+                let conflict = Conflict {
+                    at: ConflictAt::Range {
+                        start: cs + start as u64,
+                        end: cs + end as u64,
+                    },
+                    base: Some(bg.to_text()),
+                    ours: Some(og.to_text()),
+                    theirs: Some(tg.to_text()),
+                };
+                match resolver.resolve(ty, &conflict) {
+                    Some(Resolution::Ours) => merged.extend(og),
+                    Some(Resolution::Theirs) => merged.extend(tg),
+                    Some(Resolution::Base) => merged.extend(bg),
+                    Some(Resolution::Value(v)) => {
+                        let v = v.unwrap_or_default();
+                        mem.charge(2 * v.len() as u64)?;
+                        merged.extend(Units::from_text(ty, v))
+                    }
+                    None => {
+                        unresolved = true;
+                        conflicts.push(conflict);
+                    }
+                }
+            }
+            if !unresolved {
+                plan.push((os, oe, merged));
             }
         }
         if !conflicts.is_empty() {
@@ -866,6 +1048,62 @@ impl Units {
         }
     }
 
+    /// An empty region of the same kind.
+    fn empty_like(&self) -> Units {
+        match self {
+            Units::Bytes(_) => Units::Bytes(Vec::new()),
+            Units::Elems(_) => Units::Elems(Vec::new()),
+        }
+    }
+
+    /// Appends `other` (of the same kind; another kind is a bug and appends nothing).
+    fn extend(&mut self, other: Units) {
+        match (self, other) {
+            (Units::Bytes(a), Units::Bytes(b)) => a.extend(b),
+            (Units::Elems(a), Units::Elems(b)) => a.extend(b),
+            _ => debug_assert!(false, "merge regions of two kinds"),
+        }
+    }
+
+    /// [`diff3`] of this base region against `o` and `t`, as regions.
+    fn diff3(&self, o: &Units, t: &Units) -> Vec<Seg<Units>> {
+        fn wrap<T>(segs: Vec<Seg<Vec<T>>>, f: impl Fn(Vec<T>) -> Units) -> Vec<Seg<Units>> {
+            segs.into_iter()
+                .map(|seg| match seg {
+                    Seg::Agreed(v) => Seg::Agreed(f(v)),
+                    Seg::Conflict {
+                        start,
+                        end,
+                        base,
+                        ours,
+                        theirs,
+                    } => Seg::Conflict {
+                        start,
+                        end,
+                        base: f(base),
+                        ours: f(ours),
+                        theirs: f(theirs),
+                    },
+                })
+                .collect()
+        }
+        match (self, o, t) {
+            (Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
+                wrap(diff3(b, o, t), Units::Bytes)
+            }
+            (Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
+                wrap(diff3(b, o, t), Units::Elems)
+            }
+            _ => vec![Seg::Conflict {
+                start: 0,
+                end: 0,
+                base: self.clone(),
+                ours: o.clone(),
+                theirs: t.clone(),
+            }],
+        }
+    }
+
     fn merge_region(b: &Units, o: &Units, t: &Units) -> Option<Units> {
         match (b, o, t) {
             (Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
@@ -882,11 +1120,14 @@ impl Units {
     /// span either side changed: a region comes whole leaves at a time, so acting on all of
     /// it would put their change at the end of a leaf (where depends on the chunking) and
     /// could repeat the base's units around it.
+    /// `ours_region` is the whole of ours' region the conflict lies in: Union leaves out
+    /// their elements found anywhere in it, not only in the conflicting part.
     fn builtin_resolve(
         r: Option<BuiltinResolver>,
         b: &Units,
         o: &Units,
         t: &Units,
+        ours_region: &Units,
     ) -> Option<Units> {
         /// `ours` with its middle (between the units both sides kept at the ends)
         /// replaced by `f(base middle, ours middle, theirs middle)`.
@@ -921,7 +1162,10 @@ impl Units {
             }
             (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
                 // Their elements found nowhere in ours' region (not only outside its changed span).
-                let have: HashSet<&Bytes> = o.iter().collect();
+                let have: HashSet<&Bytes> = match ours_region {
+                    Units::Elems(whole) => whole.iter().chain(o.iter()).collect(),
+                    Units::Bytes(_) => o.iter().collect(),
+                };
                 Some(Units::Elems(in_changed_span(b, o, t, |_, om, tm| {
                     let mut v = om.to_vec();
                     v.extend(tm.iter().filter(|x| !have.contains(x)).cloned());
@@ -1025,5 +1269,131 @@ fn merge_primitive(
             }
         }
         None => Err(vec![conflict]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{BuiltinResolver, Conflict, ConflictAt, Resolution, Resolver, Seg, diff3};
+    use crate::ValueType;
+
+    /// Sum adds both sides' changes in 128 bits: near the ends of the range a sum whose
+    /// intermediate overflows still resolves, and one whose result does not fit conflicts.
+    #[test]
+    fn sum_near_the_ends_of_the_range() {
+        let sum = |base: i64, ours: i64, theirs: i64| {
+            let c = Conflict {
+                at: ConflictAt::Value,
+                base: Some(base.to_string().into()),
+                ours: Some(ours.to_string().into()),
+                theirs: Some(theirs.to_string().into()),
+            };
+            match BuiltinResolver::Sum.resolve(ValueType::Integer, &c) {
+                Some(Resolution::Value(Some(v))) => Some(
+                    String::from_utf8(v.to_vec())
+                        .unwrap()
+                        .parse::<i64>()
+                        .unwrap(),
+                ),
+                None => None,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(sum(10, i64::MAX, 5), Some(i64::MAX - 5));
+        assert_eq!(sum(-10, i64::MIN, -5), Some(i64::MIN + 5));
+        assert_eq!(sum(0, i64::MAX, 1), None);
+        assert_eq!(sum(1, 2, 3), Some(4));
+    }
+
+    /// The merged units when `segs` hold no conflict.
+    fn agreed(segs: Vec<Seg<Vec<u32>>>) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        for s in segs {
+            match s {
+                Seg::Agreed(v) => out.extend(v),
+                Seg::Conflict { .. } => return None,
+            }
+        }
+        Some(out)
+    }
+
+    /// `base` with `edits` (position, units deleted, units inserted) applied, last first.
+    fn apply(base: &[u32], edits: &[(usize, usize, Vec<u32>)]) -> Vec<u32> {
+        let mut v = base.to_vec();
+        for (at, del, ins) in edits.iter().rev() {
+            v.splice(*at..*at + *del, ins.iter().copied());
+        }
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Edits of two sides at separate places of one region (distinct units, so the
+        /// diff is unambiguous) all merge, with no conflict; one side unchanged, or both
+        /// alike, give the other side.
+        #[test]
+        fn diff3_keeps_every_edit_that_overlaps_none_of_the_other_sides(
+            n in 1usize..120,
+            cuts in proptest::collection::vec((any::<u16>(), 0usize..3, 0usize..3), 1..8),
+        ) {
+            let base: Vec<u32> = (0..n as u32).collect();
+            // Edits at increasing places, each at least two units after the last one's
+            // end, dealt to the sides in turn.
+            let mut at = 0usize;
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            let mut fresh = 10_000u32;
+            for (k, (skip, del, ins)) in cuts.into_iter().enumerate() {
+                let start = at + 2 + skip as usize % 7;
+                if start + del > n {
+                    break;
+                }
+                let insert: Vec<u32> = (0..ins).map(|_| { fresh += 1; fresh }).collect();
+                let edit = (start, del, insert);
+                if k % 2 == 0 { ours.push(edit) } else { theirs.push(edit) }
+                at = start + del;
+            }
+            let o = apply(&base, &ours);
+            let t = apply(&base, &theirs);
+            let mut both = ours.clone();
+            both.extend(theirs.iter().cloned());
+            both.sort_by_key(|e| e.0);
+            let merged = agreed(diff3(&base, &o, &t));
+            prop_assert_eq!(merged, Some(apply(&base, &both)));
+            prop_assert_eq!(agreed(diff3(&base, &o, &base)), Some(o.clone()));
+            prop_assert_eq!(agreed(diff3(&base, &base, &t)), Some(t.clone()));
+            prop_assert_eq!(agreed(diff3(&base, &o, &o)), Some(o.clone()));
+        }
+
+        /// Whatever the three regions, taking ours' side of every conflict and keeping
+        /// the agreed parts gives a list that holds every unit ours kept or added where
+        /// theirs did not change the base (no unit of ours outside a conflict is lost).
+        #[test]
+        fn diff3_conflicts_cover_only_where_both_changed(
+            base in proptest::collection::vec(0u32..6, 0..40),
+            o in proptest::collection::vec(0u32..6, 0..40),
+            t in proptest::collection::vec(0u32..6, 0..40),
+        ) {
+            let segs = diff3(&base, &o, &t);
+            // Taking ours everywhere gives ours' changes; theirs everywhere, theirs', and
+            // the parts both agree on are the same in both.
+            let mut with_ours = Vec::new();
+            let mut pos = 0usize;
+            for s in &segs {
+                match s {
+                    Seg::Agreed(v) => with_ours.extend(v.iter().copied()),
+                    Seg::Conflict { start, end, ours, .. } => {
+                        prop_assert!(pos <= *start && start <= end && *end <= base.len());
+                        pos = *end;
+                        with_ours.extend(ours.iter().copied());
+                    }
+                }
+            }
+            if t == base {
+                prop_assert_eq!(&with_ours, &o);
+            }
+        }
     }
 }

@@ -789,6 +789,108 @@ proptest! {
     }
 }
 
+/// Several edits a side, interleaved with the other side's in one leaf (so one region):
+/// each side's edits that overlap none of the other's are all kept, whatever resolves the
+/// parts where both edited (before, the whole region went to the resolver as one
+/// conflict, so `Theirs` dropped ours' other edits and `Manual` reported edits that did
+/// not overlap).
+#[test]
+fn interleaved_edits_in_one_region_each_survive() {
+    let o = PutOptions::default();
+    let base: Vec<Vec<u8>> = (0..100).map(|i| format!("e{i}").into_bytes()).collect();
+    let set = |db: &Db, branch: &str, at: u64, v: &str| {
+        let splice = Op::ListSplice {
+            index: at,
+            delete: 1,
+            insert: vec![v.as_bytes().to_vec()],
+        };
+        // Each side's own context, so the same edit on both sides makes two versions.
+        let opts = PutOptions {
+            context: branch.as_bytes().to_vec(),
+            ..PutOptions::default()
+        };
+        db.update(b"l", Target::Branch(branch), splice, &opts)
+            .unwrap();
+    };
+    let merged = |resolver: BuiltinResolver, edits: &[(&str, u64, &str)]| {
+        let (db, _) = db();
+        db.put(
+            b"l",
+            Target::Branch("master"),
+            NewValue::List(base.clone()),
+            &o,
+        )
+        .unwrap();
+        db.fork(b"l", &master(), "dev").unwrap();
+        for (branch, at, v) in edits {
+            set(&db, branch, *at, v);
+        }
+        match db
+            .merge_into(b"l", "master", &At::Branch("dev".into()), &resolver, &o)
+            .unwrap()
+        {
+            MergeOutcome::Merged(u) => Ok(list_of(
+                &db,
+                &db.get(b"l", &At::Uid(u)).unwrap().object.value,
+            )),
+            MergeOutcome::Conflicts(c) => Err(c),
+            other => panic!("{other:?}"),
+        }
+    };
+    let with = |changes: &[(usize, &str)]| {
+        let mut v = base.clone();
+        for (i, x) in changes {
+            v[*i] = x.as_bytes().to_vec();
+        }
+        v
+    };
+    // Ours at 10 and 50, theirs at 30: no conflict at all.
+    let edits = [("master", 10, "O1"), ("master", 50, "O2"), ("dev", 30, "T")];
+    for r in [
+        BuiltinResolver::Manual,
+        BuiltinResolver::Theirs,
+        BuiltinResolver::Ours,
+    ] {
+        assert_eq!(
+            merged(r, &edits).unwrap(),
+            with(&[(10, "O1"), (30, "T"), (50, "O2")]),
+            "{r:?}"
+        );
+    }
+    // Both made the same edit at 10 and ours another at 50: agreed, no conflict.
+    let edits = [("master", 10, "X"), ("master", 50, "O"), ("dev", 10, "X")];
+    assert_eq!(
+        merged(BuiltinResolver::Manual, &edits).unwrap(),
+        with(&[(10, "X"), (50, "O")])
+    );
+    // A real conflict at 30 beside edits elsewhere: only 30 is reported, and Theirs or
+    // Ours settles just that element.
+    let edits = [
+        ("master", 10, "O1"),
+        ("master", 30, "O3"),
+        ("dev", 30, "T3"),
+        ("dev", 70, "T7"),
+    ];
+    let c = merged(BuiltinResolver::Manual, &edits).unwrap_err();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(
+        matches!(
+            c[0].at,
+            cairn_object::ConflictAt::Range { start: 30, end: 31 }
+        ),
+        "{:?}",
+        c[0].at
+    );
+    assert_eq!(
+        merged(BuiltinResolver::Theirs, &edits).unwrap(),
+        with(&[(10, "O1"), (30, "T3"), (70, "T7")])
+    );
+    assert_eq!(
+        merged(BuiltinResolver::Ours, &edits).unwrap(),
+        with(&[(10, "O1"), (30, "O3"), (70, "T7")])
+    );
+}
+
 #[test]
 fn nearby_blob_edits_in_one_leaf_merge() {
     let (db, _) = db();
