@@ -576,7 +576,6 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         }
         Command::Rename { key, .. } | Command::Remove { key, .. } => Some(key.as_str()),
         Command::Merge(a) => Some(a.key.as_str()),
-        Command::Put(a) if a.base.is_some() => Some(a.key.as_str()),
         _ => None,
     };
     if let Some(key) = existing_key {

@@ -183,6 +183,19 @@ fn branches_merge_log_diff_lca() {
     assert!(!ok(dir, &["keys"]).lines().any(|k| k == "solo"));
     ok(dir, &["fork", "solo", "--from", &uid, "--to", "master"]);
     assert_eq!(ok(dir, &["get", "solo"]), "s");
+    // A put on a version of a key whose last branch was removed brings the key back too
+    // (as an untagged head).
+    let solo2 = ok(dir, &["put", "solo2", "--value", "t"])
+        .trim()
+        .to_string();
+    assert!(cairn(dir, &["remove", "solo2", "master"]).status.success());
+    ok(dir, &["put", "solo2", "--base", &solo2, "--value", "u"]);
+    assert_eq!(
+        ok(dir, &["branches", "solo2", "--untagged"])
+            .lines()
+            .count(),
+        1
+    );
 }
 
 #[test]

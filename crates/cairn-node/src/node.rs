@@ -373,7 +373,15 @@ fn backend_record(config: &Config) -> Option<String> {
     }
     let place = match (&b.bucket, &b.path) {
         (Some(bucket), _) => format!("bucket {bucket}"),
-        (None, Some(path)) => format!("path {}", path.display()),
+        // The directory itself, however it is spelled (relative to where the node starts,
+        // with a trailing slash, through a link).
+        (None, Some(path)) => {
+            let abs = std::fs::canonicalize(path)
+                .or_else(|_| std::path::absolute(path))
+                .unwrap_or_else(|_| path.clone());
+            let abs: std::path::PathBuf = abs.components().collect();
+            format!("path {}", abs.display())
+        }
         (None, None) => String::new(),
     };
     Some(format!(
@@ -410,9 +418,13 @@ fn check_backend_record(config: &Config) -> Result<Option<WriteRecord>> {
                 .replace('\n', ", "))
         ),
         (Some(_), _) => Ok(None),
-        (None, Some(want)) => {
+        (None, Some(_)) => {
             let dir = config.data_dir.clone();
+            let config = config.clone();
             Ok(Some(Box::new(move || {
+                // Made again now that the backend opened (a `local` directory exists, and
+                // its path resolves as it will at every later start).
+                let want = backend_record(&config).unwrap_or_default();
                 let tmp = path.with_extension("tmp");
                 std::fs::write(&tmp, want.as_bytes())
                     .and_then(|()| std::fs::File::open(&tmp)?.sync_all())

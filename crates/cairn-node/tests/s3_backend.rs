@@ -200,11 +200,16 @@ fn a_node_refuses_another_backend_or_another_nodes_prefix() {
     }
     assert!(dir.path().join("data/BACKEND").is_file());
     assert!(chunks.path().join("a/cairn-owner").is_file());
-    // The same config starts again and reads its data.
+    // The same config starts again and reads its data, also with the directory spelled
+    // another way (a `.` step, a trailing slash).
     assert_eq!(
         read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
         body
     );
+    let respelled = chunks.path().join(".").join("");
+    let mut same_dir = config.clone();
+    same_dir.backend.path = Some(respelled);
+    Node::open(same_dir).unwrap();
     // Another prefix, or no object store at all: refused, saying why.
     for backend in [local("other"), BackendConfig::default()] {
         let e = Node::open(Config {

@@ -903,10 +903,25 @@ impl Db {
             // The sides' changes in this region overlap somewhere: merged unit by unit
             // (diff3), so only the parts where both changed differently conflict, and a
             // resolver's answer replaces just those parts.
-            mem.charge(2 * (base_u.bytes() + ours_u.bytes() + theirs_u.bytes()))?;
+            // The Myers diff holds about 16 bytes per unit of base and side for each side,
+            // the hunks and segments a copy of the region more.
+            let units = base_u.len() * 2 + ours_u.len() + theirs_u.len();
+            mem.charge(
+                24 * units as u64 + 2 * (base_u.bytes() + ours_u.bytes() + theirs_u.bytes()),
+            )?;
+            let segs = base_u.diff3(&ours_u, &theirs_u);
+            // What the merge will hold besides what a resolver adds: Union adds their
+            // elements found nowhere in it (not in ours' region, which may hold an element
+            // theirs moved away from an agreed part).
+            let mut kept = base_u.empty_like();
+            for seg in &segs {
+                match seg {
+                    Seg::Agreed(u) | Seg::Conflict { ours: u, .. } => kept.extend(u.clone()),
+                }
+            }
             let mut merged = base_u.empty_like();
             let mut unresolved = false;
-            for seg in base_u.diff3(&ours_u, &theirs_u) {
+            for seg in segs {
                 let (start, end, bg, og, tg) = match seg {
                     Seg::Agreed(u) => {
                         merged.extend(u);
@@ -920,7 +935,7 @@ impl Db {
                         theirs,
                     } => (start, end, base, ours, theirs),
                 };
-                if let Some(r) = Units::builtin_resolve(builtin, &bg, &og, &tg, &ours_u) {
+                if let Some(r) = Units::builtin_resolve(builtin, &bg, &og, &tg, &kept) {
                     mem.charge(r.bytes())?;
                     merged.extend(r);
                     continue;
@@ -1048,6 +1063,14 @@ impl Units {
         }
     }
 
+    /// Units (bytes or elements) in the region.
+    fn len(&self) -> usize {
+        match self {
+            Units::Bytes(b) => b.len(),
+            Units::Elems(e) => e.len(),
+        }
+    }
+
     /// An empty region of the same kind.
     fn empty_like(&self) -> Units {
         match self {
@@ -1120,14 +1143,15 @@ impl Units {
     /// span either side changed: a region comes whole leaves at a time, so acting on all of
     /// it would put their change at the end of a leaf (where depends on the chunking) and
     /// could repeat the base's units around it.
-    /// `ours_region` is the whole of ours' region the conflict lies in: Union leaves out
-    /// their elements found anywhere in it, not only in the conflicting part.
+    /// `kept` is what the merge of the region holds besides resolutions (its agreed parts
+    /// and ours' side of each conflict): Union leaves out their elements found anywhere in
+    /// it, not only in the conflicting part.
     fn builtin_resolve(
         r: Option<BuiltinResolver>,
         b: &Units,
         o: &Units,
         t: &Units,
-        ours_region: &Units,
+        kept: &Units,
     ) -> Option<Units> {
         /// `ours` with its middle (between the units both sides kept at the ends)
         /// replaced by `f(base middle, ours middle, theirs middle)`.
@@ -1162,7 +1186,7 @@ impl Units {
             }
             (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
                 // Their elements found nowhere in ours' region (not only outside its changed span).
-                let have: HashSet<&Bytes> = match ours_region {
+                let have: HashSet<&Bytes> = match kept {
                     Units::Elems(whole) => whole.iter().chain(o.iter()).collect(),
                     Units::Bytes(_) => o.iter().collect(),
                 };

@@ -891,6 +891,47 @@ fn interleaved_edits_in_one_region_each_survive() {
     );
 }
 
+/// Union keeps an element both sides hold: theirs moved X from the front to the back
+/// while both changed B. X's removal at the front is theirs alone (agreed), so X must come
+/// back with their conflicting part (it was looked for in ours' whole region, found at
+/// the front that the merge drops, and left out).
+#[test]
+fn union_keeps_an_element_moved_by_one_side() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let put = |branch: &str, v: &[&str], ctx: &str| {
+        let opts = PutOptions {
+            context: ctx.as_bytes().to_vec(),
+            ..PutOptions::default()
+        };
+        db.put(
+            b"l",
+            Target::Branch(branch),
+            NewValue::List(items(v)),
+            &opts,
+        )
+        .unwrap();
+    };
+    put("master", &["X", "P", "Q", "B", "C"], "base");
+    db.fork(b"l", &master(), "dev").unwrap();
+    put("master", &["X", "P", "Q", "B1", "C"], "ours");
+    put("dev", &["P", "Q", "B2", "X", "C"], "theirs");
+    let r = db
+        .merge_into(
+            b"l",
+            "master",
+            &At::Branch("dev".into()),
+            &BuiltinResolver::Union,
+            &o,
+        )
+        .unwrap();
+    let MergeOutcome::Merged(u) = r else {
+        panic!("{r:?}")
+    };
+    let got = list_of(&db, &db.get(b"l", &At::Uid(u)).unwrap().object.value);
+    assert_eq!(got, items(&["P", "Q", "B1", "B2", "X", "C"]));
+}
+
 #[test]
 fn nearby_blob_edits_in_one_leaf_merge() {
     let (db, _) = db();

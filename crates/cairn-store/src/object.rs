@@ -503,12 +503,9 @@ fn sync_dir(dir: &std::path::Path) -> Result<()> {
         .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
 }
 
-/// Creates the 256 fan-out directories of a `local` chunk root (and the directories above
-/// them, up to `dir`) and makes every one durable, so that no put has to create one: a put
-/// that creates a directory syncs it, but a concurrent put into the new directory could
-/// return before that sync, leaving its chunk unreachable after a power loss.
 /// `syncfs(2)` of the file system holding `dir`: every file on it written so far is
 /// durable when it returns.
+#[cfg(target_os = "linux")]
 fn sync_file_system(dir: &std::path::Path) -> Result<()> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(dir)
@@ -523,6 +520,18 @@ fn sync_file_system(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Without `syncfs`: `sync(2)`, every file system.
+#[cfg(not(target_os = "linux"))]
+fn sync_file_system(_dir: &std::path::Path) -> Result<()> {
+    // SAFETY: takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    Ok(())
+}
+
+/// Creates the 256 fan-out directories of a `local` chunk root (and the directories above
+/// them, up to `dir`) and makes every one durable, so that no put has to create one: a put
+/// that creates a directory syncs it, but a concurrent put into the new directory could
+/// return before that sync, leaving its chunk unreachable after a power loss.
 fn create_fan_out_dirs(
     fs: &object_store::local::LocalFileSystem,
     dir: &std::path::Path,
