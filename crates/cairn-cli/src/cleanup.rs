@@ -18,8 +18,8 @@ static INSTALL: Once = Once::new();
 /// Exit status after an interruption (as a shell reports SIGINT: 128 + 2).
 const INTERRUPTED: i32 = 130;
 
-/// Installs the interrupt handler (once). Call it before creating a file that
-/// [`remove_on_interrupt`] will name, so that no interruption falls between the two.
+/// Installs the interrupt handler (once). A file created before its registration may be
+/// left behind by an interruption between the two: create it with [`create_registered`].
 pub fn arm() {
     INSTALL.call_once(|| {
         // If no handler can be installed the default action (exit) stays: the file may
@@ -35,17 +35,23 @@ pub fn arm() {
     });
 }
 
-/// Removes `path` if the process is interrupted while the returned guard lives.
-pub fn remove_on_interrupt(path: &Path) -> Registered {
+/// Creates a file with `create` and registers the path `path_of` names for removal, with
+/// no interruption between the two: the handler waits for the registration, then removes
+/// the file.
+pub fn create_registered<T>(
+    create: impl FnOnce() -> std::io::Result<T>,
+    path_of: impl FnOnce(&T) -> &Path,
+) -> std::io::Result<(T, Registered)> {
     arm();
-    PATHS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(path.to_path_buf());
-    Registered(path.to_path_buf())
+    let mut paths = PATHS.lock().unwrap_or_else(PoisonError::into_inner);
+    let made = create()?;
+    let path = path_of(&made).to_path_buf();
+    paths.push(path.clone());
+    drop(paths);
+    Ok((made, Registered(path)))
 }
 
-/// A registration made by [`remove_on_interrupt`]; dropping it ends it (the owner has
+/// A registration made by [`create_registered`]; dropping it ends it (the owner has
 /// renamed or removed the file by then).
 pub struct Registered(PathBuf);
 

@@ -1117,12 +1117,16 @@ pub fn write_whole_file(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::cleanup::arm();
-    let tmp = match tempfile::Builder::new()
-        .prefix(".cairn-out-")
-        .permissions(std::fs::Permissions::from_mode(new_mode))
-        .tempfile_in(dir)
-    {
+    let made = crate::cleanup::create_registered(
+        || {
+            tempfile::Builder::new()
+                .prefix(".cairn-out-")
+                .permissions(std::fs::Permissions::from_mode(new_mode))
+                .tempfile_in(dir)
+        },
+        |t| t.path(),
+    );
+    let (tmp, _interrupt) = match made {
         Ok(t) => t,
         // No temporary file here (a directory we may not write, or a virtual file system
         // such as /proc): in place, like `>`, so the error, if any, names the file itself.
@@ -1155,7 +1159,6 @@ pub fn write_whole_file(
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
     };
-    let _interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
     if let Some(mode) = keep {
         // Keep the mode of the file being replaced (a private file stays private).
         tmp.as_file()
@@ -1267,7 +1270,18 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// Uids name untagged heads to merge: without `--untagged` they would be ignored.
+pub fn check_merge_args(a: &MergeArgs) -> Result<()> {
+    if !a.untagged && !a.uids.is_empty() {
+        bail!(Error::invalid(
+            "uids name untagged heads to merge: give --untagged, or --from to merge a branch"
+        ));
+    }
+    Ok(())
+}
+
 fn merge(db: &Bucket, a: MergeArgs, out: &mut impl Write) -> Result<ExitCode> {
+    check_merge_args(&a)?;
     let key = a.key.as_bytes();
     let opts = PutOptions::default();
     let outcome = if a.untagged {

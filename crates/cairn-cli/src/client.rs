@@ -584,10 +584,9 @@ impl Client {
                     None,
                 ),
             };
-            crate::cleanup::arm();
-            let mut spool = tempfile::NamedTempFile::new()
-                .context("creating a temporary file for the ciphertext")?;
-            let _interrupt = crate::cleanup::remove_on_interrupt(spool.path());
+            let (mut spool, _interrupt) =
+                crate::cleanup::create_registered(tempfile::NamedTempFile::new, |t| t.path())
+                    .context("creating a temporary file for the ciphertext")?;
             let pb = progress_bar(len, "encrypting");
             let mut enc = crypt::EncryptReader::new(pb.wrap_read(input), k, &place)?;
             let mut h = blake3::Hasher::new();
@@ -638,10 +637,9 @@ impl Client {
             let mut spooled = None;
             let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
             let spool = |from: &mut dyn Read, what: &str| -> Result<_> {
-                crate::cleanup::arm();
-                let mut tmp = tempfile::NamedTempFile::new()
-                    .with_context(|| format!("creating a temporary file for {what}"))?;
-                let interrupt = crate::cleanup::remove_on_interrupt(tmp.path());
+                let (mut tmp, interrupt) =
+                    crate::cleanup::create_registered(tempfile::NamedTempFile::new, |t| t.path())
+                        .with_context(|| format!("creating a temporary file for {what}"))?;
                 io::copy(from, &mut tmp).with_context(|| format!("reading {what}"))?;
                 Ok((tmp, interrupt))
             };
@@ -1000,6 +998,7 @@ impl Client {
     }
 
     fn merge(&mut self, a: MergeArgs, out: &mut impl Write) -> Result<()> {
+        crate::cli::check_merge_args(&a)?;
         let resolver = resolver_name(a.resolve);
         let body = if a.untagged {
             let uids: Vec<String> = a.uids.iter().map(|u| u.to_string()).collect();

@@ -222,6 +222,12 @@ fn errors_are_one_clear_line_and_change_nothing() {
     assert!(e.contains("expected fsync, group or buffered"), "{e}");
     fails(dir, &["put", "k", "--value", "v", "--no-such-flag"], 8);
     fails(dir, &["--lock-timeout", "inf", "keys"], 8);
+    // Uids name untagged heads to merge, with --untagged only (they were ignored).
+    fails(
+        dir,
+        &["merge", "k", "--into", "master", "--from", "dev", &v1],
+        8,
+    );
     fails(dir, &["--lock-timeout", "1e20", "keys"], 8);
     // No command at all: the help, and the exit status of a refused command line.
     let bare = Command::new(env!("CARGO_BIN_EXE_cairn")).output().unwrap();

@@ -186,10 +186,17 @@ fn curve25519_canonical(bytes: &[u8; 32]) -> Option<()> {
 
 /// The bytes actually signed: a length-prefixed domain tag, then the message.
 fn domain_message(domain: &[u8], msg: &[u8]) -> Vec<u8> {
+    // Domains are short constants; a length byte keeps "ab"+"c" apart from "a"+"bc". A
+    // longer domain is a programming error: cut to 255 bytes, its tail would pass for
+    // the start of the message.
+    assert!(
+        domain.len() <= 255,
+        "signing domains are at most 255 bytes ({} given)",
+        domain.len()
+    );
     let mut v = Vec::with_capacity(1 + domain.len() + msg.len());
-    // Domains are short constants; a length byte keeps "ab"+"c" apart from "a"+"bc".
-    v.push(domain.len().min(255) as u8);
-    v.extend_from_slice(&domain[..domain.len().min(255)]);
+    v.push(domain.len() as u8);
+    v.extend_from_slice(domain);
     v.extend_from_slice(msg);
     v
 }
@@ -239,5 +246,14 @@ mod tests {
         noncanon[0] = 0xf0;
         noncanon[31] = 0x7f;
         assert!(PublicKey::from_raw(&noncanon).is_err());
+    }
+
+    /// A domain over 255 bytes is refused: cut to 255, its tail would read as the start
+    /// of the message, so two (domain, message) pairs would share a signature.
+    #[test]
+    #[should_panic(expected = "at most 255 bytes")]
+    fn a_domain_over_255_bytes_is_refused() {
+        let k = SigningKey::from_seed(&[1; 32]);
+        let _ = k.sign(&[b'd'; 256], b"message");
     }
 }
