@@ -91,6 +91,9 @@ pub struct CapsuleDag {
     /// records become proven, so asking costs nothing however many unsigned records
     /// anyone wrote).
     proven_heads: BTreeSet<RecordName>,
+    /// Acceptance positions of the proven records, in the order they became proven (a
+    /// record accepted unsigned and signed later comes at its signing).
+    proven_order: Vec<u64>,
     roots: BTreeSet<RecordName>,
     /// Names some present record points to that are not present (holes).
     missing: BTreeSet<RecordName>,
@@ -112,6 +115,7 @@ impl CapsuleDag {
             children: Default::default(),
             heads: BTreeSet::new(),
             proven_heads: BTreeSet::new(),
+            proven_order: Vec::new(),
             roots: BTreeSet::new(),
             missing: BTreeSet::new(),
             signatures: Default::default(),
@@ -215,6 +219,13 @@ impl CapsuleDag {
     /// Present records that point to `name`.
     pub fn children(&self, name: &RecordName) -> &[RecordName] {
         self.children.get(name).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Proven records in the order they became proven, as positions in [`Self::order`]:
+    /// what anti-entropy compares since a sync (a record signed after it was accepted
+    /// comes when it was signed, so a signature that reaches an old record travels).
+    pub fn proven_order(&self) -> &[u64] {
+        &self.proven_order
     }
 
     /// Records in acceptance order.
@@ -329,6 +340,9 @@ impl CapsuleDag {
             return;
         }
         self.unproven -= 1;
+        if let Some(n) = self.nodes.get(name) {
+            self.proven_order.push(n.index);
+        }
         // Its parents are proven too (by the propagation this is part of) and no longer
         // heads of the proven part; it is one unless a proven child points to it.
         if let Some(n) = self.nodes.get(name) {

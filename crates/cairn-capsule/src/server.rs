@@ -678,11 +678,9 @@ impl Loaded {
 /// Where the next anti-entropy session with a peer starts ([`CapsuleServer::since_last_sync`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SyncCursor {
-    /// Position in this server's acceptance order: records from here on are compared.
+    /// Position in the order this server's records became proven
+    /// ([`CapsuleDag::proven_order`]): records proven from here on are compared.
     pub pos: u64,
-    /// Records before `pos` that were not proven when a session started, compared once
-    /// they are (at most [`MAX_PENDING_UNPROVEN`]).
-    pub pending: Vec<RecordName>,
 }
 
 /// How far a Hello's stamp may be from the responder's clock (5 minutes, in microseconds):
@@ -723,9 +721,6 @@ fn now_micros() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
-
-/// Most unproven records a sync cursor keeps to compare once proven.
-pub const MAX_PENDING_UNPROVEN: usize = 4096;
 
 /// Most peers a server keeps a sync cursor for (the least recently used is forgotten: the
 /// next session with that peer compares everything).
@@ -2188,13 +2183,9 @@ impl SyncRecord {
 }
 
 impl CapsuleServer {
-    /// Proven records this server accepted since its last finished sync with `peer` (with
-    /// the records that were not proven yet at an earlier session's start and are now),
-    /// and the cursor the next sync starts from if this one finishes: the log size now,
-    /// and the records still unproven, kept to be compared once a signature reaches them
-    /// (only proven records travel, so they are in no session's set until then). At most
-    /// [`MAX_PENDING_UNPROVEN`] are kept, the newest; the others are found, once proven,
-    /// by the quick check (heads and holes) and Lu's walk rather than set reconciliation.
+    /// Records that became proven here since the last finished sync with `peer` (records
+    /// accepted unsigned come when a signature reaches them: only proven records travel),
+    /// and the cursor the next sync starts from if this one finishes.
     pub fn since_last_sync(
         &self,
         capsule: &CapsuleName,
@@ -2208,35 +2199,25 @@ impl CapsuleServer {
             .unwrap_or_default();
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
-        let order = cap.dag.order();
-        let from = (cursor.pos as usize).min(order.len());
-        let proven = |n: &RecordName| cap.dag.is_proven(n);
-        let mut names = Vec::new();
-        let mut pending = Vec::new();
-        for n in cursor.pending.iter().chain(&order[from..]) {
-            if proven(n) {
-                names.push(*n);
-            } else {
-                pending.push(*n);
-            }
-        }
-        if pending.len() > MAX_PENDING_UNPROVEN {
-            pending.drain(..pending.len() - MAX_PENDING_UNPROVEN);
-        }
+        let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
+        let from = (cursor.pos as usize).min(proven.len());
+        let names = proven[from..]
+            .iter()
+            .filter_map(|&i| order.get(i as usize).copied())
+            .collect();
         Ok((
             names,
             SyncCursor {
-                pos: order.len() as u64,
-                pending,
+                pos: proven.len() as u64,
             },
         ))
     }
 
     /// Marks a sync with `peer` finished. The next one starts from `next` (from
     /// [`CapsuleServer::since_last_sync`] when this one started), moved on over the records
-    /// accepted after it that are proven and that `peer_has` (the peer sent them, or was
-    /// sent them, in this session); any other record accepted meanwhile (from a third
-    /// replica, or not proven yet) is compared next time.
+    /// proven after it that `peer_has` (the peer sent them, or was sent them, in this
+    /// session); any other record proven meanwhile (from a third replica, or signed since)
+    /// is compared next time.
     pub fn finish_sync(
         &self,
         capsule: &CapsuleName,
@@ -2246,19 +2227,19 @@ impl CapsuleServer {
     ) -> Result<()> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
-        let order = cap.dag.order();
-        let mut p = (next.pos as usize).min(order.len());
-        while p < order.len() && peer_has.contains(&order[p]) && cap.dag.is_proven(&order[p]) {
+        let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
+        let mut p = (next.pos as usize).min(proven.len());
+        while p < proven.len()
+            && order
+                .get(proven[p] as usize)
+                .is_some_and(|n| peer_has.contains(n))
+        {
             p += 1;
         }
         drop(cap);
-        self.cursors.lock().put(
-            (*capsule, *peer),
-            SyncCursor {
-                pos: p as u64,
-                pending: next.pending,
-            },
-        );
+        self.cursors
+            .lock()
+            .put((*capsule, *peer), SyncCursor { pos: p as u64 });
         Ok(())
     }
 

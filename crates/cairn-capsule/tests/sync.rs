@@ -887,3 +887,33 @@ fn a_replica_that_lost_its_cursor_still_converges() {
     let (ra, _) = sync_pair(&a, &b, &c).unwrap();
     assert!(ra.quick_match, "{ra:?}");
 }
+
+/// A signature that reaches an old record both replicas hold unproven travels at the next
+/// sync: sessions compare records in the order they became proven, so a record signed long
+/// after it was accepted comes when it is signed. (Before, a cursor kept the newest 4096
+/// unproven records to look at again; an older one signed later was compared by neither
+/// side, the quick check found them in sync, and one replica never proved it.)
+#[test]
+fn a_signature_on_an_old_record_both_hold_travels() {
+    let Pair { a, b, c, w, seal } = pair("late");
+    let mut names = Vec::new();
+    let mut prev: Option<RecordName> = None;
+    for i in 0..4200 {
+        let r = Record::new(c, seal(&format!("u{i}")), prev.into_iter().collect());
+        prev = Some(r.name());
+        names.push(r.name());
+        for s in [&a, &b] {
+            s.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+        }
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    // The writer signs the very first record, at A only.
+    let first = names[0];
+    a.sign(&c, &first, w.sign(&first)).unwrap();
+    assert!(a.with_dag(&c, |d| d.is_proven(&first)).unwrap());
+    assert!(!b.with_dag(&c, |d| d.is_proven(&first)).unwrap());
+    sync_pair(&a, &b, &c).unwrap();
+    assert!(b.with_dag(&c, |d| d.is_proven(&first)).unwrap());
+    let (ra, _) = sync_pair(&a, &b, &c).unwrap();
+    assert!(ra.quick_match, "{ra:?}");
+}
