@@ -737,8 +737,8 @@ pub struct CapsuleServer {
     sessions: Mutex<LruCache<SessionId, Arc<Mutex<Session>>>>,
     /// Names held by all sessions' mirrors ([`ServerOptions::max_mirrored_names`]).
     mirrored: Arc<AtomicUsize>,
-    /// Per (capsule, peer server): where in this server's acceptance order the next sync
-    /// with that peer starts (see [`CapsuleServer::since_last_sync`]).
+    /// Per (capsule, peer server): where in the order this server's records became proven
+    /// the next sync with that peer starts (see [`CapsuleServer::since_last_sync`]).
     cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
     /// The stamp of the last Hello this server signed ([`CapsuleServer::sign_sync_hello`]).
     hello_stamp: AtomicU64,

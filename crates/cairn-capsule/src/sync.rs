@@ -5,8 +5,9 @@
 //!
 //! Three stages, as DCS runs them, with the Bloom filter replaced by a complete method:
 //!
-//! 1. **Quick check.** Each side hashes the sorted names of the proven records it accepted
-//!    since its last finished sync with this peer. Equal hashes: nothing to do.
+//! 1. **Quick check.** Each side hashes the sorted names of the records that became proven
+//!    on it since its last finished sync with this peer (with its heads and holes). Equal
+//!    hashes: nothing to do.
 //! 2. **Set reconciliation** of those two sets with a rateless IBLT ([`crate::riblt`]): the
 //!    responder streams coded symbols, the initiator peels the difference (asking for more
 //!    symbols while it cannot) and learns exactly what each side lacks, in about one round

@@ -25,8 +25,10 @@ pub fn arm() {
         // If no handler can be installed the default action (exit) stays: the file may
         // then be left behind, as before; nothing else changes.
         let _ = ctrlc::set_handler(|| {
-            let paths = std::mem::take(&mut *PATHS.lock().unwrap_or_else(PoisonError::into_inner));
-            for p in paths {
+            // Held until the exit, so no file is created and registered after the list
+            // was emptied (it would outlive the process).
+            let mut paths = PATHS.lock().unwrap_or_else(PoisonError::into_inner);
+            for p in paths.drain(..) {
                 let _ = std::fs::remove_file(p);
             }
             eprintln!("error: interrupted");

@@ -548,6 +548,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     // no capsule.
     let mut put_input = match &cli.command {
         Command::Put(a) => Some(prepare_put(a)?),
+        Command::Merge(a) => {
+            check_merge_args(a)?;
+            None
+        }
         _ => None,
     };
     let store = open_store(

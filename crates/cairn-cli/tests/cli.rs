@@ -279,6 +279,11 @@ fn errors_are_one_clear_line_and_change_nothing() {
     fails(&fresh, &["put", "f", "--file", "/nonexistent/input"], 10);
     fails(&fresh, &["update", "k", "--add", "1"], 3);
     fails(&fresh, &["fork", "k", "--from", "master", "--to", "x"], 3);
+    fails(
+        &fresh,
+        &["merge", "k", "--into", "master", "--from", "dev", &v1],
+        8,
+    );
     assert!(!fresh.exists(), "nothing was created");
     fails(
         dir,
