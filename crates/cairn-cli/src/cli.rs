@@ -534,6 +534,16 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 .flatten()
                 .any(|e| e.file_name().to_string_lossy().starts_with("seg-"))
         });
+    // A put's input (and a merge's arguments) is read and checked first: bad input
+    // creates no store, no key and no capsule.
+    let mut put_input = match &cli.command {
+        Command::Put(a) => Some(prepare_put(a)?),
+        Command::Merge(a) => {
+            check_merge_args(a)?;
+            None
+        }
+        _ => None,
+    };
     // Only a put (or the demo) makes something new: every other command needs a store,
     // and its key, to exist already, and fails before anything is created otherwise.
     let creates = matches!(cli.command, Command::Put(_) | Command::Demo);
@@ -544,16 +554,6 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             data.display()
         )));
     }
-    // A put's input is read and checked first: bad input creates no store, no key and
-    // no capsule.
-    let mut put_input = match &cli.command {
-        Command::Put(a) => Some(prepare_put(a)?),
-        Command::Merge(a) => {
-            check_merge_args(a)?;
-            None
-        }
-        _ => None,
-    };
     let store = open_store(
         &data,
         cli.durability.unwrap_or(Durability::Group),
