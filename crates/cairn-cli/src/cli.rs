@@ -582,10 +582,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         Command::Merge(a) => Some(a.key.as_str()),
         _ => None,
     };
+    // The store's one Db, made before anything is created for the command.
+    let db = Db::new(store.clone()).in_bucket(&cli.bucket)?;
     if let Some(key) = existing_key {
-        Db::new(store.clone())
-            .in_bucket(&cli.bucket)?
-            .existing_table(key.as_bytes())?;
+        db.existing_table(key.as_bytes())?;
     }
     let writer = if writes {
         Some(cairn_node::keys::read_or_create(
@@ -602,7 +602,6 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         node_key,
         ServerOptions::default(),
     ));
-    let db = Db::new(store).in_bucket(&cli.bucket)?;
     let bucket = Bucket::open(db, server, writer)?;
     let db = bucket.db();
     let out = io::stdout();

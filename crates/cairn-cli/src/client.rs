@@ -699,16 +699,9 @@ impl Client {
                 (Some(p), Some(_)) => {
                     let (f, len) = open(p)?;
                     let pb = progress_bar(len, "hashing");
-                    let mut r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
+                    let r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
                     let mut h = blake3::Hasher::new();
-                    let mut buf = vec![0u8; 1 << 16];
-                    loop {
-                        let n = r.read(&mut buf).context("reading the input")?;
-                        if n == 0 {
-                            break;
-                        }
-                        h.update(&buf[..n]);
-                    }
+                    h.update_reader(r).context("reading the input")?;
                     pb.finish_and_clear();
                     Some(*h.finalize().as_bytes())
                 }

@@ -55,6 +55,13 @@ pub enum Error {
     },
 }
 
+/// Whether an I/O error of `kind` says the storage is full: the disk, a quota, or the
+/// process's file size limit.
+pub fn out_of_space(kind: io::ErrorKind) -> bool {
+    use io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
+    matches!(kind, StorageFull | FileTooLarge | QuotaExceeded)
+}
+
 impl Error {
     /// Wraps an I/O error with a short description of what was being done.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {

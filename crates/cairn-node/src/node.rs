@@ -96,10 +96,10 @@ impl Node {
         })
         .with_context(|| format!("opening store {}", config.data_dir.display()))?;
         let key = crate::keys::read_or_create(&config.data_dir.join(NODE_KEY_FILE), "node", false)?;
-        let record = check_backend_record(&config)?;
+        let unrecorded = check_backend_record(&config)?;
         let store = with_backend(&config, store, &key)?;
-        if let Some(write) = record {
-            write()?;
+        if unrecorded {
+            write_backend_record(&config)?;
         }
         for note in store.recovery_notes()? {
             tracing::warn!(%note, "crash recovery found damage (see `cairn recovery`)");
@@ -391,14 +391,11 @@ fn backend_record(config: &Config) -> Option<String> {
     ))
 }
 
-/// What writes the record, once the backend opened (see [`check_backend_record`]).
-type WriteRecord = Box<dyn FnOnce() -> Result<()>>;
-
 /// Refuses a data directory whose refs name chunks in another backend than the config's:
 /// started with another bucket, prefix or kind (or as `embedded`), every version would
-/// read as missing. On the first start with an object-store backend it returns what
-/// writes the record, to run once that backend opened.
-fn check_backend_record(config: &Config) -> Result<Option<WriteRecord>> {
+/// read as missing. True when the config names an object store the directory has no
+/// record of yet ([`write_backend_record`] writes it once that backend opened).
+fn check_backend_record(config: &Config) -> Result<bool> {
     let path = config.data_dir.join(BACKEND_RECORD_FILE);
     let want = backend_record(config);
     let have = match std::fs::read_to_string(&path) {
@@ -407,7 +404,6 @@ fn check_backend_record(config: &Config) -> Result<Option<WriteRecord>> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     match (have, want) {
-        (None, None) => Ok(None),
         (Some(have), want) if Some(&have) != want.as_ref() => anyhow::bail!(
             "{} keeps its chunks in another backend ({}) than this config's ({}): its \
              versions would read as missing. Start it with the [backend] it was made with",
@@ -417,21 +413,19 @@ fn check_backend_record(config: &Config) -> Result<Option<WriteRecord>> {
                 .trim()
                 .replace('\n', ", "))
         ),
-        (Some(_), _) => Ok(None),
-        (None, Some(_)) => {
-            let dir = config.data_dir.clone();
-            let config = config.clone();
-            Ok(Some(Box::new(move || {
-                // Made again now that the backend opened (a `local` directory exists, and
-                // its path resolves as it will at every later start).
-                let want = backend_record(&config).unwrap_or_default();
-                let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, want.as_bytes())
-                    .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-                    .and_then(|()| std::fs::rename(&tmp, &path))
-                    .and_then(|()| std::fs::File::open(&dir)?.sync_all())
-                    .with_context(|| format!("writing {}", path.display()))
-            })))
-        }
+        (have, want) => Ok(have.is_none() && want.is_some()),
     }
+}
+
+/// Writes [`BACKEND_RECORD_FILE`], durably, once the backend opened (a `local` directory
+/// exists then, and its path resolves as it will at every later start).
+fn write_backend_record(config: &Config) -> Result<()> {
+    let path = config.data_dir.join(BACKEND_RECORD_FILE);
+    let want = backend_record(config).unwrap_or_default();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, want.as_bytes())
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| std::fs::File::open(&config.data_dir)?.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
 }

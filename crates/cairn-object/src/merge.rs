@@ -312,6 +312,28 @@ enum Seg<C> {
     },
 }
 
+impl<C> Seg<C> {
+    /// The same part with its contents passed through `f`.
+    fn map<D>(self, f: impl Fn(C) -> D) -> Seg<D> {
+        match self {
+            Seg::Agreed(c) => Seg::Agreed(f(c)),
+            Seg::Conflict {
+                start,
+                end,
+                base,
+                ours,
+                theirs,
+            } => Seg::Conflict {
+                start,
+                end,
+                base: f(base),
+                ours: f(ours),
+                theirs: f(theirs),
+            },
+        }
+    }
+}
+
 /// The changed parts of `side` against `base`, as `(base start, base end, side start, side
 /// end)`, sorted and disjoint: the gaps between the runs a Myers diff matches. The runs
 /// are checked (in order on both sides, and equal) before they are used; should they not
@@ -1091,24 +1113,7 @@ impl Units {
     /// [`diff3`] of this base region against `o` and `t`, as regions.
     fn diff3(&self, o: &Units, t: &Units) -> Vec<Seg<Units>> {
         fn wrap<T>(segs: Vec<Seg<Vec<T>>>, f: impl Fn(Vec<T>) -> Units) -> Vec<Seg<Units>> {
-            segs.into_iter()
-                .map(|seg| match seg {
-                    Seg::Agreed(v) => Seg::Agreed(f(v)),
-                    Seg::Conflict {
-                        start,
-                        end,
-                        base,
-                        ours,
-                        theirs,
-                    } => Seg::Conflict {
-                        start,
-                        end,
-                        base: f(base),
-                        ours: f(ours),
-                        theirs: f(theirs),
-                    },
-                })
-                .collect()
+            segs.into_iter().map(|seg| seg.map(&f)).collect()
         }
         match (self, o, t) {
             (Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {

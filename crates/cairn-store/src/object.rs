@@ -306,11 +306,10 @@ fn os_err(what: &str, e: object_store::Error) -> Error {
 
 /// The kind of an I/O error in `e`'s causes that says the storage is full, if any.
 fn out_of_space(e: &object_store::Error) -> Option<std::io::ErrorKind> {
-    use std::io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cause {
         if let Some(io) = c.downcast_ref::<std::io::Error>()
-            && matches!(io.kind(), StorageFull | FileTooLarge | QuotaExceeded)
+            && cairn_core::error::out_of_space(io.kind())
         {
             return Some(io.kind());
         }

@@ -77,12 +77,6 @@ impl ApiError {
     }
 }
 
-/// Whether an I/O error says the disk (or the process's file size limit or quota) is full.
-fn out_of_space(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
-    matches!(e.kind(), StorageFull | FileTooLarge | QuotaExceeded)
-}
-
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let (status, kind) = match &e {
@@ -96,7 +90,7 @@ impl From<Error> for ApiError {
             Error::Rejected(_) => (StatusCode::FORBIDDEN, "rejected"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
-            Error::Io { source, .. } if out_of_space(source) => {
+            Error::Io { source, .. } if cairn_core::error::out_of_space(source.kind()) => {
                 (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
             }
             Error::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
