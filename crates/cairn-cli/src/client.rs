@@ -48,6 +48,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
 use crate::cli::{Cli, Command, GetArgs, MergeArgs, PutArgs, UpdateArgs, progress_bar};
+use crate::digest::{BlobDigest, TreeShape};
 use crate::verified::VerifiedValue;
 use crate::{crypt, format};
 
@@ -183,6 +184,9 @@ struct Client {
     /// The bucket's capsule name, learned with the signer: signed requests are bound to
     /// it (`X-Cairn-Capsule`), so they cannot be replayed on another node.
     capsule: std::cell::RefCell<Option<String>>,
+    /// How the bucket chunks blobs, learned with the signer: a blob put's version must
+    /// hold the tree of the bytes sent ([`crate::digest`]).
+    shape: std::cell::Cell<Option<TreeShape>>,
 }
 
 impl Client {
@@ -209,6 +213,7 @@ impl Client {
             key_file: cli.key_file.clone(),
             signer: None,
             capsule: std::cell::RefCell::new(None),
+            shape: std::cell::Cell::new(None),
         })
     }
 
@@ -266,7 +271,8 @@ impl Client {
     /// Streams `body` (`len` bytes, or chunked when `None`) as the body of a request and
     /// returns the node's JSON answer. The body is read on its own thread in
     /// [`UPLOAD_PIECE`]s and sent by reqwest's async client on a current-thread runtime. A
-    /// signed request needs the body's BLAKE3 hash (`body_hash`) up front.
+    /// signed request needs the body's BLAKE3 hash (`body_hash`) up front. Every piece
+    /// read is also handed to `tee`, in order.
     #[allow(clippy::too_many_arguments)]
     fn send_stream(
         &self,
@@ -277,6 +283,7 @@ impl Client {
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
         body_hash: Option<[u8; 32]>,
+        tee: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,
     ) -> Result<J> {
         if signer.is_some() && body_hash.is_none() {
             bail!(Error::invalid("a signed stream needs its hash first"));
@@ -294,7 +301,7 @@ impl Client {
             all.push(("content-length".to_string(), n.to_string()));
         }
         let (rt, http) = async_http()?;
-        let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE)?;
+        let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|piece| (piece, rx))
         });
@@ -430,11 +437,10 @@ impl Client {
         for _ in 0..2 {
             match self.get_json(self.url("", None, &[])?) {
                 Ok(info) => {
+                    self.note_bucket(&info);
                     let Some(owner) = info.get("owner").and_then(J::as_str) else {
                         return Ok(None);
                     };
-                    *self.capsule.borrow_mut() =
-                        info.get("capsule").and_then(J::as_str).map(str::to_string);
                     let path = self.key_path()?;
                     if !path.exists() {
                         bail!(Error::Rejected(format!(
@@ -467,7 +473,8 @@ impl Client {
                         &[("content-type", "application/json".into())],
                         Some(&key),
                     ) {
-                        Ok(_) => {
+                        Ok(resp) => {
+                            self.note_bucket(&read_json(resp)?);
                             eprintln!(
                                 "created bucket {} on {}, owned by writer key {}",
                                 self.bucket,
@@ -492,6 +499,12 @@ impl Client {
             "bucket {} could not be opened or created",
             self.bucket
         )))
+    }
+
+    /// Notes what the bucket's description says about its capsule and its chunking.
+    fn note_bucket(&self, info: &J) {
+        *self.capsule.borrow_mut() = info.get("capsule").and_then(J::as_str).map(str::to_string);
+        self.shape.set(TreeShape::from_info(info));
     }
 
     /// A signed JSON POST to `/{op}/{key}`.
@@ -548,9 +561,12 @@ impl Client {
         };
         // An encrypted value is bound to its bucket and key.
         let place = crypt::binding(&self.bucket, &a.key);
-        // What the version must hold: the value given inline, else the length sent.
+        // What the version must hold: the value given inline, else the length sent, and
+        // a blob's tree as the bucket chunks it (built from the bytes as they are sent).
         let mut sent_inline: Option<Vec<u8>> = None;
         let sent_len: Option<u64>;
+        let shape = self.shape.get().filter(|_| ty == ValueType::Blob);
+        let mut sent_tree = None;
         let r = if let Some(v) = a.value {
             let body = match &key {
                 Some(k) => {
@@ -563,6 +579,9 @@ impl Client {
             sent_len = Some(body.len() as u64);
             if ty == ValueType::String {
                 sent_inline = Some(body.clone());
+            }
+            if let Some(s) = shape {
+                sent_tree = Some(s.tree_of(&body)?);
             }
             read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
         } else if let (Some(k), Some(_)) = (&key, &signer) {
@@ -620,6 +639,7 @@ impl Client {
                 n,
                 spool.path(),
             )));
+            let digest = shape.map(BlobDigest::start).transpose()?;
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -628,9 +648,12 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 Some(*h.finalize().as_bytes()),
+                digest.as_ref().map(BlobDigest::sender),
             );
             pb.finish_and_clear();
-            answer?
+            let answer = answer?;
+            sent_tree = digest.map(BlobDigest::finish).transpose()?;
+            answer
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin,
             // and any input that is not a regular file (a pipe, `<(...)`, a device).
@@ -733,6 +756,7 @@ impl Client {
             sent_len = len.map(wire_len);
             let pb = progress_bar(len, "put");
             let reader = body_reader(Box::new(pb.wrap_read(reader)));
+            let digest = shape.map(BlobDigest::start).transpose()?;
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -741,10 +765,13 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 hash,
+                digest.as_ref().map(BlobDigest::sender),
             );
             pb.finish_and_clear();
             drop(spooled);
-            answer?
+            let answer = answer?;
+            sent_tree = digest.map(BlobDigest::finish).transpose()?;
+            answer
         };
         let (uid, o) = self.written_version(&a.key, &r, "put")?;
         let lied = |what: String| -> anyhow::Error {
@@ -775,6 +802,17 @@ impl Client {
                 return Err(lied(format!("holds {} bytes, not the {n} sent", t.count)));
             }
             _ => {}
+        }
+        if let (cairn_object::Value::Tree(t), Some(want)) = (&o.value, &sent_tree)
+            && t != want
+        {
+            return Err(lied(format!(
+                "holds other bytes than the ones sent (its tree root is {}, the bytes sent \
+                 make {} with this bucket's {}-byte leaves)",
+                t.root,
+                want.root,
+                shape.map_or(0, |s| s.cfg.leaf_target)
+            )));
         }
         writeln!(out, "{uid}")?;
         Ok(())
@@ -1731,6 +1769,7 @@ impl Read for Pieces {
 fn read_in_pieces(
     mut body: Box<dyn Read + Send>,
     piece: usize,
+    tee: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,
 ) -> Result<(
     std::thread::JoinHandle<()>,
     tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
@@ -1744,8 +1783,16 @@ fn read_in_pieces(
                 // `read_to_end` retries `Interrupted` and keeps what it read before an error.
                 let res = (&mut body).take(piece as u64).read_to_end(&mut buf);
                 let n = buf.len();
-                if n > 0 && tx.blocking_send(Ok(buf.into())).is_err() {
-                    return;
+                if n > 0 {
+                    let piece = bytes::Bytes::from(buf);
+                    if let Some(t) = &tee {
+                        // A builder that stopped has failed: its error is reported when
+                        // it is joined.
+                        let _ = t.send(piece.clone());
+                    }
+                    if tx.blocking_send(Ok(piece)).is_err() {
+                        return;
+                    }
                 }
                 match res {
                     Ok(_) if n == piece => {}
@@ -1972,7 +2019,7 @@ mod tests {
             error,
             interrupt: false,
         };
-        let (handle, mut rx) = read_in_pieces(Box::new(feeder), piece).unwrap();
+        let (handle, mut rx) = read_in_pieces(Box::new(feeder), piece, None).unwrap();
         let mut out = Vec::new();
         while let Some(p) = rx.blocking_recv() {
             out.push(p);

@@ -12,6 +12,7 @@ mod cli;
 mod client;
 mod crypt;
 mod demo;
+mod digest;
 mod format;
 mod verified;
 

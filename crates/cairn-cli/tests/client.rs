@@ -1951,6 +1951,10 @@ fn writes_refuse_a_version_the_node_made_up() {
         .ok(srv, &["put", "o", "--value", "new"])
         .trim()
         .to_string();
+    let small = u
+        .ok(srv, &["put", "b", "--type", "blob", "--value", "old"])
+        .trim()
+        .to_string();
     let big = u.path().join("big");
     std::fs::write(&big, pseudo_random(300_000, 7)).unwrap();
     let file = u
@@ -1977,6 +1981,11 @@ fn writes_refuse_a_version_the_node_made_up() {
     let short = pseudo_random(299_999, 7);
     let shorter = u.path().join("shorter");
     std::fs::write(&shorter, &short).unwrap();
+    // As long as the file the version holds, one byte in the middle changed.
+    let mut changed = pseudo_random(300_000, 7);
+    changed[150_000] ^= 1;
+    let same_len = u.path().join("same-length");
+    std::fs::write(&same_len, &changed).unwrap();
     for (what, node, args) in [
         (
             "not a uid",
@@ -2003,6 +2012,20 @@ fn writes_refuse_a_version_the_node_made_up() {
             vec!["put", "f", "--file", shorter.to_str().unwrap()],
         ),
         (
+            "a blob of the same length with other bytes",
+            liar(&file, &format!(r#"{{"uid":"{file}"}}"#), meta("f", &file)),
+            vec!["put", "f", "--file", same_len.to_str().unwrap()],
+        ),
+        (
+            "an inline blob of the same length with other bytes",
+            liar(
+                &small,
+                &format!(r#"{{"uid":"{small}"}}"#),
+                meta("b", &small),
+            ),
+            vec!["put", "b", "--type", "blob", "--value", "olD"],
+        ),
+        (
             "a fork elsewhere than asked",
             liar(&old, &format!(r#"{{"uid":"{old}"}}"#), meta("k", &old)),
             vec!["fork", "k", "--from", &file, "--to", "x"],
@@ -2012,5 +2035,11 @@ fn writes_refuse_a_version_the_node_made_up() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(11), "{what}: {err}");
         assert!(out.stdout.is_empty(), "{what}: printed {:?}", out.stdout);
+        if what.contains("other bytes") {
+            assert!(
+                err.contains("holds other bytes than the ones sent"),
+                "{what}: {err}"
+            );
+        }
     }
 }

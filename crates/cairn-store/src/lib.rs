@@ -24,7 +24,7 @@ use std::str::FromStr;
 pub use bytes::Bytes;
 pub use cairn_core::{Error, Hash, HashAlgo, Result};
 pub use log::{CommitCounters, LogStore, LogStoreOptions, RecoveryReport};
-pub use memory::MemoryStore;
+pub use memory::{DigestStore, MemoryStore};
 
 /// A chunk's name: the hash of its bytes.
 pub type Cid = Hash;

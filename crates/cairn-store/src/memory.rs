@@ -1,5 +1,7 @@
 //! An in-memory backend: a hash map of chunks and a sorted map of refs. Nothing survives the
-//! process; reads still verify, so tests of upper layers exercise the same checks.
+//! process; reads still verify, so tests of upper layers exercise the same checks. Also
+//! [`DigestStore`], which names chunks and keeps none (for computing what a tree's root
+//! would be).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -95,6 +97,53 @@ impl ChunkStore for MemoryStore {
             chunk_bytes,
             bytes_on_disk: 0,
         })
+    }
+}
+
+/// A chunk store that names every chunk put into it and keeps none: building a value
+/// into it computes the cids (a POS-tree's root) that the same value has in any store of
+/// the same hash algorithm, in memory bounded by the builder alone. Every get answers
+/// absent.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DigestStore {
+    algo: HashAlgo,
+}
+
+impl DigestStore {
+    /// A store naming chunks with `algo`.
+    pub fn new(algo: HashAlgo) -> Self {
+        DigestStore { algo }
+    }
+}
+
+impl ChunkStore for DigestStore {
+    fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    fn put_hashed(&self, cid: Cid, _chunk: &[u8]) -> Result<bool> {
+        crate::check_cid_algo(&cid, self.algo)?;
+        Ok(true)
+    }
+
+    fn get(&self, _cid: &Cid) -> Result<Option<Bytes>> {
+        Ok(None)
+    }
+
+    fn has(&self, _cid: &Cid) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn cids(&self) -> Result<Vec<Cid>> {
+        Ok(Vec::new())
+    }
+
+    fn remove(&self, _cids: &[Cid]) -> Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        Ok(StoreStats::default())
     }
 }
 

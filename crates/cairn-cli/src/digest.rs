@@ -1,0 +1,144 @@
+//! The POS-tree a blob upload must come back as. A node answers a put with a uid, and the
+//! client prints that uid (and its user may anchor it on a chain): the version it names
+//! must hold exactly the bytes sent. POS-trees depend on content and leaf size alone, so
+//! the client builds the tree of the bytes it sends, as it sends them, into a store that
+//! keeps nothing ([`DigestStore`]), and compares its root with the one the version names.
+
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use cairn_core::HashAlgo;
+use cairn_object::TreeConfig;
+use cairn_object::postree::{BlobWriter, TreeRef, build_blob};
+use cairn_store::DigestStore;
+
+/// Pieces queued ahead of the tree builder (each an upload piece, shared, not copied).
+const QUEUE: usize = 8;
+
+/// How a bucket's blobs are chunked: what its node reports (`hash_algo`, `leaf_size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeShape {
+    /// The hash algorithm naming the bucket's chunks.
+    pub algo: HashAlgo,
+    /// Tree sizes: the bucket's leaf size, the default index size (only the leaf size is
+    /// per bucket).
+    pub cfg: TreeConfig,
+}
+
+impl TreeShape {
+    /// The shape a node's bucket description states, or `None` when it states none (a
+    /// node older than these fields) or one this build cannot use.
+    pub fn from_info(info: &serde_json::Value) -> Option<TreeShape> {
+        let algo = info.get("hash_algo")?.as_str()?.parse().ok()?;
+        let leaf = info.get("leaf_size")?.as_u64()?;
+        let cfg = TreeConfig::default().with_leaf_target(leaf).ok()?;
+        Some(TreeShape { algo, cfg })
+    }
+
+    /// The tree of `data`, built at once.
+    pub fn tree_of(&self, data: &[u8]) -> Result<TreeRef> {
+        Ok(build_blob(&DigestStore::new(self.algo), &self.cfg, data)?)
+    }
+}
+
+/// A blob's tree built on its own thread from the pieces given to [`BlobDigest::sender`],
+/// in order; [`BlobDigest::finish`] returns it once every sender is dropped.
+pub struct BlobDigest {
+    tx: SyncSender<Bytes>,
+    thread: JoinHandle<Result<TreeRef>>,
+}
+
+impl BlobDigest {
+    /// Starts the builder for blobs of `shape`.
+    pub fn start(shape: TreeShape) -> Result<BlobDigest> {
+        let (tx, rx) = sync_channel::<Bytes>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("cairn-put-digest".into())
+            .spawn(move || build(shape, rx))
+            .context("starting the upload's tree builder")?;
+        Ok(BlobDigest { tx, thread })
+    }
+
+    /// A sender of the pieces, in the order they are uploaded.
+    pub fn sender(&self) -> SyncSender<Bytes> {
+        self.tx.clone()
+    }
+
+    /// The tree of every piece sent, once the other senders are gone.
+    pub fn finish(self) -> Result<TreeRef> {
+        drop(self.tx);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the upload's tree builder panicked"))?
+    }
+}
+
+fn build(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {
+    let store = DigestStore::new(shape.algo);
+    let mut w = BlobWriter::new(&store, &shape.cfg);
+    for piece in rx {
+        w.write_bytes(&piece)?;
+    }
+    Ok(w.finish()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_store::MemoryStore;
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+    fn shape(leaf: u64) -> TreeShape {
+        TreeShape {
+            algo: HashAlgo::Blake3,
+            cfg: TreeConfig::default().with_leaf_target(leaf).unwrap(),
+        }
+    }
+
+    /// The digest of pieces is the tree a store builds of their bytes, whatever the piece
+    /// sizes, and another leaf size gives another root.
+    #[test]
+    fn digest_matches_the_stored_tree() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let data: Vec<u8> = (0..3_000_000).map(|_| rng.random()).collect();
+        let stored = build_blob(&MemoryStore::new(), &shape(65536).cfg, &data).unwrap();
+        for piece in [1usize, 4096, 100_003, 1 << 20] {
+            let d = BlobDigest::start(shape(65536)).unwrap();
+            let tx = d.sender();
+            let feeder = std::thread::spawn({
+                let data = data.clone();
+                move || {
+                    for p in data.chunks(piece) {
+                        tx.send(Bytes::copy_from_slice(p)).unwrap();
+                    }
+                }
+            });
+            feeder.join().unwrap();
+            assert_eq!(d.finish().unwrap(), stored, "pieces of {piece}");
+        }
+        assert_eq!(shape(65536).tree_of(&data).unwrap(), stored);
+        assert_ne!(shape(4096).tree_of(&data).unwrap().root, stored.root);
+        // Empty input: the empty tree.
+        let empty = build_blob(&MemoryStore::new(), &shape(65536).cfg, &[]).unwrap();
+        assert_eq!(
+            BlobDigest::start(shape(65536)).unwrap().finish().unwrap(),
+            empty
+        );
+    }
+
+    #[test]
+    fn shape_from_a_bucket_description() {
+        let info = serde_json::json!({"hash_algo": "blake3", "leaf_size": 65536});
+        assert_eq!(TreeShape::from_info(&info), Some(shape(65536)));
+        for bad in [
+            serde_json::json!({"leaf_size": 65536}),
+            serde_json::json!({"hash_algo": "md5", "leaf_size": 65536}),
+            serde_json::json!({"hash_algo": "blake3", "leaf_size": 3}),
+            serde_json::json!({"hash_algo": "blake3", "leaf_size": "65536"}),
+        ] {
+            assert_eq!(TreeShape::from_info(&bad), None, "{bad}");
+        }
+    }
+}
