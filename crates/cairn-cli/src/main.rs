@@ -34,6 +34,26 @@ fn disable_transparent_huge_pages() {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit (Unix). The log store
+/// keeps every sealed segment open (one descriptor per 256 MiB of data) and a node one per
+/// connection besides, so the common soft limit of 1024 would fail a store of about
+/// 250 GiB at its next roll and refuse to reopen it. Failure is harmless: the old limit
+/// stays.
+fn raise_open_file_limit() {
+    #[cfg(unix)]
+    // SAFETY: getrlimit and setrlimit read and write only the `rlimit` passed.
+    unsafe {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
 /// mimalloc: the object engine allocates many small, short-lived buffers (POS-tree nodes,
 /// map entries); glibc malloc spent about a sixth of Put-Map's CPU on them.
 #[global_allocator]
@@ -41,6 +61,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
+    raise_open_file_limit();
     let args = match cli::Cli::try_parse() {
         Ok(a) => a,
         Err(e) => return usage_error(e),

@@ -1809,6 +1809,41 @@ fn a_node_killed_mid_writes_keeps_every_acknowledged_write() {
     }
 }
 
+/// A node raises its soft limit on open files to the hard limit: it keeps a descriptor
+/// per sealed segment and per connection, and a soft limit of 1024 failed a store of about
+/// 250 GiB.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_node_raises_its_open_file_limit() {
+    use std::os::unix::process::CommandExt;
+    let u = User::new();
+    let data = u.path().join("node");
+    let (mut node, _base) = spawn_node_with(&u, &data, |c| {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 64,
+                    rlim_max: 1000,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", node.id())).unwrap();
+    let _ = node.kill();
+    let _ = node.wait();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums, ["1000", "1000"], "{line}");
+}
+
 /// A full disk, here the node's file size limit (`RLIMIT_FSIZE`, which fails a write past
 /// it as a full disk does, with `EFBIG` instead of `ENOSPC`): the write that hits it fails
 /// with 507, later writes with 503, `/healthz` turns 503 with the reason and the metrics

@@ -494,9 +494,8 @@ impl Sealer {
             .spawn(move || {
                 for job in todo {
                     match job {
-                        SealJob::Seal(seg, end, hint) => match seg.sync() {
+                        SealJob::Seal(seg, end, hint) => match seg.sync(end) {
                             Ok(()) => {
-                                seg.synced.fetch_max(end, Ordering::AcqRel);
                                 if let Some((dir, path, bytes)) = hint {
                                     let _ = format::write_atomic(&dir, &path, &bytes, false);
                                 }
@@ -895,7 +894,15 @@ impl LogStore {
     /// documentation). Fails with [`Error::Unavailable`] when another process (or another
     /// `LogStore` in this one) has it open.
     pub fn open(dir: &Path, opts: LogStoreOptions) -> Result<Self> {
+        // The directories this open creates: each one's entry in its parent is synced, or
+        // a power loss could take a new store, acknowledged commits and all, with it.
+        let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
         fs::create_dir_all(dir).ctx(|| format!("creating store directory {}", dir.display()))?;
+        for d in created.iter().rev() {
+            if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                format::sync_dir(parent)?;
+            }
+        }
         let dir = dir.to_path_buf();
         let lock_path = dir.join(format::LOCK);
         let lock = OpenOptions::new()
@@ -931,7 +938,11 @@ impl LogStore {
                 hint_ids.push(id);
             } else if name.ends_with(".tmp") {
                 let p = entry.path();
-                fs::remove_file(&p).ctx(|| format!("removing {}", p.display()))?;
+                match fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(format!("removing {}", p.display()), e)),
+                }
             }
         }
         seg_ids.sort_unstable();
@@ -997,7 +1008,8 @@ impl LogStore {
                 .ctx(|| format!("syncing {}", path.display()))?;
         }
         for &id in seg_ids.iter().filter(|&&id| Some(id) != last) {
-            let (file, path, len, bound) = Segment::open(&dir, id)?;
+            let (file, path, len, bound, note) = Segment::open(&dir, id)?;
+            report.damage.extend(note);
             let seg = Segment::from_parts(id, path, file, len, bound);
             let before = SeqBefore {
                 max: max_seq,
@@ -1019,7 +1031,8 @@ impl LogStore {
         let (active, hints, active_commits) = match last {
             None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
-                let (file, path, len, bound) = Segment::open(&dir, id)?;
+                let (file, path, len, bound, note) = Segment::open(&dir, id)?;
+                report.damage.extend(note);
                 // A header of zeros and nothing after it: the file's length reached the disk
                 // but its header did not (a crash inside `Segment::create`).
                 let zero_header = len == SEG_HEADER_LEN && {
@@ -1257,7 +1270,7 @@ impl LogStore {
     }
 
     /// `fdatasync`s a file on the commit path; a failure poisons the store.
-    fn timed_sync(&self, seg: &Segment) -> Result<()> {
+    fn timed_sync(&self, seg: &Segment, upto: u64) -> Result<()> {
         let t = std::time::Instant::now();
         let path = &seg.path;
         #[cfg(test)]
@@ -1265,7 +1278,7 @@ impl LogStore {
             let e = std::io::Error::other("injected fdatasync failure");
             return Err(self.fail(Error::io(format!("syncing {}", path.display()), e)));
         }
-        seg.sync()
+        seg.sync(upto)
             .map_err(|e| self.fail(Error::io(format!("syncing {}", path.display()), e)))?;
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -1301,9 +1314,7 @@ impl LogStore {
     fn cut_unsynced(&self, seg: &Segment) {
         let mut w = self.writer.lock();
         w.buf.clear();
-        let synced = seg.synced.load(Ordering::Acquire);
-        if seg.file.set_len(synced).is_ok() {
-            seg.flushed.store(synced, Ordering::Release);
+        if seg.cut_to_synced().is_ok() {
             w.alloc_end = 0;
         }
     }
@@ -1395,10 +1406,10 @@ impl LogStore {
             let synced = if self.fail_next_sync.swap(false, Ordering::AcqRel) {
                 Err(std::io::Error::other("injected fdatasync failure"))
             } else {
-                old.sync()
+                old.sync(end)
             };
             #[cfg(not(test))]
-            let synced = old.sync();
+            let synced = old.sync(end);
             if let Err(e) = synced {
                 let e = self.fail(Error::io(format!("syncing {}", old.path.display()), e));
                 // As after a failed sync of the active segment (`cut_unsynced`, which takes
@@ -1407,15 +1418,14 @@ impl LogStore {
                 // though they never reached the disk, and take their chunks as stored
                 // (a later put would deduplicate against them and its commit be
                 // acknowledged). The segment stays the last one, so a reopen takes it as
-                // the active one and finds the cut end.
-                let durable = old.synced.load(Ordering::Acquire);
-                if old.file.set_len(durable).is_ok() {
-                    old.flushed.store(durable, Ordering::Release);
+                // the active one and finds the cut end. Not under `Buffered` (a sealer that
+                // could not start): commits acknowledged unsynced lie past `synced`, and
+                // they were promised to survive a crash of the process.
+                if self.opts.durability != Durability::Buffered && old.cut_to_synced().is_ok() {
                     w.alloc_end = 0;
                 }
                 return Err(e);
             }
-            old.synced.fetch_max(end, Ordering::AcqRel);
             if let Some((dir, path, bytes)) = hint {
                 let _ = format::write_atomic(&dir, &path, &bytes, false);
             }
@@ -1543,14 +1553,14 @@ impl LogStore {
             let end = seg.flushed.load(Ordering::Acquire);
             (seg, end)
         };
-        if durable && seg.synced.load(Ordering::Acquire) < end {
-            if let Err(e) = self.timed_sync(&seg) {
-                if self.opts.durability != Durability::Buffered {
-                    self.cut_unsynced(&seg);
-                }
-                return Err(e);
+        if durable
+            && seg.synced.load(Ordering::Acquire) < end
+            && let Err(e) = self.timed_sync(&seg, end)
+        {
+            if self.opts.durability != Durability::Buffered {
+                self.cut_unsynced(&seg);
             }
-            seg.synced.fetch_max(end, Ordering::AcqRel);
+            return Err(e);
         }
         // A forced sync under `Buffered` (`sync()`, compaction before it deletes what it
         // copied) covers the segments sealed before it too, which the sealer may still be
@@ -1657,9 +1667,8 @@ impl LogStore {
                 s.wait();
             }
             self.check_failed()?;
-            seg.sync()
+            seg.sync(upto)
                 .map_err(|e| self.fail(Error::io(format!("syncing {}", seg.path.display()), e)))?;
-            seg.synced.fetch_max(upto, Ordering::AcqRel);
         }
         let bytes = format::snapshot_bytes(&body);
         let path = self.dir.join(format::REFS_SNAP);
@@ -1803,19 +1812,21 @@ fn sealed_records(
 
 impl Drop for LogStore {
     fn drop(&mut self) {
-        if self.failed_flag.load(Ordering::Acquire) {
-            return;
+        // A failed store writes nothing more.
+        if !self.failed_flag.load(Ordering::Acquire) {
+            let mut w = self.writer.lock();
+            if w.dirty {
+                // A sync marker, so the records since the last commit count as acknowledged.
+                w.append_commit(&refs::encode_ops(&[]).0);
+            }
+            if w.flush().is_ok() && w.trim().is_ok() && self.opts.durability != Durability::Buffered
+            {
+                let _ = w.seg.sync(w.seg.flushed.load(Ordering::Acquire));
+            }
         }
-        let mut w = self.writer.lock();
-        if w.dirty {
-            // A sync marker, so the records since the last commit count as acknowledged.
-            w.append_commit(&refs::encode_ops(&[]).0);
-        }
-        if w.flush().is_ok() && w.trim().is_ok() && self.opts.durability != Durability::Buffered {
-            let _ = w.seg.sync();
-        }
-        drop(w);
-        // Sealed segments are synced when the store closes, at every level.
+        // Sealed segments are synced when the store closes, at every level; and a failed
+        // store's sealer is done too before the directory's lock goes (a reopen must not
+        // meet its temporary files).
         if let Some(s) = &self.sealer {
             s.finish();
         }
@@ -2210,8 +2221,16 @@ impl ChunkStore for LogStore {
                 self.after_append(&mut w)?;
             }
         }
-        // The copies must be durable before the originals go.
+        // The copies must be durable before the originals go, and out of the last group,
+        // which recovery cuts at its first damaged record as a torn write: a refs.snap
+        // covering the sync's marker puts them in the durable region, where damage loses
+        // only the damaged record. (Not covered yet: a concurrent commit is written but
+        // not applied. The originals stay, until the next compaction.)
         self.sync()?;
+        let seq = self.refs.read().seq;
+        if !self.snapshot_covers(seq)? {
+            return Ok(0);
+        }
         // Oldest first, each removal durable before the next: unlinks are not ordered
         // otherwise, and a crash that kept an older segment but lost a newer one could
         // bring back a chunk whose tombstone only the newer one held.

@@ -1623,3 +1623,41 @@ fn large_and_small_chunks_interleave_across_rolls() {
         assert_eq!(s.get_ref(b"done").unwrap().as_deref(), Some(&b"1"[..]));
     }
 }
+
+/// Compaction's copies are the only copies once the originals are deleted: they must be
+/// in the durable region (under refs.snap's floor), where damage loses only the damaged
+/// record, not in a last group that recovery may cut as torn. One rotted copy used to
+/// cut every later copy at the next open, and the refs still named them.
+#[test]
+fn a_rotted_compaction_copy_loses_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogStoreOptions {
+        segment_size: 64 << 10,
+        ..small(Durability::Group)
+    };
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let mut chunks = Vec::new();
+    for i in 0..300u64 {
+        let data = payload(i, 1000);
+        chunks.push((s.put(&data).unwrap(), data));
+    }
+    s.commit(&[set("root", b"r")]).unwrap();
+    let (dead, live): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 10 != 0);
+    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
+    let live: Vec<(Cid, Vec<u8>)> = live.into_iter().map(|(_, x)| x).collect();
+    s.remove(&dead).unwrap();
+    assert!(s.compact().unwrap() > 0);
+    let active = s.segment_paths().last().unwrap().clone();
+    drop(s);
+    rot_first_chunk(&active, 1000);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    let lost = live
+        .iter()
+        .filter(|(c, d)| !matches!(s.get(c), Ok(Some(b)) if b[..] == d[..]))
+        .count();
+    assert_eq!(lost, 1, "only the rotted copy is lost");
+    assert_eq!(s.get_ref(b"root").unwrap().as_deref(), Some(&b"r"[..]));
+}

@@ -38,7 +38,12 @@ impl Segment {
     /// syncing at once could each see a different outcome, and the one that saw success
     /// would count data as durable that never reached the disk. Once one has failed, every
     /// later one fails too.
-    pub fn sync(&self) -> std::io::Result<()> {
+    ///
+    /// `upto` is what the caller knows was written before it called (`flushed`, read
+    /// then): on success [`Segment::synced`] reaches it before the lock is let go, so a
+    /// cut after another thread's failed sync ([`Segment::cut_to_synced`]) never removes
+    /// bytes a successful sync covered.
+    pub fn sync(&self, upto: u64) -> std::io::Result<()> {
         let _one = self.sync_lock.lock();
         if self.sync_failed.load(Ordering::Acquire) {
             return Err(std::io::Error::other(
@@ -47,7 +52,19 @@ impl Segment {
         }
         self.file.sync_data().inspect_err(|_| {
             self.sync_failed.store(true, Ordering::Release);
-        })
+        })?;
+        self.synced.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// After a failed sync: cuts the file back to [`Segment::synced`], read under the sync
+    /// lock (see [`Segment::sync`]), and returns that length.
+    pub fn cut_to_synced(&self) -> std::io::Result<u64> {
+        let _one = self.sync_lock.lock();
+        let synced = self.synced.load(Ordering::Acquire);
+        self.file.set_len(synced)?;
+        self.flushed.store(synced, Ordering::Release);
+        Ok(synced)
     }
 
     /// Reads exactly `len` bytes at `off` into a new buffer, without first zeroing it (the
@@ -92,10 +109,13 @@ impl Segment {
         }))
     }
 
-    /// Opens an existing segment file; returns it with its length and whether its records
-    /// are bound to their place (from the format byte of its header; a header too short
-    /// or unreadable is taken as current).
-    pub fn open(dir: &Path, id: u32) -> Result<(File, PathBuf, u64, bool)> {
+    /// Opens an existing segment file; returns it with its length, whether its records
+    /// are bound to their place, and a note when the header's word on that was damaged.
+    /// The format byte of the header says it (a header too short or unreadable is taken
+    /// as current), unless the first record reads only the other way: one flipped bit
+    /// turns the current format into the unbound one, every record would then fail its
+    /// checksum, and recovery would cut the whole active segment as a torn write.
+    pub fn open(dir: &Path, id: u32) -> Result<(File, PathBuf, u64, bool, Option<String>)> {
         let path = format::segment_path(dir, id);
         let file = OpenOptions::new()
             .read(true)
@@ -107,10 +127,33 @@ impl Segment {
             .ctx(|| format!("reading metadata of {}", path.display()))?
             .len();
         let mut h = [0u8; SEG_HEADER_LEN as usize];
-        let bound = file
+        let declared = file
             .read_exact_at(&mut h, 0)
             .map_or(true, |()| format::segment_bound(&h));
-        Ok((file, path, len, bound))
+        let mut first = [0u8; FRAME_HEADER_LEN];
+        let flipped = len >= SEG_HEADER_LEN + FRAME_HEADER_LEN as u64
+            && file.read_exact_at(&mut first, SEG_HEADER_LEN).is_ok()
+            && {
+                let reads_as = |bound: bool| {
+                    let at = format::SegPlace { id, bound }.at(SEG_HEADER_LEN);
+                    format::parse_frame_header(&first, at).is_ok()
+                };
+                !reads_as(declared) && reads_as(!declared)
+            };
+        let note = flipped.then(|| {
+            format!(
+                "{}: the header's format byte ({}) is damaged: its first record reads as {}; \
+                 read as that",
+                path.display(),
+                h[12],
+                if declared {
+                    "the unbound format"
+                } else {
+                    "the current format"
+                }
+            )
+        });
+        Ok((file, path, len, declared != flipped, note))
     }
 
     /// Wraps an opened file whose first `len` bytes are valid and durable.

@@ -686,6 +686,81 @@ fn a_segment_whose_seal_sync_failed_is_cut_to_what_is_durable() {
     assert!(s.get(c).unwrap().is_some());
 }
 
+/// One flipped bit in a segment header's format byte (current → unbound) would make every
+/// record fail its checksum: the active segment was cut whole as a torn write, a sealed
+/// one read as corrupt. The first record tells the format; the damage is reported.
+#[test]
+fn a_damaged_format_byte_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        durability: Durability::Group,
+        segment_size: 64 << 10,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let mut chunks = Vec::new();
+    for i in 0..150u32 {
+        let data = i.to_le_bytes().repeat(250);
+        chunks.push((s.put(&data).unwrap(), data));
+        s.commit(&[set(&format!("r{i}"), b"v")]).unwrap();
+    }
+    let paths = s.segment_paths();
+    assert!(paths.len() >= 3, "sealed segments and an active one");
+    drop(s);
+    // The first sealed segment and the active one.
+    for p in [&paths[0], paths.last().unwrap()] {
+        overwrite(p, 12, &[format::SEG_VERSION ^ 1]);
+    }
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert_eq!(s.list_refs(b"").unwrap().len(), 150, "{:?}", s.recovery());
+    for (c, d) in &chunks {
+        assert_eq!(&s.get(c).unwrap().unwrap()[..], &d[..]);
+    }
+    let damage = &s.recovery().damage;
+    assert_eq!(damage.len(), 2, "{damage:?}");
+    assert!(
+        damage.iter().all(|d| d.contains("format byte")),
+        "{damage:?}"
+    );
+}
+
+/// A group leader whose `fdatasync` succeeded acknowledges its group even if, before it
+/// notes the sync, a roll on another thread fails its own sync and cuts the segment back
+/// to what is known durable: the successful sync counts before its lock is let go, so the
+/// cut keeps the group. (The cut used to read a `synced` the leader had not raised yet and
+/// removed an acknowledged commit.) The interleaving, replayed by hand.
+#[test]
+fn a_failed_roll_sync_keeps_a_group_whose_sync_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        durability: Durability::Group,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    s.put(b"base").unwrap();
+    s.commit(&[set("base", b"v")]).unwrap();
+    // The leader writes its group's commit record and syncs it.
+    let (ops, _) = refs::encode_ops(&[set("acked", b"v")]);
+    let (seg, end) = {
+        let mut w = s.writer.lock();
+        w.append_commit(&ops);
+        w.flush().unwrap();
+        (w.seg.clone(), w.seg.flushed.load(Ordering::Acquire))
+    };
+    s.timed_sync(&seg, end).unwrap();
+    // Before the leader acknowledges, a put fills the segment and its roll's sync fails.
+    s.put(b"a put that fills the segment").unwrap();
+    s.fail_next_sync.store(true, Ordering::Release);
+    {
+        let mut w = s.writer.lock();
+        assert!(s.roll(&mut w).is_err());
+    }
+    assert!(seg.synced.load(Ordering::Acquire) >= end);
+    drop(s);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    assert!(s.get_ref(b"acked").unwrap().is_some(), "{:?}", s.recovery());
+}
+
 /// Under `Buffered`, sealed segments are synced by the sealer thread: the writer goes on
 /// at once, every sealed segment is synced by the time the store is closed (and before a
 /// snapshot is written), and a reopen finds everything, with no damage.
