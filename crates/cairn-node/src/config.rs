@@ -13,6 +13,7 @@
 //! min_rate_bytes_per_sec = 500    # ... and one slower than this, counted over that window
 //! max_open_buckets = 4096         # buckets (and capsules) kept open; idle ones past it close
 //! log_format = "text"             # text | json
+//! allowed_hosts = []               # Host names served besides loopback ones (["*"]: any)
 //!
 //! [gaia]
 //! # see crate::gaia::GaiaConfig
@@ -92,6 +93,13 @@ pub struct Config {
     pub max_open_buckets: usize,
     /// Seconds a shutdown waits for in-flight requests before it closes them.
     pub shutdown_grace_secs: f64,
+    /// Host names (as in the `Host` header, without the port) a request may name besides
+    /// `localhost`, `*.localhost` and IP addresses. Checked when the node listens on a
+    /// loopback address, or whenever the list is not empty: a web page whose domain is made
+    /// to resolve to 127.0.0.1 (DNS rebinding) would otherwise reach a local node's open
+    /// buckets as its own origin. `["*"]` turns the check off (a reverse proxy that passes
+    /// every name through).
+    pub allowed_hosts: Vec<String>,
     /// Gaia hub settings.
     pub gaia: crate::gaia::GaiaConfig,
     /// Where chunks are stored.
@@ -251,6 +259,7 @@ impl Default for Config {
             max_transfers: 256,
             max_open_buckets: 4096,
             shutdown_grace_secs: 30.0,
+            allowed_hosts: Vec::new(),
             gaia: Default::default(),
             backend: BackendConfig::default(),
         }

@@ -48,7 +48,99 @@ pub fn router(node: Arc<Node>) -> Router {
             node.clone(),
             stall_bodies,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(HostCheck::new(&node.config)),
+            check_host,
+        ))
         .with_state(node)
+}
+
+/// Which `Host` names a node serves (see [`Config::allowed_hosts`]).
+#[derive(Debug)]
+pub struct HostCheck {
+    /// Whether names are checked at all.
+    on: bool,
+    /// Names allowed besides loopback names and IP addresses, lowercase.
+    allowed: Vec<String>,
+}
+
+impl HostCheck {
+    /// The check `config` asks for: on when the node listens on a loopback address or
+    /// names hosts, off with `*` among them.
+    pub fn new(config: &Config) -> HostCheck {
+        let allowed: Vec<String> = config
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
+            .collect();
+        let listen_host = config
+            .listen
+            .rsplit_once(':')
+            .map_or(config.listen.as_str(), |(h, _)| h);
+        let loopback = listen_host == "localhost"
+            || listen_host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        HostCheck {
+            on: (loopback || !allowed.is_empty()) && !allowed.iter().any(|h| h == "*"),
+            allowed,
+        }
+    }
+
+    /// Whether a request naming `host` (a `Host` header value, port included) is served.
+    pub fn allows(&self, host: &str) -> bool {
+        if !self.on {
+            return true;
+        }
+        let host = host.trim();
+        // `[v6]:port`, `[v6]`, `name:port`, `name`.
+        let name = match host.strip_prefix('[') {
+            Some(rest) => {
+                return rest
+                    .split(']')
+                    .next()
+                    .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+            }
+            None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || name.ends_with(".localhost")
+            || self.allowed.contains(&name)
+    }
+}
+
+/// Refuses (403) a request whose `Host` names a host this node does not serve (see
+/// [`HostCheck`]). A request without one (HTTP/1.0) is served.
+async fn check_host(
+    axum::extract::State(check): axum::extract::State<Arc<HostCheck>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string())
+        .or_else(|| req.uri().authority().map(|a| a.to_string()));
+    match host {
+        Some(h) if !check.allows(&h) => (
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "this node does not serve host {:?}: add it to the config's allowed_hosts \
+                 (a guard against DNS rebinding; see docs/node.md)\n",
+                h.chars()
+                    .filter(|c| !c.is_control())
+                    .take(256)
+                    .collect::<String>()
+            ),
+        )
+            .into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 /// Every request body fails once it sends nothing for `stall_timeout_secs` while it is
@@ -238,4 +330,53 @@ pub fn init_logging(format: config::LogFormat) {
         config::LogFormat::Text => builder.try_init(),
         config::LogFormat::Json => builder.json().try_init(),
     };
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+
+    fn check(listen: &str, allowed: &[&str]) -> HostCheck {
+        HostCheck::new(&Config {
+            listen: listen.into(),
+            allowed_hosts: allowed.iter().map(|s| s.to_string()).collect(),
+            ..Config::default()
+        })
+    }
+
+    #[test]
+    fn host_names_a_node_serves() {
+        let local = check("127.0.0.1:3000", &[]);
+        for ok in [
+            "localhost",
+            "LOCALHOST:3000",
+            "a.localhost:1",
+            "localhost.",
+            "127.0.0.1",
+            "10.1.2.3:80",
+            "[::1]:3000",
+            "[fe80::1]",
+        ] {
+            assert!(local.allows(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:3000",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "[evil]:3000",
+            "",
+        ] {
+            assert!(!local.allows(bad), "{bad}");
+        }
+        let proxied = check("127.0.0.1:3000", &["Cairn.Example.com"]);
+        assert!(proxied.allows("cairn.example.com:443"));
+        assert!(!proxied.allows("evil.example"));
+        // A node on a public address checks only the names it is given.
+        assert!(check("0.0.0.0:3000", &[]).allows("evil.example"));
+        assert!(!check("0.0.0.0:3000", &["cairn.example.com"]).allows("evil.example"));
+        assert!(check("[::1]:3000", &["*"]).allows("evil.example"));
+        assert!(!check("localhost:3000", &[]).allows("evil.example"));
+        assert!(!check("[::1]:3000", &[]).allows("evil.example"));
+    }
 }

@@ -929,7 +929,7 @@ async fn a_broken_json_body_is_a_bad_request() {
         .await
         .unwrap();
     let req = format!(
-        "POST /list-files/{a} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\
+        "POST /list-files/{a} HTTP/1.1\r\nHost: localhost\r\nAuthorization: {auth}\r\n\
          Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"
     );
     tcp.write_all(req.as_bytes()).await.unwrap();

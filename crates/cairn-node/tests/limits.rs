@@ -23,7 +23,7 @@ async fn connect(s: &Server) -> TcpStream {
 async fn stalled_upload(s: &Server) -> TcpStream {
     let mut tcp = connect(s).await;
     tcp.write_all(
-        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\n",
     )
     .await
     .unwrap();
@@ -96,7 +96,7 @@ async fn read_until(tcp: &mut TcpStream, want: &str) -> (String, bool) {
 async fn a_connection_that_never_finishes_its_headers_is_closed() {
     let s = Server::start_with(|c| c.header_timeout_secs = 0.5).await;
     let mut tcp = connect(&s).await;
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     let t0 = Instant::now();
@@ -145,7 +145,7 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
     // A client asks for it and reads nothing.
     let mut stalled = connect(&s).await;
     stalled
-        .write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -234,7 +234,7 @@ async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
     s.open_bucket("b").await;
     let mut tcp = connect(&s).await;
     tcp.write_all(
-        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        b"PUT /v1/buckets/b/objects/k HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello",
     )
     .await
     .unwrap();
@@ -251,7 +251,7 @@ async fn a_stalled_small_body_is_cut_too() {
     let s = Server::start_with(|c| c.stall_timeout_secs = 0.5).await;
     let mut tcp = connect(&s).await;
     tcp.write_all(
-        b"POST /v1/buckets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        b"POST /v1/buckets HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\n\r\n{\"na",
     )
     .await
@@ -312,7 +312,7 @@ async fn a_trickling_reader_gives_its_transfer_back() {
     // A client that reads 1 MiB every 100 ms (about 10 MiB/s): never idle for the stall
     // timeout, but below the floor. Unchecked, it would read all 64 MiB in about 7 s.
     let mut slow = connect(&s).await;
-    slow.write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: x\r\n\r\n")
+    slow.write_all(b"GET /v1/buckets/b/objects/big HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     // Once told to, it drains what the socket buffers hold at full speed: the node must

@@ -1625,3 +1625,122 @@ async fn concurrent_creates_of_one_bucket_have_one_winner() {
     .unwrap();
     std::sync::Arc::into_inner(s).unwrap().stop().await;
 }
+
+/// A web page cannot change an open bucket on a local node: a cross-site `text/plain`
+/// POST (which a browser sends without asking first) is refused with 415 before it does
+/// anything, and a request naming another host (a page whose domain was made to resolve
+/// to 127.0.0.1: DNS rebinding) is refused with 403, reads included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_site_requests_change_nothing() {
+    let s = Server::start(1 << 20).await;
+    s.open_bucket("notes").await;
+    let (st, _) = s
+        .send(Method::PUT, "/v1/buckets/notes/objects/todo", &[], "milk")
+        .await;
+    assert_eq!(st, 201);
+    let simple = |path: &str, body: &str| {
+        s.req(Method::POST, path)
+            .header("content-type", "text/plain;charset=UTF-8")
+            .header("origin", "https://evil.example")
+            .body(body.to_string())
+    };
+    let r = simple("/v1/buckets", r#"{"name":"evil"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    for op in ["rename", "fork", "merge"] {
+        let body = r#"{"from":"master","to":"gone","branch":"gone","a":"master","b":"master"}"#;
+        let r = simple(&format!("/v1/buckets/notes/{op}/todo"), body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 415, "{op}");
+    }
+    assert_eq!(s.get("/v1/buckets/evil").await.status().as_u16(), 404);
+    let r = s.get("/v1/buckets/notes/objects/todo").await;
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"milk");
+    let (_, branches) = s.get_json("/v1/buckets/notes/branches/todo").await;
+    assert!(!branches.to_string().contains("gone"), "{branches}");
+    // Another host name: refused, whatever the route.
+    for path in ["/v1/buckets/notes/objects/todo", "/v1/buckets", "/healthz"] {
+        let r = s
+            .req(Method::GET, path)
+            .header("host", "rebound.evil.example:3000")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 403, "{path}");
+    }
+    let r = s
+        .req(Method::PUT, "/v1/buckets/notes/objects/todo")
+        .header("host", "rebound.evil.example")
+        .body("eggs")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // Loopback names are served.
+    for host in [
+        "localhost:1",
+        "app.localhost",
+        "127.0.0.1:3000",
+        "[::1]:3000",
+    ] {
+        let r = s
+            .req(Method::GET, "/v1/buckets/notes/objects/todo")
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{host}");
+        assert_eq!(r.bytes().await.unwrap().as_ref(), b"milk");
+    }
+}
+
+/// Concurrent creates of one free name: one creates the bucket, the others are refused
+/// before their signatures are checked, so they take no place in the replay table (each
+/// took one, so the table's owner keys filled at a few hundred buckets' cost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_of_one_name_take_one_replay_owner() {
+    use cairn_node::native::auth::REPLAY_REFS;
+    let s = std::sync::Arc::new(Server::start(1 << 20).await);
+    let mut tasks = Vec::new();
+    for i in 0..32u8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seed = [0xABu8; 32];
+            seed[0] = i;
+            s.create_owned(&SigningKey::from_seed(&seed), "contested")
+                .await
+                .0
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|&&x| x == 201).count(), 1);
+    assert_eq!(statuses.iter().filter(|&&x| x == 409).count(), 31);
+    let owners: std::collections::HashSet<Vec<u8>> = s
+        .node
+        .store
+        .list_refs(REPLAY_REFS)
+        .unwrap()
+        .iter()
+        .map(|(n, _)| n[REPLAY_REFS.len()..REPLAY_REFS.len() + 32].to_vec())
+        .collect();
+    assert_eq!(owners.len(), 1, "one owner key remembered");
+    // A name holding data written outside the native API is refused before the
+    // signature is checked too.
+    s.node.bucket("elsewhere").unwrap();
+    for i in 0..4u8 {
+        let (st, v) = s
+            .create_owned(&SigningKey::from_seed(&[i; 32]), "elsewhere")
+            .await;
+        assert_eq!(st, 409, "{v}");
+    }
+    let refs = s.node.store.list_refs(REPLAY_REFS).unwrap();
+    assert_eq!(refs.len(), 1, "no signature of a refused create remembered");
+}

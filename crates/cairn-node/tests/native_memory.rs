@@ -175,7 +175,7 @@ async fn an_inline_value_whose_client_reads_nothing_is_cut() {
     let addr = s.base.trim_start_matches("http://").parse().unwrap();
     let mut stalled = sock.connect(addr).await.unwrap();
     stalled
-        .write_all(b"GET /v1/buckets/b/objects/str HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /v1/buckets/b/objects/str HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;

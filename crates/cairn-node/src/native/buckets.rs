@@ -210,6 +210,9 @@ pub async fn create(
 ) -> ApiResult<Response> {
     // Parameters belong in the body: `?owner=...` must not create an open bucket.
     let _: super::NoQuery = super::query(&uri)?;
+    if !super::objects::is_json(&headers, header::CONTENT_TYPE) {
+        return Err(ApiError::json_required());
+    }
     let (_permit, body) = body::body_permit(&node, body)?;
     let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
     let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
@@ -232,12 +235,29 @@ pub async fn create(
         Some(s) => Some(s.parse::<PublicKey>()?),
         None => None,
     };
-    // A taken name is refused before the signature is checked, so requests that create
-    // nothing take no place in the replay table (checked again below, under the lock).
+    // One create at a time, from the checks on: a name that is taken, or holds data
+    // written elsewhere, is refused before the signature is checked, so requests that
+    // create nothing take no place in the replay table (concurrent creates of one free
+    // name each took one, and filled the table's owner keys cheaply).
+    let _one_at_a_time = native.create.lock().await;
     let probe = (node.clone(), req.name.clone());
-    if blocking(move || Ok(entry(&probe.0, &probe.1)?.is_some())).await? {
-        return Err(Error::AlreadyExists(format!("bucket {:?}", req.name)).into());
-    }
+    blocking(move || {
+        let (node, name) = probe;
+        if entry(&node, &name)?.is_some() {
+            return Err(Error::AlreadyExists(format!("bucket {name:?}")).into());
+        }
+        // The native API must not take over a bucket another front door (the CLI)
+        // wrote.
+        let b = Bucket::open(node.db_for(&name)?, node.capsules.clone(), None)?;
+        if b.capsule().is_some() || !b.db().list_keys_page(None, 1)?.0.is_empty() {
+            return Err(Error::AlreadyExists(format!(
+                "bucket {name:?} holds data written outside the native API"
+            ))
+            .into());
+        }
+        Ok(())
+    })
+    .await?;
     if let Some(owner) = &owner {
         // The body is read whole: a body other than the signed one is refused before the
         // signature takes a place in the replay table.
@@ -258,22 +278,9 @@ pub async fn create(
         )?;
         remember(&node, checked).await?;
     }
-    let _one_at_a_time = native.create.lock().await;
     let name = req.name;
     let leaf_size = req.leaf_size;
     let info = blocking(move || {
-        if entry(&node, &name)?.is_some() {
-            return Err(Error::AlreadyExists(format!("bucket {name:?}")).into());
-        }
-        // Refuse a name whose bucket holds data from elsewhere (another front door, the
-        // CLI): the native API must not take it over.
-        let probe = Bucket::open(node.db_for(&name)?, node.capsules.clone(), None)?;
-        if probe.capsule().is_some() || !probe.db().list_keys_page(None, 1)?.0.is_empty() {
-            return Err(Error::AlreadyExists(format!(
-                "bucket {name:?} holds data written outside the native API"
-            ))
-            .into());
-        }
         let entry = Entry {
             owner,
             created_ms: auth::now_secs().saturating_mul(1000),

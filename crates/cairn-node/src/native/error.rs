@@ -48,6 +48,18 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
 
+    /// 415 `unsupported_media_type`: a JSON body sent without `Content-Type:
+    /// application/json`. Required of every JSON `POST`, so a web page cannot send one
+    /// across sites: a browser sends a `text/plain` POST without asking first, but asks
+    /// (a CORS preflight, which this node does not answer) before a JSON one.
+    pub fn json_required() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be sent as Content-Type: application/json",
+        )
+    }
+
     /// 413 `too_large`.
     pub fn too_large(limit: u64) -> Self {
         Self::new(

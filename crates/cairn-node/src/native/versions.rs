@@ -458,6 +458,9 @@ async fn control<T: DeserializeOwned>(
             "fork, rename and merge take no If-Match or If-None-Match",
         ));
     }
+    if !super::objects::is_json(headers, axum::http::header::CONTENT_TYPE) {
+        return Err(ApiError::json_required());
+    }
     let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
