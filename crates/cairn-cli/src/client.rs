@@ -271,8 +271,9 @@ impl Client {
     /// Streams `body` (`len` bytes, or chunked when `None`) as the body of a request and
     /// returns the node's JSON answer. The body is read on its own thread in
     /// [`UPLOAD_PIECE`]s and sent by reqwest's async client on a current-thread runtime. A
-    /// signed request needs the body's BLAKE3 hash (`body_hash`) up front. Every piece
-    /// read is also handed to `tee`, in order.
+    /// signed request needs the body's BLAKE3 hash (`body_hash`) up front. With `shape`,
+    /// every piece read also goes to a [`BlobDigest`], and a successful answer comes with
+    /// the tree of the bytes sent.
     #[allow(clippy::too_many_arguments)]
     fn send_stream(
         &self,
@@ -283,8 +284,8 @@ impl Client {
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
         body_hash: Option<[u8; 32]>,
-        tee: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,
-    ) -> Result<J> {
+        shape: Option<TreeShape>,
+    ) -> Result<(J, Option<cairn_object::TreeRef>)> {
         if signer.is_some() && body_hash.is_none() {
             bail!(Error::invalid("a signed stream needs its hash first"));
         }
@@ -301,6 +302,10 @@ impl Client {
             all.push(("content-length".to_string(), n.to_string()));
         }
         let (rt, http) = async_http()?;
+        let (tee, digest) = match shape.map(BlobDigest::start).transpose()? {
+            Some((tx, d)) => (Some(tx), Some(d)),
+            None => (None, None),
+        };
         let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|piece| (piece, rx))
@@ -337,11 +342,12 @@ impl Client {
             let _ = reader.join();
         }
         let (status, answer) = answer.map_err(|e| transport(&self.base, e))?;
-        if status.is_success() {
-            parse_json(&answer)
-        } else {
-            Err(error_from(status, &answer))
+        if !status.is_success() {
+            return Err(error_from(status, &answer));
         }
+        // The reader, and with it the builder's sender, is done after a complete upload.
+        let tree = digest.map(BlobDigest::finish).transpose()?;
+        Ok((parse_json(&answer)?, tree))
     }
 
     /// A GET whose body is read by reqwest's async client on a thread of its own and
@@ -565,7 +571,15 @@ impl Client {
         // a blob's tree as the bucket chunks it (built from the bytes as they are sent).
         let mut sent_inline: Option<Vec<u8>> = None;
         let sent_len: Option<u64>;
-        let shape = self.shape.get().filter(|_| ty == ValueType::Blob);
+        let shape = match (ty, self.shape.get()) {
+            (ValueType::Blob, None) => bail!(Error::Rejected(format!(
+                "the node does not say how bucket {} chunks blobs (hash_algo, leaf_size): \
+                 what it stores of this put could not be checked",
+                self.bucket
+            ))),
+            (ValueType::Blob, s) => s,
+            _ => None,
+        };
         let mut sent_tree = None;
         let r = if let Some(v) = a.value {
             let body = match &key {
@@ -639,7 +653,6 @@ impl Client {
                 n,
                 spool.path(),
             )));
-            let digest = shape.map(BlobDigest::start).transpose()?;
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -648,11 +661,11 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 Some(*h.finalize().as_bytes()),
-                digest.as_ref().map(BlobDigest::sender),
+                shape,
             );
             pb.finish_and_clear();
-            let answer = answer?;
-            sent_tree = digest.map(BlobDigest::finish).transpose()?;
+            let (answer, tree) = answer?;
+            sent_tree = tree;
             answer
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin,
@@ -756,7 +769,6 @@ impl Client {
             sent_len = len.map(wire_len);
             let pb = progress_bar(len, "put");
             let reader = body_reader(Box::new(pb.wrap_read(reader)));
-            let digest = shape.map(BlobDigest::start).transpose()?;
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -765,12 +777,12 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 hash,
-                digest.as_ref().map(BlobDigest::sender),
+                shape,
             );
             pb.finish_and_clear();
             drop(spooled);
-            let answer = answer?;
-            sent_tree = digest.map(BlobDigest::finish).transpose()?;
+            let (answer, tree) = answer?;
+            sent_tree = tree;
             answer
         };
         let (uid, o) = self.written_version(&a.key, &r, "put")?;

@@ -28,12 +28,21 @@ pub struct TreeShape {
 }
 
 impl TreeShape {
-    /// The shape a node's bucket description states, or `None` when it states none (a
-    /// node older than these fields) or one this build cannot use.
+    /// The shape a node's bucket description states (`index_size` defaults to the object
+    /// engine's), or `None` when it states none or one this build cannot use. A node that
+    /// misstates it can only make a check fail, never pass: the root must still be the
+    /// tree of the bytes sent.
     pub fn from_info(info: &serde_json::Value) -> Option<TreeShape> {
         let algo = info.get("hash_algo")?.as_str()?.parse().ok()?;
         let leaf = info.get("leaf_size")?.as_u64()?;
-        let cfg = TreeConfig::default().with_leaf_target(leaf).ok()?;
+        let mut cfg = TreeConfig::default().with_leaf_target(leaf).ok()?;
+        if let Some(n) = info.get("index_size") {
+            let n = u32::try_from(n.as_u64()?).ok()?;
+            if !(TreeConfig::MIN_TARGET..=TreeConfig::MAX_TARGET).contains(&n) {
+                return None;
+            }
+            cfg.index_target = n;
+        }
         Some(TreeShape { algo, cfg })
     }
 
@@ -43,32 +52,25 @@ impl TreeShape {
     }
 }
 
-/// A blob's tree built on its own thread from the pieces given to [`BlobDigest::sender`],
-/// in order; [`BlobDigest::finish`] returns it once every sender is dropped.
+/// A blob's tree built on its own thread from the pieces sent to it, in order.
 pub struct BlobDigest {
-    tx: SyncSender<Bytes>,
     thread: JoinHandle<Result<TreeRef>>,
 }
 
 impl BlobDigest {
-    /// Starts the builder for blobs of `shape`.
-    pub fn start(shape: TreeShape) -> Result<BlobDigest> {
+    /// Starts the builder for blobs of `shape`; returns the sender of the pieces (its
+    /// only one) and the builder.
+    pub fn start(shape: TreeShape) -> Result<(SyncSender<Bytes>, BlobDigest)> {
         let (tx, rx) = sync_channel::<Bytes>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("cairn-put-digest".into())
             .spawn(move || build(shape, rx))
             .context("starting the upload's tree builder")?;
-        Ok(BlobDigest { tx, thread })
+        Ok((tx, BlobDigest { thread }))
     }
 
-    /// A sender of the pieces, in the order they are uploaded.
-    pub fn sender(&self) -> SyncSender<Bytes> {
-        self.tx.clone()
-    }
-
-    /// The tree of every piece sent, once the other senders are gone.
+    /// The tree of every piece sent, once the sender is dropped.
     pub fn finish(self) -> Result<TreeRef> {
-        drop(self.tx);
         self.thread
             .join()
             .map_err(|_| anyhow::anyhow!("the upload's tree builder panicked"))?
@@ -105,8 +107,7 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000).map(|_| rng.random()).collect();
         let stored = build_blob(&MemoryStore::new(), &shape(65536).cfg, &data).unwrap();
         for piece in [1usize, 4096, 100_003, 1 << 20] {
-            let d = BlobDigest::start(shape(65536)).unwrap();
-            let tx = d.sender();
+            let (tx, d) = BlobDigest::start(shape(65536)).unwrap();
             let feeder = std::thread::spawn({
                 let data = data.clone();
                 move || {
@@ -122,17 +123,23 @@ mod tests {
         assert_ne!(shape(4096).tree_of(&data).unwrap().root, stored.root);
         // Empty input: the empty tree.
         let empty = build_blob(&MemoryStore::new(), &shape(65536).cfg, &[]).unwrap();
-        assert_eq!(
-            BlobDigest::start(shape(65536)).unwrap().finish().unwrap(),
-            empty
-        );
+        let (tx, d) = BlobDigest::start(shape(65536)).unwrap();
+        drop(tx);
+        assert_eq!(d.finish().unwrap(), empty);
     }
 
     #[test]
     fn shape_from_a_bucket_description() {
         let info = serde_json::json!({"hash_algo": "blake3", "leaf_size": 65536});
         assert_eq!(TreeShape::from_info(&info), Some(shape(65536)));
+        let info =
+            serde_json::json!({"hash_algo": "blake3", "leaf_size": 65536, "index_size": 8192});
+        let mut want = shape(65536);
+        want.cfg.index_target = 8192;
+        assert_eq!(TreeShape::from_info(&info), Some(want));
         for bad in [
+            serde_json::json!({"hash_algo": "blake3", "leaf_size": 65536, "index_size": 1}),
+            serde_json::json!({"hash_algo": "blake3", "leaf_size": 65536, "index_size": "8192"}),
             serde_json::json!({"leaf_size": 65536}),
             serde_json::json!({"hash_algo": "md5", "leaf_size": 65536}),
             serde_json::json!({"hash_algo": "blake3", "leaf_size": 3}),

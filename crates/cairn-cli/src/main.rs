@@ -47,9 +47,19 @@ fn raise_open_file_limit() {
             rlim_cur: 0,
             rlim_max: 0,
         };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            // An unlimited hard limit is not a number every kernel takes as a soft one
+            // (macOS wants at most OPEN_MAX, Linux at most fs.nr_open): try less then.
+            let soft = l.rlim_cur;
+            for want in [l.rlim_max, 1 << 20, 65536, 10240] {
+                if want <= soft || want > l.rlim_max {
+                    continue;
+                }
+                l.rlim_cur = want;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &l) == 0 {
+                    break;
+                }
+            }
         }
     }
 }

@@ -303,6 +303,15 @@ impl Config {
                 bail!("{name} must be above 0 and at most 86400");
             }
         }
+        for h in &self.allowed_hosts {
+            let h = h.trim();
+            if h != "*" && (h.is_empty() || h.contains(['/', ':', '@', ' ', '*'])) {
+                bail!(
+                    "allowed_hosts entry {h:?}: give a host name such as cairn.example.com, \
+                     without scheme or port (or \"*\" for any)"
+                );
+            }
+        }
         if self.max_connections == 0 || self.max_transfers == 0 || self.max_open_buckets == 0 {
             bail!("max_connections, max_transfers and max_open_buckets must be at least 1");
         }
@@ -350,6 +359,21 @@ mod tests {
         assert_eq!(c.leaf_size, 16384);
         c.check().unwrap();
         assert_eq!(Config::default().leaf_size, 65536);
+        let c: Config = toml::from_str("allowed_hosts = [\"cairn.example.com\", \"*\"]").unwrap();
+        c.check().unwrap();
+        for h in [
+            "https://cairn.example.com",
+            "cairn.example.com:443",
+            "",
+            "*.example",
+        ] {
+            let bad = Config {
+                allowed_hosts: vec![h.into()],
+                ..Config::default()
+            };
+            let e = format!("{:#}", bad.check().unwrap_err());
+            assert!(e.contains("allowed_hosts"), "{e}");
+        }
         for n in [0, 63, 4097, 4 << 20] {
             let bad = Config {
                 leaf_size: n,

@@ -66,27 +66,23 @@ pub struct HostCheck {
 
 impl HostCheck {
     /// The check `config` asks for: on when the node listens on a loopback address or
-    /// names hosts, off with `*` among them.
+    /// names hosts, off with `*` among them. The host names of the Gaia hub's own URLs
+    /// (`server_name`, `valid_hub_urls`, `read_url`) are served too.
     pub fn new(config: &Config) -> HostCheck {
-        let allowed: Vec<String> = config
-            .allowed_hosts
-            .iter()
-            .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
-            .collect();
-        let listen_host = config
-            .listen
-            .rsplit_once(':')
-            .map_or(config.listen.as_str(), |(h, _)| h);
-        let loopback = listen_host == "localhost"
-            || listen_host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        HostCheck {
-            on: (loopback || !allowed.is_empty()) && !allowed.iter().any(|h| h == "*"),
-            allowed,
+        let mut allowed: Vec<String> = config.allowed_hosts.iter().map(|h| host_name(h)).collect();
+        let on = (is_loopback_listen(&config.listen) || !allowed.is_empty())
+            && !allowed.iter().any(|h| h == "*");
+        let g = &config.gaia;
+        let urls = g.valid_hub_urls.iter().chain(g.read_url.iter());
+        for u in urls {
+            if let Ok(u) = u.parse::<axum::http::Uri>()
+                && let Some(h) = u.host()
+            {
+                allowed.push(host_name(h));
+            }
         }
+        allowed.push(host_name(&g.server_name));
+        HostCheck { on, allowed }
     }
 
     /// Whether a request naming `host` (a `Host` header value, port included) is served.
@@ -95,17 +91,17 @@ impl HostCheck {
             return true;
         }
         let host = host.trim();
-        // `[v6]:port`, `[v6]`, `name:port`, `name`.
-        let name = match host.strip_prefix('[') {
-            Some(rest) => {
-                return rest
-                    .split(']')
-                    .next()
-                    .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
-            }
-            None => host.rsplit_once(':').map_or(host, |(n, _)| n),
-        };
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        // `[v6]` or `[v6]:port`.
+        if let Some(rest) = host.strip_prefix('[') {
+            return rest.split_once(']').is_some_and(|(ip, port)| {
+                ip.parse::<std::net::Ipv6Addr>().is_ok()
+                    && (port.is_empty()
+                        || port
+                            .strip_prefix(':')
+                            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
+            });
+        }
+        let name = host_name(host.rsplit_once(':').map_or(host, |(n, _)| n));
         name.parse::<std::net::Ipv4Addr>().is_ok()
             || name == "localhost"
             || name.ends_with(".localhost")
@@ -113,34 +109,83 @@ impl HostCheck {
     }
 }
 
-/// Refuses (403) a request whose `Host` names a host this node does not serve (see
-/// [`HostCheck`]). A request without one (HTTP/1.0) is served.
+/// A host name as compared: lowercase, without a trailing dot.
+fn host_name(h: &str) -> String {
+    h.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether `listen` (`host:port`) is a loopback address or `localhost`.
+fn is_loopback_listen(listen: &str) -> bool {
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Refuses (403) a request whose `Host` (or absolute URI) names a host this node does not
+/// serve (see [`HostCheck`]); a request naming none (HTTP/1.0) is served. Refuses too a
+/// native-API write (`/v1/...`, any method but `GET` and `HEAD`) that a web page of another
+/// origin sent: browsers name the page's origin in `Origin` on every such request, and the
+/// native API serves no page and grants no CORS, so only a cross-site request carries an
+/// `Origin` other than the node's own (whatever its `Content-Type`). The answer allows any
+/// origin to read it, so a browser client shows the reason rather than a CORS failure.
 async fn check_host(
     axum::extract::State(check): axum::extract::State<Arc<HostCheck>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use axum::http::{Method, header};
     use axum::response::IntoResponse;
-    let host = req
-        .headers()
-        .get(axum::http::header::HOST)
-        .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string())
-        .or_else(|| req.uri().authority().map(|a| a.to_string()));
-    match host {
-        Some(h) if !check.allows(&h) => (
+    let printable = |s: &str| -> String {
+        s.chars()
+            .filter(|c| !c.is_control())
+            .take(256)
+            .collect::<String>()
+    };
+    let host = req.uri().authority().map(|a| a.to_string()).or_else(|| {
+        req.headers()
+            .get(header::HOST)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string())
+    });
+    let refused = |why: String| {
+        (
             axum::http::StatusCode::FORBIDDEN,
-            format!(
-                "this node does not serve host {:?}: add it to the config's allowed_hosts \
-                 (a guard against DNS rebinding; see docs/node.md)\n",
-                h.chars()
-                    .filter(|c| !c.is_control())
-                    .take(256)
-                    .collect::<String>()
-            ),
+            [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+            why,
         )
-            .into_response(),
-        _ => next.run(req).await,
+            .into_response()
+    };
+    if let Some(h) = &host
+        && !check.allows(h)
+    {
+        return refused(format!(
+            "this node does not serve host {:?}: add it to the config's allowed_hosts (a \
+             guard against DNS rebinding; see docs/node.md)\n",
+            printable(h)
+        ));
     }
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    if write && req.uri().path().starts_with("/v1/") {
+        let origin = req.headers().get(header::ORIGIN).map(|o| {
+            let o = o.to_str().unwrap_or("null");
+            // `scheme://host[:port]`; "null" and anything else match no host.
+            o.split_once("://")
+                .map_or(o, |(_, a)| a)
+                .to_ascii_lowercase()
+        });
+        if let Some(o) = origin
+            && host.as_deref().map(str::to_ascii_lowercase) != Some(o.clone())
+        {
+            return refused(format!(
+                "a web page of another origin ({:?}) may not write through the native API\n",
+                printable(&o)
+            ));
+        }
+    }
+    next.run(req).await
 }
 
 /// Every request body fails once it sends nothing for `stall_timeout_secs` while it is
@@ -365,6 +410,8 @@ mod host_tests {
             "localhost.evil.example",
             "127.0.0.1.nip.io",
             "[evil]:3000",
+            "[::1]evil",
+            "[::1]:x",
             "",
         ] {
             assert!(!local.allows(bad), "{bad}");
@@ -378,5 +425,20 @@ mod host_tests {
         assert!(check("[::1]:3000", &["*"]).allows("evil.example"));
         assert!(!check("localhost:3000", &[]).allows("evil.example"));
         assert!(!check("[::1]:3000", &[]).allows("evil.example"));
+        assert!(!check("LOCALHOST:3000", &[]).allows("evil.example"));
+        // The Gaia hub's own names are served.
+        let hub = HostCheck::new(&Config {
+            gaia: crate::gaia::GaiaConfig {
+                server_name: "hub.example".into(),
+                read_url: Some("https://reader.example/read/".into()),
+                valid_hub_urls: vec!["https://Other.Example:8443".into()],
+                ..Default::default()
+            },
+            ..Config::default()
+        });
+        for ok in ["hub.example", "reader.example:443", "other.example:8443"] {
+            assert!(hub.allows(ok), "{ok}");
+        }
+        assert!(!hub.allows("evil.example"));
     }
 }

@@ -1638,25 +1638,55 @@ async fn cross_site_requests_change_nothing() {
         .send(Method::PUT, "/v1/buckets/notes/objects/todo", &[], "milk")
         .await;
     assert_eq!(st, 201);
-    let simple = |path: &str, body: &str| {
-        s.req(Method::POST, path)
-            .header("content-type", "text/plain;charset=UTF-8")
-            .header("origin", "https://evil.example")
-            .body(body.to_string())
-    };
-    let r = simple("/v1/buckets", r#"{"name":"evil"}"#)
+    // What a browser sends across sites without asking first: refused whatever it says.
+    // Without an Origin (a page cannot leave it out), plain text is still not JSON.
+    let body = r#"{"from":"master","to":"gone","branch":"gone","a":"master","b":"master"}"#;
+    for ct in ["text/plain;charset=UTF-8", "text/plain;,application/json"] {
+        for origin in [Some("https://evil.example"), Some("null"), None] {
+            let post = |path: &str, body: &str| {
+                let r = s
+                    .req(Method::POST, path)
+                    .header("content-type", ct)
+                    .body(body.to_string());
+                match origin {
+                    Some(o) => r.header("origin", o),
+                    None => r,
+                }
+            };
+            let want = if origin.is_some() { 403 } else { 415 };
+            let r = post("/v1/buckets", r#"{"name":"evil"}"#)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), want, "{ct} {origin:?}");
+            for op in ["rename", "fork", "merge"] {
+                let r = post(&format!("/v1/buckets/notes/{op}/todo"), body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), want, "{op} {ct} {origin:?}");
+            }
+        }
+    }
+    // Another origin is refused on every native write, JSON or not.
+    let r = s
+        .req(Method::PUT, "/v1/buckets/notes/objects/todo")
+        .header("origin", "http://evil.example")
+        .body("eggs")
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 415);
-    for op in ["rename", "fork", "merge"] {
-        let body = r#"{"from":"master","to":"gone","branch":"gone","a":"master","b":"master"}"#;
-        let r = simple(&format!("/v1/buckets/notes/{op}/todo"), body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 415, "{op}");
-    }
+    assert_eq!(r.status().as_u16(), 403);
+    // The node's own origin may write.
+    let r = s
+        .req(Method::POST, "/v1/buckets")
+        .header("content-type", "application/json")
+        .header("origin", s.base.clone())
+        .body(r#"{"name":"own"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
     assert_eq!(s.get("/v1/buckets/evil").await.status().as_u16(), 404);
     let r = s.get("/v1/buckets/notes/objects/todo").await;
     assert_eq!(r.status().as_u16(), 200);

@@ -14,6 +14,7 @@
 //! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced: when sealed, or under `Buffered` by a thread right after, see below). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
 //! | `seg-NNNNNN.hint` | For a sealed segment: its records in file order without chunk payloads (see below), so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it (unless the segment is damaged). |
 //! | `refs.snap` | Snapshot of the whole refs map and the sequence number of the last commit it includes, written atomically and durably (temporary file, fsync, rename, fsync directory) when [`LogStoreOptions::refs_log_max`] bytes of commit records were written since the last one (and twice the snapshot's size), and by compaction before it deletes a segment holding commit records the snapshot does not cover. |
+//! | `refs-copy.snap` | The same bytes, written after `refs.snap`: read when `refs.snap` is damaged or missing (reported as damage), and each rewritten from the other at open when they differ. |
 //! | `RECOVERY.log` | Damage crash recovery found, one line per place, appended durably; kept until an operator clears it ([`ChunkStore::clear_recovery_notes`]). |
 //! | `RECOVERY.cleared` | The notes an operator cleared: damage that stays in the file (bit rot in the durable region is never cut) is not raised again, new damage is. |
 //!
@@ -899,7 +900,13 @@ impl LogStore {
         let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
         fs::create_dir_all(dir).ctx(|| format!("creating store directory {}", dir.display()))?;
         for d in created.iter().rev() {
-            if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if let Some(parent) = d.parent() {
+                // `cairn-data`'s parent is "": the working directory.
+                let parent = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
                 format::sync_dir(parent)?;
             }
         }
@@ -975,17 +982,48 @@ impl LogStore {
 
         let mut report = RecoveryReport::default();
 
-        // Refs snapshot (commit records replayed on top of it come from the segments).
+        // Refs snapshot (commit records replayed on top of it come from the segments), or
+        // its copy when it is damaged or gone; each is then rewritten from the other.
         let snap_path = dir.join(format::REFS_SNAP);
-        let (snap, snap_len) = match fs::read(&snap_path) {
-            Ok(b) => {
-                let body = format::parse_snapshot(&b, &snap_path)?;
-                let s = refs::decode_snapshot(body)
-                    .map_err(|e| Error::corrupt(format!("{}: {e}", snap_path.display())))?;
+        let copy_path = dir.join(format::REFS_SNAP_COPY);
+        let read_snapshot = |path: &Path| -> Result<Option<(refs::Snapshot, Vec<u8>)>> {
+            match fs::read(path) {
+                Ok(b) => {
+                    let body = format::parse_snapshot(&b, path)?;
+                    let s = refs::decode_snapshot(body)
+                        .map_err(|e| Error::corrupt(format!("{}: {e}", path.display())))?;
+                    Ok(Some((s, b)))
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+            }
+        };
+        let primary = read_snapshot(&snap_path);
+        let copy = read_snapshot(&copy_path);
+        let (snap, snap_len) = match (primary, copy) {
+            (Ok(Some((s, b))), copy) => {
+                if !matches!(&copy, Ok(Some((_, c))) if *c == b) {
+                    format::write_atomic(&dir, &copy_path, &b, true)?;
+                }
                 (Some(s), b.len() as u64)
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => (None, 0),
-            Err(e) => return Err(Error::io(format!("reading {}", snap_path.display()), e)),
+            (Ok(None), Ok(None)) => (None, 0),
+            (primary, Ok(Some((s, b)))) => {
+                report.damage.push(match primary {
+                    Err(e) => format!("{e}: read its copy, {}", copy_path.display()),
+                    Ok(_) => format!(
+                        "{} is missing: read its copy, {}",
+                        snap_path.display(),
+                        copy_path.display()
+                    ),
+                });
+                format::write_atomic(&dir, &snap_path, &b, true)?;
+                (Some(s), b.len() as u64)
+            }
+            (Err(e), _) => return Err(e),
+            // A snapshot written before copies were kept, or its copy rotted, with the
+            // snapshot itself gone: nothing to fall back on.
+            (Ok(None), Err(e)) => return Err(e),
         };
         let snap_seq = snap.as_ref().map_or(0, |s| s.seq);
         let mut commits: Vec<(u32, CommitEntry)> = Vec::new();
@@ -1032,6 +1070,7 @@ impl LogStore {
             None => (Segment::create(&dir, 1, algo)?, Vec::new(), Vec::new()),
             Some(id) => {
                 let (file, path, len, bound, note) = Segment::open(&dir, id)?;
+                let damaged_format = note.is_some();
                 report.damage.extend(note);
                 // A header of zeros and nothing after it: the file's length reached the disk
                 // but its header did not (a crash inside `Segment::create`).
@@ -1058,6 +1097,14 @@ impl LogStore {
                     let mut h = [0u8; SEG_HEADER_LEN as usize];
                     file.read_exact_at(&mut h, 0)
                         .ctx(|| format!("reading {}", path.display()))?;
+                    if damaged_format {
+                        // Reported above: the first record told the format.
+                        h[12] = if bound {
+                            format::SEG_VERSION
+                        } else {
+                            format::SEG_VERSION_UNBOUND
+                        };
+                    }
                     format::check_segment_header(&h, id, algo)
                         .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
                     let before = SeqBefore {
@@ -1671,8 +1718,9 @@ impl LogStore {
                 .map_err(|e| self.fail(Error::io(format!("syncing {}", seg.path.display()), e)))?;
         }
         let bytes = format::snapshot_bytes(&body);
-        let path = self.dir.join(format::REFS_SNAP);
-        format::write_atomic(&self.dir, &path, &bytes, true)?;
+        for name in [format::REFS_SNAP, format::REFS_SNAP_COPY] {
+            format::write_atomic(&self.dir, &self.dir.join(name), &bytes, true)?;
+        }
         snap.seq = seq;
         snap.len = bytes.len() as u64;
         snap.since = 0;
@@ -2223,13 +2271,14 @@ impl ChunkStore for LogStore {
         }
         // The copies must be durable before the originals go, and out of the last group,
         // which recovery cuts at its first damaged record as a torn write: a refs.snap
-        // covering the sync's marker puts them in the durable region, where damage loses
-        // only the damaged record. (Not covered yet: a concurrent commit is written but
-        // not applied. The originals stay, until the next compaction.)
+        // covering the sync's marker (applied when `sync` returns) puts them in the
+        // durable region, where damage loses only the damaged record.
         self.sync()?;
         let seq = self.refs.read().seq;
         if !self.snapshot_covers(seq)? {
-            return Ok(0);
+            return Err(Error::invalid(
+                "compaction: the refs snapshot does not cover the copies' sync",
+            ));
         }
         // Oldest first, each removal durable before the next: unlinks are not ordered
         // otherwise, and a crash that kept an older segment but lost a newer one could

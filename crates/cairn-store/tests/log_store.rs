@@ -318,6 +318,63 @@ fn refs_are_snapshotted_and_commit_segments_compacted() {
     assert_eq!(s.list_refs(b"").unwrap().len(), refs.len() + 1);
 }
 
+/// `refs.snap` is the only record of the refs whose commit segments compaction deleted:
+/// a second copy is kept, so a rotted (or lost) snapshot is read from it, reported, and
+/// rewritten. Both damaged is refused rather than opened without those refs.
+#[test]
+fn a_damaged_refs_snapshot_is_read_from_its_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    for i in 0..500u32 {
+        s.commit(&[set(&format!("r/{}", i % 37), &i.to_le_bytes())])
+            .unwrap();
+    }
+    assert!(s.compact().unwrap() > 0);
+    let refs = all_refs(&s);
+    drop(s);
+    let snap = dir.path().join("refs.snap");
+    let copy = dir.path().join("refs-copy.snap");
+    assert_eq!(fs::read(&snap).unwrap(), fs::read(&copy).unwrap());
+    let flip = |p: &Path| {
+        let mut b = fs::read(p).unwrap();
+        let at = b.len() / 2;
+        b[at] ^= 0x10;
+        fs::write(p, b).unwrap();
+    };
+    for damage in ["rot", "gone"] {
+        if damage == "rot" {
+            flip(&snap);
+        } else {
+            fs::remove_file(&snap).unwrap();
+        }
+        let s = LogStore::open(dir.path(), o.clone()).unwrap();
+        assert_eq!(all_refs(&s), refs, "{damage}");
+        let notes = &s.recovery().damage;
+        assert!(
+            notes.iter().any(|d| d.contains("refs-copy.snap")),
+            "{notes:?}"
+        );
+        drop(s);
+        assert_eq!(
+            fs::read(&snap).unwrap(),
+            fs::read(&copy).unwrap(),
+            "{damage}"
+        );
+    }
+    // The copy rotted: rewritten from the snapshot, silently.
+    flip(&copy);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    assert_eq!(all_refs(&s), refs);
+    drop(s);
+    assert_eq!(fs::read(&snap).unwrap(), fs::read(&copy).unwrap());
+    // Both: refused.
+    flip(&snap);
+    flip(&copy);
+    let e = LogStore::open(dir.path(), o).err().expect("refused");
+    assert!(e.to_string().contains("refs.snap"), "{e}");
+}
+
 #[test]
 fn hints_are_optional() {
     let dir = tempfile::tempdir().unwrap();

@@ -179,6 +179,7 @@ fn info(name: &str, entry: &Entry, bucket: &Bucket) -> serde_json::Value {
         "writers": meta.map(|m| m.writers.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
         "hash_algo": meta.map(|m| m.algo.name()),
         "leaf_size": bucket.db().tree_config().leaf_target,
+        "index_size": bucket.db().tree_config().index_target,
         "description": meta.map(|m| m.description.clone()),
         "settings": meta.map(|m| m.settings.clone()),
         "metadata": meta.map(|m| hex::encode(m.encode())),
@@ -210,7 +211,7 @@ pub async fn create(
 ) -> ApiResult<Response> {
     // Parameters belong in the body: `?owner=...` must not create an open bucket.
     let _: super::NoQuery = super::query(&uri)?;
-    if !super::objects::is_json(&headers, header::CONTENT_TYPE) {
+    if !super::objects::is_json_body(&headers) {
         return Err(ApiError::json_required());
     }
     let (_permit, body) = body::body_permit(&node, body)?;

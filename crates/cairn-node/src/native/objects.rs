@@ -62,10 +62,10 @@ fn etag_header(uid: &Uid) -> ApiResult<(HeaderName, HeaderValue)> {
     Ok((header::ETAG, v))
 }
 
-/// True when the client asks for (`Accept`) or sends (`Content-Type`) JSON.
-pub fn is_json(headers: &HeaderMap, name: HeaderName) -> bool {
+/// True when the client asks for JSON (`Accept`, a list of media ranges).
+pub fn accepts_json(headers: &HeaderMap) -> bool {
     headers
-        .get(name)
+        .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| {
             v.split(',').any(|part| {
@@ -73,6 +73,22 @@ pub fn is_json(headers: &HeaderMap, name: HeaderName) -> bool {
                 mime.eq_ignore_ascii_case("application/json")
             })
         })
+}
+
+/// Whether the body is JSON: exactly one `Content-Type`, whose media type (what comes
+/// before any `;`) is `application/json`. A comma separates nothing here, unlike in
+/// `Accept` ([`accepts_json`]): `text/plain;,application/json` is plain text to a browser,
+/// which sends it across sites without asking first, so it must not pass for JSON.
+pub fn is_json_body(headers: &HeaderMap) -> bool {
+    let mut all = headers.get_all(header::CONTENT_TYPE).iter();
+    match (all.next(), all.next()) {
+        (Some(v), None) => v.to_str().is_ok_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        }),
+        _ => false,
+    }
 }
 
 /// The guard of a write (`PUT`, `PATCH`, `DELETE` of an object): its `If-Match`.
@@ -212,7 +228,7 @@ pub async fn get(
     };
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
-    let json = is_json(&headers, header::ACCEPT);
+    let json = accepts_json(&headers);
     // A small value whole (no Range asked): its text form is made in the same trip to the
     // blocking pool as the read, and sent from memory.
     let whole = !head && !json && !headers.contains_key(header::RANGE);
@@ -511,7 +527,7 @@ pub async fn put(
         .get(super::auth::CONTEXT_HEADER)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
-    let json = is_json(&headers, header::CONTENT_TYPE);
+    let json = is_json_body(&headers);
     if json && ty == Some(ValueType::Blob) {
         return Err(ApiError::bad_request(
             "a blob is sent as raw bytes, not as application/json",

@@ -32,7 +32,7 @@ use serde_json::{Value as J, json};
 
 use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
-use super::objects::{CONTROL_LIMIT, is_json};
+use super::objects::{CONTROL_LIMIT, accepts_json};
 use super::values::{bytes_json, json_bytes};
 use super::{BucketPath, KeyPath, NoQuery, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
@@ -458,7 +458,7 @@ async fn control<T: DeserializeOwned>(
             "fork, rename and merge take no If-Match or If-None-Match",
         ));
     }
-    if !super::objects::is_json(headers, axum::http::header::CONTENT_TYPE) {
+    if !super::objects::is_json_body(headers) {
         return Err(ApiError::json_required());
     }
     let (permit, body) = body::body_permit(node, body)?;
@@ -693,7 +693,7 @@ pub async fn proof(
         HeaderName::from_static("x-cairn-capsule"),
         HeaderValue::from_str(&capsule).map_err(|_| ApiError::internal("bad capsule name"))?,
     );
-    if !is_json(&headers, header::ACCEPT) {
+    if !accepts_json(&headers) {
         return Ok((
             [
                 (

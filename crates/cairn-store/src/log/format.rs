@@ -58,6 +58,10 @@ pub(crate) const MANIFEST: &str = "MANIFEST";
 pub(crate) const LOCK: &str = "LOCK";
 /// Refs snapshot file name.
 pub(crate) const REFS_SNAP: &str = "refs.snap";
+/// A second copy of the refs snapshot, written after it: once compaction has deleted the
+/// commit segments a snapshot covers, the snapshot is the only record of those refs, so
+/// one rotted sector must not make the store unopenable.
+pub(crate) const REFS_SNAP_COPY: &str = "refs-copy.snap";
 
 /// Path of segment `id`.
 pub(crate) fn segment_path(dir: &Path, id: u32) -> PathBuf {

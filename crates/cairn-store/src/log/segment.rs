@@ -112,9 +112,10 @@ impl Segment {
     /// Opens an existing segment file; returns it with its length, whether its records
     /// are bound to their place, and a note when the header's word on that was damaged.
     /// The format byte of the header says it (a header too short or unreadable is taken
-    /// as current), unless the first record reads only the other way: one flipped bit
-    /// turns the current format into the unbound one, every record would then fail its
-    /// checksum, and recovery would cut the whole active segment as a torn write.
+    /// as current), unless the first record reads only the other way or the byte names no
+    /// format: one flipped bit turns the current format into the unbound one (every record
+    /// would then fail its checksum, and recovery cut the whole active segment as a torn
+    /// write) or into no format at all (and the store would not open).
     pub fn open(dir: &Path, id: u32) -> Result<(File, PathBuf, u64, bool, Option<String>)> {
         let path = format::segment_path(dir, id);
         let file = OpenOptions::new()
@@ -130,30 +131,30 @@ impl Segment {
         let declared = file
             .read_exact_at(&mut h, 0)
             .map_or(true, |()| format::segment_bound(&h));
+        // The format the first record reads in, if it reads in one.
         let mut first = [0u8; FRAME_HEADER_LEN];
-        let flipped = len >= SEG_HEADER_LEN + FRAME_HEADER_LEN as u64
-            && file.read_exact_at(&mut first, SEG_HEADER_LEN).is_ok()
-            && {
-                let reads_as = |bound: bool| {
-                    let at = format::SegPlace { id, bound }.at(SEG_HEADER_LEN);
-                    format::parse_frame_header(&first, at).is_ok()
-                };
-                !reads_as(declared) && reads_as(!declared)
-            };
-        let note = flipped.then(|| {
+        let read = len >= SEG_HEADER_LEN + FRAME_HEADER_LEN as u64
+            && file.read_exact_at(&mut first, SEG_HEADER_LEN).is_ok();
+        let reads_as = |bound: bool| {
+            let at = format::SegPlace { id, bound }.at(SEG_HEADER_LEN);
+            read && format::parse_frame_header(&first, at).is_ok()
+        };
+        let found = [declared, !declared].into_iter().find(|&b| reads_as(b));
+        let bound = found.unwrap_or(declared);
+        let byte = if bound {
+            format::SEG_VERSION
+        } else {
+            format::SEG_VERSION_UNBOUND
+        };
+        let note = (found.is_some() && h[12] != byte).then(|| {
             format!(
-                "{}: the header's format byte ({}) is damaged: its first record reads as {}; \
-                 read as that",
+                "{}: the header's format byte ({}) is damaged: its first record reads as \
+                 format {byte}; read as that",
                 path.display(),
                 h[12],
-                if declared {
-                    "the unbound format"
-                } else {
-                    "the current format"
-                }
             )
         });
-        Ok((file, path, len, declared != flipped, note))
+        Ok((file, path, len, bound, note))
     }
 
     /// Wraps an opened file whose first `len` bytes are valid and durable.

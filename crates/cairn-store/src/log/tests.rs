@@ -707,11 +707,10 @@ fn a_damaged_format_byte_loses_nothing() {
     let paths = s.segment_paths();
     assert!(paths.len() >= 3, "sealed segments and an active one");
     drop(s);
-    // The first sealed segment and the active one.
-    for p in [&paths[0], paths.last().unwrap()] {
-        overwrite(p, 12, &[format::SEG_VERSION ^ 1]);
-    }
-    let s = LogStore::open(dir.path(), opts).unwrap();
+    // The first sealed segment and the active one: current → unbound, or to no format.
+    overwrite(&paths[0], 12, &[format::SEG_VERSION ^ 1]);
+    overwrite(paths.last().unwrap(), 12, &[format::SEG_VERSION ^ 4]);
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
     assert_eq!(s.list_refs(b"").unwrap().len(), 150, "{:?}", s.recovery());
     for (c, d) in &chunks {
         assert_eq!(&s.get(c).unwrap().unwrap()[..], &d[..]);
@@ -722,6 +721,11 @@ fn a_damaged_format_byte_loses_nothing() {
         damage.iter().all(|d| d.contains("format byte")),
         "{damage:?}"
     );
+    drop(s);
+    // The active segment's byte names no format and its first record is damaged too:
+    // nothing tells the format, and the store is not opened.
+    overwrite(paths.last().unwrap(), 16 + 4, &[0xff]);
+    assert!(LogStore::open(dir.path(), opts).is_err());
 }
 
 /// A group leader whose `fdatasync` succeeded acknowledges its group even if, before it
