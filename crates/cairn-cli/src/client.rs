@@ -573,8 +573,9 @@ impl Client {
         let sent_len: Option<u64>;
         let shape = match (ty, self.shape.get()) {
             (ValueType::Blob, None) => bail!(Error::Rejected(format!(
-                "the node does not say how bucket {} chunks blobs (hash_algo, leaf_size): \
-                 what it stores of this put could not be checked",
+                "the node does not say how bucket {} chunks blobs in a way this client can \
+                 use (hash_algo, leaf_size, index_size): what it stores of this put could not \
+                 be checked",
                 self.bucket
             ))),
             (ValueType::Blob, s) => s,

@@ -94,11 +94,12 @@ pub struct Config {
     /// Seconds a shutdown waits for in-flight requests before it closes them.
     pub shutdown_grace_secs: f64,
     /// Host names (as in the `Host` header, without the port) a request may name besides
-    /// `localhost`, `*.localhost` and IP addresses. Checked when the node listens on a
-    /// loopback address, or whenever the list is not empty: a web page whose domain is made
-    /// to resolve to 127.0.0.1 (DNS rebinding) would otherwise reach a local node's open
-    /// buckets as its own origin. `["*"]` turns the check off (a reverse proxy that passes
-    /// every name through).
+    /// `localhost`, `*.localhost`, IP addresses and the Gaia hub's own names. Checked when
+    /// the node listens on a loopback address, or whenever the list is not empty: a web
+    /// page whose domain is made to resolve to 127.0.0.1 (DNS rebinding) would otherwise
+    /// reach a local node's open buckets as its own origin. Web pages of these hosts may
+    /// also write through the native API (see `docs/node.md`). `["*"]` turns both checks
+    /// off (a reverse proxy that passes every name through).
     pub allowed_hosts: Vec<String>,
     /// Gaia hub settings.
     pub gaia: crate::gaia::GaiaConfig,
@@ -305,10 +306,12 @@ impl Config {
         }
         for h in &self.allowed_hosts {
             let h = h.trim();
-            if h != "*" && (h.is_empty() || h.contains(['/', ':', '@', ' ', '*'])) {
+            if h != "*" && (h.is_empty() || !h.is_ascii() || h.contains(['/', ':', '@', ' ', '*']))
+            {
                 bail!(
                     "allowed_hosts entry {h:?}: give a host name such as cairn.example.com, \
-                     without scheme or port (or \"*\" for any)"
+                     without scheme or port, in ASCII (xn-- for international names; or \
+                     \"*\" for any)"
                 );
             }
         }
@@ -366,6 +369,7 @@ mod tests {
             "cairn.example.com:443",
             "",
             "*.example",
+            "bücher.example",
         ] {
             let bad = Config {
                 allowed_hosts: vec![h.into()],

@@ -55,11 +55,14 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
-/// Which `Host` names a node serves (see [`Config::allowed_hosts`]).
+/// Which `Host` names a node serves, and which web pages may write through its native API
+/// (see [`Config::allowed_hosts`]).
 #[derive(Debug)]
 pub struct HostCheck {
-    /// Whether names are checked at all.
+    /// Whether `Host` names are checked at all.
     on: bool,
+    /// `*` was listed: every name is served and every page may write.
+    any: bool,
     /// Names allowed besides loopback names and IP addresses, lowercase.
     allowed: Vec<String>,
 }
@@ -70,8 +73,8 @@ impl HostCheck {
     /// (`server_name`, `valid_hub_urls`, `read_url`) are served too.
     pub fn new(config: &Config) -> HostCheck {
         let mut allowed: Vec<String> = config.allowed_hosts.iter().map(|h| host_name(h)).collect();
-        let on = (is_loopback_listen(&config.listen) || !allowed.is_empty())
-            && !allowed.iter().any(|h| h == "*");
+        let any = allowed.iter().any(|h| h == "*");
+        let on = (is_loopback_listen(&config.listen) || !allowed.is_empty()) && !any;
         let g = &config.gaia;
         let urls = g.valid_hub_urls.iter().chain(g.read_url.iter());
         for u in urls {
@@ -82,7 +85,7 @@ impl HostCheck {
             }
         }
         allowed.push(host_name(&g.server_name));
-        HostCheck { on, allowed }
+        HostCheck { on, any, allowed }
     }
 
     /// Whether a request naming `host` (a `Host` header value, port included) is served.
@@ -90,23 +93,60 @@ impl HostCheck {
         if !self.on {
             return true;
         }
-        let host = host.trim();
-        // `[v6]` or `[v6]:port`.
-        if let Some(rest) = host.strip_prefix('[') {
-            return rest.split_once(']').is_some_and(|(ip, port)| {
-                ip.parse::<std::net::Ipv6Addr>().is_ok()
-                    && (port.is_empty()
-                        || port
-                            .strip_prefix(':')
-                            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())))
-            });
-        }
-        let name = host_name(host.rsplit_once(':').map_or(host, |(n, _)| n));
-        name.parse::<std::net::Ipv4Addr>().is_ok()
-            || name == "localhost"
-            || name.ends_with(".localhost")
-            || self.allowed.contains(&name)
+        split_host(host)
+            .is_some_and(|(name, ip)| ip || is_local_name(&name) || self.allowed.contains(&name))
     }
+
+    /// Whether a native-API write carrying `Origin: origin` may go ahead on a request
+    /// naming `host`. The native API serves no page and grants no CORS, so such a write
+    /// comes from a page of a listed host (a front end behind the same reverse proxy), or
+    /// from the node's own origin (port aside: proxies often drop or rewrite it) when that
+    /// is an IP address or a `localhost` name. A page of any other name is refused even
+    /// when `Host` says the same name: after DNS rebinding they agree.
+    pub fn allows_origin(&self, origin: &str, host: Option<&str>) -> bool {
+        if self.any {
+            return true;
+        }
+        // `scheme://host[:port]`; "null" names no host.
+        let Some((o, o_ip)) = origin.split_once("://").and_then(|(_, a)| split_host(a)) else {
+            return false;
+        };
+        if self.allowed.contains(&o) {
+            return true;
+        }
+        host.and_then(split_host)
+            .is_some_and(|(h, _)| h == o && (o_ip || is_local_name(&o)))
+    }
+}
+
+/// The host of an authority (`name`, `name:port`, `[v6]`, `[v6]:port`) as compared
+/// (lowercase, no trailing dot), and whether it is an IP address; `None` when it is not
+/// one of those forms.
+fn split_host(authority: &str) -> Option<(String, bool)> {
+    let a = authority.trim();
+    let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = a.strip_prefix('[') {
+        let (ip, port) = rest.split_once(']')?;
+        let port_ok = port.is_empty() || port.strip_prefix(':').is_some_and(digits);
+        return (port_ok && ip.parse::<std::net::Ipv6Addr>().is_ok())
+            .then(|| (ip.to_ascii_lowercase(), true));
+    }
+    let name = match a.rsplit_once(':') {
+        Some((n, port)) if digits(port) => n,
+        Some(_) => return None,
+        None => a,
+    };
+    let name = host_name(name);
+    if name.is_empty() {
+        return None;
+    }
+    let ip = name.parse::<std::net::Ipv4Addr>().is_ok();
+    Some((name, ip))
+}
+
+/// `localhost` and its subdomains, which resolve to loopback by definition (RFC 6761).
+fn is_local_name(name: &str) -> bool {
+    name == "localhost" || name.ends_with(".localhost")
 }
 
 /// A host name as compared: lowercase, without a trailing dot.
@@ -127,11 +167,10 @@ fn is_loopback_listen(listen: &str) -> bool {
 
 /// Refuses (403) a request whose `Host` (or absolute URI) names a host this node does not
 /// serve (see [`HostCheck`]); a request naming none (HTTP/1.0) is served. Refuses too a
-/// native-API write (`/v1/...`, any method but `GET` and `HEAD`) that a web page of another
-/// origin sent: browsers name the page's origin in `Origin` on every such request, and the
-/// native API serves no page and grants no CORS, so only a cross-site request carries an
-/// `Origin` other than the node's own (whatever its `Content-Type`). The answer allows any
-/// origin to read it, so a browser client shows the reason rather than a CORS failure.
+/// native-API write (`/v1/...`, any method but `GET` and `HEAD`) that a web page sent
+/// (browsers name the page's origin in `Origin` on every such request), unless
+/// [`HostCheck::allows_origin`] (whatever its `Content-Type`). The answer allows any origin
+/// to read it (a request a browser sends without a preflight then shows the reason).
 async fn check_host(
     axum::extract::State(check): axum::extract::State<Arc<HostCheck>>,
     req: axum::extract::Request,
@@ -169,19 +208,17 @@ async fn check_host(
     }
     let write = !matches!(*req.method(), Method::GET | Method::HEAD);
     if write && req.uri().path().starts_with("/v1/") {
-        let origin = req.headers().get(header::ORIGIN).map(|o| {
-            let o = o.to_str().unwrap_or("null");
-            // `scheme://host[:port]`; "null" and anything else match no host.
-            o.split_once("://")
-                .map_or(o, |(_, a)| a)
-                .to_ascii_lowercase()
-        });
+        let origin = req
+            .headers()
+            .get(header::ORIGIN)
+            .map(|o| o.to_str().unwrap_or("null"));
         if let Some(o) = origin
-            && host.as_deref().map(str::to_ascii_lowercase) != Some(o.clone())
+            && !check.allows_origin(o, host.as_deref())
         {
             return refused(format!(
-                "a web page of another origin ({:?}) may not write through the native API\n",
-                printable(&o)
+                "a web page of {:?} may not write through the native API (list its host in \
+                 the config's allowed_hosts if it is your own front end; see docs/node.md)\n",
+                printable(o)
             ));
         }
     }
@@ -440,5 +477,28 @@ mod host_tests {
             assert!(hub.allows(ok), "{ok}");
         }
         assert!(!hub.allows("evil.example"));
+    }
+
+    #[test]
+    fn web_pages_that_may_write() {
+        let local = check("127.0.0.1:3000", &[]);
+        let public = check("0.0.0.0:3000", &[]);
+        let proxied = check("127.0.0.1:3000", &["app.example.com"]);
+        for c in [&local, &public, &proxied] {
+            // The node's own origin, by IP or localhost name, port aside.
+            assert!(c.allows_origin("http://127.0.0.1:3000", Some("127.0.0.1:3000")));
+            assert!(c.allows_origin("http://localhost:5173", Some("localhost:3000")));
+            assert!(c.allows_origin("https://[::1]", Some("[::1]:3000")));
+            // Another site; nothing at all; another page's IP.
+            assert!(!c.allows_origin("https://evil.example", Some("127.0.0.1:3000")));
+            assert!(!c.allows_origin("null", Some("127.0.0.1:3000")));
+            assert!(!c.allows_origin("http://10.0.0.9", Some("127.0.0.1:3000")));
+            // DNS rebinding: Host and Origin agree on a name that is not the node's.
+            assert!(!c.allows_origin("http://evil.example:3000", Some("evil.example:3000")));
+        }
+        // A listed front end, whatever Host the proxy sends.
+        assert!(proxied.allows_origin("https://App.Example.com", Some("127.0.0.1:3000")));
+        assert!(proxied.allows_origin("https://app.example.com:8443", None));
+        assert!(check("0.0.0.0:3000", &["*"]).allows_origin("https://evil.example", None));
     }
 }

@@ -14,7 +14,7 @@
 //! | `seg-NNNNNN.log` | Append-only segments of chunk, tombstone and commit records. The highest-numbered one is *active* (appended to); the others are *sealed* (immutable, fully synced: when sealed, or under `Buffered` by a thread right after, see below). A new segment is started when the active one reaches [`LogStoreOptions::segment_size`]. |
 //! | `seg-NNNNNN.hint` | For a sealed segment: its records in file order without chunk payloads (see below), so opening does not reread the data. Optional: a missing or damaged hint (CRC, or length mismatch with its segment) makes open rescan the segment and rewrite it (unless the segment is damaged). |
 //! | `refs.snap` | Snapshot of the whole refs map and the sequence number of the last commit it includes, written atomically and durably (temporary file, fsync, rename, fsync directory) when [`LogStoreOptions::refs_log_max`] bytes of commit records were written since the last one (and twice the snapshot's size), and by compaction before it deletes a segment holding commit records the snapshot does not cover. |
-//! | `refs-copy.snap` | The same bytes, written after `refs.snap`: read when `refs.snap` is damaged or missing (reported as damage), and each rewritten from the other at open when they differ. |
+//! | `refs-copy.snap` | The same bytes, written after `refs.snap`: read when `refs.snap` is damaged or missing, and each rewritten from the other at open when they differ (best effort); damage to either is reported. |
 //! | `RECOVERY.log` | Damage crash recovery found, one line per place, appended durably; kept until an operator clears it ([`ChunkStore::clear_recovery_notes`]). |
 //! | `RECOVERY.cleared` | The notes an operator cleared: damage that stays in the file (bit rot in the durable region is never cut) is not raised again, new damage is. |
 //!
@@ -65,7 +65,7 @@
 //!
 //! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files and hints
 //!    of missing segments.
-//! 2. Read `refs.snap` (if any).
+//! 2. Read `refs.snap` (if any; its copy `refs-copy.snap` when it is damaged or missing).
 //! 3. Sealed segments: load the hint file, or scan the records. A hint is written when a
 //!    segment is sealed, with the commit payloads read back and checked against their
 //!    record checksums (a commit record that fails gets the segment no hint, so every open
@@ -1000,29 +1000,42 @@ impl LogStore {
         };
         let primary = read_snapshot(&snap_path);
         let copy = read_snapshot(&copy_path);
+        // A rewrite is best effort (the copy is redundancy, and a full disk must not keep
+        // a store from opening to serve reads); the next snapshot writes both anyway.
         let (snap, snap_len) = match (primary, copy) {
             (Ok(Some((s, b))), copy) => {
-                if !matches!(&copy, Ok(Some((_, c))) if *c == b) {
-                    format::write_atomic(&dir, &copy_path, &b, true)?;
+                match &copy {
+                    Ok(Some((_, c))) if *c == b => {}
+                    // Written before copies were kept, or a crash between the two writes.
+                    Ok(_) => {
+                        let _ = format::write_atomic(&dir, &copy_path, &b, true);
+                    }
+                    Err(e) => {
+                        report.damage.push(format!(
+                            "{e} (the copy of refs.snap at commit {}): rewritten from refs.snap",
+                            s.seq
+                        ));
+                        let _ = format::write_atomic(&dir, &copy_path, &b, true);
+                    }
                 }
                 (Some(s), b.len() as u64)
             }
             (Ok(None), Ok(None)) => (None, 0),
             (primary, Ok(Some((s, b)))) => {
-                report.damage.push(match primary {
-                    Err(e) => format!("{e}: read its copy, {}", copy_path.display()),
-                    Ok(_) => format!(
-                        "{} is missing: read its copy, {}",
-                        snap_path.display(),
-                        copy_path.display()
-                    ),
-                });
-                format::write_atomic(&dir, &snap_path, &b, true)?;
+                let why = match primary {
+                    Err(e) => e.to_string(),
+                    Ok(_) => format!("{} is missing", snap_path.display()),
+                };
+                report.damage.push(format!(
+                    "{why}: read its copy, {} (commit {}), and rewrote it",
+                    copy_path.display(),
+                    s.seq
+                ));
+                let _ = format::write_atomic(&dir, &snap_path, &b, true);
                 (Some(s), b.len() as u64)
             }
             (Err(e), _) => return Err(e),
-            // A snapshot written before copies were kept, or its copy rotted, with the
-            // snapshot itself gone: nothing to fall back on.
+            // The snapshot gone and its copy damaged: nothing to fall back on.
             (Ok(None), Err(e)) => return Err(e),
         };
         let snap_seq = snap.as_ref().map_or(0, |s| s.seq);

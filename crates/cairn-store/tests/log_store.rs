@@ -362,10 +362,15 @@ fn a_damaged_refs_snapshot_is_read_from_its_copy() {
             "{damage}"
         );
     }
-    // The copy rotted: rewritten from the snapshot, silently.
+    // The copy rotted: reported, and rewritten from the snapshot.
     flip(&copy);
     let s = LogStore::open(dir.path(), o.clone()).unwrap();
     assert_eq!(all_refs(&s), refs);
+    let notes = &s.recovery().damage;
+    assert!(
+        notes.iter().any(|d| d.contains("copy of refs.snap")),
+        "{notes:?}"
+    );
     drop(s);
     assert_eq!(fs::read(&snap).unwrap(), fs::read(&copy).unwrap());
     // Both: refused.

@@ -139,7 +139,14 @@ impl Segment {
             let at = format::SegPlace { id, bound }.at(SEG_HEADER_LEN);
             read && format::parse_frame_header(&first, at).is_ok()
         };
-        let found = [declared, !declared].into_iter().find(|&b| reads_as(b));
+        let mut found = [declared, !declared].into_iter().find(|&b| reads_as(b));
+        // No record written yet (the segment ends at its header, or zeros follow): a new
+        // segment is always of the current format.
+        let unwritten = !read || first.iter().all(|&b| b == 0);
+        let unknown = ![format::SEG_VERSION, format::SEG_VERSION_UNBOUND].contains(&h[12]);
+        if found.is_none() && unwritten && unknown && h.starts_with(format::SEG_MAGIC) {
+            found = Some(true);
+        }
         let bound = found.unwrap_or(declared);
         let byte = if bound {
             format::SEG_VERSION
@@ -147,11 +154,25 @@ impl Segment {
             format::SEG_VERSION_UNBOUND
         };
         let note = (found.is_some() && h[12] != byte).then(|| {
+            // Mended on disk too (best effort), so the next open does not depend on the
+            // first record staying readable.
+            let mended = file
+                .write_all_at(&[byte], 12)
+                .and_then(|()| file.sync_data());
             format!(
-                "{}: the header's format byte ({}) is damaged: its first record reads as \
-                 format {byte}; read as that",
+                "{}: the header's format byte ({}) was damaged: {}; {}",
                 path.display(),
                 h[12],
+                if unwritten {
+                    format!("no record written yet, so format {byte}")
+                } else {
+                    format!("its first record reads as format {byte}")
+                },
+                if mended.is_ok() {
+                    "rewritten"
+                } else {
+                    "read as that"
+                }
             )
         });
         Ok((file, path, len, bound, note))

@@ -722,10 +722,28 @@ fn a_damaged_format_byte_loses_nothing() {
         "{damage:?}"
     );
     drop(s);
+    // Mended on disk.
+    for p in [&paths[0], paths.last().unwrap()] {
+        assert_eq!(std::fs::read(p).unwrap()[12], format::SEG_VERSION);
+    }
     // The active segment's byte names no format and its first record is damaged too:
     // nothing tells the format, and the store is not opened.
+    overwrite(paths.last().unwrap(), 12, &[format::SEG_VERSION ^ 4]);
     overwrite(paths.last().unwrap(), 16 + 4, &[0xff]);
     assert!(LogStore::open(dir.path(), opts).is_err());
+    // A segment with no record yet is of the current format.
+    let dir = tempfile::tempdir().unwrap();
+    drop(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+    let seg = format::segment_path(dir.path(), 1);
+    overwrite(&seg, 12, &[0x7f]);
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert_eq!(s.recovery().damage.len(), 1, "{:?}", s.recovery());
+    s.put(b"after").unwrap();
+    s.commit(&[set("after", b"v")]).unwrap();
+    drop(s);
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert!(s.get_ref(b"after").unwrap().is_some());
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
 }
 
 /// A group leader whose `fdatasync` succeeded acknowledges its group even if, before it
