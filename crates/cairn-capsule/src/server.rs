@@ -1199,12 +1199,15 @@ impl CapsuleServer {
             names.push(RecordName(capsule.hash().algo().digest(&hb)));
             encoded.push(hb);
         }
+        // Sets, not scans: a batch of 65,536 records took seconds of quadratic compares
+        // under the capsule lock.
+        let mut seen = std::collections::HashSet::with_capacity(names.len());
         let fresh: Vec<usize> = (0..records.len())
-            .filter(|&i| !cap.dag.contains(&names[i]) && !names[..i].contains(&names[i]))
+            .filter(|&i| !cap.dag.contains(&names[i]) && seen.insert(names[i]))
             .collect();
         let batch: Vec<RecordName> = fresh.iter().map(|&i| names[i]).collect();
         for (n, ws) in signatures {
-            if !cap.dag.contains(n) && !batch.contains(n) {
+            if !cap.dag.contains(n) && !seen.contains(n) {
                 return Err(Error::NotFound(format!(
                     "cannot sign record {n}: not in capsule {capsule}"
                 )));
@@ -1796,14 +1799,14 @@ impl CapsuleServer {
             session.mirror_insert(&inserts);
             return Issued { proof_id: 0, proof };
         }
+        // A mirror that caches nothing takes nothing in at the ack either, and a proof
+        // with nothing to insert needs no ack: id 0, nothing held (an entry per unacked
+        // proof, counted as no name, let a session hold megabytes outside the budget).
+        if inserts.is_empty() || session.mirror.policy() == CachePolicy::Off {
+            return Issued { proof_id: 0, proof };
+        }
         let id = session.next_proof;
         session.next_proof += 1;
-        // A mirror that caches nothing takes nothing in at the ack either.
-        let inserts = if session.mirror.policy() == CachePolicy::Off {
-            Vec::new()
-        } else {
-            inserts
-        };
         session.hold_pending(id, inserts, budget);
         Issued {
             proof_id: id,
@@ -2026,6 +2029,17 @@ impl CapsuleServer {
         let mut out = Vec::with_capacity(groups.len());
         let mut inserts = Vec::new();
         let mut indices = Vec::new();
+        // Counted as the groups are built, so a request whose records each sit at the end
+        // of a long chain stops once the answer is too large, instead of building every
+        // chain first (quadratic work and memory in the number of records).
+        let mut size = 0usize;
+        let too_large = || {
+            Error::invalid(format!(
+                "a multiproof for these {} subrecords would exceed {} MiB; ask for fewer at a time",
+                subs.len(),
+                MAX_BATCH_ANSWER_BYTES >> 20
+            ))
+        };
         for (record, mut leaves) in groups {
             leaves.sort_unstable_by_key(|l| l.0);
             if let Some(w) = leaves.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -2041,6 +2055,11 @@ impl CapsuleServer {
             let siblings = tree.multi_proof(&indices, count)?;
             let (rp, mut names) =
                 self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror), None)?;
+            // Refused before it is issued (the mirror has not moved) when it would not fit.
+            size += 32 + 15 * leaves.len() + 32 * siblings.len() + rp.to_bytes().len();
+            if size > MAX_BATCH_ANSWER_BYTES {
+                return Err(too_large());
+            }
             inserts.push(Hash::new(algo, tree.root()));
             inserts.append(&mut names);
             out.push(SubrecordGroup {
@@ -2049,18 +2068,6 @@ impl CapsuleServer {
                 siblings,
                 record: rp,
             });
-        }
-        // Refused before it is issued (the mirror has not moved) when it would not fit.
-        let size: usize = out
-            .iter()
-            .map(|g| 32 + 15 * g.leaves.len() + 32 * g.siblings.len() + g.record.to_bytes().len())
-            .sum();
-        if size > MAX_BATCH_ANSWER_BYTES {
-            return Err(Error::invalid(format!(
-                "a multiproof for these {} subrecords would exceed {} MiB; ask for fewer at a time",
-                subs.len(),
-                MAX_BATCH_ANSWER_BYTES >> 20
-            )));
         }
         let proof = SubrecordsProof { groups: out };
         let issued = match guard.as_deref_mut() {
@@ -2076,8 +2083,13 @@ impl CapsuleServer {
 
     /// A reader's acknowledgment that it verified proof `proof_id` and cached what it
     /// proved; the server applies the same insertions to its mirror. An ack for a proof
-    /// never issued, or already acknowledged (a replay), is refused and changes nothing.
+    /// never issued, or already acknowledged (a replay), is refused and changes nothing;
+    /// one for id 0 (a proof that needed none) is taken and changes nothing.
     pub fn ack(&self, session: SessionId, proof_id: u64) -> Result<()> {
+        // Id 0 names a proof that needed no ack (see `issue`).
+        if proof_id == 0 {
+            return Ok(());
+        }
         let s = self
             .sessions
             .lock()

@@ -1274,14 +1274,14 @@ pub enum Response {
     Session(SessionId),
     /// A record proof and the id its ack names.
     RecordProof {
-        /// Id to acknowledge (0 outside a session).
+        /// Id to acknowledge (0: nothing to acknowledge, such as outside a session).
         proof_id: u64,
         /// The proof.
         proof: RecordProof,
     },
     /// A subrecord proof and the id its ack names.
     SubrecordProof {
-        /// Id to acknowledge (0 outside a session).
+        /// Id to acknowledge (0: nothing to acknowledge, such as outside a session).
         proof_id: u64,
         /// The proof.
         proof: SubrecordProof,
@@ -1290,7 +1290,7 @@ pub enum Response {
     Subrecords(Vec<Vec<u8>>),
     /// A multiproof for many subrecords and the id its ack names.
     SubrecordsProof {
-        /// Id to acknowledge (0 outside a session).
+        /// Id to acknowledge (0: nothing to acknowledge, such as outside a session).
         proof_id: u64,
         /// The proof.
         proof: SubrecordsProof,
@@ -1738,7 +1738,18 @@ impl CapsuleService {
             Ok(r) => self.handle(r),
             Err(e) => Response::Error(WireError::from(&e)),
         };
-        resp.to_bytes()
+        let bytes = resp.to_bytes();
+        // An answer over the frame limit would break the client's connection with a
+        // frame error that names no cause: it gets the cause instead.
+        if bytes.len() > MAX_FRAME {
+            let e = Error::Unavailable(format!(
+                "the answer would be {} bytes, over the {MAX_FRAME}-byte frame limit \
+                 (a proof too long, or too much asked at once)",
+                bytes.len()
+            ));
+            return Response::Error(WireError::from(&e)).to_bytes();
+        }
+        bytes
     }
 
     fn sync(

@@ -1784,3 +1784,27 @@ fn an_unsigned_record_cannot_hide_the_signed_head_from_a_checkpoint() {
     let next = write_chain(&server, &mut w, 1, 1)[0];
     assert_eq!(server.query_fresh(&c, [9; 16]).unwrap().heads, vec![next]);
 }
+
+/// A session whose reader caches nothing gets proofs that need no ack (id 0), and the
+/// server holds nothing for them: an entry per unacked proof, counted as no name, let such
+/// sessions hold megabytes each outside the mirror budget. An ack of id 0 is taken.
+#[test]
+fn proofs_for_a_reader_that_caches_nothing_hold_nothing() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 20, 10);
+    let sid = server.open_session(&c, CachePolicy::Off, &[]).unwrap();
+    for n in &names {
+        let issued = server.prove(&c, n, Some(sid)).unwrap();
+        assert_eq!(issued.proof_id, 0);
+    }
+    server.ack(sid, 0).unwrap();
+    assert_eq!(server.mirrored_names(), 0);
+    // A caching session still gets ids to ack, and an unknown one is refused.
+    let policy = CachePolicy::Lru { capacity: 100 };
+    let sid = server.open_session(&c, policy, &[]).unwrap();
+    let issued = server.prove(&c, &names[0], Some(sid)).unwrap();
+    assert_ne!(issued.proof_id, 0);
+    assert!(server.ack(sid, issued.proof_id + 1).is_err());
+    server.ack(sid, issued.proof_id).unwrap();
+}

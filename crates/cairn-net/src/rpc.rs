@@ -324,12 +324,15 @@ impl Write for ResponseWriter {
                     + Duration::from_secs(len as u64 / self.min_rate.max(1))
             });
         }
-        let wait = match self.deadline {
-            Some(d) => Some(time_left(
-                d,
-                "the client did not take the response in time",
-            )?),
-            None => None,
+        // Each write waits at most the write timeout for the client to take bytes (as
+        // each read of a request waits at most the request timeout): a client that stops
+        // reading is dropped then, not only at the end of the whole response's allowance,
+        // which for a large response held its memory budget for many minutes.
+        let wait = match (self.deadline, self.timeout) {
+            (Some(d), Some(t)) => {
+                Some(time_left(d, "the client did not take the response in time")?.min(t))
+            }
+            _ => None,
         };
         if self.set != Some(wait) {
             self.stream.set_write_timeout(wait)?;

@@ -617,6 +617,36 @@ fn responses_wait_for_the_memory_budget() {
     assert_eq!(answer.len(), 24 << 20);
 }
 
+/// A peer that never reads its response is dropped after the write timeout of silence,
+/// whatever time the response's length would allow, so the memory budget its response
+/// held serves others again: a 32 MiB answer held it for 60 s plus a second per 64 KiB.
+#[test]
+fn a_peer_that_never_reads_frees_the_budget_after_the_write_timeout() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 40 << 20,
+        write_timeout: Some(Duration::from_secs(1)),
+        // The length alone would allow over eight minutes.
+        min_request_rate: 64 << 10,
+        ..ServerConfig::default()
+    };
+    let h = serve("127.0.0.1:0", cfg, |_req: &[u8]| vec![5u8; 32 << 20]).unwrap();
+    let mut hog = raw(&h);
+    hog.write_all(&3u32.to_be_bytes()).unwrap();
+    hog.write_all(b"big").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let mut c = Client::connect(h.local_addr()).unwrap();
+    let answer = c.call(b"big too").unwrap();
+    assert_eq!(answer.len(), 32 << 20);
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "served after {:?}",
+        t.elapsed()
+    );
+    drop(hog);
+}
+
 /// Within a request, a peer that stops sending is cut after the request timeout of
 /// silence, whatever time the announced length would allow: one that sent most of a large
 /// frame and then stalled held its memory until the whole length's time ran out.

@@ -222,7 +222,22 @@ async fn check_host(
             ));
         }
     }
-    next.run(req).await
+    let mut resp = next.run(req).await;
+    // Stored files are served with the type their uploader chose (a Gaia `/read/` of
+    // `text/html`): a page opened from the node must not run as the node's own origin,
+    // where it could read open buckets and pass the origin check above. A sandboxed
+    // document gets an opaque origin (its requests say `Origin: null`); `fetch` and
+    // `<img>` uses of the bytes are unaffected. No browser guesses another type either.
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("sandbox"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    resp
 }
 
 /// Every request body fails once it sends nothing for `stall_timeout_secs` while it is

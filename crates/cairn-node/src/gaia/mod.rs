@@ -500,6 +500,12 @@ fn condition_header(h: &HeaderMap, name: &header::HeaderName) -> Option<String> 
     (!joined.is_empty()).then_some(joined)
 }
 
+/// Longest content type a store keeps (longer ones are refused).
+const MAX_CONTENT_TYPE: usize = 1024;
+
+/// About the most bytes of JSON one `list-files` page holds (see `list`).
+const LIST_PAGE_BYTES: usize = 1 << 20;
+
 /// What a stored version's context holds: the upload's content type and time.
 #[derive(Serialize, Deserialize)]
 struct FileMeta {
@@ -930,7 +936,7 @@ fn store_blocking<R: Read>(
     let content_type = header_str(headers, &header::CONTENT_TYPE)
         .unwrap_or("application/octet-stream")
         .to_string();
-    if content_type.len() > 1024 {
+    if content_type.len() > MAX_CONTENT_TYPE {
         return Err(GaiaError::InvalidInput("Invalid content-type".into()));
     }
     let bucket = match existing {
@@ -1308,6 +1314,20 @@ fn list_blocking(
                 .filter(|k| !k.starts_with(b"\0"))
                 .filter_map(|k| String::from_utf8(k.to_vec()).ok()),
         );
+    }
+    // A page is built in memory: at most about LIST_PAGE_BYTES of it, whatever the page
+    // size (names of 4 KiB and content types of 1 KiB, escaped six bytes a character in
+    // the worst case, made pages of megabytes that a client could hold by never reading).
+    // Cut short, it ends at its last name, and the cursor goes on from there.
+    let worst = |n: &String| 6 * n.len() + if stat { 6 * MAX_CONTENT_TYPE + 256 } else { 8 };
+    let mut bytes = 0usize;
+    if let Some(cut) = names.iter().position(|n| {
+        bytes += worst(n);
+        bytes > LIST_PAGE_BYTES
+    }) {
+        names.truncate(cut.max(1));
+        after = names.last().map(|n| n.as_bytes().to_vec());
+        more = true;
     }
     let next = if more {
         after.as_deref().map(cursor)
