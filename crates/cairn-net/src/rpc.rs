@@ -56,8 +56,8 @@ pub struct ServerConfig {
     /// Most open connections; further ones are closed on accept.
     pub max_connections: usize,
     /// Most open connections from one IP address other than loopback (where a local proxy
-    /// or benchmark speaks for many clients); further ones are closed on accept, so one
-    /// remote host cannot take every slot.
+    /// or benchmark speaks for many clients), an IPv6 address counted by its /64; further
+    /// ones are closed on accept, so one remote host cannot take every slot.
     pub max_connections_per_ip: usize,
     /// Whether `max_connections_per_ip` counts loopback peers too (off by default).
     pub limit_loopback: bool,
@@ -110,6 +110,20 @@ impl Default for ServerConfig {
 /// changes at most once a second while a transfer goes on (an I/O call may end up to a
 /// second past the deadline, and the next one is refused); a `TimedOut` error saying
 /// `what` once it has passed.
+/// The address a peer's connections are counted under: an IPv4-mapped IPv6 address as
+/// the IPv4 one (so a local proxy on a dual-stack listener is loopback), and an IPv6
+/// address by its /64, which one host commonly holds whole.
+fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip.to_canonical() {
+        std::net::IpAddr::V6(v6) if !v6.is_loopback() => {
+            let mut seg = v6.segments();
+            seg[4..].fill(0);
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(seg))
+        }
+        other => other,
+    }
+}
+
 fn time_left(deadline: std::time::Instant, what: &'static str) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     if left.is_zero() {
@@ -523,7 +537,7 @@ fn accept_loop(
         let ip = stream
             .peer_addr()
             .ok()
-            .map(|a| a.ip())
+            .map(|a| peer_group(a.ip()))
             .filter(|ip| config.limit_loopback || !ip.is_loopback());
         if ip.is_some()
             && conns.iter().filter(|c| c.ip == ip).count() >= config.max_connections_per_ip
@@ -1006,5 +1020,28 @@ impl Client {
             std::panic::resume_unwind(p);
         }
         res
+    }
+}
+
+#[cfg(test)]
+mod peer_group_tests {
+    use super::peer_group;
+    use std::net::IpAddr;
+
+    #[test]
+    fn peers_are_grouped_by_host() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(peer_group(ip("::ffff:127.0.0.1")), ip("127.0.0.1"));
+        assert!(peer_group(ip("::ffff:127.0.0.1")).is_loopback());
+        assert_eq!(peer_group(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(peer_group(ip("::1")), ip("::1"));
+        assert_eq!(
+            peer_group(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")),
+            peer_group(ip("2001:db8:1:2::1"))
+        );
+        assert_ne!(
+            peer_group(ip("2001:db8:1:2::1")),
+            peer_group(ip("2001:db8:1:3::1"))
+        );
     }
 }

@@ -46,9 +46,23 @@ async fn hub_info_with_and_without_slash_and_cors() {
         h["access-control-allow-methods"],
         "DELETE,POST,GET,OPTIONS,HEAD"
     );
+    // The requested headers are echoed, as the hub's `cors()` does.
+    assert!(h.get("access-control-allow-headers").is_none());
+    let r = hub
+        .http
+        .request(reqwest::Method::OPTIONS, hub.url("/store/1abc/x.txt"))
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type,sentry-trace",
+        )
+        .send()
+        .await
+        .unwrap();
     assert_eq!(
-        h["access-control-allow-headers"],
-        "Authorization,Content-Type,If-Match,If-None-Match"
+        r.headers()["access-control-allow-headers"],
+        "authorization,content-type,sentry-trace"
     );
     assert_eq!(h["access-control-max-age"], "86400");
     // The reader's preflight echoes the requested headers.
@@ -1052,4 +1066,16 @@ async fn list_pages_are_bounded_in_bytes() {
     }
     assert!(pages >= 2);
     assert_eq!(got, want);
+}
+
+/// A bad path is 403 on a store and 400 on a delete, as the hub answers (`http.ts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_path_is_400_on_a_delete() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(42);
+    let (a, auth) = (k.address(), k.bearer());
+    assert_eq!(hub.store(&auth, &a, "f", b"x", &[]).await.0, 202);
+    assert_eq!(hub.store(&auth, &a, "a..b", b"x", &[]).await.0, 403);
+    let (st, v) = hub.delete(&auth, &a, "a..b").await;
+    assert_eq!(st, 400, "{v:?}");
 }
