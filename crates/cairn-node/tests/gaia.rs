@@ -1079,3 +1079,55 @@ async fn a_bad_path_is_400_on_a_delete() {
     let (st, v) = hub.delete(&auth, &a, "a..b").await;
     assert_eq!(st, 400, "{v:?}");
 }
+
+/// `/read/` serves one byte range and answers a matching `If-None-Match` with 304, as the
+/// reader's `res.sendFile` does (a `<video>` in Safari plays only from servers with
+/// ranges), streamed files and small ones alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_serve_ranges_and_not_modified() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(43);
+    let (a, auth) = (k.address(), k.bearer());
+    for n in [1000usize, 100_000] {
+        let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let path = format!("v{n}.bin");
+        assert_eq!(hub.store(&auth, &a, &path, &data, &[]).await.0, 202);
+        let (_, etag, _, _) = hub.read(&a, &path).await;
+        let etag = etag.unwrap();
+        let get = |hdrs: Vec<(&'static str, String)>| {
+            let mut r = hub.http.get(hub.url(&format!("/read/{a}/{path}")));
+            for (h, v) in hdrs {
+                r = r.header(h, v);
+            }
+            r.send()
+        };
+        let r = get(vec![("range", "bytes=10-19".into())]).await.unwrap();
+        assert_eq!(r.status(), 206, "{n}");
+        assert_eq!(r.headers()["content-range"], format!("bytes 10-19/{n}"));
+        assert_eq!(r.headers()["accept-ranges"], "bytes");
+        assert_eq!(r.bytes().await.unwrap().as_ref(), &data[10..20]);
+        let r = get(vec![("range", "bytes=-5".into())]).await.unwrap();
+        assert_eq!(r.status(), 206);
+        assert_eq!(r.bytes().await.unwrap().as_ref(), &data[n - 5..]);
+        let r = get(vec![("range", format!("bytes={n}-"))]).await.unwrap();
+        assert_eq!(r.status(), 416);
+        assert_eq!(r.headers()["content-range"], format!("bytes */{n}"));
+        // If-Range naming another version: the whole file.
+        let r = get(vec![
+            ("range", "bytes=10-19".into()),
+            ("if-range", "other".into()),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.bytes().await.unwrap().len(), n);
+        for tag in [etag.clone(), format!("\"{etag}\""), format!("W/\"{etag}\"")] {
+            let r = get(vec![("if-none-match", tag)]).await.unwrap();
+            assert_eq!(r.status(), 304);
+            assert!(r.bytes().await.unwrap().is_empty());
+        }
+        let r = get(vec![("if-none-match", "other".into())]).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
+    }
+}

@@ -60,6 +60,7 @@ use cairn_object::{At, NewValue, PutOptions, Target, Uid, Value, ValueType};
 use parking_lot::Mutex;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::native::objects::{RangeAsk, parse_range};
 use crate::node::Node;
 use auth::{AuthError, AuthSettings, Verified};
 
@@ -1630,6 +1631,7 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
 async fn read(
     State(hub): State<Arc<Hub>>,
     method: Method,
+    headers: HeaderMap,
     Path((address, raw_path)): Path<(String, String)>,
 ) -> Response {
     if address.is_empty()
@@ -1651,25 +1653,71 @@ async fn read(
             return (StatusCode::BAD_REQUEST, "Could not return file").into_response();
         }
     };
+    // As the reader's `res.sendFile` does: one byte range (`Range`, honoured when an
+    // `If-Range` names this version), and 304 for a matching `If-None-Match`.
+    let header_str = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok());
+    let names_this = |list: &str| {
+        list.split(',').any(|t| {
+            let t = t.trim();
+            let t = t.strip_prefix("W/").unwrap_or(t).trim_matches('"');
+            t == "*" || t == found.etag
+        })
+    };
+    let not_modified = header_str(header::IF_NONE_MATCH).is_some_and(names_this);
+    let ranged = header_str(header::RANGE)
+        .filter(|_| header_str(header::IF_RANGE).is_none_or(names_this))
+        .map_or(RangeAsk::Full, |r| parse_range(r, found.len));
+    let (status, start, end) = match ranged {
+        _ if not_modified => (StatusCode::NOT_MODIFIED, 0, 0),
+        RangeAsk::Full => (StatusCode::OK, 0, found.len),
+        RangeAsk::Part(s, e) => (StatusCode::PARTIAL_CONTENT, s, e),
+        RangeAsk::Unsatisfiable => {
+            return (
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [
+                    (header::CONTENT_RANGE, format!("bytes */{}", found.len)),
+                    (header::ACCEPT_RANGES, "bytes".to_string()),
+                ],
+            )
+                .into_response();
+        }
+    };
     let mut b = Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, found.content_type.as_str())
-        .header(header::ETAG, found.etag.as_str())
-        .header(header::CONTENT_LENGTH, found.len);
+        .status(status)
+        .header(header::ETAG, found.etag.as_str());
+    if !hub.cfg.cache_control.is_empty() {
+        b = b.header(header::CACHE_CONTROL, hub.cfg.cache_control.as_str());
+    }
     if found.mtime_ms > 0 {
         let t = UNIX_EPOCH + Duration::from_millis(found.mtime_ms);
         b = b.header(header::LAST_MODIFIED, httpdate::fmt_http_date(t));
     }
-    if !hub.cfg.cache_control.is_empty() {
-        b = b.header(header::CACHE_CONTROL, hub.cfg.cache_control.as_str());
+    if status == StatusCode::NOT_MODIFIED {
+        return b
+            .body(Body::empty())
+            .unwrap_or_else(|_| StatusCode::NOT_MODIFIED.into_response());
+    }
+    let n = end - start;
+    b = b
+        .header(header::CONTENT_TYPE, found.content_type.as_str())
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CONTENT_LENGTH, n);
+    if status == StatusCode::PARTIAL_CONTENT {
+        b = b.header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{}", end - 1, found.len),
+        );
     }
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
         let body = match found.body {
-            FoundBody::Inline(bytes) => Body::from(bytes),
+            FoundBody::Inline(bytes) => {
+                // `start..end` lies within the file (`parse_range` clamps it).
+                Body::from(bytes.slice(start as usize..end as usize))
+            }
             FoundBody::Blob(bucket, tree) => match hub.node.read_permit() {
-                Some(permit) => stream_blob(&hub, bucket, tree, permit),
+                Some(permit) => stream_blob(&hub, bucket, tree, start, n, permit),
                 None => return busy_transfers(&hub).into_response(),
             },
         };
@@ -1677,7 +1725,7 @@ async fn read(
             .metrics
             .bytes_read
             .with_label_values(&["gaia"])
-            .inc_by(found.len);
+            .inc_by(n);
         body
     };
     b.body(body)
@@ -1692,7 +1740,7 @@ fn busy_transfers(hub: &Hub) -> GaiaError {
     ))
 }
 
-/// Streams a Blob tree from a blocking task through a small channel
+/// Streams `len` bytes of a Blob tree from `start`, from a blocking task through a small channel
 /// ([`crate::native::body::produce_as`]), fetching and verifying leaves on a few threads
 /// ([`crate::native::values::send_tree_range`]), so a read holds a few windows in memory
 /// whatever the file's size. A client that goes away closes the channel, which ends the
@@ -1701,10 +1749,12 @@ fn stream_blob(
     hub: &Hub,
     bucket: Arc<Bucket>,
     tree: cairn_object::TreeRef,
+    start: u64,
+    len: u64,
     permit: crate::node::Transfer,
 ) -> Body {
     crate::native::body::produce_as(hub.node.clone(), None, permit, move |w| {
-        crate::native::values::send_tree_range(bucket.db(), &tree, 0, tree.count, w)
+        crate::native::values::send_tree_range(bucket.db(), &tree, start, len, w)
     })
 }
 
