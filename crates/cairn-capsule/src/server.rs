@@ -2086,16 +2086,16 @@ impl CapsuleServer {
     /// never issued, or already acknowledged (a replay), is refused and changes nothing;
     /// one for id 0 (a proof that needed none) is taken and changes nothing.
     pub fn ack(&self, session: SessionId, proof_id: u64) -> Result<()> {
-        // Id 0 names a proof that needed no ack (see `issue`).
-        if proof_id == 0 {
-            return Ok(());
-        }
         let s = self
             .sessions
             .lock()
             .get(&session)
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("session {}", session.0)))?;
+        // Id 0 names a proof that needed no ack (see `issue`).
+        if proof_id == 0 {
+            return Ok(());
+        }
         let mut s = s.lock();
         let inserts = s.take_pending(proof_id).ok_or_else(|| {
             Error::Rejected(format!(

@@ -302,10 +302,7 @@ impl Client {
             all.push(("content-length".to_string(), n.to_string()));
         }
         let (rt, http) = async_http()?;
-        let (tee, digest) = match shape.map(BlobDigest::start).transpose()? {
-            Some((tx, d)) => (Some(tx), Some(d)),
-            None => (None, None),
-        };
+        let (tee, digest) = shape.map(BlobDigest::start).transpose()?.unzip();
         let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|piece| (piece, rx))

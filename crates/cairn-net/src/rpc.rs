@@ -106,24 +106,35 @@ impl Default for ServerConfig {
     }
 }
 
+/// The address a peer's connections are counted under: an IPv4-mapped IPv6 address, or
+/// one of the NAT64 prefix `64:ff9b::/96`, as the IPv4 one (so a local proxy on a
+/// dual-stack listener is loopback); a global unicast IPv6 address by its /64, which one
+/// host commonly holds whole; any other address as itself (a LAN's link-local or
+/// unique-local hosts are many hosts).
+fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut seg = v6.segments();
+            if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [a, b] = seg[6].to_be_bytes();
+                let [c, d] = seg[7].to_be_bytes();
+                return IpAddr::V4(Ipv4Addr::new(a, b, c, d));
+            }
+            if seg[0] & 0xe000 != 0x2000 {
+                return IpAddr::V6(v6);
+            }
+            seg[4..].fill(0);
+            IpAddr::V6(Ipv6Addr::from(seg))
+        }
+        v4 => v4,
+    }
+}
+
 /// The time left until `deadline`, in whole seconds rounded up, so a socket's timeout
 /// changes at most once a second while a transfer goes on (an I/O call may end up to a
 /// second past the deadline, and the next one is refused); a `TimedOut` error saying
 /// `what` once it has passed.
-/// The address a peer's connections are counted under: an IPv4-mapped IPv6 address as
-/// the IPv4 one (so a local proxy on a dual-stack listener is loopback), and an IPv6
-/// address by its /64, which one host commonly holds whole.
-fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
-    match ip.to_canonical() {
-        std::net::IpAddr::V6(v6) if !v6.is_loopback() => {
-            let mut seg = v6.segments();
-            seg[4..].fill(0);
-            std::net::IpAddr::V6(std::net::Ipv6Addr::from(seg))
-        }
-        other => other,
-    }
-}
-
 fn time_left(deadline: std::time::Instant, what: &'static str) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     if left.is_zero() {
@@ -1043,5 +1054,9 @@ mod peer_group_tests {
             peer_group(ip("2001:db8:1:2::1")),
             peer_group(ip("2001:db8:1:3::1"))
         );
+        // Link-local and unique-local hosts are many hosts; NAT64 peers are IPv4 ones.
+        assert_ne!(peer_group(ip("fe80::1")), peer_group(ip("fe80::2")));
+        assert_ne!(peer_group(ip("fd00::1")), peer_group(ip("fd00::2")));
+        assert_eq!(peer_group(ip("64:ff9b::192.0.2.7")), ip("192.0.2.7"));
     }
 }

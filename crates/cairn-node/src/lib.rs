@@ -63,8 +63,11 @@ pub struct HostCheck {
     on: bool,
     /// `*` was listed: every name is served and every page may write.
     any: bool,
-    /// Names allowed besides loopback names and IP addresses, lowercase.
+    /// Names listed in `allowed_hosts`, lowercase: served, and their pages may write.
     allowed: Vec<String>,
+    /// The Gaia hub's own names: served (their pages, which may be files stored there, may
+    /// not write).
+    hub: Vec<String>,
 }
 
 impl HostCheck {
@@ -72,20 +75,22 @@ impl HostCheck {
     /// names hosts, off with `*` among them. The host names of the Gaia hub's own URLs
     /// (`server_name`, `valid_hub_urls`, `read_url`) are served too.
     pub fn new(config: &Config) -> HostCheck {
-        let mut allowed: Vec<String> = config.allowed_hosts.iter().map(|h| host_name(h)).collect();
+        let allowed: Vec<String> = config.allowed_hosts.iter().map(|h| host_name(h)).collect();
         let any = allowed.iter().any(|h| h == "*");
         let on = (is_loopback_listen(&config.listen) || !allowed.is_empty()) && !any;
         let g = &config.gaia;
         let urls = g.valid_hub_urls.iter().chain(g.read_url.iter());
-        for u in urls {
-            if let Ok(u) = u.parse::<axum::http::Uri>()
-                && let Some(h) = u.host()
-            {
-                allowed.push(host_name(h));
-            }
+        let mut hub: Vec<String> = urls
+            .filter_map(|u| u.parse::<axum::http::Uri>().ok())
+            .filter_map(|u| u.host().map(host_name))
+            .collect();
+        hub.push(host_name(&g.server_name));
+        HostCheck {
+            on,
+            any,
+            allowed,
+            hub,
         }
-        allowed.push(host_name(&g.server_name));
-        HostCheck { on, any, allowed }
     }
 
     /// Whether a request naming `host` (a `Host` header value, port included) is served.
@@ -93,8 +98,9 @@ impl HostCheck {
         if !self.on {
             return true;
         }
-        split_host(host)
-            .is_some_and(|(name, ip)| ip || is_local_name(&name) || self.allowed.contains(&name))
+        split_host(host).is_some_and(|(name, ip)| {
+            ip || is_local_name(&name) || self.allowed.contains(&name) || self.hub.contains(&name)
+        })
     }
 
     /// Whether a native-API write carrying `Origin: origin` may go ahead on a request
@@ -190,12 +196,14 @@ async fn check_host(
             .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string())
     });
     let refused = |why: String| {
-        (
-            axum::http::StatusCode::FORBIDDEN,
-            [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
-            why,
+        confine(
+            (
+                axum::http::StatusCode::FORBIDDEN,
+                [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+                why,
+            )
+                .into_response(),
         )
-            .into_response()
     };
     if let Some(h) = &host
         && !check.allows(h)
@@ -222,17 +230,32 @@ async fn check_host(
             ));
         }
     }
-    let mut resp = next.run(req).await;
-    // Stored files are served with the type their uploader chose (a Gaia `/read/` of
-    // `text/html`): a page opened from the node must not run as the node's own origin,
-    // where it could read open buckets and pass the origin check above. A sandboxed
-    // document gets an opaque origin (its requests say `Origin: null`); `fetch` and
-    // `<img>` uses of the bytes are unaffected. No browser guesses another type either.
+    confine(next.run(req).await)
+}
+
+/// Stored files are served with the type their uploader chose (a Gaia `/read/` of
+/// `text/html`): a page opened from the node must not run as the node's own origin, where
+/// it could read open buckets and pass the origin check of [`check_host`]. So every answer
+/// says `Content-Security-Policy: sandbox` (a sandboxed document gets an opaque origin,
+/// and its requests say `Origin: null`; `fetch`, `<img>` and `<video>` uses of the bytes
+/// are unaffected) and `X-Content-Type-Options: nosniff` (no browser guesses another
+/// type). PDFs are left out of the sandbox: browsers refuse to show them sandboxed, and
+/// their viewers do not run a document as the node's origin.
+fn confine(mut resp: axum::response::Response) -> axum::response::Response {
+    use axum::http::header;
+    let pdf = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/pdf"));
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        header::HeaderValue::from_static("sandbox"),
-    );
+    if !pdf {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            header::HeaderValue::from_static("sandbox"),
+        );
+    }
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         header::HeaderValue::from_static("nosniff"),

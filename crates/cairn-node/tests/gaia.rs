@@ -153,7 +153,10 @@ async fn store_read_list_delete() {
     assert_eq!(h["content-length"], "10");
     assert_eq!(h["cache-control"], "no-cache");
     assert_eq!(h["access-control-allow-origin"], "*");
-    assert_eq!(h["access-control-expose-headers"], "Content-Type,ETag");
+    assert_eq!(
+        h["access-control-expose-headers"],
+        "Content-Type,ETag,Content-Range,Accept-Ranges"
+    );
     assert!(h.contains_key("last-modified"));
     assert_eq!(r.bytes().await.unwrap().as_ref(), b"hello gaia");
     let r = hub.http.head(url).send().await.unwrap();
@@ -1023,6 +1026,25 @@ async fn stored_pages_are_served_sandboxed() {
             assert_eq!(r.bytes().await.unwrap().as_ref(), page);
         }
     }
+    // A PDF is not sandboxed (browsers refuse to show it so), but nothing is sniffed.
+    let (st, _) = hub
+        .store(
+            &auth,
+            &a,
+            "d.pdf",
+            b"%PDF-1.4",
+            &[("content-type", "application/pdf")],
+        )
+        .await;
+    assert_eq!(st, 202);
+    let r = hub
+        .http
+        .get(hub.url(&format!("/read/{a}/d.pdf")))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("content-security-policy").is_none());
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
 }
 
 /// A `list-files` page holds at most about 1 MiB of JSON, whatever the page size: long
@@ -1112,15 +1134,22 @@ async fn reads_serve_ranges_and_not_modified() {
         let r = get(vec![("range", format!("bytes={n}-"))]).await.unwrap();
         assert_eq!(r.status(), 416);
         assert_eq!(r.headers()["content-range"], format!("bytes */{n}"));
-        // If-Range naming another version: the whole file.
+        // If-Range naming this version (strongly): the range; another version, a weak
+        // tag or a date: the whole file.
         let r = get(vec![
             ("range", "bytes=10-19".into()),
-            ("if-range", "other".into()),
+            ("if-range", format!("\"{etag}\"")),
         ])
         .await
         .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.bytes().await.unwrap().len(), n);
+        assert_eq!(r.status(), 206);
+        for other in ["other".to_string(), format!("W/\"{etag}\""), "*".into()] {
+            let r = get(vec![("range", "bytes=10-19".into()), ("if-range", other)])
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.bytes().await.unwrap().len(), n);
+        }
         for tag in [etag.clone(), format!("\"{etag}\""), format!("W/\"{etag}\"")] {
             let r = get(vec![("if-none-match", tag)]).await.unwrap();
             assert_eq!(r.status(), 304);

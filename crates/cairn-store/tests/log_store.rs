@@ -85,6 +85,24 @@ fn segment_records(seg: &Path) -> Vec<(u64, u8, u64)> {
 
 const KIND_COMMIT: u8 = 3;
 
+/// Puts `n` chunks of 1000 bytes, commits ref `root`, then removes all but every `keep`-th
+/// chunk; returns the removed cids and the kept chunks.
+fn put_then_remove_most(s: &LogStore, n: u64, keep: usize) -> (Vec<Cid>, Vec<(Cid, Vec<u8>)>) {
+    let mut chunks = Vec::new();
+    for i in 0..n {
+        let data = payload(i, 1000);
+        chunks.push((s.put(&data).unwrap(), data));
+    }
+    s.commit(&[set("root", b"r")]).unwrap();
+    let (dead, live): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % keep != 0);
+    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
+    s.remove(&dead).unwrap();
+    (dead, live.into_iter().map(|(_, x)| x).collect())
+}
+
 fn file_len(p: &Path) -> u64 {
     fs::metadata(p).unwrap().len()
 }
@@ -209,19 +227,7 @@ fn compact_reclaims_space_and_keeps_live_data() {
     let dir = tempfile::tempdir().unwrap();
     let o = small(Durability::Group);
     let s = LogStore::open(dir.path(), o.clone()).unwrap();
-    let mut chunks = Vec::new();
-    for i in 0..200u64 {
-        let data = payload(i, 1000);
-        chunks.push((s.put(&data).unwrap(), data));
-    }
-    s.commit(&[set("root", b"r")]).unwrap();
-    let (dead, live): (Vec<_>, Vec<_>) = chunks
-        .into_iter()
-        .enumerate()
-        .partition(|(i, _)| i % 4 != 0);
-    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
-    let live: Vec<(Cid, Vec<u8>)> = live.into_iter().map(|(_, x)| x).collect();
-    s.remove(&dead).unwrap();
+    let (dead, live) = put_then_remove_most(&s, 200, 4);
     let before = s.stats().unwrap().bytes_on_disk;
     let segs_before = s.segment_paths().len();
     let reclaimed = s.compact().unwrap();
@@ -1698,19 +1704,7 @@ fn a_rotted_compaction_copy_loses_only_itself() {
         ..small(Durability::Group)
     };
     let s = LogStore::open(dir.path(), o.clone()).unwrap();
-    let mut chunks = Vec::new();
-    for i in 0..300u64 {
-        let data = payload(i, 1000);
-        chunks.push((s.put(&data).unwrap(), data));
-    }
-    s.commit(&[set("root", b"r")]).unwrap();
-    let (dead, live): (Vec<_>, Vec<_>) = chunks
-        .into_iter()
-        .enumerate()
-        .partition(|(i, _)| i % 10 != 0);
-    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
-    let live: Vec<(Cid, Vec<u8>)> = live.into_iter().map(|(_, x)| x).collect();
-    s.remove(&dead).unwrap();
+    let (_, live) = put_then_remove_most(&s, 300, 10);
     assert!(s.compact().unwrap() > 0);
     let active = s.segment_paths().last().unwrap().clone();
     drop(s);

@@ -384,7 +384,7 @@ async fn reader_cors(req: Request, next: Next) -> Response {
     );
     h.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Content-Type,ETag"),
+        HeaderValue::from_static("Content-Type,ETag,Content-Range,Accept-Ranges"),
     );
     resp
 }
@@ -1654,7 +1654,8 @@ async fn read(
         }
     };
     // As the reader's `res.sendFile` does: one byte range (`Range`, honoured when an
-    // `If-Range` names this version), and 304 for a matching `If-None-Match`.
+    // `If-Range` names this version), and 304 for a matching `If-None-Match` (weak
+    // comparison, `*` included).
     let header_str = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok());
     let names_this = |list: &str| {
         list.split(',').any(|t| {
@@ -1664,8 +1665,16 @@ async fn read(
         })
     };
     let not_modified = header_str(header::IF_NONE_MATCH).is_some_and(names_this);
+    // If-Range compares strongly (RFC 9110, 13.1.5): the exact ETag, quoted or not; any
+    // other value, a date included, serves the whole file.
+    let range_applies = match headers.get(header::IF_RANGE) {
+        None => true,
+        Some(v) => v
+            .to_str()
+            .is_ok_and(|t| t.trim().trim_matches('"') == found.etag),
+    };
     let ranged = header_str(header::RANGE)
-        .filter(|_| header_str(header::IF_RANGE).is_none_or(names_this))
+        .filter(|_| range_applies)
         .map_or(RangeAsk::Full, |r| parse_range(r, found.len));
     let (status, start, end) = match ranged {
         _ if not_modified => (StatusCode::NOT_MODIFIED, 0, 0),
