@@ -574,6 +574,25 @@ impl Db {
         Ok((t, damage))
     }
 
+    /// The head of tagged branch `branch` of `key`, if it has one: one ref read, where
+    /// [`Db::table`] reads every head of the key (a key with many branches, such as a Gaia
+    /// file deleted under archival scopes many times, made every read of it slower).
+    pub fn branch_head(&self, key: &[u8], branch: &str) -> Result<Option<Uid>> {
+        check_key(key)?;
+        let mut name = self.key_prefix(key);
+        name.push(b't');
+        name.extend_from_slice(branch.as_bytes());
+        match self.store.get_ref(&name)? {
+            None => Ok(None),
+            Some(v) => Uid::from_bytes(&v).map(Some).map_err(|e| {
+                Error::corrupt(format!(
+                    "head ref of branch {branch:?} of key {}: {e}",
+                    show_key(key)
+                ))
+            }),
+        }
+    }
+
     /// The branch table of `key`; [`Error::NotFound`] when the key does not exist.
     pub fn existing_table(&self, key: &[u8]) -> Result<BranchTable> {
         let t = self.table(key)?;

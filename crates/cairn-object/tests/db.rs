@@ -65,6 +65,11 @@ fn figure3a_fork_on_demand() {
         vec![("master".to_string(), s1), ("new".to_string(), s2)]
     );
     assert!(db.list_untagged(b"k").unwrap().is_empty());
+    // One branch's head, read alone; a prefix of a branch name is no branch.
+    assert_eq!(db.branch_head(b"k", "master").unwrap(), Some(s1));
+    assert_eq!(db.branch_head(b"k", "new").unwrap(), Some(s2));
+    assert_eq!(db.branch_head(b"k", "ne").unwrap(), None);
+    assert_eq!(db.branch_head(b"other", "master").unwrap(), None);
     // Fork from a non-head uid (M12).
     put_str(&db, "k", Target::Branch("master"), "S3");
     db.fork(b"k", &At::Uid(s1), "old").unwrap();

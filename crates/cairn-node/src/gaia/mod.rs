@@ -712,7 +712,7 @@ impl Hub {
 
 /// The head of a file (its `master` branch), if it exists.
 fn head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
-    Ok(bucket.db().table(key)?.tagged.get(DEFAULT_BRANCH).copied())
+    Ok(bucket.db().branch_head(key, DEFAULT_BRANCH)?)
 }
 
 /// The write preconditions of a store, checked against the current head.
