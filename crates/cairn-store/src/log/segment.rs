@@ -144,7 +144,8 @@ impl Segment {
         // segment is always of the current format.
         let unwritten = !read || first.iter().all(|&b| b == 0);
         let unknown = ![format::SEG_VERSION, format::SEG_VERSION_UNBOUND].contains(&h[12]);
-        if found.is_none() && unwritten && unknown && h.starts_with(format::SEG_MAGIC) {
+        let ours = h.starts_with(format::SEG_MAGIC);
+        if found.is_none() && unwritten && unknown && ours {
             found = Some(true);
         }
         let bound = found.unwrap_or(declared);
@@ -153,7 +154,9 @@ impl Segment {
         } else {
             format::SEG_VERSION_UNBOUND
         };
-        let note = (found.is_some() && h[12] != byte).then(|| {
+        // Only a header that is otherwise one of ours is mended (a header of another kind
+        // of damage is reported where it is checked).
+        let note = (found.is_some() && h[12] != byte && ours).then(|| {
             // Mended on disk too (best effort), so the next open does not depend on the
             // first record staying readable.
             let mended = file
