@@ -1021,6 +1021,8 @@ async fn stored_pages_are_served_sandboxed() {
         let h = r.headers().clone();
         assert_eq!(h["content-security-policy"], "sandbox", "{path}");
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        // The reader's Cache-Control, on a missing file too (as the reader sets it first).
+        assert_eq!(h["cache-control"], "no-cache", "{path}");
         if r.status() == 200 {
             assert_eq!(h["content-type"], "text/html");
             assert_eq!(r.bytes().await.unwrap().as_ref(), page);

@@ -852,7 +852,7 @@ async fn store(
     }
     let Some(permit) = hub.node.write_permit() else {
         crate::native::body::drain_refused(body);
-        return busy_transfers(&hub).into_response();
+        return busy_transfers(&hub, true).into_response();
     };
     // Made here (it needs the runtime handle); read in the blocking task.
     let reader = BodyReader::new(body);
@@ -1556,6 +1556,18 @@ fn not_found() -> Response {
         .into_response()
 }
 
+/// [`not_found`] with the reader's `Cache-Control`, which the reader sets before it looks
+/// (a CDN in front of `read_url` would otherwise keep a "missing" answer).
+fn not_found_cached(hub: &Hub) -> Response {
+    let mut r = not_found();
+    if let Ok(v) = HeaderValue::from_str(&hub.cfg.cache_control)
+        && !hub.cfg.cache_control.is_empty()
+    {
+        r.headers_mut().insert(header::CACHE_CONTROL, v);
+    }
+    r
+}
+
 /// What a read found: the headers to send and, for a Blob, the tree to stream.
 struct Found {
     etag: String,
@@ -1639,13 +1651,13 @@ async fn read(
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return not_found();
+        return not_found_cached(&hub);
     }
     let h = hub.clone();
     let head = method == Method::HEAD;
     let found = match blocking(move || find(&h, &address, &raw_path, head)).await {
         Ok(Some(f)) => f,
-        Ok(None) => return not_found(),
+        Ok(None) => return not_found_cached(&hub),
         Err(e) => {
             if let GaiaError::Server(m) = &e {
                 tracing::error!(error = %m, "gaia read failed");
@@ -1727,7 +1739,7 @@ async fn read(
             }
             FoundBody::Blob(bucket, tree) => match hub.node.read_permit() {
                 Some(permit) => stream_blob(&hub, bucket, tree, start, n, permit),
-                None => return busy_transfers(&hub).into_response(),
+                None => return busy_transfers(&hub, false).into_response(),
             },
         };
         hub.node
@@ -1741,11 +1753,17 @@ async fn read(
         .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())
 }
 
-/// 503 with `Retry-After`: `max_transfers` streamed uploads and downloads are in progress.
-fn busy_transfers(hub: &Hub) -> GaiaError {
+/// 503 with `Retry-After`: uploads (`write`) or downloads hold their share of
+/// `max_transfers`, or all of them are in progress.
+fn busy_transfers(hub: &Hub, write: bool) -> GaiaError {
+    let all = hub.node.config.max_transfers;
+    let (share, what) = if write {
+        (crate::node::write_share(all), "uploads")
+    } else {
+        (crate::node::read_share(all), "downloads")
+    };
     GaiaError::Busy(format!(
-        "{} transfers are in progress; retry shortly",
-        hub.node.config.max_transfers
+        "{share} {what} or {all} transfers in all are in progress; retry shortly"
     ))
 }
 
