@@ -25,6 +25,16 @@ fn db() -> (Db, Arc<MemoryStore>) {
     (Db::with_config(store.clone(), cfg), store)
 }
 
+/// Merges branch `dev` of `key` into `master` with `resolver`.
+fn merge_dev(
+    db: &Db,
+    key: &[u8],
+    resolver: &BuiltinResolver,
+    opts: &PutOptions,
+) -> cairn_core::Result<MergeOutcome> {
+    db.merge_into(key, "master", &At::Branch("dev".into()), resolver, opts)
+}
+
 fn master() -> At {
     At::Branch("master".into())
 }
@@ -260,15 +270,7 @@ fn primitive_type_operations() {
         &o,
     )
     .unwrap();
-    let e = db
-        .merge_into(
-            b"big",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Append,
-            &o,
-        )
-        .unwrap_err();
+    let e = merge_dev(&db, b"big", &BuiltinResolver::Append, &o).unwrap_err();
     assert!(matches!(e, Error::InvalidInput(_)), "{e}");
     assert_eq!(db.get(b"big", &master()).unwrap().uid, before);
 }
@@ -345,29 +347,12 @@ fn map_merge_per_key_and_resolvers() {
     )
     .unwrap();
     // a conflicts (10 vs 5); b and d merge cleanly.
-    let r = db
-        .merge_into(
-            b"m",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Manual,
-            &o,
-        )
-        .unwrap();
+    let r = merge_dev(&db, b"m", &BuiltinResolver::Manual, &o).unwrap();
     let MergeOutcome::Conflicts(c) = r else {
         panic!("{r:?}")
     };
     assert_eq!(c.len(), 1);
-    let MergeOutcome::Merged(u) = db
-        .merge_into(
-            b"m",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Sum,
-            &o,
-        )
-        .unwrap()
-    else {
+    let MergeOutcome::Merged(u) = merge_dev(&db, b"m", &BuiltinResolver::Sum, &o).unwrap() else {
         panic!()
     };
     let t = *db
@@ -388,14 +373,7 @@ fn map_merge_per_key_and_resolvers() {
     assert_eq!(got, want);
     // Merging again is a no-op.
     assert!(matches!(
-        db.merge_into(
-            b"m",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Manual,
-            &o
-        )
-        .unwrap(),
+        merge_dev(&db, b"m", &BuiltinResolver::Manual, &o).unwrap(),
         MergeOutcome::UpToDate(_)
     ));
 }
@@ -407,14 +385,7 @@ fn fast_forward_merge() {
     db.fork(b"k", &master(), "dev").unwrap();
     let b = put_str(&db, "k", Target::Branch("dev"), "b");
     assert_eq!(
-        db.merge_into(
-            b"k",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Manual,
-            &PutOptions::default()
-        )
-        .unwrap(),
+        merge_dev(&db, b"k", &BuiltinResolver::Manual, &PutOptions::default()).unwrap(),
         MergeOutcome::FastForward(b)
     );
     assert_eq!(db.resolve(b"k", &master()).unwrap(), b);
@@ -526,7 +497,7 @@ proptest! {
         let op2 = apply(&mut theirs, &e2);
         db.update(b"b", Target::Branch("master"), op1, &o).unwrap();
         db.update(b"b", Target::Branch("dev"), op2, &o).unwrap();
-        let out = db.merge_into(b"b", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let out = merge_dev(&db, b"b", &BuiltinResolver::Manual, &o).unwrap();
         let mut expect = base.clone();
         apply(&mut expect, &e2);
         apply(&mut expect, &e1);
@@ -569,7 +540,7 @@ proptest! {
             let (a1, a2) = (s1.contains(x), s2.contains(x));
             if a1 == b { a2 } else { a1 }
         }).collect();
-        let out = db.merge_into(b"s", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let out = merge_dev(&db, b"s", &BuiltinResolver::Manual, &o).unwrap();
         let uid = match out { MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => u, c => panic!("{c:?}") };
         let t = *db.get(b"s", &At::Uid(uid)).unwrap().object.value.tree().unwrap();
         let got: BTreeSet<u16> = postree::iter(db.chunks(), &t).map(|e| { let k = e.unwrap().key; u16::from_be_bytes([k[0], k[1]]) }).collect();
@@ -785,7 +756,7 @@ proptest! {
         let (mine, theirs) = if theirs_first { (eb, ea) } else { (ea, eb) };
         db.update(b"l", Target::Branch("master"), mine, &o).unwrap();
         db.update(b"l", Target::Branch("dev"), theirs, &o).unwrap();
-        let out = db.merge_into(b"l", "master", &At::Branch("dev".into()), &BuiltinResolver::Manual, &o).unwrap();
+        let out = merge_dev(&db, b"l", &BuiltinResolver::Manual, &o).unwrap();
         let uid = match out {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => u,
             MergeOutcome::Conflicts(c) => { prop_assert!(false, "conflict on disjoint edits: {:?}", c); unreachable!() }
@@ -830,10 +801,7 @@ fn interleaved_edits_in_one_region_each_survive() {
         for (branch, at, v) in edits {
             set(&db, branch, *at, v);
         }
-        match db
-            .merge_into(b"l", "master", &At::Branch("dev".into()), &resolver, &o)
-            .unwrap()
-        {
+        match merge_dev(&db, b"l", &resolver, &o).unwrap() {
             MergeOutcome::Merged(u) => Ok(list_of(
                 &db,
                 &db.get(b"l", &At::Uid(u)).unwrap().object.value,
@@ -921,15 +889,7 @@ fn union_keeps_an_element_moved_by_one_side() {
     db.fork(b"l", &master(), "dev").unwrap();
     put("master", &["X", "P", "Q", "B1", "C"], "ours");
     put("dev", &["P", "Q", "B2", "X", "C"], "theirs");
-    let r = db
-        .merge_into(
-            b"l",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Union,
-            &o,
-        )
-        .unwrap();
+    let r = merge_dev(&db, b"l", &BuiltinResolver::Union, &o).unwrap();
     let MergeOutcome::Merged(u) = r else {
         panic!("{r:?}")
     };
@@ -974,15 +934,7 @@ fn nearby_blob_edits_in_one_leaf_merge() {
             &o,
         )
         .unwrap();
-        let MergeOutcome::Merged(u) = d
-            .merge_into(
-                b"b",
-                "master",
-                &At::Branch("dev".into()),
-                &BuiltinResolver::Manual,
-                &o,
-            )
-            .unwrap()
+        let MergeOutcome::Merged(u) = merge_dev(d, b"b", &BuiltinResolver::Manual, &o).unwrap()
         else {
             panic!("edits 1490 bytes apart must merge")
         };
@@ -1011,14 +963,7 @@ fn append_resolver_does_not_repeat_the_base() {
     .unwrap();
     db.update(b"s", Target::Branch("dev"), Op::Append(b"BB2".to_vec()), &o)
         .unwrap();
-    db.merge_into(
-        b"s",
-        "master",
-        &At::Branch("dev".into()),
-        &BuiltinResolver::Append,
-        &o,
-    )
-    .unwrap();
+    merge_dev(&db, b"s", &BuiltinResolver::Append, &o).unwrap();
     assert_eq!(string_at(&db, "s", &master()), "baseAA2BB2");
     // Blob: both append at the end of one leaf.
     let base = noise(200_000, 4);
@@ -1052,28 +997,12 @@ fn append_resolver_does_not_repeat_the_base() {
         &o,
     )
     .unwrap();
-    let out = db
-        .merge_into(
-            b"b",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Manual,
-            &o,
-        )
-        .unwrap();
+    let out = merge_dev(&db, b"b", &BuiltinResolver::Manual, &o).unwrap();
     assert!(
         matches!(out, MergeOutcome::Conflicts(_)),
         "two appends at one point conflict"
     );
-    let MergeOutcome::Merged(u) = db
-        .merge_into(
-            b"b",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Append,
-            &o,
-        )
-        .unwrap()
+    let MergeOutcome::Merged(u) = merge_dev(&db, b"b", &BuiltinResolver::Append, &o).unwrap()
     else {
         panic!()
     };
@@ -1290,18 +1219,13 @@ fn merges_past_their_memory_fail_cleanly_and_change_nothing() {
         (&b"map"[..], BuiltinResolver::Theirs),
     ] {
         let before = roomy.get(key, &master()).unwrap().uid;
-        let e = tight
-            .merge_into(key, "master", &At::Branch("dev".into()), &resolver, &o)
-            .unwrap_err();
+        let e = merge_dev(&tight, key, &resolver, &o).unwrap_err();
         assert!(
             matches!(&e, Error::InvalidInput(m) if m.contains("in memory") && m.contains("nothing was written")),
             "{e}"
         );
         assert_eq!(roomy.get(key, &master()).unwrap().uid, before);
-        let MergeOutcome::Merged(u) = roomy
-            .merge_into(key, "master", &At::Branch("dev".into()), &resolver, &o)
-            .unwrap()
-        else {
+        let MergeOutcome::Merged(u) = merge_dev(&roomy, key, &resolver, &o).unwrap() else {
             panic!("the merge fits the default memory")
         };
         assert_eq!(roomy.get(key, &master()).unwrap().uid, u);
@@ -1868,15 +1792,7 @@ fn append_puts_their_change_next_to_ours_whatever_the_chunking() {
             db.update(b"l", Target::Branch(branch), splice, &o).unwrap();
         }
         for k in [&b"b"[..], b"l"] {
-            let r = db
-                .merge_into(
-                    k,
-                    "master",
-                    &At::Branch("dev".into()),
-                    &BuiltinResolver::Append,
-                    &o,
-                )
-                .unwrap();
+            let r = merge_dev(&db, k, &BuiltinResolver::Append, &o).unwrap();
             assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
         }
         let mut want = base[..10].to_vec();
@@ -1910,15 +1826,7 @@ fn append_does_not_resolve_a_deleted_map_entry() {
     db.fork(b"m", &master(), "dev").unwrap();
     map_edit(&db, "master", "k", None, 0);
     map_edit(&db, "dev", "k", Some("hello world"), 0);
-    let r = db
-        .merge_into(
-            b"m",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Append,
-            &o,
-        )
-        .unwrap();
+    let r = merge_dev(&db, b"m", &BuiltinResolver::Append, &o).unwrap();
     assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
     assert!(map_at(&db, b"m", &master()).is_empty());
 }
@@ -1998,15 +1906,7 @@ fn union_skips_their_elements_anywhere_in_ours() {
         };
         db.update(b"l", Target::Branch(branch), splice, &o).unwrap();
     }
-    let r = db
-        .merge_into(
-            b"l",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Union,
-            &o,
-        )
-        .unwrap();
+    let r = merge_dev(&db, b"l", &BuiltinResolver::Union, &o).unwrap();
     assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
     let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
     assert_eq!(got, items(&["x", "y", "z"]));
@@ -2044,15 +1944,7 @@ fn a_virtual_base_keeps_list_elements_whole() {
         assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
     }
     set("dev", "x\ny");
-    let r = db
-        .merge_into(
-            b"l",
-            "master",
-            &At::Branch("dev".into()),
-            &BuiltinResolver::Manual,
-            &o,
-        )
-        .unwrap();
+    let r = merge_dev(&db, b"l", &BuiltinResolver::Manual, &o).unwrap();
     assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
     let got = list_of(&db, &db.get(b"l", &master()).unwrap().object.value);
     assert_eq!(got, items(&["m", "k"]));
