@@ -129,6 +129,43 @@ impl RecordHeader {
     /// in the capsule's algorithm, distinct backpointers, a non-empty subrecord tree.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, "record header");
+        let (capsule, body) = Self::decode_front(&mut d)?;
+        let algo = capsule.hash().algo();
+        let n = d.count(34)?;
+        if n > MAX_BACKPOINTERS {
+            return Err(Error::decode(format!(
+                "{n} backpointers (at most {MAX_BACKPOINTERS})"
+            )));
+        }
+        let mut backpointers: Vec<RecordName> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b = RecordName(d.hash()?);
+            if b.hash().algo() != algo {
+                return Err(Error::decode(
+                    "backpointer uses another algorithm than the capsule",
+                ));
+            }
+            if backpointers.contains(&b) {
+                return Err(Error::decode(format!("backpointer {b} appears twice")));
+            }
+            backpointers.push(b);
+        }
+        d.finish()?;
+        Ok(RecordHeader {
+            capsule,
+            body,
+            backpointers,
+        })
+    }
+
+    /// The body reference of an encoded header, read without the backpointers (and
+    /// without checking them): for sizing an answer before the record is read.
+    pub fn decode_body_ref(bytes: &[u8]) -> Result<BodyRef> {
+        Ok(Self::decode_front(&mut Decoder::new(bytes, "record header"))?.1)
+    }
+
+    /// The capsule name and body reference, checked, leaving `d` at the backpointers.
+    fn decode_front(d: &mut Decoder<'_>) -> Result<(CapsuleName, BodyRef)> {
         if d.raw(2)? != TAG_HEADER {
             return Err(Error::decode("not a record header (bad tag)"));
         }
@@ -162,31 +199,7 @@ impl RecordHeader {
                 "body hash uses another algorithm than the capsule",
             ));
         }
-        let n = d.count(34)?;
-        if n > MAX_BACKPOINTERS {
-            return Err(Error::decode(format!(
-                "{n} backpointers (at most {MAX_BACKPOINTERS})"
-            )));
-        }
-        let mut backpointers: Vec<RecordName> = Vec::with_capacity(n);
-        for _ in 0..n {
-            let b = RecordName(d.hash()?);
-            if b.hash().algo() != algo {
-                return Err(Error::decode(
-                    "backpointer uses another algorithm than the capsule",
-                ));
-            }
-            if backpointers.contains(&b) {
-                return Err(Error::decode(format!("backpointer {b} appears twice")));
-            }
-            backpointers.push(b);
-        }
-        d.finish()?;
-        Ok(RecordHeader {
-            capsule,
-            body,
-            backpointers,
-        })
+        Ok((capsule, body))
     }
 
     /// Checks what [`RecordHeader::decode`] checks, on a header built in memory (which

@@ -131,6 +131,25 @@ pub const MAX_CACHED_BODY: usize = 4096;
 /// anything is issued; ask for fewer names at a time.
 pub const MAX_BATCH_ANSWER_BYTES: usize = 32 << 20;
 
+/// Most bytes of headers one record proof carries: what a wire frame
+/// ([`crate::wire::MAX_FRAME`]) holds beside the largest body, less room for the rest of
+/// the answer. A record whose shortest chain to a signature (or to what the reader caches)
+/// is longer cannot be proven until its writer signs a record nearer to it; the server
+/// says so rather than build an answer no reader would take.
+pub const MAX_PROOF_BYTES: usize = (1 << 20) - (64 << 10);
+
+/// Fewest bytes an encoded record header takes (tag, version, capsule name, body
+/// reference, backpointer count).
+const MIN_HEADER_BYTES: usize = 72;
+
+fn proof_too_long(name: &RecordName, records: usize, bytes: usize) -> Error {
+    Error::Unavailable(format!(
+        "the proof of record {name} would run through {records} records ({bytes} bytes of \
+         headers, at least), more than the {MAX_PROOF_BYTES} one answer carries; the \
+         writer must sign a record nearer to it"
+    ))
+}
+
 /// Sealed bodies and subrecords this server has verified (on write, against the header's
 /// body hash or the subrecord root, or read back from the store, which checks every chunk
 /// against its cid), keyed by that hash and kept up to a byte budget, so a read of a
@@ -1585,6 +1604,19 @@ impl CapsuleServer {
     /// the capsule does not hold fails the whole request). At most
     /// [`MAX_BATCH_SUBRECORDS`] names.
     pub fn read_subrecords(&self, capsule: &CapsuleName, subs: &[Hash]) -> Result<Vec<Vec<u8>>> {
+        self.read_subrecords_within(capsule, subs, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::read_subrecords`], calling `reserve` with the bytes of each
+    /// subrecord read before reading the next (a network endpoint takes them from its
+    /// memory budget, so many large batches read at once wait for memory); an error from
+    /// `reserve` ends the read with that error.
+    pub fn read_subrecords_within(
+        &self,
+        capsule: &CapsuleName,
+        subs: &[Hash],
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Vec<Vec<u8>>> {
         if subs.len() > MAX_BATCH_SUBRECORDS {
             return Err(Error::invalid(format!(
                 "{} subrecords in one read request; at most {MAX_BATCH_SUBRECORDS}",
@@ -1605,9 +1637,23 @@ impl CapsuleServer {
                     MAX_BATCH_ANSWER_BYTES >> 20
                 )));
             }
+            reserve(sealed.len())?;
             out.push(sealed);
         }
         Ok(out)
+    }
+
+    /// The sealed length of record `name`'s body, from its header in memory (`None` for a
+    /// record of subrecords, or one this server does not hold): what an answer carrying
+    /// the body will need, known before the body is read.
+    pub fn body_len(&self, capsule: &CapsuleName, name: &RecordName) -> Option<u64> {
+        let cap = self.capsule(capsule).ok()?;
+        let cap = cap.lock();
+        let node = cap.dag.node(name)?;
+        match RecordHeader::decode_body_ref(&node.header).ok()? {
+            BodyRef::Plain { len, .. } => Some(len),
+            BodyRef::Subrecords { .. } => None,
+        }
     }
 
     /// Subrecords(record): the names of a record's subrecords, in tree order.
@@ -1822,12 +1868,30 @@ impl CapsuleServer {
         trusted: Option<&VerificationCache>,
         mut first: Option<RecordHeader>,
     ) -> Result<(RecordProof, Vec<Hash>)> {
-        let chain_names =
+        let (names, cached) =
             match trusted.and_then(|m| cap.dag.chain_to_trusted(name, |h| m.contains(h))) {
                 Some(c) => (c, true),
-                None => (cap.dag.chain_to_signature(name)?, false),
+                None => {
+                    // A chain longer than an answer holds is refused before it is walked:
+                    // the witness says how long the shortest chain is, and every header
+                    // takes some bytes.
+                    if let Some(hops) = cap.dag.witness(name).and_then(|w| w.hops()) {
+                        let records = hops as usize + 1;
+                        let least = records.saturating_mul(MIN_HEADER_BYTES);
+                        if least > MAX_PROOF_BYTES {
+                            return Err(proof_too_long(name, records, least));
+                        }
+                    }
+                    (cap.dag.chain_to_signature(name)?, false)
+                }
             };
-        let (names, cached) = chain_names;
+        let bytes: usize = names
+            .iter()
+            .map(|n| cap.dag.node(n).map_or(0, |x| x.header.len() + 5))
+            .sum();
+        if bytes > MAX_PROOF_BYTES {
+            return Err(proof_too_long(name, names.len(), bytes));
+        }
         let mut chain = Vec::with_capacity(names.len());
         for n in &names {
             chain.push(match first.take() {

@@ -41,7 +41,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result};
-use cairn_net::{Client, ClientConfig, ServerConfig, ServerHandle};
+use cairn_net::{Client, ClientConfig, Reserve, ServerConfig, ServerHandle};
 use lru::LruCache;
 use parking_lot::Mutex;
 
@@ -1734,11 +1734,69 @@ impl CapsuleService {
     /// Decodes one request, runs it, and encodes the response (a request that does not
     /// decode gets a [`ErrorCode::Decode`] error response).
     pub fn handle_bytes(&self, req: &[u8]) -> Vec<u8> {
+        self.handle_bytes_within(req, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleService::handle_bytes`], taking the memory a large answer needs from
+    /// `reserve` before building it: a record's body (twice: as read, and in the encoded
+    /// answer) once its header gives the length, each subrecord of a batched read as it is
+    /// read, and a sync message's record budget. An error from `reserve` (the endpoint's
+    /// memory stayed in use) is answered as it is, with nothing read or issued. An answer
+    /// larger than a frame ([`MAX_FRAME`]), which no reader would take, is answered with
+    /// an error instead.
+    pub fn handle_bytes_within(
+        &self,
+        req: &[u8],
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Vec<u8> {
         let resp = match Request::from_bytes(req) {
-            Ok(r) => self.handle(r),
+            Ok(r) => self.handle_within(r, reserve),
             Err(e) => Response::Error(WireError::from(&e)),
         };
-        resp.to_bytes()
+        let bytes = resp.to_bytes();
+        if bytes.len() <= MAX_FRAME {
+            return bytes;
+        }
+        Response::Error(WireError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "the answer ({}) came to {} bytes, more than the {MAX_FRAME} a frame \
+                 carries; ask for less at a time",
+                resp.kind(),
+                bytes.len()
+            ),
+        ))
+        .to_bytes()
+    }
+
+    fn handle_within(
+        &self,
+        req: Request,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Response {
+        let need = match &req {
+            Request::Read { capsule, name } | Request::ReadProve { capsule, name, .. } => self
+                .server
+                .body_len(capsule, name)
+                .map_or(0, |len| (len as usize).saturating_mul(2)),
+            Request::Sync { .. } => 2 * crate::sync::SYNC_BUDGET,
+            Request::ReadSubrecords { capsule, subs } => {
+                return result(
+                    self.server
+                        .read_subrecords_within(capsule, subs, &mut |n| {
+                            reserve(n.saturating_mul(2))
+                        })
+                        .map(Response::Subrecords),
+                );
+            }
+            _ => 0,
+        };
+        if need > 0
+            && let Err(e) = reserve(need)
+        {
+            return Response::Error(WireError::from(&e));
+        }
+        self.handle(req)
     }
 
     fn sync(
@@ -1873,7 +1931,13 @@ pub fn serve_service(
     addr: impl ToSocketAddrs,
     config: ServerConfig,
 ) -> Result<ServerHandle> {
-    cairn_net::serve(addr, config, move |req: &[u8]| service.handle_bytes(req))
+    cairn_net::serve_reserving(
+        addr,
+        config,
+        move |req: &[u8], mem: &mut Reserve<'_, '_>| {
+            service.handle_bytes_within(req, &mut |n| mem.reserve(n))
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------

@@ -116,6 +116,63 @@ fn write_read_prove_with_and_without_cache() {
     assert!(matches!(server.ack(sid, 999_999), Err(Error::Rejected(_))));
 }
 
+/// A proof longer than one answer carries is refused with a clear error (before, the
+/// server built it whole: a chain of 14,000 records, or of 40 headers of 1,000
+/// backpointers each, came to more bytes than a reader's frame takes, and broke the
+/// connection); a record nearer its signature, or one the reader's cache reaches, is
+/// still proven.
+#[test]
+fn proofs_longer_than_an_answer_are_refused_clearly() {
+    let (server, w, meta, bk) = setup();
+    let c = meta.name();
+    let mut w = w.with_skip_pointers(false);
+    // A linear chain too long by the witness's hop count alone.
+    let n = MAX_PROOF_BYTES / 72 + 10;
+    let records: Vec<Record> = (0..n).map(|i| w.record(&[i as u8], &[]).unwrap()).collect();
+    let last = records[n - 1].name();
+    server
+        .write(&c, &records, &[(last, w.sign(&last))])
+        .unwrap();
+    let first = records[0].name();
+    let err = server.prove(&c, &first, None).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable(m) if m.contains("sign a record nearer")),
+        "{err}"
+    );
+    assert!(server.read_and_prove(&c, &first, None).is_err());
+    let near = records[n - 5].name();
+    let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk.clone())).unwrap();
+    let p = server.prove(&c, &near, None).unwrap().proof;
+    assert_eq!(p.chain.len(), 5);
+    reader.verify_record(&near, &p).unwrap();
+    // A reader that caches a record next to the first is proven through it.
+    let policy = CachePolicy::Lru { capacity: 16 };
+    let second = records[1].name();
+    let sid = server.open_session(&c, policy, &[*second.hash()]).unwrap();
+    let issued = server.prove(&c, &first, Some(sid)).unwrap();
+    assert_eq!(issued.proof.chain.len(), 2);
+    assert!(matches!(issued.proof.anchor, Anchor::Cached));
+
+    // Few records, but headers of 1,000 backpointers each (to records this replica
+    // lacks): the chain's bytes, not its length, are over.
+    let mut w = w;
+    let ghosts: Vec<RecordName> = (0..1000u32)
+        .map(|i| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes())))
+        .collect();
+    let fat: Vec<Record> = (0..40)
+        .map(|i| w.record(&[i as u8], &ghosts).unwrap())
+        .collect();
+    let top = fat[39].name();
+    server.write(&c, &fat, &[(top, w.sign(&top))]).unwrap();
+    let err = server.prove(&c, &fat[0].name(), None).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable(m) if m.contains("bytes of headers")),
+        "{err}"
+    );
+    let p = server.prove(&c, &fat[30].name(), None).unwrap().proof;
+    reader.verify_record(&fat[30].name(), &p).unwrap();
+}
+
 #[test]
 fn server_refuses_bad_writes_and_changes_nothing() {
     let (server, mut w, meta, _) = setup();
@@ -880,6 +937,7 @@ fn on_issue_mirror_drift_is_caught_and_resynchronised() {
     let issued = server.prove(&c, &names[14], Some(sid)).unwrap();
     assert_eq!(issued.proof.anchor, Anchor::Cached);
     assert_eq!(issued.proof.chain.len(), 2);
+    assert!(matches!(issued.proof.anchor, Anchor::Cached));
     assert!(matches!(
         reader.verify_record(&names[14], &issued.proof),
         Err(Error::Rejected(_))
@@ -895,6 +953,7 @@ fn on_issue_mirror_drift_is_caught_and_resynchronised() {
     reader.verify_record(&names[14], &issued.proof).unwrap();
     let issued = server.prove(&c, &names[13], Some(sid)).unwrap();
     assert_eq!(issued.proof.chain.len(), 2);
+    assert!(matches!(issued.proof.anchor, Anchor::Cached));
     reader.verify_record(&names[13], &issued.proof).unwrap();
 }
 

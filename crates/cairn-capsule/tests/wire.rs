@@ -522,3 +522,91 @@ fn a_forged_hello_does_not_end_a_real_session() {
         "{more:?}"
     );
 }
+
+/// The endpoint takes the memory of a large answer before building it: a record read
+/// reserves twice its body (as read, and in the encoded answer), a batched subrecord read
+/// reserves as it reads, and a refused reservation is answered "unavailable" with no
+/// proof issued.
+#[test]
+fn large_answers_reserve_their_memory_first() {
+    let srv = server(9);
+    let service = CapsuleService::new(srv.clone());
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    let body = vec![7u8; 1 << 20];
+    let r = w.record(&body, &[]).unwrap();
+    let n = r.name();
+    let sealed = r.body.len();
+    srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
+    assert_eq!(srv.body_len(&c, &n), Some(sealed as u64));
+
+    let mut asked = Vec::new();
+    let req = Request::Read {
+        capsule: c,
+        name: n,
+    }
+    .to_bytes();
+    let out = service.handle_bytes_within(&req, &mut |b| {
+        asked.push(b);
+        Ok(())
+    });
+    assert!(matches!(
+        Response::from_bytes(&out).unwrap(),
+        Response::Record(_)
+    ));
+    assert_eq!(asked, vec![2 * sealed]);
+
+    // Refused: the answer says so, and a session's proof is not issued.
+    let policy = CachePolicy::Lru { capacity: 16 };
+    let sid = srv.open_session(&c, policy, &[]).unwrap();
+    let req = Request::ReadProve {
+        capsule: c,
+        name: n,
+        session: Some(sid),
+    }
+    .to_bytes();
+    let out =
+        service.handle_bytes_within(&req, &mut |_| Err(Error::Unavailable("no memory".into())));
+    match Response::from_bytes(&out).unwrap() {
+        Response::Error(e) => assert!(matches!(e.into_error(), Error::Unavailable(_))),
+        other => panic!("answered {}", other.kind()),
+    }
+    // The first proof the session is issued is still proof 1 (nothing was issued above).
+    let issued = srv.prove(&c, &n, Some(sid)).unwrap();
+    assert_eq!(issued.proof_id, 1);
+
+    // A batched subrecord read reserves each subrecord as it is read.
+    let subs: Vec<_> = (0..3)
+        .map(|i| w.write_subrecord(&vec![i as u8; 5000]).unwrap())
+        .collect();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    srv.commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let req = Request::ReadSubrecords {
+        capsule: c,
+        subs: subs.clone(),
+    }
+    .to_bytes();
+    let mut asked = Vec::new();
+    let out = service.handle_bytes_within(&req, &mut |b| {
+        asked.push(b);
+        Ok(())
+    });
+    assert!(matches!(Response::from_bytes(&out).unwrap(), Response::Subrecords(s) if s.len() == 3));
+    let want: Vec<usize> = sealed.iter().map(|s| 2 * s.len()).collect();
+    assert_eq!(asked, want);
+    // Refused at the second subrecord: an error, not a partial answer.
+    let mut left = 1;
+    let out = service.handle_bytes_within(&req, &mut |_| {
+        if left == 0 {
+            return Err(Error::Unavailable("no memory".into()));
+        }
+        left -= 1;
+        Ok(())
+    });
+    assert!(matches!(
+        Response::from_bytes(&out).unwrap(),
+        Response::Error(_)
+    ));
+}

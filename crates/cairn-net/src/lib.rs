@@ -21,4 +21,7 @@ pub mod frame;
 pub mod rpc;
 
 pub use frame::{DEFAULT_MAX_FRAME, FrameDecoder, read_frame, write_frame};
-pub use rpc::{Client, ClientConfig, ServerConfig, ServerHandle, serve, serve_listener};
+pub use rpc::{
+    Client, ClientConfig, Reserve, ServerConfig, ServerHandle, serve, serve_listener,
+    serve_listener_reserving, serve_reserving,
+};

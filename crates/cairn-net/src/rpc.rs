@@ -15,7 +15,9 @@
 //! arrive, within one server-wide memory budget ([`ServerConfig::max_request_memory`],
 //! 1 GiB by default, besides 64 KiB a connection may keep between requests), which
 //! responses waiting to be written count against too: past it, arriving requests and
-//! answers wait for memory (at most 10 s) instead of growing it.
+//! answers wait for memory (at most 10 s) instead of growing it. A handler that knows an
+//! answer will be large reserves its memory before building it ([`serve_reserving`]);
+//! other answers are charged once built.
 //! [`ServerHandle::shutdown`] (or dropping the handle) stops accepting, lets each
 //! connection finish the requests it already received, and joins every thread.
 //!
@@ -301,6 +303,19 @@ impl Charge<'_> {
         Ok(())
     }
 
+    /// Holds exactly what a buffer of `bytes` needs: gives back any surplus at once (so
+    /// memory held for an answer's building is not given up and taken again), waits for
+    /// any shortfall as [`Charge::cover`] does.
+    fn resize(&mut self, bytes: usize) -> io::Result<()> {
+        let want = bytes.saturating_sub(UNCHARGED) as u64;
+        if want < self.held {
+            self.budget.give(self.held - want);
+            self.held = want;
+            return Ok(());
+        }
+        self.cover(bytes, None)
+    }
+
     /// Gives everything back (the buffer kept is at most [`UNCHARGED`]).
     fn release(&mut self) {
         self.budget.give(self.held);
@@ -311,6 +326,39 @@ impl Charge<'_> {
 impl Drop for Charge<'_> {
     fn drop(&mut self) {
         self.budget.give(self.held);
+    }
+}
+
+/// A handler's claim on the server's memory budget for the answer it is building (see
+/// [`serve_reserving`]): a handler that knows its answer will be large says so before it
+/// reads the data, and waits, as arriving requests do, while the budget is spent.
+pub struct Reserve<'a, 'b> {
+    charge: &'a mut Charge<'b>,
+    /// The request's buffer, which the charge covers while the handler runs.
+    request: usize,
+    reserved: usize,
+}
+
+impl Reserve<'_, '_> {
+    /// Takes `bytes` more from the server's budget for this answer (held until the answer
+    /// is written, then given back), waiting up to 10 s for them. An error means the
+    /// server's memory stayed in use that long: the handler should answer "busy" instead
+    /// of building the answer.
+    pub fn reserve(&mut self, bytes: usize) -> Result<()> {
+        self.reserved = self.reserved.saturating_add(bytes);
+        self.charge
+            .cover(self.request.saturating_add(self.reserved), None)
+            .map_err(|_| {
+                Error::Unavailable(format!(
+                    "the server's memory for answers stayed in use while an answer of \
+                     {bytes} bytes waited for it; try again"
+                ))
+            })
+    }
+
+    /// Bytes reserved so far.
+    pub fn reserved(&self) -> usize {
+        self.reserved
     }
 }
 
@@ -418,16 +466,34 @@ pub struct ServerHandle {
     acceptor: Option<JoinHandle<()>>,
 }
 
-type Handler = dyn Fn(&[u8]) -> Vec<u8> + Send + Sync;
+type Handler = dyn Fn(&[u8], &mut Reserve<'_, '_>) -> Vec<u8> + Send + Sync;
 
 /// Binds `addr` and serves requests with `handler` (request payload in, response payload
-/// out) until the returned handle is shut down or dropped.
+/// out) until the returned handle is shut down or dropped. A response counts against the
+/// server's memory budget once it is built; use [`serve_reserving`] when some answers are
+/// large and their size is known before they are built.
 pub fn serve<F>(addr: impl ToSocketAddrs, config: ServerConfig, handler: F) -> Result<ServerHandle>
 where
     F: Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
 {
+    serve_reserving(addr, config, move |req: &[u8], _: &mut Reserve<'_, '_>| {
+        handler(req)
+    })
+}
+
+/// [`serve`], where the handler may [`Reserve::reserve`] memory from the server's budget
+/// before it builds a large answer, so that many such answers built at once wait for
+/// memory instead of growing the process past the budget.
+pub fn serve_reserving<F>(
+    addr: impl ToSocketAddrs,
+    config: ServerConfig,
+    handler: F,
+) -> Result<ServerHandle>
+where
+    F: Fn(&[u8], &mut Reserve<'_, '_>) -> Vec<u8> + Send + Sync + 'static,
+{
     let listener = TcpListener::bind(addr).map_err(|e| Error::io("binding the RPC server", e))?;
-    serve_listener(listener, config, handler)
+    serve_listener_reserving(listener, config, handler)
 }
 
 /// Serves requests on an already bound `listener` (see [`serve`]).
@@ -438,6 +504,22 @@ pub fn serve_listener<F>(
 ) -> Result<ServerHandle>
 where
     F: Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
+{
+    serve_listener_reserving(
+        listener,
+        config,
+        move |req: &[u8], _: &mut Reserve<'_, '_>| handler(req),
+    )
+}
+
+/// Serves requests on an already bound `listener` (see [`serve_reserving`]).
+pub fn serve_listener_reserving<F>(
+    listener: TcpListener,
+    config: ServerConfig,
+    handler: F,
+) -> Result<ServerHandle>
+where
+    F: Fn(&[u8], &mut Reserve<'_, '_>) -> Vec<u8> + Send + Sync + 'static,
 {
     let mut addr = listener
         .local_addr()
@@ -642,15 +724,22 @@ fn serve_connection(
             Ok(true) => {}
             Ok(false) | Err(_) => break,
         }
-        let response = handler(&request);
+        let response = handler(
+            &request,
+            &mut Reserve {
+                charge: &mut charge,
+                request: request.capacity(),
+                reserved: 0,
+            },
+        );
         if request.capacity() > KEEP_REQUEST_BUF {
             request = Vec::new();
         }
-        charge.release();
         // A response is held until it is written, as long as its reader takes: it counts
-        // against the same budget, or peers that send small requests and never read would
-        // pin a large response each.
-        if charge.cover(response.len(), None).is_err() {
+        // against the same budget (what the handler reserved for it is kept, the rest of
+        // the request's share given back), or peers that send small requests and never
+        // read would pin a large response each.
+        if charge.resize(response.len()).is_err() {
             break;
         }
         writer.get_mut().start(response.len());

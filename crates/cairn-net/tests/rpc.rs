@@ -727,3 +727,59 @@ fn a_silent_server_times_the_client_out() {
     );
     t.join().unwrap();
 }
+
+/// A handler's reservation for an answer it is about to build comes out of the same
+/// budget: a second handler's reservation waits until the first answer is written, and
+/// nothing waits once it is (the reservation was kept for the answer, then given back).
+#[test]
+fn reservations_for_answers_wait_for_the_memory_budget() {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 1 << 20,
+        ..ServerConfig::default()
+    };
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    let first_holds = Arc::new(AtomicBool::new(false));
+    let second_has = Arc::new(AtomicBool::new(false));
+    let (f, s) = (first_holds.clone(), second_has.clone());
+    let h = cairn_net::serve_reserving(
+        "127.0.0.1:0",
+        cfg,
+        move |req: &[u8], mem: &mut cairn_net::Reserve<'_, '_>| {
+            if mem.reserve(900 << 10).is_err() {
+                return b"busy".to_vec();
+            }
+            assert_eq!(mem.reserved(), 900 << 10);
+            if req == b"first" {
+                f.store(true, Ordering::SeqCst);
+                let _ = go_rx.lock().unwrap().recv();
+            } else {
+                s.store(true, Ordering::SeqCst);
+            }
+            req.to_vec()
+        },
+    )
+    .unwrap();
+    let addr = h.local_addr();
+    let first = std::thread::spawn(move || Client::connect(addr).unwrap().call(b"first"));
+    while !first_holds.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = std::thread::spawn(move || Client::connect(addr).unwrap().call(b"second"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !second_has.load(Ordering::SeqCst),
+        "a reservation was granted past the memory budget"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(first.join().unwrap().unwrap(), b"first");
+    assert_eq!(second.join().unwrap().unwrap(), b"second");
+    // The budget is whole again: a third reservation is granted at once.
+    let t = std::time::Instant::now();
+    let mut c = Client::connect(addr).unwrap();
+    assert_eq!(c.call(b"third").unwrap(), b"third");
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
