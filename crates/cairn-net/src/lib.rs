@@ -22,6 +22,6 @@ pub mod rpc;
 
 pub use frame::{DEFAULT_MAX_FRAME, FrameDecoder, read_frame, write_frame};
 pub use rpc::{
-    Client, ClientConfig, Reserve, ServerConfig, ServerHandle, serve, serve_listener,
+    Client, ClientConfig, Reserve, ServerConfig, ServerHandle, peer_group, serve, serve_listener,
     serve_listener_reserving, serve_reserving,
 };

@@ -113,7 +113,7 @@ impl Default for ServerConfig {
 /// dual-stack listener is loopback); a global unicast IPv6 address by its /64, which one
 /// host commonly holds whole; any other address as itself (a LAN's link-local or
 /// unique-local hosts are many hosts).
-fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
+pub fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     match ip.to_canonical() {
         IpAddr::V6(v6) => {

@@ -88,6 +88,17 @@ pub struct Config {
     /// Streamed uploads and downloads in progress at once; further ones get 503 with
     /// `Retry-After` (each streamed download holds up to about 9 MiB of buffers).
     pub max_transfers: usize,
+    /// Connections one peer address (an IPv6 address by its /64) may hold at once; further
+    /// ones from it are closed on accept, so one host cannot take every connection.
+    pub max_connections_per_ip: usize,
+    /// Streamed transfers one peer address may hold at once; further ones from it get 503
+    /// with `Retry-After`, so one host's slow uploads or downloads cannot take every
+    /// transfer.
+    pub max_transfers_per_ip: usize,
+    /// Whether the two per-address limits apply to loopback peers too. Off by default: a
+    /// reverse proxy or a benchmark on the same machine speaks for many clients from one
+    /// loopback address (behind such a proxy, set its own per-client limits).
+    pub limit_loopback: bool,
     /// Buckets kept open, and their capsules loaded, at once: past it the least recently
     /// used idle ones are closed and reopened from the store on their next request.
     pub max_open_buckets: usize,
@@ -258,6 +269,9 @@ impl Default for Config {
             min_rate_bytes_per_sec: 500,
             max_connections: 4096,
             max_transfers: 256,
+            max_connections_per_ip: 256,
+            max_transfers_per_ip: 32,
+            limit_loopback: false,
             max_open_buckets: 4096,
             shutdown_grace_secs: 30.0,
             allowed_hosts: Vec::new(),
@@ -317,6 +331,9 @@ impl Config {
         }
         if self.max_connections == 0 || self.max_transfers == 0 || self.max_open_buckets == 0 {
             bail!("max_connections, max_transfers and max_open_buckets must be at least 1");
+        }
+        if self.max_connections_per_ip == 0 || self.max_transfers_per_ip == 0 {
+            bail!("max_connections_per_ip and max_transfers_per_ip must be at least 1");
         }
         self.backend.check()
     }

@@ -343,6 +343,7 @@ impl Bound {
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
         let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+        let per_ip = crate::node::PeerCounts::default();
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut tasks = tokio::task::JoinSet::new();
         let stop = async move {
@@ -362,9 +363,9 @@ impl Bound {
                 },
                 _ = &mut stop => break,
             };
-            let tcp = tokio::select! {
+            let (tcp, peer) = tokio::select! {
                 r = self.listener.accept() => match r {
-                    Ok((tcp, _)) => tcp,
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors, a connection reset before accept: wait
                         // a moment rather than spin.
@@ -380,11 +381,30 @@ impl Bound {
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::warn!("TCP_NODELAY: {e}");
             }
+            // One address holds at most its share of connections, and its requests take
+            // transfers within its share (see `Node::write_permit`).
+            let group = cairn_net::peer_group(peer.ip());
+            let limited = (cfg.limit_loopback || !group.is_loopback()).then_some(group);
+            let slot = match limited {
+                Some(ip) => match per_ip.take(ip, cfg.max_connections_per_ip) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        tracing::debug!(%ip, "connection refused: max_connections_per_ip");
+                        continue;
+                    }
+                },
+                None => None,
+            };
             let conn = builder.serve_connection(TokioIo::new(tcp), service.clone());
             let conn = graceful.watch(conn);
             tasks.spawn(async move {
                 let _permit = permit;
-                if let Err(e) = conn.await {
+                let _slot = slot;
+                let done = match limited {
+                    Some(ip) => crate::node::LIMITED_PEER.scope(ip, conn).await,
+                    None => conn.await,
+                };
+                if let Err(e) = done {
                     tracing::debug!("connection: {e}");
                 }
             });

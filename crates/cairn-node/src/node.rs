@@ -53,8 +53,63 @@ pub struct Node {
     /// slow uploads (any Gaia identity, which costs nothing to make, may upload) cannot
     /// lock downloads out.
     writes: Arc<tokio::sync::Semaphore>,
+    /// Transfers in progress per peer address ([`PeerCounts`]), within
+    /// `max_transfers_per_ip`.
+    peer_transfers: PeerCounts,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
+}
+
+tokio::task_local! {
+    /// The address group ([`cairn_net::peer_group`]) of the peer whose connection the
+    /// current task serves, when its transfers are limited per address (set by the
+    /// server around each connection; unset for loopback peers unless `limit_loopback`,
+    /// and in requests handed to the router directly).
+    pub static LIMITED_PEER: std::net::IpAddr;
+}
+
+/// Counts of something held per peer address (connections, transfers), each given back
+/// when its [`PeerSlot`] drops.
+#[derive(Clone, Default)]
+pub struct PeerCounts(Arc<Mutex<HashMap<std::net::IpAddr, usize>>>);
+
+impl PeerCounts {
+    /// One more for `ip`, unless it holds `max` already.
+    pub fn take(&self, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut counts = self.0.lock();
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            counts: self.clone(),
+            ip,
+        })
+    }
+
+    /// How many `ip` holds now.
+    pub fn held(&self, ip: std::net::IpAddr) -> usize {
+        self.0.lock().get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One of a peer's slots in a [`PeerCounts`], given back when dropped.
+pub struct PeerSlot {
+    counts: PeerCounts,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock();
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// A streamed transfer's permit ([`Node::write_permit`], [`Node::read_permit`]), given
@@ -63,7 +118,13 @@ pub struct Transfer {
     _total: tokio::sync::OwnedSemaphorePermit,
     /// The read's or the write's share.
     _share: tokio::sync::OwnedSemaphorePermit,
+    /// The peer address's share, when its transfers are limited.
+    _peer: Option<PeerSlot>,
 }
+
+/// Why no transfer permit was free: the message of the 503 the caller answers.
+#[derive(Debug)]
+pub struct Busy(pub String);
 
 /// How many of `max_transfers` reads may hold at once: all but a quarter, which stays for
 /// requests that write (at least one transfer is a read's).
@@ -137,29 +198,79 @@ impl Node {
             key,
             buckets: Mutex::new(LruCache::unbounded()),
             opening: Mutex::new(HashMap::new()),
+            peer_transfers: PeerCounts::default(),
         }))
     }
 
     /// A permit for one request that reads a body (an upload, a mutation), held until it
-    /// ends; `None` while writes hold their share of `max_transfers` (see [`write_share`])
-    /// or all are in progress (the caller answers 503 with `Retry-After`).
-    pub fn write_permit(&self) -> Option<Transfer> {
-        let write = self.writes.clone().try_acquire_owned().ok()?;
-        Some(Transfer {
-            _total: self.transfers.clone().try_acquire_owned().ok()?,
-            _share: write,
-        })
+    /// ends; refused while writes hold their share of `max_transfers` (see
+    /// [`write_share`]), all are in progress, or the peer's address holds
+    /// `max_transfers_per_ip` (the caller answers 503 with `Retry-After`).
+    pub fn write_permit(&self) -> Result<Transfer, Busy> {
+        self.permit(true)
     }
 
     /// A permit for one request that sends data from the store (a download, a listing),
-    /// held until it ends; `None` while reads hold their share of `max_transfers` (see
-    /// [`read_share`]) or all are in progress.
-    pub fn read_permit(&self) -> Option<Transfer> {
-        let read = self.reads.clone().try_acquire_owned().ok()?;
-        Some(Transfer {
-            _total: self.transfers.clone().try_acquire_owned().ok()?,
-            _share: read,
+    /// held until it ends; refused while reads hold their share of `max_transfers` (see
+    /// [`read_share`]), all are in progress, or the peer's address holds
+    /// `max_transfers_per_ip`.
+    pub fn read_permit(&self) -> Result<Transfer, Busy> {
+        self.permit(false)
+    }
+
+    fn permit(&self, write: bool) -> Result<Transfer, Busy> {
+        let all = self.config.max_transfers;
+        // One address cannot take every transfer (slow uploads at the rate floor held
+        // them all, for anyone: a Gaia identity costs nothing to make).
+        let peer = match LIMITED_PEER.try_with(|ip| *ip) {
+            Ok(ip) => {
+                let max = self.config.max_transfers_per_ip;
+                Some(self.peer_transfers.take(ip, max).ok_or_else(|| {
+                    Busy(format!(
+                        "{max} transfers from your address are in progress \
+                         (max_transfers_per_ip); retry when one ends"
+                    ))
+                })?)
+            }
+            Err(_) => None,
+        };
+        let (shares, share, what, kept) = if write {
+            (
+                &self.writes,
+                write_share(all),
+                "writes",
+                "an eighth is kept for reads",
+            )
+        } else {
+            (
+                &self.reads,
+                read_share(all),
+                "reads",
+                "a quarter is kept for writes",
+            )
+        };
+        let busy = || {
+            Busy(format!(
+                "{share} {what} or {all} transfers in all are in progress (max_transfers, of \
+                 which {kept}); retry shortly"
+            ))
+        };
+        let share = shares.clone().try_acquire_owned().map_err(|_| busy())?;
+        Ok(Transfer {
+            _total: self
+                .transfers
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| busy())?,
+            _share: share,
+            _peer: peer,
         })
+    }
+
+    /// Transfers in progress now from the address group of `ip` (see
+    /// [`cairn_net::peer_group`]), when its transfers are limited.
+    pub fn peer_transfers(&self, ip: std::net::IpAddr) -> usize {
+        self.peer_transfers.held(cairn_net::peer_group(ip))
     }
 
     /// Streamed transfers in progress now.

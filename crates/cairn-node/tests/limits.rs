@@ -377,7 +377,7 @@ async fn slow_writers_leave_room_for_reads() {
         .unwrap();
     assert_eq!(r.status(), 201);
     let writers: Vec<_> = (0..3).map(|_| s.node.write_permit().unwrap()).collect();
-    assert!(s.node.write_permit().is_none());
+    assert!(s.node.write_permit().is_err());
     let r = s
         .req(reqwest::Method::PUT, "/v1/buckets/b/objects/k")
         .body("refused")
@@ -393,7 +393,7 @@ async fn slow_writers_leave_room_for_reads() {
         "written before the writers are slow"
     );
     drop(writers);
-    assert!(s.node.write_permit().is_some());
+    assert!(s.node.write_permit().is_ok());
     s.stop().await;
 }
 
@@ -405,7 +405,7 @@ async fn slow_readers_leave_room_for_writes() {
     s.open_bucket("b").await;
     assert_eq!(cairn_node::node::read_share(4), 3);
     let readers: Vec<_> = (0..3).map(|_| s.node.read_permit().unwrap()).collect();
-    assert!(s.node.read_permit().is_none());
+    assert!(s.node.read_permit().is_err());
     let r = s.get("/v1/buckets/b/keys").await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
@@ -423,5 +423,117 @@ async fn slow_readers_leave_room_for_writes() {
         r.bytes().await.unwrap(),
         "written while the readers are slow"
     );
+    s.stop().await;
+}
+
+/// Waits (up to 10 s) until `cond` holds.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One address holds at most `max_transfers_per_ip` transfers (reads and writes together):
+/// before, slow uploads from one host (at the rate floor) could hold every write slot for
+/// everyone. Here loopback counts as a remote host (`limit_loopback`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_transfers() {
+    let s = Server::start_with(|c| {
+        c.max_transfers = 16;
+        c.max_transfers_per_ip = 2;
+        c.limit_loopback = true;
+    })
+    .await;
+    s.open_bucket("b").await;
+    let local = "127.0.0.1".parse().unwrap();
+    let slow: Vec<TcpStream> = vec![stalled_upload(&s).await, stalled_upload(&s).await];
+    eventually("the two slow uploads hold their transfers", || {
+        s.node.peer_transfers(local) == 2
+    })
+    .await;
+    assert_eq!(s.node.transfers_in_progress(), 2);
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/other")
+        .body("refused")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let v = r.text().await.unwrap();
+    assert!(v.contains("max_transfers_per_ip"), "{v}");
+    assert_eq!(s.get("/v1/buckets/b/keys").await.status(), 503);
+    // Transfers taken outside a connection (no peer address) count only in `max_transfers`.
+    drop(s.node.write_permit().unwrap());
+    // One slow upload goes away: its slot is the address's again.
+    drop(slow);
+    eventually("the slow uploads give their transfers back", || {
+        s.node.peer_transfers(local) == 0
+    })
+    .await;
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/other")
+        .body("stored")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    s.stop().await;
+}
+
+/// One address holds at most `max_connections_per_ip` connections; a further one is
+/// closed at once, and its slot comes back when one of the others closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_connections() {
+    let s = Server::start_with(|c| {
+        c.max_connections_per_ip = 3;
+        c.limit_loopback = true;
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect(&s).await);
+    }
+    // Each of the three is served.
+    for tcp in &mut held {
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        tcp.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+    }
+    // The fourth is closed unanswered.
+    let mut extra = connect(&s).await;
+    let _ = extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let got = tokio::time::timeout(Duration::from_secs(5), extra.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(got, Ok(Ok(0)) | Ok(Err(_))),
+        "the fourth connection was served: {got:?} {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop(held.pop());
+    let t0 = Instant::now();
+    loop {
+        let mut tcp = connect(&s).await;
+        let _ = tcp
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 12];
+        if tcp.read_exact(&mut buf).await.is_ok() {
+            assert_eq!(&buf, b"HTTP/1.1 200");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     s.stop().await;
 }

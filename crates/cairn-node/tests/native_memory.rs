@@ -43,7 +43,7 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 /// producer ends, which can trail the last byte the client received.
 async fn wait_for_idle_transfers(s: &Server) {
     for _ in 0..1000 {
-        if s.node.write_permit().is_some() {
+        if s.node.write_permit().is_ok() {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -850,9 +850,12 @@ async fn store(
         crate::native::body::drain_refused(body);
         return StatusCode::NOT_FOUND.into_response();
     }
-    let Some(permit) = hub.node.write_permit() else {
-        crate::native::body::drain_refused(body);
-        return busy_transfers(&hub, true).into_response();
+    let permit = match hub.node.write_permit() {
+        Ok(p) => p,
+        Err(b) => {
+            crate::native::body::drain_refused(body);
+            return GaiaError::Busy(b.0).into_response();
+        }
     };
     // Made here (it needs the runtime handle); read in the blocking task.
     let reader = BodyReader::new(body);
@@ -1738,8 +1741,8 @@ async fn read(
                 Body::from(bytes.slice(start as usize..end as usize))
             }
             FoundBody::Blob(bucket, tree) => match hub.node.read_permit() {
-                Some(permit) => stream_blob(&hub, bucket, tree, start, n, permit),
-                None => return busy_transfers(&hub, false).into_response(),
+                Ok(permit) => stream_blob(&hub, bucket, tree, start, n, permit),
+                Err(b) => return GaiaError::Busy(b.0).into_response(),
             },
         };
         hub.node
@@ -1751,20 +1754,6 @@ async fn read(
     };
     b.body(body)
         .unwrap_or_else(|_| (StatusCode::BAD_REQUEST, "Could not return file").into_response())
-}
-
-/// 503 with `Retry-After`: uploads (`write`) or downloads hold their share of
-/// `max_transfers`, or all of them are in progress.
-fn busy_transfers(hub: &Hub, write: bool) -> GaiaError {
-    let all = hub.node.config.max_transfers;
-    let (share, what) = if write {
-        (crate::node::write_share(all), "uploads")
-    } else {
-        (crate::node::read_share(all), "downloads")
-    };
-    GaiaError::Busy(format!(
-        "{share} {what} or {all} transfers in all are in progress; retry shortly"
-    ))
 }
 
 /// Streams `len` bytes of a Blob tree from `start`, from a blocking task through a small channel

@@ -591,16 +591,10 @@ impl Write for ChannelWriter {
 }
 
 /// A permit for one request that sends data from the store ([`Node::read_permit`]), or
-/// 503 with `Retry-After` while reads hold their share of `max_transfers`.
+/// 503 with `Retry-After` while reads hold their share of `max_transfers` (or the peer's
+/// address its `max_transfers_per_ip`).
 pub fn transfer_permit(node: &Node) -> ApiResult<crate::node::Transfer> {
-    node.read_permit().ok_or_else(|| {
-        busy(format!(
-            "{} reads or {} transfers in all are in progress (max_transfers, of which a \
-             quarter is kept for writes); retry shortly",
-            crate::node::read_share(node.config.max_transfers),
-            node.config.max_transfers
-        ))
-    })
+    node.read_permit().map_err(|b| busy(b.0))
 }
 
 /// A 503 with `Retry-After: 1`.
@@ -623,15 +617,10 @@ fn busy(message: String) -> ApiError {
 /// sent again as it was.
 pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer, Body)> {
     match node.write_permit() {
-        Some(p) => Ok((p, body)),
-        None => {
+        Ok(p) => Ok((p, body)),
+        Err(b) => {
             drain_refused(body);
-            Err(busy(format!(
-                "{} writes or {} transfers in all are in progress (max_transfers, of which an \
-                 eighth is kept for reads); retry shortly",
-                crate::node::write_share(node.config.max_transfers),
-                node.config.max_transfers
-            )))
+            Err(busy(b.0))
         }
     }
 }
