@@ -106,6 +106,9 @@ pub struct ServerOptions {
     /// (as past [`ServerOptions::max_sessions`]) until they fit again; a session asking
     /// for a cache larger than this alone is refused.
     pub max_mirrored_names: usize,
+    /// Most bytes of headers one record proof carries ([`MAX_PROOF_BYTES`] by default,
+    /// which is also the most any answer has room for).
+    pub max_proof_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -118,6 +121,7 @@ impl Default for ServerOptions {
             max_loaded_capsules: 4096,
             max_sessions: 4096,
             max_mirrored_names: CachePolicy::MAX_CAPACITY as usize * 2,
+            max_proof_bytes: MAX_PROOF_BYTES,
         }
     }
 }
@@ -132,21 +136,22 @@ pub const MAX_CACHED_BODY: usize = 4096;
 pub const MAX_BATCH_ANSWER_BYTES: usize = 32 << 20;
 
 /// Most bytes of headers one record proof carries: what a wire frame
-/// ([`crate::wire::MAX_FRAME`]) holds beside the largest body, less room for the rest of
-/// the answer. A record whose shortest chain to a signature (or to what the reader caches)
-/// is longer cannot be proven until its writer signs a record nearer to it; the server
-/// says so rather than build an answer no reader would take.
-pub const MAX_PROOF_BYTES: usize = (1 << 20) - (64 << 10);
+/// ([`crate::wire::MAX_FRAME`]) holds, less room for the rest of the answer (the default
+/// of [`ServerOptions::max_proof_bytes`]). A read-and-prove has the frame less its body; a
+/// subrecord multiproof, [`MAX_BATCH_ANSWER_BYTES`]. A record whose shortest chain to a
+/// signature (or to what the reader caches) is longer cannot be proven until its writer
+/// signs a record nearer to it; the server says so rather than build an answer no reader
+/// would take.
+pub const MAX_PROOF_BYTES: usize = crate::wire::MAX_FRAME - (64 << 10);
 
 /// Fewest bytes an encoded record header takes (tag, version, capsule name, body
 /// reference, backpointer count).
 const MIN_HEADER_BYTES: usize = 72;
 
-fn proof_too_long(name: &RecordName, records: usize, bytes: usize) -> Error {
+fn proof_too_long(name: &RecordName, what: String, room: usize) -> Error {
     Error::Unavailable(format!(
-        "the proof of record {name} would run through {records} records ({bytes} bytes of \
-         headers, at least), more than the {MAX_PROOF_BYTES} one answer carries; the \
-         writer must sign a record nearer to it"
+        "the proof of record {name} would hold {what}, more than the {room} bytes this \
+         answer has room for; the writer must sign a record nearer to it"
     ))
 }
 
@@ -1573,7 +1578,9 @@ impl CapsuleServer {
                 body
             }
         };
-        let issued = self.prove_locked(&locked, capsule, name, session, Some(header))?;
+        // The proof travels beside the body: it has the rest of the frame.
+        let room = MAX_PROOF_BYTES.saturating_sub(body.len());
+        let issued = self.prove_locked(&locked, capsule, name, session, Some(header), room)?;
         Ok((body, issued))
     }
 
@@ -1867,7 +1874,9 @@ impl CapsuleServer {
         name: &RecordName,
         trusted: Option<&VerificationCache>,
         mut first: Option<RecordHeader>,
+        room: usize,
     ) -> Result<(RecordProof, Vec<Hash>)> {
+        let room = room.min(self.opts.max_proof_bytes);
         let (names, cached) =
             match trusted.and_then(|m| cap.dag.chain_to_trusted(name, |h| m.contains(h))) {
                 Some(c) => (c, true),
@@ -1877,9 +1886,9 @@ impl CapsuleServer {
                     // takes some bytes.
                     if let Some(hops) = cap.dag.witness(name).and_then(|w| w.hops()) {
                         let records = hops as usize + 1;
-                        let least = records.saturating_mul(MIN_HEADER_BYTES);
-                        if least > MAX_PROOF_BYTES {
-                            return Err(proof_too_long(name, records, least));
+                        if records.saturating_mul(MIN_HEADER_BYTES) > room {
+                            let what = format!("a chain of {records} records");
+                            return Err(proof_too_long(name, what, room));
                         }
                     }
                     (cap.dag.chain_to_signature(name)?, false)
@@ -1889,8 +1898,9 @@ impl CapsuleServer {
             .iter()
             .map(|n| cap.dag.node(n).map_or(0, |x| x.header.len() + 5))
             .sum();
-        if bytes > MAX_PROOF_BYTES {
-            return Err(proof_too_long(name, names.len(), bytes));
+        if bytes > room {
+            let what = format!("{bytes} bytes of headers ({} records)", names.len());
+            return Err(proof_too_long(name, what, room));
         }
         let mut chain = Vec::with_capacity(names.len());
         for n in &names {
@@ -1926,7 +1936,7 @@ impl CapsuleServer {
     ) -> Result<Issued<RecordProof>> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
-        self.prove_locked(&cap, capsule, name, session, None)
+        self.prove_locked(&cap, capsule, name, session, None, MAX_PROOF_BYTES)
     }
 
     /// `first`, when given, is `name`'s header, already decoded by the caller.
@@ -1937,16 +1947,18 @@ impl CapsuleServer {
         name: &RecordName,
         session: Option<SessionId>,
         first: Option<RecordHeader>,
+        room: usize,
     ) -> Result<Issued<RecordProof>> {
         match session {
             None => {
-                let (proof, _) = self.record_proof(cap, name, None, first)?;
+                let (proof, _) = self.record_proof(cap, name, None, first, room)?;
                 Ok(Issued { proof_id: 0, proof })
             }
             Some(id) => {
                 let s = self.session(id, capsule)?;
                 let mut s = s.lock();
-                let (proof, inserts) = self.record_proof(cap, name, Some(&s.mirror), first)?;
+                let (proof, inserts) =
+                    self.record_proof(cap, name, Some(&s.mirror), first, room)?;
                 let issued = Self::issue(&mut s, inserts, proof, self.opts.max_mirrored_names);
                 drop(s);
                 self.keep_mirrors_in_budget(id);
@@ -2018,8 +2030,13 @@ impl CapsuleServer {
         let (record_proof, mut inserts) = if cut {
             (None, Vec::new())
         } else {
-            let (rp, names) =
-                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror), None)?;
+            let (rp, names) = self.record_proof(
+                &cap,
+                &record,
+                guard.as_deref().map(|s| &s.mirror),
+                None,
+                MAX_PROOF_BYTES,
+            )?;
             (Some(rp), names)
         };
         // As the reader notes them: the walk's nodes, the siblings it consumed (bound by
@@ -2117,8 +2134,13 @@ impl CapsuleServer {
             indices.clear();
             indices.extend(leaves.iter().map(|l| l.0));
             let siblings = tree.multi_proof(&indices, count)?;
-            let (rp, mut names) =
-                self.record_proof(&cap, &record, guard.as_deref().map(|s| &s.mirror), None)?;
+            let (rp, mut names) = self.record_proof(
+                &cap,
+                &record,
+                guard.as_deref().map(|s| &s.mirror),
+                None,
+                MAX_BATCH_ANSWER_BYTES,
+            )?;
             // Refused before it is issued (the mirror has not moved) when it would not fit.
             size += 32 + 15 * leaves.len() + 32 * siblings.len() + rp.to_bytes().len();
             if size > MAX_BATCH_ANSWER_BYTES {

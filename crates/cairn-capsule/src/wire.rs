@@ -1739,8 +1739,8 @@ impl CapsuleService {
 
     /// [`CapsuleService::handle_bytes`], taking the memory a large answer needs from
     /// `reserve` before building it: a record's body (twice: as read, and in the encoded
-    /// answer) once its header gives the length, each subrecord of a batched read as it is
-    /// read, and a sync message's record budget. An error from `reserve` (the endpoint's
+    /// answer) once its header gives the length, each subrecord of a batched read (twice)
+    /// as it is read, and a sync message's record budget (past its Hello). An error from `reserve` (the endpoint's
     /// memory stayed in use) is answered as it is, with nothing read or issued. An answer
     /// larger than a frame ([`MAX_FRAME`]), which no reader would take, is answered with
     /// an error instead.
@@ -1779,7 +1779,13 @@ impl CapsuleService {
                 .server
                 .body_len(capsule, name)
                 .map_or(0, |len| (len as usize).saturating_mul(2)),
-            Request::Sync { .. } => 2 * crate::sync::SYNC_BUDGET,
+            // A Hello's answer names no records; later messages carry at most a budget
+            // of record bytes (more only for one record over it).
+            Request::Sync {
+                msg: SyncMsg::Hello { .. },
+                ..
+            } => 0,
+            Request::Sync { .. } => crate::sync::SYNC_BUDGET,
             Request::ReadSubrecords { capsule, subs } => {
                 return result(
                     self.server

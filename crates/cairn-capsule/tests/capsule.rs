@@ -116,18 +116,28 @@ fn write_read_prove_with_and_without_cache() {
     assert!(matches!(server.ack(sid, 999_999), Err(Error::Rejected(_))));
 }
 
-/// A proof longer than one answer carries is refused with a clear error (before, the
-/// server built it whole: a chain of 14,000 records, or of 40 headers of 1,000
-/// backpointers each, came to more bytes than a reader's frame takes, and broke the
-/// connection); a record nearer its signature, or one the reader's cache reaches, is
-/// still proven.
+/// A proof longer than its answer has room for is refused with a clear error, before the
+/// chain is walked when the witness's hop count alone says so (before, the server built
+/// it whole: a chain longer than a reader's frame broke the connection); a record nearer
+/// its signature, or one the reader's cache reaches, is still proven. Here with 64 KiB of
+/// room instead of the frame's 65 MiB, so that the chains stay small.
 #[test]
 fn proofs_longer_than_an_answer_are_refused_clearly() {
-    let (server, w, meta, bk) = setup();
+    let room = 64 << 10;
+    let server = server_with(ServerOptions {
+        max_proof_bytes: room,
+        ..ServerOptions::default()
+    });
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "test");
+    let bk = BodyKey([7; 32]);
+    server.create(&meta).unwrap();
     let c = meta.name();
-    let mut w = w.with_skip_pointers(false);
+    let mut w = Writer::new(meta.clone(), wk, Some(bk.clone()))
+        .unwrap()
+        .with_skip_pointers(false);
     // A linear chain too long by the witness's hop count alone.
-    let n = MAX_PROOF_BYTES / 72 + 10;
+    let n = room / 72 + 10;
     let records: Vec<Record> = (0..n).map(|i| w.record(&[i as u8], &[]).unwrap()).collect();
     let last = records[n - 1].name();
     server
@@ -136,10 +146,20 @@ fn proofs_longer_than_an_answer_are_refused_clearly() {
     let first = records[0].name();
     let err = server.prove(&c, &first, None).unwrap_err();
     assert!(
-        matches!(&err, Error::Unavailable(m) if m.contains("sign a record nearer")),
+        matches!(&err, Error::Unavailable(m)
+            if m.contains(&format!("a chain of {n} records")) && m.contains("sign a record nearer")),
         "{err}"
     );
     assert!(server.read_and_prove(&c, &first, None).is_err());
+    // Within the room by hops, over it in bytes (each header here takes 107 bytes).
+    let over = room / 100;
+    let err = server
+        .prove(&c, &records[n - over].name(), None)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable(m) if m.contains("bytes of headers")),
+        "{err}"
+    );
     let near = records[n - 5].name();
     let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk.clone())).unwrap();
     let p = server.prove(&c, &near, None).unwrap().proof;
@@ -153,10 +173,9 @@ fn proofs_longer_than_an_answer_are_refused_clearly() {
     assert_eq!(issued.proof.chain.len(), 2);
     assert!(matches!(issued.proof.anchor, Anchor::Cached));
 
-    // Few records, but headers of 1,000 backpointers each (to records this replica
-    // lacks): the chain's bytes, not its length, are over.
-    let mut w = w;
-    let ghosts: Vec<RecordName> = (0..1000u32)
+    // Few records, but headers of 100 backpointers each (to records this replica lacks):
+    // the chain's bytes, not its length, are over.
+    let ghosts: Vec<RecordName> = (0..100u32)
         .map(|i| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes())))
         .collect();
     let fat: Vec<Record> = (0..40)

@@ -213,11 +213,14 @@ impl Read for RequestReader<'_> {
 struct Budget {
     left: std::sync::Mutex<u64>,
     freed: std::sync::Condvar,
+    /// The whole budget.
+    total: u64,
 }
 
 impl Budget {
     fn new(bytes: u64) -> Self {
         Budget {
+            total: bytes,
             left: std::sync::Mutex::new(bytes),
             freed: std::sync::Condvar::new(),
         }
@@ -288,7 +291,9 @@ impl Charge<'_> {
     /// Covers a buffer of `bytes`, waiting for memory until `deadline` (at most
     /// [`BUDGET_WAIT`]).
     fn cover(&mut self, bytes: usize, deadline: Option<std::time::Instant>) -> io::Result<()> {
-        let bytes = bytes.saturating_sub(UNCHARGED) as u64;
+        // Never more than the whole budget, which no wait could get: a buffer larger than
+        // the budget (an answer reserved or built larger) holds all of it.
+        let bytes = (bytes.saturating_sub(UNCHARGED) as u64).min(self.budget.total);
         if bytes > self.held {
             let limit = std::time::Instant::now() + BUDGET_WAIT;
             let deadline = Some(deadline.map_or(limit, |d| d.min(limit)));
@@ -307,7 +312,7 @@ impl Charge<'_> {
     /// memory held for an answer's building is not given up and taken again), waits for
     /// any shortfall as [`Charge::cover`] does.
     fn resize(&mut self, bytes: usize) -> io::Result<()> {
-        let want = bytes.saturating_sub(UNCHARGED) as u64;
+        let want = (bytes.saturating_sub(UNCHARGED) as u64).min(self.budget.total);
         if want < self.held {
             self.budget.give(self.held - want);
             self.held = want;
@@ -345,15 +350,16 @@ impl Reserve<'_, '_> {
     /// server's memory stayed in use that long: the handler should answer "busy" instead
     /// of building the answer.
     pub fn reserve(&mut self, bytes: usize) -> Result<()> {
-        self.reserved = self.reserved.saturating_add(bytes);
-        self.charge
-            .cover(self.request.saturating_add(self.reserved), None)
-            .map_err(|_| {
-                Error::Unavailable(format!(
-                    "the server's memory for answers stayed in use while an answer of \
-                     {bytes} bytes waited for it; try again"
-                ))
-            })
+        let reserved = self.reserved.saturating_add(bytes);
+        let want = self.request.saturating_add(reserved);
+        self.charge.cover(want, None).map_err(|_| {
+            Error::Unavailable(format!(
+                "the server's memory for answers stayed in use while an answer of \
+                 {bytes} bytes waited for it; try again"
+            ))
+        })?;
+        self.reserved = reserved;
+        Ok(())
     }
 
     /// Bytes reserved so far.

@@ -783,3 +783,36 @@ fn reservations_for_answers_wait_for_the_memory_budget() {
     assert_eq!(c.call(b"third").unwrap(), b"third");
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// A reservation larger than the whole budget takes the whole budget (once free) instead
+/// of waiting for memory the server can never have: an answer larger than the budget is
+/// still served when nothing else holds memory.
+#[test]
+fn a_reservation_over_the_whole_budget_takes_the_budget() {
+    let cfg = ServerConfig {
+        max_frame: 1 << 20,
+        max_request_memory: 1 << 20,
+        ..ServerConfig::default()
+    };
+    let h = cairn_net::serve_reserving(
+        "127.0.0.1:0",
+        cfg,
+        |_req: &[u8], mem: &mut cairn_net::Reserve<'_, '_>| match mem.reserve(3 << 20) {
+            Ok(()) => vec![1u8; 2 << 20],
+            Err(e) => e.to_string().into_bytes(),
+        },
+    )
+    .unwrap();
+    let t = std::time::Instant::now();
+    let mut c = Client::connect_with(
+        h.local_addr(),
+        ClientConfig {
+            max_frame: 4 << 20,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.call(b"big").unwrap(), vec![1u8; 2 << 20]);
+    assert_eq!(c.call(b"again").unwrap(), vec![1u8; 2 << 20]);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
