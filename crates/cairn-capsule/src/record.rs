@@ -158,12 +158,6 @@ impl RecordHeader {
         })
     }
 
-    /// The body reference of an encoded header, read without the backpointers (and
-    /// without checking them): for sizing an answer before the record is read.
-    pub fn decode_body_ref(bytes: &[u8]) -> Result<BodyRef> {
-        Ok(Self::decode_front(&mut Decoder::new(bytes, "record header"))?.1)
-    }
-
     /// The capsule name and body reference, checked, leaving `d` at the backpointers.
     fn decode_front(d: &mut Decoder<'_>) -> Result<(CapsuleName, BodyRef)> {
         if d.raw(2)? != TAG_HEADER {

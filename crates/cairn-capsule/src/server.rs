@@ -148,6 +148,15 @@ pub const MAX_PROOF_BYTES: usize = crate::wire::MAX_FRAME - (64 << 10);
 /// reference, backpointer count).
 const MIN_HEADER_BYTES: usize = 72;
 
+/// The memory an answer carrying the body `header` names needs: the body as read, and its
+/// copy in the encoded answer.
+fn answer_bytes(header: &RecordHeader) -> usize {
+    match header.body {
+        BodyRef::Plain { len, .. } => usize::try_from(len).unwrap_or(usize::MAX).saturating_mul(2),
+        BodyRef::Subrecords { .. } => 0,
+    }
+}
+
 fn proof_too_long(name: &RecordName, what: String, room: usize) -> Error {
     Error::Unavailable(format!(
         "the proof of record {name} would hold {what}, more than the {room} bytes this \
@@ -1483,22 +1492,7 @@ impl CapsuleServer {
         Ok(Some(sealed.to_vec()))
     }
 
-    /// The sealed body of record `name` whose header is `header` and whose body is stored
-    /// as `body`.
-    fn read_body(
-        &self,
-        capsule: &CapsuleName,
-        name: &RecordName,
-        body: StoredBody,
-        header: &RecordHeader,
-    ) -> Result<Vec<u8>> {
-        match self.cached_body(capsule, name, body, header)? {
-            Some(sealed) => Ok(sealed),
-            None => self.stored_body(capsule, name, body, header),
-        }
-    }
-
-    /// [`CapsuleServer::read_body`] past the body cache: reads the body chunk from the
+    /// The sealed body of record `name` past the body cache: reads the body chunk from the
     /// store (and keeps it in the cache).
     fn stored_body(
         &self,
@@ -1536,9 +1530,29 @@ impl CapsuleServer {
 
     /// Read(name): the record's header and (sealed) body, checked against each other.
     pub fn read(&self, capsule: &CapsuleName, name: &RecordName) -> Result<Record> {
+        self.read_within(capsule, name, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::read`], calling `reserve` with twice the body's length (as read,
+    /// and in an encoded answer) before a body the cache does not hold is read from the
+    /// store, with no lock held (a network endpoint takes it from its memory budget, so
+    /// many large reads at once wait for memory); an error from `reserve` ends the read
+    /// with that error.
+    pub fn read_within(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Record> {
         let cap = self.capsule(capsule)?;
-        let (body, header) = Self::stored_record(&cap.lock(), capsule, name)?;
-        let body = self.read_body(capsule, name, body, &header)?;
+        let (stored, header) = Self::stored_record(&cap.lock(), capsule, name)?;
+        let body = match self.cached_body(capsule, name, stored, &header)? {
+            Some(body) => body,
+            None => {
+                reserve(answer_bytes(&header))?;
+                self.stored_body(capsule, name, stored, &header)?
+            }
+        };
         Ok(Record { header, body })
     }
 
@@ -1564,6 +1578,18 @@ impl CapsuleServer {
         name: &RecordName,
         session: Option<SessionId>,
     ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
+        self.read_and_prove_within(capsule, name, session, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::read_and_prove`], reserving as [`CapsuleServer::read_within`]
+    /// does; a refused reservation issues nothing.
+    pub fn read_and_prove_within(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        session: Option<SessionId>,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(Vec<u8>, Issued<RecordProof>)> {
         let cap = self.capsule(capsule)?;
         let mut locked = cap.lock();
         let (stored, header) = Self::stored_record(&locked, capsule, name)?;
@@ -1573,6 +1599,7 @@ impl CapsuleServer {
             Some(body) => body,
             None => {
                 drop(locked);
+                reserve(answer_bytes(&header))?;
                 let body = self.stored_body(capsule, name, stored, &header)?;
                 locked = cap.lock();
                 body
@@ -1648,19 +1675,6 @@ impl CapsuleServer {
             out.push(sealed);
         }
         Ok(out)
-    }
-
-    /// The sealed length of record `name`'s body, from its header in memory (`None` for a
-    /// record of subrecords, or one this server does not hold): what an answer carrying
-    /// the body will need, known before the body is read.
-    pub fn body_len(&self, capsule: &CapsuleName, name: &RecordName) -> Option<u64> {
-        let cap = self.capsule(capsule).ok()?;
-        let cap = cap.lock();
-        let node = cap.dag.node(name)?;
-        match RecordHeader::decode_body_ref(&node.header).ok()? {
-            BodyRef::Plain { len, .. } => Some(len),
-            BodyRef::Subrecords { .. } => None,
-        }
     }
 
     /// Subrecords(record): the names of a record's subrecords, in tree order.

@@ -1739,7 +1739,7 @@ impl CapsuleService {
 
     /// [`CapsuleService::handle_bytes`], taking the memory a large answer needs from
     /// `reserve` before building it: a record's body (twice: as read, and in the encoded
-    /// answer) once its header gives the length, each subrecord of a batched read (twice)
+    /// answer) before it is read from the store, each subrecord of a batched read (twice)
     /// as it is read, and a sync message's record budget (past its Hello). An error from `reserve` (the endpoint's
     /// memory stayed in use) is answered as it is, with nothing read or issued. An answer
     /// larger than a frame ([`MAX_FRAME`]), which no reader would take, is answered with
@@ -1775,10 +1775,30 @@ impl CapsuleService {
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Response {
         let need = match &req {
-            Request::Read { capsule, name } | Request::ReadProve { capsule, name, .. } => self
-                .server
-                .body_len(capsule, name)
-                .map_or(0, |len| (len as usize).saturating_mul(2)),
+            Request::Read { capsule, name } => {
+                return result(
+                    self.server
+                        .read_within(capsule, name, reserve)
+                        .map(Response::Record),
+                );
+            }
+            Request::ReadProve {
+                capsule,
+                name,
+                session,
+            } => {
+                return result(
+                    self.server
+                        .read_and_prove_within(capsule, name, *session, reserve)
+                        .map(
+                            |(body, Issued { proof_id, proof })| Response::RecordAndProof {
+                                proof_id,
+                                body,
+                                proof,
+                            },
+                        ),
+                );
+            }
             // A Hello's answer names no records; later messages carry at most a budget
             // of record bytes (more only for one record over it).
             Request::Sync {

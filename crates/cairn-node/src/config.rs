@@ -88,12 +88,14 @@ pub struct Config {
     /// Streamed uploads and downloads in progress at once; further ones get 503 with
     /// `Retry-After` (each streamed download holds up to about 9 MiB of buffers).
     pub max_transfers: usize,
-    /// Connections one peer address (an IPv6 address by its /64) may hold at once; further
-    /// ones from it are closed on accept, so one host cannot take every connection.
+    /// Connections one peer address (a global IPv6 address by its /64) may hold at once;
+    /// further ones from it are closed on accept, so one host cannot take every
+    /// connection. 0: no limit (behind a proxy on another host, whose one address speaks
+    /// for every client).
     pub max_connections_per_ip: usize,
     /// Streamed transfers one peer address may hold at once; further ones from it get 503
     /// with `Retry-After`, so one host's slow uploads or downloads cannot take every
-    /// transfer.
+    /// transfer. 0: no limit.
     pub max_transfers_per_ip: usize,
     /// Whether the two per-address limits apply to loopback peers too. Off by default: a
     /// reverse proxy or a benchmark on the same machine speaks for many clients from one
@@ -331,9 +333,6 @@ impl Config {
         }
         if self.max_connections == 0 || self.max_transfers == 0 || self.max_open_buckets == 0 {
             bail!("max_connections, max_transfers and max_open_buckets must be at least 1");
-        }
-        if self.max_connections_per_ip == 0 || self.max_transfers_per_ip == 0 {
-            bail!("max_connections_per_ip and max_transfers_per_ip must be at least 1");
         }
         self.backend.check()
     }

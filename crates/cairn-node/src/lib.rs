@@ -344,6 +344,7 @@ impl Bound {
             .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
         let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
         let per_ip = crate::node::PeerCounts::default();
+        let mut refused = RefusalLog::default();
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut tasks = tokio::task::JoinSet::new();
         let stop = async move {
@@ -383,17 +384,22 @@ impl Bound {
             }
             // One address holds at most its share of connections, and its requests take
             // transfers within its share (see `Node::write_permit`).
-            let group = cairn_net::peer_group(peer.ip());
-            let limited = (cfg.limit_loopback || !group.is_loopback()).then_some(group);
+            // (Loopback is judged on the address itself: a NAT64 address embedding
+            // 127.0.0.1 is not a local proxy.)
+            let loopback = peer.ip().to_canonical().is_loopback();
+            let limited =
+                (cfg.limit_loopback || !loopback).then(|| cairn_net::peer_group(peer.ip()));
             let slot = match limited {
-                Some(ip) => match per_ip.take(ip, cfg.max_connections_per_ip) {
-                    Some(slot) => Some(slot),
-                    None => {
-                        tracing::debug!(%ip, "connection refused: max_connections_per_ip");
-                        continue;
+                Some(ip) if cfg.max_connections_per_ip > 0 => {
+                    match per_ip.take(ip, cfg.max_connections_per_ip) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            refused.note(ip);
+                            continue;
+                        }
                     }
-                },
-                None => None,
+                }
+                _ => None,
             };
             let conn = builder.serve_connection(TokioIo::new(tcp), service.clone());
             let conn = graceful.watch(conn);
@@ -427,6 +433,35 @@ impl Bound {
             }
         }
         Ok(())
+    }
+}
+
+/// Connections refused for `max_connections_per_ip`, reported as a warning at most once a
+/// minute (a proxy on another host makes every client one address: its operator must
+/// see why connections close).
+#[derive(Default)]
+struct RefusalLog {
+    since: usize,
+    last: Option<std::time::Instant>,
+}
+
+impl RefusalLog {
+    fn note(&mut self, ip: std::net::IpAddr) {
+        self.since += 1;
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            tracing::warn!(
+                %ip,
+                refused = self.since,
+                "connections refused: this address holds max_connections_per_ip (behind a \
+                 proxy on another host, every client is the proxy's address: set \
+                 max_connections_per_ip and max_transfers_per_ip to 0)"
+            );
+            self.since = 0;
+            self.last = Some(std::time::Instant::now());
+        }
     }
 }
 

@@ -223,7 +223,7 @@ impl Node {
         // One address cannot take every transfer (slow uploads at the rate floor held
         // them all, for anyone: a Gaia identity costs nothing to make).
         let peer = match LIMITED_PEER.try_with(|ip| *ip) {
-            Ok(ip) => {
+            Ok(ip) if self.config.max_transfers_per_ip > 0 => {
                 let max = self.config.max_transfers_per_ip;
                 Some(self.peer_transfers.take(ip, max).ok_or_else(|| {
                     Busy(format!(
@@ -232,7 +232,7 @@ impl Node {
                     ))
                 })?)
             }
-            Err(_) => None,
+            _ => None,
         };
         let (shares, share, what, kept) = if write {
             (

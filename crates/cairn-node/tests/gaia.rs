@@ -878,6 +878,55 @@ async fn hundred_concurrent_writers_to_one_path_all_succeed() {
     assert_eq!(etag.unwrap(), head.uid.to_string());
 }
 
+/// One address holds at most `max_transfers_per_ip` Gaia transfers: with its one slot
+/// taken by a slow upload, its next upload gets 503 with `Retry-After` and a message
+/// naming the setting (loopback counted here, as `limit_loopback` asks); once the slow
+/// upload ends, it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_gaia_transfers() {
+    let hub = Hub::tuned(|c| {
+        c.max_transfers_per_ip = 1;
+        c.limit_loopback = true;
+    })
+    .await;
+    let k = Key::new(16);
+    let (a, auth) = (k.address(), k.bearer());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/slow")))
+        .header("authorization", &auth)
+        .body(reqwest::Body::wrap_stream(tokio_stream(rx)))
+        .send();
+    let slow = tokio::spawn(slow);
+    tx.send(Ok(b"part one ".to_vec())).await.unwrap();
+    let local = "127.0.0.1".parse().unwrap();
+    for _ in 0..500 {
+        if hub.node.peer_transfers(local) == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(hub.node.peer_transfers(local), 1);
+    let resp = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/other")))
+        .header("authorization", &auth)
+        .body("refused")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("max_transfers_per_ip"), "{text}");
+    tx.send(Ok(b"part two".to_vec())).await.unwrap();
+    drop(tx);
+    let resp = slow.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 202);
+    assert_eq!(hub.store(&auth, &a, "other", b"stored", &[]).await.0, 202);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_write_queue_answers_503_with_retry_after() {
     let hub = Hub::with(1 << 20, 1, GaiaConfig::default()).await;

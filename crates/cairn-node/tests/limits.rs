@@ -467,7 +467,7 @@ async fn one_address_holds_at_most_its_share_of_transfers() {
     assert_eq!(s.get("/v1/buckets/b/keys").await.status(), 503);
     // Transfers taken outside a connection (no peer address) count only in `max_transfers`.
     drop(s.node.write_permit().unwrap());
-    // One slow upload goes away: its slot is the address's again.
+    // The slow uploads go away: their slots are the address's again.
     drop(slow);
     eventually("the slow uploads give their transfers back", || {
         s.node.peer_transfers(local) == 0

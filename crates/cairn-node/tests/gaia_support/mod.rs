@@ -36,16 +36,24 @@ impl Hub {
 
     /// Starts a node with chosen settings.
     pub async fn with(max_upload_bytes: u64, write_queue: usize, gaia: GaiaConfig) -> Hub {
+        Self::tuned(|c| {
+            c.max_upload_bytes = max_upload_bytes;
+            c.write_queue = write_queue;
+            c.gaia = gaia;
+        })
+        .await
+    }
+
+    /// Starts a node with the default settings as `tune` changes them.
+    pub async fn tuned(tune: impl FnOnce(&mut Config)) -> Hub {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = Config {
+        let mut config = Config {
             data_dir: dir.path().join("data"),
             listen: "127.0.0.1:0".into(),
-            max_upload_bytes,
-            write_queue,
             durability: cairn_store::Durability::Buffered,
-            gaia,
             ..Config::default()
         };
+        tune(&mut config);
         let node = Node::open(config).expect("open node");
         let bound = Bound::bind(node.clone()).await.expect("bind");
         let base = format!("http://{}", bound.addr);
