@@ -1037,39 +1037,39 @@ pub enum OutTarget {
     InPlace,
 }
 
-/// Decides how `dest` is written: a symlink is followed, and an existing file must be
-/// writable by us (a shell redirection into a read-only file fails too).
+/// Decides how `dest` is written: a symlink is followed (as the kernel would follow it,
+/// [`check_link_owner`]), and an existing file must be writable by us (a shell
+/// redirection into a read-only file fails too).
 pub fn out_target(dest: &Path) -> Result<OutTarget> {
-    let real = match std::fs::symlink_metadata(dest) {
-        Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(dest) {
-            Ok(p) => p,
-            // A dangling link: the file it names is made whole or not at all, like any
-            // new file (written beside it and renamed into place).
-            Err(_) => return Ok(OutTarget::File(link_target(dest)?)),
-        },
-        Ok(_) => dest.to_path_buf(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutTarget::File(dest.into())),
+    // The chain of links is walked here, not by the kernel, because the file is replaced
+    // by a rename beside the file it ends at; a dangling link's file is made whole or not
+    // at all, like any new file.
+    let end = link_target(dest)?;
+    let m = match std::fs::metadata(&end) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutTarget::File(end)),
         Err(e) => return Err(e).with_context(|| format!("opening {}", dest.display())),
     };
-    let m = std::fs::metadata(&real).with_context(|| format!("opening {}", dest.display()))?;
     if !m.file_type().is_file() {
         return Ok(OutTarget::InPlace);
     }
     // Opening for writing without truncating checks permission and changes nothing.
     std::fs::OpenOptions::new()
         .write(true)
-        .open(&real)
+        .open(&end)
         .with_context(|| format!("opening {}", dest.display()))?;
-    Ok(OutTarget::File(real))
+    Ok(OutTarget::File(end))
 }
 
 /// The path a chain of symbolic links starting at `dest` ends at (a path that is not a
-/// link, or does not exist); at most 40 links, as the kernel follows.
+/// link, or does not exist); at most 40 links, as the kernel follows. Each link must pass
+/// [`check_link_owner`].
 fn link_target(dest: &Path) -> Result<PathBuf> {
     let mut at = dest.to_path_buf();
     for _ in 0..40 {
         match std::fs::symlink_metadata(&at) {
             Ok(m) if m.file_type().is_symlink() => {
+                check_link_owner(&at, &m)?;
                 let to = std::fs::read_link(&at)
                     .with_context(|| format!("reading the link {}", at.display()))?;
                 at = match at.parent() {
@@ -1085,6 +1085,50 @@ fn link_target(dest: &Path) -> Result<PathBuf> {
         dest.display()
     ))
     .into())
+}
+
+/// Refuses to follow `link` (its own metadata `m`) where Linux's `fs.protected_symlinks`
+/// refuses: in a sticky directory anyone may write (such as `/tmp`), a link owned neither
+/// by us nor by the directory's owner. `--out` follows links itself (to write beside the
+/// file they name and rename into place), which the kernel's check would not see: another
+/// user's link `/tmp/report.pdf` → `~/.bashrc` would otherwise have `cairn get --out
+/// /tmp/report.pdf` replace the victim's own file, where `> /tmp/report.pdf` fails.
+fn check_link_owner(link: &Path, m: &std::fs::Metadata) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let dir = link
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let d = std::fs::metadata(dir).with_context(|| format!("opening {}", dir.display()))?;
+        // SAFETY: geteuid has no arguments and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if d.mode() & 0o1002 == 0o1002 && m.uid() != me && m.uid() != d.uid() {
+            return Err(Error::invalid(format!(
+                "{}: not following a symbolic link another user owns in a shared directory \
+                 (as the kernel refuses with fs.protected_symlinks); give the file it names",
+                link.display()
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Copies the complete, checked `from` over the existing file `to` in place (when no
+/// temporary file can replace it): written over without emptying it first, then cut to
+/// length, so a failure to open it leaves it as it was, and a write that fails (a full
+/// disk) can only have changed it where the new content is longer than the old.
+fn copy_over(from: &mut File, to: &Path, dest: &Path) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(to)
+        .with_context(|| format!("opening {}", dest.display()))?;
+    let n = io::copy(from, &mut f).with_context(|| format!("writing {}", dest.display()))?;
+    f.set_len(n)
+        .with_context(|| format!("writing {}", dest.display()))?;
+    Ok(())
 }
 
 /// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it, which
@@ -1155,9 +1199,7 @@ pub fn write_whole_file(
             spool
                 .seek(io::SeekFrom::Start(0))
                 .context("rewinding the temporary file")?;
-            let mut to =
-                File::create(&real).with_context(|| format!("opening {}", dest.display()))?;
-            io::copy(&mut spool, &mut to).with_context(|| format!("writing {}", dest.display()))?;
+            copy_over(&mut spool, &real, dest)?;
             return Ok(n);
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
@@ -1179,8 +1221,7 @@ pub fn write_whole_file(
         // The file cannot be replaced (sticky directory, bind mount, ...): the content is
         // complete and checked, so copy it in place.
         let mut from = e.file.reopen().context("reading the temporary file")?;
-        let mut to = File::create(&real).with_context(|| format!("opening {}", dest.display()))?;
-        io::copy(&mut from, &mut to).with_context(|| format!("writing {}", dest.display()))?;
+        copy_over(&mut from, &real, dest)?;
     }
     Ok(n)
 }

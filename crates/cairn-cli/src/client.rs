@@ -579,6 +579,19 @@ impl Client {
             _ => None,
         };
         let mut sent_tree = None;
+        // A string sent from a file or stdin: the bytes sent, hashed as they go, so the
+        // version's value can be checked against them (strings are stored inline).
+        let sent_hash = (ty == ValueType::String)
+            .then(|| std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new())));
+        let tee = |r: Box<dyn Read + Send>| -> Box<dyn Read + Send> {
+            match &sent_hash {
+                Some(h) => Box::new(HashTee {
+                    inner: r,
+                    hasher: h.clone(),
+                }),
+                None => r,
+            }
+        };
         let r = if let Some(v) = a.value {
             let body = match &key {
                 Some(k) => {
@@ -646,11 +659,11 @@ impl Client {
                 .reopen()
                 .context("reading the ciphertext's temporary file")?;
             let pb = progress_bar(Some(n), "put");
-            let reader: Box<dyn Read + Send> = Box::new(pb.wrap_read(ExactLen::new(
+            let reader: Box<dyn Read + Send> = tee(Box::new(pb.wrap_read(ExactLen::new(
                 io::BufReader::with_capacity(1 << 20, f),
                 n,
                 spool.path(),
-            )));
+            ))));
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -766,7 +779,7 @@ impl Client {
             };
             sent_len = len.map(wire_len);
             let pb = progress_bar(len, "put");
-            let reader = body_reader(Box::new(pb.wrap_read(reader)));
+            let reader = tee(body_reader(Box::new(pb.wrap_read(reader))));
             let answer = self.send_stream(
                 Method::PUT,
                 url,
@@ -804,6 +817,17 @@ impl Client {
         }
         match (&o.value, &sent_inline, sent_len) {
             (cairn_object::Value::String(v), Some(sent), _) if v.as_ref() != sent.as_slice() => {
+                return Err(lied("holds another value than the one sent".into()));
+            }
+            (cairn_object::Value::String(v), None, _)
+                if sent_hash.as_ref().is_some_and(|h| {
+                    *h.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .finalize()
+                        .as_bytes()
+                        != *blake3::hash(v.as_ref()).as_bytes()
+                }) =>
+            {
                 return Err(lied("holds another value than the one sent".into()));
             }
             (cairn_object::Value::Tree(t), None, Some(n))
@@ -1669,6 +1693,24 @@ fn read_json(resp: Response) -> Result<J> {
         .read_to_end(&mut b)
         .context("reading the node's answer")?;
     parse_json(&b)
+}
+
+/// A reader that hashes (BLAKE3) what passes through it into a hasher the caller keeps:
+/// the bytes a put sent, to check the stored value against.
+struct HashTee {
+    inner: Box<dyn Read + Send>,
+    hasher: std::sync::Arc<std::sync::Mutex<blake3::Hasher>>,
+}
+
+impl Read for HashTee {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// Reads `body` on its own thread into pieces of `piece` bytes (the last one shorter),

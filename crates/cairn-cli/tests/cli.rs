@@ -663,6 +663,47 @@ fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
     );
 }
 
+/// `get --out` does not follow another user's symlink in a shared sticky directory such as
+/// `/tmp` (Linux's `fs.protected_symlinks` rule, which the kernel would not apply because
+/// the command follows links itself): the file the link names is left alone. Our own
+/// link there is followed. Needs to give a link away (root); skipped otherwise.
+#[test]
+fn get_out_does_not_follow_another_users_link_in_a_shared_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "written by cairn"]);
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, b"the victim's own file").unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = shared.join("report.txt");
+    std::os::unix::fs::symlink(&victim, &theirs).unwrap();
+    if let Err(e) = std::os::unix::fs::lchown(&theirs, Some(54321), Some(54321)) {
+        eprintln!("skipped: cannot give a link to another user here ({e})");
+        return;
+    }
+    let out = cairn(dir, &["get", "k", "--out", theirs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("protected_symlinks"),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's own file");
+    // Nor through a chain that starts with a link of ours.
+    let ours = shared.join("ours.txt");
+    std::os::unix::fs::symlink(&theirs, &ours).unwrap();
+    let out = cairn(dir, &["get", "k", "--out", ours.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's own file");
+    // A link of our own straight to the file is followed.
+    let direct = shared.join("direct.txt");
+    std::os::unix::fs::symlink(&victim, &direct).unwrap();
+    ok(dir, &["get", "k", "--out", direct.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"written by cairn");
+}
+
 /// Interrupting `get --out` removes its temporary file: no partial copy is left behind
 /// (with `--decrypt` it would be unauthenticated plaintext), and the destination keeps
 /// what it held.

@@ -2021,6 +2021,9 @@ fn writes_refuse_a_version_the_node_made_up() {
     changed[150_000] ^= 1;
     let same_len = u.path().join("same-length");
     std::fs::write(&same_len, &changed).unwrap();
+    // A string as long as the one the older version holds.
+    let same_string = u.path().join("same-string");
+    std::fs::write(&same_string, b"olD").unwrap();
     for (what, node, args) in [
         (
             "not a uid",
@@ -2059,6 +2062,18 @@ fn writes_refuse_a_version_the_node_made_up() {
                 meta("b", &small),
             ),
             vec!["put", "b", "--type", "blob", "--value", "olD"],
+        ),
+        (
+            "the older string, for one sent from a file",
+            liar(&old, &format!(r#"{{"uid":"{old}"}}"#), meta("k", &old)),
+            vec![
+                "put",
+                "k",
+                "--type",
+                "string",
+                "--file",
+                same_string.to_str().unwrap(),
+            ],
         ),
         (
             "a fork elsewhere than asked",
