@@ -2657,8 +2657,10 @@ impl CapsuleServer {
                 } else {
                     dag.children(&x).to_vec()
                 };
+                // Through proven records only (what is sent): an unproven record's
+                // descendants are unproven too, and the ancestors of a proven one proven.
                 for y in next {
-                    if dag.contains(&y) && !known.contains(&y) && seen.insert(y) {
+                    if dag.is_proven(&y) && !known.contains(&y) && seen.insert(y) {
                         out.push(y);
                         q.push_back((y, d + 1));
                     }
@@ -2671,8 +2673,8 @@ impl CapsuleServer {
         let peer_heads: BTreeSet<RecordName> = peer_heads.iter().copied().collect();
         let peer_roots: BTreeSet<RecordName> = peer_roots.iter().copied().collect();
         for h in &peer_heads {
-            // Stale branch: the peer's head has descendants here.
-            if dag.contains(h) && !dag.children(h).iter().all(|c| !dag.contains(c)) {
+            // Stale branch: the peer's head has proven descendants here.
+            if dag.contains(h) && dag.children(h).iter().any(|c| dag.is_proven(c)) {
                 walk(*h, false, usize::MAX, &mut out, &mut seen);
             }
         }
@@ -2687,19 +2689,22 @@ impl CapsuleServer {
         for m in peer_missing {
             // A hole the peer knows it has (beyond Lu: a record with one present and one
             // absent backpointer is no root, so roots alone miss such holes).
-            if dag.contains(m) && seen.insert(*m) {
+            if dag.is_proven(m) && seen.insert(*m) {
                 out.push(*m);
                 walk(*m, true, depth, &mut out, &mut seen);
             }
         }
-        for h in dag.heads() {
+        // From this side's proven heads and roots: a walk down from an unsigned head
+        // (anyone may write one, pointing anywhere) sent its proven ancestors, which the
+        // peer holds, in every session.
+        for h in dag.proven_heads() {
             if !known.contains(&h) && seen.insert(h) {
                 out.push(h);
                 walk(h, true, depth, &mut out, &mut seen);
             }
         }
         for r in dag.roots() {
-            if !known.contains(&r) && seen.insert(r) {
+            if dag.is_proven(&r) && !known.contains(&r) && seen.insert(r) {
                 out.push(r);
                 walk(r, false, depth, &mut out, &mut seen);
             }

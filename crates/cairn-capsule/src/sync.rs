@@ -273,10 +273,11 @@ enum Role {
 }
 
 /// The quick check: a hash over the sorted names received since the last sync, over the
-/// current heads (so a replica that fell behind in an earlier, failed session is never
-/// taken for one in sync) and over the holes (names its records point to that it lacks:
-/// two replicas that agree on heads and recent records but not on what they miss are not
-/// in sync). `heads` and `holes` come sorted.
+/// current proven heads (so a replica that fell behind in an earlier, failed session, or
+/// holds unsigned a record the other holds proven, is never taken for one in sync) and over
+/// the holes proven records point at (names they point to that it lacks: two replicas that
+/// agree on heads and recent records but not on what they miss are not in sync). `heads`
+/// and `holes` come sorted.
 fn quick_hash(
     algo: HashAlgo,
     names: &[RecordName],
@@ -471,8 +472,17 @@ impl SyncState {
     }
 
     fn quick(&self, server: &CapsuleServer) -> Result<Digest> {
-        let (heads, _) = server.heads_roots(&self.capsule)?;
-        let holes = server.missing(&self.capsule)?;
+        // Of the proven part only: a record no signature reaches never travels, so an
+        // unsigned head (anyone may write one) or a hole only it points at would make the
+        // check fail in every later session, each of which would then walk the capsule.
+        let (heads, holes) = server.with_dag(&self.capsule, |d| {
+            let holes: Vec<RecordName> = d
+                .missing()
+                .into_iter()
+                .filter(|m| d.children(m).iter().any(|c| d.is_proven(c)))
+                .collect();
+            (d.proven_heads(), holes)
+        })?;
         Ok(quick_hash(
             self.capsule.hash().algo(),
             &self.since,
