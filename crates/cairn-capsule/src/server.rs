@@ -109,6 +109,11 @@ pub struct ServerOptions {
     /// Most bytes of headers one record proof carries ([`MAX_PROOF_BYTES`] by default,
     /// which is also the most any answer has room for).
     pub max_proof_bytes: usize,
+    /// The server keys of the replicas that may start anti-entropy sessions with this
+    /// server; `None` (the default) takes any key. Set it where the replicas are known:
+    /// anyone can make keys, and each (capsule, key) pair holds a place in the table of
+    /// recent Hellos ([`MAX_HELLO_STAMPS`]) for five minutes.
+    pub sync_peers: Option<Vec<PublicKey>>,
 }
 
 impl Default for ServerOptions {
@@ -122,6 +127,7 @@ impl Default for ServerOptions {
             max_sessions: 4096,
             max_mirrored_names: CachePolicy::MAX_CAPACITY as usize * 2,
             max_proof_bytes: MAX_PROOF_BYTES,
+            sync_peers: None,
         }
     }
 }
@@ -724,22 +730,22 @@ pub const SYNC_HELLO_WINDOW_MICROS: u64 = 300_000_000;
 /// [`CapsuleServer::accept_sync_hello`]).
 pub const MAX_HELLO_STAMPS: usize = 1 << 16;
 
-/// The last Hello stamp taken per (capsule, initiator), and the highest stamp dropped.
+/// How far ahead of the responder's clock a Hello's stamp may be (one minute, in
+/// microseconds): replicas' clocks agree far better than that, and a stamp far in the
+/// future would be remembered, and hold its place in the table, that much longer.
+pub const SYNC_HELLO_AHEAD_MICROS: u64 = 60_000_000;
+
+/// The last Hello stamp taken per (capsule, initiator), kept while in the window.
 #[derive(Default)]
 struct HelloStamps {
     map: HashMap<(CapsuleName, PublicKey), u64>,
-    floor: u64,
 }
 
 impl HelloStamps {
     /// Refuses a Hello stamped `at` that is not above the last one taken from `peer` for
-    /// `capsule` (or the floor).
+    /// `capsule`.
     fn check_new(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
-        let last = self
-            .map
-            .get(&(*capsule, *peer))
-            .copied()
-            .unwrap_or(self.floor);
+        let last = self.map.get(&(*capsule, *peer)).copied().unwrap_or(0);
         if at <= last {
             return Err(Error::Rejected(
                 "a Hello this replica already started a session with (replayed)".into(),
@@ -2377,49 +2383,62 @@ impl CapsuleServer {
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
     }
 
-    /// Checks the stamp of a Hello from `peer` without taking it: it must lie within
-    /// [`SYNC_HELLO_WINDOW_MICROS`] of this server's clock and above the stamp of every Hello
-    /// this peer started a session of `capsule` with in that window (or, for a peer whose
-    /// stamp was dropped to make room, above every stamp dropped), so a captured Hello
-    /// cannot start another session: [`Error::Rejected`] otherwise. A responder checks this
-    /// before a Hello touches the session open under its key.
+    /// Checks a Hello from `peer` without taking it: the peer must be one this server syncs
+    /// with ([`ServerOptions::sync_peers`]), and the stamp must lie within
+    /// [`SYNC_HELLO_WINDOW_MICROS`] before this server's clock (or
+    /// [`SYNC_HELLO_AHEAD_MICROS`] after it) and above the stamp of every Hello this peer
+    /// started a session of `capsule` with in that window, so a captured Hello cannot
+    /// start another session: [`Error::Rejected`] otherwise. A responder checks this before
+    /// a Hello touches the session open under its key.
     pub fn check_sync_hello(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
+        self.check_sync_peer(peer)?;
         check_hello_window(at, now_micros())?;
         self.hello_stamps.lock().check_new(capsule, peer, at)
     }
 
+    fn check_sync_peer(&self, peer: &PublicKey) -> Result<()> {
+        match &self.opts.sync_peers {
+            Some(peers) if !peers.contains(peer) => Err(Error::Rejected(format!(
+                "{peer} is not a replica this server syncs with"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Takes the stamp of a Hello from `peer` (whose signature was checked), after
-    /// [`CapsuleServer::check_sync_hello`]. Stamps are remembered while in the window; past
-    /// [`MAX_HELLO_STAMPS`] pairs the oldest eighth is dropped and the highest stamp dropped
-    /// becomes the floor every unremembered pair must be above (so a dropped stamp's Hello
-    /// still cannot be replayed, and stamps made up in the future cannot lock honest
-    /// replicas out: the oldest go first).
+    /// [`CapsuleServer::check_sync_hello`]. Stamps are remembered while in the window, at
+    /// most [`MAX_HELLO_STAMPS`] (capsule, peer) pairs: with that many remembered, a pair
+    /// not among them is refused ([`Error::Unavailable`]) until stamps leave the window,
+    /// while remembered pairs go on. (Dropping remembered stamps instead would let their
+    /// Hellos be replayed, or, with a floor raised over them, let stamps made up a little
+    /// in the future lock every replica out.)
     pub fn accept_sync_hello(
         &self,
         capsule: &CapsuleName,
         peer: &PublicKey,
         at: u64,
     ) -> Result<()> {
+        self.check_sync_peer(peer)?;
         let now = now_micros();
         check_hello_window(at, now)?;
         let mut stamps = self.hello_stamps.lock();
         // Checked under the same hold as the insert: two copies of one Hello arriving
         // together must not both pass, nor a lower stamp replace a higher one.
         stamps.check_new(capsule, peer, at)?;
-        stamps.map.insert((*capsule, *peer), at);
-        if stamps.map.len() > MAX_HELLO_STAMPS {
+        let key = (*capsule, *peer);
+        if !stamps.map.contains_key(&key) && stamps.map.len() >= MAX_HELLO_STAMPS {
             stamps
                 .map
                 .retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
+            if stamps.map.len() >= MAX_HELLO_STAMPS {
+                return Err(Error::Unavailable(format!(
+                    "this server remembers the Hellos of {MAX_HELLO_STAMPS} (capsule, replica) \
+                     pairs from the last {} s; try again in a few minutes",
+                    SYNC_HELLO_WINDOW_MICROS / 1_000_000
+                )));
+            }
         }
-        if stamps.map.len() > MAX_HELLO_STAMPS {
-            let mut all: Vec<u64> = stamps.map.values().copied().collect();
-            let k = all.len() / 8;
-            let (_, cut, _) = all.select_nth_unstable(k);
-            let cut = *cut;
-            stamps.map.retain(|_, s| *s > cut);
-            stamps.floor = stamps.floor.max(cut);
-        }
+        stamps.map.insert(key, at);
         Ok(())
     }
 
@@ -2760,6 +2779,14 @@ fn proven_in_batch(
 
 /// Refuses a Hello stamped `at` more than [`SYNC_HELLO_WINDOW_MICROS`] from `now`.
 fn check_hello_window(at: u64, now: u64) -> Result<()> {
+    if at > now.saturating_add(SYNC_HELLO_AHEAD_MICROS) {
+        return Err(Error::Rejected(format!(
+            "the Hello's stamp is {} s ahead of this server's clock (at most {} s): check \
+             both servers' clocks",
+            (at - now) / 1_000_000,
+            SYNC_HELLO_AHEAD_MICROS / 1_000_000
+        )));
+    }
     if at.abs_diff(now) > SYNC_HELLO_WINDOW_MICROS {
         return Err(Error::Rejected(format!(
             "the Hello's stamp is {} s from this server's clock (at most {} s): check both \
@@ -2801,10 +2828,13 @@ mod tests {
     use cairn_core::HashAlgo;
     use cairn_store::MemoryStore;
 
-    /// A full table of Hello stamps drops its oldest eighth: their Hellos still cannot be
-    /// replayed (the floor), while a replica with a current stamp is taken.
+    /// A full table of Hello stamps drops nothing still in the window: a pair not in it is
+    /// refused as busy (not taken, and not forgotten later to be replayed), pairs in it go
+    /// on, stamps far ahead of the clock are refused, and stamps that leave the window
+    /// make room. Before, the oldest eighth was dropped and a floor raised over it, so a
+    /// table filled with stamps made up 299 s ahead locked every replica out.
     #[test]
-    fn a_full_hello_table_drops_the_oldest_and_refuses_their_replays() {
+    fn a_full_hello_table_refuses_new_pairs_and_keeps_the_ones_it_holds() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let server = CapsuleServer::new(
             store,
@@ -2812,37 +2842,59 @@ mod tests {
             ServerOptions::default(),
         );
         let peer = SigningKey::from_seed(&[3; 32]).public();
-        // Pairs differ by capsule name (cheap to make); stamps from 100 s ago, rising.
         let name = |i: u64| CapsuleName(HashAlgo::Blake3.digest(&i.to_le_bytes()));
-        let start = now_micros() - 100_000_000;
-        for i in 0..=MAX_HELLO_STAMPS as u64 {
-            server
-                .accept_sync_hello(&name(i), &peer, start + i)
-                .unwrap();
-        }
-        let (len, floor) = {
-            let st = server.hello_stamps.lock();
-            (st.map.len(), st.floor)
-        };
-        assert!(len <= MAX_HELLO_STAMPS * 7 / 8 + 1, "{len}");
-        assert!(
-            floor >= start + (MAX_HELLO_STAMPS / 8) as u64 - 1,
-            "{floor}"
-        );
-        // The oldest pair's Hello, dropped from the table, is still refused.
+        let now = now_micros();
+        // An honest replica's pair, then a flood of pairs stamped ahead of the clock.
+        server
+            .accept_sync_hello(&name(u64::MAX), &peer, now)
+            .unwrap();
         let e = server
-            .accept_sync_hello(&name(0), &peer, start)
+            .accept_sync_hello(&name(0), &peer, now + SYNC_HELLO_AHEAD_MICROS + 1_000_000)
             .unwrap_err();
-        assert!(e.to_string().contains("replayed"), "{e}");
-        // The newest pair is still remembered; a new replica with a current stamp passes.
-        let newest = MAX_HELLO_STAMPS as u64;
-        assert!(
-            server
-                .accept_sync_hello(&name(newest), &peer, start + newest)
-                .is_err()
-        );
+        assert!(e.to_string().contains("ahead"), "{e}");
+        // Most of the table leaves the window 4 s from now; the rest is ahead of the clock.
+        let soon = now - SYNC_HELLO_WINDOW_MICROS + 4_000_000;
+        for i in 0..MAX_HELLO_STAMPS as u64 - 1 {
+            let at = if i < 1000 { now + 50_000_000 } else { soon };
+            server.accept_sync_hello(&name(i), &peer, at).unwrap();
+        }
+        let full = MAX_HELLO_STAMPS as u64;
+        let e = server
+            .accept_sync_hello(&name(full), &peer, now_micros())
+            .unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        // The honest replica's pair goes on, and its old Hello is still a replay.
         server
             .accept_sync_hello(&name(u64::MAX), &peer, now_micros())
+            .unwrap();
+        let e = server
+            .accept_sync_hello(&name(u64::MAX), &peer, now)
+            .unwrap_err();
+        assert!(e.to_string().contains("replayed"), "{e}");
+        // Once stamps leave the window, new pairs are taken again.
+        while now_micros() < now + 4_200_000 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        server
+            .accept_sync_hello(&name(full), &peer, now_micros())
+            .unwrap();
+        // With known replicas set, another key is refused before anything is kept.
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let strict = CapsuleServer::new(
+            store,
+            SigningKey::from_seed(&[5; 32]),
+            ServerOptions {
+                sync_peers: Some(vec![peer]),
+                ..ServerOptions::default()
+            },
+        );
+        let stranger = SigningKey::from_seed(&[4; 32]).public();
+        let e = strict
+            .accept_sync_hello(&name(1), &stranger, now_micros())
+            .unwrap_err();
+        assert!(e.to_string().contains("not a replica"), "{e}");
+        strict
+            .accept_sync_hello(&name(1), &peer, now_micros())
             .unwrap();
     }
 

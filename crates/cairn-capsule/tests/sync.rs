@@ -554,7 +554,13 @@ fn an_unsigned_record_into_a_chain_does_not_make_sessions_resend_it() {
     let mut tip = both_signed(&a, &b, &c, &w, Record::new(c, seal("root"), vec![]));
     let mut chain = vec![tip];
     for i in 0..40 {
-        tip = both_signed(&a, &b, &c, &w, Record::new(c, seal(&format!("r{i}")), vec![tip]));
+        tip = both_signed(
+            &a,
+            &b,
+            &c,
+            &w,
+            Record::new(c, seal(&format!("r{i}")), vec![tip]),
+        );
         chain.push(tip);
     }
     let ghost = RecordName(HashAlgo::Blake3.digest(b"a record nobody has"));
