@@ -761,8 +761,12 @@ fn now_micros() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Most peers a server keeps a sync cursor for (the least recently used is forgotten: the
-/// next session with that peer compares everything).
+/// Format version of a stored sync cursor.
+const SYNC_CURSOR_VERSION: u8 = 1;
+
+/// Most peers a server keeps a sync cursor for in memory (the least recently used is
+/// forgotten: the next session with that peer compares everything, unless the peer is one
+/// of [`ServerOptions::sync_peers`], whose cursors are also kept in the store).
 pub const MAX_SYNC_CURSORS: usize = 1024;
 
 /// The capsule server.
@@ -871,6 +875,18 @@ fn decode_journal(bytes: &[u8]) -> Result<(Option<Hash>, u64, Vec<JournalEntry>)
     }
     d.finish()?;
     Ok((prev, seq, entries))
+}
+
+/// Prefix of the refs that keep sync cursors across restarts
+/// ([`CapsuleServer::finish_sync`]): `capsule-sync/<capsule>/<peer key>`.
+const SYNC_CURSOR_PREFIX: &[u8] = b"capsule-sync/";
+
+fn cursor_ref_name(capsule: &CapsuleName, peer: &PublicKey) -> Vec<u8> {
+    let mut v = SYNC_CURSOR_PREFIX.to_vec();
+    v.extend_from_slice(capsule.hash().to_hex().as_bytes());
+    v.push(b'/');
+    v.extend_from_slice(hex::encode(peer.raw()).as_bytes());
+    v
 }
 
 fn ref_name(capsule: &CapsuleName) -> Vec<u8> {
@@ -2309,12 +2325,11 @@ impl CapsuleServer {
         capsule: &CapsuleName,
         peer: &PublicKey,
     ) -> Result<(Vec<RecordName>, SyncCursor)> {
-        let cursor = self
-            .cursors
-            .lock()
-            .get(&(*capsule, *peer))
-            .cloned()
-            .unwrap_or_default();
+        let cached = self.cursors.lock().get(&(*capsule, *peer)).cloned();
+        let cursor = match cached {
+            Some(c) => c,
+            None => self.stored_cursor(capsule, peer)?.unwrap_or_default(),
+        };
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
@@ -2355,10 +2370,53 @@ impl CapsuleServer {
             p += 1;
         }
         drop(cap);
+        if self.keeps_cursor_of(peer) {
+            // Kept in the store for the replicas this server is told to sync with (a
+            // stranger's key, which costs nothing to make, would add a ref per session).
+            // The position is in the order records became proven, which a replay of the
+            // journal rebuilds the same (test
+            // `the_proven_order_is_the_same_after_a_capsule_is_replayed`).
+            let mut value = vec![SYNC_CURSOR_VERSION];
+            value.extend_from_slice(&(p as u64).to_le_bytes());
+            self.store.commit(&[RefUpdate::Set {
+                name: cursor_ref_name(capsule, peer),
+                value,
+            }])?;
+        }
         self.cursors
             .lock()
             .put((*capsule, *peer), SyncCursor { pos: p as u64 });
         Ok(())
+    }
+
+    /// Whether `peer`'s sync cursors are kept across restarts: it is listed in
+    /// [`ServerOptions::sync_peers`].
+    fn keeps_cursor_of(&self, peer: &PublicKey) -> bool {
+        self.opts
+            .sync_peers
+            .as_ref()
+            .is_some_and(|peers| peers.contains(peer))
+    }
+
+    /// The cursor of `peer` for `capsule` kept in the store, if any. One that does not
+    /// parse (a later format) is ignored: the next sync compares everything, which is
+    /// slower, never wrong.
+    fn stored_cursor(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<Option<SyncCursor>> {
+        if !self.keeps_cursor_of(peer) {
+            return Ok(None);
+        }
+        let Some(v) = self.store.get_ref(&cursor_ref_name(capsule, peer))? else {
+            return Ok(None);
+        };
+        match (
+            v.first(),
+            v.get(1..).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        ) {
+            (Some(&SYNC_CURSOR_VERSION), Some(pos)) => Ok(Some(SyncCursor {
+                pos: u64::from_le_bytes(pos),
+            })),
+            _ => Ok(None),
+        }
     }
 
     /// Signs the Hello of a session with `responder`: returns its stamp (microseconds since

@@ -231,6 +231,33 @@ proptest! {
     /// Random holes, stale and missing branches: after one session both replicas hold
     /// exactly the union, all proven, with the same heads and roots.
     #[test]
+    fn the_proven_order_is_the_same_after_a_capsule_is_replayed(
+        n in 1usize..120,
+        every in 1usize..12,
+        placement in proptest::collection::vec(any::<u8>(), 120),
+        branch in proptest::collection::vec(any::<u8>(), 120),
+    ) {
+        // Records written unsigned and signed later, on either replica, then moved by a
+        // sync (records a peer sent, applied in the order they came): a replay of each
+        // replica's journal gives the same acceptance order and the same order records
+        // became proven in, which a sync cursor is a position in.
+        let (a, b, c, _) = scenario(n, every, &placement, &branch);
+        sync_pair(&a, &b, &c).unwrap();
+        for (seed, srv) in [(1u8, &a), (2u8, &b)] {
+            let orders = |s: &CapsuleServer| {
+                s.with_dag(&c, |d| (d.order().to_vec(), d.proven_order().to_vec()))
+                    .unwrap()
+            };
+            let again = CapsuleServer::new(
+                srv.store().clone(),
+                SigningKey::from_seed(&[seed; 32]),
+                ServerOptions::default(),
+            );
+            prop_assert_eq!(orders(srv), orders(&again));
+        }
+    }
+
+    #[test]
     fn replicas_converge_exactly(
         n in 1usize..120,
         every in 1usize..12,
@@ -948,4 +975,75 @@ fn a_signature_on_an_old_record_both_hold_travels() {
     assert!(b.with_dag(&c, |d| d.is_proven(&first)).unwrap());
     let (ra, _) = sync_pair(&a, &b, &c).unwrap();
     assert!(ra.quick_match, "{ra:?}");
+}
+
+/// A replica listed in `sync_peers` keeps its sync cursor across a restart: after one
+/// side restarts, the next session compares only the records proven since, as before the
+/// restart (a stranger's cursor stays in memory only, and the store holds no ref of it).
+#[test]
+fn listed_replicas_keep_their_sync_cursor_across_a_restart() {
+    let (ka, kb) = (
+        SigningKey::from_seed(&[1; 32]),
+        SigningKey::from_seed(&[2; 32]),
+    );
+    let opts = |peer: &SigningKey| ServerOptions {
+        sync_peers: Some(vec![peer.public()]),
+        ..ServerOptions::default()
+    };
+    let (sa, sb): (Arc<dyn Store>, Arc<dyn Store>) =
+        (Arc::new(MemoryStore::new()), Arc::new(MemoryStore::new()));
+    let a = CapsuleServer::new(sa, ka.clone(), opts(&kb));
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "cursor");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let mut write = |s: &CapsuleServer, n: usize| {
+        for i in 0..n {
+            let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+            let sig = vec![(r.name(), w.sign(&r.name()))];
+            s.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+        }
+    };
+    write(&a, 500);
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+    // B restarts; A writes a few more.
+    drop(b);
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    write(&a, 3);
+    let (ra, rb) = sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+    assert_eq!(rb.accepted, 3, "{ra:?} {rb:?}");
+    assert!(
+        ra.symbols <= 64,
+        "the whole log was compared again: {ra:?} {rb:?}"
+    );
+    assert!(!ra.fallback, "{ra:?}");
+    // One ref: B's cursor of A.
+    let refs = |s: &Arc<dyn Store>| s.list_refs(b"capsule-sync/").unwrap();
+    assert_eq!(refs(&sb).len(), 1);
+    assert!(
+        refs(&sb)[0]
+            .0
+            .ends_with(hex::encode(ka.public().raw()).as_bytes())
+    );
+    // Without the listing, the restarted side compares its whole log (and keeps no ref).
+    let plain_b = CapsuleServer::new(sb.clone(), kb, ServerOptions::default());
+    write(&a, 3);
+    let (ra, rb) = sync_pair(&a, &plain_b, &c).unwrap();
+    assert_eq!(rb.accepted, 3, "{ra:?} {rb:?}");
+    assert!(ra.symbols > 64 || ra.fallback, "{ra:?} {rb:?}");
+    let before = refs(&sb);
+    drop(plain_b);
+    let plain_b = CapsuleServer::new(
+        sb.clone(),
+        SigningKey::from_seed(&[2; 32]),
+        ServerOptions::default(),
+    );
+    write(&a, 3);
+    sync_pair(&a, &plain_b, &c).unwrap();
+    assert_eq!(refs(&sb), before, "a cursor kept for a peer nobody listed");
 }
