@@ -43,8 +43,9 @@ pub use proof::{
 };
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
 pub use server::{
-    Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, MAX_BATCH_ANSWER_BYTES, MAX_PROOF_BYTES,
-    ServerOptions, SessionId, SyncBody, SyncCursor, SyncRecord, drop_idle,
+    Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, DEFAULT_MAX_PROOF_BYTES,
+    MAX_BATCH_ANSWER_BYTES, MAX_PROOF_BYTES, ServerOptions, SessionId, SyncBody, SyncCursor,
+    SyncRecord, drop_idle,
 };
 pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
 pub use wire::{

@@ -106,8 +106,8 @@ pub struct ServerOptions {
     /// (as past [`ServerOptions::max_sessions`]) until they fit again; a session asking
     /// for a cache larger than this alone is refused.
     pub max_mirrored_names: usize,
-    /// Most bytes of headers one record proof carries ([`MAX_PROOF_BYTES`] by default,
-    /// which is also the most any answer has room for).
+    /// Most bytes of headers one record proof carries ([`DEFAULT_MAX_PROOF_BYTES`] by
+    /// default; at most [`MAX_PROOF_BYTES`], the most any answer has room for).
     pub max_proof_bytes: usize,
     /// The server keys of the replicas that may start anti-entropy sessions with this
     /// server; `None` (the default) takes any key. Set it where the replicas are known:
@@ -126,7 +126,7 @@ impl Default for ServerOptions {
             max_loaded_capsules: 4096,
             max_sessions: 4096,
             max_mirrored_names: CachePolicy::MAX_CAPACITY as usize * 2,
-            max_proof_bytes: MAX_PROOF_BYTES,
+            max_proof_bytes: DEFAULT_MAX_PROOF_BYTES,
             sync_peers: None,
         }
     }
@@ -142,13 +142,19 @@ pub const MAX_CACHED_BODY: usize = 4096;
 pub const MAX_BATCH_ANSWER_BYTES: usize = 32 << 20;
 
 /// Most bytes of headers one record proof carries: what a wire frame
-/// ([`crate::wire::MAX_FRAME`]) holds, less room for the rest of the answer (the default
-/// of [`ServerOptions::max_proof_bytes`]). A read-and-prove has the frame less its body; a
+/// ([`crate::wire::MAX_FRAME`]) holds, less room for the rest of the answer (the most
+/// [`ServerOptions::max_proof_bytes`] may be). A read-and-prove has the frame less its body; a
 /// subrecord multiproof, [`MAX_BATCH_ANSWER_BYTES`]. A record whose shortest chain to a
 /// signature (or to what the reader caches) is longer cannot be proven until its writer
 /// signs a record nearer to it; the server says so rather than build an answer no reader
 /// would take.
 pub const MAX_PROOF_BYTES: usize = crate::wire::MAX_FRAME - (64 << 10);
+
+/// Default of [`ServerOptions::max_proof_bytes`]: 960 KiB of headers, a chain of about
+/// 9,000 records with one backpointer each. Proofs are built before their memory is
+/// charged to a network endpoint's budget, so the default keeps each answer small; raise
+/// it (up to [`MAX_PROOF_BYTES`]) for capsules whose writers sign rarely.
+pub const DEFAULT_MAX_PROOF_BYTES: usize = (1 << 20) - (64 << 10);
 
 /// Fewest bytes an encoded record header takes (tag, version, capsule name, body
 /// reference, backpointer count).
@@ -742,6 +748,37 @@ struct HelloStamps {
 }
 
 impl HelloStamps {
+    /// Takes a Hello's stamp `at` at time `now` (see [`CapsuleServer::accept_sync_hello`]);
+    /// a `listed` peer ([`ServerOptions::sync_peers`]) is taken even when the table is
+    /// full, so strangers filling it cannot keep a known replica out.
+    fn take(
+        &mut self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+        at: u64,
+        now: u64,
+        listed: bool,
+    ) -> Result<()> {
+        check_hello_window(at, now)?;
+        // Checked under the same hold as the insert: two copies of one Hello arriving
+        // together must not both pass, nor a lower stamp replace a higher one.
+        self.check_new(capsule, peer, at)?;
+        let key = (*capsule, *peer);
+        if !listed && !self.map.contains_key(&key) && self.map.len() >= MAX_HELLO_STAMPS {
+            self.map
+                .retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
+            if self.map.len() >= MAX_HELLO_STAMPS {
+                return Err(Error::Unavailable(format!(
+                    "this server remembers the Hellos of {MAX_HELLO_STAMPS} (capsule, replica) \
+                     pairs from the last {} s; try again in a few minutes",
+                    SYNC_HELLO_WINDOW_MICROS / 1_000_000
+                )));
+            }
+        }
+        self.map.insert(key, at);
+        Ok(())
+    }
+
     /// Refuses a Hello stamped `at` that is not above the last one taken from `peer` for
     /// `capsule`.
     fn check_new(&self, capsule: &CapsuleName, peer: &PublicKey, at: u64) -> Result<()> {
@@ -2477,27 +2514,11 @@ impl CapsuleServer {
         at: u64,
     ) -> Result<()> {
         self.check_sync_peer(peer)?;
-        let now = now_micros();
-        check_hello_window(at, now)?;
+        let listed = self.keeps_cursor_of(peer);
         let mut stamps = self.hello_stamps.lock();
-        // Checked under the same hold as the insert: two copies of one Hello arriving
-        // together must not both pass, nor a lower stamp replace a higher one.
-        stamps.check_new(capsule, peer, at)?;
-        let key = (*capsule, *peer);
-        if !stamps.map.contains_key(&key) && stamps.map.len() >= MAX_HELLO_STAMPS {
-            stamps
-                .map
-                .retain(|_, s| s.saturating_add(SYNC_HELLO_WINDOW_MICROS) >= now);
-            if stamps.map.len() >= MAX_HELLO_STAMPS {
-                return Err(Error::Unavailable(format!(
-                    "this server remembers the Hellos of {MAX_HELLO_STAMPS} (capsule, replica) \
-                     pairs from the last {} s; try again in a few minutes",
-                    SYNC_HELLO_WINDOW_MICROS / 1_000_000
-                )));
-            }
-        }
-        stamps.map.insert(key, at);
-        Ok(())
+        // The clock is read under the hold: a thread that read it earlier could otherwise
+        // take a stamp at the window's edge that a later one has just forgotten.
+        stamps.take(capsule, peer, at, now_micros(), listed)
     }
 
     /// The present, proven records among `names`, ready to ship to a peer.
@@ -2888,54 +2909,53 @@ mod tests {
 
     /// A full table of Hello stamps drops nothing still in the window: a pair not in it is
     /// refused as busy (not taken, and not forgotten later to be replayed), pairs in it go
-    /// on, stamps far ahead of the clock are refused, and stamps that leave the window
-    /// make room. Before, the oldest eighth was dropped and a floor raised over it, so a
-    /// table filled with stamps made up 299 s ahead locked every replica out.
+    /// on, a listed replica is taken anyway, stamps far ahead of the clock are refused, and
+    /// stamps that leave the window make room. Before, the oldest eighth was dropped and a
+    /// floor raised over it, so a table filled with stamps made up 299 s ahead locked every
+    /// replica out.
     #[test]
     fn a_full_hello_table_refuses_new_pairs_and_keeps_the_ones_it_holds() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let server = CapsuleServer::new(
-            store,
-            SigningKey::from_seed(&[5; 32]),
-            ServerOptions::default(),
-        );
+        let mut st = HelloStamps::default();
         let peer = SigningKey::from_seed(&[3; 32]).public();
         let name = |i: u64| CapsuleName(HashAlgo::Blake3.digest(&i.to_le_bytes()));
-        let now = now_micros();
-        // An honest replica's pair, then a flood of pairs stamped ahead of the clock.
-        server
-            .accept_sync_hello(&name(u64::MAX), &peer, now)
-            .unwrap();
-        let e = server
-            .accept_sync_hello(&name(0), &peer, now + SYNC_HELLO_AHEAD_MICROS + 1_000_000)
+        let now = 10_000_000_000_000u64;
+        // An honest replica's pair, then a flood of pairs, some stamped ahead of the clock.
+        st.take(&name(u64::MAX), &peer, now, now, false).unwrap();
+        let e = st
+            .take(
+                &name(0),
+                &peer,
+                now + SYNC_HELLO_AHEAD_MICROS + 1,
+                now,
+                false,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("ahead"), "{e}");
-        // Most of the table leaves the window 4 s from now; the rest is ahead of the clock.
+        // Most of the table leaves the window 4 s from now.
         let soon = now - SYNC_HELLO_WINDOW_MICROS + 4_000_000;
         for i in 0..MAX_HELLO_STAMPS as u64 - 1 {
             let at = if i < 1000 { now + 50_000_000 } else { soon };
-            server.accept_sync_hello(&name(i), &peer, at).unwrap();
+            st.take(&name(i), &peer, at, now, false).unwrap();
         }
         let full = MAX_HELLO_STAMPS as u64;
-        let e = server
-            .accept_sync_hello(&name(full), &peer, now_micros())
+        let e = st
+            .take(&name(full), &peer, now + 1, now + 1, false)
             .unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)), "{e}");
-        // The honest replica's pair goes on, and its old Hello is still a replay.
-        server
-            .accept_sync_hello(&name(u64::MAX), &peer, now_micros())
+        // A listed replica is taken all the same.
+        st.take(&name(full + 1), &peer, now + 1, now + 1, true)
             .unwrap();
-        let e = server
-            .accept_sync_hello(&name(u64::MAX), &peer, now)
+        // The honest replica's pair goes on, and its old Hello is still a replay.
+        st.take(&name(u64::MAX), &peer, now + 2, now + 2, false)
+            .unwrap();
+        let e = st
+            .take(&name(u64::MAX), &peer, now, now + 3, false)
             .unwrap_err();
         assert!(e.to_string().contains("replayed"), "{e}");
         // Once stamps leave the window, new pairs are taken again.
-        while now_micros() < now + 4_200_000 {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        server
-            .accept_sync_hello(&name(full), &peer, now_micros())
-            .unwrap();
+        let later = now + 4_000_001;
+        st.take(&name(full), &peer, later, later, false).unwrap();
+        assert!(st.map.len() < MAX_HELLO_STAMPS / 2, "{}", st.map.len());
         // With known replicas set, another key is refused before anything is kept.
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let strict = CapsuleServer::new(

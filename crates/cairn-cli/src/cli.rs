@@ -1104,7 +1104,7 @@ fn check_link_owner(link: &Path, m: &std::fs::Metadata) -> Result<()> {
         let d = std::fs::metadata(dir).with_context(|| format!("opening {}", dir.display()))?;
         // SAFETY: geteuid has no arguments and cannot fail.
         let me = unsafe { libc::geteuid() };
-        if d.mode() & 0o1002 == 0o1002 && m.uid() != me && m.uid() != d.uid() {
+        if link_is_protected(d.mode(), d.uid(), m.uid(), me) {
             return Err(Error::invalid(format!(
                 "{}: not following a symbolic link another user owns in a shared directory \
                  (as the kernel refuses with fs.protected_symlinks); give the file it names",
@@ -1116,17 +1116,43 @@ fn check_link_owner(link: &Path, m: &std::fs::Metadata) -> Result<()> {
     Ok(())
 }
 
+/// The kernel's `protected_symlinks` rule: a link in a sticky directory anyone may write
+/// (`dir_mode`, owned by `dir_uid`) is not followed for `me` when it is owned (`link_uid`)
+/// neither by `me` nor by the directory's owner.
+#[cfg(unix)]
+fn link_is_protected(dir_mode: u32, dir_uid: u32, link_uid: u32, me: u32) -> bool {
+    dir_mode & 0o1002 == 0o1002 && link_uid != me && link_uid != dir_uid
+}
+
 /// Copies the complete, checked `from` over the existing file `to` in place (when no
-/// temporary file can replace it): written over without emptying it first, then cut to
-/// length, so a failure to open it leaves it as it was, and a write that fails (a full
-/// disk) can only have changed it where the new content is longer than the old.
+/// temporary file can replace it), as a shell redirection would, but only once the content
+/// is whole: a failure to open `to` leaves it as it was. A write that fails partway (a
+/// full disk) cuts the file where the new content stopped, so it cannot pass for whole
+/// (new bytes followed by the old file's tail, at its old length), and the command fails.
 fn copy_over(from: &mut File, to: &Path, dest: &Path) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .open(to)
         .with_context(|| format!("opening {}", dest.display()))?;
-    let n = io::copy(from, &mut f).with_context(|| format!("writing {}", dest.display()))?;
-    f.set_len(n)
+    let mut buf = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        let n = match io::Read::read(from, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let _ = f.set_len(written);
+                return Err(e).context("reading the temporary file");
+            }
+        };
+        if let Err(e) = f.write_all(&buf[..n]) {
+            let _ = f.set_len(written);
+            return Err(e).with_context(|| format!("writing {}", dest.display()));
+        }
+        written += n as u64;
+    }
+    f.set_len(written)
         .with_context(|| format!("writing {}", dest.display()))?;
     Ok(())
 }
@@ -1690,4 +1716,34 @@ fn verify_proof_file(
     print_version_proof(&vp, &meta, key.as_bytes(), uid, &mut out)?;
     writeln!(out, "proof OK")?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::link_is_protected;
+
+    /// The rule `--out` applies to links as it follows them, whoever runs the tests (the
+    /// end-to-end test needs root to give a link away).
+    #[test]
+    fn links_in_shared_sticky_directories_follow_the_kernels_rule() {
+        // A directory like /tmp: root's, sticky, anyone may write.
+        assert!(
+            link_is_protected(0o41777, 0, 1000, 1001),
+            "another user's link"
+        );
+        assert!(!link_is_protected(0o41777, 0, 1001, 1001), "our own link");
+        assert!(
+            !link_is_protected(0o41777, 0, 0, 1001),
+            "the directory owner's link"
+        );
+        assert!(!link_is_protected(0o40777, 0, 1000, 1001), "not sticky");
+        assert!(
+            !link_is_protected(0o41775, 0, 1000, 1001),
+            "not writable by anyone"
+        );
+        assert!(
+            link_is_protected(0o41777, 500, 1000, 0),
+            "root is no exception"
+        );
+    }
 }
