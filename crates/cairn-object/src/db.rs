@@ -86,6 +86,11 @@ thread_local! {
     static WRITER_HOLDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// Whether this thread holds a writer's hold now (a write in progress).
+pub(crate) fn holds_writer() -> bool {
+    WRITER_HOLDS.with(|h| h.get() > 0)
+}
+
 /// A writer's hold on the writers' lock ([`Db::writer_guard`]).
 pub(crate) struct WriterGuard<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
 

@@ -38,6 +38,13 @@ pub struct GcReport {
 impl Db {
     /// Runs a full GC (see the module documentation).
     pub fn gc(&self) -> Result<GcReport> {
+        // GC waits for every writer to let go: one called while this thread writes (from
+        // a write's callback) would wait for itself for ever.
+        if crate::db::holds_writer() {
+            return Err(Error::invalid(
+                "GC cannot run while this thread holds a write in progress",
+            ));
+        }
         let notes = self.store().recovery_notes()?;
         if !notes.is_empty() {
             return Err(Error::corrupt(format!(

@@ -497,7 +497,9 @@ pub enum MergeOutcome {
 }
 
 impl Db {
-    /// M5 / M6: merges the version `from` into tagged branch `into` of `key`.
+    /// M5 / M6: merges the version `from` into tagged branch `into` of `key`; with
+    /// `opts.guard`, only while `into`'s head is that version ([`Error::GuardMismatch`]
+    /// otherwise, nothing changed).
     pub fn merge_into(
         &self,
         key: &[u8],
@@ -513,6 +515,21 @@ impl Db {
             .tagged
             .get(into)
             .ok_or_else(|| Error::not_found(format!("branch {into:?} of key {}", show_key(key))))?;
+        // A guarded merge (compare-and-set on the target's head), checked under the key's
+        // lock with the commit.
+        if let Some(g) = opts.guard
+            && ours != g
+        {
+            return Err(Error::GuardMismatch(format!(
+                "branch {into:?} of key {} is at {ours}, not {g}",
+                show_key(key)
+            )));
+        }
+        if opts.branch_from.is_some() {
+            return Err(Error::invalid(
+                "a merge's target branch must exist: branch_from does not apply",
+            ));
+        }
         let theirs = self.resolve(key, from)?;
         let outcome = self.merge_pair(key, ours, theirs, resolver, opts)?;
         match &outcome {
@@ -560,6 +577,11 @@ impl Db {
         resolver: &dyn Resolver,
         opts: &PutOptions,
     ) -> Result<MergeOutcome> {
+        if opts.guard.is_some() || opts.branch_from.is_some() {
+            return Err(Error::invalid(
+                "a merge of untagged heads names its heads: a guard or branch_from does not apply",
+            ));
+        }
         let _w = self.writer_guard();
         let _k = self.lock_key(key);
         let mut table = self.existing_table(key)?;

@@ -152,6 +152,59 @@ fn guarded_put() {
     assert_eq!(db.resolve(b"k", &master()).unwrap(), b);
 }
 
+/// A guarded merge is a compare-and-set on the target branch: with a stale guard it
+/// changes nothing (before, merges ignored the guard and committed over a head another
+/// writer had moved); guards make no sense on a merge of untagged heads and are refused.
+#[test]
+fn a_guarded_merge_checks_the_target_head() {
+    let (db, _) = db();
+    let a = put_str(&db, "k", Target::Branch("master"), "a");
+    db.fork(b"k", &master(), "dev").unwrap();
+    put_str(&db, "k", Target::Branch("dev"), "a\nd");
+    let b = put_str(&db, "k", Target::Branch("master"), "b\na");
+    let stale = PutOptions {
+        guard: Some(a),
+        ..Default::default()
+    };
+    let err = merge_dev(&db, b"k", &BuiltinResolver::Append, &stale);
+    assert!(matches!(err, Err(Error::GuardMismatch(_))), "{err:?}");
+    assert_eq!(db.resolve(b"k", &master()).unwrap(), b);
+    let current = PutOptions {
+        guard: Some(b),
+        ..Default::default()
+    };
+    let merged = merge_dev(&db, b"k", &BuiltinResolver::Append, &current).unwrap();
+    assert!(matches!(merged, MergeOutcome::Merged(_)), "{merged:?}");
+    let err = db.merge_untagged(b"k", &[], &BuiltinResolver::Append, &current);
+    assert!(matches!(err, Err(Error::InvalidInput(_))), "{err:?}");
+}
+
+/// GC called from a write in progress on the same thread (its commit callback) is refused
+/// at once: it waits for every writer to let go, so before it waited for itself for ever.
+#[test]
+fn gc_inside_a_write_is_refused_not_a_deadlock() {
+    let (db, _) = db();
+    let mut gc_result = None;
+    let uid = db
+        .put_blob_stream_then(
+            b"k",
+            Target::Branch("master"),
+            &mut &b"some bytes"[..],
+            &mut |_| {},
+            &mut || {
+                gc_result = Some(db.gc().map(|_| ()));
+                Ok(PutOptions::default())
+            },
+        )
+        .unwrap();
+    assert!(
+        matches!(gc_result, Some(Err(Error::InvalidInput(_)))),
+        "{gc_result:?}"
+    );
+    assert_eq!(db.resolve(b"k", &master()).unwrap(), uid);
+    db.gc().unwrap();
+}
+
 #[test]
 fn errors_change_nothing() {
     let (db, store) = db();
