@@ -33,7 +33,8 @@ if [[ "${FUZZ_LAX:-0}" == 1 ]]; then
 fi
 all=(codec fobject branch_table postree_node logstore_recovery
      capsule_metadata record_header record_proof subrecord_proof subrecords_proof merkle_proofs
-     sync_msg wire_request wire_response frame bucket_mutation version_proof evidence)
+     sync_msg sync_session wire_request wire_response frame bucket_mutation version_proof
+     evidence)
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=("${all[@]}")
 

@@ -569,8 +569,13 @@ fn main() {
     for (t, seeds) in &capsule_seeds {
         write(out, t, seeds);
     }
-    let wire_seeds: [(&str, Vec<Vec<u8>>, fn(&[u8])); 4] = [
+    let wire_seeds: [(&str, Vec<Vec<u8>>, fn(&[u8])); 5] = [
         ("sync_msg", wire::sync_msg_seeds(), wire::run_sync_msg),
+        (
+            "sync_session",
+            wire::sync_session_seeds(),
+            wire::run_sync_session,
+        ),
         (
             "wire_request",
             wire::wire_request_seeds(),

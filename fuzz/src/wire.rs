@@ -1,5 +1,6 @@
 //! Targets for the capsule wire protocol (`cairn_capsule::wire`) and the RPC framing
-//! (`cairn_net::frame`): `sync_msg`, `wire_request`, `wire_response`, `frame`.
+//! (`cairn_net::frame`): `sync_msg`, `sync_session`, `wire_request`, `wire_response`,
+//! `frame`. (`sync_session` is documented at [`run_sync_session`].)
 //!
 //! **Codec targets** (`sync_msg`, `wire_request`, `wire_response`): the input is one
 //! encoded message. Whatever decodes must re-encode to exactly the input (one value, one
@@ -177,10 +178,10 @@ fn build_server(key: u8, meta: &CapsuleMetadata, n: usize) -> Built {
     (server, records, header.name(), subs)
 }
 
-/// Every message of a real anti-entropy session between the fixture server's twin and a
-/// replica that has only the first four records plus a fork of its own (signed by writer
-/// 1), in the order sent, plus the messages such a session rarely sends.
-pub fn sync_messages() -> Vec<SyncMsg> {
+/// Two replicas of the fixture capsule: A (the fixture server's twin, ten records and a
+/// subrecord record) and B (only the first four records plus a fork of its own, signed by
+/// writer 1); and A's records.
+fn sync_replicas() -> (CapsuleServer, CapsuleServer, Vec<Record>) {
     let meta = fixture_meta();
     let c = meta.name();
     let (a, records, _, _) = build_server(0x78, &meta, 10);
@@ -193,6 +194,14 @@ pub fn sync_messages() -> Vec<SyncMsg> {
     let fname = fork.name();
     b.write(&c, &[fork], &[(fname, w1.sign(&fname))])
         .expect("write fork");
+    (a, b, records)
+}
+
+/// The messages of a real anti-entropy session from A to B ([`sync_replicas`]), in the
+/// order sent: A's Hello first, then B's and A's in turn.
+fn sync_transcript() -> Vec<SyncMsg> {
+    let (a, b, _) = sync_replicas();
+    let c = fixture_meta().name();
     let mut sa = SyncSession::new(&a, c, b.public_key()).expect("session a");
     let mut sb = SyncSession::new(&b, c, a.public_key()).expect("session b");
     let mut out = Vec::new();
@@ -203,6 +212,14 @@ pub fn sync_messages() -> Vec<SyncMsg> {
         msg = if to_b { sb.handle(m) } else { sa.handle(m) }.expect("sync step");
         to_b = !to_b;
     }
+    out
+}
+
+/// Every message of a real anti-entropy session ([`sync_transcript`]), plus the messages
+/// such a session rarely sends.
+pub fn sync_messages() -> Vec<SyncMsg> {
+    let (_, _, records) = sync_replicas();
+    let mut out = sync_transcript();
     out.extend([
         SyncMsg::InSync,
         SyncMsg::More,
@@ -417,6 +434,90 @@ pub fn responses() -> Vec<Response> {
 /// Seeds of the codec targets.
 pub fn sync_msg_seeds() -> Vec<Vec<u8>> {
     sync_messages().iter().map(SyncMsg::to_bytes).collect()
+}
+
+/// `sync_session`: one side of a real anti-entropy session between the replicas of
+/// [`sync_replicas`] is driven by the input. Byte 0 bit 0 picks the side the input plays:
+/// 0, the initiator (B takes a real Hello from A, then the input's messages); 1, the
+/// responder (A sends a real Hello, then takes the input's messages). The rest is a list of
+/// messages, each a little-endian `u16` length and an encoded [`SyncMsg`] (ones that do not
+/// decode are skipped); the session takes them until it refuses one.
+///
+/// Oracle: no panic; afterwards the side that took the messages still passes
+/// `CapsuleServer::audit` (every record it holds re-reads and re-verifies, every signature
+/// checks), and every record it gained is proven: a peer can make it store nothing it
+/// could not verify.
+pub fn run_sync_session(data: &[u8]) {
+    let Some((&mode, mut rest)) = data.split_first() else {
+        return;
+    };
+    let c = fixture_meta().name();
+    let (a, b, _) = sync_replicas();
+    let mut sa = SyncSession::new(&a, c, b.public_key()).expect("session a");
+    let mut sb = SyncSession::new(&b, c, a.public_key()).expect("session b");
+    let hello = sa.start().expect("start");
+    let (target, session) = if mode & 1 == 0 {
+        if sb.handle(hello).is_err() {
+            return;
+        }
+        (&b, &mut sb)
+    } else {
+        (&a, &mut sa)
+    };
+    let before: std::collections::HashSet<RecordName> = target
+        .with_dag(&c, |d| d.order().iter().copied().collect())
+        .expect("dag");
+    while rest.len() >= 2 {
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        let end = (2 + len).min(rest.len());
+        let bytes = &rest[2..end];
+        rest = &rest[end..];
+        let Ok(m) = SyncMsg::from_bytes(bytes) else {
+            continue;
+        };
+        if session.handle(m).is_err() {
+            break;
+        }
+    }
+    target.audit(&c).expect("what a sync stored re-verifies");
+    target
+        .with_dag(&c, |d| {
+            for n in d.order() {
+                assert!(
+                    before.contains(n) || d.is_proven(n),
+                    "a sync stored record {n}, which no signature reaches"
+                );
+            }
+        })
+        .expect("dag");
+}
+
+/// Seeds of `sync_session`: each side's messages of the real session, as the input
+/// format frames them (and with the rare messages appended).
+pub fn sync_session_seeds() -> Vec<Vec<u8>> {
+    let transcript = sync_transcript();
+    let extra = &sync_messages()[transcript.len()..];
+    let frame = |mode: u8, msgs: &mut dyn Iterator<Item = &SyncMsg>| {
+        let mut out = vec![mode];
+        for m in msgs {
+            let b = m.to_bytes();
+            let Ok(len) = u16::try_from(b.len()) else {
+                continue;
+            };
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&b);
+        }
+        out
+    };
+    // The initiator's messages after its Hello; the responder's.
+    let initiator = || transcript.iter().skip(2).step_by(2);
+    let responder = || transcript.iter().skip(1).step_by(2);
+    vec![
+        frame(0, &mut initiator()),
+        frame(1, &mut responder()),
+        frame(0, &mut initiator().chain(extra)),
+        frame(1, &mut responder().chain(extra)),
+    ]
 }
 
 /// Seeds of `wire_request`.
