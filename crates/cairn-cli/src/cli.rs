@@ -418,6 +418,19 @@ pub fn open_store(
         algo,
         ..Default::default()
     };
+    // A node's data_dir whose chunks live in an object store: the log holds only its refs,
+    // and chunks written here would be invisible to the node (which then refuses to start
+    // over them) while reads would find every version missing.
+    let record = dir.join(cairn_node::node::BACKEND_RECORD_FILE);
+    if let Ok(text) = std::fs::read_to_string(&record) {
+        return Err(Error::invalid(format!(
+            "{} keeps its chunks in an object-store backend ({}): the CLI opens only embedded \
+             stores; run `cairn serve` with its config and use `cairn --server URL`",
+            dir.display(),
+            text.trim().replace('\n', ", ")
+        ))
+        .into());
+    }
     let timeout = std::time::Duration::from_secs_f64(lock_timeout.max(0.0));
     let store = LogStore::open_waiting(dir, opts, timeout, &mut |msg| {
         eprintln!("waiting for the store ({msg})")

@@ -704,6 +704,41 @@ fn get_out_does_not_follow_another_users_link_in_a_shared_directory() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"written by cairn");
 }
 
+/// A node's data_dir whose chunks live in an object store (its `BACKEND` record) is
+/// refused by the local commands with a clear error, and nothing is written to it: chunks
+/// put there would be invisible to the node, which then refused to start over them.
+#[test]
+fn local_commands_refuse_a_data_dir_with_an_object_store_backend() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    // A fresh directory with the record: nothing is created.
+    std::fs::write(dir.join("BACKEND"), "kind s3\nbucket b\nprefix p\n").unwrap();
+    let out = cairn(dir, &["put", "k", "--value", "v"]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("object-store backend (kind s3, bucket b, prefix p)"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("BACKEND")]);
+    // A store (as a node's data_dir holds one for its refs) with the record: reads and
+    // writes are refused alike.
+    let e = tempfile::tempdir().unwrap();
+    let node_dir = e.path();
+    ok(node_dir, &["put", "k", "--value", "v"]);
+    std::fs::write(node_dir.join("BACKEND"), "kind s3\nbucket b\nprefix p\n").unwrap();
+    for args in [&["get", "k"][..], &["put", "k", "--value", "w"][..]] {
+        let out = cairn(node_dir, args);
+        assert_eq!(out.status.code(), Some(8), "{args:?}: {out:?}");
+    }
+    std::fs::remove_file(node_dir.join("BACKEND")).unwrap();
+    assert_eq!(ok(node_dir, &["get", "k"]), "v");
+}
+
 /// Interrupting `get --out` removes its temporary file: no partial copy is left behind
 /// (with `--decrypt` it would be unauthenticated plaintext), and the destination keeps
 /// what it held.

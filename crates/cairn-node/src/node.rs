@@ -158,7 +158,7 @@ impl Node {
         .with_context(|| format!("opening store {}", config.data_dir.display()))?;
         let key = crate::keys::read_or_create(&config.data_dir.join(NODE_KEY_FILE), "node", false)?;
         let unrecorded = check_backend_record(&config)?;
-        let store = with_backend(&config, store, &key)?;
+        let store = with_backend(&config, store, &key, unrecorded)?;
         if unrecorded {
             write_backend_record(&config)?;
         }
@@ -432,9 +432,14 @@ fn keep_open(
 /// The node's store: the embedded log alone, or (for any other `[backend] kind`) refs in
 /// the log and chunks in the configured object store.
 #[cfg(feature = "object-store")]
-fn with_backend(config: &Config, log: LogStore, key: &SigningKey) -> Result<Arc<dyn Store>> {
-    use cairn_store::ChunkStore;
+fn with_backend(
+    config: &Config,
+    log: LogStore,
+    key: &SigningKey,
+    first: bool,
+) -> Result<Arc<dyn Store>> {
     use cairn_store::object::SplitStore;
+    use cairn_store::{ChunkStore, RefStore};
     let Some(os) = config.backend.object_store() else {
         return Ok(Arc::new(log));
     };
@@ -455,8 +460,11 @@ fn with_backend(config: &Config, log: LogStore, key: &SigningKey) -> Result<Arc<
     chunks
         .probe()
         .with_context(|| format!("[backend] kind = \"{kind}\": the chunk store does not answer"))?;
+    // A first start (no record of this backend in data_dir, no refs in the log) claims
+    // the prefix; any later one must find its own claim there.
+    let first = first && log.list_refs_from(b"", b"", 1)?.is_empty();
     chunks
-        .claim(&format!("cairn node {}\n", key.public()))
+        .claim(&format!("cairn node {}\n", key.public()), first)
         .with_context(|| format!("[backend] kind = \"{kind}\", prefix {:?}", os.prefix))?;
     tracing::info!(backend = kind, store = %chunks.object_store(), prefix = %os.prefix, "chunks in an object store");
     let durability = os.chunk_durability(config.durability);
@@ -466,7 +474,12 @@ fn with_backend(config: &Config, log: LogStore, key: &SigningKey) -> Result<Arc<
 /// The node's store: this build has only the embedded log (`Config::check` already refused
 /// any other `[backend] kind`).
 #[cfg(not(feature = "object-store"))]
-fn with_backend(config: &Config, log: LogStore, _key: &SigningKey) -> Result<Arc<dyn Store>> {
+fn with_backend(
+    config: &Config,
+    log: LogStore,
+    _key: &SigningKey,
+    _first: bool,
+) -> Result<Arc<dyn Store>> {
     config.backend.check()?;
     Ok(Arc::new(log))
 }

@@ -239,5 +239,24 @@ fn a_node_refuses_another_backend_or_another_nodes_prefix() {
     })
     .unwrap();
     // The first node is still fine.
+    assert_eq!(
+        read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
+        body
+    );
+    // The chunk directory comes back empty (a volume that did not mount, a bucket
+    // replaced): the node that used it before refuses to start rather than claim it afresh
+    // and serve every version as missing; nothing is written there.
+    let moved = chunks.path().with_extension("moved");
+    std::fs::rename(chunks.path().join("a"), &moved).unwrap();
+    std::fs::create_dir(chunks.path().join("a")).unwrap();
+    let e = Node::open(config.clone()).err().expect("refused");
+    assert!(
+        format!("{e:#}").contains("not the bucket, prefix or directory"),
+        "{e:#}"
+    );
+    assert!(!chunks.path().join("a/cairn-owner").exists());
+    // Mounted again, it starts and reads its data.
+    std::fs::remove_dir_all(chunks.path().join("a")).unwrap();
+    std::fs::rename(&moved, chunks.path().join("a")).unwrap();
     assert_eq!(read_blob(&Node::open(config).unwrap(), b"k").unwrap(), body);
 }

@@ -171,17 +171,41 @@ impl ObjectChunkStore {
     }
 
     /// Claims this prefix for the node `owner` names (a line identifying it, such as its
-    /// key): the first claim writes `<prefix>/cairn-owner` (create-if-absent), later ones
-    /// by the same owner find it. A prefix another owner claimed is refused: two nodes
-    /// writing one prefix would each count the other's half-written chunks as stored, and
-    /// a GC of either would delete chunks the other needs.
-    pub fn claim(&self, owner: &str) -> Result<()> {
+    /// key): the first claim (`first`) writes `<prefix>/cairn-owner` (create-if-absent),
+    /// later ones by the same owner find it. A prefix another owner claimed is refused:
+    /// two nodes writing one prefix would each count the other's half-written chunks as
+    /// stored, and a GC of either would delete chunks the other needs. A later claim
+    /// (`first` false: the node used this backend before) that finds no marker is refused
+    /// too: the bucket, prefix or mounted directory is not the one the node wrote (empty,
+    /// replaced, or a volume that failed to mount), and claiming it afresh would serve
+    /// every version as missing and put new chunks where they vanish once the real one
+    /// is back.
+    pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
         let want = Bytes::from(owner.as_bytes().to_vec());
         self.run(async move {
             let ctx = |e| os_err(&format!("claiming {path} in {name}"), e);
+            if !first {
+                return match store.get(&path).await {
+                    Ok(got) if got.meta.size <= 4096 => {
+                        let got = got.bytes().await.map_err(ctx)?;
+                        owned_by(&got, &want, &path, &name)
+                    }
+                    Ok(got) => Err(Error::Rejected(format!(
+                        "{path} in {name} is not a Cairn owner marker ({} bytes)",
+                        got.meta.size
+                    ))),
+                    Err(object_store::Error::NotFound { .. }) => Err(Error::Rejected(format!(
+                        "{name} holds no {path}, though this node stored chunks there before: \
+                         it is not the bucket, prefix or directory the node used (empty, \
+                         replaced, or a volume that is not mounted), and its versions would \
+                         read as missing. Point the [backend] at the node's chunks"
+                    ))),
+                    Err(e) => Err(ctx(e)),
+                };
+            }
             let created = store
                 .put_opts(
                     &path,
@@ -218,16 +242,7 @@ impl ObjectChunkStore {
                 }
                 Err(_) => return Err(ctx(first_error)),
             };
-            if got == want {
-                Ok(())
-            } else {
-                Err(Error::Rejected(format!(
-                    "the prefix of {path} in {name} belongs to another Cairn node ({:?}; this \
-                     one is {:?}): give each node its own prefix",
-                    String::from_utf8_lossy(&got).trim(),
-                    String::from_utf8_lossy(&want).trim()
-                )))
-            }
+            owned_by(&got, &want, &path, &name)
         })
     }
 
@@ -1114,6 +1129,20 @@ impl ObjectStoreConfig {
     }
 }
 
+/// `Ok` when the owner marker `got` (at `path` in `name`) names `want`.
+fn owned_by(got: &[u8], want: &[u8], path: &impl std::fmt::Display, name: &str) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Rejected(format!(
+            "the prefix of {path} in {name} belongs to another Cairn node ({:?}; this one is \
+             {:?}): give each node its own prefix",
+            String::from_utf8_lossy(got).trim(),
+            String::from_utf8_lossy(want).trim()
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1492,15 +1521,28 @@ mod tests {
     fn a_prefix_belongs_to_the_node_that_claimed_it() {
         let mem = Arc::new(object_store::memory::InMemory::new());
         let a = ObjectChunkStore::new(mem.clone(), "tenant").unwrap();
-        a.claim("cairn node 01\n").unwrap();
-        a.claim("cairn node 01\n").unwrap();
-        let b = ObjectChunkStore::new(mem.clone(), "tenant/").unwrap();
-        let e = b.claim("cairn node 02\n").unwrap_err();
+        // A node that used this backend before finds no marker in an empty prefix (a
+        // bucket replaced, a volume not mounted): refused, and nothing is written.
+        let e = a.claim("cairn node 01\n", false).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("not the bucket, prefix or directory"),
+            "{e}"
+        );
+        let e = a.claim("cairn node 01\n", false).unwrap_err();
         assert!(matches!(e, Error::Rejected(_)), "{e}");
-        assert!(e.to_string().contains("another Cairn node"), "{e}");
+        a.claim("cairn node 01\n", true).unwrap();
+        a.claim("cairn node 01\n", true).unwrap();
+        a.claim("cairn node 01\n", false).unwrap();
+        let b = ObjectChunkStore::new(mem.clone(), "tenant/").unwrap();
+        for first in [true, false] {
+            let e = b.claim("cairn node 02\n", first).unwrap_err();
+            assert!(matches!(e, Error::Rejected(_)), "{e}");
+            assert!(e.to_string().contains("another Cairn node"), "{e}");
+        }
         ObjectChunkStore::new(mem, "tenant/inner")
             .unwrap()
-            .claim("cairn node 02\n")
+            .claim("cairn node 02\n", true)
             .unwrap();
         // The marker is not a chunk.
         assert!(a.cids().unwrap().is_empty());
