@@ -1972,7 +1972,18 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
                 None => eprintln!("conflict: {c}"),
             }
         }
-        message = format!("merge conflict: {}", crate::cli::conflict_summary(cs.len()));
+        let total = parsed
+            .as_ref()
+            .and_then(|j| j.get("conflicts_total"))
+            .and_then(J::as_u64)
+            .map_or(cs.len(), |n| n as usize);
+        if total > cs.len() {
+            eprintln!(
+                "({} more conflicts not listed by the node)",
+                total - cs.len()
+            );
+        }
+        message = format!("merge conflict: {}", crate::cli::conflict_summary(total));
     }
     let strip = |prefix: &str| message.strip_prefix(prefix).unwrap_or(&message).to_string();
     let e = match kind.as_str() {

@@ -1774,3 +1774,88 @@ async fn concurrent_creates_of_one_name_take_one_replay_owner() {
     let refs = s.node.store.list_refs(REPLAY_REFS).unwrap();
     assert_eq!(refs.len(), 1, "no signature of a refused create remembered");
 }
+
+/// Answers built in memory stay bounded whatever the values: a merge's 409 lists
+/// conflicts up to about 1 MiB (the first always) and counts them all; a map diff page
+/// ends once it holds 8 MiB of keys and values, with a cursor that goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_lists_and_diff_pages_stay_bounded() {
+    let s = Server::start(64 << 20).await;
+    s.open_bucket("v").await;
+    let big = |c: char| c.to_string().repeat(2 << 20);
+    let map = |c: char| {
+        let m: serde_json::Map<String, serde_json::Value> =
+            (0..6).map(|i| (format!("k{i}"), json!(big(c)))).collect();
+        serde_json::Value::Object(m)
+    };
+    let send = |m: Method, path: String, body: String| {
+        let s = &s;
+        async move { s.send(m, &path, &[JSON], body).await }
+    };
+    let (st, w) = send(
+        Method::PUT,
+        "/v1/buckets/v/objects/doc".into(),
+        map('a').to_string(),
+    )
+    .await;
+    assert_eq!(st, 201, "{w}");
+    let (st, _) = send(
+        Method::POST,
+        "/v1/buckets/v/fork/doc".into(),
+        json!({"branch": "dev"}).to_string(),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let (st, _) = send(
+        Method::PUT,
+        "/v1/buckets/v/objects/doc?branch=dev".into(),
+        map('b').to_string(),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let (st, _) = send(
+        Method::PUT,
+        "/v1/buckets/v/objects/doc".into(),
+        map('c').to_string(),
+    )
+    .await;
+    assert_eq!(st, 201);
+    // Six conflicts of 6 MiB each (three sides of 2 MiB): the first alone is listed.
+    let (st, e) = send(
+        Method::POST,
+        "/v1/buckets/v/merge/doc".into(),
+        json!({"from": "dev"}).to_string(),
+    )
+    .await;
+    assert_eq!((st, kind(&e)), (409, "conflict"), "{}", e["error"]);
+    assert_eq!(e["conflicts"].as_array().unwrap().len(), 1);
+    assert_eq!(e["conflicts_total"], 6);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the first 1 listed"),
+        "{}",
+        e["error"]
+    );
+    // The diff of the two heads: six changes of 4 MiB, in pages of at most 8 MiB past the
+    // first change, each page going on from the last.
+    let mut after = String::new();
+    let mut seen = 0;
+    let mut pages = 0;
+    loop {
+        let (st, d) = s
+            .get_json(&format!("/v1/buckets/v/diff/doc?a=master&b=dev{after}"))
+            .await;
+        assert_eq!(st, 200);
+        let n = d["changes"].as_array().unwrap().len();
+        assert!((1..=2).contains(&n), "{n} changes of 4 MiB in one page");
+        seen += n;
+        pages += 1;
+        match d["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!((seen, pages), (6, 3));
+}

@@ -364,6 +364,10 @@ pub fn diff_values_in(chunks: &dyn ChunkStore, a: &Value, b: &Value) -> Result<D
     })
 }
 
+/// Bytes of keys and values a page of a Map or Set diff holds before it ends early (with a
+/// cursor to go on from), once it holds at least one change.
+pub const DIFF_PAGE_BYTES: usize = 8 << 20;
+
 /// [`Db::diff_values_page`] over any chunk store (a node's, or the chunks a node sent, see
 /// [`crate::evidence`]).
 pub fn diff_page_in(
@@ -405,8 +409,22 @@ pub fn diff_page_in(
             Some(DiffCursor::AfterKey(k)) => Some(&k[..]),
             Some(c) => return wrong(c),
         };
-        let (out, more): (Vec<KeyChange>, bool) = postree::collect_changes(limit, |each| {
-            postree::diff_sorted_each(chunks, ta, tb, from, each)
+        // A page ends at `limit` changes or once it holds DIFF_PAGE_BYTES of keys and
+        // values (after at least one change): a map's values may be 16 MiB each.
+        let mut out: Vec<KeyChange> = Vec::new();
+        let mut more = false;
+        let mut bytes = 0usize;
+        postree::diff_sorted_each(chunks, ta, tb, from, &mut |c: KeyChange| {
+            if out.len() == limit || (bytes >= DIFF_PAGE_BYTES && !out.is_empty()) {
+                more = true;
+                return Ok(std::ops::ControlFlow::Break(()));
+            }
+            bytes = bytes
+                .saturating_add(c.key.len())
+                .saturating_add(c.left.as_ref().map_or(0, |v| v.len()))
+                .saturating_add(c.right.as_ref().map_or(0, |v| v.len()));
+            out.push(c);
+            Ok(std::ops::ControlFlow::Continue(()))
         })?;
         let next = more
             .then(|| out.last().map(|c| DiffCursor::AfterKey(c.key.clone())))

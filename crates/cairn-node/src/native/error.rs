@@ -17,7 +17,7 @@ pub struct ApiError {
     /// What went wrong, for people.
     pub message: String,
     /// Extra JSON fields next to `error` (e.g. `conflicts`).
-    pub extra: Option<Box<(&'static str, serde_json::Value)>>,
+    pub extra: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// Extra response headers (e.g. `Content-Range` on a 416).
     pub headers: Option<Box<HeaderMap>>,
 }
@@ -82,9 +82,11 @@ impl ApiError {
         self
     }
 
-    /// Adds a JSON field next to `error`.
+    /// Adds a JSON field next to `error` (one more, or in place of one of that name).
     pub fn with_extra(mut self, field: &'static str, value: serde_json::Value) -> Self {
-        self.extra = Some(Box::new((field, value)));
+        self.extra
+            .get_or_insert_with(Default::default)
+            .insert(field.to_string(), value);
         self
     }
 }
@@ -120,8 +122,7 @@ impl IntoResponse for ApiError {
             "error": { "kind": self.kind, "message": self.message }
         });
         if let (Some(extra), Some(obj)) = (self.extra, body.as_object_mut()) {
-            let (field, value) = *extra;
-            obj.insert(field.to_string(), value);
+            obj.extend(*extra);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(h) = self.headers {

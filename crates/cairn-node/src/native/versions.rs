@@ -105,11 +105,17 @@ pub async fn branches(
         let untagged: Vec<String> = t.untagged.iter().map(|u| u.to_string()).collect();
         let mut metas = serde_json::Map::new();
         let mut bytes = 0usize;
+        // Each head is loaded once however many branches name it (one too large to list
+        // was loaded again for every branch), and none once the budget is spent.
+        let mut seen = std::collections::HashSet::new();
         for uid in t.tagged.values().chain(t.untagged.iter()) {
-            let hex_uid = uid.to_string();
-            if metas.contains_key(&hex_uid) {
+            if !seen.insert(*uid) {
                 continue;
             }
+            if bytes >= BRANCHES_META_BYTES {
+                break;
+            }
+            let hex_uid = uid.to_string();
             let meta = b.db().load_for_key(key.as_bytes(), uid)?.to_chunk();
             if meta.len() > LOG_META_BYTES || bytes + 2 * meta.len() > BRANCHES_META_BYTES {
                 continue;
@@ -131,6 +137,10 @@ struct LogQuery {
     min: Option<u64>,
     max: Option<u64>,
 }
+
+/// Bytes (about: values counted as hex) of conflicts a merge's 409 lists at most, past the
+/// first; `conflicts_total` says how many there are.
+const CONFLICTS_ANSWER_BYTES: usize = 1 << 20;
 
 /// Bytes of version entries one `log` answer holds at most: past it the answer stops at a
 /// distance boundary and says where to go on (`next_min`).
@@ -644,13 +654,36 @@ pub async fn merge(
         MergeOutcome::FastForward(u) => ("fast_forward", u),
         MergeOutcome::UpToDate(u) => ("up_to_date", u),
         MergeOutcome::Conflicts(cs) => {
-            let list: Vec<J> = cs.iter().map(conflict_json).collect();
+            // The answer is built in memory and sent as it is: it lists conflicts up to
+            // CONFLICTS_ANSWER_BYTES (the first always), and says how many there are.
+            let mut list: Vec<J> = Vec::new();
+            let mut bytes = 0usize;
+            for c in &cs {
+                let size = [&c.base, &c.ours, &c.theirs]
+                    .iter()
+                    .map(|v| v.as_ref().map_or(0, |b| b.len()))
+                    .sum::<usize>()
+                    .saturating_mul(2)
+                    .saturating_add(128);
+                if !list.is_empty() && bytes.saturating_add(size) > CONFLICTS_ANSWER_BYTES {
+                    break;
+                }
+                bytes = bytes.saturating_add(size);
+                list.push(conflict_json(c));
+            }
+            let shown = list.len();
             return Err(ApiError::from(Error::Conflict(format!(
-                "{} unresolved conflict(s); nothing was written (try resolver ours, theirs, \
+                "{} unresolved conflict(s){}; nothing was written (try resolver ours, theirs, \
                  append, sum or union)",
-                cs.len()
+                cs.len(),
+                if shown < cs.len() {
+                    format!(", the first {shown} listed")
+                } else {
+                    String::new()
+                }
             )))
-            .with_extra("conflicts", J::Array(list)));
+            .with_extra("conflicts", J::Array(list))
+            .with_extra("conflicts_total", J::from(cs.len())));
         }
     };
     Ok(Json(json!({
