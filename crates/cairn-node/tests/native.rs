@@ -452,6 +452,20 @@ async fn typed_values_in_text_and_json() {
     assert_eq!(patch("i", json!({"op": "add", "by": 8})).await.0, 200);
     assert_eq!(patch("i", json!({"op": "multiply", "by": 2})).await.0, 200);
     assert_eq!(s.get_json("/v1/buckets/t/objects/i").await.1, json!(100));
+    // A context goes with a PUT: sent with a PATCH or a DELETE (where it was dropped
+    // silently) it is refused, and nothing changes.
+    for method in [Method::PATCH, Method::DELETE] {
+        let (st, e) = s
+            .send(
+                method.clone(),
+                "/v1/buckets/t/objects/i",
+                &[JSON, ("x-cairn-context", "note")],
+                json!({"op": "add", "by": 1}).to_string(),
+            )
+            .await;
+        assert_eq!((st, kind(&e)), (400, "invalid_input"), "{method}: {e}");
+    }
+    assert_eq!(s.get_json("/v1/buckets/t/objects/i").await.1, json!(100));
     assert_eq!(
         patch("s", json!({"op": "append", "value": "!"})).await.0,
         200
@@ -881,6 +895,40 @@ async fn versions_branches_merges() {
     assert!(p2["next"].is_null());
     let (st, _) = s.get_json("/v1/buckets/v/keys?limit=0").await;
     assert_eq!(st, 400);
+    // Long keys: a page holds at most 4 MiB of them, and goes on from its last one.
+    let bucket = s.node.bucket("v").unwrap();
+    let long = |i: usize| format!("z{i:04}{}", "x".repeat(4000));
+    for i in 0..1100 {
+        bucket
+            .put(
+                long(i).as_bytes(),
+                cairn_object::Target::Branch("master"),
+                cairn_object::NewValue::String("v".into()),
+                &cairn_object::PutOptions::default(),
+            )
+            .unwrap();
+    }
+    let mut after = "k3".to_string();
+    let mut got = Vec::new();
+    loop {
+        let (st, p) = s
+            .get_json(&format!("/v1/buckets/v/keys?limit=10000&after={after}"))
+            .await;
+        assert_eq!(st, 200);
+        let page: Vec<String> = p["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect();
+        assert!(page.len() * 4005 <= (4 << 20) + 4005, "{} long keys", page.len());
+        got.extend(page);
+        match p["next"].as_str() {
+            Some(n) => after = n.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(got, (0..1100).map(long).collect::<Vec<_>>());
     s.stop().await;
 }
 

@@ -611,6 +611,17 @@ struct BranchQuery {
     branch: Option<String>,
 }
 
+/// Refuses an `X-Cairn-Context` header on a request that does not set a context (`what`):
+/// it would be signed and then silently dropped.
+fn no_context(headers: &HeaderMap, what: &str) -> ApiResult<()> {
+    if headers.contains_key(super::auth::CONTEXT_HEADER) {
+        return Err(ApiError::bad_request(format!(
+            "{what} sets no context: send X-Cairn-Context with a PUT"
+        )));
+    }
+    Ok(())
+}
+
 /// `DELETE /v1/buckets/{bucket}/objects/{key}?branch=`: removes a tagged branch (the key
 /// goes when its last head does; versions stay until GC finds them unreachable).
 pub async fn remove(
@@ -625,6 +636,7 @@ pub async fn remove(
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     // `If-Match` guards the removal: checked with it, under the key's lock.
     let guard = write_guard(&headers)?;
+    no_context(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     body::read_all(body, CONTROL_LIMIT, expect).await?;
@@ -778,6 +790,7 @@ pub async fn patch(
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     let guard = write_guard(&headers)?;
+    no_context(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;

@@ -68,15 +68,24 @@ pub async fn keys(
         let (page, more) = b
             .db()
             .list_keys_page(q.after.as_deref().map(str::as_bytes), limit)?;
-        let next = if more {
-            page.last().map(|k| bytes_json(k))
+        // At most KEYS_ANSWER_BYTES of keys in one answer (10,000 keys of 4 KiB held
+        // about 80 MiB while it was sent): a page cut short goes on from its last key.
+        let mut keys = Vec::with_capacity(page.len());
+        let mut bytes = 0usize;
+        for k in &page {
+            if !keys.is_empty() && bytes + k.len() > KEYS_ANSWER_BYTES {
+                break;
+            }
+            bytes += k.len();
+            keys.push(bytes_json(k));
+        }
+        let cut = keys.len() < page.len();
+        let next = if more || cut {
+            page.get(keys.len().wrapping_sub(1)).map(|k| bytes_json(k))
         } else {
             None
         };
-        Ok(json!({
-            "keys": page.iter().map(|k| bytes_json(k)).collect::<Vec<_>>(),
-            "next": next,
-        }))
+        Ok(json!({ "keys": keys, "next": next }))
     })
     .await?;
     Ok(body::json_response(node, permit, page))
@@ -137,6 +146,10 @@ struct LogQuery {
     min: Option<u64>,
     max: Option<u64>,
 }
+
+/// Bytes of keys one `keys` answer holds at most (past its first key): a page cut short
+/// says where to go on (`next`).
+const KEYS_ANSWER_BYTES: usize = 4 << 20;
 
 /// Bytes (about: values counted as hex) of conflicts a merge's 409 lists at most, past the
 /// first; `conflicts_total` says how many there are.
