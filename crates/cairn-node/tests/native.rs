@@ -921,7 +921,11 @@ async fn versions_branches_merges() {
             .iter()
             .map(|k| k.as_str().unwrap().to_string())
             .collect();
-        assert!(page.len() * 4005 <= (4 << 20) + 4005, "{} long keys", page.len());
+        assert!(
+            page.len() * 4005 <= (4 << 20) + 4005,
+            "{} long keys",
+            page.len()
+        );
         got.extend(page);
         match p["next"].as_str() {
             Some(n) => after = n.to_string(),

@@ -116,6 +116,12 @@ async fn buffered_bodies_and_answers_built_in_memory_wait_for_a_transfer() {
         (Method::GET, "/v1/buckets/b/objects/k", vec![], ""),
         (Method::GET, "/v1/buckets/b/keys", vec![], ""),
         (Method::GET, "/v1/buckets/b/log/k", vec![], ""),
+        (
+            Method::GET,
+            "/v1/buckets/b/lca/k?a=master&b=master",
+            vec![],
+            "",
+        ),
     ];
     for (method, path, headers, body) in refused {
         let (st, retry, v) = send(&s, method.clone(), path, &headers, body).await;

@@ -443,7 +443,11 @@ pub async fn lca(
             cairn_object::evidence::lca_evidence(b.db().chunks(), key.as_bytes(), &ua, &ub, emit)
         });
     }
+    // The search reads as much history as lies between the versions: it holds a read
+    // transfer while it runs, as the listings do.
+    let permit = body::transfer_permit(&node)?;
     let answer = blocking(move || {
+        let _permit = permit;
         let db = b.db();
         let ua = db.get(key.as_bytes(), &At::parse(&q.a))?.uid;
         let ub = db.get(key.as_bytes(), &At::parse(&q.b))?.uid;
