@@ -1740,8 +1740,7 @@ impl CapsuleService {
     /// [`CapsuleService::handle_bytes`], taking the memory a large answer needs from
     /// `reserve` before building it: a record's body (twice: as read, and in the encoded
     /// answer) before it is read from the store, each subrecord of a batched read (twice)
-    /// as it is read, and a sync answer's (twice its record budget; 4 MiB for a Hello's
-    /// coded symbols). An error from `reserve` (the endpoint's
+    /// as it is read, and a sync answer's (a frame; 8 MiB for a Hello's coded symbols). An error from `reserve` (the endpoint's
     /// memory stayed in use) is answered as it is, with nothing read or issued. An answer
     /// larger than a frame ([`MAX_FRAME`]), which no reader would take, is answered with
     /// an error instead.
@@ -1800,14 +1799,14 @@ impl CapsuleService {
                         ),
                 );
             }
-            // A Hello's answer is a first batch of coded symbols (at most 65,536, about
-            // 50 bytes each); later answers carry at most a budget of record bytes (more
-            // only for one record over it), held as records and encoded.
+            // A Hello's answer is a first batch of coded symbols (at most 65,536, held
+            // and encoded: about 6 MiB); a later answer may fill a frame (a batch of
+            // coded symbols, records up to the message budget with the shape lists).
             Request::Sync {
                 msg: SyncMsg::Hello { .. },
                 ..
-            } => 4 << 20,
-            Request::Sync { .. } => 2 * crate::sync::SYNC_BUDGET,
+            } => 8 << 20,
+            Request::Sync { .. } => MAX_FRAME,
             Request::ReadSubrecords { capsule, subs } => {
                 return result(
                     self.server

@@ -228,8 +228,8 @@ fn faulty_peer_records_are_refused() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Random holes, stale and missing branches: after one session both replicas hold
-    /// exactly the union, all proven, with the same heads and roots.
+    /// A replay of a capsule's journal rebuilds the same acceptance order and the same
+    /// order records became proven in (what a persisted sync cursor is a position in).
     #[test]
     fn the_proven_order_is_the_same_after_a_capsule_is_replayed(
         n in 1usize..120,
@@ -257,6 +257,8 @@ proptest! {
         }
     }
 
+    /// Random holes, stale and missing branches: after one session both replicas hold
+    /// exactly the union, all proven, with the same heads and roots.
     #[test]
     fn replicas_converge_exactly(
         n in 1usize..120,

@@ -406,12 +406,15 @@ pub struct MergeArgs {
 }
 
 /// Opens (or creates) the embedded store at `dir`, waiting up to `lock_timeout` seconds
-/// while another process has it open.
+/// while another process has it open. A node's data_dir whose chunks live in an object
+/// store is refused unless `log_only` (a command that reads or mends the log itself, such
+/// as `recovery`).
 pub fn open_store(
     dir: &Path,
     durability: Durability,
     algo: HashAlgo,
     lock_timeout: f64,
+    log_only: bool,
 ) -> Result<Arc<dyn Store>> {
     let opts = LogStoreOptions {
         durability,
@@ -422,7 +425,9 @@ pub fn open_store(
     // and chunks written here would be invisible to the node (which then refuses to start
     // over them) while reads would find every version missing.
     let record = dir.join(cairn_node::node::BACKEND_RECORD_FILE);
-    if let Ok(text) = std::fs::read_to_string(&record) {
+    if let Ok(text) = std::fs::read_to_string(&record)
+        && !log_only
+    {
         return Err(Error::invalid(format!(
             "{} keeps its chunks in an object-store backend ({}): the CLI opens only embedded \
              stores; run `cairn serve` with its config and use `cairn --server URL`",
@@ -572,6 +577,8 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         cli.durability.unwrap_or(Durability::Group),
         cli.hash,
         cli.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT_SECS),
+        // The crash-recovery notes of a node's log are its own, whatever holds its chunks.
+        matches!(cli.command, Command::Recovery { .. }),
     )?;
     if !matches!(
         cli.command,

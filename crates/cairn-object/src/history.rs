@@ -423,7 +423,14 @@ pub fn diff_page_in(
                 .saturating_add(c.key.len())
                 .saturating_add(c.left.as_ref().map_or(0, |v| v.len()))
                 .saturating_add(c.right.as_ref().map_or(0, |v| v.len()));
-            out.push(c);
+            // Copied out of their leaves: a slice would keep its whole leaf (and a large
+            // unchanged value beside it) in memory for as long as the page is held.
+            let own = |b: &Bytes| Bytes::copy_from_slice(b);
+            out.push(KeyChange {
+                key: own(&c.key),
+                left: c.left.as_ref().map(own),
+                right: c.right.as_ref().map(own),
+            });
             Ok(std::ops::ControlFlow::Continue(()))
         })?;
         let next = more

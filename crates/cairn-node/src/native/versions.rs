@@ -115,17 +115,20 @@ pub async fn branches(
         let mut metas = serde_json::Map::new();
         let mut bytes = 0usize;
         // Each head is loaded once however many branches name it (one too large to list
-        // was loaded again for every branch), and none once the budget is spent.
+        // was loaded again for every branch), and none once twice the budget was loaded
+        // (heads too large to list count too): the rest are left for the reader to read.
         let mut seen = std::collections::HashSet::new();
+        let mut loaded = 0usize;
         for uid in t.tagged.values().chain(t.untagged.iter()) {
             if !seen.insert(*uid) {
                 continue;
             }
-            if bytes >= BRANCHES_META_BYTES {
+            if loaded >= 2 * BRANCHES_META_BYTES {
                 break;
             }
             let hex_uid = uid.to_string();
             let meta = b.db().load_for_key(key.as_bytes(), uid)?.to_chunk();
+            loaded = loaded.saturating_add(meta.len());
             if meta.len() > LOG_META_BYTES || bytes + 2 * meta.len() > BRANCHES_META_BYTES {
                 continue;
             }
