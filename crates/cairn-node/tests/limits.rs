@@ -483,6 +483,16 @@ async fn one_address_holds_at_most_its_share_of_transfers() {
     s.stop().await;
 }
 
+/// Asks for `/healthz` on `tcp`; the answer's status line start, if one comes.
+async fn health(tcp: &mut TcpStream) -> Option<[u8; 12]> {
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut buf = [0u8; 12];
+    tcp.read_exact(&mut buf).await.ok()?;
+    Some(buf)
+}
+
 /// One address holds at most `max_connections_per_ip` connections; a further one is
 /// closed at once, and its slot comes back when one of the others closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,12 +508,7 @@ async fn one_address_holds_at_most_its_share_of_connections() {
     }
     // Each of the three is served.
     for tcp in &mut held {
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 12];
-        tcp.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"HTTP/1.1 200");
+        assert_eq!(health(tcp).await, Some(*b"HTTP/1.1 200"));
     }
     // The fourth is closed unanswered.
     let mut extra = connect(&s).await;
@@ -520,13 +525,8 @@ async fn one_address_holds_at_most_its_share_of_connections() {
     drop(held.pop());
     let t0 = Instant::now();
     loop {
-        let mut tcp = connect(&s).await;
-        let _ = tcp
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .await;
-        let mut buf = [0u8; 12];
-        if tcp.read_exact(&mut buf).await.is_ok() {
-            assert_eq!(&buf, b"HTTP/1.1 200");
+        if let Some(status) = health(&mut connect(&s).await).await {
+            assert_eq!(&status, b"HTTP/1.1 200");
             break;
         }
         assert!(
