@@ -122,8 +122,13 @@ pub enum Resolution {
     Ours,
     /// Take their side.
     Theirs,
-    /// Use this content (`None` deletes a Map key).
+    /// Use this content (`None` deletes a Map key). For a List region or a Tuple it is
+    /// read as elements one per line, so it cannot hold an element containing a newline,
+    /// nor a single empty element: use [`Resolution::Elements`] for those.
     Value(Option<Bytes>),
+    /// Use these elements, for a List region or a Tuple (for any other value the conflict
+    /// stays unresolved).
+    Elements(Vec<Bytes>),
     /// Use the base's content (as it is, not through the conflict's text, which joins a
     /// List region's or a Tuple's elements with newlines).
     Base,
@@ -854,7 +859,8 @@ impl Db {
                         Some(Resolution::Base) => {
                             edits.push((c.key.to_vec(), conflict.base.map(|v| v.to_vec())))
                         }
-                        None => conflicts.push(conflict),
+                        // A map value is one value, not elements.
+                        Some(Resolution::Elements(_)) | None => conflicts.push(conflict),
                     }
                 }
             }
@@ -1002,7 +1008,11 @@ impl Db {
                         mem.charge(2 * v.len() as u64)?;
                         merged.extend(Units::from_text(ty, v))
                     }
-                    None => {
+                    Some(Resolution::Elements(es)) if ty != ValueType::Blob => {
+                        mem.charge(es.iter().map(|e| e.len() as u64 + 8).sum())?;
+                        merged.extend(Units::Elems(es))
+                    }
+                    Some(Resolution::Elements(_)) | None => {
                         unresolved = true;
                         conflicts.push(conflict);
                     }
@@ -1319,7 +1329,8 @@ fn merge_primitive(
                 _ => Err(vec![conflict]),
             }
         }
-        None => Err(vec![conflict]),
+        Some(Resolution::Elements(es)) if ty == ValueType::Tuple => Ok(Value::Tuple(es)),
+        Some(Resolution::Elements(_)) | None => Err(vec![conflict]),
     }
 }
 

@@ -29,7 +29,7 @@ fn db() -> (Db, Arc<MemoryStore>) {
 fn merge_dev(
     db: &Db,
     key: &[u8],
-    resolver: &BuiltinResolver,
+    resolver: &dyn cairn_object::Resolver,
     opts: &PutOptions,
 ) -> cairn_core::Result<MergeOutcome> {
     db.merge_into(key, "master", &At::Branch("dev".into()), resolver, opts)
@@ -203,6 +203,83 @@ fn gc_inside_a_write_is_refused_not_a_deadlock() {
     );
     assert_eq!(db.resolve(b"k", &master()).unwrap(), uid);
     db.gc().unwrap();
+}
+
+/// A custom resolver can answer a List region or a Tuple with elements, which a text
+/// answer (one element per line) cannot carry: an element holding a newline, or one empty
+/// element. Elements for a map value leave the conflict open.
+#[test]
+fn a_resolver_answers_lists_and_tuples_with_elements() {
+    struct Elements(Vec<bytes::Bytes>);
+    impl cairn_object::Resolver for Elements {
+        fn resolve(
+            &self,
+            _: cairn_object::ValueType,
+            _: &cairn_object::Conflict,
+        ) -> Option<cairn_object::Resolution> {
+            Some(cairn_object::Resolution::Elements(self.0.clone()))
+        }
+    }
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let answer = Elements(vec!["two\nlines".into(), "".into()]);
+    // A list whose one element both sides changed.
+    db.put(
+        b"l",
+        Target::Branch("master"),
+        NewValue::List(vec![b"x".to_vec()]),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"l", &master(), "dev").unwrap();
+    for (branch, v) in [("master", "ours"), ("dev", "theirs")] {
+        db.put(
+            b"l",
+            Target::Branch(branch),
+            NewValue::List(vec![v.into()]),
+            &o,
+        )
+        .unwrap();
+    }
+    let MergeOutcome::Merged(uid) = merge_dev(&db, b"l", &answer, &o).unwrap() else {
+        panic!("the resolver's elements resolve the list");
+    };
+    let v = db.get(b"l", &At::Uid(uid)).unwrap().object.value;
+    assert_eq!(list_of(&db, &v), vec![b"two\nlines".to_vec(), Vec::new()]);
+    // A tuple.
+    db.put(
+        b"t",
+        Target::Branch("master"),
+        NewValue::Tuple(vec![b"a".to_vec()]),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"t", &master(), "dev").unwrap();
+    for (branch, v) in [("master", "b"), ("dev", "c")] {
+        db.put(
+            b"t",
+            Target::Branch(branch),
+            NewValue::Tuple(vec![v.into()]),
+            &o,
+        )
+        .unwrap();
+    }
+    let MergeOutcome::Merged(uid) = merge_dev(&db, b"t", &answer, &o).unwrap() else {
+        panic!("the resolver's elements resolve the tuple");
+    };
+    assert_eq!(
+        db.get(b"t", &At::Uid(uid)).unwrap().object.value,
+        Value::Tuple(answer.0.clone())
+    );
+    // A string: elements are not a string's answer.
+    put_str(&db, "s", Target::Branch("master"), "a");
+    db.fork(b"s", &master(), "dev").unwrap();
+    put_str(&db, "s", Target::Branch("master"), "b");
+    put_str(&db, "s", Target::Branch("dev"), "c");
+    assert!(matches!(
+        merge_dev(&db, b"s", &answer, &o).unwrap(),
+        MergeOutcome::Conflicts(_)
+    ));
 }
 
 #[test]
