@@ -771,17 +771,32 @@ impl ChunkStore for ObjectChunkStore {
     fn remove(&self, cids: &[Cid]) -> Result<()> {
         let paths: Vec<ObjectPath> = cids.iter().map(|c| self.chunk_path(c)).collect();
         let store = self.store.clone();
-        self.run(async move {
+        let result = self.run(async move {
             let locations = futures_util::stream::iter(paths.into_iter().map(Ok)).boxed();
             let mut deleted = store.delete_stream(locations);
+            // Every batch is waited for, also after one fails: a batch left running could
+            // delete a chunk after GC let writers in again, under a writer that had just
+            // found it stored.
+            let mut first_error = None;
             while let Some(res) = deleted.next().await {
                 match res {
                     Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(os_err("removing chunks", e)),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
-            Ok(())
-        })
+            match first_error {
+                Some(e) => Err(os_err("removing chunks", e)),
+                None => Ok(()),
+            }
+        });
+        if result.is_err() {
+            // Which of them are gone is not known: a later put of any of them writes it
+            // again instead of taking it as stored.
+            self.damaged.lock().extend(cids.iter().copied());
+        }
+        result
     }
 
     fn stats(&self) -> Result<StoreStats> {
