@@ -407,13 +407,15 @@ async fn put_object_counted(
         }
     }
     match store.head(&path).await {
-        Ok(_) => {
+        // An object of another size is not this chunk (truncated or replaced in the
+        // bucket): written again below rather than taken as stored.
+        Ok(meta) if meta.size == bytes.len() as u64 => {
             if let Some(local) = local {
                 local.settle_if_in_flight(&path).await?;
             }
             return Ok(false);
         }
-        Err(E::NotFound { .. }) => {}
+        Ok(_) | Err(E::NotFound { .. }) => {}
         Err(e) => return Err(os_err(&format!("checking chunk {path}"), e)),
     }
     store
@@ -1501,6 +1503,38 @@ mod tests {
             store.put_batch(&[&huge]),
             Err(Error::InvalidInput(_))
         ));
+    }
+
+    /// An object of another size at a chunk's path (truncated or replaced in the bucket,
+    /// not yet read by this process) is not taken for the chunk when the chunk is put
+    /// again: it is written anew, and reads back whole. (Before, a HEAD finding any object
+    /// there counted the chunk as stored.)
+    #[test]
+    fn a_truncated_object_is_written_again_not_taken_as_stored() {
+        let mem = Arc::new(ConflictingCreates(object_store::memory::InMemory::new()));
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        let cid = store.put(b"the whole chunk").unwrap();
+        store
+            .run({
+                let mem = mem.clone();
+                let path = store.chunk_path(&cid);
+                async move {
+                    mem.put(&path, PutPayload::from_static(b"the whole"))
+                        .await
+                        .map_err(|e| os_err("truncating", e))
+                }
+            })
+            .unwrap();
+        // A fresh client of the bucket (nothing read yet, so nothing known damaged).
+        let again = ObjectChunkStore::new(mem, "p").unwrap();
+        assert!(
+            again.put_hashed(cid, b"the whole chunk").unwrap(),
+            "written again"
+        );
+        assert_eq!(
+            again.get(&cid).unwrap().as_deref(),
+            Some(&b"the whole chunk"[..])
+        );
     }
 
     /// A full disk under the object store (a `local` chunk directory) is an I/O error of
