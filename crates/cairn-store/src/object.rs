@@ -187,62 +187,60 @@ impl ObjectChunkStore {
         let want = Bytes::from(owner.as_bytes().to_vec());
         self.run(async move {
             let ctx = |e| os_err(&format!("claiming {path} in {name}"), e);
-            if !first {
-                return match store.get(&path).await {
-                    Ok(got) if got.meta.size <= 4096 => {
-                        let got = got.bytes().await.map_err(ctx)?;
-                        owned_by(&got, &want, &path, &name)
-                    }
-                    Ok(got) => Err(Error::Rejected(format!(
+            // The marker as it is now, if there is one.
+            let read = || async {
+                match store.get(&path).await {
+                    Ok(got) if got.meta.size > 4096 => Err(Error::Rejected(format!(
                         "{path} in {name} is not a Cairn owner marker ({} bytes)",
                         got.meta.size
                     ))),
-                    Err(object_store::Error::NotFound { .. }) => Err(Error::Rejected(format!(
+                    Ok(got) => Ok(Some(got.bytes().await.map_err(ctx)?)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(ctx(e)),
+                }
+            };
+            match read().await? {
+                Some(got) => return owned_by(&got, &want, &path, &name),
+                None if !first => {
+                    return Err(Error::Rejected(format!(
                         "{name} holds no {path}, though this node stored chunks there before: \
                          it is not the bucket, prefix or directory the node used (empty, \
                          replaced, or a volume that is not mounted), and its versions would \
                          read as missing. Point the [backend] at the node's chunks"
-                    ))),
-                    Err(e) => Err(ctx(e)),
-                };
+                    )));
+                }
+                None => {}
             }
-            let created = store
+            // Created if still absent; on a server without conditional creates, written
+            // plainly. Either way it is read back: a server that ignores the condition
+            // lets two nodes starting at once overwrite each other's marker, and the one
+            // whose marker did not stay is refused.
+            match store
                 .put_opts(
                     &path,
                     PutPayload::from(want.clone()),
                     PutMode::Create.into(),
                 )
-                .await;
-            let first_error = match created {
-                Ok(_) => return Ok(()),
-                Err(e) => e,
-            };
-            let got = match store.get(&path).await {
-                Ok(got) if got.meta.size > 4096 => {
-                    return Err(Error::Rejected(format!(
-                        "{path} in {name} is not a Cairn owner marker ({} bytes)",
-                        got.meta.size
-                    )));
-                }
-                Ok(got) => got.bytes().await.map_err(ctx)?,
-                // No conditional create here (some S3-compatible servers), and no marker
-                // yet: written plainly.
-                Err(object_store::Error::NotFound { .. })
-                    if matches!(
-                        first_error,
-                        object_store::Error::NotImplemented { .. }
-                            | object_store::Error::NotSupported { .. }
-                    ) =>
-                {
+                .await
+            {
+                Ok(_)
+                | Err(object_store::Error::AlreadyExists { .. })
+                | Err(object_store::Error::Precondition { .. }) => {}
+                Err(object_store::Error::NotImplemented { .. })
+                | Err(object_store::Error::NotSupported { .. }) => {
                     store
-                        .put(&path, PutPayload::from(want))
+                        .put(&path, PutPayload::from(want.clone()))
                         .await
                         .map_err(ctx)?;
-                    return Ok(());
                 }
-                Err(_) => return Err(ctx(first_error)),
-            };
-            owned_by(&got, &want, &path, &name)
+                Err(e) => return Err(ctx(e)),
+            }
+            match read().await? {
+                Some(got) => owned_by(&got, &want, &path, &name),
+                None => Err(Error::Unavailable(format!(
+                    "{path} in {name} is not there right after it was written; try again"
+                ))),
+            }
         })
     }
 
@@ -1323,7 +1321,9 @@ mod tests {
     /// storing anything, as S3 answers 409 when another conditional PUT of the key is in
     /// flight (which may still fail).
     #[derive(Debug)]
-    struct ConflictingCreates(object_store::memory::InMemory);
+    /// An in-memory store whose create-if-absent puts fail as S3's 409 does (`false`), or
+    /// overwrite as a server that ignores `If-None-Match` does (`true`).
+    struct ConflictingCreates(object_store::memory::InMemory, bool);
 
     impl fmt::Display for ConflictingCreates {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1339,6 +1339,9 @@ mod tests {
             payload: PutPayload,
             opts: object_store::PutOptions,
         ) -> object_store::Result<object_store::PutResult> {
+            if matches!(opts.mode, PutMode::Create) && self.1 {
+                return self.0.put(location, payload).await;
+            }
             if matches!(opts.mode, PutMode::Create) {
                 return Err(object_store::Error::AlreadyExists {
                     path: location.to_string(),
@@ -1435,7 +1438,10 @@ mod tests {
     #[test]
     fn a_conflicting_create_is_not_taken_for_a_stored_chunk() {
         let store = ObjectChunkStore::new(
-            Arc::new(ConflictingCreates(object_store::memory::InMemory::new())),
+            Arc::new(ConflictingCreates(
+                object_store::memory::InMemory::new(),
+                false,
+            )),
             "",
         )
         .unwrap();
@@ -1511,7 +1517,10 @@ mod tests {
     /// there counted the chunk as stored.)
     #[test]
     fn a_truncated_object_is_written_again_not_taken_as_stored() {
-        let mem = Arc::new(ConflictingCreates(object_store::memory::InMemory::new()));
+        let mem = Arc::new(ConflictingCreates(
+            object_store::memory::InMemory::new(),
+            false,
+        ));
         let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
         let cid = store.put(b"the whole chunk").unwrap();
         store
@@ -1595,5 +1604,17 @@ mod tests {
             .unwrap();
         // The marker is not a chunk.
         assert!(a.cids().unwrap().is_empty());
+        // On a server that ignores If-None-Match, a second node does not overwrite the
+        // first one's marker: the marker is read before it is written.
+        let lax = Arc::new(ConflictingCreates(
+            object_store::memory::InMemory::new(),
+            true,
+        ));
+        let first = ObjectChunkStore::new(lax.clone(), "shared").unwrap();
+        first.claim("cairn node 01\n", true).unwrap();
+        let second = ObjectChunkStore::new(lax, "shared").unwrap();
+        let e = second.claim("cairn node 02\n", true).unwrap_err();
+        assert!(e.to_string().contains("another Cairn node"), "{e}");
+        first.claim("cairn node 01\n", false).unwrap();
     }
 }
