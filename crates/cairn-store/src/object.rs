@@ -390,7 +390,17 @@ async fn put_object_counted(
                     // before returning), by an earlier run (open synced the directories),
                     // or by a put still in flight, which may not have synced yet.
                     local.settle_if_in_flight(&path).await?;
-                    return Ok(false);
+                    // A file of another size there (cut or replaced behind the node's
+                    // back) is not this chunk: written again below. A stat is cheap here.
+                    match store.head(&path).await {
+                        Ok(meta) if meta.size != bytes.len() as u64 => {}
+                        _ => return Ok(false),
+                    }
+                    store
+                        .put(&path, PutPayload::from_bytes(bytes))
+                        .await
+                        .map_err(|e| os_err(&format!("storing chunk {path}"), e))?;
+                    return Ok(true);
                 }
                 if stored_for_sure(&e) {
                     return Ok(false);
@@ -1315,14 +1325,24 @@ mod tests {
         store.remove(&[cid]).unwrap();
         assert!(fan(cid.digest()[0]).is_dir());
         assert!(store.put_hashed(cid, b"on disk").unwrap());
+        // A chunk file cut short behind the store's back is not taken as the chunk when
+        // the chunk is put again: it is written whole.
+        let file = dir
+            .path()
+            .join("chunks-here/p/chunks")
+            .join(format!("{:02x}", cid.digest()[0]))
+            .join(cid.to_hex());
+        std::fs::write(&file, b"on").unwrap();
+        assert!(store.put_hashed(cid, b"on disk").unwrap(), "written again");
+        assert_eq!(std::fs::read(&file).unwrap(), b"on disk");
+        assert!(!store.put_hashed(cid, b"on disk").unwrap(), "stored now");
     }
 
     /// An object store whose create-if-absent puts answer "already exists" without
     /// storing anything, as S3 answers 409 when another conditional PUT of the key is in
-    /// flight (which may still fail).
+    /// flight (which may still fail) (`false`), or overwrite, as a server that ignores
+    /// `If-None-Match` does (`true`).
     #[derive(Debug)]
-    /// An in-memory store whose create-if-absent puts fail as S3's 409 does (`false`), or
-    /// overwrite as a server that ignores `If-None-Match` does (`true`).
     struct ConflictingCreates(object_store::memory::InMemory, bool);
 
     impl fmt::Display for ConflictingCreates {
