@@ -1568,10 +1568,16 @@ fn result(r: Result<Response>) -> Response {
 /// Runs one request against `server`. Anti-entropy needs state between messages, so a
 /// [`Request::Sync`] is refused here; serve it with a [`CapsuleService`].
 pub fn dispatch(server: &CapsuleServer, req: Request) -> Response {
-    result(run(server, req))
+    result(run(server, req, &mut |_| Ok(())))
 }
 
-fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
+/// [`dispatch`], taking the memory of a large answer from `reserve` before reading it (see
+/// [`CapsuleService::handle_bytes_within`]).
+fn run(
+    server: &CapsuleServer,
+    req: Request,
+    reserve: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<Response> {
     Ok(match req {
         Request::ServerKey => Response::ServerKey(server.public_key()),
         Request::ListCapsules => Response::Capsules(server.capsule_names()?),
@@ -1583,13 +1589,17 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
             signatures,
         } => Response::Ack(server.write(&capsule, &records, &signatures)?),
         Request::Sign { capsule, name, sig } => Response::Ack(server.sign(&capsule, &name, sig)?),
-        Request::Read { capsule, name } => Response::Record(server.read(&capsule, &name)?),
+        Request::Read { capsule, name } => {
+            Response::Record(server.read_within(&capsule, &name, reserve)?)
+        }
         Request::ReadSubrecord { capsule, sub } => {
             Response::Subrecord(server.read_subrecord(&capsule, &sub)?)
         }
-        Request::ReadSubrecords { capsule, subs } => {
-            Response::Subrecords(server.read_subrecords(&capsule, &subs)?)
-        }
+        Request::ReadSubrecords { capsule, subs } => Response::Subrecords(
+            // Each subrecord twice: as read, and in the encoded answer.
+            server
+                .read_subrecords_within(&capsule, &subs, &mut |n| reserve(n.saturating_mul(2)))?,
+        ),
         Request::Subrecords { capsule, record } => {
             Response::SubrecordNames(server.subrecords(&capsule, &record)?)
         }
@@ -1655,7 +1665,7 @@ fn run(server: &CapsuleServer, req: Request) -> Result<Response> {
             session,
         } => {
             let (body, Issued { proof_id, proof }) =
-                server.read_and_prove(&capsule, &name, session)?;
+                server.read_and_prove_within(&capsule, &name, session, reserve)?;
             Response::RecordAndProof {
                 proof_id,
                 body,
@@ -1774,53 +1784,17 @@ impl CapsuleService {
         req: Request,
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Response {
-        let need = match &req {
-            Request::Read { capsule, name } => {
-                return result(
-                    self.server
-                        .read_within(capsule, name, reserve)
-                        .map(Response::Record),
-                );
-            }
-            Request::ReadProve {
-                capsule,
-                name,
-                session,
-            } => {
-                return result(
-                    self.server
-                        .read_and_prove_within(capsule, name, *session, reserve)
-                        .map(
-                            |(body, Issued { proof_id, proof })| Response::RecordAndProof {
-                                proof_id,
-                                body,
-                                proof,
-                            },
-                        ),
-                );
-            }
-            // A Hello's answer is a first batch of coded symbols (at most 65,536, held
-            // and encoded: about 6 MiB); a later answer may fill a frame (a batch of
-            // coded symbols, records up to the message budget with the shape lists).
-            Request::Sync {
-                msg: SyncMsg::Hello { .. },
-                ..
-            } => 8 << 20,
-            Request::Sync { .. } => MAX_FRAME,
-            Request::ReadSubrecords { capsule, subs } => {
-                return result(
-                    self.server
-                        .read_subrecords_within(capsule, subs, &mut |n| {
-                            reserve(n.saturating_mul(2))
-                        })
-                        .map(Response::Subrecords),
-                );
-            }
-            _ => 0,
+        let Request::Sync { msg, .. } = &req else {
+            return result(run(&self.server, req, reserve));
         };
-        if need > 0
-            && let Err(e) = reserve(need)
-        {
+        // A Hello's answer is a first batch of coded symbols (at most 65,536, held and
+        // encoded: about 6 MiB); a later answer may fill a frame (a batch of coded
+        // symbols, records up to the message budget with the shape lists).
+        let need = match msg {
+            SyncMsg::Hello { .. } => 8 << 20,
+            _ => MAX_FRAME,
+        };
+        if let Err(e) = reserve(need) {
             return Response::Error(WireError::from(&e));
         }
         self.handle(req)

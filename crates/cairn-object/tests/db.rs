@@ -223,47 +223,26 @@ fn a_resolver_answers_lists_and_tuples_with_elements() {
     let (db, _) = db();
     let o = PutOptions::default();
     let answer = Elements(vec!["two\nlines".into(), "".into()]);
+    // `key` holds one element on master; master and dev then each put another in its place.
+    let conflicting =
+        |key: &[u8], make: fn(Vec<Vec<u8>>) -> NewValue, [base, ours, theirs]: [&str; 3]| {
+            db.put(key, Target::Branch("master"), make(vec![base.into()]), &o)
+                .unwrap();
+            db.fork(key, &master(), "dev").unwrap();
+            for (branch, v) in [("master", ours), ("dev", theirs)] {
+                db.put(key, Target::Branch(branch), make(vec![v.into()]), &o)
+                    .unwrap();
+            }
+        };
     // A list whose one element both sides changed.
-    db.put(
-        b"l",
-        Target::Branch("master"),
-        NewValue::List(vec![b"x".to_vec()]),
-        &o,
-    )
-    .unwrap();
-    db.fork(b"l", &master(), "dev").unwrap();
-    for (branch, v) in [("master", "ours"), ("dev", "theirs")] {
-        db.put(
-            b"l",
-            Target::Branch(branch),
-            NewValue::List(vec![v.into()]),
-            &o,
-        )
-        .unwrap();
-    }
+    conflicting(b"l", NewValue::List, ["x", "ours", "theirs"]);
     let MergeOutcome::Merged(uid) = merge_dev(&db, b"l", &answer, &o).unwrap() else {
         panic!("the resolver's elements resolve the list");
     };
     let v = db.get(b"l", &At::Uid(uid)).unwrap().object.value;
     assert_eq!(list_of(&db, &v), vec![b"two\nlines".to_vec(), Vec::new()]);
     // A tuple.
-    db.put(
-        b"t",
-        Target::Branch("master"),
-        NewValue::Tuple(vec![b"a".to_vec()]),
-        &o,
-    )
-    .unwrap();
-    db.fork(b"t", &master(), "dev").unwrap();
-    for (branch, v) in [("master", "b"), ("dev", "c")] {
-        db.put(
-            b"t",
-            Target::Branch(branch),
-            NewValue::Tuple(vec![v.into()]),
-            &o,
-        )
-        .unwrap();
-    }
+    conflicting(b"t", NewValue::Tuple, ["a", "b", "c"]);
     let MergeOutcome::Merged(uid) = merge_dev(&db, b"t", &answer, &o).unwrap() else {
         panic!("the resolver's elements resolve the tuple");
     };
