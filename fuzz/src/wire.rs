@@ -353,12 +353,23 @@ pub fn requests() -> Vec<Request> {
             proof_id: 1,
         },
     ];
-    let peer = SigningKey::from_seed(&[0x79; 32]).public();
-    for msg in sync_messages().into_iter().take(3) {
+    let initiator = SigningKey::from_seed(&[0x79; 32]);
+    let peer = initiator.public();
+    for (seq, msg) in sync_messages().into_iter().take(3).enumerate() {
+        let signed = cairn_capsule::sync::sync_msg_message(
+            &c,
+            &peer,
+            &f.server.public_key(),
+            7,
+            false,
+            seq as u64,
+            Some(&msg),
+        );
         out.push(Request::Sync {
             capsule: c,
             peer,
             session: 7,
+            sig: initiator.sign(cairn_capsule::server::DOMAIN_SYNC_MSG, &signed),
             msg,
         });
     }
@@ -426,8 +437,15 @@ pub fn responses() -> Vec<Response> {
     out.push(Response::Error(
         (&Error::io("testing", io::Error::other("an i/o error"))).into(),
     ));
-    out.extend(sync_messages().into_iter().map(|m| Response::Sync(Some(m))));
-    out.push(Response::Sync(None));
+    let responder = SigningKey::from_seed(&[0x7a; 32]);
+    out.extend(sync_messages().into_iter().map(|m| Response::Sync {
+        sig: responder.sign(cairn_capsule::server::DOMAIN_SYNC_MSG, &m.to_bytes()),
+        msg: Some(m),
+    }));
+    out.push(Response::Sync {
+        msg: None,
+        sig: responder.sign(cairn_capsule::server::DOMAIN_SYNC_MSG, b""),
+    });
     out
 }
 

@@ -47,7 +47,7 @@ pub use server::{
     MAX_BATCH_ANSWER_BYTES, MAX_PROOF_BYTES, ServerOptions, SessionId, SyncBody, SyncCursor,
     SyncRecord, drop_idle,
 };
-pub use sync::{SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
+pub use sync::{SessionSeal, SyncMsg, SyncReport, SyncSession, SyncState, sync_pair};
 pub use wire::{
     CapsuleService, ErrorCode, MAX_SYNC_SUBRECORDS, RemoteCapsule, Request, Response, WireError,
     dispatch, serve_tcp,

@@ -46,6 +46,9 @@ pub const DOMAIN_ACK: &[u8] = b"cairn/capsule/ack/v1";
 pub const DOMAIN_CHECKPOINT: &[u8] = b"cairn/capsule/checkpoint/v1";
 /// Signature domain of an anti-entropy Hello (the initiator's server key signs it).
 pub const DOMAIN_SYNC_HELLO: &[u8] = b"cairn/capsule/sync-hello/v1";
+/// Signature domain of the messages of a remote anti-entropy session
+/// ([`crate::sync::SessionSeal`]).
+pub const DOMAIN_SYNC_MSG: &[u8] = b"cairn/capsule/sync-msg/v1";
 
 /// What the initiator of an anti-entropy session signs in its Hello: the capsule, the
 /// responder's server key (a Hello is good for one responder), the quick check, the size
@@ -2480,6 +2483,12 @@ impl CapsuleServer {
             });
         let msg = sync_hello_message(capsule, responder, quick, count, at);
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
+    }
+
+    /// Signs a message of a remote anti-entropy session ([`crate::sync::sync_msg_message`])
+    /// with this server's key.
+    pub fn sign_sync_msg(&self, msg: &[u8]) -> Signature {
+        self.key.sign(DOMAIN_SYNC_MSG, msg)
     }
 
     /// Checks a Hello from `peer` without taking it: the peer must be one this server syncs

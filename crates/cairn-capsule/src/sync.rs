@@ -11,9 +11,10 @@
 //! 2. **Set reconciliation** of those two sets with a rateless IBLT ([`crate::riblt`]): the
 //!    responder streams coded symbols, the initiator peels the difference (asking for more
 //!    symbols while it cannot) and learns exactly what each side lacks, in about one round
-//!    trip for small differences. If decoding has not succeeded after a cap proportional to
-//!    both sets' sizes, the responder sends its full name list instead, so the stage is
-//!    always complete. Name lists travel in pages ([`NAME_PAGE`]): the responder's list
+//!    trip for small differences. Past twice its own set in symbols (plus 64), either side
+//!    turns to the responder's full name list instead (the initiator asks for it; the
+//!    responder sends it in place of more symbols, whatever size the initiator claimed),
+//!    so the stage is always complete and its cost bounded by the sets' sizes. Name lists travel in pages ([`NAME_PAGE`]): the responder's list
 //!    page by page on request, the initiator's wanted names one page per message, so no
 //!    message outgrows a frame however large the sets.
 //! 3. **Lu's heads/roots walk** for anything outside those sets (holes, stale and missing
@@ -317,6 +318,150 @@ fn verify_hello(
         })
 }
 
+/// What one side of a remote anti-entropy session signs for its `seq`-th message (0 the
+/// Hello, or the answer to it): the capsule, both servers' keys, the session number, which
+/// side sent it, its place in that side's order and a hash of the message (`None`: the
+/// responder's empty answer to a Done).
+pub fn sync_msg_message(
+    capsule: &CapsuleName,
+    initiator: &PublicKey,
+    responder: &PublicKey,
+    session: u64,
+    from_responder: bool,
+    seq: u64,
+    msg: Option<&SyncMsg>,
+) -> Vec<u8> {
+    let digest = match msg {
+        Some(m) => *HashAlgo::Blake3.digest(&m.to_bytes()).digest(),
+        None => [0; 32],
+    };
+    let mut e = cairn_core::Encoder::new();
+    e.bytes(&capsule.hash().to_bytes())
+        .raw(initiator.raw())
+        .raw(responder.raw())
+        .u64_le(session)
+        .u8(u8::from(from_responder))
+        .u64_le(seq)
+        .u8(u8::from(msg.is_some()))
+        .raw(&digest);
+    e.finish()
+}
+
+/// The signatures of one remote anti-entropy session, sans-IO: each side signs every
+/// message it sends with its server key ([`crate::server::DOMAIN_SYNC_MSG`] over
+/// [`sync_msg_message`]) and checks every message it receives, numbered in each side's
+/// order. Anyone on the path sees the session number (it only names the session), but
+/// cannot forge, replay, reorder or move a message into another session: without this,
+/// an observer could end a session early, which moves a replica's sync cursor.
+#[derive(Clone, Debug)]
+pub struct SessionSeal {
+    capsule: CapsuleName,
+    initiator: PublicKey,
+    responder: PublicKey,
+    session: u64,
+    role: Role,
+    sent: u64,
+    received: u64,
+}
+
+impl SessionSeal {
+    /// The initiator's seal of session `session` of `capsule` between `me` and `responder`.
+    pub fn initiator(
+        capsule: CapsuleName,
+        me: PublicKey,
+        responder: PublicKey,
+        session: u64,
+    ) -> Self {
+        Self::new(capsule, me, responder, session, Role::Initiator)
+    }
+
+    /// The responder's seal of session `session` of `capsule` between `initiator` and `me`.
+    pub fn responder(
+        capsule: CapsuleName,
+        initiator: PublicKey,
+        me: PublicKey,
+        session: u64,
+    ) -> Self {
+        Self::new(capsule, initiator, me, session, Role::Responder)
+    }
+
+    fn new(
+        capsule: CapsuleName,
+        initiator: PublicKey,
+        responder: PublicKey,
+        session: u64,
+        role: Role,
+    ) -> Self {
+        SessionSeal {
+            capsule,
+            initiator,
+            responder,
+            session,
+            role,
+            sent: 0,
+            received: 0,
+        }
+    }
+
+    /// The session number.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// Signs the next message this side sends, with `server`'s key (which must be this
+    /// side's key).
+    pub fn seal(&mut self, server: &CapsuleServer, msg: Option<&SyncMsg>) -> Result<Signature> {
+        let (me, from_responder) = match self.role {
+            Role::Initiator => (self.initiator, false),
+            Role::Responder => (self.responder, true),
+        };
+        if server.public_key() != me {
+            return Err(Error::invalid(format!(
+                "this anti-entropy session is {me}'s, not this server's"
+            )));
+        }
+        let m = sync_msg_message(
+            &self.capsule,
+            &self.initiator,
+            &self.responder,
+            self.session,
+            from_responder,
+            self.sent,
+            msg,
+        );
+        self.sent += 1;
+        Ok(server.sign_sync_msg(&m))
+    }
+
+    /// Checks the next message from the peer: [`Error::Rejected`] (and nothing counted) if
+    /// the peer did not sign it as its next message of this session.
+    pub fn open(&mut self, msg: Option<&SyncMsg>, sig: &Signature) -> Result<()> {
+        let (peer, from_responder) = match self.role {
+            Role::Initiator => (self.responder, true),
+            Role::Responder => (self.initiator, false),
+        };
+        let m = sync_msg_message(
+            &self.capsule,
+            &self.initiator,
+            &self.responder,
+            self.session,
+            from_responder,
+            self.received,
+            msg,
+        );
+        peer.verify(crate::server::DOMAIN_SYNC_MSG, &m, sig)
+            .map_err(|_| {
+                Error::Rejected(format!(
+                    "anti-entropy message {} of session {} is not signed by {peer} as its \
+                     next message of this session: forged, replayed or out of order",
+                    self.received, self.session
+                ))
+            })?;
+        self.received += 1;
+        Ok(())
+    }
+}
+
 impl SyncMsg {
     /// For a Hello: checks that `peer` signed it for `server` (the responder) and that its
     /// stamp is fresh and new ([`CapsuleServer::check_sync_hello`], nothing recorded),
@@ -601,13 +746,28 @@ impl SyncState {
         Ok(out)
     }
 
+    /// Most coded symbols this side sends (responder) or takes before falling back to name
+    /// lists (initiator): twice its own set, whatever the peer claims. Past it a name list
+    /// of this side's set is smaller than the symbols still needed (a coded symbol is
+    /// larger than a name), so the responder switches to it on its own: an initiator that
+    /// claims millions of names cannot have it encode and send millions of symbols.
     fn symbol_cap(&self) -> usize {
         self.since
             .len()
-            .saturating_add(self.peer_count as usize)
             .saturating_mul(2)
             .saturating_add(64)
             .min(1 << 22)
+    }
+
+    /// Responder: the next page of this side's sorted since-set, from `from`.
+    fn names_page(&mut self, from: usize) -> SyncMsg {
+        self.report.fallback = true;
+        let end = from.saturating_add(self.name_page).min(self.since.len());
+        self.names_from = Some(end);
+        SyncMsg::Names {
+            names: self.since[from..end].to_vec(),
+            more: end < self.since.len(),
+        }
     }
 
     /// This side's heads, roots and holes, each cut to [`SyncState::set_shape_list`]'s
@@ -750,7 +910,8 @@ impl SyncState {
                                 .saturating_mul(2)
                                 .min(1 << 16) as usize,
                         )
-                        .min(1 << 16),
+                        .min(1 << 16)
+                        .min(self.symbol_cap()),
                 );
                 self.report.symbols += batch.len();
                 self.encoder = Some(enc);
@@ -774,7 +935,10 @@ impl SyncState {
                     return Err(Error::invalid("peer asked for symbols before Hello"));
                 };
                 if enc.produced() as usize >= cap {
-                    return Err(Error::invalid("peer asked for too many coded symbols"));
+                    // The symbols still needed would outweigh this side's name list: send
+                    // that instead, page by page (the initiator asks for the rest).
+                    self.encoder = None;
+                    return Ok(Some(self.names_page(0)));
                 }
                 let n = (enc.produced() as usize).clamp(FIRST_BATCH, MAX_SYMBOL_BATCH);
                 let batch = enc.next_symbols(n);
@@ -843,19 +1007,20 @@ impl SyncState {
                 {
                     return Err(Error::invalid("unexpected request for the name list"));
                 }
-                self.report.fallback = true;
-                let end = expected
-                    .saturating_add(self.name_page)
-                    .min(self.since.len());
-                self.names_from = Some(end);
-                Ok(Some(SyncMsg::Names {
-                    names: self.since[expected..end].to_vec(),
-                    more: end < self.since.len(),
-                }))
+                self.encoder = None;
+                Ok(Some(self.names_page(expected)))
             }
             SyncMsg::Names { names, more } => {
-                if self.role != Some(Role::Initiator) || !self.names_asked {
+                // Asked for, or the responder's answer to More once its symbols would have
+                // outweighed its name list (the first page).
+                if self.role != Some(Role::Initiator) || !(self.names_asked || self.want_symbols) {
                     return Err(Error::invalid("unexpected name list from the peer"));
+                }
+                if self.want_symbols {
+                    self.report.fallback = true;
+                    self.want_symbols = false;
+                    self.names_asked = true;
+                    self.received = Vec::new();
                 }
                 // Every page but the last holds names, and all of them together no more
                 // than a list may: a peer cannot keep this side asking forever.
@@ -1051,6 +1216,30 @@ mod tests {
             SigningKey::from_seed(&[seed; 32]),
             ServerOptions::default(),
         )
+    }
+
+    /// A seal signs only with its own side's key, and each signature passes for exactly
+    /// one message at one place of one direction: the responder's empty answer does not
+    /// pass for a Done, nor an initiator's message for the responder's.
+    #[test]
+    fn a_seal_binds_the_message_its_place_and_its_side() {
+        let (a, b) = (server(1), server(2));
+        let c = CapsuleMetadata::new(HashAlgo::Blake3, a.public_key(), "seal").name();
+        let mut init = SessionSeal::initiator(c, a.public_key(), b.public_key(), 5);
+        let mut resp = SessionSeal::responder(c, a.public_key(), b.public_key(), 5);
+        assert!(init.clone().seal(&b, Some(&SyncMsg::More)).is_err());
+        assert!(resp.clone().seal(&a, None).is_err());
+        // The initiator's message 0, taken by the responder, not by the initiator itself.
+        let s0 = init.seal(&a, Some(&SyncMsg::More)).unwrap();
+        assert!(init.clone().open(Some(&SyncMsg::More), &s0).is_err());
+        assert!(resp.clone().open(Some(&SyncMsg::Done), &s0).is_err());
+        resp.open(Some(&SyncMsg::More), &s0).unwrap();
+        // Taken once: the same signature is not the next message.
+        assert!(resp.clone().open(Some(&SyncMsg::More), &s0).is_err());
+        let none = resp.seal(&b, None).unwrap();
+        assert!(init.clone().open(Some(&SyncMsg::Done), &none).is_err());
+        init.open(None, &none).unwrap();
+        assert_eq!(init.session(), 5);
     }
 
     /// With a budget of one byte every message carries one record, so the session needs

@@ -29,10 +29,11 @@
 //! that replica, so no one can start a session in another replica's name or replay one
 //! (stamps are kept in memory: after a responder restarts, a Hello captured less than five
 //! minutes before could start one more session), and a Hello that fails the signature or
-//! the stamp check does not touch the session open under that key. Later messages of a session are not signed: a peer that sees a session's
-//! capsule and initiator key could still end it early, which moves that replica's cursor,
-//! and the next session then finds what the replica lacks through the quick check (heads
-//! and holes differ) and Lu's heads/roots walk instead of set reconciliation. Sessions'
+//! the stamp check does not touch the session open under that key. Every message of a
+//! session after it, both ways, is signed by its sender's server key as its next one of
+//! that session ([`crate::sync::SessionSeal`]): someone who sees the session number on the
+//! path cannot forge, replay or reorder a message, nor end the session early (which would
+//! move a replica's cursor); they can only drop messages, which fails the session. Sessions'
 //! memory is bounded ([`MAX_SYNC_SESSIONS`], [`MAX_SYNC_NAMES`]) whatever keys a peer makes
 //! up.
 
@@ -40,7 +41,7 @@ use std::net::ToSocketAddrs;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result};
+use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result, Signature};
 use cairn_net::{Client, ClientConfig, Reserve, ServerConfig, ServerHandle};
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -57,11 +58,12 @@ use crate::server::{
     Ack, AckKind, CapsuleServer, Checkpoint, Issued, MAX_SUBRECORDS, SessionId, SyncBody,
     SyncRecord,
 };
-use crate::sync::{MAX_STEPS, SyncMsg, SyncReport, SyncState};
+use crate::sync::{MAX_STEPS, SessionSeal, SyncMsg, SyncReport, SyncState};
 
 /// Format version of encoded [`Request`]s and [`Response`]s (2: sessions carry a
-/// [`MirrorMode`]; read-and-prove; 3: a sync request carries its session number).
-pub const WIRE_VERSION: u8 = 3;
+/// [`MirrorMode`]; read-and-prove; 3: a sync request carries its session number; 4: every
+/// sync message and answer carries its sender's signature, [`crate::sync::SessionSeal`]).
+pub const WIRE_VERSION: u8 = 4;
 /// Format version of a standalone encoded [`SyncMsg`] (2: a Hello carries its stamp and the
 /// initiator's signature; 3: name lists and wanted names travel in pages).
 pub const SYNC_VERSION: u8 = 3;
@@ -681,6 +683,11 @@ impl SyncMsg {
 
 /// A request to a capsule server: one variant per public server operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a request lives for one call; the sync variant (a Hello and two \
+              signatures inline, about 450 bytes) is not worth a heap allocation per message"
+)]
 pub enum Request {
     /// The server's public key (what acks and checkpoints are signed with).
     ServerKey,
@@ -850,6 +857,9 @@ pub enum Request {
         session: u64,
         /// The message.
         msg: SyncMsg,
+        /// The initiator's signature of the message as its next of this session
+        /// ([`crate::sync::SessionSeal`]).
+        sig: Signature,
     },
 }
 
@@ -1066,12 +1076,14 @@ impl Request {
                 peer,
                 session,
                 msg,
+                sig,
             } => {
                 e.u8(REQ_SYNC);
                 enc_capsule(e, capsule);
                 peer.encode(e);
                 e.u64_le(*session);
                 msg.encode(e);
+                sig.encode(e);
             }
         }
     }
@@ -1174,6 +1186,7 @@ impl Request {
                 peer: PublicKey::decode(d)?,
                 session: d.u64_le()?,
                 msg: SyncMsg::decode(d)?,
+                sig: Signature::decode(d)?,
             },
             other => return Err(Error::decode(format!("unknown request tag {other}"))),
         })
@@ -1295,8 +1308,14 @@ pub enum Response {
         /// The proof.
         proof: SubrecordsProof,
     },
-    /// The responder's next anti-entropy message, `None` when its side is over.
-    Sync(Option<SyncMsg>),
+    /// The responder's next anti-entropy message (`None` when its side is over), signed as
+    /// its next of the session ([`crate::sync::SessionSeal`]).
+    Sync {
+        /// The message.
+        msg: Option<SyncMsg>,
+        /// The responder's signature.
+        sig: Signature,
+    },
     /// A record's sealed body and its proof (the proof's first header is the record's),
     /// with the id its ack names.
     RecordAndProof {
@@ -1415,9 +1434,9 @@ impl Response {
                 e.u8(RESP_RECORD_AND_PROOF).varint(*proof_id).bytes(body);
                 proof.encode(e);
             }
-            Response::Sync(m) => {
+            Response::Sync { msg, sig } => {
                 e.u8(RESP_SYNC);
-                match m {
+                match msg {
                     None => {
                         e.u8(0);
                     }
@@ -1426,6 +1445,7 @@ impl Response {
                         m.encode(e);
                     }
                 }
+                sig.encode(e);
             }
         }
     }
@@ -1494,11 +1514,14 @@ impl Response {
                 },
                 proof: RecordProof::decode(d)?,
             },
-            RESP_SYNC => Response::Sync(match d.u8()? {
-                0 => None,
-                1 => Some(SyncMsg::decode(d)?),
-                other => return Err(Error::decode(format!("bad sync flag {other}"))),
-            }),
+            RESP_SYNC => Response::Sync {
+                msg: match d.u8()? {
+                    0 => None,
+                    1 => Some(SyncMsg::decode(d)?),
+                    other => return Err(Error::decode(format!("bad sync flag {other}"))),
+                },
+                sig: Signature::decode(d)?,
+            },
             other => return Err(Error::decode(format!("unknown response tag {other}"))),
         })
     }
@@ -1552,7 +1575,7 @@ impl Response {
             Response::RecordProof { .. } => "record proof",
             Response::SubrecordProof { .. } => "subrecord proof",
             Response::SubrecordsProof { .. } => "subrecords multiproof",
-            Response::Sync(_) => "sync message",
+            Response::Sync { .. } => "sync message",
             Response::RecordAndProof { .. } => "record and proof",
         }
     }
@@ -1685,9 +1708,15 @@ fn run(
 }
 
 type SyncKey = (CapsuleName, PublicKey);
-/// An open session: the names it compares (fixed when it starts), the session number its
-/// Hello carried, and its state.
-type OpenSync = (usize, u64, Arc<Mutex<SyncState>>);
+/// An open session: the names it holds, the session number its Hello carried, and its
+/// state with its seal.
+type OpenSync = (usize, u64, Arc<Mutex<OpenSession>>);
+
+/// The responder's side of one open session: its state and its signatures.
+struct OpenSession {
+    state: SyncState,
+    seal: SessionSeal,
+}
 
 /// A capsule server as a network endpoint: [`dispatch`] plus the responder side of
 /// anti-entropy sessions, kept between messages per (capsule, initiator key). A
@@ -1736,7 +1765,8 @@ impl CapsuleService {
                 peer,
                 session,
                 msg,
-            } => result(self.sync(capsule, peer, session, msg)),
+                sig,
+            } => result(self.sync(capsule, peer, session, msg, &sig)),
             other => dispatch(&self.server, other),
         }
     }
@@ -1806,6 +1836,7 @@ impl CapsuleService {
         peer: PublicKey,
         session: u64,
         msg: SyncMsg,
+        sig: &Signature,
     ) -> Result<Response> {
         let key = (capsule, peer);
         let server = &*self.server;
@@ -1820,8 +1851,11 @@ impl CapsuleService {
                     "a Hello names its session by a random number other than 0",
                 ));
             }
-            // A Hello that is not the peer's own (or is a replay) is refused before a
-            // session state is built for it.
+            // A Hello that is not the peer's own (or is a replay), or that the peer did not
+            // sign for this session number, is refused before a session state is built
+            // for it.
+            let mut seal = SessionSeal::responder(capsule, peer, server.public_key(), session);
+            seal.open(Some(&msg), sig)?;
             msg.check_hello(&peer, server)?;
             let mut fresh = SyncState::new(server, capsule, peer)?;
             let names = fresh.names();
@@ -1836,6 +1870,7 @@ impl CapsuleService {
             // of two copies arriving together, the one refused as a replay never replaces
             // (and, failing, removes) the one taken.
             let out = fresh.handle(server, msg)?;
+            let out_sig = seal.seal(server, out.as_ref())?;
             let names = fresh.weight();
             if !fresh.is_finished() {
                 let mut syncs = self.syncs.lock();
@@ -1848,9 +1883,13 @@ impl CapsuleService {
                         None => break,
                     }
                 }
-                syncs.put(key, (names, session, Arc::new(Mutex::new(fresh))));
+                let open = OpenSession { state: fresh, seal };
+                syncs.put(key, (names, session, Arc::new(Mutex::new(open))));
             }
-            return Ok(Response::Sync(out));
+            return Ok(Response::Sync {
+                msg: out,
+                sig: out_sig,
+            });
         }
         // Only with the number its Hello carried: the same answer as no session, so a
         // guess learns nothing.
@@ -1866,14 +1905,20 @@ impl CapsuleService {
                      start with Hello"
                 ))
             })?;
-        let mut st = state.lock();
-        let out = st.handle(server, msg);
-        let weight = st.weight();
+        let mut open = state.lock();
+        // A message the initiator did not sign as its next one is refused and leaves the
+        // session as it was: someone who saw the session number cannot end it.
+        open.seal.open(Some(&msg), sig)?;
+        let out = open.state.handle(server, msg).and_then(|out| {
+            let sig = open.seal.seal(server, out.as_ref())?;
+            Ok((out, sig))
+        });
+        let weight = open.state.weight();
         let mut syncs = self.syncs.lock();
         let ours = syncs
             .peek(&key)
             .is_some_and(|(_, _, s)| Arc::ptr_eq(s, &state));
-        if out.is_err() || st.is_finished() {
+        if out.is_err() || open.state.is_finished() {
             if ours {
                 syncs.pop(&key);
             }
@@ -1899,8 +1944,9 @@ impl CapsuleService {
             }
         }
         drop(syncs);
-        drop(st);
-        Ok(Response::Sync(out?))
+        drop(open);
+        let (msg, sig) = out?;
+        Ok(Response::Sync { msg, sig })
     }
 }
 
@@ -2347,21 +2393,24 @@ impl RemoteCapsule {
     }
 
     /// Sends one anti-entropy message of session `session` (see [`Request::Sync`]) as the
-    /// initiator `peer`; returns the responder's answer.
+    /// initiator `peer`, with its signature (see [`SessionSeal::seal`]); returns the
+    /// responder's answer and its signature, unchecked (see [`SessionSeal::open`]).
     pub fn sync_message(
         &mut self,
         capsule: &CapsuleName,
         peer: PublicKey,
         session: u64,
         msg: SyncMsg,
-    ) -> Result<Option<SyncMsg>> {
+        sig: Signature,
+    ) -> Result<(Option<SyncMsg>, Signature)> {
         match self.call(&Request::Sync {
             capsule: *capsule,
             peer,
             session,
             msg,
+            sig,
         })? {
-            Response::Sync(m) => Ok(m),
+            Response::Sync { msg, sig } => Ok((msg, sig)),
             other => unexpected("sync", &other),
         }
     }
@@ -2378,8 +2427,14 @@ impl RemoteCapsule {
         let mut st = SyncState::new(local, *capsule, remote)?;
         let mut msg = st.start(local)?;
         let session = crate::server::random_session_number()?;
+        let mut seal = SessionSeal::initiator(*capsule, me, remote, session);
         for _ in 0..MAX_STEPS {
-            let Some(reply) = self.sync_message(capsule, me, session, msg)? else {
+            let sig = seal.seal(local, Some(&msg))?;
+            let (reply, sig) = self.sync_message(capsule, me, session, msg, sig)?;
+            // Every answer must be the responder's own, in order: a forged InSync or Done
+            // would end the session (and move this side's cursor) early.
+            seal.open(reply.as_ref(), &sig)?;
+            let Some(reply) = reply else {
                 return Ok(st.report());
             };
             match st.handle(local, reply)? {
@@ -2679,6 +2734,7 @@ mod tests {
                 capsule: c,
                 peer: key(5).public(),
                 session: u64::MAX - 3,
+                sig: key(5).sign(b"m", &msg.to_bytes()),
                 msg,
             });
         }
@@ -2775,7 +2831,10 @@ mod tests {
                 body: vec![],
                 proof: record_proof(1, false),
             },
-            Response::Sync(None),
+            Response::Sync {
+                msg: None,
+                sig: server.sign(b"n", b"o"),
+            },
         ];
         for kind in [
             AckKind::Created,
@@ -2793,7 +2852,10 @@ mod tests {
         for e in errors() {
             out.push(Response::Error(WireError::from(&e)));
         }
-        out.extend(sync_msgs().into_iter().map(|m| Response::Sync(Some(m))));
+        out.extend(sync_msgs().into_iter().map(|m| Response::Sync {
+            sig: server.sign(b"m", &m.to_bytes()),
+            msg: Some(m),
+        }));
         out
     }
 
@@ -3162,6 +3224,7 @@ mod tests {
                     capsule,
                     peer: key(k).public(),
                     session,
+                    sig: key(k).sign(b"s", &session.to_le_bytes()),
                     msg,
                 }
             }),
@@ -3238,7 +3301,10 @@ mod tests {
                     }
                 }
             ),
-            proptest::option::of(arb_sync()).prop_map(Response::Sync),
+            (proptest::option::of(arb_sync()), any::<u8>()).prop_map(|(msg, k)| Response::Sync {
+                msg,
+                sig: key(k).sign(b"r", &[k]),
+            }),
             (
                 any::<u64>(),
                 proptest::collection::vec(any::<u8>(), 0..40),

@@ -1420,6 +1420,7 @@ fn a_sync_message_cannot_carry_unbounded_subrecords() {
             capsule: CapsuleName(HashAlgo::Blake3.digest(b"c")),
             peer: SigningKey::from_seed(&[5; 32]).public(),
             session: 7,
+            sig: SigningKey::from_seed(&[5; 32]).sign(b"test", b"sig"),
             msg: SyncMsg::Exchange {
                 records: vec![rec; records],
                 want: vec![],

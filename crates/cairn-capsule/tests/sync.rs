@@ -440,13 +440,11 @@ fn out_of_turn_messages_are_refused() {
         sb.handle(SyncMsg::SendNames { from: 0 }).is_err(),
         "one name list per session"
     );
+    // (A name list is taken in place of coded symbols: a responder sends one once its
+    // symbols would outweigh it.)
     let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
     sa.start().unwrap();
-    let no_names = SyncMsg::Names {
-        names: vec![],
-        more: false,
-    };
-    for wrong in [no_names, exchange, empty_patch, SyncMsg::Done] {
+    for wrong in [exchange, empty_patch, SyncMsg::Done] {
         let e = sa.handle(wrong).unwrap_err();
         assert!(e.to_string().contains("unexpected"), "{e}");
     }
@@ -731,6 +729,85 @@ fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
     assert_eq!(proven(&b, &c), all);
     assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
     assert!(sa.is_finished() && sb.is_finished());
+    let (again, _) = sync_pair(&a, &b, &c).unwrap();
+    assert!(again.quick_match, "{again:?}");
+}
+
+/// A Hello claiming a huge set does not buy coded symbols: the responder sends at most
+/// twice its own set (plus 64) and then its name list, however many times it is asked
+/// for more.
+#[test]
+fn a_claimed_count_does_not_buy_coded_symbols() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let held = present(&b, &c).len();
+    let hello = hello_msg(
+        c,
+        u64::MAX,
+        a.sign_sync_hello(&c, &b.public_key(), &[0; 32], u64::MAX),
+    );
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let mut reply = sb.handle(hello).unwrap();
+    let mut symbols = 0;
+    let names = loop {
+        match reply {
+            Some(SyncMsg::Symbols(batch)) => {
+                symbols += batch.len();
+                assert!(
+                    symbols <= 2 * held + 64,
+                    "{symbols} symbols for {held} names"
+                );
+                reply = sb.handle(SyncMsg::More).unwrap();
+            }
+            Some(SyncMsg::Names { names, more }) => {
+                assert!(!more);
+                break names;
+            }
+            other => panic!("expected symbols or names, got {other:?}"),
+        }
+    };
+    assert!(
+        !names.is_empty() && names.len() <= held,
+        "{} names",
+        names.len()
+    );
+    assert!(sb.report().fallback);
+    // Asked for more again, it refuses.
+    assert!(sb.handle(SyncMsg::More).is_err());
+}
+
+/// An initiator holding far more than the responder still converges when the responder
+/// ends the coded symbols on its own and sends its (short) name list instead.
+#[test]
+fn a_responder_with_a_small_set_sends_its_names_instead_of_symbols() {
+    // 400 records on A, every 40th also on B.
+    let placement: Vec<u8> = (0..400).map(|i| if i % 40 == 0 { 2 } else { 0 }).collect();
+    let (a, b, c, all) = scenario(400, 7, &placement, &[]);
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let mut msg = Some(sa.start().unwrap());
+    let (mut to_b, mut unasked_names) = (true, false);
+    let mut last_to_b = None;
+    while let Some(m) = msg {
+        if let (SyncMsg::Names { .. }, Some(SyncMsg::More)) = (&m, &last_to_b) {
+            unasked_names = true;
+        }
+        if to_b {
+            last_to_b = Some(m.clone());
+        }
+        msg = if to_b { sb.handle(m) } else { sa.handle(m) }.unwrap();
+        to_b = !to_b;
+    }
+    assert!(
+        unasked_names,
+        "the responder answered More with its name list"
+    );
+    let (ra, rb) = (sa.report(), sb.report());
+    assert!(ra.fallback && rb.fallback, "{ra:?} {rb:?}");
+    assert!(rb.symbols <= 2 * 11 + 64, "{rb:?}");
+    assert_eq!(present(&a, &c), all);
+    assert_eq!(present(&b, &c), all);
+    assert_eq!(proven(&b, &c), all);
     let (again, _) = sync_pair(&a, &b, &c).unwrap();
     assert!(again.quick_match, "{again:?}");
 }

@@ -20,6 +20,34 @@ fn server(seed: u8) -> Arc<CapsuleServer> {
     ))
 }
 
+/// A sync request of session `session` from `k` (an initiator key, made up or not) to
+/// `responder`, signed as `k`'s `seq`-th message of the session.
+fn signed_sync(
+    k: &SigningKey,
+    responder: &cairn_core::PublicKey,
+    capsule: CapsuleName,
+    session: u64,
+    seq: u64,
+    msg: SyncMsg,
+) -> Request {
+    let m = cairn_capsule::sync::sync_msg_message(
+        &capsule,
+        &k.public(),
+        responder,
+        session,
+        false,
+        seq,
+        Some(&msg),
+    );
+    Request::Sync {
+        capsule,
+        peer: k.public(),
+        session,
+        sig: k.sign(server::DOMAIN_SYNC_MSG, &m),
+        msg,
+    }
+}
+
 fn writer() -> (Writer, CapsuleMetadata, BodyKey) {
     let wk = SigningKey::from_seed(&[1; 32]);
     let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "wire");
@@ -304,8 +332,9 @@ fn anti_entropy_over_tcp() {
     assert!(again.quick_match, "{again:?}");
     // A sync message outside a session is refused; dispatch alone refuses sync.
     let peer = local.public_key();
+    let sig = local.sign_sync_msg(b"any");
     assert!(matches!(
-        rc.sync_message(&c, peer, 7, SyncMsg::More),
+        rc.sync_message(&c, peer, 7, SyncMsg::More, sig),
         Err(Error::NotFound(_))
     ));
     let r = dispatch(
@@ -315,6 +344,7 @@ fn anti_entropy_over_tcp() {
             peer,
             session: 7,
             msg: SyncMsg::Done,
+            sig,
         },
     );
     assert!(matches!(
@@ -352,49 +382,34 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
             .unwrap()
             .as_micros() as u64;
         let msg = server::sync_hello_message(&c, &responder, &[0; 32], 30, at);
-        Request::Sync {
+        let hello = SyncMsg::Hello {
             capsule: c,
-            peer: k.public(),
-            session: 7,
-            msg: SyncMsg::Hello {
-                capsule: c,
-                quick: [0; 32],
-                count: 30,
-                at,
-                sig: k.sign(server::DOMAIN_SYNC_HELLO, &msg),
-            },
-        }
+            quick: [0; 32],
+            count: 30,
+            at,
+            sig: k.sign(server::DOMAIN_SYNC_HELLO, &msg),
+        };
+        let req = signed_sync(&k, &responder, c, 7, 0, hello);
+        (k, req)
     };
-    let is_ok = |r: &Response| matches!(r, Response::Sync(_));
+    let is_ok = |r: &Response| matches!(r, Response::Sync { .. });
     // Room for two sessions of 30 names.
     let svc = CapsuleService::new(srv.clone()).with_max_sync_names(70);
-    let first = hello();
-    let Request::Sync {
-        peer: first_peer, ..
-    } = &first
-    else {
-        unreachable!()
-    };
-    let first_peer = *first_peer;
+    let (first_key, first) = hello();
     assert!(is_ok(&svc.handle(first)));
-    assert!(is_ok(&svc.handle(hello())));
+    assert!(is_ok(&svc.handle(hello().1)));
     assert_eq!(svc.open_syncs(), 2);
     // A third drops the least recently used (the first), whose next message is refused.
-    assert!(is_ok(&svc.handle(hello())));
+    assert!(is_ok(&svc.handle(hello().1)));
     assert_eq!(svc.open_syncs(), 2);
-    let more = svc.handle(Request::Sync {
-        capsule: c,
-        peer: first_peer,
-        session: 7,
-        msg: SyncMsg::More,
-    });
+    let more = svc.handle(signed_sync(&first_key, &responder, c, 7, 1, SyncMsg::More));
     assert!(
         matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
         "{more:?}"
     );
     // A budget smaller than one session refuses it.
     let small = CapsuleService::new(srv.clone()).with_max_sync_names(10);
-    let r = small.handle(hello());
+    let r = small.handle(hello().1);
     assert!(
         matches!(&r, Response::Error(e) if e.code == ErrorCode::Unavailable),
         "{r:?}"
@@ -403,35 +418,27 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     // A session's names grow as it runs: one whose Exchange names the first record as a
     // head (so the whole capsule is queued for it) makes the others give room.
     let svc = CapsuleService::new(srv.clone()).with_max_sync_names(70);
-    let (quiet, busy) = (hello(), hello());
-    let peer = |r: &Request| match r {
-        Request::Sync { peer, .. } => *peer,
-        _ => unreachable!(),
-    };
-    let (quiet_peer, busy_peer) = (peer(&quiet), peer(&busy));
+    let ((quiet_key, quiet), (busy_key, busy)) = (hello(), hello());
     assert!(is_ok(&svc.handle(quiet)));
     assert!(is_ok(&svc.handle(busy)));
     assert_eq!(svc.open_syncs(), 2);
-    let exchange = svc.handle(Request::Sync {
-        capsule: c,
-        peer: busy_peer,
-        session: 7,
-        msg: SyncMsg::Exchange {
+    let exchange = svc.handle(signed_sync(
+        &busy_key,
+        &responder,
+        c,
+        7,
+        1,
+        SyncMsg::Exchange {
             records: vec![],
             want: vec![],
             heads: vec![first_record],
             roots: vec![],
             missing: vec![],
         },
-    });
+    ));
     assert!(is_ok(&exchange), "{exchange:?}");
     assert_eq!(svc.open_syncs(), 1, "the quiet session gave room");
-    let more = svc.handle(Request::Sync {
-        capsule: c,
-        peer: quiet_peer,
-        session: 7,
-        msg: SyncMsg::More,
-    });
+    let more = svc.handle(signed_sync(&quiet_key, &responder, c, 7, 1, SyncMsg::More));
     assert!(
         matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
         "{more:?}"
@@ -453,24 +460,34 @@ fn a_forged_hello_does_not_end_a_real_session() {
     }
     let a = server(6);
     let svc = CapsuleService::new(srv.clone());
-    let (at, sig) = a.sign_sync_hello(&c, &srv.public_key(), &[0; 32], 3);
+    let responder = srv.public_key();
+    let (at, sig) = a.sign_sync_hello(&c, &responder, &[0; 32], 3);
+    let mut seal = SessionSeal::initiator(c, a.public_key(), responder, 7);
+    let hello_msg = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 3,
+        at,
+        sig,
+    };
     let hello = Request::Sync {
         capsule: c,
         peer: a.public_key(),
         session: 7,
-        msg: SyncMsg::Hello {
-            capsule: c,
-            quick: [0; 32],
-            count: 3,
-            at,
-            sig,
-        },
+        sig: seal.seal(&a, Some(&hello_msg)).unwrap(),
+        msg: hello_msg,
     };
     let real = svc.handle(hello.clone());
-    assert!(
-        matches!(real, Response::Sync(Some(SyncMsg::Symbols(_)))),
-        "{real:?}"
-    );
+    let Response::Sync {
+        msg: Some(SyncMsg::Symbols(first)),
+        sig: answer_sig,
+    } = &real
+    else {
+        panic!("{real:?}")
+    };
+    // The answer is the responder's own, as its first of this session.
+    seal.open(Some(&SyncMsg::Symbols(first.clone())), answer_sig)
+        .unwrap();
     // The same (validly signed) Hello again: refused as a replay, and the session it
     // started goes on.
     let replayed = svc.handle(hello);
@@ -479,18 +496,22 @@ fn a_forged_hello_does_not_end_a_real_session() {
         "{replayed:?}"
     );
     let other = SigningKey::from_seed(&[42; 32]);
-    let msg = server::sync_hello_message(&c, &srv.public_key(), &[0; 32], 3, at + 1);
+    let msg = server::sync_hello_message(&c, &responder, &[0; 32], 3, at + 1);
+    let forged_hello = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 3,
+        at: at + 1,
+        sig: other.sign(server::DOMAIN_SYNC_HELLO, &msg),
+    };
     let forged = svc.handle(Request::Sync {
         capsule: c,
         peer: a.public_key(),
         session: 7,
-        msg: SyncMsg::Hello {
-            capsule: c,
-            quick: [0; 32],
-            count: 3,
-            at: at + 1,
-            sig: other.sign(server::DOMAIN_SYNC_HELLO, &msg),
-        },
+        sig: SessionSeal::initiator(c, a.public_key(), responder, 7)
+            .seal(&a, Some(&forged_hello))
+            .unwrap(),
+        msg: forged_hello,
     });
     assert!(
         matches!(&forged, Response::Error(e) if e.code == ErrorCode::Rejected),
@@ -499,10 +520,13 @@ fn a_forged_hello_does_not_end_a_real_session() {
     // Anyone can name the capsule and the initiator's key, but not the session number its
     // Hello carried: a Done under another number neither ends nor finishes the session.
     for wrong in [SyncMsg::Done, SyncMsg::More] {
+        let mut guess = SessionSeal::initiator(c, a.public_key(), responder, 8);
+        let _ = guess.seal(&a, None).unwrap();
         let r = svc.handle(Request::Sync {
             capsule: c,
             peer: a.public_key(),
             session: 8,
+            sig: guess.seal(&a, Some(&wrong)).unwrap(),
             msg: wrong,
         });
         assert!(
@@ -510,17 +534,180 @@ fn a_forged_hello_does_not_end_a_real_session() {
             "{r:?}"
         );
     }
+    // Someone on the path sees the session number too: a message under it that the
+    // initiator did not sign as its next one (signed by another key, the initiator's Hello
+    // signature replayed, the initiator's next message for another session, or one signed
+    // for a later place) is refused, and the session goes on.
+    let more = SyncMsg::More;
+    let stranger = SigningKey::from_seed(&[43; 32]);
+    let m = sync::sync_msg_message(&c, &a.public_key(), &responder, 7, false, 1, Some(&more));
+    let mut other_session = SessionSeal::initiator(c, a.public_key(), responder, 9);
+    let _ = other_session.seal(&a, None).unwrap();
+    let mut ahead = seal.clone();
+    let _ = ahead.seal(&a, Some(&more)).unwrap();
+    let Request::Sync { sig: hello_sig, .. } = &svc_hello_sig(&a, &c, &responder) else {
+        unreachable!()
+    };
+    for sig in [
+        stranger.sign(server::DOMAIN_SYNC_MSG, &m),
+        *hello_sig,
+        other_session.seal(&a, Some(&more)).unwrap(),
+        ahead.seal(&a, Some(&more)).unwrap(),
+    ] {
+        for msg in [SyncMsg::Done, SyncMsg::More] {
+            let r = svc.handle(Request::Sync {
+                capsule: c,
+                peer: a.public_key(),
+                session: 7,
+                msg,
+                sig,
+            });
+            assert!(
+                matches!(&r, Response::Error(e) if e.code == ErrorCode::Rejected),
+                "{r:?}"
+            );
+        }
+    }
     assert_eq!(svc.open_syncs(), 1);
-    let more = svc.handle(Request::Sync {
+    let more_sig = seal.seal(&a, Some(&more)).unwrap();
+    let next = svc.handle(Request::Sync {
         capsule: c,
         peer: a.public_key(),
         session: 7,
-        msg: SyncMsg::More,
+        msg: more.clone(),
+        sig: more_sig,
+    });
+    let Response::Sync {
+        msg: Some(SyncMsg::Symbols(batch)),
+        sig,
+    } = &next
+    else {
+        panic!("{next:?}")
+    };
+    // The responder's answers are numbered too: its first answer's signature does not
+    // pass for its second, and the second's does.
+    let answer = SyncMsg::Symbols(batch.clone());
+    assert!(seal.clone().open(Some(&answer), answer_sig).is_err());
+    seal.open(Some(&answer), sig).unwrap();
+    // The same message sent again (a replay of what the initiator signed) is refused.
+    let again = svc.handle(Request::Sync {
+        capsule: c,
+        peer: a.public_key(),
+        session: 7,
+        msg: more,
+        sig: more_sig,
     });
     assert!(
-        matches!(more, Response::Sync(Some(SyncMsg::Symbols(_)))),
-        "{more:?}"
+        matches!(&again, Response::Error(e) if e.code == ErrorCode::Rejected),
+        "{again:?}"
     );
+    assert_eq!(svc.open_syncs(), 1);
+}
+
+/// The initiator takes only answers the responder signed as its next one of the session:
+/// someone on the path who answers a Hello with a made-up InSync, or a later message with
+/// an earlier answer, ends the session with an error (and moves no cursor) instead of
+/// having it end "in sync".
+#[test]
+fn the_initiator_refuses_answers_the_responder_did_not_sign_in_order() {
+    let local = server(1);
+    let remote = server(2);
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    local.create(&meta).unwrap();
+    remote.create(&meta).unwrap();
+    for i in 0..20 {
+        let r = w.record(&[i as u8; 20], &[]).unwrap();
+        let n = r.name();
+        let s = w.sign(&n);
+        if i < 10 {
+            local.write(&c, &[r], &[(n, s)]).unwrap();
+        } else {
+            remote.write(&c, &[r], &[(n, s)]).unwrap();
+        }
+    }
+    let stranger = SigningKey::from_seed(&[77; 32]);
+    let (initiator, responder) = (local.public_key(), remote.public_key());
+    // What an attacker on the path answers in place of the responder's `k`-th answer.
+    type Forge = dyn Fn(u64, u64, &[u8]) -> Option<Vec<u8>> + Send + Sync;
+    let run = |forge: Arc<Forge>| {
+        let svc = Arc::new(CapsuleService::new(remote.clone()));
+        let seen = Arc::new(std::sync::Mutex::new((0u64, Vec::<Vec<u8>>::new())));
+        let h = cairn_net::serve(
+            "127.0.0.1:0",
+            cairn_capsule::wire::server_config(),
+            move |req: &[u8]| {
+                let real = svc.handle_bytes(req);
+                let Ok(Request::Sync { session, .. }) = Request::from_bytes(req) else {
+                    return real;
+                };
+                let mut seen = seen.lock().unwrap();
+                let k = seen.0;
+                seen.0 += 1;
+                seen.1.push(real.clone());
+                forge(k, session, &seen.1[0]).unwrap_or(real)
+            },
+        )
+        .unwrap();
+        let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
+        rc.sync_with(&local, &c)
+    };
+    // A made-up InSync for the Hello, signed by a stranger as the responder's first answer.
+    let in_sync = Arc::new(move |k: u64, session: u64, _: &[u8]| {
+        (k == 0).then(|| {
+            let m = sync::sync_msg_message(
+                &c,
+                &initiator,
+                &responder,
+                session,
+                true,
+                0,
+                Some(&SyncMsg::InSync),
+            );
+            Response::Sync {
+                msg: Some(SyncMsg::InSync),
+                sig: stranger.sign(server::DOMAIN_SYNC_MSG, &m),
+            }
+            .to_bytes()
+        })
+    });
+    let e = run(in_sync).unwrap_err();
+    assert!(matches!(e, Error::Rejected(_)), "{e}");
+    // The responder's first answer again, as its second.
+    let replay = Arc::new(|k: u64, _: u64, first: &[u8]| (k == 1).then(|| first.to_vec()));
+    let e = run(replay).unwrap_err();
+    assert!(matches!(e, Error::Rejected(_)), "{e}");
+    // Nothing was taken as in sync: an honest session still moves every record.
+    let h = serve_tcp(remote.clone(), "127.0.0.1:0").unwrap();
+    let report = RemoteCapsule::connect(h.local_addr())
+        .unwrap()
+        .sync_with(&local, &c)
+        .unwrap();
+    assert!(!report.quick_match, "{report:?}");
+    assert_eq!(local.with_dag(&c, |d| d.order().len()).unwrap(), 20);
+    assert_eq!(remote.with_dag(&c, |d| d.order().len()).unwrap(), 20);
+}
+
+/// A Hello signed by `a` for session 7 of `c` with `responder` (its request signature is
+/// the initiator's message 0 of that session).
+fn svc_hello_sig(a: &CapsuleServer, c: &CapsuleName, responder: &cairn_core::PublicKey) -> Request {
+    let (at, sig) = a.sign_sync_hello(c, responder, &[0; 32], 3);
+    let msg = SyncMsg::Hello {
+        capsule: *c,
+        quick: [0; 32],
+        count: 3,
+        at,
+        sig,
+    };
+    Request::Sync {
+        capsule: *c,
+        peer: a.public_key(),
+        session: 7,
+        sig: SessionSeal::initiator(*c, a.public_key(), *responder, 7)
+            .seal(a, Some(&msg))
+            .unwrap(),
+        msg,
+    }
 }
 
 /// The endpoint takes the memory of a large answer before building it: a record read
