@@ -63,6 +63,18 @@ pub struct Cli {
         value_parser = parse_lock_timeout
     )]
     pub lock_timeout: Option<f64>,
+    /// With --server: seconds a transfer may go without a byte from the node (while a
+    /// download waits for its answer or its next piece, or an upload, fully sent, for its
+    /// answer) before it fails; 0 waits for ever.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_STALL_TIMEOUT",
+        default_value_t = 120.0,
+        value_parser = parse_stall_timeout
+    )]
+    pub stall_timeout: f64,
     /// The bucket (namespace of keys, backed by one capsule) the command works on.
     #[arg(long, global = true, help_heading = "Global options", env = "CAIRN_BUCKET", default_value = DEFAULT_BUCKET)]
     pub bucket: String,
@@ -1465,12 +1477,21 @@ use cairn_node::node::NODE_KEY_FILE;
 /// on the version's line, and a node receives it in an HTTP header).
 /// `--lock-timeout`: seconds, 0 to 86400 (as `serve`'s `lock_timeout_secs`).
 fn parse_lock_timeout(s: &str) -> std::result::Result<f64, String> {
+    parse_seconds(s, "lock timeout")
+}
+
+fn parse_stall_timeout(s: &str) -> std::result::Result<f64, String> {
+    parse_seconds(s, "stall timeout")
+}
+
+/// A number of seconds from 0 to a day.
+fn parse_seconds(s: &str, what: &str) -> std::result::Result<f64, String> {
     let t: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if !(0.0..=86_400.0).contains(&t) {
-        return Err("the lock timeout must be between 0 and 86400 seconds".into());
+        return Err(format!("the {what} must be between 0 and 86400 seconds"));
     }
     Ok(t)
 }

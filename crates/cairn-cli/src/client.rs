@@ -177,6 +177,8 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
 struct Client {
     http: Http,
     base: String,
+    /// How long a transfer may go without a byte from the node (`None`: for ever).
+    stall: Option<Duration>,
     bucket: String,
     key_file: Option<PathBuf>,
     /// The bucket's signer once known: `Some(None)` for an open bucket.
@@ -209,6 +211,7 @@ impl Client {
         Ok(Client {
             http,
             base,
+            stall: (cli.stall_timeout > 0.0).then(|| Duration::from_secs_f64(cli.stall_timeout)),
             bucket: cli.bucket.clone(),
             key_file: cli.key_file.clone(),
             signer: None,
@@ -304,9 +307,27 @@ impl Client {
         let (rt, http) = async_http()?;
         let (tee, digest) = shape.map(BlobDigest::start).transpose()?.unzip();
         let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|piece| (piece, rx))
+        // Told when the last piece has been taken (the declared length reached: the client
+        // then stops asking for more, or the end of the body): from then on the node owes
+        // an answer.
+        let sent = std::sync::Arc::new(tokio::sync::Notify::new());
+        let state = (rx, sent.clone(), 0u64);
+        let stream = futures_util::stream::unfold(state, move |(mut rx, sent, taken)| async move {
+            match rx.recv().await {
+                Some(piece) => {
+                    let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
+                    if len == Some(taken) {
+                        sent.notify_one();
+                    }
+                    Some((piece, (rx, sent, taken)))
+                }
+                None => {
+                    sent.notify_one();
+                    None
+                }
+            }
         });
+        let (base, stall) = (&self.base, self.stall);
         let answer = rt.block_on(async {
             let mut req = http
                 .request(method, url)
@@ -314,18 +335,33 @@ impl Client {
             for (n, v) in &all {
                 req = req.header(n.as_str(), v.as_str());
             }
-            let mut resp = req.send().await?;
+            // The upload takes as long as it takes; once it is all sent, the answer's head
+            // must come within the stall timeout.
+            let send = req.send();
+            let mut resp = match stall {
+                None => send.await.map_err(|e| transport(base, e))?,
+                Some(d) => {
+                    let quiet = async {
+                        sent.notified().await;
+                        tokio::time::sleep(d).await;
+                    };
+                    tokio::select! {
+                        r = send => r.map_err(|e| transport(base, e))?,
+                        () = quiet => return Err(stalled(base, "the answer to an upload", d)),
+                    }
+                }
+            };
             let status = resp.status();
             // The answer is small JSON: read at most one byte past the limit, which
             // `parse_json` then refuses, whatever a node sends.
             let mut body = Vec::new();
-            while let Some(chunk) = resp.chunk().await? {
+            while let Some(chunk) = within(stall, base, "the answer", resp.chunk()).await? {
                 body.extend_from_slice(&chunk);
                 if body.len() as u64 > JSON_LIMIT {
                     break;
                 }
             }
-            Ok::<_, reqwest::Error>((status, body))
+            Ok::<_, anyhow::Error>((status, body))
         });
         // A node that answers before reading the whole body (413, 401, ...) leaves the
         // body stream, and with it the reader thread's receiver, inside a connection task
@@ -338,7 +374,7 @@ impl Client {
         if matches!(&answer, Ok((status, _)) if status.is_success()) {
             let _ = reader.join();
         }
-        let (status, answer) = answer.map_err(|e| transport(&self.base, e))?;
+        let (status, answer) = answer?;
         if !status.is_success() {
             return Err(error_from(status, &answer));
         }
@@ -356,7 +392,7 @@ impl Client {
         let headers = request_headers(&Method::GET, &url, &[], None, None, capsule.as_deref());
         let (head_tx, head_rx) = std::sync::mpsc::sync_channel(1);
         let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<bytes::Bytes>>(DOWNLOAD_QUEUE);
-        let base = self.base.clone();
+        let (base, stall) = (self.base.clone(), self.stall);
         std::thread::Builder::new()
             .name("cairn-download".into())
             .spawn(move || {
@@ -367,12 +403,12 @@ impl Client {
                         for (n, v) in &headers {
                             req = req.header(n.as_str(), v.as_str());
                         }
-                        let mut resp = req.send().await.map_err(|e| transport(&base, e))?;
+                        let mut resp = within(stall, &base, "the answer", req.send()).await?;
                         let status = resp.status();
                         if !status.is_success() {
                             let mut body = Vec::new();
                             while let Some(c) =
-                                resp.chunk().await.map_err(|e| transport(&base, e))?
+                                within(stall, &base, "the answer", resp.chunk()).await?
                             {
                                 body.extend_from_slice(&c);
                                 if body.len() as u64 > ERROR_BODY_LIMIT {
@@ -385,11 +421,12 @@ impl Client {
                             return Ok(());
                         }
                         loop {
-                            let piece = match resp.chunk().await {
-                                Ok(Some(c)) => Ok(c),
-                                Ok(None) => return Ok(()),
-                                Err(e) => Err(io::Error::other(transport(&base, e).to_string())),
-                            };
+                            let piece =
+                                match within(stall, &base, "the download", resp.chunk()).await {
+                                    Ok(Some(c)) => Ok(c),
+                                    Ok(None) => return Ok(()),
+                                    Err(e) => Err(io::Error::other(e.to_string())),
+                                };
                             let failed = piece.is_err();
                             // The reader went away (it found what it needed, or failed).
                             if tx.send(piece).is_err() || failed {
@@ -1923,6 +1960,32 @@ fn request_headers(
 }
 
 /// A request that did not get an answer.
+/// `fut` (a step of a transfer), failed as [`stalled`] when the node sends nothing for
+/// `stall`.
+async fn within<T>(
+    stall: Option<Duration>,
+    base: &str,
+    what: &str,
+    fut: impl std::future::Future<Output = reqwest::Result<T>>,
+) -> Result<T> {
+    let r = match stall {
+        None => fut.await,
+        Some(d) => tokio::time::timeout(d, fut)
+            .await
+            .map_err(|_| stalled(base, what, d))?,
+    };
+    r.map_err(|e| transport(base, e))
+}
+
+/// A transfer step that got nothing from the node for `d`.
+fn stalled(base: &str, what: &str, d: Duration) -> anyhow::Error {
+    Error::Unavailable(format!(
+        "node {base}: {what} stalled: nothing came for {:.0} s (--stall-timeout)",
+        d.as_secs_f64()
+    ))
+    .into()
+}
+
 fn transport(base: &str, e: reqwest::Error) -> anyhow::Error {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(&e);
@@ -2118,5 +2181,110 @@ mod tests {
         assert!(last.is_err(), "the error is passed on");
         let n: usize = ok.iter().map(|p| p.as_ref().unwrap().len()).sum();
         assert_eq!(n, 20_000, "every byte read before the error is sent");
+    }
+
+    /// A node on loopback that reads a request's head (and `body` bytes of its body), then
+    /// writes `answer` and keeps the connection open without another byte for 30 s.
+    fn quiet_node(body: usize, answer: &'static [u8]) -> String {
+        use std::io::BufRead;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (c, _) = l.accept().unwrap();
+            let mut r = io::BufReader::new(c.try_clone().unwrap());
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap() > 2 {
+                line.clear();
+            }
+            io::copy(&mut (&mut r).take(body as u64), &mut io::sink()).unwrap();
+            (&c).write_all(answer).unwrap();
+            std::thread::sleep(Duration::from_secs(30));
+        });
+        format!("http://{addr}")
+    }
+
+    fn client(base: String, stall: f64) -> Client {
+        Client {
+            http: Http::new(),
+            base,
+            stall: Some(Duration::from_secs_f64(stall)),
+            bucket: "b".into(),
+            key_file: None,
+            signer: None,
+            capsule: std::cell::RefCell::new(None),
+            shape: std::cell::Cell::new(None),
+        }
+    }
+
+    fn is_stall(e: &dyn std::fmt::Display) -> bool {
+        e.to_string().contains("stalled: nothing came for")
+    }
+
+    /// A node that stops sending fails a download after the stall timeout instead of
+    /// holding the command for ever: before the answer's head, and in the middle of the
+    /// body.
+    #[test]
+    fn a_download_from_a_silent_node_fails_after_the_stall_timeout() {
+        let c = client(quiet_node(0, b""), 0.3);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c.download(url).err().expect("no answer");
+        assert!(is_stall(&e), "{e:#}");
+        let c = client(
+            quiet_node(
+                0,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789",
+            ),
+            0.3,
+        );
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let (_, mut body) = c.download(url).unwrap();
+        let mut got = Vec::new();
+        let e = body.read_to_end(&mut got).unwrap_err();
+        assert!(is_stall(&e), "{e}");
+        assert_eq!(got, b"0123456789");
+    }
+
+    /// An upload takes as long as it takes, but once all of it is sent the node must
+    /// answer within the stall timeout.
+    #[test]
+    fn an_upload_the_node_never_answers_fails_after_the_stall_timeout() {
+        let data = vec![5u8; 300_000];
+        let c = client(quiet_node(data.len(), b""), 0.3);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c
+            .send_stream(
+                Method::PUT,
+                url,
+                Box::new(io::Cursor::new(data.clone())),
+                Some(data.len() as u64),
+                &[],
+                None,
+                None,
+                None,
+            )
+            .expect_err("no answer");
+        assert!(is_stall(&e), "{e:#}");
+        // A node that answers is not cut off, however slow the body was to read.
+        let c = client(
+            quiet_node(
+                data.len(),
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}",
+            ),
+            0.3,
+        );
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let (answer, _) = c
+            .send_stream(
+                Method::PUT,
+                url,
+                Box::new(io::Cursor::new(data)),
+                Some(300_000),
+                &[],
+                None,
+                None,
+                None,
+            )
+            .unwrap();
+        assert_eq!(answer, json!({}));
     }
 }
