@@ -361,6 +361,7 @@ pub fn requests() -> Vec<Request> {
             &peer,
             &f.server.public_key(),
             7,
+            if seq == 0 { 0 } else { 11 },
             false,
             seq as u64,
             Some(&msg),
@@ -437,14 +438,17 @@ pub fn responses() -> Vec<Response> {
     out.push(Response::Error(
         (&Error::io("testing", io::Error::other("an i/o error"))).into(),
     ));
+    // Signatures of the right shape (the codec targets decode, they do not verify).
     let responder = SigningKey::from_seed(&[0x7a; 32]);
     out.extend(sync_messages().into_iter().map(|m| Response::Sync {
         sig: responder.sign(cairn_capsule::server::DOMAIN_SYNC_MSG, &m.to_bytes()),
         msg: Some(m),
+        nonce: 11,
     }));
     out.push(Response::Sync {
         msg: None,
         sig: responder.sign(cairn_capsule::server::DOMAIN_SYNC_MSG, b""),
+        nonce: 11,
     });
     out
 }

@@ -319,14 +319,17 @@ fn verify_hello(
 }
 
 /// What one side of a remote anti-entropy session signs for its `seq`-th message (0 the
-/// Hello, or the answer to it): the capsule, both servers' keys, the session number, which
-/// side sent it, its place in that side's order and a hash of the message (`None`: the
-/// responder's empty answer to a Done).
+/// Hello, or the answer to it): the capsule, both servers' keys, the session number, the
+/// responder's nonce for the session (0 in the Hello, which is signed before the initiator
+/// learns it), which side sent it, its place in that side's order and a hash of the
+/// message (`None`: the responder's empty answer to a Done).
+#[allow(clippy::too_many_arguments)]
 pub fn sync_msg_message(
     capsule: &CapsuleName,
     initiator: &PublicKey,
     responder: &PublicKey,
     session: u64,
+    nonce: u64,
     from_responder: bool,
     seq: u64,
     msg: Option<&SyncMsg>,
@@ -340,6 +343,7 @@ pub fn sync_msg_message(
         .raw(initiator.raw())
         .raw(responder.raw())
         .u64_le(session)
+        .u64_le(nonce)
         .u8(u8::from(from_responder))
         .u64_le(seq)
         .u8(u8::from(msg.is_some()))
@@ -350,15 +354,21 @@ pub fn sync_msg_message(
 /// The signatures of one remote anti-entropy session, sans-IO: each side signs every
 /// message it sends with its server key ([`crate::server::DOMAIN_SYNC_MSG`] over
 /// [`sync_msg_message`]) and checks every message it receives, numbered in each side's
-/// order. Anyone on the path sees the session number (it only names the session), but
-/// cannot forge, replay, reorder or move a message into another session: without this,
-/// an observer could end a session early, which moves a replica's sync cursor.
+/// order. Every message after the Hello also covers a nonce the responder picks for the
+/// session and sends with its answers. Anyone on the path sees the session number (it only
+/// names the session), but cannot forge, replay, reorder or move a message into another
+/// session, nor replay an initiator's messages into a new session (after a responder
+/// restart, say): without this, an observer could end a session early, which moves a
+/// replica's sync cursor.
 #[derive(Clone, Debug)]
 pub struct SessionSeal {
     capsule: CapsuleName,
     initiator: PublicKey,
     responder: PublicKey,
     session: u64,
+    /// The responder's nonce: the responder's own from the start, the initiator's once it
+    /// has the first answer.
+    nonce: Option<u64>,
     role: Role,
     sent: u64,
     received: u64,
@@ -372,17 +382,27 @@ impl SessionSeal {
         responder: PublicKey,
         session: u64,
     ) -> Self {
-        Self::new(capsule, me, responder, session, Role::Initiator)
+        Self::new(capsule, me, responder, session, None, Role::Initiator)
     }
 
-    /// The responder's seal of session `session` of `capsule` between `initiator` and `me`.
+    /// The responder's seal of session `session` of `capsule` between `initiator` and `me`,
+    /// with the `nonce` it picked for the session (random: it is what keeps the
+    /// initiator's messages from being replayed into another session).
     pub fn responder(
         capsule: CapsuleName,
         initiator: PublicKey,
         me: PublicKey,
         session: u64,
+        nonce: u64,
     ) -> Self {
-        Self::new(capsule, initiator, me, session, Role::Responder)
+        Self::new(
+            capsule,
+            initiator,
+            me,
+            session,
+            Some(nonce),
+            Role::Responder,
+        )
     }
 
     fn new(
@@ -390,6 +410,7 @@ impl SessionSeal {
         initiator: PublicKey,
         responder: PublicKey,
         session: u64,
+        nonce: Option<u64>,
         role: Role,
     ) -> Self {
         SessionSeal {
@@ -397,6 +418,7 @@ impl SessionSeal {
             initiator,
             responder,
             session,
+            nonce,
             role,
             sent: 0,
             received: 0,
@@ -406,6 +428,42 @@ impl SessionSeal {
     /// The session number.
     pub fn session(&self) -> u64 {
         self.session
+    }
+
+    /// The responder's nonce for the session, once known (the responder sends it with
+    /// every answer).
+    pub fn nonce(&self) -> Option<u64> {
+        self.nonce
+    }
+
+    /// Initiator: takes the nonce an answer came with. The first answer's is the session's;
+    /// a later answer naming another is [`Error::Rejected`].
+    pub fn take_nonce(&mut self, nonce: u64) -> Result<()> {
+        match self.nonce {
+            None if self.role == Role::Initiator => {
+                self.nonce = Some(nonce);
+                Ok(())
+            }
+            Some(n) if n == nonce => Ok(()),
+            _ => Err(Error::Rejected(format!(
+                "anti-entropy session {} changed its nonce",
+                self.session
+            ))),
+        }
+    }
+
+    /// The nonce message `seq` of the initiator (`from_responder` false) or of the
+    /// responder covers: 0 in the Hello, the responder's after it.
+    fn nonce_of(&self, from_responder: bool, seq: u64) -> Result<u64> {
+        if !from_responder && seq == 0 {
+            return Ok(0);
+        }
+        self.nonce.ok_or_else(|| {
+            Error::invalid(format!(
+                "anti-entropy session {}: no nonce from the responder yet",
+                self.session
+            ))
+        })
     }
 
     /// Signs the next message this side sends, with `server`'s key (which must be this
@@ -425,6 +483,7 @@ impl SessionSeal {
             &self.initiator,
             &self.responder,
             self.session,
+            self.nonce_of(from_responder, self.sent)?,
             from_responder,
             self.sent,
             msg,
@@ -434,7 +493,8 @@ impl SessionSeal {
     }
 
     /// Checks the next message from the peer: [`Error::Rejected`] (and nothing counted) if
-    /// the peer did not sign it as its next message of this session.
+    /// the peer did not sign it as its next message of this session. (The initiator first
+    /// takes the answer's nonce, [`SessionSeal::take_nonce`].)
     pub fn open(&mut self, msg: Option<&SyncMsg>, sig: &Signature) -> Result<()> {
         let (peer, from_responder) = match self.role {
             Role::Initiator => (self.responder, true),
@@ -445,6 +505,7 @@ impl SessionSeal {
             &self.initiator,
             &self.responder,
             self.session,
+            self.nonce_of(from_responder, self.received)?,
             from_responder,
             self.received,
             msg,
@@ -934,13 +995,13 @@ impl SyncState {
                 let Some(enc) = self.encoder.as_mut() else {
                     return Err(Error::invalid("peer asked for symbols before Hello"));
                 };
-                if enc.produced() as usize >= cap {
+                let n = (enc.produced() as usize).clamp(FIRST_BATCH, MAX_SYMBOL_BATCH);
+                if (enc.produced() as usize).saturating_add(n) > cap {
                     // The symbols still needed would outweigh this side's name list: send
                     // that instead, page by page (the initiator asks for the rest).
                     self.encoder = None;
                     return Ok(Some(self.names_page(0)));
                 }
-                let n = (enc.produced() as usize).clamp(FIRST_BATCH, MAX_SYMBOL_BATCH);
                 let batch = enc.next_symbols(n);
                 self.report.symbols += batch.len();
                 Ok(Some(SyncMsg::Symbols(batch)))
@@ -1219,27 +1280,58 @@ mod tests {
     }
 
     /// A seal signs only with its own side's key, and each signature passes for exactly
-    /// one message at one place of one direction: the responder's empty answer does not
-    /// pass for a Done, nor an initiator's message for the responder's.
+    /// one message at one place of one direction of one session: the responder's empty
+    /// answer does not pass for a Done, an initiator's message not for the responder's
+    /// (shown with one key on both sides, so only the direction tells them apart), and
+    /// the initiator's messages after the Hello not under another responder nonce.
     #[test]
-    fn a_seal_binds_the_message_its_place_and_its_side() {
+    fn a_seal_binds_the_message_its_place_its_side_and_the_nonce() {
         let (a, b) = (server(1), server(2));
         let c = CapsuleMetadata::new(HashAlgo::Blake3, a.public_key(), "seal").name();
         let mut init = SessionSeal::initiator(c, a.public_key(), b.public_key(), 5);
-        let mut resp = SessionSeal::responder(c, a.public_key(), b.public_key(), 5);
+        let mut resp = SessionSeal::responder(c, a.public_key(), b.public_key(), 5, 77);
         assert!(init.clone().seal(&b, Some(&SyncMsg::More)).is_err());
         assert!(resp.clone().seal(&a, None).is_err());
-        // The initiator's message 0, taken by the responder, not by the initiator itself.
         let s0 = init.seal(&a, Some(&SyncMsg::More)).unwrap();
-        assert!(init.clone().open(Some(&SyncMsg::More), &s0).is_err());
         assert!(resp.clone().open(Some(&SyncMsg::Done), &s0).is_err());
         resp.open(Some(&SyncMsg::More), &s0).unwrap();
         // Taken once: the same signature is not the next message.
         assert!(resp.clone().open(Some(&SyncMsg::More), &s0).is_err());
+        // Before the first answer the initiator has no nonce to sign under.
+        assert!(init.clone().seal(&a, Some(&SyncMsg::More)).is_err());
         let none = resp.seal(&b, None).unwrap();
-        assert!(init.clone().open(Some(&SyncMsg::Done), &none).is_err());
-        init.open(None, &none).unwrap();
-        assert_eq!(init.session(), 5);
+        let mut taken = init.clone();
+        taken.take_nonce(77).unwrap();
+        assert!(taken.clone().open(Some(&SyncMsg::Done), &none).is_err());
+        let mut other_nonce = init.clone();
+        other_nonce.take_nonce(78).unwrap();
+        assert!(other_nonce.open(None, &none).is_err());
+        taken.open(None, &none).unwrap();
+        assert!(taken.take_nonce(78).is_err(), "the nonce cannot change");
+        // Message 1 of the initiator under nonce 77 passes the responder; under 78 not.
+        let mut under_78 = init.clone();
+        under_78.take_nonce(78).unwrap();
+        under_78.received = 1;
+        let wrong = under_78.seal(&a, Some(&SyncMsg::More)).unwrap();
+        assert!(resp.clone().open(Some(&SyncMsg::More), &wrong).is_err());
+        let right = taken.seal(&a, Some(&SyncMsg::More)).unwrap();
+        resp.open(Some(&SyncMsg::More), &right).unwrap();
+        assert_eq!(taken.session(), 5);
+        // One key on both sides: the direction alone separates the two sides' messages.
+        let mut i2 = SessionSeal::initiator(c, a.public_key(), a.public_key(), 6);
+        let mut r2 = SessionSeal::responder(c, a.public_key(), a.public_key(), 6, 1);
+        let hello = i2.seal(&a, Some(&SyncMsg::More)).unwrap();
+        r2.open(Some(&SyncMsg::More), &hello).unwrap();
+        let answer = r2.seal(&a, Some(&SyncMsg::More)).unwrap();
+        i2.take_nonce(1).unwrap();
+        let mine = i2.seal(&a, Some(&SyncMsg::More)).unwrap();
+        i2.open(Some(&SyncMsg::More), &answer).unwrap();
+        r2.open(Some(&SyncMsg::More), &mine).unwrap();
+        // The initiator's message 1 (same key, nonce, place and content) does not pass as
+        // the responder's answer 1; the responder's own does.
+        assert!(i2.clone().open(Some(&SyncMsg::More), &mine).is_err());
+        let answer1 = r2.seal(&a, Some(&SyncMsg::More)).unwrap();
+        i2.open(Some(&SyncMsg::More), &answer1).unwrap();
     }
 
     /// With a budget of one byte every message carries one record, so the session needs

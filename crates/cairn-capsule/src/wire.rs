@@ -30,12 +30,16 @@
 //! (stamps are kept in memory: after a responder restarts, a Hello captured less than five
 //! minutes before could start one more session), and a Hello that fails the signature or
 //! the stamp check does not touch the session open under that key. Every message of a
-//! session after it, both ways, is signed by its sender's server key as its next one of
-//! that session ([`crate::sync::SessionSeal`]): someone who sees the session number on the
-//! path cannot forge, replay or reorder a message, nor end the session early (which would
-//! move a replica's cursor); they can only drop messages, which fails the session. Sessions'
-//! memory is bounded ([`MAX_SYNC_SESSIONS`], [`MAX_SYNC_NAMES`]) whatever keys a peer makes
-//! up.
+//! session, both ways, is signed by its sender's server key as its next one of that
+//! session, and every one after the Hello also covers a random nonce the responder picks
+//! for the session ([`crate::sync::SessionSeal`]); the initiator syncs only with the
+//! server key its caller names ([`RemoteCapsule::sync_with`]). So someone who sees the
+//! session number on the path cannot forge, replay or reorder a message, replay an
+//! initiator's messages into a later session, nor end a session early (which would move a
+//! replica's cursor); they can only drop messages, which fails the session (dropping the
+//! last Done, or the answer to it, leaves one side finished and the other not: the next
+//! session finds what is left). Sessions' memory is bounded ([`MAX_SYNC_SESSIONS`],
+//! [`MAX_SYNC_NAMES`]) whatever keys a peer makes up.
 
 use std::net::ToSocketAddrs;
 use std::num::NonZeroUsize;
@@ -1315,6 +1319,9 @@ pub enum Response {
         msg: Option<SyncMsg>,
         /// The responder's signature.
         sig: Signature,
+        /// The responder's nonce for the session, which the initiator's later messages
+        /// cover.
+        nonce: u64,
     },
     /// A record's sealed body and its proof (the proof's first header is the record's),
     /// with the id its ack names.
@@ -1434,7 +1441,7 @@ impl Response {
                 e.u8(RESP_RECORD_AND_PROOF).varint(*proof_id).bytes(body);
                 proof.encode(e);
             }
-            Response::Sync { msg, sig } => {
+            Response::Sync { msg, sig, nonce } => {
                 e.u8(RESP_SYNC);
                 match msg {
                     None => {
@@ -1446,6 +1453,7 @@ impl Response {
                     }
                 }
                 sig.encode(e);
+                e.u64_le(*nonce);
             }
         }
     }
@@ -1521,6 +1529,7 @@ impl Response {
                     other => return Err(Error::decode(format!("bad sync flag {other}"))),
                 },
                 sig: Signature::decode(d)?,
+                nonce: d.u64_le()?,
             },
             other => return Err(Error::decode(format!("unknown response tag {other}"))),
         })
@@ -1854,7 +1863,9 @@ impl CapsuleService {
             // A Hello that is not the peer's own (or is a replay), or that the peer did not
             // sign for this session number, is refused before a session state is built
             // for it.
-            let mut seal = SessionSeal::responder(capsule, peer, server.public_key(), session);
+            let nonce = crate::server::random_session_number()?;
+            let mut seal =
+                SessionSeal::responder(capsule, peer, server.public_key(), session, nonce);
             seal.open(Some(&msg), sig)?;
             msg.check_hello(&peer, server)?;
             let mut fresh = SyncState::new(server, capsule, peer)?;
@@ -1889,6 +1900,7 @@ impl CapsuleService {
             return Ok(Response::Sync {
                 msg: out,
                 sig: out_sig,
+                nonce,
             });
         }
         // Only with the number its Hello carried: the same answer as no session, so a
@@ -1909,6 +1921,7 @@ impl CapsuleService {
         // A message the initiator did not sign as its next one is refused and leaves the
         // session as it was: someone who saw the session number cannot end it.
         open.seal.open(Some(&msg), sig)?;
+        let nonce = open.seal.nonce().unwrap_or(0);
         let out = open.state.handle(server, msg).and_then(|out| {
             let sig = open.seal.seal(server, out.as_ref())?;
             Ok((out, sig))
@@ -1946,7 +1959,7 @@ impl CapsuleService {
         drop(syncs);
         drop(open);
         let (msg, sig) = out?;
-        Ok(Response::Sync { msg, sig })
+        Ok(Response::Sync { msg, sig, nonce })
     }
 }
 
@@ -2394,7 +2407,8 @@ impl RemoteCapsule {
 
     /// Sends one anti-entropy message of session `session` (see [`Request::Sync`]) as the
     /// initiator `peer`, with its signature (see [`SessionSeal::seal`]); returns the
-    /// responder's answer and its signature, unchecked (see [`SessionSeal::open`]).
+    /// responder's answer, its signature and the nonce it came with, unchecked (see
+    /// [`SessionSeal::take_nonce`] and [`SessionSeal::open`]).
     pub fn sync_message(
         &mut self,
         capsule: &CapsuleName,
@@ -2402,7 +2416,7 @@ impl RemoteCapsule {
         session: u64,
         msg: SyncMsg,
         sig: Signature,
-    ) -> Result<(Option<SyncMsg>, Signature)> {
+    ) -> Result<(Option<SyncMsg>, Signature, u64)> {
         match self.call(&Request::Sync {
             capsule: *capsule,
             peer,
@@ -2410,19 +2424,28 @@ impl RemoteCapsule {
             msg,
             sig,
         })? {
-            Response::Sync { msg, sig } => Ok((msg, sig)),
+            Response::Sync { msg, sig, nonce } => Ok((msg, sig, nonce)),
             other => unexpected("sync", &other),
         }
     }
 
     /// Runs a whole anti-entropy session of `capsule` between `local` (the initiator) and
-    /// the remote server; returns the local side's report.
+    /// the remote server, the replica whose server key is `replica`; returns the local
+    /// side's report. The key is the caller's to know: the server's own claim
+    /// ([`RemoteCapsule::server_key`]) travels unauthenticated, so a server answering with
+    /// another key is refused ([`Error::Rejected`]) before anything is sent.
     pub fn sync_with(
         &mut self,
         local: &CapsuleServer,
         capsule: &CapsuleName,
+        replica: &PublicKey,
     ) -> Result<SyncReport> {
         let remote = self.server_key()?;
+        if remote != *replica {
+            return Err(Error::Rejected(format!(
+                "the server reached is {remote}, not the replica {replica} to sync with"
+            )));
+        }
         let me = local.public_key();
         let mut st = SyncState::new(local, *capsule, remote)?;
         let mut msg = st.start(local)?;
@@ -2430,11 +2453,18 @@ impl RemoteCapsule {
         let mut seal = SessionSeal::initiator(*capsule, me, remote, session);
         for _ in 0..MAX_STEPS {
             let sig = seal.seal(local, Some(&msg))?;
-            let (reply, sig) = self.sync_message(capsule, me, session, msg, sig)?;
+            let (reply, sig, nonce) = self.sync_message(capsule, me, session, msg, sig)?;
             // Every answer must be the responder's own, in order: a forged InSync or Done
             // would end the session (and move this side's cursor) early.
+            seal.take_nonce(nonce)?;
             seal.open(reply.as_ref(), &sig)?;
             let Some(reply) = reply else {
+                // The responder's side is over only after this side's (its Done).
+                if !st.is_finished() {
+                    return Err(Error::Rejected(
+                        "the responder ended the anti-entropy session before it was over".into(),
+                    ));
+                }
                 return Ok(st.report());
             };
             match st.handle(local, reply)? {
@@ -2834,6 +2864,7 @@ mod tests {
             Response::Sync {
                 msg: None,
                 sig: server.sign(b"n", b"o"),
+                nonce: u64::MAX,
             },
         ];
         for kind in [
@@ -2855,6 +2886,7 @@ mod tests {
         out.extend(sync_msgs().into_iter().map(|m| Response::Sync {
             sig: server.sign(b"m", &m.to_bytes()),
             msg: Some(m),
+            nonce: 3,
         }));
         out
     }
@@ -3301,10 +3333,13 @@ mod tests {
                     }
                 }
             ),
-            (proptest::option::of(arb_sync()), any::<u8>()).prop_map(|(msg, k)| Response::Sync {
-                msg,
-                sig: key(k).sign(b"r", &[k]),
-            }),
+            (proptest::option::of(arb_sync()), any::<u8>(), any::<u64>()).prop_map(
+                |(msg, k, nonce)| Response::Sync {
+                    msg,
+                    sig: key(k).sign(b"r", &[k]),
+                    nonce,
+                }
+            ),
             (
                 any::<u64>(),
                 proptest::collection::vec(any::<u8>(), 0..40),

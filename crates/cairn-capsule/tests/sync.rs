@@ -733,47 +733,53 @@ fn name_lists_travel_in_pages_when_reconciliation_gives_up() {
     assert!(again.quick_match, "{again:?}");
 }
 
-/// A Hello claiming a huge set does not buy coded symbols: the responder sends at most
-/// twice its own set (plus 64) and then its name list, however many times it is asked
-/// for more.
+/// A Hello's claimed set size does not buy coded symbols: however many times it is asked
+/// for more, the responder sends at most twice its own set (plus 64) and then its name
+/// list, whether the claim is huge (a large first batch) or its own size (small batches
+/// doubling up to the cap).
 #[test]
 fn a_claimed_count_does_not_buy_coded_symbols() {
-    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
-    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
-    let held = present(&b, &c).len();
-    let hello = hello_msg(
-        c,
-        u64::MAX,
-        a.sign_sync_hello(&c, &b.public_key(), &[0; 32], u64::MAX),
-    );
-    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
-    let mut reply = sb.handle(hello).unwrap();
-    let mut symbols = 0;
-    let names = loop {
-        match reply {
-            Some(SyncMsg::Symbols(batch)) => {
-                symbols += batch.len();
-                assert!(
-                    symbols <= 2 * held + 64,
-                    "{symbols} symbols for {held} names"
-                );
-                reply = sb.handle(SyncMsg::More).unwrap();
+    // 300 records, each signed: about 200 on B.
+    let placement: Vec<u8> = (0..300).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(300, 1, &placement, &[]);
+    let since = SyncState::new(&b, c, a.public_key()).unwrap().names();
+    assert!(since > 100, "{since}");
+    let cap = 2 * since + 64;
+    for count in [u64::MAX, since as u64, 0] {
+        let hello = hello_msg(
+            c,
+            count,
+            a.sign_sync_hello(&c, &b.public_key(), &[0; 32], count),
+        );
+        let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+        let mut reply = sb.handle(hello).unwrap();
+        let (mut symbols, mut batches) = (0, 0);
+        let names = loop {
+            match reply {
+                Some(SyncMsg::Symbols(batch)) => {
+                    symbols += batch.len();
+                    batches += 1;
+                    assert!(
+                        symbols <= cap,
+                        "{symbols} symbols, cap {cap} (count {count})"
+                    );
+                    reply = sb.handle(SyncMsg::More).unwrap();
+                }
+                Some(SyncMsg::Names { names, more }) => {
+                    assert!(!more);
+                    break names;
+                }
+                other => panic!("expected symbols or names, got {other:?}"),
             }
-            Some(SyncMsg::Names { names, more }) => {
-                assert!(!more);
-                break names;
-            }
-            other => panic!("expected symbols or names, got {other:?}"),
+        };
+        assert_eq!(names.len(), since);
+        assert!(sb.report().fallback);
+        if count == since as u64 {
+            assert!(batches > 2, "{batches} batches (count {count})");
         }
-    };
-    assert!(
-        !names.is_empty() && names.len() <= held,
-        "{} names",
-        names.len()
-    );
-    assert!(sb.report().fallback);
-    // Asked for more again, it refuses.
-    assert!(sb.handle(SyncMsg::More).is_err());
+        // Asked for more again, it refuses.
+        assert!(sb.handle(SyncMsg::More).is_err());
+    }
 }
 
 /// An initiator holding far more than the responder still converges when the responder

@@ -21,12 +21,13 @@ fn server(seed: u8) -> Arc<CapsuleServer> {
 }
 
 /// A sync request of session `session` from `k` (an initiator key, made up or not) to
-/// `responder`, signed as `k`'s `seq`-th message of the session.
+/// `responder`, signed as `k`'s `seq`-th message of the session under the responder's
+/// `nonce` (0 for the Hello).
 fn signed_sync(
     k: &SigningKey,
     responder: &cairn_core::PublicKey,
     capsule: CapsuleName,
-    session: u64,
+    (session, nonce): (u64, u64),
     seq: u64,
     msg: SyncMsg,
 ) -> Request {
@@ -35,6 +36,7 @@ fn signed_sync(
         &k.public(),
         responder,
         session,
+        nonce,
         false,
         seq,
         Some(&msg),
@@ -318,7 +320,7 @@ fn anti_entropy_over_tcp() {
         }
     }
     let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
-    let report = rc.sync_with(&local, &c).unwrap();
+    let report = rc.sync_with(&local, &c, &remote.public_key()).unwrap();
     assert!(!report.quick_match);
     assert_eq!(report.corrupt + report.unproven, 0);
     let names = |s: &CapsuleServer| -> BTreeSet<RecordName> {
@@ -328,7 +330,7 @@ fn anti_entropy_over_tcp() {
     assert_eq!(names(&local), all);
     assert_eq!(names(&remote), all);
     // The next session is a quick match, and the responder keeps no session after it.
-    let again = rc.sync_with(&local, &c).unwrap();
+    let again = rc.sync_with(&local, &c, &remote.public_key()).unwrap();
     assert!(again.quick_match, "{again:?}");
     // A sync message outside a session is refused; dispatch alone refuses sync.
     let peer = local.public_key();
@@ -389,7 +391,7 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
             at,
             sig: k.sign(server::DOMAIN_SYNC_HELLO, &msg),
         };
-        let req = signed_sync(&k, &responder, c, 7, 0, hello);
+        let req = signed_sync(&k, &responder, c, (7, 0), 0, hello);
         (k, req)
     };
     let is_ok = |r: &Response| matches!(r, Response::Sync { .. });
@@ -402,7 +404,14 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     // A third drops the least recently used (the first), whose next message is refused.
     assert!(is_ok(&svc.handle(hello().1)));
     assert_eq!(svc.open_syncs(), 2);
-    let more = svc.handle(signed_sync(&first_key, &responder, c, 7, 1, SyncMsg::More));
+    let more = svc.handle(signed_sync(
+        &first_key,
+        &responder,
+        c,
+        (7, 0),
+        1,
+        SyncMsg::More,
+    ));
     assert!(
         matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
         "{more:?}"
@@ -420,13 +429,18 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     let svc = CapsuleService::new(srv.clone()).with_max_sync_names(70);
     let ((quiet_key, quiet), (busy_key, busy)) = (hello(), hello());
     assert!(is_ok(&svc.handle(quiet)));
-    assert!(is_ok(&svc.handle(busy)));
+    let Response::Sync {
+        nonce: busy_nonce, ..
+    } = svc.handle(busy)
+    else {
+        panic!("the Hello is answered")
+    };
     assert_eq!(svc.open_syncs(), 2);
     let exchange = svc.handle(signed_sync(
         &busy_key,
         &responder,
         c,
-        7,
+        (7, busy_nonce),
         1,
         SyncMsg::Exchange {
             records: vec![],
@@ -438,7 +452,14 @@ fn sync_sessions_are_bounded_by_the_names_they_compare() {
     ));
     assert!(is_ok(&exchange), "{exchange:?}");
     assert_eq!(svc.open_syncs(), 1, "the quiet session gave room");
-    let more = svc.handle(signed_sync(&quiet_key, &responder, c, 7, 1, SyncMsg::More));
+    let more = svc.handle(signed_sync(
+        &quiet_key,
+        &responder,
+        c,
+        (7, 0),
+        1,
+        SyncMsg::More,
+    ));
     assert!(
         matches!(&more, Response::Error(e) if e.code == ErrorCode::NotFound),
         "{more:?}"
@@ -481,11 +502,14 @@ fn a_forged_hello_does_not_end_a_real_session() {
     let Response::Sync {
         msg: Some(SyncMsg::Symbols(first)),
         sig: answer_sig,
+        nonce,
     } = &real
     else {
         panic!("{real:?}")
     };
+    let nonce = *nonce;
     // The answer is the responder's own, as its first of this session.
+    seal.take_nonce(nonce).unwrap();
     seal.open(Some(&SyncMsg::Symbols(first.clone())), answer_sig)
         .unwrap();
     // The same (validly signed) Hello again: refused as a replay, and the session it
@@ -522,6 +546,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
     for wrong in [SyncMsg::Done, SyncMsg::More] {
         let mut guess = SessionSeal::initiator(c, a.public_key(), responder, 8);
         let _ = guess.seal(&a, None).unwrap();
+        guess.take_nonce(nonce).unwrap();
         let r = svc.handle(Request::Sync {
             capsule: c,
             peer: a.public_key(),
@@ -540,9 +565,24 @@ fn a_forged_hello_does_not_end_a_real_session() {
     // for a later place) is refused, and the session goes on.
     let more = SyncMsg::More;
     let stranger = SigningKey::from_seed(&[43; 32]);
-    let m = sync::sync_msg_message(&c, &a.public_key(), &responder, 7, false, 1, Some(&more));
+    let m = sync::sync_msg_message(
+        &c,
+        &a.public_key(),
+        &responder,
+        7,
+        nonce,
+        false,
+        1,
+        Some(&more),
+    );
     let mut other_session = SessionSeal::initiator(c, a.public_key(), responder, 9);
     let _ = other_session.seal(&a, None).unwrap();
+    other_session.take_nonce(nonce).unwrap();
+    // Right in all but the responder's nonce (as a message of an earlier session with the
+    // same number would be, replayed after the responder restarted).
+    let mut old_nonce = SessionSeal::initiator(c, a.public_key(), responder, 7);
+    let _ = old_nonce.seal(&a, None).unwrap();
+    old_nonce.take_nonce(nonce ^ 1).unwrap();
     let mut ahead = seal.clone();
     let _ = ahead.seal(&a, Some(&more)).unwrap();
     let Request::Sync { sig: hello_sig, .. } = &svc_hello_sig(&a, &c, &responder) else {
@@ -553,6 +593,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
         *hello_sig,
         other_session.seal(&a, Some(&more)).unwrap(),
         ahead.seal(&a, Some(&more)).unwrap(),
+        old_nonce.seal(&a, Some(&more)).unwrap(),
     ] {
         for msg in [SyncMsg::Done, SyncMsg::More] {
             let r = svc.handle(Request::Sync {
@@ -580,6 +621,7 @@ fn a_forged_hello_does_not_end_a_real_session() {
     let Response::Sync {
         msg: Some(SyncMsg::Symbols(batch)),
         sig,
+        ..
     } = &next
     else {
         panic!("{next:?}")
@@ -604,10 +646,11 @@ fn a_forged_hello_does_not_end_a_real_session() {
     assert_eq!(svc.open_syncs(), 1);
 }
 
-/// The initiator takes only answers the responder signed as its next one of the session:
-/// someone on the path who answers a Hello with a made-up InSync, or a later message with
-/// an earlier answer, ends the session with an error (and moves no cursor) instead of
-/// having it end "in sync".
+/// The initiator takes only answers the responder signed as its next one of the session,
+/// from the replica it meant to reach: someone on the path who answers a Hello with a
+/// made-up InSync (signed by a stranger, or with the stranger's key passed off as the
+/// server's), or a later message with an earlier answer, ends the session with an error
+/// and moves no cursor, instead of having it end "in sync".
 #[test]
 fn the_initiator_refuses_answers_the_responder_did_not_sign_in_order() {
     let local = server(1);
@@ -628,60 +671,90 @@ fn the_initiator_refuses_answers_the_responder_did_not_sign_in_order() {
     }
     let stranger = SigningKey::from_seed(&[77; 32]);
     let (initiator, responder) = (local.public_key(), remote.public_key());
-    // What an attacker on the path answers in place of the responder's `k`-th answer.
-    type Forge = dyn Fn(u64, u64, &[u8]) -> Option<Vec<u8>> + Send + Sync;
+    // What an attacker on the path answers in place of the server's answer to `req`, the
+    // `k`-th sync message of the session when it is one (the first answer given).
+    type Forge = dyn Fn(&Request, u64, &[u8]) -> Option<Vec<u8>> + Send + Sync;
     let run = |forge: Arc<Forge>| {
         let svc = Arc::new(CapsuleService::new(remote.clone()));
         let seen = Arc::new(std::sync::Mutex::new((0u64, Vec::<Vec<u8>>::new())));
         let h = cairn_net::serve(
             "127.0.0.1:0",
             cairn_capsule::wire::server_config(),
-            move |req: &[u8]| {
-                let real = svc.handle_bytes(req);
-                let Ok(Request::Sync { session, .. }) = Request::from_bytes(req) else {
+            move |bytes: &[u8]| {
+                let real = svc.handle_bytes(bytes);
+                let Ok(req) = Request::from_bytes(bytes) else {
                     return real;
                 };
                 let mut seen = seen.lock().unwrap();
                 let k = seen.0;
-                seen.0 += 1;
-                seen.1.push(real.clone());
-                forge(k, session, &seen.1[0]).unwrap_or(real)
+                if matches!(req, Request::Sync { .. }) {
+                    seen.0 += 1;
+                    seen.1.push(real.clone());
+                }
+                let first = seen.1.first().cloned().unwrap_or_default();
+                forge(&req, k, &first).unwrap_or(real)
             },
         )
         .unwrap();
         let mut rc = RemoteCapsule::connect(h.local_addr()).unwrap();
-        rc.sync_with(&local, &c)
+        rc.sync_with(&local, &c, &responder)
     };
-    // A made-up InSync for the Hello, signed by a stranger as the responder's first answer.
-    let in_sync = Arc::new(move |k: u64, session: u64, _: &[u8]| {
-        (k == 0).then(|| {
-            let m = sync::sync_msg_message(
-                &c,
-                &initiator,
-                &responder,
-                session,
-                true,
-                0,
-                Some(&SyncMsg::InSync),
-            );
+    // What the next session with the remote compares: all of local's records until a
+    // session finishes.
+    let compared = || local.since_last_sync(&c, &responder).unwrap().0.len();
+    assert_eq!(compared(), 10);
+    // A made-up InSync for the Hello, signed by the stranger as the responder's first
+    // answer.
+    let stranger_key = stranger.public();
+    let made_up_in_sync = Arc::new(move |req: &Request| {
+        let Request::Sync { session, .. } = req else {
+            return None;
+        };
+        let m = sync::sync_msg_message(
+            &c,
+            &initiator,
+            &stranger.public(),
+            *session,
+            5,
+            true,
+            0,
+            Some(&SyncMsg::InSync),
+        );
+        Some(
             Response::Sync {
                 msg: Some(SyncMsg::InSync),
                 sig: stranger.sign(server::DOMAIN_SYNC_MSG, &m),
+                nonce: 5,
             }
-            .to_bytes()
-        })
+            .to_bytes(),
+        )
     });
+    let forge = made_up_in_sync.clone();
+    let in_sync = Arc::new(move |req: &Request, _: u64, _: &[u8]| forge(req));
     let e = run(in_sync).unwrap_err();
     assert!(matches!(e, Error::Rejected(_)), "{e}");
+    // The same, with the stranger's key given as the server's: refused before the Hello.
+    let posing = Arc::new(move |req: &Request, _: u64, _: &[u8]| match req {
+        Request::ServerKey => Some(Response::ServerKey(stranger_key).to_bytes()),
+        _ => made_up_in_sync(req),
+    });
+    let e = run(posing).unwrap_err();
+    assert!(
+        matches!(&e, Error::Rejected(m) if m.contains("not the replica")),
+        "{e}"
+    );
     // The responder's first answer again, as its second.
-    let replay = Arc::new(|k: u64, _: u64, first: &[u8]| (k == 1).then(|| first.to_vec()));
+    let replay = Arc::new(|req: &Request, k: u64, first: &[u8]| {
+        (matches!(req, Request::Sync { .. }) && k == 1).then(|| first.to_vec())
+    });
     let e = run(replay).unwrap_err();
     assert!(matches!(e, Error::Rejected(_)), "{e}");
-    // Nothing was taken as in sync: an honest session still moves every record.
+    // No session finished on this side: the next one still compares everything.
+    assert_eq!(compared(), 10);
     let h = serve_tcp(remote.clone(), "127.0.0.1:0").unwrap();
     let report = RemoteCapsule::connect(h.local_addr())
         .unwrap()
-        .sync_with(&local, &c)
+        .sync_with(&local, &c, &responder)
         .unwrap();
     assert!(!report.quick_match, "{report:?}");
     assert_eq!(local.with_dag(&c, |d| d.order().len()).unwrap(), 20);
