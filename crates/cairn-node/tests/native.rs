@@ -161,6 +161,55 @@ async fn buckets_written_elsewhere_are_not_taken_over() {
     s.stop().await;
 }
 
+/// A create that stopped between its capsule and its registry entry (a crash) does not
+/// leave the name taken for good: the same create sent again finishes it, and a create
+/// with other settings is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_interrupted_before_its_registry_entry_is_finished_by_a_retry() {
+    use cairn_node::native::buckets::{OPEN, OWNER_SETTING};
+    let s = Server::start(1 << 20).await;
+    let owner = SigningKey::from_seed(&[31; 32]);
+    let other = SigningKey::from_seed(&[32; 32]);
+    // What the first commit of each create leaves: the capsule, no registry entry.
+    let node = s.node.clone();
+    let owner_key = owner.public().to_string();
+    tokio::task::spawn_blocking(move || {
+        node.create_bucket("half", None, &[(OWNER_SETTING, owner_key)])
+            .unwrap();
+        node.create_bucket("half-open", None, &[(OWNER_SETTING, OPEN.to_string())])
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let (st, e) = s.get_json("/v1/buckets/half").await;
+    assert_eq!(st, 404, "{e}");
+    // Other settings: another owner, an open bucket, another leaf size.
+    let (st, e) = s.create_owned(&other, "half").await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let body = json!({ "name": "half" }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let body = json!({ "name": "half-open", "leaf_size": 8192 }).to_string();
+    let (st, e) = s.send(Method::POST, "/v1/buckets", &[JSON], body).await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    // The same create again finishes it, and the bucket works.
+    let (st, v) = s.create_owned(&owner, "half").await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["owner"], json!(owner.public().to_string()), "{v}");
+    let v = s.open_bucket("half-open").await;
+    assert!(v["owner"].is_null(), "{v}");
+    let (st, v) = s
+        .send(Method::PUT, "/v1/buckets/half-open/objects/k", &[], "w")
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let (st, e) = s.create_owned(&owner, "half").await;
+    assert_eq!((st, kind(&e)), (409, "already_exists"), "{e}");
+    let (st, list) = s.get_json("/v1/buckets").await;
+    assert_eq!(st, 200);
+    assert_eq!(list["buckets"].as_array().unwrap().len(), 2, "{list}");
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blobs_stream_with_ranges_and_etags() {
     let s = Server::start(1 << 20).await;

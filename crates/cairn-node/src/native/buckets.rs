@@ -241,22 +241,26 @@ pub async fn create(
     // create nothing take no place in the replay table (concurrent creates of one free
     // name each took one, and filled the table's owner keys cheaply).
     let _one_at_a_time = native.create.lock().await;
-    let probe = (node.clone(), req.name.clone());
-    blocking(move || {
-        let (node, name) = probe;
+    let probe = (node.clone(), req.name.clone(), owner, req.leaf_size);
+    let interrupted = blocking(move || {
+        let (node, name, owner, leaf_size) = probe;
         if entry(&node, &name)?.is_some() {
             return Err(Error::AlreadyExists(format!("bucket {name:?}")).into());
         }
         // The native API must not take over a bucket another front door (the CLI)
         // wrote.
         let b = Bucket::open(node.db_for(&name)?, node.capsules.clone(), None)?;
-        if b.capsule().is_some() || !b.db().list_keys_page(None, 1)?.0.is_empty() {
-            return Err(Error::AlreadyExists(format!(
+        let keys = !b.db().list_keys_page(None, 1)?.0.is_empty();
+        match b.metadata() {
+            None if !keys => Ok(false),
+            // A create of these very settings stopped (a crash) between its capsule and
+            // its registry entry: this one finishes it, or the name would stay taken.
+            Some(meta) if !keys && left_by_create(&node, &name, meta, owner, leaf_size) => Ok(true),
+            _ => Err(Error::AlreadyExists(format!(
                 "bucket {name:?} holds data written outside the native API"
             ))
-            .into());
+            .into()),
         }
-        Ok(())
     })
     .await?;
     if let Some(owner) = &owner {
@@ -289,7 +293,11 @@ pub async fn create(
         // The capsule first, with the owner in its metadata, then the registry entry that
         // makes the bucket visible here.
         let owner_setting = owner.map_or_else(|| OPEN.to_string(), |k| k.to_string());
-        let bucket = node.create_bucket(&name, leaf_size, &[(OWNER_SETTING, owner_setting)])?;
+        let bucket = if interrupted {
+            node.bucket(&name)?
+        } else {
+            node.create_bucket(&name, leaf_size, &[(OWNER_SETTING, owner_setting)])?
+        };
         node.store.commit(&[RefUpdate::Set {
             name: registry_ref(&name),
             value: entry.encode(),
@@ -298,6 +306,27 @@ pub async fn create(
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+/// Whether `meta` is the capsule a native create of bucket `name` with `owner` and
+/// `leaf_size` makes on this node (written by the node's key, with exactly those
+/// settings), so a create that stopped before its registry entry can be finished by the
+/// same request sent again.
+fn left_by_create(
+    node: &Node,
+    name: &str,
+    meta: &cairn_capsule::CapsuleMetadata,
+    owner: Option<PublicKey>,
+    leaf_size: Option<u64>,
+) -> bool {
+    let leaf_size = leaf_size.unwrap_or(node.config.leaf_size).to_string();
+    let owner = owner.map_or_else(|| OPEN.to_string(), |k| k.to_string());
+    let setting = |k: &str| meta.settings.get(k).map(String::as_str);
+    meta.writers == [node.public_key()]
+        && meta.settings.len() == 3
+        && setting(cairn_capsule::bucket::BUCKET_SETTING) == Some(name)
+        && setting(cairn_capsule::bucket::LEAF_SIZE_SETTING) == Some(leaf_size.as_str())
+        && setting(OWNER_SETTING) == Some(owner.as_str())
 }
 
 /// `GET /v1/buckets`: every bucket of the native API.
