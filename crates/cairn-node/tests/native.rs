@@ -536,6 +536,25 @@ async fn typed_values_in_text_and_json() {
         s.get_json("/v1/buckets/t/objects/m").await.1,
         json!({"a": "1=2", "n": "new"})
     );
+    // A key named twice (which value is meant depends on the parser) is refused, as a
+    // patch and as a whole map, and nothing changes.
+    for (method, body) in [
+        (
+            Method::PATCH,
+            r#"{"op": "update", "set": {"n": "x", "n": "y"}}"#,
+        ),
+        (Method::PUT, r#"{"n": "x", "n": "y"}"#),
+    ] {
+        let (st, e) = s
+            .send(method, "/v1/buckets/t/objects/m", &[JSON], body)
+            .await;
+        assert_eq!((st, kind(&e)), (400, "invalid_input"), "{e}");
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+    assert_eq!(
+        s.get_json("/v1/buckets/t/objects/m").await.1,
+        json!({"a": "1=2", "n": "new"})
+    );
     let (st, _) = patch("se", json!({"op": "update", "add": ["c"], "remove": ["a"]})).await;
     assert_eq!(st, 200);
     assert_eq!(text("se").await.1, "b\nc\n");

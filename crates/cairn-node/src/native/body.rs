@@ -384,13 +384,17 @@ pub fn json_elements(body: &[u8]) -> usize {
 }
 
 /// Parses a buffered JSON body into `T`: refused (400) with too many elements (counted
-/// before the parse allocates; see [`check_elements`]) or when it does not parse, the
-/// parser's message after `what`.
+/// before the parse allocates; see [`check_elements`]), with an object naming a key twice,
+/// or when it does not parse, the parser's message after `what`.
 pub fn parse_bounded_json<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     what: &str,
 ) -> ApiResult<T> {
     check_elements(json_elements(bytes))?;
+    // Derived structs refuse a field twice; a free-form value inside (a map's `set`) would
+    // keep the last of two keys.
+    super::values::check_unique_keys(bytes)
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 

@@ -105,8 +105,85 @@ fn json_map(v: &Json) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
     Ok(m)
 }
 
+/// Refuses JSON with an object that names a key twice (which value is meant depends on
+/// the parser: serde_json keeps the last, others the first), or that does not parse.
+pub fn check_unique_keys(body: &[u8]) -> Result<()> {
+    serde_json::from_slice::<UniqueKeys>(body)
+        .map(|_| ())
+        .map_err(|e| Error::invalid(format!("the body is not JSON with unique keys: {e}")))
+}
+
+/// A JSON value walked for [`check_unique_keys`], holding nothing.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if !seen.insert(k) {
+                return Err(serde::de::Error::custom(
+                    "an object names one key twice".to_string(),
+                ));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
+}
+
 /// Parses a JSON body as a value of type `ty` (inferred when `None`, see the module doc).
+/// An object naming a key twice is refused.
 pub fn parse_json(ty: Option<ValueType>, body: &[u8]) -> Result<NewValue> {
+    check_unique_keys(body)?;
     let v: Json = serde_json::from_slice(body)
         .map_err(|e| Error::invalid(format!("the body is not JSON: {e}")))?;
     let ty = match ty {
@@ -351,6 +428,16 @@ mod tests {
         assert!(parse_json(Some(ValueType::Blob), br#""x""#).is_err());
         assert!(parse_json(Some(ValueType::List), br#"[1]"#).is_err());
         assert!(parse_json(None, b"{").is_err());
+        // A key twice, at the top or nested, is refused; the same key in two objects not.
+        for twice in [
+            &br#"{"a":"1","a":"2"}"#[..],
+            br#"{"a":"1","b":{"c":1,"c":1}}"#,
+            br#"[{"x":1},{"y":[{"k":"1","k":"2"}]}]"#,
+        ] {
+            let e = parse_json(None, twice).unwrap_err();
+            assert!(e.to_string().contains("one key twice"), "{e}");
+        }
+        assert!(check_unique_keys(br#"[{"a":1},{"a":2,"b":null,"c":true,"d":-1.5}]"#).is_ok());
     }
 
     #[test]
