@@ -374,7 +374,8 @@ async fn auth_failures_store_nothing() {
     // hubUrl is checked only when required.
     let gaia = GaiaConfig {
         require_correct_hub_url: true,
-        valid_hub_urls: vec!["http://hub.example".into()],
+        // Configured with a trailing `/`, compared without it (as the claim is).
+        valid_hub_urls: vec!["http://hub.example/".into()],
         ..GaiaConfig::default()
     };
     let hub = Hub::with(1 << 20, 256, gaia).await;
@@ -386,11 +387,26 @@ async fn auth_failures_store_nothing() {
     assert_eq!(st, 401, "{v}");
     assert!(v["message"].as_str().unwrap().contains("claimed hub url"));
     assert_eq!(hub.read(&a, "f").await.0, 404);
-    for ok in ["http://hub.example/", "https://gaia-0"] {
+    for ok in [
+        "http://hub.example/",
+        "http://hub.example",
+        "https://gaia-0",
+    ] {
         p["hubUrl"] = json!(ok);
         let (st, v) = hub.store(&owner.bearer_with(&p), &a, "f", b"x", &[]).await;
         assert_eq!(st, 202, "{ok}: {v}");
     }
+    // A legacy token names no hub: refused where a claimed hub is required (it would
+    // write on every hub of the same server name, for ever).
+    let legacy =
+        owner.legacy_bearer(r#"["gaiahub","0","gaia-0","blockstack_storage_please_sign"]"#);
+    let (st, v) = hub.store(&legacy, &a, "g", b"x", &[]).await;
+    assert_eq!((st, err_name(&v)), (401, "ValidationError"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("legacy tokens"),
+        "{v}"
+    );
+    assert_eq!(hub.read(&a, "g").await.0, 404);
 
     // A whitelist admits only its signers (an association token's issuer is the signer).
     let gaia = GaiaConfig {

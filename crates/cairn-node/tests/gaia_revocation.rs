@@ -168,6 +168,50 @@ async fn start_slow_store(
     (tx, slow)
 }
 
+/// A token limited by scopes (an archival-only backup, a collaborator's prefix) may not
+/// revoke the address's other tokens; a revocation that moves nothing is answered as
+/// before and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_token_cannot_revoke_all() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(35);
+    let a = k.address();
+    let t = now() as i64;
+    for scopes in [
+        json!([{"scope": "putFileArchivalPrefix", "domain": "arch/"}]),
+        json!([{"scope": "putFilePrefix", "domain": "shared/"}]),
+        json!([{"scope": "deleteFile", "domain": "x"}]),
+    ] {
+        let mut p = k.payload();
+        p["iat"] = json!(t);
+        p["scopes"] = scopes.clone();
+        let (st, v) = revoke(&hub, &a, &k.bearer_with(&p), json!(t + 100)).await;
+        assert_eq!(
+            (st, err_name(&v)),
+            (401, "ValidationError"),
+            "{scopes}: {v}"
+        );
+        let msg = v["message"].as_str().unwrap();
+        assert!(msg.contains("without scopes"), "{msg}");
+    }
+    assert_eq!(revocation_time(&hub, &a).await, None);
+    let owner = token_at(&k, t);
+    assert_eq!(revoke(&hub, &a, &owner, json!(t)).await.0, 202);
+    assert_eq!(revocation_time(&hub, &a).await, Some(t));
+    for ts in [json!(t), json!(t - 50)] {
+        assert_eq!(revoke(&hub, &a, &owner, ts).await.0, 202);
+    }
+    assert_eq!(revocation_time(&hub, &a).await, Some(t));
+    // A token revoked by that time is still refused, even for a time that moves nothing.
+    let old = token_at(&k, t - 100);
+    let (st, v) = revoke(&hub, &a, &old, json!(t - 50)).await;
+    assert_eq!(
+        (st, err_name(&v)),
+        (401, "AuthTokenTimestampValidationError"),
+        "{v}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_revoked_while_its_body_arrives_stores_nothing() {
     let hub = Hub::start(1 << 20).await;

@@ -78,6 +78,15 @@ fn matches(prefixes: &[String], paths: &[String], path: &str) -> bool {
 }
 
 impl Scopes {
+    /// True when the token carries no scope at all (it may do anything for its address).
+    pub fn is_unscoped(&self) -> bool {
+        self.write_prefixes.is_empty()
+            && self.write_paths.is_empty()
+            && self.delete_prefixes.is_empty()
+            && self.delete_paths.is_empty()
+            && !self.archival_restricted()
+    }
+
     /// True when the token carries archival scopes (it may then only write those paths,
     /// and its listings hide `.history.` files).
     pub fn archival_restricted(&self) -> bool {
@@ -382,6 +391,13 @@ pub fn authenticate(
     let part = header.get("bearer ".len()..).unwrap_or("");
     let challenges = accepted_challenges(&settings.server_name);
     match part.find(':') {
+        // A legacy token names no hub: where tokens must claim this one, it is refused (it
+        // would otherwise write on every hub sharing this one's server name, for ever).
+        None if settings.require_correct_hub_url => Err(AuthError::v(
+            "Authentication must provide a claimed hub: legacy tokens (without a hubUrl) are \
+             not accepted where require_correct_hub_url is set. You may need to update \
+             stacks.js.",
+        )),
         None => legacy(part, address, &challenges),
         Some(i) if &part[..i] == "v1" => v1(&part[i + 1..], address, settings, &challenges, now),
         Some(i) => Err(AuthError::v(format!(
@@ -479,7 +495,11 @@ fn v1(
         if !valid.contains(&own) {
             valid.push(own);
         }
-        if !valid.iter().any(|u| u == claimed) {
+        // Configured URLs are compared without a trailing `/`, as the claim is.
+        if !valid
+            .iter()
+            .any(|u| u.strip_suffix('/').unwrap_or(u) == claimed)
+        {
             return Err(AuthError::v(format!(
                 "Auth token's claimed hub url '{claimed}' not found in this hubs set: {}",
                 serde_json::to_string(&valid).unwrap_or_default()
