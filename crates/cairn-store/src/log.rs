@@ -63,8 +63,10 @@
 //!
 //! # Recovery (open)
 //!
-//! 1. Take the lock, read (or create) the manifest, delete leftover `*.tmp` files and hints
-//!    of missing segments.
+//! 1. Take the lock, read (or create) the manifest, then delete the temporary files this
+//!    store's atomic writes left (`MANIFEST.tmp`, `refs.tmp`, `refs-copy.tmp`,
+//!    `seg-NNNNNN.tmp`; no other name) and hints of missing segments. A commit sequence
+//!    number read within 2^40 of `u64::MAX` is refused as not this store's.
 //! 2. Read `refs.snap` (if any; its copy `refs-copy.snap` when it is damaged or missing).
 //! 3. Sealed segments: load the hint file, or scan the records. A hint is written when a
 //!    segment is sealed, with the commit payloads read back and checked against their
@@ -862,6 +864,20 @@ pub struct CommitCounters {
     pub sync_micros: u64,
 }
 
+/// Whether `name` is a temporary file this store writes ([`format::write_atomic`] of the
+/// manifest, the refs snapshot or its copy, or a hint).
+fn is_own_tmp(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".tmp") else {
+        return false;
+    };
+    let own =
+        |file: &str| std::path::Path::new(file).with_extension("") == std::path::Path::new(stem);
+    own(format::MANIFEST)
+        || own(format::REFS_SNAP)
+        || own(format::REFS_SNAP_COPY)
+        || format::parse_segment_name(name, ".tmp").is_some()
+}
+
 fn garbage_heavy(data: u64, live: u64) -> bool {
     data == 0 || (data > live && (data - live) * 2 >= data)
 }
@@ -935,6 +951,7 @@ impl LogStore {
         // Directory listing.
         let mut seg_ids = Vec::new();
         let mut hint_ids = Vec::new();
+        let mut leftovers = Vec::new();
         for entry in fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
             let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
             let name = entry.file_name();
@@ -943,13 +960,8 @@ impl LogStore {
                 seg_ids.push(id);
             } else if let Some(id) = format::parse_segment_name(name, ".hint") {
                 hint_ids.push(id);
-            } else if name.ends_with(".tmp") {
-                let p = entry.path();
-                match fs::remove_file(&p) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::io(format!("removing {}", p.display()), e)),
-                }
+            } else if is_own_tmp(name) {
+                leftovers.push(entry.path());
             }
         }
         seg_ids.sort_unstable();
@@ -970,6 +982,15 @@ impl LogStore {
             }
             Err(e) => return Err(Error::io(format!("reading {}", mpath.display()), e)),
         };
+        // Files an interrupted atomic write left (only this store's names, and only once
+        // the manifest says the directory is a store: a mistyped path deletes nothing).
+        for p in leftovers {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", p.display()), e)),
+            }
+        }
         // Hints of missing segments go, and so does a hint of the last segment: it is the
         // active one, and a hint is only for sealed ones (a roll whose next segment could
         // not be made leaves one behind, which could hide damage the segment holds).
@@ -1233,6 +1254,15 @@ impl LogStore {
             })
             .map(|(cid, _, _)| cid)
             .collect();
+        // Sequence numbers grow by one a commit: one read this close to the end was not
+        // written by this store (a crafted or damaged file whose CRC happens to hold).
+        if max_seq >= u64::MAX - (1 << 40) {
+            return Err(Error::corrupt(format!(
+                "store {}: commit sequence number {max_seq} is near its limit; the refs \
+                 snapshot or a commit record was not written by this store",
+                dir.display()
+            )));
+        }
         let cap = opts.write_buffer.max(4096);
         let failed = Arc::new(Mutex::new(None));
         let failed_flag = Arc::new(AtomicBool::new(false));
@@ -1552,6 +1582,8 @@ impl LogStore {
 
     /// Reads and verifies the chunk `cid` stored at `loc` of `seg`.
     fn read_chunk(&self, cid: &Cid, seg: &Segment, loc: Loc) -> Result<Bytes> {
+        // (Every failure to read is taken as damage, an I/O error too: the chunk is then
+        // written anew by its next put, which costs a copy if the disk only hiccuped.)
         let where_ = || format!("{} at offset {}", seg.path.display(), loc.off);
         let frame = self
             .read_frame(seg, loc)
@@ -2191,107 +2223,126 @@ impl ChunkStore for LogStore {
         }
         let mut written = 0u64;
         let mut unsafe_to_delete = BTreeSet::new();
-        // First the live chunks: copied to the active segment, or, when one cannot be read,
-        // left in place with the whole segment (for reads to report).
-        for (s, sealed) in &cands {
-            if !sealed.damage.is_empty() {
-                // Leave damaged segments in place, for inspection.
-                unsafe_to_delete.insert(s.id);
-            }
-            for r in sealed.records.iter().filter(|r| r.kind == KIND_CHUNK) {
-                let loc = Loc {
-                    seg: s.id,
-                    off: r.off,
-                    len: r.len,
-                };
-                if self.index.get(&r.cid) != Some(loc) {
-                    continue;
+        // Each live chunk copied: its cid, where it was and where its copy went.
+        let mut copied: Vec<(Cid, Loc, Loc)> = Vec::new();
+        let copy_phase = (|| -> Result<()> {
+            // First the live chunks: copied to the active segment, or, when one cannot be read,
+            // left in place with the whole segment (for reads to report).
+            for (s, sealed) in &cands {
+                if !sealed.damage.is_empty() {
+                    // Leave damaged segments in place, for inspection.
+                    unsafe_to_delete.insert(s.id);
                 }
-                let chunk = match self.read_chunk(&r.cid, s, loc) {
-                    Ok(c) => c,
-                    Err(Error::Corrupt(_)) => {
-                        self.mark_damaged(&r.cid);
-                        unsafe_to_delete.insert(s.id);
+                for r in sealed.records.iter().filter(|r| r.kind == KIND_CHUNK) {
+                    let loc = Loc {
+                        seg: s.id,
+                        off: r.off,
+                        len: r.len,
+                    };
+                    if self.index.get(&r.cid) != Some(loc) {
                         continue;
                     }
-                    Err(e) => return Err(e),
-                };
-                let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
-                let mut w = self.writer.lock();
-                // A store that failed meanwhile takes no more writes, copies included.
-                self.check_failed()?;
-                if self.index.get(&r.cid) != Some(loc) {
-                    continue;
-                }
-                let new = w.append(&header, KIND_CHUNK, r.cid, &chunk);
-                self.index.insert(r.cid, new);
-                written += new.frame_len();
-                self.after_append(&mut w)?;
-            }
-        }
-        // Then the tombstones: a tombstone is copied when a segment that stays (one not
-        // compacted, or a candidate left in place above) holds an earlier record of its
-        // chunk, which the tombstone must keep removed at the next open.
-        let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
-        for (s, sealed) in cands
-            .iter()
-            .filter(|(s, _)| unsafe_to_delete.contains(&s.id))
-        {
-            kept_cids.insert(s.id, chunk_cids(&sealed.records));
-        }
-        let mut stays: Vec<u32> = keep
-            .iter()
-            .map(|k| k.id)
-            .chain(unsafe_to_delete.iter().copied())
-            .collect();
-        stays.sort_unstable();
-        for (s, sealed) in &cands {
-            for r in sealed.records.iter().filter(|r| r.kind != KIND_CHUNK) {
-                if self.index.contains(&r.cid) {
-                    continue;
-                }
-                let mut needed = false;
-                for &id in stays.iter().filter(|&&id| id < s.id) {
-                    let set = match kept_cids.entry(id) {
-                        btree_map::Entry::Occupied(e) => e.into_mut(),
-                        btree_map::Entry::Vacant(v) => {
-                            // `stays` names only kept segments and candidates, whose sets
-                            // were loaded above.
-                            let Some(k) = keep.iter().find(|k| k.id == id) else {
-                                continue;
-                            };
-                            v.insert(chunk_cids(&self.sealed_records(k)?.records))
+                    let chunk = match self.read_chunk(&r.cid, s, loc) {
+                        Ok(c) => c,
+                        Err(Error::Corrupt(_)) => {
+                            self.mark_damaged(&r.cid);
+                            unsafe_to_delete.insert(s.id);
+                            continue;
                         }
+                        Err(e) => return Err(e),
                     };
-                    if set.contains(&r.cid) {
-                        needed = true;
-                        break;
+                    let header = format::frame_header(KIND_CHUNK, &r.cid, &chunk);
+                    let mut w = self.writer.lock();
+                    // A store that failed meanwhile takes no more writes, copies included.
+                    self.check_failed()?;
+                    if self.index.get(&r.cid) != Some(loc) {
+                        continue;
                     }
+                    let new = w.append(&header, KIND_CHUNK, r.cid, &chunk);
+                    self.index.insert(r.cid, new);
+                    copied.push((r.cid, loc, new));
+                    written += new.frame_len();
+                    self.after_append(&mut w)?;
                 }
-                if !needed {
-                    continue;
-                }
-                let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
-                let mut w = self.writer.lock();
-                self.check_failed()?;
-                if self.index.contains(&r.cid) {
-                    continue;
-                }
-                w.append(&header, KIND_TOMBSTONE, r.cid, &[]);
-                written += FRAME_HEADER_LEN as u64;
-                self.after_append(&mut w)?;
             }
-        }
-        // The copies must be durable before the originals go, and out of the last group,
-        // which recovery cuts at its first damaged record as a torn write: a refs.snap
-        // covering the sync's marker (applied when `sync` returns) puts them in the
-        // durable region, where damage loses only the damaged record.
-        self.sync()?;
-        let seq = self.refs.read().seq;
-        if !self.snapshot_covers(seq)? {
-            return Err(Error::invalid(
-                "compaction: the refs snapshot does not cover the copies' sync",
-            ));
+            // Then the tombstones: a tombstone is copied when a segment that stays (one not
+            // compacted, or a candidate left in place above) holds an earlier record of its
+            // chunk, which the tombstone must keep removed at the next open.
+            let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
+            for (s, sealed) in cands
+                .iter()
+                .filter(|(s, _)| unsafe_to_delete.contains(&s.id))
+            {
+                kept_cids.insert(s.id, chunk_cids(&sealed.records));
+            }
+            let mut stays: Vec<u32> = keep
+                .iter()
+                .map(|k| k.id)
+                .chain(unsafe_to_delete.iter().copied())
+                .collect();
+            stays.sort_unstable();
+            for (s, sealed) in &cands {
+                for r in sealed.records.iter().filter(|r| r.kind != KIND_CHUNK) {
+                    if self.index.contains(&r.cid) {
+                        continue;
+                    }
+                    let mut needed = false;
+                    for &id in stays.iter().filter(|&&id| id < s.id) {
+                        let set = match kept_cids.entry(id) {
+                            btree_map::Entry::Occupied(e) => e.into_mut(),
+                            btree_map::Entry::Vacant(v) => {
+                                // `stays` names only kept segments and candidates, whose sets
+                                // were loaded above.
+                                let Some(k) = keep.iter().find(|k| k.id == id) else {
+                                    continue;
+                                };
+                                v.insert(chunk_cids(&self.sealed_records(k)?.records))
+                            }
+                        };
+                        if set.contains(&r.cid) {
+                            needed = true;
+                            break;
+                        }
+                    }
+                    if !needed {
+                        continue;
+                    }
+                    let header = format::frame_header(KIND_TOMBSTONE, &r.cid, &[]);
+                    let mut w = self.writer.lock();
+                    self.check_failed()?;
+                    if self.index.contains(&r.cid) {
+                        continue;
+                    }
+                    w.append(&header, KIND_TOMBSTONE, r.cid, &[]);
+                    written += FRAME_HEADER_LEN as u64;
+                    self.after_append(&mut w)?;
+                }
+            }
+            // The copies must be durable before the originals go, and out of the last group,
+            // which recovery cuts at its first damaged record as a torn write: a refs.snap
+            // covering the sync's marker (applied when `sync` returns) puts them in the
+            // durable region, where damage loses only the damaged record.
+            self.sync()?;
+            let seq = self.refs.read().seq;
+            if !self.snapshot_covers(seq)? {
+                return Err(Error::invalid(
+                    "compaction: the refs snapshot does not cover the copies' sync",
+                ));
+            }
+            Ok(())
+        })();
+        if let Err(e) = copy_phase {
+            // A failed write or sync cut the copies still in the buffer or past the last
+            // sync; the originals are all still in place (nothing is deleted before this
+            // point): reads go back to them instead of failing on the vanished copies.
+            let mut damaged = self.damaged.lock();
+            for (cid, old, new) in &copied {
+                if self.index.get(cid) == Some(*new) {
+                    self.index.insert(*cid, *old);
+                    damaged.remove(cid);
+                }
+            }
+            return Err(e);
         }
         // Oldest first, each removal durable before the next: unlinks are not ordered
         // otherwise, and a crash that kept an older segment but lost a newer one could

@@ -990,3 +990,87 @@ fn a_rotted_covered_commit_does_not_cut_the_commits_after_it() {
     );
     assert!(!s.recovery().damage.is_empty());
 }
+
+/// A compaction whose copies' sync fails (a full or failing disk) leaves the store failed
+/// for writes, but reads go on: every live chunk it had copied is read from its original,
+/// still in place, not looked for in a copy the failure cut away (which read as corrupt
+/// and made the chunk look absent).
+#[test]
+fn reads_go_on_from_the_originals_after_a_compaction_whose_sync_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogStoreOptions {
+        durability: Durability::Group,
+        segment_size: 64 << 10,
+        write_buffer: 4096,
+        refs_log_max: 4096,
+        ..Default::default()
+    };
+    let s = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let mut chunks = Vec::new();
+    for i in 0..200u32 {
+        let data: Vec<u8> = (0..1000u32)
+            .map(|j| (i * 7 + j) as u8)
+            .chain(i.to_le_bytes())
+            .collect();
+        chunks.push((s.put(&data).unwrap(), data));
+    }
+    s.commit(&[set("root", b"r")]).unwrap();
+    let (dead, live): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 4 != 0);
+    let dead: Vec<Cid> = dead.into_iter().map(|(_, (c, _))| c).collect();
+    let live: Vec<(Cid, Vec<u8>)> = live.into_iter().map(|(_, x)| x).collect();
+    s.remove(&dead).unwrap();
+    // A fresh active segment with room for every copy: the sync that fails is the one
+    // after the copies, not a roll before them.
+    s.roll(&mut s.writer.lock()).unwrap();
+    s.fail_next_sync.store(true, Ordering::Release);
+    let e = s.compact().unwrap_err();
+    assert!(!s.fail_next_sync.load(Ordering::Acquire));
+    assert!(e.to_string().contains("injected"), "{e}");
+    for (cid, data) in &live {
+        assert!(s.has(cid).unwrap());
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    drop(s);
+    let s = LogStore::open(dir.path(), opts).unwrap();
+    for (cid, data) in &live {
+        assert_eq!(&s.get(cid).unwrap().unwrap()[..], &data[..]);
+    }
+    assert_eq!(s.get_ref(b"root").unwrap().as_deref(), Some(&b"r"[..]));
+}
+
+/// Opening a store deletes only the temporary files it writes itself, and only once the
+/// manifest shows the directory is a store.
+#[test]
+fn open_deletes_only_its_own_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    s.commit(&[set("k", b"v")]).unwrap();
+    drop(s);
+    let own = [
+        "MANIFEST.tmp",
+        "refs.tmp",
+        "refs-copy.tmp",
+        "seg-000001.tmp",
+    ];
+    let others = ["notes.tmp", "seg-x.tmp", "refs.snap.tmp"];
+    for n in own.iter().chain(&others) {
+        fs::write(dir.path().join(n), b"x").unwrap();
+    }
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    for n in own {
+        assert!(!dir.path().join(n).exists(), "{n} is left over");
+    }
+    for n in others {
+        assert!(dir.path().join(n).exists(), "{n} was deleted");
+    }
+    assert_eq!(s.get_ref(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    drop(s);
+    // A directory whose manifest is not a store's: refused, nothing deleted.
+    fs::write(dir.path().join("MANIFEST"), b"not a manifest").unwrap();
+    fs::write(dir.path().join("refs.tmp"), b"x").unwrap();
+    assert!(LogStore::open(dir.path(), LogStoreOptions::default()).is_err());
+    assert!(dir.path().join("refs.tmp").exists());
+}
