@@ -1022,21 +1022,25 @@ impl LogStore {
         let primary = read_snapshot(&snap_path);
         let copy = read_snapshot(&copy_path);
         // A rewrite is best effort (the copy is redundancy, and a full disk must not keep
-        // a store from opening to serve reads); the next snapshot writes both anyway.
+        // a store from opening to serve reads); the next snapshot writes both anyway. Until
+        // both hold the same snapshot, none counts as covering any commit (`pair_ok`), so
+        // compaction writes both before it deletes a segment whose commits only the newer
+        // one holds (the older one, read after the newer one rots, would roll refs back).
+        let mut pair_ok = true;
         let (snap, snap_len) = match (primary, copy) {
             (Ok(Some((s, b))), copy) => {
                 match &copy {
                     Ok(Some((_, c))) if *c == b => {}
                     // Written before copies were kept, or a crash between the two writes.
                     Ok(_) => {
-                        let _ = format::write_atomic(&dir, &copy_path, &b, true);
+                        pair_ok = format::write_atomic(&dir, &copy_path, &b, true).is_ok();
                     }
                     Err(e) => {
                         report.damage.push(format!(
                             "{e} (the copy of refs.snap at commit {}): rewritten from refs.snap",
                             s.seq
                         ));
-                        let _ = format::write_atomic(&dir, &copy_path, &b, true);
+                        pair_ok = format::write_atomic(&dir, &copy_path, &b, true).is_ok();
                     }
                 }
                 (Some(s), b.len() as u64)
@@ -1052,7 +1056,7 @@ impl LogStore {
                     copy_path.display(),
                     s.seq
                 ));
-                let _ = format::write_atomic(&dir, &snap_path, &b, true);
+                pair_ok = format::write_atomic(&dir, &snap_path, &b, true).is_ok();
                 (Some(s), b.len() as u64)
             }
             (Err(e), _) => return Err(e),
@@ -1304,7 +1308,7 @@ impl LogStore {
                 group: 0,
             }),
             snap: Mutex::new(SnapState {
-                seq: snap_seq,
+                seq: if pair_ok { snap_seq } else { 0 },
                 len: snap_len,
                 since,
             }),

@@ -1074,3 +1074,33 @@ fn open_deletes_only_its_own_temporary_files() {
     assert!(LogStore::open(dir.path(), LogStoreOptions::default()).is_err());
     assert!(dir.path().join("refs.tmp").exists());
 }
+
+/// When open cannot mend the refs snapshot's copy, neither file counts as covering any
+/// commit: the next snapshot a compaction needs writes both first (and fails while the
+/// copy cannot be written), so no segment goes whose commits only one file holds.
+#[test]
+fn a_snapshot_pair_open_could_not_mend_covers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    s.commit(&[set("a", b"1")]).unwrap();
+    s.commit(&[set("b", b"2")]).unwrap();
+    assert!(s.snapshot_covers(2).unwrap());
+    let seq = s.snap.lock().seq;
+    assert!(seq >= 2);
+    drop(s);
+    // The copy becomes something open can neither read nor replace.
+    let copy = dir.path().join(format::REFS_SNAP_COPY);
+    fs::remove_file(&copy).unwrap();
+    fs::create_dir(&copy).unwrap();
+    fs::write(copy.join("x"), b"x").unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert!(!s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert_eq!(s.get_ref(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    assert!(s.snapshot_covers(seq).is_err(), "the pair is not whole");
+    fs::remove_dir_all(&copy).unwrap();
+    assert!(s.snapshot_covers(seq).unwrap());
+    assert_eq!(
+        fs::read(&copy).unwrap(),
+        fs::read(dir.path().join(format::REFS_SNAP)).unwrap()
+    );
+}
