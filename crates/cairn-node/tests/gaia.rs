@@ -636,6 +636,46 @@ async fn list_files_pages() {
     assert_eq!(st, 413);
 }
 
+/// A page of long names ends once it would pass about a MiB of worst-case JSON (six bytes
+/// a character escaped), whatever the page size, and the next page goes on from the last
+/// name: every name comes once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_files_pages_are_cut_by_size() {
+    let gaia = GaiaConfig {
+        page_size: 4096,
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let k = Key::new(11);
+    let (a, auth) = (k.address(), k.bearer());
+    let mut want = Vec::new();
+    for i in 0..400 {
+        let name = format!("{i:04}-{}", "n".repeat(995));
+        assert_eq!(hub.store(&auth, &a, &name, b"x", &[]).await.0, 202);
+        want.push(name);
+    }
+    let (mut all, mut page, mut pages) = (Vec::new(), Value::Null, 0);
+    loop {
+        let (st, v) = hub.list(&auth, &a, json!({ "page": page })).await;
+        assert_eq!(st, 202, "{v}");
+        pages += 1;
+        let entries = v["entries"].as_array().unwrap();
+        // 1,000-byte names, 6,008 bytes each at worst: at most 174 in a MiB.
+        assert!(
+            !entries.is_empty() && entries.len() <= 174,
+            "{}",
+            entries.len()
+        );
+        all.extend(entries.iter().map(|e| e.as_str().unwrap().to_string()));
+        if v["page"].is_null() {
+            break;
+        }
+        page = v["page"].clone();
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(all, want);
+}
+
 /// `page` is a cursor (the last name returned), not an offset: a delete or an insert
 /// between pages neither skips nor repeats a name, with or without `stat`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -518,6 +518,8 @@ const MAX_CONTENT_TYPE: usize = 1024;
 
 /// About the most bytes of JSON one `list-files` page holds (see `list`).
 const LIST_PAGE_BYTES: usize = 1 << 20;
+/// Keys a listing reads from the store at a time.
+const LIST_READ_KEYS: usize = 256;
 
 /// What a stored version's context holds: the upload's content type and time.
 #[derive(Serialize, Deserialize)]
@@ -1247,8 +1249,16 @@ async fn list_files_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
         None => None,
     };
     let stat = truthy(req.get("stat"));
+    // A page is built in memory (about a MiB at most): listings hold a read transfer, so
+    // the node's transfer limit bounds how many are built at once.
+    let permit = match hub.node.read_permit() {
+        Ok(p) => p,
+        Err(b) => return GaiaError::Busy(b.0).into_response(),
+    };
     let h = hub.clone();
-    match blocking(move || list_blocking(&h, &address, &headers, page, stat)).await {
+    let answer = blocking(move || list_blocking(&h, &address, &headers, page, stat)).await;
+    drop(permit);
+    match answer {
         Ok(listing) => json(StatusCode::ACCEPTED, &listing),
         Err(e) => e.into_response(),
     }
@@ -1313,37 +1323,39 @@ fn list_blocking(
     // keys that are not file names (the revocation time's) do not count.
     let mut names: Vec<String> = Vec::new();
     let mut more = true;
-    while more && names.len() < hub.cfg.page_size {
+    // A page is built in memory: at most about LIST_PAGE_BYTES of it, whatever the page
+    // size (names of 4 KiB and content types of 1 KiB, escaped six bytes a character in
+    // the worst case, made pages of megabytes that a client could hold by never reading).
+    // Cut short, it ends at its last name, and the cursor goes on from there. Keys are
+    // read a few hundred at a time, so the names read past the cut are few too.
+    let worst = |n: &String| 6 * n.len() + if stat { 6 * MAX_CONTENT_TYPE + 256 } else { 8 };
+    let mut bytes = 0usize;
+    'pages: while more && names.len() < hub.cfg.page_size {
         // Files are keys with a `master` head: a file deleted under an archival scope keeps
         // its history on another branch of its key, and is not listed.
         let (keys, m) = bucket.db().list_keys_page_on(
             after.as_deref(),
-            hub.cfg.page_size - names.len(),
+            (hub.cfg.page_size - names.len()).min(LIST_READ_KEYS),
             Some(DEFAULT_BRANCH),
         )?;
         more = m;
-        if let Some(last) = keys.last() {
-            after = Some(last.to_vec());
+        for k in keys {
+            after = Some(k.to_vec());
+            if k.starts_with(b"\0") {
+                continue;
+            }
+            let Ok(name) = String::from_utf8(k.to_vec()) else {
+                continue;
+            };
+            bytes += worst(&name);
+            if bytes > LIST_PAGE_BYTES && !names.is_empty() {
+                // This name starts the next page.
+                after = names.last().map(|n| n.as_bytes().to_vec());
+                more = true;
+                break 'pages;
+            }
+            names.push(name);
         }
-        names.extend(
-            keys.into_iter()
-                .filter(|k| !k.starts_with(b"\0"))
-                .filter_map(|k| String::from_utf8(k.to_vec()).ok()),
-        );
-    }
-    // A page is built in memory: at most about LIST_PAGE_BYTES of it, whatever the page
-    // size (names of 4 KiB and content types of 1 KiB, escaped six bytes a character in
-    // the worst case, made pages of megabytes that a client could hold by never reading).
-    // Cut short, it ends at its last name, and the cursor goes on from there.
-    let worst = |n: &String| 6 * n.len() + if stat { 6 * MAX_CONTENT_TYPE + 256 } else { 8 };
-    let mut bytes = 0usize;
-    if let Some(cut) = names.iter().position(|n| {
-        bytes += worst(n);
-        bytes > LIST_PAGE_BYTES
-    }) {
-        names.truncate(cut.max(1));
-        after = names.last().map(|n| n.as_bytes().to_vec());
-        more = true;
     }
     let next = if more {
         after.as_deref().map(cursor)
