@@ -311,22 +311,26 @@ impl Client {
         // then stops asking for more, or the end of the body): from then on the node owes
         // an answer.
         let sent = std::sync::Arc::new(tokio::sync::Notify::new());
-        let state = (rx, sent.clone(), 0u64);
-        let stream = futures_util::stream::unfold(state, move |(mut rx, sent, taken)| async move {
-            match rx.recv().await {
-                Some(piece) => {
-                    let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
-                    if len == Some(taken) {
-                        sent.notify_one();
+        let taken_total = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let state = (rx, sent.clone(), taken_total.clone(), 0u64);
+        let stream =
+            futures_util::stream::unfold(state, move |(mut rx, sent, total, taken)| async move {
+                match rx.recv().await {
+                    Some(piece) => {
+                        let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
+                        total.store(taken, std::sync::atomic::Ordering::Release);
+                        if len == Some(taken) {
+                            sent.notify_one();
+                        }
+                        Some((piece, (rx, sent, total, taken)))
                     }
-                    Some((piece, (rx, sent, taken)))
+                    None => {
+                        sent.notify_one();
+                        None
+                    }
                 }
-                None => {
-                    sent.notify_one();
-                    None
-                }
-            }
-        });
+            });
+        let started = std::time::Instant::now();
         let (base, stall) = (&self.base, self.stall);
         let answer = rt.block_on(async {
             let mut req = http
@@ -335,19 +339,26 @@ impl Client {
             for (n, v) in &all {
                 req = req.header(n.as_str(), v.as_str());
             }
-            // The upload takes as long as it takes; once it is all sent, the answer's head
-            // must come within the stall timeout.
+            // The upload takes as long as it takes; once its last piece is handed over, the
+            // answer's head must come within the stall timeout, plus the time the bytes
+            // still queued on the way (that piece, the socket's send buffer) take to drain
+            // at the rate the upload went so far.
             let send = req.send();
             let mut resp = match stall {
                 None => send.await.map_err(|e| transport(base, e))?,
                 Some(d) => {
                     let quiet = async {
                         sent.notified().await;
-                        tokio::time::sleep(d).await;
+                        let taken = taken_total.load(std::sync::atomic::Ordering::Acquire);
+                        let wait = d + drain_allowance(taken, started.elapsed());
+                        tokio::time::sleep(wait).await;
+                        wait
                     };
                     tokio::select! {
                         r = send => r.map_err(|e| transport(base, e))?,
-                        () = quiet => return Err(stalled(base, "the answer to an upload", d)),
+                        wait = quiet => {
+                            return Err(stalled(base, "the answer to an upload", wait));
+                        }
                     }
                 }
             };
@@ -1960,6 +1971,21 @@ fn request_headers(
 }
 
 /// A request that did not get an answer.
+/// Bytes an upload may still have on the way when its last piece is handed over: that
+/// piece and a socket send buffer (Linux grows one to 4 MiB by default; twice that).
+const UPLOAD_IN_FLIGHT: u64 = UPLOAD_PIECE as u64 + (8 << 20);
+
+/// How long [`UPLOAD_IN_FLIGHT`] bytes take at the rate of `taken` bytes in `elapsed`
+/// (at most a day).
+fn drain_allowance(taken: u64, elapsed: Duration) -> Duration {
+    const DAY: f64 = 86_400.0;
+    let rate = taken as f64 / elapsed.as_secs_f64().max(1e-3);
+    if rate <= 0.0 {
+        return Duration::from_secs_f64(DAY);
+    }
+    Duration::from_secs_f64((UPLOAD_IN_FLIGHT as f64 / rate).min(DAY))
+}
+
 /// `fut` (a step of a transfer), failed as [`stalled`] when the node sends nothing for
 /// `stall`.
 async fn within<T>(
@@ -2264,6 +2290,18 @@ mod tests {
             )
             .expect_err("no answer");
         assert!(is_stall(&e), "{e:#}");
+        // The wait after the last piece allows for what may still be on the way at the
+        // rate the upload went: nothing much at loopback speed, minutes on a slow link.
+        assert!(drain_allowance(300 << 20, Duration::from_secs(1)) < Duration::from_millis(50));
+        let slow = drain_allowance(32_000 * 600, Duration::from_secs(600));
+        assert!(
+            slow > Duration::from_secs(250) && slow < Duration::from_secs(300),
+            "{slow:?}"
+        );
+        assert_eq!(
+            drain_allowance(0, Duration::ZERO),
+            Duration::from_secs(86_400)
+        );
         // A node that answers is not cut off, however slow the body was to read.
         let c = client(
             quiet_node(

@@ -254,6 +254,9 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// Largest value of a count setting (`max_connections`, `max_transfers`, ...).
+pub const MAX_COUNT_SETTING: usize = 1 << 24;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -334,6 +337,20 @@ impl Config {
         if self.max_connections == 0 || self.max_transfers == 0 || self.max_open_buckets == 0 {
             bail!("max_connections, max_transfers and max_open_buckets must be at least 1");
         }
+        // Each is a count of things held at once (a semaphore's permits, queue places):
+        // far past any machine, and past what a semaphore takes, is a typo.
+        for (name, v) in [
+            ("max_connections", self.max_connections),
+            ("max_transfers", self.max_transfers),
+            ("max_open_buckets", self.max_open_buckets),
+            ("write_queue", self.write_queue),
+            ("max_connections_per_ip", self.max_connections_per_ip),
+            ("max_transfers_per_ip", self.max_transfers_per_ip),
+        ] {
+            if v > MAX_COUNT_SETTING {
+                bail!("{name} = {v} is more than {MAX_COUNT_SETTING}, the most it may be");
+            }
+        }
         self.backend.check()
     }
 
@@ -402,6 +419,13 @@ mod tests {
             let e = format!("{:#}", bad.check().unwrap_err());
             assert!(e.contains("leaf_size") && e.contains("leaf size"), "{e}");
         }
+        // A count past any machine (TOML takes up to 2^63 - 1) is refused, not a panic
+        // when the node builds its semaphores.
+        let c: Config = toml::from_str("max_transfers = 9223372036854775807").unwrap();
+        let e = format!("{:#}", c.check().unwrap_err());
+        assert!(e.contains("max_transfers"), "{e}");
+        let c: Config = toml::from_str("max_connections = 16777216").unwrap();
+        c.check().unwrap();
     }
 
     #[test]

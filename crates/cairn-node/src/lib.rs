@@ -333,6 +333,15 @@ impl Bound {
         let node = self.node.clone();
         let cfg = &node.config;
         tracing::info!(addr = %self.addr, data = %cfg.data_dir.display(), "cairn node listening");
+        if !HostCheck::new(cfg).on {
+            // Reachable from other hosts, and (through a name a web page rebinds to this
+            // machine) from pages in a local browser: open buckets are readable that way.
+            tracing::warn!(
+                addr = %self.addr,
+                "the Host check is off (listening beyond loopback with no allowed_hosts, or \
+                 \"*\" among them): set allowed_hosts to the names clients use"
+            );
+        }
         let service = hyper_util::service::TowerToHyperService::new(router(node.clone()));
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder

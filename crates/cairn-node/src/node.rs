@@ -350,9 +350,13 @@ impl Node {
                 }),
             }
         };
-        // The gate goes with its last user.
+        // The gate goes with its last user. This user's clone is dropped under the map's
+        // lock, so of two users finishing together the second always sees itself last
+        // (dropped after the lock, both could count three and leave the entry for good).
         let mut opening = self.opening.lock();
-        if Arc::strong_count(&gate) == 2 {
+        let last = Arc::strong_count(&gate) == 2;
+        drop(gate);
+        if last {
             opening.remove(name);
         }
         result

@@ -2336,14 +2336,19 @@ impl ChunkStore for LogStore {
             Ok(())
         })();
         if let Err(e) = copy_phase {
-            // A failed write or sync cut the copies still in the buffer or past the last
-            // sync; the originals are all still in place (nothing is deleted before this
-            // point): reads go back to them instead of failing on the vanished copies.
-            let mut damaged = self.damaged.lock();
-            for (cid, old, new) in &copied {
-                if self.index.get(cid) == Some(*new) {
-                    self.index.insert(*cid, *old);
-                    damaged.remove(cid);
+            // A failed write or sync (which fails the store) cut the copies still in the
+            // buffer or past the last sync; the originals are all still in place (nothing
+            // is deleted before this point): reads go back to them instead of failing on
+            // the vanished copies. Any other error leaves the copies whole, and the index
+            // on them. Under the writer's lock, as `remove` changes the index under it.
+            let _w = self.writer.lock();
+            if self.failed_flag.load(Ordering::Acquire) {
+                let mut damaged = self.damaged.lock();
+                for (cid, old, new) in &copied {
+                    if self.index.get(cid) == Some(*new) {
+                        self.index.insert(*cid, *old);
+                        damaged.remove(cid);
+                    }
                 }
             }
             return Err(e);

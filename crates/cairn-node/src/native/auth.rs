@@ -764,6 +764,26 @@ pub fn check(
             "this bucket has an owner key: sign the request ({SCHEME}, see /openapi.json)"
         ))
     })?;
+    // The signature covers one value of each of these: a second one (added on the way)
+    // could change what the request does (a second Content-Type makes a JSON body a blob)
+    // while the signature still verifies.
+    for name in [
+        header::AUTHORIZATION.as_str(),
+        DATE_HEADER,
+        BODY_HASH_HEADER,
+        header::CONTENT_TYPE.as_str(),
+        header::IF_MATCH.as_str(),
+        CONTEXT_HEADER,
+        NONCE_HEADER,
+        CAPSULE_HEADER,
+    ] {
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(ApiError::unauthorized(format!(
+                "header {name} appears more than once; a signed request carries each header \
+                 it signs once"
+            )));
+        }
+    }
     let auth = auth
         .to_str()
         .map_err(|_| ApiError::unauthorized("the Authorization header is not ASCII text"))?;
@@ -950,6 +970,41 @@ mod tests {
         };
         assert_eq!(bound.message(), format!("{expected}\n\ncap").as_bytes());
         assert_eq!(bound.sign(&key)[3], (CAPSULE_HEADER, "cap".to_string()));
+    }
+
+    /// A header the signature covers, sent twice, is refused before anything is taken: the
+    /// signature covers one value, and a second Content-Type would make a JSON body a
+    /// blob. The same request with each header once then passes.
+    #[test]
+    fn a_signed_header_sent_twice_is_refused() {
+        let key = SigningKey::from_seed(&[8; 32]);
+        let guard = ReplayGuard::default();
+        let now = 1_700_000_000;
+        let (uri, h) = request_with_nonce(&key, now, b"x", b"n1");
+        for (name, extra) in [
+            (header::CONTENT_TYPE.as_str(), "application/json"),
+            (header::IF_MATCH.as_str(), "\"u\""),
+            (CONTEXT_HEADER, "c"),
+            (NONCE_HEADER, "n2"),
+            (DATE_HEADER, "1700000001"),
+            (CAPSULE_HEADER, "blake3:aaaa"),
+        ] {
+            let mut twice = h.clone();
+            // Once present (nonce, date) or not (If-Match, context, capsule): a second copy
+            // of a header it lacks is then the first of two below.
+            if !twice.contains_key(name) {
+                twice.append(name, header::HeaderValue::from_static("first"));
+            }
+            twice.append(name, extra.parse().unwrap());
+            let e =
+                check(&key.public(), None, &guard, &Method::PUT, &uri, &twice, now).unwrap_err();
+            assert!(
+                e.message.contains("more than once"),
+                "{name}: {}",
+                e.message
+            );
+        }
+        check(&key.public(), None, &guard, &Method::PUT, &uri, &h, now).unwrap();
     }
 
     /// A request bound to a capsule is accepted for that capsule only; the binding is
