@@ -86,9 +86,13 @@ const MAX_REMEMBERED: usize = 400_000;
 /// the window): past this, that key's oldest eighth is forgotten and its floor rises.
 pub const MAX_PER_OWNER: usize = 50_000;
 /// Most owner keys with signatures or a floor remembered at once; past this (a flood of
-/// made-up keys, each with a bucket of its own), signed requests of keys not in the table
-/// get 503 until signatures and floors expire.
+/// made-up keys, each with a bucket of its own), the key holding the fewest signatures is
+/// *parked*: its signatures are forgotten and only its floor, raised past them, is kept
+/// (see [`ReplayGuard`]).
 const MAX_OWNERS: usize = 50_000;
+/// Most parked owner keys (a floor each, about 50 bytes: 25 MiB in all); past this,
+/// signed requests of keys not in the table get 503 until parked floors expire.
+const MAX_PARKED: usize = 1 << 19;
 
 /// The parts of a request that its signature covers.
 #[derive(Clone, Debug)]
@@ -259,7 +263,11 @@ pub struct Checked {
 /// Forgotten signatures' refs are deleted and raised floors stored in the commit of the
 /// next accepted signature ([`ReplayGuard::persist`]), and a reload applies the same
 /// limits ([`ReplayGuard::load`]). Signatures and floors are kept [`SWEEP_GRACE_SECS`]
-/// past the window.
+/// past the window. With [`MAX_OWNERS`] keys in the table, a new key's request parks the
+/// key holding the fewest signatures: it forgets them all and keeps only its floor, so
+/// no replay of them passes, and its later requests (dated after its last) still do.
+/// Keeping the table full of keys does not lock new owners out with 503 until
+/// [`MAX_PARKED`] keys are parked within the window too.
 #[derive(Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
@@ -283,6 +291,11 @@ struct Seen {
     /// signatures to delete, and owner keys whose floor rose.
     forgotten: Vec<([u8; 32], u128)>,
     floors_raised: std::collections::HashSet<[u8; 32]>,
+    /// Parked owner keys (out of `owners`): their floors.
+    parked: HashMap<[u8; 32], u64>,
+    /// Floors of keys parked since the last store changes: (key, floor, floor stored
+    /// before, 0 for none).
+    parked_floors: Vec<([u8; 32], u64, u64)>,
 }
 
 /// One owner key's remembered signatures (by [`sig_id`]: when each leaves the window) and
@@ -327,7 +340,10 @@ impl Seen {
     }
 
     fn floor(&self, owner: &[u8; 32]) -> u64 {
-        self.owners.get(owner).map_or(0, |o| o.floor)
+        match self.owners.get(owner) {
+            Some(o) => o.floor,
+            None => self.parked.get(owner).copied().unwrap_or(0),
+        }
     }
 
     /// Records `sig` of `owner` as used until `expires`, making room as [`ReplayGuard`]
@@ -370,7 +386,11 @@ impl Seen {
             self.sweep(now);
         }
         if self.owners.len() >= limits.owners && new_owner(self) {
-            return Err(Refusal::Full);
+            // Room for this key: park the one holding the fewest signatures, unless the
+            // parked keys are as many as may be.
+            if self.parked.len() >= limits.parked || !self.park_one() {
+                return Err(Refusal::Full);
+            }
         }
         if self.count(owner) >= limits.per_owner {
             self.forget_oldest(owner);
@@ -391,9 +411,54 @@ impl Seen {
         Ok(())
     }
 
+    /// Parks the owner key holding the fewest signatures (any key holding only a floor
+    /// when none holds signatures): its signatures are forgotten, its floor rises past
+    /// them and is all that is kept. False when the table holds no key.
+    fn park_one(&mut self) -> bool {
+        let victim = match self.by_count.first() {
+            Some(&(_, k)) => k,
+            None => match self.owners.keys().next() {
+                Some(k) => *k,
+                None => return false,
+            },
+        };
+        let Some(o) = self.owners.remove(&victim) else {
+            return false;
+        };
+        let n = o.order.len();
+        let mut floor = o.floor;
+        for (exp, id) in o.order {
+            floor = floor.max(exp);
+            self.forgotten.push((victim, id));
+        }
+        self.total -= n;
+        self.by_count.remove(&(n, victim));
+        self.floors_raised.remove(&victim);
+        if floor != o.stored_floor {
+            self.parked_floors.push((victim, floor, o.stored_floor));
+        }
+        if floor > 0 {
+            self.parked.insert(victim, floor);
+        }
+        true
+    }
+
     /// Adds a signature of `owner` whatever the limits (an expired one of the same id is
     /// replaced).
     fn insert(&mut self, owner: &[u8; 32], id: u128, expires: u64) {
+        if !self.owners.contains_key(owner)
+            && let Some(floor) = self.parked.remove(owner)
+        {
+            // Back from the parked keys: its floor comes along (stored already).
+            self.owners.insert(
+                *owner,
+                OwnerSigs {
+                    floor,
+                    stored_floor: floor,
+                    ..OwnerSigs::default()
+                },
+            );
+        }
         let o = self.owners.entry(*owner).or_default();
         let before = o.order.len();
         match o.sigs.insert(id, expires) {
@@ -448,6 +513,17 @@ impl Seen {
                 name: replay_ref(&o, id),
             })
             .collect();
+        for (o, floor, stored) in self.parked_floors.drain(..) {
+            out.push(RefUpdate::Set {
+                name: floor_ref(&o, floor),
+                value: Vec::new(),
+            });
+            if stored != 0 && stored != floor {
+                out.push(RefUpdate::Delete {
+                    name: floor_ref(&o, stored),
+                });
+            }
+        }
         for o in std::mem::take(&mut self.floors_raised) {
             let Some(entry) = self.owners.get_mut(&o) else {
                 continue; // swept meanwhile: its floor is out of every window
@@ -491,6 +567,7 @@ impl Seen {
             }
             !o.order.is_empty() || o.floor >= now
         });
+        self.parked.retain(|_, floor| *floor >= now);
         for (key, before, after) in changed {
             self.total -= before - after;
             self.recount(&key, before, after);
@@ -509,12 +586,14 @@ struct Limits {
     max: usize,
     per_owner: usize,
     owners: usize,
+    parked: usize,
 }
 
 const LIMITS: Limits = Limits {
     max: MAX_REMEMBERED,
     per_owner: MAX_PER_OWNER,
     owners: MAX_OWNERS,
+    parked: MAX_PARKED,
 };
 
 impl ReplayGuard {
@@ -600,6 +679,26 @@ impl ReplayGuard {
             }
             seen.owners
                 .retain(|_, o| !o.order.is_empty() || o.floor >= now);
+            // Keys past the table's share (parked ones come back as floors) are parked
+            // again: those holding only a floor first (stored already), then as at run
+            // time.
+            if seen.owners.len() > limits.owners {
+                let floors_only: Vec<([u8; 32], u64)> = seen
+                    .owners
+                    .iter()
+                    .filter(|(_, o)| o.order.is_empty())
+                    .map(|(k, o)| (*k, o.floor))
+                    .collect();
+                for (k, floor) in floors_only {
+                    if seen.owners.len() <= limits.owners {
+                        break;
+                    }
+                    seen.owners.remove(&k);
+                    seen.floors_raised.remove(&k);
+                    seen.parked.insert(k, floor);
+                }
+                while seen.owners.len() > limits.owners && seen.park_one() {}
+            }
             // The limits of this run, as at run time.
             let heavy: Vec<[u8; 32]> = seen
                 .by_count
@@ -1107,12 +1206,14 @@ mod tests {
         max: 2,
         per_owner: 2,
         owners: 4,
+        parked: 2,
     };
 
     const SMALL: Limits = Limits {
         max: 16,
         per_owner: 8,
         owners: 4,
+        parked: 2,
     };
 
     /// One owner key past its share forgets its own oldest signatures (its floor rises to
@@ -1186,23 +1287,40 @@ mod tests {
         assert_eq!(seen.count(&honest), 1);
         assert_eq!(seen.owners[&honest].floor, 0);
         drop(seen);
-        // Many keys of one signature each: the table keeps working; past MAX_OWNERS (4 here)
-        // a key it holds nothing for gets 503, and its floors leave with the window.
-        let e = guard
-            .first_use_within(&[7u8; 32], sig(200), now + 300, now, SMALL)
-            .unwrap_err();
+        // Past MAX_OWNERS keys (4 here) a new key parks the one holding the fewest
+        // signatures (here the honest key): it forgets them and keeps a floor past them,
+        // so a replay is refused and its later requests pass.
+        let use_at = |k: u8, i: u32, expires: u64| {
+            guard.first_use_within(&[k; 32], sig(i), expires, now, SMALL)
+        };
+        assert!(use_at(7, 200, now + 300).unwrap());
+        assert_eq!(guard.seen.lock().parked.get(&honest), Some(&(now + 300)));
+        let e = use_at(9, 100, now + 300).unwrap_err();
+        assert!(e.message.contains("sign the request anew"), "{}", e.message);
+        assert!(use_at(9, 101, now + 301).unwrap());
+        assert!(!guard.seen.lock().parked.contains_key(&honest));
+        assert_eq!(guard.seen.lock().floor(&honest), now + 300);
+        assert!(!use_at(9, 101, now + 301).unwrap(), "a replay");
+        // Past MAX_PARKED parked keys (2 here) a key the table holds nothing for gets
+        // 503, until the parked floors leave the window.
+        assert!(use_at(10, 300, now + 300).unwrap());
+        assert_eq!(guard.seen.lock().parked.len(), 2);
+        let e = use_at(11, 301, now + 300).unwrap_err();
         assert_eq!(e.status, 503);
         assert!(e.message.contains("owner keys"), "{}", e.message);
-        let later = now + 301 + SWEEP_GRACE_SECS;
+        let later = now + 302 + SWEEP_GRACE_SECS;
         assert!(
             guard
-                .first_use_within(&[7u8; 32], sig(201), later + 300, later, SMALL)
+                .first_use_within(&[11u8; 32], sig(302), later + 300, later, SMALL)
                 .unwrap()
         );
         let seen = guard.seen.lock();
         assert_eq!(seen.total, 1);
         assert_eq!(seen.owners.len(), 1);
         assert_eq!(seen.by_count.len(), 1);
+        assert!(seen.parked.is_empty());
+        // The parked keys' floors went to the store with their signatures' refs deleted.
+        assert!(seen.parked_floors.len() + seen.forgotten.len() > 0);
     }
 
     /// Whatever the order of requests, owners, dates and sweeps, no signature is accepted
@@ -1218,6 +1336,7 @@ mod tests {
             max: 40,
             per_owner: 12,
             owners: 6,
+            parked: 4,
         };
         // Every signature made: its owner, its expiry, and whether it was accepted.
         let mut made: Vec<([u8; 32], u64, bool)> = Vec::new();
@@ -1255,6 +1374,10 @@ mod tests {
             assert_eq!(owned, seen.total, "step {step}");
             assert!(seen.total <= limits.max, "step {step}");
             assert!(seen.owners.len() <= limits.owners, "step {step}");
+            assert!(seen.parked.len() <= limits.parked, "step {step}");
+            for k in seen.parked.keys() {
+                assert!(!seen.owners.contains_key(k), "step {step}: parked and held");
+            }
             for (k, o) in &seen.owners {
                 assert!(o.order.len() <= limits.per_owner, "step {step}");
                 let n = o.order.len();
@@ -1407,6 +1530,7 @@ mod tests {
             max: 100,
             per_owner: 100,
             owners: 10,
+            parked: 10,
         };
         for i in 100..112 {
             accept(&again, i, now + 200 + i as u64, big);
@@ -1485,6 +1609,66 @@ mod tests {
         let floors = store.list_refs(REPLAY_FLOOR_REFS).unwrap();
         assert_eq!(floors.len(), 1);
         assert_eq!(parse_floor_ref(&floors[0].0), Some((a, now + 101)));
+    }
+
+    /// A parked key's floor reaches the store in the commit that deletes its forgotten
+    /// signatures' refs: after a restart none of them is accepted again, its later
+    /// requests are, and a reload with the same limits parks keys past the share again.
+    #[test]
+    fn parked_keys_keep_their_floor_across_a_restart() {
+        let store = cairn_store::MemoryStore::new();
+        let now = 1_700_000_000;
+        let accept = |g: &ReplayGuard, k: u8, i: u32, expires: u64| {
+            assert!(
+                g.first_use_within(&[k; 32], sig(i), expires, now, SMALL)
+                    .unwrap()
+            );
+            let c = Checked {
+                body_blake3: [0; 32],
+                signature: sig(i),
+                expires,
+                owner: [k; 32],
+            };
+            g.persist(&store, &c, now).unwrap();
+        };
+        let first = ReplayGuard::default();
+        // Key 1 signs twice, keys 2 to 5 once each: the fifth key parks one of them.
+        accept(&first, 1, 10, now + 300);
+        accept(&first, 1, 11, now + 301);
+        for k in 2..=5u8 {
+            accept(&first, k, k as u32, now + 290 + k as u64);
+        }
+        let parked: Vec<[u8; 32]> = first.seen.lock().parked.keys().copied().collect();
+        assert_eq!(parked.len(), 1);
+        let p = parked[0];
+        let p_sig = p[0] as u32;
+        let p_exp = now + 290 + p[0] as u64;
+        assert_eq!(first.seen.lock().floor(&p), p_exp);
+        let second = ReplayGuard::load_within(&store, now, SMALL).unwrap();
+        assert!(
+            !matches!(
+                second.first_use_within(&p, sig(p_sig), p_exp, now, SMALL),
+                Ok(true)
+            ),
+            "the parked key's signature was accepted again"
+        );
+        for (k, i, e) in [(1u8, 10u32, now + 300), (1, 11, now + 301)] {
+            assert!(
+                !matches!(
+                    second.first_use_within(&[k; 32], sig(i), e, now, SMALL),
+                    Ok(true)
+                ),
+                "{k}/{i} accepted again"
+            );
+        }
+        assert!(
+            second
+                .first_use_within(&p, sig(99), p_exp + 1, now, SMALL)
+                .unwrap()
+        );
+        let seen = second.seen.lock();
+        assert!(seen.owners.len() <= SMALL.owners);
+        assert!(seen.parked.len() <= SMALL.parked);
     }
 
     #[test]
