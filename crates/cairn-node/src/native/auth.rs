@@ -90,7 +90,8 @@ pub const MAX_PER_OWNER: usize = 50_000;
 /// *parked*: its signatures are forgotten and only its floor, raised past them, is kept
 /// (see [`ReplayGuard`]).
 const MAX_OWNERS: usize = 50_000;
-/// Most parked owner keys (a floor each, about 50 bytes: 25 MiB in all); past this,
+/// Most parked owner keys (a 32-byte key and an 8-byte floor each, plus the hash map's
+/// overhead: some 25 MiB at most, estimated, not measured); past this,
 /// signed requests of keys not in the table get 503 until parked floors expire.
 const MAX_PARKED: usize = 1 << 19;
 
