@@ -1970,20 +1970,28 @@ fn request_headers(
     out
 }
 
-/// A request that did not get an answer.
 /// Bytes an upload may still have on the way when its last piece is handed over: that
 /// piece and a socket send buffer (Linux grows one to 4 MiB by default; twice that).
 const UPLOAD_IN_FLIGHT: u64 = UPLOAD_PIECE as u64 + (8 << 20);
 
-/// How long [`UPLOAD_IN_FLIGHT`] bytes take at the rate of `taken` bytes in `elapsed`
-/// (at most a day).
+/// The slowest link the drain allowance assumes when the upload's own rate says nothing
+/// (all of it fit in the buffers): 64 KiB/s, on top of the stall timeout itself (at the
+/// default 120 s, a full 8 MiB of buffers drains at 33 KB/s in the time).
+const SLOWEST_UPLINK: f64 = 64.0 * 1024.0;
+
+/// How long the bytes of an upload of `taken` bytes handed over in `elapsed` may still
+/// take to reach the node (at most a day). Past [`UPLOAD_IN_FLIGHT`] the bytes beyond it
+/// have left the machine, so their rate bounds the link's; a smaller upload may sit in
+/// the buffers whole, and is given the time of [`SLOWEST_UPLINK`].
 fn drain_allowance(taken: u64, elapsed: Duration) -> Duration {
     const DAY: f64 = 86_400.0;
-    let rate = taken as f64 / elapsed.as_secs_f64().max(1e-3);
-    if rate <= 0.0 {
-        return Duration::from_secs_f64(DAY);
-    }
-    Duration::from_secs_f64((UPLOAD_IN_FLIGHT as f64 / rate).min(DAY))
+    let secs = if taken > UPLOAD_IN_FLIGHT {
+        let rate = (taken - UPLOAD_IN_FLIGHT) as f64 / elapsed.as_secs_f64().max(1e-3);
+        UPLOAD_IN_FLIGHT as f64 / rate
+    } else {
+        taken as f64 / SLOWEST_UPLINK
+    };
+    Duration::from_secs_f64(secs.min(DAY))
 }
 
 /// `fut` (a step of a transfer), failed as [`stalled`] when the node sends nothing for
@@ -2012,6 +2020,7 @@ fn stalled(base: &str, what: &str, d: Duration) -> anyhow::Error {
     .into()
 }
 
+/// A request that did not get an answer.
 fn transport(base: &str, e: reqwest::Error) -> anyhow::Error {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(&e);
@@ -2274,7 +2283,7 @@ mod tests {
     /// answer within the stall timeout.
     #[test]
     fn an_upload_the_node_never_answers_fails_after_the_stall_timeout() {
-        let data = vec![5u8; 300_000];
+        let data = vec![5u8; 30_000];
         let c = client(quiet_node(data.len(), b""), 0.3);
         let url = Url::parse(&format!("{}/x", c.base)).unwrap();
         let e = c
@@ -2294,14 +2303,17 @@ mod tests {
         // rate the upload went: nothing much at loopback speed, minutes on a slow link.
         assert!(drain_allowance(300 << 20, Duration::from_secs(1)) < Duration::from_millis(50));
         let slow = drain_allowance(32_000 * 600, Duration::from_secs(600));
+        // (32 KB/s for 10 minutes: 270 s to drain the buffers at that rate; the estimate
+        // counts only the bytes past them, so it is longer, never shorter.)
         assert!(
-            slow > Duration::from_secs(250) && slow < Duration::from_secs(300),
+            slow > Duration::from_secs(270) && slow < Duration::from_secs(600),
             "{slow:?}"
         );
-        assert_eq!(
-            drain_allowance(0, Duration::ZERO),
-            Duration::from_secs(86_400)
-        );
+        // A body that fits in the buffers was handed over at once, whatever the link: the
+        // slowest link's time for all of it.
+        let small = drain_allowance(1 << 20, Duration::from_millis(2));
+        assert_eq!(small, Duration::from_secs(16));
+        assert_eq!(drain_allowance(0, Duration::ZERO), Duration::ZERO);
         // A node that answers is not cut off, however slow the body was to read.
         let c = client(
             quiet_node(
@@ -2316,7 +2328,7 @@ mod tests {
                 Method::PUT,
                 url,
                 Box::new(io::Cursor::new(data)),
-                Some(300_000),
+                Some(30_000),
                 &[],
                 None,
                 None,

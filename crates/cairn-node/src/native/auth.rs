@@ -294,6 +294,8 @@ struct Seen {
     floors_raised: std::collections::HashSet<[u8; 32]>,
     /// Parked owner keys (out of `owners`): their floors.
     parked: HashMap<[u8; 32], u64>,
+    /// Keys in `owners` holding only a floor (no signature): parked first.
+    idle: BTreeSet<[u8; 32]>,
     /// Floors of keys parked since the last store changes: (key, floor, floor stored
     /// before, 0 for none).
     parked_floors: Vec<([u8; 32], u64, u64)>,
@@ -389,7 +391,9 @@ impl Seen {
         if self.owners.len() >= limits.owners && new_owner(self) {
             // Room for this key: park the one holding the fewest signatures, unless the
             // parked keys are as many as may be.
-            if self.parked.len() >= limits.parked || !self.park_one() {
+            // (A parked key coming back frees its own place among them.)
+            let room = self.parked.len() < limits.parked || self.parked.contains_key(owner);
+            if !room || !self.park_one() {
                 return Err(Refusal::Full);
             }
         }
@@ -412,13 +416,14 @@ impl Seen {
         Ok(())
     }
 
-    /// Parks the owner key holding the fewest signatures (any key holding only a floor
-    /// when none holds signatures): its signatures are forgotten, its floor rises past
+    /// Parks a key holding only a floor, or else the owner key holding the fewest
+    /// signatures: its signatures are forgotten, its floor rises past
     /// them and is all that is kept. False when the table holds no key.
     fn park_one(&mut self) -> bool {
-        let victim = match self.by_count.first() {
-            Some(&(_, k)) => k,
-            None => match self.owners.keys().next() {
+        let victim = match (self.idle.first(), self.by_count.first()) {
+            (Some(k), _) => *k,
+            (None, Some(&(_, k))) => k,
+            (None, None) => match self.owners.keys().next() {
                 Some(k) => *k,
                 None => return false,
             },
@@ -435,7 +440,8 @@ impl Seen {
         self.total -= n;
         self.by_count.remove(&(n, victim));
         self.floors_raised.remove(&victim);
-        if floor != o.stored_floor {
+        self.idle.remove(&victim);
+        if floor != o.stored_floor || n > 0 {
             self.parked_floors.push((victim, floor, o.stored_floor));
         }
         if floor > 0 {
@@ -479,6 +485,9 @@ impl Seen {
             self.by_count.remove(&(before, *owner));
             if after > 0 {
                 self.by_count.insert((after, *owner));
+                self.idle.remove(owner);
+            } else {
+                self.idle.insert(*owner);
             }
         }
     }
@@ -507,6 +516,11 @@ impl Seen {
     /// The store changes owed since the last call: deletes of forgotten signatures' refs,
     /// and the raised floors.
     fn take_store_changes(&mut self) -> Vec<RefUpdate> {
+        // Every key whose forgotten signatures' refs this batch deletes gets its floor ref
+        // in the same batch, stored already or not: the commit that stored it may not
+        // have landed yet (commits land in any order), and a crash between the two must
+        // not leave the deletes without the floor that refuses those signatures.
+        let mut needs_floor: BTreeSet<[u8; 32]> = self.forgotten.iter().map(|(o, _)| *o).collect();
         let mut out: Vec<RefUpdate> = self
             .forgotten
             .drain(..)
@@ -524,24 +538,32 @@ impl Seen {
                     name: floor_ref(&o, stored),
                 });
             }
+            needs_floor.remove(&o);
         }
-        for o in std::mem::take(&mut self.floors_raised) {
-            let Some(entry) = self.owners.get_mut(&o) else {
-                continue; // swept meanwhile: its floor is out of every window
-            };
-            if entry.floor == entry.stored_floor {
-                continue;
-            }
-            out.push(RefUpdate::Set {
-                name: floor_ref(&o, entry.floor),
-                value: Vec::new(),
-            });
-            if entry.stored_floor != 0 {
-                out.push(RefUpdate::Delete {
-                    name: floor_ref(&o, entry.stored_floor),
+        needs_floor.extend(std::mem::take(&mut self.floors_raised));
+        for o in needs_floor {
+            if let Some(entry) = self.owners.get_mut(&o) {
+                if entry.floor == 0 {
+                    continue;
+                }
+                out.push(RefUpdate::Set {
+                    name: floor_ref(&o, entry.floor),
+                    value: Vec::new(),
+                });
+                if entry.stored_floor != 0 && entry.stored_floor != entry.floor {
+                    out.push(RefUpdate::Delete {
+                        name: floor_ref(&o, entry.stored_floor),
+                    });
+                }
+                entry.stored_floor = entry.floor;
+            } else if let Some(&floor) = self.parked.get(&o) {
+                // Parked: its floor ref is this one (stored, or in `parked_floors` above).
+                out.push(RefUpdate::Set {
+                    name: floor_ref(&o, floor),
+                    value: Vec::new(),
                 });
             }
-            entry.stored_floor = entry.floor;
+            // Neither: swept meanwhile, its floor out of every window.
         }
         out
     }
@@ -573,6 +595,9 @@ impl Seen {
             self.total -= before - after;
             self.recount(&key, before, after);
         }
+        // Keys the sweep dropped whole are idle no more.
+        let owners = &self.owners;
+        self.idle.retain(|k| owners.contains_key(k));
     }
 }
 
@@ -680,26 +705,16 @@ impl ReplayGuard {
             }
             seen.owners
                 .retain(|_, o| !o.order.is_empty() || o.floor >= now);
+            seen.idle = seen
+                .owners
+                .iter()
+                .filter(|(_, o)| o.order.is_empty())
+                .map(|(k, _)| *k)
+                .collect();
             // Keys past the table's share (parked ones come back as floors) are parked
-            // again: those holding only a floor first (stored already), then as at run
-            // time.
-            if seen.owners.len() > limits.owners {
-                let floors_only: Vec<([u8; 32], u64)> = seen
-                    .owners
-                    .iter()
-                    .filter(|(_, o)| o.order.is_empty())
-                    .map(|(k, o)| (*k, o.floor))
-                    .collect();
-                for (k, floor) in floors_only {
-                    if seen.owners.len() <= limits.owners {
-                        break;
-                    }
-                    seen.owners.remove(&k);
-                    seen.floors_raised.remove(&k);
-                    seen.parked.insert(k, floor);
-                }
-                while seen.owners.len() > limits.owners && seen.park_one() {}
-            }
+            // again, as at run time: those holding only a floor (stored already) first.
+            while seen.owners.len() > limits.owners && seen.park_one() {}
+            seen.owners.shrink_to_fit();
             // The limits of this run, as at run time.
             let heavy: Vec<[u8; 32]> = seen
                 .by_count
@@ -1320,8 +1335,6 @@ mod tests {
         assert_eq!(seen.owners.len(), 1);
         assert_eq!(seen.by_count.len(), 1);
         assert!(seen.parked.is_empty());
-        // The parked keys' floors went to the store with their signatures' refs deleted.
-        assert!(seen.parked_floors.len() + seen.forgotten.len() > 0);
     }
 
     /// Whatever the order of requests, owners, dates and sweeps, no signature is accepted
@@ -1376,6 +1389,13 @@ mod tests {
             assert!(seen.total <= limits.max, "step {step}");
             assert!(seen.owners.len() <= limits.owners, "step {step}");
             assert!(seen.parked.len() <= limits.parked, "step {step}");
+            let idle: BTreeSet<[u8; 32]> = seen
+                .owners
+                .iter()
+                .filter(|(_, o)| o.order.is_empty())
+                .map(|(k, _)| *k)
+                .collect();
+            assert_eq!(seen.idle, idle, "step {step}");
             for k in seen.parked.keys() {
                 assert!(!seen.owners.contains_key(k), "step {step}: parked and held");
             }
@@ -1610,6 +1630,60 @@ mod tests {
         let floors = store.list_refs(REPLAY_FLOOR_REFS).unwrap();
         assert_eq!(floors.len(), 1);
         assert_eq!(parse_floor_ref(&floors[0].0), Some((a, now + 101)));
+    }
+
+    /// Every batch of store changes that deletes a key's forgotten signatures carries the
+    /// key's floor too: when only a later batch lands (commits in another order than
+    /// taken, then a crash), none of the signatures it deletes is accepted after a
+    /// restart.
+    #[test]
+    fn each_batch_deleting_forgotten_signatures_carries_their_floor() {
+        use cairn_store::RefStore;
+        let store = cairn_store::MemoryStore::new();
+        let now = 1_700_000_000;
+        let k = [3u8; 32];
+        let e = now + 300;
+        let guard = ReplayGuard::default();
+        // Eight signatures of one second fill the key's share; each is stored.
+        for i in 0..8u32 {
+            assert!(guard.first_use_within(&k, sig(i), e, now, SMALL).unwrap());
+            store
+                .commit(&[RefUpdate::Set {
+                    name: replay_ref(&k, sig_id(&sig(i))),
+                    value: e.to_le_bytes().to_vec(),
+                }])
+                .unwrap();
+        }
+        // A ninth of a later second forgets the oldest (floor E); its batch is taken...
+        assert!(
+            guard
+                .first_use_within(&k, sig(8), e + 1, now, SMALL)
+                .unwrap()
+        );
+        let lost = guard.seen.lock().take_store_changes();
+        assert!(!lost.is_empty());
+        // ...and never lands; a tenth forgets one more of the same second (the floor stays
+        // E, taken as stored already), and only its batch lands.
+        assert!(
+            guard
+                .first_use_within(&k, sig(9), e + 2, now, SMALL)
+                .unwrap()
+        );
+        let landed = guard.seen.lock().take_store_changes();
+        assert!(
+            landed
+                .iter()
+                .any(|u| matches!(u, RefUpdate::Set { name, .. } if name == &floor_ref(&k, e))),
+            "{landed:?}"
+        );
+        store.commit(&landed).unwrap();
+        let again = ReplayGuard::load_within(&store, now, SMALL).unwrap();
+        for i in 0..8u32 {
+            assert!(
+                !matches!(again.first_use_within(&k, sig(i), e, now, SMALL), Ok(true)),
+                "signature {i} accepted again"
+            );
+        }
     }
 
     /// A parked key's floor reaches the store in the commit that deletes its forgotten
