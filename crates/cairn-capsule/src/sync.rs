@@ -466,6 +466,20 @@ impl SessionSeal {
         })
     }
 
+    /// What message `seq` of the side `from_responder` names is signed as.
+    fn message(&self, from_responder: bool, seq: u64, msg: Option<&SyncMsg>) -> Result<Vec<u8>> {
+        Ok(sync_msg_message(
+            &self.capsule,
+            &self.initiator,
+            &self.responder,
+            self.session,
+            self.nonce_of(from_responder, seq)?,
+            from_responder,
+            seq,
+            msg,
+        ))
+    }
+
     /// Signs the next message this side sends, with `server`'s key (which must be this
     /// side's key).
     pub fn seal(&mut self, server: &CapsuleServer, msg: Option<&SyncMsg>) -> Result<Signature> {
@@ -478,16 +492,7 @@ impl SessionSeal {
                 "this anti-entropy session is {me}'s, not this server's"
             )));
         }
-        let m = sync_msg_message(
-            &self.capsule,
-            &self.initiator,
-            &self.responder,
-            self.session,
-            self.nonce_of(from_responder, self.sent)?,
-            from_responder,
-            self.sent,
-            msg,
-        );
+        let m = self.message(from_responder, self.sent, msg)?;
         self.sent += 1;
         Ok(server.sign_sync_msg(&m))
     }
@@ -500,16 +505,7 @@ impl SessionSeal {
             Role::Initiator => (self.responder, true),
             Role::Responder => (self.initiator, false),
         };
-        let m = sync_msg_message(
-            &self.capsule,
-            &self.initiator,
-            &self.responder,
-            self.session,
-            self.nonce_of(from_responder, self.received)?,
-            from_responder,
-            self.received,
-            msg,
-        );
+        let m = self.message(from_responder, self.received, msg)?;
         peer.verify(crate::server::DOMAIN_SYNC_MSG, &m, sig)
             .map_err(|_| {
                 Error::Rejected(format!(
