@@ -1620,6 +1620,9 @@ fn verify_version(
     file: Option<&Path>,
     out: &mut impl Write,
 ) -> Result<()> {
+    // Nothing is printed until every check passed: a reader that closes the pipe early
+    // (`| head -n1`) would otherwise end the command, as a success, before the last checks.
+    let (stdout, out) = (out, &mut Vec::new());
     let db = bucket.db();
     let kb = key.as_bytes();
     let uid = match uid {
@@ -1667,6 +1670,7 @@ fn verify_version(
         );
     }
     writeln!(out, "proof OK")?;
+    stdout.write_all(out)?;
     Ok(())
 }
 
@@ -1751,11 +1755,12 @@ fn verify_proof_file(
             file.display()
         )
     })?;
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
+    // Printed once every check passed (see `verify_version`).
+    let mut out = Vec::new();
     writeln!(out, "capsule  {capsule}")?;
     print_version_proof(&vp, &meta, key.as_bytes(), uid, &mut out)?;
     writeln!(out, "proof OK")?;
+    io::stdout().lock().write_all(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 

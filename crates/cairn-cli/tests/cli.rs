@@ -590,6 +590,19 @@ fn bucket_mutations_are_signed_records_with_proofs() {
     // The same proof does not prove another version, under another capsule name, or
     // after any byte of it changes.
     assert_eq!(check(&pf, &capsule, &v1).status.code(), Some(11));
+    // Also when its output goes to a reader that has gone (`| head -n1`): nothing is
+    // printed before every check passed, so a closed pipe cannot end it as a success
+    // before the proof is checked.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["verify-proof", pf.to_str().unwrap(), "--capsule", &capsule])
+        .args(["--metadata", dir.join("meta").to_str().unwrap()])
+        .args(["--key", "doc", "--uid", &v1])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert_eq!(child.wait().unwrap().code(), Some(11));
     let other = format!("1e20{}", "cd".repeat(32));
     assert_eq!(check(&pf, &other, &d1).status.code(), Some(11));
     let bytes = std::fs::read(&pf).unwrap();
