@@ -86,6 +86,9 @@ pub struct CapsuleDag {
     name: CapsuleName,
     nodes: foldhash::HashMap<RecordName, Node>,
     children: foldhash::HashMap<RecordName, Vec<RecordName>>,
+    /// The proven ones among `children` (kept as records become proven), so searches
+    /// through the proven part never step over the unsigned records anyone may write.
+    proven_children: foldhash::HashMap<RecordName, Vec<RecordName>>,
     heads: BTreeSet<RecordName>,
     /// Heads of the proven part: proven records no proven record points to (kept as
     /// records become proven, so asking costs nothing however many unsigned records
@@ -113,6 +116,7 @@ impl CapsuleDag {
             name,
             nodes: Default::default(),
             children: Default::default(),
+            proven_children: Default::default(),
             heads: BTreeSet::new(),
             proven_heads: BTreeSet::new(),
             proven_order: Vec::new(),
@@ -219,6 +223,16 @@ impl CapsuleDag {
     /// Present records that point to `name`.
     pub fn children(&self, name: &RecordName) -> &[RecordName] {
         self.children.get(name).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Proven records that point to `name` (in the order they became proven).
+    pub fn proven_children(&self, name: &RecordName) -> &[RecordName] {
+        self.proven_children.get(name).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Whether a proven record points to `name`.
+    pub fn has_proven_child(&self, name: &RecordName) -> bool {
+        !self.proven_children(name).is_empty()
     }
 
     /// Proven records in the order they became proven, as positions in [`Self::order`]:
@@ -348,9 +362,10 @@ impl CapsuleDag {
         if let Some(n) = self.nodes.get(name) {
             for p in n.backpointers.iter() {
                 self.proven_heads.remove(p);
+                self.proven_children.entry(*p).or_default().push(*name);
             }
         }
-        if !self.children(name).iter().any(|c| self.is_proven(c)) {
+        if !self.has_proven_child(name) {
             self.proven_heads.insert(*name);
         }
     }
@@ -423,11 +438,11 @@ impl CapsuleDag {
             if d + 1 >= limit {
                 break;
             }
-            for c in self.children(&x) {
+            for c in self.proven_children(&x) {
                 // Only proven children: a path to a trusted record runs through proven
                 // records alone, and a capsule's unsigned records (anyone may write them)
                 // would otherwise make every proof walk all of them.
-                if !self.is_proven(c) || parent.contains_key(c) || c == name {
+                if parent.contains_key(c) || c == name {
                     continue;
                 }
                 parent.insert(*c, x);

@@ -2621,7 +2621,7 @@ impl CapsuleServer {
         let mut visited: HashSet<RecordName> = HashSet::new();
         let mut queue: VecDeque<RecordName> = VecDeque::new();
         for (n, r) in &fresh {
-            let by_child = cap.dag.children(n).iter().any(|c| cap.dag.is_proven(c));
+            let by_child = cap.dag.has_proven_child(n);
             if r.signature.is_some() || late_sigs.contains_key(n) || by_child {
                 proven.insert(*n);
                 visited.insert(*n);
@@ -2766,7 +2766,7 @@ impl CapsuleServer {
                         .map(|n| n.backpointers.to_vec())
                         .unwrap_or_default()
                 } else {
-                    dag.children(&x).to_vec()
+                    dag.proven_children(&x).to_vec()
                 };
                 // Through proven records only (what is sent): an unproven record's
                 // descendants are unproven too, and the ancestors of a proven one proven.
@@ -2785,7 +2785,7 @@ impl CapsuleServer {
         let peer_roots: BTreeSet<RecordName> = peer_roots.iter().copied().collect();
         for h in &peer_heads {
             // Stale branch: the peer's head has proven descendants here.
-            if dag.contains(h) && dag.children(h).iter().any(|c| dag.is_proven(c)) {
+            if dag.contains(h) && dag.has_proven_child(h) {
                 walk(*h, false, usize::MAX, &mut out, &mut seen);
             }
         }

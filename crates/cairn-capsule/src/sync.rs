@@ -681,7 +681,7 @@ impl SyncState {
             let holes: Vec<RecordName> = d
                 .missing()
                 .into_iter()
-                .filter(|m| d.children(m).iter().any(|c| d.is_proven(c)))
+                .filter(|m| d.has_proven_child(m))
                 .collect();
             (d.proven_heads(), holes)
         })?;
@@ -862,7 +862,7 @@ impl SyncState {
             };
             let proven = |n: &RecordName| d.is_proven(n);
             // A hole matters when a proven record points at it.
-            let wanted_hole = |n: &RecordName| d.children(n).iter().any(proven);
+            let wanted_hole = |n: &RecordName| d.has_proven_child(n);
             (
                 cut(d.heads(), &proven),
                 cut(d.roots(), &proven),

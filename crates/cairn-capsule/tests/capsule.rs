@@ -1756,7 +1756,8 @@ fn a_record_of_subrecords_is_not_opened_as_a_body() {
 /// Random DAGs of plain records, inserted in a random order (children before parents
 /// make holes that later fill) with signatures on random records at random times:
 /// after every step, the proven heads the DAG keeps are exactly the proven records no
-/// proven record points to (the definition, computed over the whole DAG).
+/// proven record points to (the definition, computed over the whole DAG), and each
+/// record's (or hole's) proven children exactly its children that are proven.
 #[test]
 fn proven_heads_match_their_definition_on_random_dags() {
     let wk = SigningKey::from_seed(&[1; 32]);
@@ -1820,6 +1821,20 @@ fn proven_heads_match_their_definition_on_random_dags() {
                 .into_iter()
                 .collect();
             prop_assert_eq!(dag.proven_heads(), by_definition);
+            // The proven children kept (what proof searches walk) are exactly the proven
+            // ones among the children, of present records and of holes alike.
+            for n in inserted.iter().chain(dag.missing().iter()) {
+                let kept: BTreeSet<RecordName> =
+                    dag.proven_children(n).iter().copied().collect();
+                let by_definition: BTreeSet<RecordName> = dag
+                    .children(n)
+                    .iter()
+                    .copied()
+                    .filter(|k| dag.is_proven(k))
+                    .collect();
+                prop_assert_eq!(dag.proven_children(n).len(), kept.len());
+                prop_assert_eq!(kept, by_definition);
+            }
         }
     });
 }
