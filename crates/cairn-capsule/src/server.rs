@@ -1001,7 +1001,7 @@ impl CapsuleServer {
     }
 
     /// Create(metadata): stores the metadata and an empty journal. Creating a capsule that
-    /// exists is acknowledged again and changes nothing.
+    /// exists is acknowledged again, with its current log size, and changes nothing.
     pub fn create(&self, meta: &CapsuleMetadata) -> Result<Ack> {
         let bytes = meta.encode();
         let name = meta.name();
@@ -1014,7 +1014,10 @@ impl CapsuleServer {
         })?;
         let mut caps = self.capsules.lock();
         if caps.map.contains(&name) || self.store.get_ref(&ref_name(&name))?.is_some() {
-            return Ok(self.make_ack(name, AckKind::Created, 0));
+            // The ack names the log as it stands (loaded for it if need be).
+            drop(caps);
+            let size = self.capsule(&name)?.lock().dag.log().size();
+            return Ok(self.make_ack(name, AckKind::Created, size));
         }
         self.store.put_hashed(*name.hash(), &bytes)?;
         let journal = encode_journal(None, 0, &[]);
@@ -2323,6 +2326,10 @@ impl SyncRecord {
         if self.header.capsule != meta.name() {
             return Err(Error::Rejected("record names another capsule".into()));
         }
+        // A header built in memory (not decoded from the wire) may break what the
+        // journal's decoder takes back: refused, as the write paths refuse it, so it
+        // cannot keep the capsule from loading.
+        check_reloadable(&self.header)?;
         let name = self.header.name();
         let mut sub_names = Vec::new();
         match (&self.header.body, &self.body) {

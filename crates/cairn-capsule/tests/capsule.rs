@@ -69,6 +69,12 @@ fn write_read_prove_with_and_without_cache() {
     let (server, mut w, meta, bk) = setup();
     let c = meta.name();
     let names = write_chain(&server, &mut w, 100, 10);
+    // Creating it again changes nothing and the ack names the log as it stands.
+    let again = server.create(&meta).unwrap();
+    again
+        .verify(&server.public_key(), &c, &AckKind::Created)
+        .unwrap();
+    assert_eq!(again.log_size, 100);
     // Without a cache: every proof verifies and runs to the next signature.
     let mut plain = Reader::new(
         c,

@@ -1132,3 +1132,36 @@ fn listed_replicas_keep_their_sync_cursor_across_a_restart() {
     sync_pair(&a, &plain_b, &c).unwrap();
     assert_eq!(refs(&sb), before, "a cursor kept for a peer nobody listed");
 }
+
+/// A record handed to `apply_sync` whose header the journal's decoder would refuse (built
+/// in memory: more backpointers than a header may hold) is refused and counted, as the
+/// write paths refuse it, not journaled where it would keep the capsule from loading.
+#[test]
+fn apply_sync_refuses_a_header_the_journal_could_not_reload() {
+    let (a, _, c, _) = scenario(4, 1, &[0, 0, 0, 0], &[]);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let w = Writer::new(a.metadata(&c).unwrap(), wk, None).unwrap();
+    let backpointers: Vec<RecordName> = (0..1025u32)
+        .map(|i| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes())))
+        .collect();
+    let mut r = Record::new(c, b"too many backpointers".to_vec(), backpointers);
+    r.header.backpointers.dedup();
+    let name = r.name();
+    let body = match &r.header.body {
+        BodyRef::Plain { .. } => SyncBody::Plain(r.body.clone()),
+        _ => unreachable!(),
+    };
+    let before = present(&a, &c);
+    let report = a
+        .apply_sync(
+            &c,
+            &[SyncRecord {
+                header: r.header.clone(),
+                body,
+                signature: Some(w.sign(&name)),
+            }],
+        )
+        .unwrap();
+    assert_eq!(report.corrupt, 1, "{report:?}");
+    assert_eq!(present(&a, &c), before);
+}
