@@ -104,6 +104,26 @@ pub struct CapsuleDag {
     order: Vec<RecordName>,
     log: MerkleLog,
     unproven: usize,
+    /// What the unproven records hold in memory, by [`unproven_cost`].
+    unproven_bytes: u64,
+}
+
+/// Bytes of memory a record is taken to hold while no signature covers it: its header,
+/// its backpointers twice (kept, and indexed as children), a fixed overhead, and for a
+/// subrecord record its subrecords' index entries. What [`CapsuleDag::unproven_bytes`]
+/// adds up, for a server's budget of records anyone may write.
+pub fn unproven_cost(header_len: usize, backpointers: usize, body: &StoredBody) -> u64 {
+    const NAME: u64 = 34;
+    const NODE: u64 = 160;
+    const SUBRECORD: u64 = 80;
+    let subrecords = match body {
+        StoredBody::Plain { .. } => 0,
+        StoredBody::Subrecords { count, .. } => *count,
+    };
+    (header_len as u64)
+        .saturating_add(2 * NAME * backpointers as u64)
+        .saturating_add(NODE)
+        .saturating_add(subrecords.saturating_mul(SUBRECORD))
 }
 
 impl CapsuleDag {
@@ -126,6 +146,7 @@ impl CapsuleDag {
             order: Vec::new(),
             log,
             unproven: 0,
+            unproven_bytes: 0,
         }
     }
 
@@ -152,6 +173,11 @@ impl CapsuleDag {
     /// Records present with no witness yet.
     pub fn unproven(&self) -> usize {
         self.unproven
+    }
+
+    /// What the records present with no witness yet hold, by [`unproven_cost`].
+    pub fn unproven_bytes(&self) -> u64 {
+        self.unproven_bytes
     }
 
     /// Checks that `header` may join this capsule (before anything is stored).
@@ -297,6 +323,9 @@ impl CapsuleDag {
         if root {
             self.roots.insert(name);
         }
+        let encoded = header.encode();
+        self.unproven += 1;
+        self.unproven_bytes += unproven_cost(encoded.len(), header.backpointers.len(), &body);
         self.nodes.insert(
             name,
             Node {
@@ -304,10 +333,9 @@ impl CapsuleDag {
                 witness: Witness::Unknown,
                 index,
                 body,
-                header: header.encode().into_boxed_slice(),
+                header: encoded.into_boxed_slice(),
             },
         );
-        self.unproven += 1;
         if let Some(h) = witness.hops() {
             self.set_witness(&name, witness);
             self.propagate(name, h);
@@ -354,6 +382,10 @@ impl CapsuleDag {
             return;
         }
         self.unproven -= 1;
+        if let Some(n) = self.nodes.get(name) {
+            let cost = unproven_cost(n.header.len(), n.backpointers.len(), &n.body);
+            self.unproven_bytes = self.unproven_bytes.saturating_sub(cost);
+        }
         if let Some(n) = self.nodes.get(name) {
             self.proven_order.push(n.index);
         }

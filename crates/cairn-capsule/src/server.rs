@@ -81,6 +81,12 @@ pub struct ServerOptions {
     /// Most records per capsule that no writer signature covers yet; past it, writes are
     /// refused until the writer signs.
     pub max_unproven: usize,
+    /// Most memory per capsule those records may hold, as
+    /// [`crate::dag::unproven_cost`] counts it (headers, backpointers, subrecord index
+    /// entries): anyone may write unsigned records, and a count alone let a few of the
+    /// largest ones hold gigabytes. Past it, writes that add unproven records are refused
+    /// until the writer signs.
+    pub max_unproven_bytes: u64,
     /// Most subrecord trees each capsule keeps in memory for proofs.
     pub tree_cache: usize,
     /// Most leaves, across its cached trees, each capsule keeps in memory (a tree keeps
@@ -123,6 +129,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             max_unproven: 1_000_000,
+            max_unproven_bytes: 64 << 20,
             tree_cache: 256,
             tree_cache_leaves: 1 << 22,
             body_cache_bytes: 256 << 20,
@@ -1326,7 +1333,8 @@ impl CapsuleServer {
         // Records of the batch its signatures prove (a signed record and every record of
         // the batch it reaches through backpointers) are not counted: a writer's chain
         // signed at its newest record is taken whatever unsigned records others left.
-        let new_unproven = fresh.len() - proven_in_batch(&batch, &fresh, records, signatures);
+        let proven = proven_in_batch(&batch, &fresh, records, signatures);
+        let new_unproven = proven.iter().filter(|p| !**p).count();
         if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
             return Err(Error::Unavailable(format!(
                 "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
@@ -1334,6 +1342,23 @@ impl CapsuleServer {
                 self.opts.max_unproven
             )));
         }
+        // Their memory too, unless a signature here covers present records (which then
+        // leave the budget).
+        let new_bytes: u64 = fresh
+            .iter()
+            .zip(&proven)
+            .filter(|(_, p)| !**p)
+            .map(|(&i, _)| {
+                crate::dag::unproven_cost(
+                    encoded[i].len(),
+                    records[i].header.backpointers.len(),
+                    &StoredBody::Plain {
+                        cid: *names[i].hash(),
+                    },
+                )
+            })
+            .sum();
+        self.check_unproven_bytes(capsule, &cap.dag, new_bytes, covered > 0)?;
         let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
         for &i in &fresh {
             let r = &records[i];
@@ -1492,6 +1517,14 @@ impl CapsuleServer {
             return Err(Error::Unavailable(format!(
                 "capsule {capsule} holds too many records no signature covers; sign one first"
             )));
+        }
+        if sig.is_none() {
+            let cost = crate::dag::unproven_cost(
+                hb.len(),
+                header.backpointers.len(),
+                &StoredBody::Subrecords { list: root, count },
+            );
+            self.check_unproven_bytes(capsule, &cap.dag, cost, false)?;
         }
         let list_cid = self.store_subrecords(subrecords, &names)?;
         self.store.put_hashed(*name.hash(), &hb)?;
@@ -2492,6 +2525,27 @@ impl CapsuleServer {
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
     }
 
+    /// Refuses (as [`Error::Unavailable`]) unproven records of `cost` bytes that would take
+    /// `dag` past [`ServerOptions::max_unproven_bytes`], unless `covering` (a signature
+    /// in the same request proves present records, which then leave the budget).
+    fn check_unproven_bytes(
+        &self,
+        capsule: &CapsuleName,
+        dag: &CapsuleDag,
+        cost: u64,
+        covering: bool,
+    ) -> Result<()> {
+        let held = dag.unproven_bytes();
+        if cost == 0 || covering || held.saturating_add(cost) <= self.opts.max_unproven_bytes {
+            return Ok(());
+        }
+        Err(Error::Unavailable(format!(
+            "capsule {capsule}'s records no signature covers already hold {held} bytes, and \
+             these would add {cost} (limit {}); sign one first",
+            self.opts.max_unproven_bytes
+        )))
+    }
+
     /// Signs a message of a remote anti-entropy session ([`crate::sync::sync_msg_message`])
     /// with this server's key.
     pub fn sign_sync_msg(&self, msg: &[u8]) -> Signature {
@@ -2839,7 +2893,7 @@ fn body_mismatch(name: &RecordName) -> Error {
     ))
 }
 
-/// How many of the batch's fresh records (`batch[j]` is `records[fresh[j]]`'s name) its
+/// Which of the batch's fresh records (`batch[j]` is `records[fresh[j]]`'s name) its
 /// `signatures` prove: a signed record and every fresh record it reaches through
 /// backpointers within the batch.
 fn proven_in_batch(
@@ -2847,13 +2901,13 @@ fn proven_in_batch(
     fresh: &[usize],
     records: &[Record],
     signatures: &[(RecordName, WriterSignature)],
-) -> usize {
+) -> Vec<bool> {
     // Most batches: no signature, or one record.
     if signatures.is_empty() || batch.is_empty() {
-        return 0;
+        return vec![false; batch.len()];
     }
     if batch.len() == 1 {
-        return usize::from(signatures.iter().any(|(n, _)| *n == batch[0]));
+        return vec![signatures.iter().any(|(n, _)| *n == batch[0])];
     }
     let at: HashMap<&RecordName, usize> = batch.iter().enumerate().map(|(j, n)| (n, j)).collect();
     let mut proven = vec![false; batch.len()];
@@ -2873,7 +2927,7 @@ fn proven_in_batch(
             }
         }
     }
-    proven.iter().filter(|p| **p).count()
+    proven
 }
 
 /// Refuses a Hello stamped `at` more than [`SYNC_HELLO_WINDOW_MICROS`] from `now`.

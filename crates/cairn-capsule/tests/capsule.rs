@@ -1621,6 +1621,71 @@ fn a_signed_chain_is_taken_when_unsigned_records_fill_the_limit() {
     }
 }
 
+/// Unsigned records are also bounded by the memory they hold (`max_unproven_bytes`):
+/// records of 1024 made-up backpointers, or an unsigned commit of many subrecords, are
+/// refused once the budget is spent, with nothing stored, while a writer's signed chain is
+/// still taken; once the writer signs past what it had left unsigned, the budget frees.
+#[test]
+fn unsigned_records_are_bounded_by_the_memory_they_hold() {
+    let srv = server_with(ServerOptions {
+        max_unproven_bytes: 1 << 20,
+        ..ServerOptions::default()
+    });
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "budget");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    // A writer's own unsigned records hold some of it until the writer signs past them.
+    let mut w = Writer::new(meta.clone(), wk.clone(), None).unwrap();
+    let mine: Vec<Record> = (0..3)
+        .map(|i| w.record(format!("m{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    srv.write(&c, &mine, &[]).unwrap();
+    assert!(srv.with_dag(&c, |d| d.unproven_bytes()).unwrap() > 0);
+    let last = mine[2].name();
+    srv.sign(&c, &last, w.sign(&last)).unwrap();
+    assert_eq!(srv.with_dag(&c, |d| d.unproven_bytes()).unwrap(), 0);
+    let fat = |i: u32| {
+        let back: Vec<RecordName> = (0..1024u32)
+            .map(|j| {
+                RecordName(HashAlgo::Blake3.digest(&[i.to_le_bytes(), j.to_le_bytes()].concat()))
+            })
+            .collect();
+        Record::new(c, i.to_le_bytes().to_vec(), back)
+    };
+    // Each holds about 104 KiB by the count (1024 names twice, and the header).
+    let mut taken = 0;
+    let e = loop {
+        match srv.write(&c, &[fat(taken)], &[]) {
+            Ok(_) => taken += 1,
+            Err(e) => break e,
+        }
+        assert!(taken < 100, "the budget never ran out");
+    };
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert!(e.to_string().contains("sign one first"), "{e}");
+    assert!((5..=10).contains(&taken), "{taken}");
+    assert!(srv.with_dag(&c, |d| d.unproven_bytes()).unwrap() <= 1 << 20);
+    assert!(srv.read(&c, &fat(taken).name()).is_err(), "nothing stored");
+    // An unsigned commit of many subrecords is refused too.
+    let mut w = Writer::new(meta.clone(), wk.clone(), None).unwrap();
+    for i in 0..20_000u32 {
+        w.write_subrecord(&i.to_le_bytes()).unwrap();
+    }
+    let (h, subs, sig) = w.commit_subrecords(&[]).unwrap();
+    let e = srv.commit_subrecords(&c, &h, &subs, None).unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    // Signed, it is taken; a writer's signed chain is too.
+    srv.commit_subrecords(&c, &h, &subs, Some(sig)).unwrap();
+    let mut w = Writer::new(meta.clone(), wk.clone(), None).unwrap();
+    let chain: Vec<Record> = (0..3)
+        .map(|i| w.record(format!("r{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    let newest = chain[2].name();
+    srv.write(&c, &chain, &[(newest, w.sign(&newest))]).unwrap();
+}
+
 /// A subrecord someone first put into an unsigned record (anyone may write one, and a
 /// plaintext subrecord's name is predictable) still has a proof once the writer's signed
 /// record holds it: proofs go through a proven record. Before, the subrecord was indexed
@@ -1841,6 +1906,16 @@ fn proven_heads_match_their_definition_on_random_dags() {
                 prop_assert_eq!(dag.proven_children(n).len(), kept.len());
                 prop_assert_eq!(kept, by_definition);
             }
+            // The memory budget of unproven records adds up what they hold.
+            let held: u64 = inserted
+                .iter()
+                .filter(|n| !dag.is_proven(n))
+                .map(|n| {
+                    let x = dag.node(n).unwrap();
+                    cairn_capsule::dag::unproven_cost(x.header.len(), x.backpointers.len(), &x.body)
+                })
+                .sum();
+            prop_assert_eq!(dag.unproven_bytes(), held);
         }
     });
 }
