@@ -113,15 +113,17 @@ pub struct CapsuleDag {
 /// subrecord record its subrecords' index entries. What [`CapsuleDag::unproven_bytes`]
 /// adds up, for a server's budget of records anyone may write.
 pub fn unproven_cost(header_len: usize, backpointers: usize, body: &StoredBody) -> u64 {
-    const NAME: u64 = 34;
-    const NODE: u64 = 160;
+    // A backpointer is kept in the node, indexed as a child (an entry and a vector of its
+    // own when its target is absent) and, when absent, listed as missing.
+    const BACKPOINTER: u64 = 200;
+    const NODE: u64 = 320;
     const SUBRECORD: u64 = 80;
     let subrecords = match body {
         StoredBody::Plain { .. } => 0,
         StoredBody::Subrecords { count, .. } => *count,
     };
     (header_len as u64)
-        .saturating_add(2 * NAME * backpointers as u64)
+        .saturating_add(BACKPOINTER * backpointers as u64)
         .saturating_add(NODE)
         .saturating_add(subrecords.saturating_mul(SUBRECORD))
 }
@@ -178,6 +180,44 @@ impl CapsuleDag {
     /// What the records present with no witness yet hold, by [`unproven_cost`].
     pub fn unproven_bytes(&self) -> u64 {
         self.unproven_bytes
+    }
+
+    /// The present records with no witness yet that signatures on `signed` would prove
+    /// (those among `signed` and the unproven records their backpointers reach): how many,
+    /// and what they hold by [`unproven_cost`]. What a write carrying those signatures
+    /// frees of a server's budget of unproven records.
+    pub fn unproven_reached<'a>(
+        &self,
+        signed: impl IntoIterator<Item = &'a RecordName>,
+    ) -> (usize, u64) {
+        let unproven = |n: &RecordName| {
+            self.nodes
+                .get(n)
+                .is_some_and(|x| x.witness == Witness::Unknown)
+        };
+        let mut seen: std::collections::HashSet<RecordName> = Default::default();
+        let mut stack: Vec<RecordName> = signed
+            .into_iter()
+            .filter(|n| unproven(n))
+            .copied()
+            .collect();
+        let (mut count, mut bytes) = (0usize, 0u64);
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            let Some(x) = self.nodes.get(&n) else {
+                continue;
+            };
+            count += 1;
+            bytes += unproven_cost(x.header.len(), x.backpointers.len(), &x.body);
+            stack.extend(
+                x.backpointers
+                    .iter()
+                    .filter(|p| unproven(p) && !seen.contains(*p)),
+            );
+        }
+        (count, bytes)
     }
 
     /// Checks that `header` may join this capsule (before anything is stored).
@@ -384,6 +424,7 @@ impl CapsuleDag {
         self.unproven -= 1;
         if let Some(n) = self.nodes.get(name) {
             let cost = unproven_cost(n.header.len(), n.backpointers.len(), &n.body);
+            debug_assert!(self.unproven_bytes >= cost, "unproven bytes drifted");
             self.unproven_bytes = self.unproven_bytes.saturating_sub(cost);
         }
         if let Some(n) = self.nodes.get(name) {

@@ -1324,16 +1324,15 @@ impl CapsuleServer {
         // Signatures that can prove something new: on distinct records of this batch or on
         // present records no signature covers yet (a repeated signature, or one on a record
         // already signed, covers nothing).
-        let covered = signatures
-            .iter()
-            .map(|(n, _)| n)
-            .filter(|n| cap.dag.contains(n) && cap.dag.signature(n).is_none())
-            .collect::<HashSet<_>>()
-            .len();
+        // (Counted as the present unproven records they prove, and what those hold: a
+        // signature on a record already proven through another signs nothing new.)
+        let (covered, freed) = cap.dag.unproven_reached(signatures.iter().map(|(n, _)| n));
         // Records of the batch its signatures prove (a signed record and every record of
         // the batch it reaches through backpointers) are not counted: a writer's chain
         // signed at its newest record is taken whatever unsigned records others left.
-        let proven = proven_in_batch(&batch, &fresh, records, signatures);
+        let proven = proven_in_batch(&batch, &fresh, records, signatures, |n| {
+            cap.dag.has_proven_child(n)
+        });
         let new_unproven = proven.iter().filter(|p| !**p).count();
         if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
             return Err(Error::Unavailable(format!(
@@ -1342,8 +1341,7 @@ impl CapsuleServer {
                 self.opts.max_unproven
             )));
         }
-        // Their memory too, unless a signature here covers present records (which then
-        // leave the budget).
+        // Their memory too, less what the signatures here free of present records.
         let new_bytes: u64 = fresh
             .iter()
             .zip(&proven)
@@ -1358,7 +1356,7 @@ impl CapsuleServer {
                 )
             })
             .sum();
-        self.check_unproven_bytes(capsule, &cap.dag, new_bytes, covered > 0)?;
+        self.check_unproven_bytes(capsule, &cap.dag, new_bytes, freed)?;
         let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
         for &i in &fresh {
             let r = &records[i];
@@ -1524,7 +1522,7 @@ impl CapsuleServer {
                 header.backpointers.len(),
                 &StoredBody::Subrecords { list: root, count },
             );
-            self.check_unproven_bytes(capsule, &cap.dag, cost, false)?;
+            self.check_unproven_bytes(capsule, &cap.dag, cost, 0)?;
         }
         let list_cid = self.store_subrecords(subrecords, &names)?;
         self.store.put_hashed(*name.hash(), &hb)?;
@@ -2526,17 +2524,17 @@ impl CapsuleServer {
     }
 
     /// Refuses (as [`Error::Unavailable`]) unproven records of `cost` bytes that would take
-    /// `dag` past [`ServerOptions::max_unproven_bytes`], unless `covering` (a signature
-    /// in the same request proves present records, which then leave the budget).
+    /// `dag` past [`ServerOptions::max_unproven_bytes`], counting `freed` bytes of present
+    /// records the same request's signatures prove (they leave the budget).
     fn check_unproven_bytes(
         &self,
         capsule: &CapsuleName,
         dag: &CapsuleDag,
         cost: u64,
-        covering: bool,
+        freed: u64,
     ) -> Result<()> {
-        let held = dag.unproven_bytes();
-        if cost == 0 || covering || held.saturating_add(cost) <= self.opts.max_unproven_bytes {
+        let held = dag.unproven_bytes().saturating_sub(freed);
+        if cost == 0 || held.saturating_add(cost) <= self.opts.max_unproven_bytes {
             return Ok(());
         }
         Err(Error::Unavailable(format!(
@@ -2893,27 +2891,28 @@ fn body_mismatch(name: &RecordName) -> Error {
     ))
 }
 
-/// Which of the batch's fresh records (`batch[j]` is `records[fresh[j]]`'s name) its
-/// `signatures` prove: a signed record and every fresh record it reaches through
-/// backpointers within the batch.
+/// Which of the batch's fresh records (`batch[j]` is `records[fresh[j]]`'s name) are
+/// proven as they arrive: a signed one, one a present proven record points to, and every
+/// fresh record those reach through backpointers within the batch.
 fn proven_in_batch(
     batch: &[RecordName],
     fresh: &[usize],
     records: &[Record],
     signatures: &[(RecordName, WriterSignature)],
+    has_proven_child: impl Fn(&RecordName) -> bool,
 ) -> Vec<bool> {
-    // Most batches: no signature, or one record.
-    if signatures.is_empty() || batch.is_empty() {
-        return vec![false; batch.len()];
-    }
-    if batch.len() == 1 {
-        return vec![signatures.iter().any(|(n, _)| *n == batch[0])];
+    // Most batches: one record.
+    if let [one] = batch {
+        return vec![signatures.iter().any(|(n, _)| n == one) || has_proven_child(one)];
     }
     let at: HashMap<&RecordName, usize> = batch.iter().enumerate().map(|(j, n)| (n, j)).collect();
     let mut proven = vec![false; batch.len()];
+    // Starting points: signed records of the batch, and records a present proven record
+    // already points to (a hole being filled is proven as it arrives).
     let mut stack: Vec<usize> = signatures
         .iter()
         .filter_map(|(n, _)| at.get(n).copied())
+        .chain((0..batch.len()).filter(|&j| has_proven_child(&batch[j])))
         .collect();
     while let Some(j) = stack.pop() {
         if std::mem::replace(&mut proven[j], true) {
