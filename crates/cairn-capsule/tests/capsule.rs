@@ -1692,7 +1692,7 @@ fn unsigned_records_are_bounded_by_the_memory_they_hold() {
         }
         assert!(i < 10_000);
     }
-    srv.write(&c, &[hole.clone()], &[]).unwrap();
+    srv.write(&c, std::slice::from_ref(&hole), &[]).unwrap();
     assert!(srv.prove(&c, &hole.name(), None).is_ok());
     // A signature on a present unsigned record frees what that record holds, not the
     // whole budget: it does not carry a large unsigned record in with it.
