@@ -981,9 +981,24 @@ fn lying_node_seq(headers: String, bodies: Vec<Vec<u8>>) -> String {
             );
             let _ = conn.write_all(resp.as_bytes());
             let _ = conn.write_all(body);
+            drain_then_close(conn);
         }
     });
     format!("http://{addr}")
+}
+
+/// Ends a fake node's answer without a reset: the request body it did not read (an
+/// upload it answered early) is read and dropped until the client closes, on a thread
+/// of its own. Closed with unread bytes, the socket would send a reset, and the client,
+/// still writing, could fail on it before reading the answer (as a real node's
+/// answer-then-close does not make it).
+fn drain_then_close(mut conn: std::net::TcpStream) {
+    std::thread::spawn(move || {
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+        let mut sink = [0u8; 1 << 16];
+        while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
+    });
 }
 
 /// The frames of a verified stream, cut apart (`u32` LE length, chunk).
