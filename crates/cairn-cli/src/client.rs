@@ -1513,6 +1513,7 @@ impl Client {
                 self.bucket
             )));
         }
+        check_bucket_named(&meta, &self.bucket)?;
         let proof = self
             .get_bytes(self.url("proof", Some(key), &[("uid", uid.to_string())])?)
             .map_err(|e| refuse("the proof of the version", e))?;
@@ -1544,10 +1545,25 @@ impl Client {
         out: &mut impl Write,
     ) -> Result<()> {
         let branch = branch.or_else(|| uid.is_none().then(|| DEFAULT_BRANCH.to_string()));
+        let asked = branch.clone();
         // The version first (its Meta chunk alone), its content last: a stream opened
         // before the other requests would wait on the node meanwhile.
         let (uid, version) = self.open_version_part(key, uid, branch, true)?;
         let p = self.proven(key, &uid, version.object(), pinned.as_ref())?;
+        if let Some(b) = &asked
+            && p.record.branch.as_deref() != Some(b.as_str())
+        {
+            // The node picked the version as the branch's head; the proof is of the
+            // writer's record of it, which names where it was made.
+            eprintln!(
+                "note: the writer recorded version {uid} on {}, not on branch {b:?}: the proof \
+                 shows the writer made it, not that it is {b:?}'s head",
+                p.record.branch.as_deref().map_or_else(
+                    || "an untagged head".to_string(),
+                    |r| format!("branch {r:?}")
+                )
+            );
+        }
         let (vp, meta) = (&p.proof, &p.meta);
         let capsule = meta.name();
         // Printed once the content checked out too, so that no "valid" line reaches stdout
@@ -2020,6 +2036,24 @@ fn stalled(base: &str, what: &str, d: Duration) -> anyhow::Error {
     .into()
 }
 
+/// Refuses (as [`Error::Rejected`]) capsule metadata that does not name `bucket` in its
+/// bucket setting: every bucket's capsule names its bucket, so a node answering for one
+/// bucket with another's metadata (and that bucket's proofs) is caught even when the
+/// capsule is not pinned.
+fn check_bucket_named(meta: &CapsuleMetadata, bucket: &str) -> Result<()> {
+    let named = meta
+        .settings
+        .get(cairn_capsule::bucket::BUCKET_SETTING)
+        .map(String::as_str);
+    if named != Some(bucket) {
+        bail!(Error::Rejected(format!(
+            "the node's capsule metadata is for bucket {}, not {bucket:?}",
+            named.map_or_else(|| "(none named)".to_string(), |b| format!("{b:?}"))
+        )));
+    }
+    Ok(())
+}
+
 /// A request that did not get an answer.
 fn transport(base: &str, e: reqwest::Error) -> anyhow::Error {
     let mut msg = e.to_string();
@@ -2216,6 +2250,25 @@ mod tests {
         assert!(last.is_err(), "the error is passed on");
         let n: usize = ok.iter().map(|p| p.as_ref().unwrap().len()).sum();
         assert_eq!(n, 20_000, "every byte read before the error is sent");
+    }
+
+    /// Metadata naming another bucket, or none, is refused; the bucket's own passes.
+    #[test]
+    fn metadata_must_name_the_bucket_asked_for() {
+        let key = SigningKey::from_seed(&[4; 32]);
+        let mut meta = CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, key.public(), "x");
+        let e = check_bucket_named(&meta, "b").unwrap_err();
+        assert!(e.to_string().contains("(none named)"), "{e}");
+        meta.settings.insert(
+            cairn_capsule::bucket::BUCKET_SETTING.to_string(),
+            "a".to_string(),
+        );
+        let e = check_bucket_named(&meta, "b").unwrap_err();
+        assert!(
+            matches!(e.downcast_ref::<Error>(), Some(Error::Rejected(_))),
+            "{e}"
+        );
+        check_bucket_named(&meta, "a").unwrap();
     }
 
     /// A node on loopback that reads a request's head (and `body` bytes of its body), then
