@@ -64,6 +64,16 @@ pub enum StoredBody {
     },
 }
 
+impl StoredBody {
+    /// Subrecords the body holds (0 for a plain body).
+    pub fn subrecords(&self) -> u64 {
+        match self {
+            StoredBody::Plain { .. } => 0,
+            StoredBody::Subrecords { count, .. } => *count,
+        }
+    }
+}
+
 /// A present record.
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -78,6 +88,17 @@ pub struct Node {
     /// The encoded header (its hash is the record name), kept so reads and proofs need
     /// not fetch and re-hash the header chunk.
     pub header: Box<[u8]>,
+}
+
+impl Node {
+    /// What this record holds while no signature covers it, by [`unproven_cost`].
+    pub fn unproven_cost(&self) -> u64 {
+        unproven_cost(
+            self.header.len(),
+            self.backpointers.len(),
+            self.body.subrecords(),
+        )
+    }
 }
 
 /// The DAG state of one capsule at one replica.
@@ -112,16 +133,12 @@ pub struct CapsuleDag {
 /// its backpointers twice (kept, and indexed as children), a fixed overhead, and for a
 /// subrecord record its subrecords' index entries. What [`CapsuleDag::unproven_bytes`]
 /// adds up, for a server's budget of records anyone may write.
-pub fn unproven_cost(header_len: usize, backpointers: usize, body: &StoredBody) -> u64 {
+pub fn unproven_cost(header_len: usize, backpointers: usize, subrecords: u64) -> u64 {
     // A backpointer is kept in the node, indexed as a child (an entry and a vector of its
     // own when its target is absent) and, when absent, listed as missing.
     const BACKPOINTER: u64 = 200;
     const NODE: u64 = 320;
     const SUBRECORD: u64 = 80;
-    let subrecords = match body {
-        StoredBody::Plain { .. } => 0,
-        StoredBody::Subrecords { count, .. } => *count,
-    };
     (header_len as u64)
         .saturating_add(BACKPOINTER * backpointers as u64)
         .saturating_add(NODE)
@@ -195,7 +212,7 @@ impl CapsuleDag {
                 .get(n)
                 .is_some_and(|x| x.witness == Witness::Unknown)
         };
-        let mut seen: std::collections::HashSet<RecordName> = Default::default();
+        let mut seen: foldhash::HashSet<RecordName> = Default::default();
         let mut stack: Vec<RecordName> = signed
             .into_iter()
             .filter(|n| unproven(n))
@@ -210,12 +227,8 @@ impl CapsuleDag {
                 continue;
             };
             count += 1;
-            bytes += unproven_cost(x.header.len(), x.backpointers.len(), &x.body);
-            stack.extend(
-                x.backpointers
-                    .iter()
-                    .filter(|p| unproven(p) && !seen.contains(*p)),
-            );
+            bytes += x.unproven_cost();
+            stack.extend(x.backpointers.iter().filter(|p| unproven(p)));
         }
         (count, bytes)
     }
@@ -365,7 +378,8 @@ impl CapsuleDag {
         }
         let encoded = header.encode();
         self.unproven += 1;
-        self.unproven_bytes += unproven_cost(encoded.len(), header.backpointers.len(), &body);
+        self.unproven_bytes +=
+            unproven_cost(encoded.len(), header.backpointers.len(), body.subrecords());
         self.nodes.insert(
             name,
             Node {
@@ -421,22 +435,17 @@ impl CapsuleDag {
         if !newly_proven {
             return;
         }
+        let n = &*n;
         self.unproven -= 1;
-        if let Some(n) = self.nodes.get(name) {
-            let cost = unproven_cost(n.header.len(), n.backpointers.len(), &n.body);
-            debug_assert!(self.unproven_bytes >= cost, "unproven bytes drifted");
-            self.unproven_bytes = self.unproven_bytes.saturating_sub(cost);
-        }
-        if let Some(n) = self.nodes.get(name) {
-            self.proven_order.push(n.index);
-        }
+        let cost = n.unproven_cost();
+        debug_assert!(self.unproven_bytes >= cost, "unproven bytes drifted");
+        self.unproven_bytes = self.unproven_bytes.saturating_sub(cost);
+        self.proven_order.push(n.index);
         // Its parents are proven too (by the propagation this is part of) and no longer
         // heads of the proven part; it is one unless a proven child points to it.
-        if let Some(n) = self.nodes.get(name) {
-            for p in n.backpointers.iter() {
-                self.proven_heads.remove(p);
-                self.proven_children.entry(*p).or_default().push(*name);
-            }
+        for p in n.backpointers.iter() {
+            self.proven_heads.remove(p);
+            self.proven_children.entry(*p).or_default().push(*name);
         }
         if !self.has_proven_child(name) {
             self.proven_heads.insert(*name);

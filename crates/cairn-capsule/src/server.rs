@@ -1321,12 +1321,6 @@ impl CapsuleServer {
                 ws.verify(cap.dag.meta(), n)?;
             }
         }
-        // Signatures that can prove something new: on distinct records of this batch or on
-        // present records no signature covers yet (a repeated signature, or one on a record
-        // already signed, covers nothing).
-        // (Counted as the present unproven records they prove, and what those hold: a
-        // signature on a record already proven through another signs nothing new.)
-        let (covered, freed) = cap.dag.unproven_reached(signatures.iter().map(|(n, _)| n));
         // Records of the batch its signatures prove (a signed record and every record of
         // the batch it reaches through backpointers) are not counted: a writer's chain
         // signed at its newest record is taken whatever unsigned records others left.
@@ -1334,29 +1328,33 @@ impl CapsuleServer {
             cap.dag.has_proven_child(n)
         });
         let new_unproven = proven.iter().filter(|p| !**p).count();
-        if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
-            return Err(Error::Unavailable(format!(
-                "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
-                cap.dag.unproven(),
-                self.opts.max_unproven
-            )));
-        }
-        // Their memory too, less what the signatures here free of present records.
+        // Their memory too.
         let new_bytes: u64 = fresh
             .iter()
             .zip(&proven)
             .filter(|(_, p)| !**p)
             .map(|(&i, _)| {
-                crate::dag::unproven_cost(
-                    encoded[i].len(),
-                    records[i].header.backpointers.len(),
-                    &StoredBody::Plain {
-                        cid: *names[i].hash(),
-                    },
-                )
+                crate::dag::unproven_cost(encoded[i].len(), records[i].header.backpointers.len(), 0)
             })
             .sum();
-        self.check_unproven_bytes(capsule, &cap.dag, new_bytes, freed)?;
+        let over = |covered: usize, freed: u64| {
+            cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered
+                || self.unproven_bytes_over(&cap.dag, new_bytes, freed)
+        };
+        // Signatures on present unproven records free those records and the unsigned ones
+        // they reach (what `unproven_reached` counts: a signature on a record already
+        // proven frees nothing). Walked only when the limits would refuse without them.
+        if over(0, 0) {
+            let (covered, freed) = cap.dag.unproven_reached(signatures.iter().map(|(n, _)| n));
+            if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
+                return Err(Error::Unavailable(format!(
+                    "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
+                    cap.dag.unproven(),
+                    self.opts.max_unproven
+                )));
+            }
+            self.check_unproven_bytes(capsule, &cap.dag, new_bytes, freed)?;
+        }
         let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
         for &i in &fresh {
             let r = &records[i];
@@ -1517,11 +1515,7 @@ impl CapsuleServer {
             )));
         }
         if sig.is_none() {
-            let cost = crate::dag::unproven_cost(
-                hb.len(),
-                header.backpointers.len(),
-                &StoredBody::Subrecords { list: root, count },
-            );
+            let cost = crate::dag::unproven_cost(hb.len(), header.backpointers.len(), count);
             self.check_unproven_bytes(capsule, &cap.dag, cost, 0)?;
         }
         let list_cid = self.store_subrecords(subrecords, &names)?;
@@ -2523,9 +2517,16 @@ impl CapsuleServer {
         (at, self.key.sign(DOMAIN_SYNC_HELLO, &msg))
     }
 
-    /// Refuses (as [`Error::Unavailable`]) unproven records of `cost` bytes that would take
-    /// `dag` past [`ServerOptions::max_unproven_bytes`], counting `freed` bytes of present
-    /// records the same request's signatures prove (they leave the budget).
+    /// Whether unproven records of `cost` bytes would take `dag` past
+    /// [`ServerOptions::max_unproven_bytes`], counting `freed` bytes of present records the
+    /// same request's signatures prove (they leave the budget).
+    fn unproven_bytes_over(&self, dag: &CapsuleDag, cost: u64, freed: u64) -> bool {
+        let held = dag.unproven_bytes().saturating_sub(freed);
+        cost > 0 && held.saturating_add(cost) > self.opts.max_unproven_bytes
+    }
+
+    /// Refuses (as [`Error::Unavailable`]) what [`CapsuleServer::unproven_bytes_over`]
+    /// finds over the budget.
     fn check_unproven_bytes(
         &self,
         capsule: &CapsuleName,
@@ -2533,10 +2534,10 @@ impl CapsuleServer {
         cost: u64,
         freed: u64,
     ) -> Result<()> {
-        let held = dag.unproven_bytes().saturating_sub(freed);
-        if cost == 0 || held.saturating_add(cost) <= self.opts.max_unproven_bytes {
+        if !self.unproven_bytes_over(dag, cost, freed) {
             return Ok(());
         }
+        let held = dag.unproven_bytes().saturating_sub(freed);
         Err(Error::Unavailable(format!(
             "capsule {capsule}'s records no signature covers already hold {held} bytes, and \
              these would add {cost} (limit {}); sign one first",
@@ -2904,6 +2905,9 @@ fn proven_in_batch(
     // Most batches: one record.
     if let [one] = batch {
         return vec![signatures.iter().any(|(n, _)| n == one) || has_proven_child(one)];
+    }
+    if signatures.is_empty() && !batch.iter().any(&has_proven_child) {
+        return vec![false; batch.len()];
     }
     let at: HashMap<&RecordName, usize> = batch.iter().enumerate().map(|(j, n)| (n, j)).collect();
     let mut proven = vec![false; batch.len()];

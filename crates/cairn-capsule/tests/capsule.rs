@@ -1949,7 +1949,7 @@ fn proven_heads_match_their_definition_on_random_dags() {
                 .filter(|n| !dag.is_proven(n))
                 .map(|n| {
                     let x = dag.node(n).unwrap();
-                    cairn_capsule::dag::unproven_cost(x.header.len(), x.backpointers.len(), &x.body)
+                    x.unproven_cost()
                 })
                 .sum();
             prop_assert_eq!(dag.unproven_bytes(), held);

@@ -867,11 +867,7 @@ pub struct CommitCounters {
 /// Whether `name` is a temporary file this store writes ([`format::write_atomic`] of the
 /// manifest, the refs snapshot or its copy, or a hint).
 fn is_own_tmp(name: &str) -> bool {
-    let Some(stem) = name.strip_suffix(".tmp") else {
-        return false;
-    };
-    let own =
-        |file: &str| std::path::Path::new(file).with_extension("") == std::path::Path::new(stem);
+    let own = |file: &str| format::tmp_path(std::path::Path::new(file)).as_os_str() == name;
     own(format::MANIFEST)
         || own(format::REFS_SNAP)
         || own(format::REFS_SNAP_COPY)

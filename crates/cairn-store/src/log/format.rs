@@ -525,9 +525,14 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .ctx(|| format!("syncing directory {}", dir.display()))
 }
 
+/// The temporary file [`write_atomic`] writes `path` through.
+pub(crate) fn tmp_path(path: &Path) -> std::path::PathBuf {
+    path.with_extension("tmp")
+}
+
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync directory.
 pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+    let tmp = tmp_path(path);
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
