@@ -12,6 +12,8 @@
 //! so updates commute.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cairn_core::{Error, Hash, Result};
 
@@ -127,6 +129,18 @@ pub struct CapsuleDag {
     unproven: usize,
     /// What the unproven records hold in memory, by [`unproven_cost`].
     unproven_bytes: u64,
+    /// Where `unproven_bytes` is also added up with other DAGs' (a server's total across
+    /// its loaded capsules), if anywhere; see [`CapsuleDag::set_meter`].
+    meter: Option<Arc<AtomicU64>>,
+}
+
+impl Drop for CapsuleDag {
+    fn drop(&mut self) {
+        // An unloaded capsule's records hold no memory any more.
+        if let Some(m) = &self.meter {
+            m.fetch_sub(self.unproven_bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Bytes of memory a record is taken to hold while no signature covers it: its header,
@@ -166,7 +180,19 @@ impl CapsuleDag {
             log,
             unproven: 0,
             unproven_bytes: 0,
+            meter: None,
         }
+    }
+
+    /// Adds this DAG's [`CapsuleDag::unproven_bytes`] to `meter`, now and as it changes,
+    /// until the DAG is dropped (which takes them out again): a server sums what all its
+    /// loaded capsules' unproven records hold in one counter. Replaces an earlier meter.
+    pub fn set_meter(&mut self, meter: Arc<AtomicU64>) {
+        if let Some(old) = self.meter.take() {
+            old.fetch_sub(self.unproven_bytes, Ordering::Relaxed);
+        }
+        meter.fetch_add(self.unproven_bytes, Ordering::Relaxed);
+        self.meter = Some(meter);
     }
 
     /// The metadata.
@@ -378,8 +404,11 @@ impl CapsuleDag {
         }
         let encoded = header.encode();
         self.unproven += 1;
-        self.unproven_bytes +=
-            unproven_cost(encoded.len(), header.backpointers.len(), body.subrecords());
+        let cost = unproven_cost(encoded.len(), header.backpointers.len(), body.subrecords());
+        self.unproven_bytes += cost;
+        if let Some(m) = &self.meter {
+            m.fetch_add(cost, Ordering::Relaxed);
+        }
         self.nodes.insert(
             name,
             Node {
@@ -439,7 +468,11 @@ impl CapsuleDag {
         self.unproven -= 1;
         let cost = n.unproven_cost();
         debug_assert!(self.unproven_bytes >= cost, "unproven bytes drifted");
-        self.unproven_bytes = self.unproven_bytes.saturating_sub(cost);
+        let cost = cost.min(self.unproven_bytes);
+        self.unproven_bytes -= cost;
+        if let Some(m) = &self.meter {
+            m.fetch_sub(cost, Ordering::Relaxed);
+        }
         self.proven_order.push(n.index);
         // Its parents are proven too (by the propagation this is part of) and no longer
         // heads of the proven part; it is one unless a proven child points to it.

@@ -87,6 +87,13 @@ pub struct ServerOptions {
     /// largest ones hold gigabytes. Past it, writes that add unproven records are refused
     /// until the writer signs.
     pub max_unproven_bytes: u64,
+    /// Most memory the unproven records of all capsules hold together (by the same
+    /// count): the per-capsule limit alone let anyone fill every capsule of a server that
+    /// holds many. Past it, writes that add unproven records to any capsule are refused
+    /// (as past [`ServerOptions::max_unproven_bytes`]); signed writes still go in. An
+    /// unloaded capsule counts what its unproven records held when it was unloaded; one
+    /// not loaded since the server started counts from its first load.
+    pub max_unproven_bytes_total: u64,
     /// Most subrecord trees each capsule keeps in memory for proofs.
     pub tree_cache: usize,
     /// Most leaves, across its cached trees, each capsule keeps in memory (a tree keeps
@@ -130,6 +137,7 @@ impl Default for ServerOptions {
         ServerOptions {
             max_unproven: 1_000_000,
             max_unproven_bytes: 64 << 20,
+            max_unproven_bytes_total: 1 << 30,
             tree_cache: 256,
             tree_cache_leaves: 1 << 22,
             body_cache_bytes: 256 << 20,
@@ -693,6 +701,16 @@ struct Loaded {
     /// Capsules unloaded so far: a load that raced with an unload is not kept, since the
     /// state it read may predate writes made through the unloaded copy.
     unloads: u64,
+    /// What the unproven records of every loaded capsule hold, plus what those of the
+    /// capsules in `unloaded_unproven` held when they were unloaded: unloading a capsule
+    /// does not free its share of [`ServerOptions::max_unproven_bytes_total`], or anyone
+    /// could fill capsules, have them unloaded (by touching enough others), fill more,
+    /// and then have them all loaded at once.
+    unproven_held: Arc<AtomicU64>,
+    /// Capsules unloaded while their unproven records held memory, with how much (each
+    /// entry stands for at least one record's [`crate::dag::unproven_cost`], which is
+    /// several times its own size, so the budget bounds these too). Forgotten at restart.
+    unloaded_unproven: foldhash::HashMap<CapsuleName, u64>,
 }
 
 /// Drops least recently used entries that nothing outside `map` holds until at most `max`
@@ -704,8 +722,16 @@ pub fn drop_idle<K: std::hash::Hash + Eq + Clone, V>(
     map: &mut LruCache<K, Arc<V>>,
     max: usize,
 ) -> usize {
+    take_idle(map, max).len()
+}
+
+/// [`drop_idle`], handing back what it takes out.
+fn take_idle<K: std::hash::Hash + Eq + Clone, V>(
+    map: &mut LruCache<K, Arc<V>>,
+    max: usize,
+) -> Vec<(K, Arc<V>)> {
     let Some(excess) = map.len().checked_sub(max).filter(|&n| n > 0) else {
-        return 0;
+        return Vec::new();
     };
     let idle: Vec<K> = map
         .iter()
@@ -714,18 +740,30 @@ pub fn drop_idle<K: std::hash::Hash + Eq + Clone, V>(
         .map(|(k, _)| k.clone())
         .take(excess)
         .collect();
-    for k in &idle {
-        map.pop(k);
-    }
-    idle.len()
+    idle.into_iter().filter_map(|k| map.pop_entry(&k)).collect()
 }
 
 impl Loaded {
     /// Loads `cap` as capsule `name` and unloads idle capsules past `max`.
-    fn insert(&mut self, name: CapsuleName, cap: Capsule, max: usize) -> Arc<Mutex<Capsule>> {
+    fn insert(&mut self, name: CapsuleName, mut cap: Capsule, max: usize) -> Arc<Mutex<Capsule>> {
+        // Its DAG counts its unproven records from now on, in place of what they were
+        // remembered to hold.
+        if let Some(was) = self.unloaded_unproven.remove(&name) {
+            self.unproven_held.fetch_sub(was, Ordering::Relaxed);
+        }
+        cap.dag.set_meter(self.unproven_held.clone());
         let cap = Arc::new(Mutex::new(cap));
         self.map.put(name, cap.clone());
-        self.unloads += drop_idle(&mut self.map, max) as u64;
+        let gone = take_idle(&mut self.map, max);
+        self.unloads += gone.len() as u64;
+        for (n, c) in gone {
+            let held = c.lock().dag.unproven_bytes();
+            if held > 0 {
+                // Still counted once the DAG drops (which takes its share out).
+                self.unproven_held.fetch_add(held, Ordering::Relaxed);
+                self.unloaded_unproven.insert(n, held);
+            }
+        }
         cap
     }
 }
@@ -837,6 +875,9 @@ pub struct CapsuleServer {
     hello_stamps: Mutex<HelloStamps>,
     /// Verified sealed bodies and subrecords of recent records.
     bodies: BodyCache,
+    /// What the unproven records of all capsules hold
+    /// ([`ServerOptions::max_unproven_bytes_total`]; see `Loaded::unproven_held`).
+    unproven_held: Arc<AtomicU64>,
 }
 
 enum JournalEntry {
@@ -952,6 +993,7 @@ fn now_ms() -> u64 {
 impl CapsuleServer {
     /// A server over `store`, signing acks and checkpoints with `key`.
     pub fn new(store: Arc<dyn Store>, key: SigningKey, opts: ServerOptions) -> Self {
+        let unproven_held = Arc::new(AtomicU64::new(0));
         CapsuleServer {
             store,
             signer: AckSigner::new(key.clone()),
@@ -961,9 +1003,12 @@ impl CapsuleServer {
             capsules: Mutex::new(Loaded {
                 map: LruCache::unbounded(),
                 unloads: 0,
+                unproven_held: unproven_held.clone(),
+                unloaded_unproven: Default::default(),
             }),
             sessions: Mutex::new(LruCache::unbounded()),
             mirrored: Arc::new(AtomicUsize::new(0)),
+            unproven_held,
             hello_stamp: AtomicU64::new(0),
             hello_stamps: Mutex::new(HelloStamps::default()),
             cursors: Mutex::new(LruCache::new(
@@ -2522,7 +2567,24 @@ impl CapsuleServer {
     /// same request's signatures prove (they leave the budget).
     fn unproven_bytes_over(&self, dag: &CapsuleDag, cost: u64, freed: u64) -> bool {
         let held = dag.unproven_bytes().saturating_sub(freed);
-        cost > 0 && held.saturating_add(cost) > self.opts.max_unproven_bytes
+        cost > 0
+            && (held.saturating_add(cost) > self.opts.max_unproven_bytes
+                || self.unproven_held_total(freed).saturating_add(cost)
+                    > self.opts.max_unproven_bytes_total)
+    }
+
+    /// What the unproven records of all capsules hold, less `freed` bytes a request's
+    /// signatures prove.
+    fn unproven_held_total(&self, freed: u64) -> u64 {
+        self.unproven_held
+            .load(Ordering::Relaxed)
+            .saturating_sub(freed)
+    }
+
+    /// What the unproven records of all capsules hold now, loaded or unloaded since this
+    /// server started (see [`ServerOptions::max_unproven_bytes_total`]).
+    pub fn unproven_bytes_held(&self) -> u64 {
+        self.unproven_held.load(Ordering::Relaxed)
     }
 
     /// Refuses (as [`Error::Unavailable`]) what [`CapsuleServer::unproven_bytes_over`]
@@ -2538,6 +2600,14 @@ impl CapsuleServer {
             return Ok(());
         }
         let held = dag.unproven_bytes().saturating_sub(freed);
+        if held.saturating_add(cost) <= self.opts.max_unproven_bytes {
+            return Err(Error::Unavailable(format!(
+                "the records no signature covers across this server's capsules already hold \
+                 {} bytes, and these would add {cost} (limit {}); sign one first",
+                self.unproven_held_total(freed),
+                self.opts.max_unproven_bytes_total
+            )));
+        }
         Err(Error::Unavailable(format!(
             "capsule {capsule}'s records no signature covers already hold {held} bytes, and \
              these would add {cost} (limit {}); sign one first",

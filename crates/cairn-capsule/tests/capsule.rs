@@ -1723,6 +1723,78 @@ fn unsigned_records_are_bounded_by_the_memory_they_hold() {
     srv.write(&c, &chain, &[(newest, w.sign(&newest))]).unwrap();
 }
 
+/// The unproven-memory budget also holds across capsules (`max_unproven_bytes_total`):
+/// junk written into many capsules, each under its own limit, is refused past the total,
+/// in every capsule, while signed writes still go in; a signature frees its share for the
+/// others. Unloading a capsule does not free its share (or anyone could fill capsules,
+/// have them unloaded, fill more and have them all loaded again), and loading it again
+/// does not count it twice.
+#[test]
+fn unsigned_records_are_bounded_across_capsules_and_unloads() {
+    let srv = server_with(ServerOptions {
+        max_unproven_bytes: 1 << 20,
+        max_unproven_bytes_total: 64 << 10,
+        max_loaded_capsules: 1,
+        ..ServerOptions::default()
+    });
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let capsule = |label: &str| {
+        let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), label);
+        meta.cipher = BodyCipher::Plaintext;
+        srv.create(&meta).unwrap();
+        meta
+    };
+    let (ma, mb, mc) = (capsule("a"), capsule("b"), capsule("c"));
+    let (a, b, c) = (ma.name(), mb.name(), mc.name());
+    let junk = |c: CapsuleName, i: u32| Record::new(c, format!("junk {i}").into_bytes(), vec![]);
+    // The writer's own unsigned records in `a`, then anyone's junk in `b`, until the
+    // total runs out (each capsule far under its own limit).
+    let mut wa = Writer::new(ma.clone(), wk.clone(), None).unwrap();
+    let mine: Vec<Record> = (0..20)
+        .map(|i| wa.record(format!("m{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    srv.write(&a, &mine, &[]).unwrap();
+    let mut taken = 0;
+    let e = loop {
+        match srv.write(&b, &[junk(b, taken)], &[]) {
+            Ok(_) => taken += 1,
+            Err(e) => break e,
+        }
+        assert!(taken < 10_000, "the total never ran out");
+    };
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert!(
+        e.to_string().contains("across this server's capsules"),
+        "{e}"
+    );
+    assert!(taken > 50, "{taken}");
+    let held = srv.unproven_bytes_held();
+    assert!(held <= 64 << 10 && held > 60 << 10, "{held}");
+    // Nothing stored of the refused one, and no unsigned record goes into `c` either.
+    assert!(srv.read(&b, &junk(b, taken).name()).is_err());
+    assert!(srv.write(&c, &[junk(c, 0)], &[]).is_err());
+    // A writer's signed chain still goes in.
+    let mut wc = Writer::new(mc.clone(), wk.clone(), None).unwrap();
+    let chain: Vec<Record> = (0..3)
+        .map(|i| wc.record(format!("c{i}").as_bytes(), &[]).unwrap())
+        .collect();
+    let newest = chain[2].name();
+    srv.write(&c, &chain, &[(newest, wc.sign(&newest))])
+        .unwrap();
+    // Capsules were loaded and unloaded all along (one stays loaded): the total did not
+    // move, and touching `b` again (loaded anew, its junk replayed) counts it once.
+    assert_eq!(srv.loaded_capsules(), 1);
+    assert_eq!(srv.unproven_bytes_held(), held);
+    assert_eq!(srv.with_dag(&b, |d| d.len()).unwrap(), taken as usize);
+    assert_eq!(srv.unproven_bytes_held(), held);
+    assert!(srv.write(&c, &[junk(c, 1)], &[]).is_err());
+    // The writer of `a` signs past its records: their share is free for the others.
+    let last = mine[19].name();
+    srv.sign(&a, &last, wa.sign(&last)).unwrap();
+    assert!(srv.unproven_bytes_held() < held);
+    srv.write(&c, &[junk(c, 1)], &[]).unwrap();
+}
+
 /// A subrecord someone first put into an unsigned record (anyone may write one, and a
 /// plaintext subrecord's name is predictable) still has a proof once the writer's signed
 /// record holds it: proofs go through a proven record. Before, the subrecord was indexed
