@@ -92,7 +92,10 @@ pub struct ServerOptions {
     /// holds many. Past it, writes that add unproven records to any capsule are refused
     /// (as past [`ServerOptions::max_unproven_bytes`]); signed writes still go in. An
     /// unloaded capsule counts what its unproven records held when it was unloaded; one
-    /// not loaded since the server started counts from its first load.
+    /// not loaded since the server started counts from its first load. Unsigned records
+    /// nothing will ever prove (junk) are never freed, so once junk fills this budget
+    /// every capsule's writers must send a signature with their writes (a write that
+    /// carries one is always taken): the price of bounding memory when anyone may write.
     pub max_unproven_bytes_total: u64,
     /// Most subrecord trees each capsule keeps in memory for proofs.
     pub tree_cache: usize,
