@@ -94,8 +94,9 @@ pub struct ServerOptions {
     /// unloaded capsule counts what its unproven records held when it was unloaded; one
     /// not loaded since the server started counts from its first load. Unsigned records
     /// nothing will ever prove (junk) are never freed, so once junk fills this budget
-    /// every capsule's writers must send a signature with their writes (a write that
-    /// carries one is always taken): the price of bounding memory when anyone may write.
+    /// every capsule's writers must send a signature with their writes (a write
+    /// whose signatures cover its records is always taken): the price of bounding memory
+    /// when anyone may write.
     pub max_unproven_bytes_total: u64,
     /// Most subrecord trees each capsule keeps in memory for proofs.
     pub tree_cache: usize,
