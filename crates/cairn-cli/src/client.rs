@@ -43,7 +43,6 @@ use cairn_object::evidence;
 use cairn_object::{At, BuiltinResolver, DEFAULT_BRANCH, DiffCursor, Uid, ValueType};
 use cairn_store::{ChunkStore, MemoryStore};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::blocking::{Client as Http, Response};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
@@ -175,7 +174,6 @@ pub fn run(cli: Cli, server: &str) -> Result<ExitCode> {
 
 /// The node connection and what client mode learned about the bucket.
 struct Client {
-    http: Http,
     base: String,
     /// How long a transfer may go without a byte from the node (`None`: for ever).
     stall: Option<Duration>,
@@ -201,15 +199,7 @@ impl Client {
                 "--server {server:?} must start with http:// or https://"
             )));
         }
-        let http = Http::builder()
-            // Large transfers take as long as they take; only connecting is bounded.
-            .timeout(None)
-            .connect_timeout(Duration::from_secs(30))
-            .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("starting the HTTP client")?;
         Ok(Client {
-            http,
             base,
             stall: (cli.stall_timeout > 0.0).then(|| Duration::from_secs_f64(cli.stall_timeout)),
             bucket: cli.bucket.clone(),
@@ -245,7 +235,10 @@ impl Client {
     }
 
     /// Sends a request, signing it with `signer` when given (each signature carries a
-    /// fresh nonce, so the same request sent twice within a second is not a replay).
+    /// fresh nonce, so the same request sent twice within a second is not a replay), and
+    /// returns the answer's headers and body as [`Client::request`] does: within the stall
+    /// timeout for its head (plus the time `body` takes at [`SLOWEST_UPLINK`]) and for each
+    /// piece of its body.
     fn send(
         &self,
         method: Method,
@@ -253,22 +246,11 @@ impl Client {
         body: Vec<u8>,
         headers: &[(&str, String)],
         signer: Option<&SigningKey>,
-    ) -> Result<Response> {
+    ) -> Result<Answer> {
         let hash = signer.map(|_| *blake3::hash(&body).as_bytes());
-        let mut req = self.http.request(method.clone(), url.clone());
         let capsule = self.capsule.borrow().clone();
-        for (n, v) in request_headers(&method, &url, headers, signer, hash, capsule.as_deref()) {
-            req = req.header(n, v);
-        }
-        let resp = req
-            .body(body)
-            .send()
-            .map_err(|e| transport(&self.base, e))?;
-        if resp.status().is_success() {
-            Ok(resp)
-        } else {
-            Err(api_error(resp))
-        }
+        let headers = request_headers(&method, &url, headers, signer, hash, capsule.as_deref());
+        self.request(method, url, body, headers)
     }
 
     /// Streams `body` (`len` bytes, or chunked when `None`) as the body of a request and
@@ -394,27 +376,44 @@ impl Client {
         Ok((parse_json(&answer)?, tree))
     }
 
-    /// A GET whose body is read by reqwest's async client on a thread of its own and
-    /// handed over in the pieces the connection yields (no copy, no hand-off per 8 KiB as
-    /// the blocking client makes). Returns the response's headers and a [`Read`] of its
-    /// body; an error answer is returned as its [`Error`].
-    fn download(&self, url: Url) -> Result<(reqwest::header::HeaderMap, Pieces)> {
+    /// A GET whose body is read as [`Client::request`] reads it.
+    fn download(&self, url: Url) -> Result<Answer> {
         let capsule = self.capsule.borrow().clone();
         let headers = request_headers(&Method::GET, &url, &[], None, None, capsule.as_deref());
+        self.request(Method::GET, url, Vec::new(), headers)
+    }
+
+    /// Sends a request with `body` and `headers` (already signed, if it is), whose answer
+    /// is read by reqwest's async client on a thread of its own and handed over in the
+    /// pieces the connection yields (no copy, no hand-off per 8 KiB as the blocking client
+    /// makes). Returns the answer's headers and a [`Read`] of its body; an error answer is
+    /// returned as its [`Error`]. Nothing waits longer than the stall timeout for the node
+    /// (plus, for the answer's head, the time `body` takes at [`SLOWEST_UPLINK`]).
+    fn request(
+        &self,
+        method: Method,
+        url: Url,
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) -> Result<Answer> {
         let (head_tx, head_rx) = std::sync::mpsc::sync_channel(1);
         let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<bytes::Bytes>>(DOWNLOAD_QUEUE);
         let (base, stall) = (self.base.clone(), self.stall);
+        let head_stall = stall.map(|d| d + drain_allowance(body.len() as u64, Duration::ZERO));
         std::thread::Builder::new()
-            .name("cairn-download".into())
+            .name("cairn-request".into())
             .spawn(move || {
                 let run = || -> Result<()> {
                     let (rt, http) = async_http()?;
                     rt.block_on(async {
-                        let mut req = http.get(url);
+                        let mut req = http.request(method, url);
                         for (n, v) in &headers {
                             req = req.header(n.as_str(), v.as_str());
                         }
-                        let mut resp = within(stall, &base, "the answer", req.send()).await?;
+                        if !body.is_empty() {
+                            req = req.body(body);
+                        }
+                        let mut resp = within(head_stall, &base, "the answer", req.send()).await?;
                         let status = resp.status();
                         if !status.is_success() {
                             let mut body = Vec::new();
@@ -450,9 +449,9 @@ impl Client {
                     let _ = head_tx.send(Err(e));
                 }
             })
-            .context("starting the download thread")?;
+            .context("starting the request thread")?;
         let head = head_rx.recv().map_err(|_| {
-            Error::Unavailable(format!("node {}: the download stopped", self.base))
+            Error::Unavailable(format!("node {}: the request stopped", self.base))
         })??;
         Ok((
             head,
@@ -464,7 +463,7 @@ impl Client {
     }
 
     fn get_json(&self, url: Url) -> Result<J> {
-        read_json(self.send(Method::GET, url, Vec::new(), &[], None)?)
+        read_json(self.download(url)?)
     }
 
     /// The key that signs this bucket's mutations (`None` for an open bucket); a bucket that
@@ -599,6 +598,11 @@ impl Client {
         if !a.context.is_empty() {
             // One line of text (checked when the arguments were parsed).
             headers.push((CONTEXT_HEADER, a.context.clone()));
+        }
+        // An input that cannot be read fails here, before the bucket, the writer key or
+        // the data key is created for a put that cannot happen (as in local mode).
+        if let Some(p) = &a.file {
+            File::open(p).with_context(|| format!("opening {}", p.display()))?;
         }
         let signer = self.signer()?;
         let key = if a.encrypt {
@@ -1053,7 +1057,7 @@ impl Client {
         } else {
             None
         };
-        let op = if let Some(x) = a.append {
+        let op = if let Some(x) = &a.append {
             json!({ "op": "append", "value": x })
         } else if let Some(pos) = a.insert_at {
             json!({ "op": "insert", "at": pos, "value": text })
@@ -1094,16 +1098,59 @@ impl Client {
         if let Some(g) = a.guard {
             headers.push(("if-match", format!("\"{g}\"")));
         }
+        // The operation as local mode applies it to an inline value, to check the result.
+        let inline_op = if let Some(x) = &a.append {
+            Some(cairn_object::Op::Append(x.clone().into_bytes()))
+        } else if let Some(pos) = a.insert_at {
+            Some(cairn_object::Op::Insert(pos, text.clone().into_bytes()))
+        } else if let Some(x) = a.add {
+            Some(cairn_object::Op::Add(x))
+        } else {
+            a.multiply.map(cairn_object::Op::Multiply)
+        };
         let body = serde_json::to_vec(&op)?;
         let signer = self.signer()?;
         let resp = self.send(Method::PATCH, url, body, &headers, signer.as_ref())?;
         let r = read_json(resp)?;
         let (uid, o) = self.written_version(&a.key, &r, "update")?;
+        // One version on one base of the key, of the base's type, one deeper; an inline
+        // value must be what the operation makes of the base's.
+        let [base] = o.bases[..] else {
+            bail!(Error::Rejected(format!(
+                "the node's version {uid} of the update has {} bases, not one",
+                o.bases.len()
+            )));
+        };
         if let Some(g) = a.guard
-            && !o.bases.contains(&g)
+            && base != g
         {
             bail!(Error::Rejected(format!(
                 "the node's version {uid} of the update does not derive from {g}"
+            )));
+        }
+        let (_, b) = self.open_version_part(&a.key, Some(base), None, true)?;
+        let b = b.object();
+        let made = inline_op.and_then(|op| cairn_object::apply_inline(&b.value, &op));
+        let wrong = if o.depth != b.depth.saturating_add(1) {
+            Some(format!("is at depth {}, its base at {}", o.depth, b.depth))
+        } else if o.value_type() != b.value_type() {
+            Some(format!(
+                "is a {}, its base a {}",
+                o.value_type(),
+                b.value_type()
+            ))
+        } else {
+            match made {
+                Some(Ok(v)) if v != o.value => {
+                    Some("does not hold what the update makes of its base".to_string())
+                }
+                Some(Err(e)) => Some(format!("exists, though the update does not apply: {e}")),
+                _ => None,
+            }
+        };
+        if let Some(w) = wrong {
+            bail!(Error::Rejected(format!(
+                "the node's version {uid} of the update {w}"
             )));
         }
         writeln!(out, "{uid}")?;
@@ -1120,16 +1167,55 @@ impl Client {
             let into = a.into.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
             let from = a
                 .from
+                .clone()
                 .ok_or_else(|| Error::invalid("--from BRANCH_OR_UID is required with --into"))?;
             json!({ "into": into, "from": from, "resolver": resolver })
         };
         let r = self.control("merge", &a.key, body)?;
-        match r.get("outcome").and_then(J::as_str) {
-            Some("fast_forward") => eprintln!("fast-forward"),
-            Some("up_to_date") => eprintln!("already up to date"),
+        let outcome = r.get("outcome").and_then(J::as_str).unwrap_or_default();
+        let (uid, o) = self.written_version(&a.key, &r, "merge")?;
+        // What can be checked from the answer alone: the versions named by uid must be
+        // the result (a fast-forward) or its bases (a merge); a merge has two bases or
+        // more. (That an up-to-date branch contains them takes its history.)
+        let named: Vec<Uid> = if a.untagged {
+            a.uids.clone()
+        } else {
+            a.from.iter().filter_map(|f| f.parse().ok()).collect()
+        };
+        let wrong = match outcome {
+            "merged" if o.bases.len() < 2 => Some(format!("has {} base(s)", o.bases.len())),
+            "merged" if a.untagged && !a.uids.is_empty() => o
+                .bases
+                .iter()
+                .find(|b| !named.contains(b))
+                .map(|b| format!("has base {b}, not one of the heads named")),
+            "merged" => named
+                .iter()
+                .find(|n| !o.bases.contains(n))
+                .map(|n| format!("does not derive from {n}")),
+            "fast_forward" | "up_to_date" if a.untagged && !named.contains(&uid) => {
+                Some("is none of the heads named".to_string())
+            }
+            "fast_forward" if !a.untagged => named
+                .first()
+                .filter(|n| **n != uid)
+                .map(|n| format!("is not {n}, where the branch was to move")),
+            "fast_forward" | "up_to_date" => None,
+            other => Some(format!(
+                "came with an outcome this client does not know ({:?})",
+                crate::format::show(other.as_bytes())
+            )),
+        };
+        if let Some(w) = wrong {
+            bail!(Error::Rejected(format!(
+                "the node's version {uid} of the merge {w}"
+            )));
+        }
+        match outcome {
+            "fast_forward" => eprintln!("fast-forward"),
+            "up_to_date" => eprintln!("already up to date"),
             _ => {}
         }
-        let (uid, _) = self.written_version(&a.key, &r, "merge")?;
         writeln!(out, "{uid}")?;
         Ok(())
     }
@@ -1432,9 +1518,9 @@ impl Client {
     /// be `a` and `b` where these name uids (a branch name is the node's word, as for
     /// `get --branch`). The body is left to read.
     fn chunks_answer(&self, url: Url, a: &str, b: &str) -> Result<SentChunks> {
-        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
+        let (headers, body) = self.download(url)?;
         let header = |name: &str| -> Result<Option<String>> {
-            resp.headers()
+            headers
                 .get(name)
                 .map(|v| {
                     v.to_str().map(str::to_string).map_err(|_| {
@@ -1475,7 +1561,7 @@ impl Client {
             a: ua,
             b: ub,
             limit,
-            body: resp,
+            body,
         })
     }
 
@@ -1618,9 +1704,9 @@ impl Client {
     }
 
     fn get_bytes(&self, url: Url) -> Result<Vec<u8>> {
-        let resp = self.send(Method::GET, url, Vec::new(), &[], None)?;
+        let (_, body) = self.download(url)?;
         let mut b = Vec::new();
-        resp.take(JSON_LIMIT)
+        body.take(JSON_LIMIT)
             .read_to_end(&mut b)
             .context("reading the node's answer")?;
         Ok(b)
@@ -1655,6 +1741,8 @@ impl Client {
                     meta.name()
                 )));
             }
+            // Saved to check proofs offline later: another bucket's would pass them.
+            check_bucket_named(&meta, &self.bucket)?;
             crate::cli::write_whole_file(p, 0o666, &mut |w| {
                 let b: &[u8] = &bytes;
                 w.write_all(b)?;
@@ -1675,14 +1763,14 @@ struct SentChunks {
     /// The page size the node used (diffs).
     limit: Option<usize>,
     /// The chunks, framed, still to read.
-    body: Response,
+    body: Pieces,
 }
 
 /// Reads the chunks of a diff page, each stored under its own hash: the Meta chunks of
 /// `a` and `b` (one when they are the same version), each at most
 /// [`evidence::MAX_META_FRAME`] bytes, then at most [`evidence::EVIDENCE_BUDGET`] bytes of
 /// POS-tree nodes. Anything else is [`Error::Rejected`].
-fn read_diff_chunks(body: Response, a: &Uid, b: &Uid) -> Result<MemoryStore> {
+fn read_diff_chunks(body: Pieces, a: &Uid, b: &Uid) -> Result<MemoryStore> {
     let rejected = |e: cairn_core::Error| -> anyhow::Error {
         Error::Rejected(format!("the node's diff chunks: {e}")).into()
     };
@@ -1751,9 +1839,9 @@ fn array_field<'a>(v: &'a J, field: &str) -> Result<&'a Vec<J>> {
         .ok_or_else(|| bad_answer(field))
 }
 
-fn read_json(resp: Response) -> Result<J> {
+fn read_json((_, body): Answer) -> Result<J> {
     let mut b = Vec::new();
-    resp.take(JSON_LIMIT)
+    body.take(JSON_LIMIT)
         .read_to_end(&mut b)
         .context("reading the node's answer")?;
     parse_json(&b)
@@ -1859,7 +1947,10 @@ fn async_http() -> Result<(tokio::runtime::Runtime, reqwest::Client)> {
     Ok((rt, http))
 }
 
-/// The body of a [`Client::download`], as the connection yields it.
+/// A node's answer: its headers and its body, as [`Client::request`] hands them over.
+type Answer = (reqwest::header::HeaderMap, Pieces);
+
+/// The body of a [`Client::request`], as the connection yields it.
 pub struct Pieces {
     rx: std::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
     piece: bytes::Bytes,
@@ -2064,15 +2155,6 @@ fn transport(base: &str, e: reqwest::Error) -> anyhow::Error {
         src = s.source();
     }
     Error::Unavailable(format!("node {base}: {msg}")).into()
-}
-
-/// The [`Error`] an error answer stands for (the same variant, so the same exit code, as
-/// local mode).
-fn api_error(resp: Response) -> anyhow::Error {
-    let status = resp.status();
-    let mut body = Vec::new();
-    let _ = resp.take(ERROR_BODY_LIMIT).read_to_end(&mut body);
-    error_from(status, &body)
 }
 
 /// The [`Error`] an error answer (`status` and up to [`ERROR_BODY_LIMIT`] bytes of `body`)
@@ -2293,7 +2375,6 @@ mod tests {
 
     fn client(base: String, stall: f64) -> Client {
         Client {
-            http: Http::new(),
             base,
             stall: Some(Duration::from_secs_f64(stall)),
             bucket: "b".into(),
@@ -2330,6 +2411,57 @@ mod tests {
         let e = body.read_to_end(&mut got).unwrap_err();
         assert!(is_stall(&e), "{e}");
         assert_eq!(got, b"0123456789");
+    }
+
+    /// The small requests (JSON answers, signed mutations, metadata) are bounded by the
+    /// stall timeout too: they went through a blocking client with no timeout at all, so a
+    /// node that took the connection and never answered held `put`, `update`, `keys`,
+    /// `verify --proof` ... for ever.
+    #[test]
+    fn a_request_the_node_never_answers_fails_after_the_stall_timeout() {
+        let c = client(quiet_node(0, b""), 0.3);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c.get_json(url).expect_err("no answer");
+        assert!(is_stall(&e), "{e:#}");
+        let body = br#"{"from":"a","to":"b"}"#.to_vec();
+        let c = client(quiet_node(body.len(), b""), 0.3);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c
+            .send(
+                Method::POST,
+                url,
+                body,
+                &[],
+                Some(&SigningKey::from_seed(&[3; 32])),
+            )
+            .err()
+            .expect("no answer");
+        assert!(is_stall(&e), "{e:#}");
+        // Half an answer, then nothing.
+        let c = client(
+            quiet_node(
+                0,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ncontent-type: application/json\r\n\r\n{\"a\"",
+            ),
+            0.3,
+        );
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c.get_json(url).expect_err("half an answer");
+        assert!(format!("{e:#}").contains("stalled"), "{e:#}");
+        // An answer that comes is read as before, error answers as their error.
+        let c = client(
+            quiet_node(
+                0,
+                b"HTTP/1.1 404 Not Found\r\ncontent-length: 44\r\ncontent-type: application/json\r\n\r\n{\"error\":{\"kind\":\"not_found\",\"message\":\"k\"}}",
+            ),
+            0.3,
+        );
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let e = c.get_json(url).expect_err("an error answer");
+        assert!(
+            matches!(e.downcast_ref::<Error>(), Some(Error::NotFound(_))),
+            "{e:#}"
+        );
     }
 
     /// An upload takes as long as it takes, but once all of it is sent the node must

@@ -231,6 +231,9 @@ pub struct EncryptReader<R> {
     out: Vec<u8>,
     pos: usize,
     look: Option<u8>,
+    /// A read failed: every later read fails too (the failed segment's buffer may hold
+    /// plaintext, and the stream cannot go on past a segment it did not seal).
+    failed: bool,
 }
 
 impl<R: Read> EncryptReader<R> {
@@ -281,6 +284,7 @@ impl<R: Read> EncryptReader<R> {
             out: header.to_vec(),
             pos: 0,
             look: None,
+            failed: false,
         }
     }
 
@@ -305,8 +309,17 @@ impl<R: Read> EncryptReader<R> {
 
 impl<R: Read> Read for EncryptReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failed {
+            return Err(io::Error::other("encryption stopped at an earlier error"));
+        }
         if self.pos == self.out.len() {
-            self.next_segment()?;
+            if let Err(e) = self.next_segment() {
+                self.failed = true;
+                self.enc = None;
+                self.out.clear();
+                self.pos = 0;
+                return Err(e);
+            }
             if self.out.is_empty() {
                 return Ok(0);
             }
@@ -537,6 +550,59 @@ mod tests {
             .read_to_end(&mut out)
             .unwrap();
         out
+    }
+
+    /// A reader that fails once, then yields data again.
+    struct FailsOnce {
+        failed: bool,
+        at: usize,
+        given: usize,
+    }
+
+    impl Read for FailsOnce {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if !self.failed && self.given >= self.at {
+                self.failed = true;
+                return Err(io::Error::other("disk error"));
+            }
+            let n = buf.len().min(4096);
+            buf[..n].fill(b'p');
+            self.given += n;
+            Ok(n)
+        }
+    }
+
+    /// After a read error the encrypting reader fails every later read: it handed out
+    /// the failed segment's plaintext (at the start) or panicked (mid-stream) when read
+    /// again.
+    #[test]
+    fn an_input_error_stops_the_encryption_for_good() {
+        for at in [0, SEGMENT + 100] {
+            let inner = FailsOnce {
+                failed: false,
+                at,
+                given: 0,
+            };
+            let mut r = EncryptReader::new(inner, &key(), &place()).unwrap();
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 1000];
+            let mut errors = 0;
+            for _ in 0..1000 {
+                match r.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                    Err(_) => errors += 1,
+                }
+                if errors == 3 {
+                    break;
+                }
+            }
+            assert_eq!(errors, 3, "at {at}: the stream went on after its error");
+            assert!(
+                !out.windows(64).any(|w| w.iter().all(|&b| b == b'p')),
+                "at {at}: plaintext came out"
+            );
+        }
     }
 
     #[test]

@@ -721,6 +721,35 @@ fn an_upload_the_node_refuses_ends_with_its_reason() {
     }
 }
 
+/// A put whose input file cannot be opened fails before it changes anything: no bucket on
+/// the node, no writer key, no data key (it created all three, then failed).
+#[test]
+fn a_put_of_a_missing_file_creates_nothing() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let missing = u.path().join("typo.pdf");
+    let data_key = u.path().join("data.key");
+    let err = u.fails(
+        srv,
+        &[
+            "put",
+            "k",
+            "--file",
+            missing.to_str().unwrap(),
+            "--encrypt",
+            "--data-key-file",
+            data_key.to_str().unwrap(),
+        ],
+        10,
+    );
+    assert!(err.contains("opening"), "{err}");
+    assert!(!u.path().join("writer.key").exists());
+    assert!(!data_key.exists());
+    let info = reqwest::blocking::get(format!("{}/v1/buckets/default", s.base)).unwrap();
+    assert_eq!(info.status().as_u16(), 404);
+}
+
 /// Runs `cmd` to completion, its output in files, and returns its peak RSS in KiB
 /// ([`support::PeakRss`]). Fails the test when it exits non-zero, with its stderr.
 fn run_measured(mut cmd: Command, dir: &Path) -> i64 {
@@ -985,6 +1014,144 @@ fn lying_node_seq(headers: String, bodies: Vec<Vec<u8>>) -> String {
         }
     });
     format!("http://{addr}")
+}
+
+/// A node in front of the real one at `base` that forwards every request except those
+/// whose method is `method`, which it answers itself with `answer` (as 200 JSON) without
+/// passing them on. Serves until the test ends.
+fn intercepting_node(base: String, method: &'static str, answer: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let http = reqwest::blocking::Client::new();
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match conn.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let mut lines = head.split("\r\n");
+            let mut first = lines.next().unwrap_or_default().split(' ');
+            let (m, path) = (
+                first.next().unwrap_or_default(),
+                first.next().unwrap_or_default(),
+            );
+            let mut headers = Vec::new();
+            let mut len = 0usize;
+            for l in lines.filter(|l| !l.is_empty()) {
+                let Some((n, v)) = l.split_once(": ") else {
+                    continue;
+                };
+                if n.eq_ignore_ascii_case("content-length") {
+                    len = v.parse().unwrap_or(0);
+                }
+                if !n.eq_ignore_ascii_case("host") && !n.eq_ignore_ascii_case("connection") {
+                    headers.push((n.to_string(), v.to_string()));
+                }
+            }
+            let mut body = vec![0u8; len];
+            if conn.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let (status, ctype, extra, answer_body) = if m == method {
+                (
+                    200,
+                    "application/json".to_string(),
+                    String::new(),
+                    answer.clone().into_bytes(),
+                )
+            } else {
+                let mut req = http.request(m.parse().unwrap(), format!("{base}{path}"));
+                for (n, v) in &headers {
+                    req = req.header(n.as_str(), v.as_str());
+                }
+                let resp = req.body(body).send().unwrap();
+                let status = resp.status().as_u16();
+                let mut extra = String::new();
+                let mut ctype = String::new();
+                for (n, v) in resp.headers() {
+                    let v = v.to_str().unwrap_or_default();
+                    if n.as_str() == "content-type" {
+                        ctype = v.to_string();
+                    } else if n.as_str() == "etag" || n.as_str().starts_with("x-cairn") {
+                        extra.push_str(&format!("{n}: {v}\r\n"));
+                    }
+                }
+                (status, ctype, extra, resp.bytes().unwrap().to_vec())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                answer_body.len()
+            );
+            let _ = conn.write_all(resp.as_bytes());
+            let _ = conn.write_all(&answer_body);
+            drain_then_close(conn);
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// `update` and `merge` check what the node says it made: a node answering with the uid
+/// of another version of the key (one with no base, one whose value is not what the
+/// operation makes of its base, one that does not derive from the version merged) is
+/// caught (exit 11, nothing on stdout). Only the key was checked before.
+#[test]
+fn update_and_merge_refuse_a_version_the_node_did_not_make_of_them() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    let v1 = u.ok(srv, &["put", "n", "--value", "10", "--type", "integer"]);
+    let v1 = v1.trim();
+    let v2 = u.ok(srv, &["update", "n", "--add", "5"]);
+    let v2 = v2.trim();
+    let lie = |uid: &str| format!(r#"{{"uid":"{uid}","key":"n"}}"#);
+    // A version with no base.
+    let node = intercepting_node(s.base.clone(), "PATCH", lie(v1));
+    let out = u.run(Some(&node), &["update", "n", "--add", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("has 0 bases"), "{err}");
+    assert!(out.stdout.is_empty());
+    // A version on a base, but not what adding 1 makes of it (10 + 5).
+    let node = intercepting_node(s.base.clone(), "PATCH", lie(v2));
+    let out = u.run(Some(&node), &["update", "n", "--add", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("does not hold what the update makes"), "{err}");
+    // What adding 5 makes of it is taken (the check is not refusing everything).
+    let out = u.run(Some(&node), &["update", "n", "--add", "5"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A merge answered with a version that does not derive from what was merged.
+    u.ok(srv, &["fork", "n", "--from", "master", "--to", "side"]);
+    let v3 = u.ok(srv, &["update", "n", "--branch", "side", "--add", "1"]);
+    let lie = format!(r#"{{"uid":"{v2}","key":"n","outcome":"merged"}}"#);
+    let node = intercepting_node(s.base.clone(), "POST", lie);
+    let out = u.run(
+        Some(&node),
+        &[
+            "merge",
+            "n",
+            "--into",
+            "master",
+            "--from",
+            v3.trim(),
+            "--resolve",
+            "sum",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("of the merge"), "{err}");
+    assert!(out.stdout.is_empty());
 }
 
 /// Ends a fake node's answer without a reset: the request body it did not read (an

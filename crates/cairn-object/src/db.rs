@@ -1121,61 +1121,10 @@ impl Db {
                 op.name()
             ))
         };
+        if let Some(r) = apply_inline(v, &op) {
+            return r;
+        }
         Ok(match (v, &op) {
-            (Value::String(b), Op::Append(x)) => {
-                check_inline(b.len() + x.len())?;
-                let mut n = b.to_vec();
-                n.extend_from_slice(x);
-                Value::String(n.into())
-            }
-            (Value::String(b), Op::Insert(pos, x)) => {
-                let pos = usize::try_from(*pos)
-                    .ok()
-                    .filter(|p| *p <= b.len())
-                    .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "insert at {pos} is past the end ({} bytes)",
-                            b.len()
-                        ))
-                    })?;
-                check_inline(b.len() + x.len())?;
-                let mut n = Vec::with_capacity(b.len() + x.len());
-                n.extend_from_slice(&b[..pos]);
-                n.extend_from_slice(x);
-                n.extend_from_slice(&b[pos..]);
-                Value::String(n.into())
-            }
-            (Value::Tuple(t), Op::Append(x)) => {
-                check_inline(tuple_bytes(t) + x.len() + 4)?;
-                let mut n = t.clone();
-                n.push(Bytes::copy_from_slice(x));
-                Value::Tuple(n)
-            }
-            (Value::Tuple(t), Op::Insert(pos, x)) => {
-                let pos = usize::try_from(*pos)
-                    .ok()
-                    .filter(|p| *p <= t.len())
-                    .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "insert at {pos} is past the end ({} elements)",
-                            t.len()
-                        ))
-                    })?;
-                check_inline(tuple_bytes(t) + x.len() + 4)?;
-                let mut n = t.clone();
-                n.insert(pos, Bytes::copy_from_slice(x));
-                Value::Tuple(n)
-            }
-            (Value::Integer(i), Op::Add(x)) => {
-                Value::Integer(i.checked_add(*x).ok_or_else(|| {
-                    Error::invalid(format!("{i} + {x} overflows a 64-bit integer"))
-                })?)
-            }
-            (Value::Integer(i), Op::Multiply(x)) => {
-                Value::Integer(i.checked_mul(*x).ok_or_else(|| {
-                    Error::invalid(format!("{i} * {x} overflows a 64-bit integer"))
-                })?)
-            }
             (
                 Value::Tree(t),
                 Op::BlobSplice {
@@ -1339,6 +1288,60 @@ pub fn check_bucket_name(name: &str) -> Result<()> {
 }
 
 /// The bytes a tuple counts against [`MAX_INLINE_BYTES`] (as a put of it counts them).
+/// The value an operation on an inline value (String, Tuple, Integer) makes, as
+/// [`Db::update`] makes it; `None` for a value or an operation on a POS-tree, or one that
+/// does not apply to the value's type. A client checking what a node made of its update
+/// computes the same.
+pub fn apply_inline(v: &Value, op: &Op) -> Option<Result<Value>> {
+    let past_end = |pos: u64, len: usize, what: &str| {
+        usize::try_from(pos)
+            .ok()
+            .filter(|p| *p <= len)
+            .ok_or_else(|| {
+                Error::invalid(format!("insert at {pos} is past the end ({len} {what})"))
+            })
+    };
+    Some(match (v, op) {
+        (Value::String(b), Op::Append(x)) => check_inline(b.len() + x.len()).map(|()| {
+            let mut n = b.to_vec();
+            n.extend_from_slice(x);
+            Value::String(n.into())
+        }),
+        (Value::String(b), Op::Insert(pos, x)) => {
+            past_end(*pos, b.len(), "bytes").and_then(|pos| {
+                check_inline(b.len() + x.len())?;
+                let mut n = Vec::with_capacity(b.len() + x.len());
+                n.extend_from_slice(&b[..pos]);
+                n.extend_from_slice(x);
+                n.extend_from_slice(&b[pos..]);
+                Ok(Value::String(n.into()))
+            })
+        }
+        (Value::Tuple(t), Op::Append(x)) => check_inline(tuple_bytes(t) + x.len() + 4).map(|()| {
+            let mut n = t.clone();
+            n.push(Bytes::copy_from_slice(x));
+            Value::Tuple(n)
+        }),
+        (Value::Tuple(t), Op::Insert(pos, x)) => {
+            past_end(*pos, t.len(), "elements").and_then(|pos| {
+                check_inline(tuple_bytes(t) + x.len() + 4)?;
+                let mut n = t.clone();
+                n.insert(pos, Bytes::copy_from_slice(x));
+                Ok(Value::Tuple(n))
+            })
+        }
+        (Value::Integer(i), Op::Add(x)) => i
+            .checked_add(*x)
+            .map(Value::Integer)
+            .ok_or_else(|| Error::invalid(format!("{i} + {x} overflows a 64-bit integer"))),
+        (Value::Integer(i), Op::Multiply(x)) => i
+            .checked_mul(*x)
+            .map(Value::Integer)
+            .ok_or_else(|| Error::invalid(format!("{i} * {x} overflows a 64-bit integer"))),
+        _ => return None,
+    })
+}
+
 fn tuple_bytes<T: AsRef<[u8]>>(t: &[T]) -> usize {
     t.iter().map(|i| i.as_ref().len() + 4).sum()
 }

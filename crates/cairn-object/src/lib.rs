@@ -24,7 +24,7 @@ pub mod verify;
 pub use branch::BranchTable;
 pub use db::{
     At, DEFAULT_BRANCH, DEFAULT_BUCKET, Db, HeadChange, HeadChangeKind, HeadRecorder, PutOptions,
-    Target, Version, VersionMembership, check_bucket_name,
+    Target, Version, VersionMembership, apply_inline, check_bucket_name,
 };
 pub use fobject::{FObject, Uid};
 pub use gc::GcReport;
