@@ -1633,7 +1633,7 @@ fn run(
                 .read_subrecords_within(&capsule, &subs, &mut |n| reserve(n.saturating_mul(2)))?,
         ),
         Request::Subrecords { capsule, record } => {
-            Response::SubrecordNames(server.subrecords(&capsule, &record)?)
+            Response::SubrecordNames(server.subrecords_within(&capsule, &record, reserve)?)
         }
         Request::CommitSubrecords {
             capsule,
@@ -1789,7 +1789,8 @@ impl CapsuleService {
     /// [`CapsuleService::handle_bytes`], taking the memory a large answer needs from
     /// `reserve` before building it: a record's body (twice: as read, and in the encoded
     /// answer) before it is read from the store, each subrecord of a batched read (twice)
-    /// as it is read, and a sync answer's (a frame; 8 MiB for a Hello's coded symbols). An error from `reserve` (the endpoint's
+    /// as it is read, a record's list of subrecord names before it is read, and a sync
+    /// answer's (a frame; 8 MiB for a Hello's coded symbols). An error from `reserve` (the endpoint's
     /// memory stayed in use) is answered as it is, with nothing read or issued. An answer
     /// larger than a frame ([`MAX_FRAME`]), which no reader would take, is answered with
     /// an error instead.

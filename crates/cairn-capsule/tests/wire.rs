@@ -868,4 +868,33 @@ fn large_answers_reserve_their_memory_first() {
         Response::from_bytes(&out).unwrap(),
         Response::Error(_)
     ));
+
+    // A record's list of subrecord names reserves its memory (the stored list, the names,
+    // their encoding) before the list is read: a record of a million subrecords made
+    // answers of 100 MiB that were charged only once built. Refused, it is an error.
+    let list = Request::Subrecords {
+        capsule: c,
+        record: header.name(),
+    }
+    .to_bytes();
+    let mut asked = Vec::new();
+    let out = service.handle_bytes_within(&list, &mut |b| {
+        asked.push(b);
+        Ok(())
+    });
+    let answer_len = out.len();
+    assert!(
+        matches!(Response::from_bytes(&out).unwrap(), Response::SubrecordNames(s) if s == subs)
+    );
+    assert_eq!(asked.len(), 1);
+    assert!(
+        asked[0] >= answer_len,
+        "{asked:?} for an answer of {answer_len}"
+    );
+    let out =
+        service.handle_bytes_within(&list, &mut |_| Err(Error::Unavailable("no memory".into())));
+    match Response::from_bytes(&out).unwrap() {
+        Response::Error(e) => assert!(matches!(e.into_error(), Error::Unavailable(_))),
+        other => panic!("answered {}", other.kind()),
+    }
 }

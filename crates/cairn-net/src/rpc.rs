@@ -30,10 +30,10 @@
 //! are large, so it never stalls; [`Client::call_batch_each`] does the same and hands each
 //! response to the caller as it arrives.
 
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -65,7 +65,9 @@ pub struct ServerConfig {
     pub limit_loopback: bool,
     /// How long writing a response may take, plus one second per
     /// [`ServerConfig::min_request_rate`] bytes it holds: a client that stops reading, or
-    /// reads too slowly, is dropped (and cannot hold up a shutdown for longer).
+    /// reads too slowly, is dropped (and cannot hold up a shutdown for longer). Also the
+    /// grace after which a response must keep up that rate: a client falling behind it
+    /// (taking a little now and then) is dropped then, not at the end of the allowance.
     pub write_timeout: Option<Duration>,
     /// How long a new connection may take to send its preamble.
     pub handshake_timeout: Option<Duration>,
@@ -378,6 +380,10 @@ struct ResponseWriter {
     timeout: Option<Duration>,
     min_rate: u64,
     deadline: Option<std::time::Instant>,
+    /// When the response being written started, and how many bytes went since: it must
+    /// keep up `min_rate` on average after the write timeout's grace, or a client taking a
+    /// few bytes a minute held a large response's memory for its whole allowance.
+    since: Option<(std::time::Instant, u64)>,
     /// The length of the response started since the last write, whose deadline the next
     /// write sets (the clock is read once per write to the socket, not once per response
     /// of a pipelined burst).
@@ -397,19 +403,26 @@ impl ResponseWriter {
 impl Write for ResponseWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if let Some(len) = self.started.take() {
-            self.deadline = self.timeout.map(|t| {
-                std::time::Instant::now()
-                    + t
-                    + Duration::from_secs(len as u64 / self.min_rate.max(1))
-            });
+            let now = std::time::Instant::now();
+            self.deadline = self
+                .timeout
+                .map(|t| now + t + Duration::from_secs(len as u64 / self.min_rate.max(1)));
+            self.since = Some((now, 0));
         }
         // Each write waits at most the write timeout for the client to take bytes (as
         // each read of a request waits at most the request timeout): a client that stops
         // reading is dropped then, not only at the end of the whole response's allowance,
-        // which for a large response held its memory budget for many minutes.
+        // which for a large response held its memory budget for many minutes. Nor may it
+        // fall behind the minimum rate past the timeout's grace (taking a little now and
+        // then, it held that memory for the whole allowance all the same).
         let wait = match (self.deadline, self.timeout) {
             (Some(d), Some(t)) => {
-                Some(time_left(d, "the client did not take the response in time")?.min(t))
+                let paced = self.since.map_or(d, |(t0, done)| {
+                    t0 + t + Duration::from_secs_f64(done as f64 / self.min_rate.max(1) as f64)
+                });
+                Some(
+                    time_left(d.min(paced), "the client did not take the response in time")?.min(t),
+                )
             }
             _ => None,
         };
@@ -417,7 +430,11 @@ impl Write for ResponseWriter {
             self.stream.set_write_timeout(wait)?;
             self.set = Some(wait);
         }
-        self.stream.write(buf)
+        let n = self.stream.write(buf)?;
+        if let Some((_, done)) = &mut self.since {
+            *done += n as u64;
+        }
+        Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -447,7 +464,9 @@ pub struct ClientConfig {
     pub connect_timeout: Option<Duration>,
     /// Longest silence while reading the server's preamble or a response (each read
     /// waits at most this long for a byte); `None` waits forever. A server that stops
-    /// answering breaks the connection with an I/O error after it.
+    /// answering breaks the connection with an I/O error after it; in a batch, only once
+    /// the requests' upload, which the server reads before it answers, made no progress
+    /// for that long.
     pub read_timeout: Option<Duration>,
     /// Longest a write of requests may block on a server that does not read them;
     /// `None` waits forever.
@@ -697,6 +716,7 @@ fn serve_connection(
             timeout: config.write_timeout,
             min_rate: config.min_request_rate,
             deadline: None,
+            since: None,
             started: None,
             set: Some(config.write_timeout),
         },
@@ -722,8 +742,17 @@ fn serve_connection(
     };
     let mut request = Vec::new();
     loop {
-        if reader.inner.buffer().is_empty() {
+        // Answers go out before a read that may wait: with only part of the next request
+        // buffered (a pipelined upload), they waited for all of it, and a client timing
+        // out on silence gave up during a long batch.
+        let whole = whole_frame_buffered(reader.inner.buffer());
+        if !whole {
             writer.flush()?;
+        }
+        // A stopping server answers the requests it has whole, and no more: a client
+        // keeping its pipeline full kept the connection, and the shutdown, going.
+        if !whole && charge.stop.load(Ordering::SeqCst) {
+            break;
         }
         reader.start();
         match read_request(&mut reader, config.max_frame, &mut request, &mut charge) {
@@ -757,6 +786,14 @@ fn serve_connection(
         }
     }
     writer.flush()
+}
+
+/// Whether `buf` starts with a whole frame (header and payload).
+fn whole_frame_buffered(buf: &[u8]) -> bool {
+    match buf.first_chunk::<4>() {
+        Some(h) => buf.len() - 4 >= u32::from_be_bytes(*h) as usize,
+        None => false,
+    }
 }
 
 /// Reads one request frame through `r`, giving it time for the length it announces and
@@ -1058,25 +1095,41 @@ impl Client {
                 self.send(r.as_ref())?;
             }
             let mut buf = Vec::new();
+            let mut broke = None;
             for i in 0..requests.len() {
-                self.recv_into(&mut buf)?;
+                if let Err(e) = self.recv_into(&mut buf) {
+                    broke = Some(e);
+                    break;
+                }
                 deliver(i, &buf);
             }
+            // A panic of `each` is resumed even when the connection then broke.
             if let Some(p) = panicked {
                 std::panic::resume_unwind(p);
             }
-            return failed.map_or(Ok(()), Err);
+            return match broke {
+                Some(e) => Err(e),
+                None => failed.map_or(Ok(()), Err),
+            };
         }
         // Large: write from a second thread while this one reads, so neither direction's
         // buffers can fill up and stall the other.
         let max = self.max_frame;
         let n = requests.len();
         let (writer, reader) = (&mut self.writer, &mut self.reader);
+        // How far the upload got: while it goes on, the server may be reading a large
+        // request before it answers, so silence is not a timeout.
+        let progress = AtomicU64::new(0);
         let (sent, received) = std::thread::scope(|s| {
+            let progress = &progress;
             let w = s.spawn(move || -> Result<()> {
+                let mut counted = Counted {
+                    inner: &mut *writer,
+                    count: progress,
+                };
                 let res = requests
                     .iter()
-                    .try_for_each(|r| write_frame(writer, r.as_ref(), max))
+                    .try_for_each(|r| write_frame(&mut counted, r.as_ref(), max))
                     .and_then(|()| {
                         writer
                             .flush()
@@ -1091,6 +1144,10 @@ impl Client {
             let mut res = Ok(());
             let mut buf = Vec::new();
             for i in 0..n {
+                if let Err(e) = wait_while_uploading(reader, progress) {
+                    res = Err(Error::io("waiting for an RPC response", e));
+                    break;
+                }
                 match read_frame(reader, max, &mut buf) {
                     Ok(true) => deliver(i, &buf),
                     Ok(false) => {
@@ -1129,6 +1186,50 @@ impl Client {
     }
 }
 
+/// A writer that adds what passes through it to `count`, at most [`READ_STEP`] bytes
+/// at a time (one write of a whole large request would count nothing until it ended).
+struct Counted<'a, W> {
+    inner: &'a mut W,
+    count: &'a AtomicU64,
+}
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(&buf[..buf.len().min(READ_STEP)])?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Waits for the next response to start (or the connection to end), giving up on a
+/// read timeout only once the upload counted in `progress` made no progress during it:
+/// the server cannot answer a request before reading it, and on a slow link a large one
+/// takes longer than the timeout (one more period is allowed after the upload ends, for
+/// what the socket buffers still held).
+fn wait_while_uploading(reader: &mut BufReader<TcpStream>, progress: &AtomicU64) -> io::Result<()> {
+    let mut seen = progress.load(Ordering::Relaxed);
+    loop {
+        match reader.fill_buf() {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ) && progress.load(Ordering::Relaxed) != seen =>
+            {
+                seen = progress.load(Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
 #[cfg(test)]
 mod peer_group_tests {
     use super::peer_group;

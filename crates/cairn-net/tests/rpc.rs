@@ -90,6 +90,92 @@ fn batches_small_and_large() {
     assert_eq!(c.call(b"after").unwrap(), b"re:after");
 }
 
+/// A callback's panic is resumed even when the connection breaks later in the batch (it
+/// was dropped, and the transport error returned instead).
+#[test]
+fn a_panic_in_call_batch_each_survives_a_broken_connection() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut pre = [0u8; 5];
+        s.read_exact(&mut pre).unwrap();
+        s.write_all(&PREAMBLE).unwrap();
+        // Two requests in, one answer out, then the connection ends.
+        let mut two = [0u8; 2 * (4 + 3)];
+        s.read_exact(&mut two).unwrap();
+        s.write_all(&2u32.to_be_bytes()).unwrap();
+        s.write_all(b"ok").unwrap();
+    });
+    let mut c = Client::connect(addr).unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.call_batch_each(&[b"one", b"two"], |_, _| panic!("callback panics"))
+    }));
+    let p = caught.expect_err("the callback's panic was lost");
+    assert_eq!(p.downcast_ref::<&str>(), Some(&"callback panics"));
+}
+
+/// A server that reads requests at about 20 MB/s (1 MiB every 50 ms) and answers each
+/// whole one with "ok".
+fn slow_reading_server() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        // Small buffers, as on a slow link (loopback's grow to tens of MiB, which the
+        // upload would fill at once and the server then take seconds to read).
+        socket2::SockRef::from(&s)
+            .set_recv_buffer_size(256 << 10)
+            .unwrap();
+        let mut pre = [0u8; 5];
+        s.read_exact(&mut pre).unwrap();
+        s.write_all(&PREAMBLE).unwrap();
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let mut head = [0u8; 4];
+            if s.read_exact(&mut head).is_err() {
+                return;
+            }
+            let mut left = u32::from_be_bytes(head) as usize;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if s.read_exact(&mut chunk[..n]).is_err() {
+                    return;
+                }
+                left -= n;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            s.write_all(&2u32.to_be_bytes()).unwrap();
+            s.write_all(b"ok").unwrap();
+        }
+    });
+    addr
+}
+
+/// A batch whose upload takes longer than the client's read timeout (a large request on
+/// a slow link) is not cut for silence while the upload still makes progress: the server
+/// cannot answer a request before it has read it.
+#[test]
+fn a_long_upload_in_a_batch_is_not_a_read_timeout() {
+    let addr = slow_reading_server();
+    let cfg = ClientConfig {
+        read_timeout: Some(Duration::from_millis(1500)),
+        ..ClientConfig::default()
+    };
+    let mut c = Client::connect_with(addr, cfg).unwrap();
+    // About 3 s to upload at the server's pace; the last few MiB (what the socket buffers
+    // hold when the upload ends) take well under the timeout.
+    let batch = vec![b"small".to_vec(), vec![1u8; (64 << 20) - 64]];
+    let t = std::time::Instant::now();
+    let out = c.call_batch(&batch).unwrap();
+    assert!(
+        t.elapsed() > Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(out, vec![b"ok".to_vec(), b"ok".to_vec()]);
+}
+
 /// `call_batch_each` hands over every response in order; an error from the callback is
 /// returned after the rest of the batch is drained, and the connection stays usable.
 #[test]
@@ -327,6 +413,107 @@ fn shutdown_answers_received_requests() {
         Ok(r) => assert_eq!(r, b"next"),
         Err(e) => assert!(matches!(e, Error::Io { .. }), "{e}"),
     }
+}
+
+/// A client that keeps its pipeline full does not hold a shutdown: the server answers
+/// the requests it holds whole and stops (it kept reading new ones for as long as they
+/// came, and `shutdown` waited for it).
+#[test]
+fn shutdown_ends_a_connection_that_keeps_sending() {
+    let (h, _) = echo(ServerConfig::default());
+    let s = raw(&h);
+    let mut w = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let frame = [&4u32.to_be_bytes()[..], b"ping"].concat();
+        let burst: Vec<u8> = frame.repeat(256);
+        while w.write_all(&burst).is_ok() {}
+    });
+    let mut r = s.try_clone().unwrap();
+    let drainer = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let stopper = std::thread::spawn(move || h.shutdown());
+    while !stopper.is_finished() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "shutdown still waits for a connection that keeps sending"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stopper.join().unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    sender.join().unwrap();
+    drainer.join().unwrap();
+}
+
+/// The answer to a request goes out while the next request is still arriving: with part
+/// of it buffered the server waited for all of it before flushing, so a client timing
+/// out on silence gave up during a long pipelined upload.
+#[test]
+fn answers_go_out_while_the_next_request_arrives() {
+    let (h, _) = echo(ServerConfig::default());
+    let mut s = raw(&h);
+    let mut first = 1u32.to_be_bytes().to_vec();
+    first.push(b'a');
+    // The second request's header and a little of its payload, in the same write.
+    first.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    first.extend_from_slice(&[0u8; 100]);
+    s.write_all(&first).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut head = [0u8; 4];
+    s.read_exact(&mut head)
+        .expect("the first answer did not come while the second request was unfinished");
+    let mut body = vec![0u8; u32::from_be_bytes(head) as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(body, b"re:a");
+    drop(s);
+    h.shutdown();
+}
+
+/// A client that takes a large response a little at a time (1 MiB a second, each write
+/// of the server making progress within the write timeout, but below the minimum rate) is dropped once it falls behind that rate, not at the end of the
+/// time the whole response's length allows: it held the response's memory all that time.
+/// Seen from the server: its connection thread ends, so a shutdown does not wait for it.
+#[test]
+fn a_client_taking_a_response_too_slowly_is_dropped_when_it_falls_behind() {
+    let cfg = ServerConfig {
+        write_timeout: Some(Duration::from_secs(3)),
+        // The length alone allows 96 MiB 25 s at this rate. (What the socket buffers
+        // take at once, several MiB on loopback, counts as taken.)
+        min_request_rate: 4 << 20,
+        ..ServerConfig::default()
+    };
+    let h = serve("127.0.0.1:0", cfg, |_req: &[u8]| vec![9u8; 96 << 20]).unwrap();
+    let mut s = raw(&h);
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    s.write_all(b"big").unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    let reader = std::thread::spawn(move || {
+        // 1 MiB a second: enough for every write of the server to make progress within
+        // its timeout, a quarter of the minimum rate.
+        let mut buf = vec![0u8; 256 << 10];
+        while !stop.load(Ordering::SeqCst) {
+            if s.read_exact(&mut buf).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    std::thread::sleep(Duration::from_secs(12));
+    let t = std::time::Instant::now();
+    h.shutdown();
+    let waited = t.elapsed();
+    done.store(true, Ordering::SeqCst);
+    reader.join().unwrap();
+    assert!(
+        waited < Duration::from_secs(4),
+        "the slow reader was still served 12 s in (shutdown waited {waited:?})"
+    );
 }
 
 /// Whether a new client gets an answer from the echo server at `addr` within about three
