@@ -298,8 +298,26 @@ fn merge_region<T: PartialEq + Clone>(base: &[T], ours: &[T], theirs: &[T]) -> O
 }
 
 /// Longest an element-level diff of one merge region may take before it settles for a
-/// coarser answer (still correct: coarser hunks can only make more conflicts).
+/// coarser answer. Coarser hunks make larger conflicts, which a resolver would replace
+/// whole (losing the other side's edits inside them), so conflicts of a cut-short diff
+/// are never resolved automatically ([`diff3`] says when it was).
 const DIFF3_DEADLINE: std::time::Duration = std::time::Duration::from_millis(500);
+
+#[cfg(test)]
+thread_local! {
+    /// A test's stand-in for [`DIFF3_DEADLINE`].
+    static TEST_DIFF3_DEADLINE: std::cell::Cell<Option<std::time::Duration>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// [`DIFF3_DEADLINE`] (or, in tests, what a test set).
+fn diff3_deadline() -> std::time::Duration {
+    #[cfg(test)]
+    if let Some(d) = TEST_DIFF3_DEADLINE.with(std::cell::Cell::get) {
+        return d;
+    }
+    DIFF3_DEADLINE
+}
 
 /// One part of a three-way merge of a region ([`diff3`]).
 #[derive(Debug, PartialEq, Eq)]
@@ -342,15 +360,18 @@ impl<C> Seg<C> {
 /// The changed parts of `side` against `base`, as `(base start, base end, side start, side
 /// end)`, sorted and disjoint: the gaps between the runs a Myers diff matches. The runs
 /// are checked (in order on both sides, and equal) before they are used; should they not
-/// be, the whole region counts as one change, which can only make a conflict more.
+/// be, the whole region counts as one change, which can only make a conflict more. The
+/// flag says whether the diff is exact: `false` when it ran past the deadline (and so may
+/// have settled for coarser hunks) or its runs did not check out.
 fn hunks<T: Eq + std::hash::Hash + Ord>(
     base: &[T],
     side: &[T],
-) -> Vec<(usize, usize, usize, usize)> {
-    let whole = || vec![(0, base.len(), 0, side.len())];
-    let deadline = std::time::Instant::now().checked_add(DIFF3_DEADLINE);
+) -> (Vec<(usize, usize, usize, usize)>, bool) {
+    let whole = || (vec![(0, base.len(), 0, side.len())], false);
+    let deadline = std::time::Instant::now().checked_add(diff3_deadline());
     let ops =
         similar::capture_diff_slices_deadline(similar::Algorithm::Myers, base, side, deadline);
+    let exact = deadline.is_some_and(|d| std::time::Instant::now() < d);
     let mut runs: Vec<(usize, usize, usize)> = ops
         .iter()
         .map(similar::DiffOp::as_tag_tuple)
@@ -378,20 +399,21 @@ fn hunks<T: Eq + std::hash::Hash + Ord>(
     if pb < base.len() || px < side.len() {
         out.push((pb, base.len(), px, side.len()));
     }
-    out
+    (out, exact)
 }
 
 /// Element-level three-way merge (diff3) of one region: each side's changes against the
 /// base, found by a Myers diff, are applied where they do not overlap; overlapping (or
 /// touching) changes of both sides are agreed when they give the same content, else a
 /// conflict of just that part. So non-conflicting edits of a side are never lost to a
-/// conflict elsewhere in the region, whatever resolves that conflict.
+/// conflict elsewhere in the region, whatever resolves that conflict, as long as both
+/// diffs were exact (the flag returned; see [`hunks`]).
 fn diff3<T: Eq + std::hash::Hash + Ord + Clone>(
     base: &[T],
     ours: &[T],
     theirs: &[T],
-) -> Vec<Seg<Vec<T>>> {
-    let (ho, ht) = (hunks(base, ours), hunks(base, theirs));
+) -> (Vec<Seg<Vec<T>>>, bool) {
+    let ((ho, exact_o), (ht, exact_t)) = (hunks(base, ours), hunks(base, theirs));
     let (mut i, mut j) = (0, 0);
     // Where each side is, in its own units, at base position `pos`.
     let (mut pos, mut at_o, mut at_t) = (0usize, 0usize, 0usize);
@@ -468,7 +490,7 @@ fn diff3<T: Eq + std::hash::Hash + Ord + Clone>(
         pos = end;
     }
     agreed(&mut out, &base[pos..]);
-    out
+    (out, exact_o && exact_t)
 }
 
 /// `ours`, then the elements of `theirs` that `ours` lacks, in their order (linear time).
@@ -959,7 +981,7 @@ impl Db {
             mem.charge(
                 24 * units as u64 + 2 * (base_u.bytes() + ours_u.bytes() + theirs_u.bytes()),
             )?;
-            let segs = base_u.diff3(&ours_u, &theirs_u);
+            let (segs, exact) = base_u.diff3(&ours_u, &theirs_u);
             // What the merge will hold besides what a resolver adds: Union adds their
             // elements found nowhere in it (not in ours' region, which may hold an element
             // theirs moved away from an agreed part).
@@ -985,16 +1007,47 @@ impl Db {
                         theirs,
                     } => (start, end, base, ours, theirs),
                 };
+                let at = ConflictAt::Range {
+                    start: cs + start as u64,
+                    end: cs + end as u64,
+                };
+                if !exact {
+                    // The diff was cut short: this conflict may span edits of both sides
+                    // that do not overlap, which any resolution would lose in part. Listed
+                    // for a person to resolve, never resolved here.
+                    let conflict = Conflict {
+                        at,
+                        base: Some(bg.to_text()),
+                        ours: Some(og.to_text()),
+                        theirs: Some(tg.to_text()),
+                    };
+                    let resolvable = Units::builtin_resolve(builtin, &bg, &og, &tg, &kept)
+                        .is_some()
+                        || resolver.resolve(ty, &conflict).is_some();
+                    if resolvable {
+                        return Err(Error::Conflict(format!(
+                            "the changes both sides made to units {}..{} of the {ty} could \
+                             not be lined up within {} ms (a region of {} units with many \
+                             scattered edits); a resolver would have replaced the whole span, \
+                             losing edits of the other side, so nothing was merged: merge in \
+                             smaller steps, or resolve the span by hand",
+                            cs + start as u64,
+                            cs + end as u64,
+                            diff3_deadline().as_millis(),
+                            base_u.len()
+                        )));
+                    }
+                    unresolved = true;
+                    conflicts.push(conflict);
+                    continue;
+                }
                 if let Some(r) = Units::builtin_resolve(builtin, &bg, &og, &tg, &kept) {
                     mem.charge(r.bytes())?;
                     merged.extend(r);
                     continue;
                 }
                 let conflict = Conflict {
-                    at: ConflictAt::Range {
-                        start: cs + start as u64,
-                        end: cs + end as u64,
-                    },
+                    at,
                     base: Some(bg.to_text()),
                     ours: Some(og.to_text()),
                     theirs: Some(tg.to_text()),
@@ -1142,10 +1195,14 @@ impl Units {
         }
     }
 
-    /// [`diff3`] of this base region against `o` and `t`, as regions.
-    fn diff3(&self, o: &Units, t: &Units) -> Vec<Seg<Units>> {
-        fn wrap<T>(segs: Vec<Seg<Vec<T>>>, f: impl Fn(Vec<T>) -> Units) -> Vec<Seg<Units>> {
-            segs.into_iter().map(|seg| seg.map(&f)).collect()
+    /// [`diff3`] of this base region against `o` and `t`, as regions, and whether both
+    /// diffs were exact.
+    fn diff3(&self, o: &Units, t: &Units) -> (Vec<Seg<Units>>, bool) {
+        fn wrap<T>(
+            (segs, exact): (Vec<Seg<Vec<T>>>, bool),
+            f: impl Fn(Vec<T>) -> Units,
+        ) -> (Vec<Seg<Units>>, bool) {
+            (segs.into_iter().map(|seg| seg.map(&f)).collect(), exact)
         }
         match (self, o, t) {
             (Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
@@ -1154,13 +1211,16 @@ impl Units {
             (Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
                 wrap(diff3(b, o, t), Units::Elems)
             }
-            _ => vec![Seg::Conflict {
-                start: 0,
-                end: 0,
-                base: self.clone(),
-                ours: o.clone(),
-                theirs: t.clone(),
-            }],
+            _ => (
+                vec![Seg::Conflict {
+                    start: 0,
+                    end: 0,
+                    base: self.clone(),
+                    ours: o.clone(),
+                    theirs: t.clone(),
+                }],
+                false,
+            ),
         }
     }
 
@@ -1341,6 +1401,55 @@ mod tests {
     use super::{BuiltinResolver, Conflict, ConflictAt, Resolution, Resolver, Seg, diff3};
     use crate::ValueType;
 
+    /// A merge whose region diff runs past its deadline (here: none at all) may see one
+    /// coarse conflict over edits of both sides that do not overlap: a resolver is never
+    /// let loose on it (Ours replaced the whole span, silently dropping theirs' edit; the
+    /// same merge gave other content when it had time), while without a resolver the
+    /// conflict is listed.
+    #[test]
+    fn a_cut_short_region_diff_is_never_resolved_automatically() {
+        use crate::{At, Db, MergeOutcome, NewValue, PutOptions, Target, TreeConfig};
+        use std::sync::Arc;
+        let o = PutOptions::default();
+        let base: Vec<Vec<u8>> = (0..100).map(|i| format!("e{i}").into_bytes()).collect();
+        let (before, mut ours, mut theirs) = (base.clone(), base.clone(), base.clone());
+        ours[10] = b"O1".to_vec();
+        ours[12] = b"O2".to_vec();
+        theirs[11] = b"T".to_vec();
+        let merge = |resolver: BuiltinResolver| {
+            let db = Db::with_config(
+                Arc::new(cairn_store::MemoryStore::new()),
+                TreeConfig {
+                    leaf_target: 128,
+                    index_target: 256,
+                },
+            );
+            let put = |branch: &str, v: &[Vec<u8>]| {
+                db.put(b"l", Target::Branch(branch), NewValue::List(v.to_vec()), &o)
+                    .unwrap()
+            };
+            put("master", &before);
+            db.fork(b"l", &At::Branch("master".into()), "dev").unwrap();
+            put("master", &ours);
+            let from = put("dev", &theirs);
+            db.merge_into(b"l", "master", &At::Uid(from), &resolver, &o)
+        };
+        // With time, every edit is kept.
+        assert!(matches!(
+            merge(BuiltinResolver::Ours).unwrap(),
+            MergeOutcome::Merged(_)
+        ));
+        super::TEST_DIFF3_DEADLINE.with(|d| d.set(Some(std::time::Duration::ZERO)));
+        let e = merge(BuiltinResolver::Ours).unwrap_err();
+        assert!(matches!(e, cairn_core::Error::Conflict(_)), "{e}");
+        assert!(e.to_string().contains("nothing was merged"), "{e}");
+        match merge(BuiltinResolver::Manual).unwrap() {
+            MergeOutcome::Conflicts(c) => assert!(!c.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        super::TEST_DIFF3_DEADLINE.with(|d| d.set(None));
+    }
+
     /// Sum adds both sides' changes in 128 bits: near the ends of the range a sum whose
     /// intermediate overflows still resolves, and one whose result does not fit conflicts.
     #[test]
@@ -1422,11 +1531,11 @@ mod tests {
             let mut both = ours.clone();
             both.extend(theirs.iter().cloned());
             both.sort_by_key(|e| e.0);
-            let merged = agreed(diff3(&base, &o, &t));
+            let merged = agreed(diff3(&base, &o, &t).0);
             prop_assert_eq!(merged, Some(apply(&base, &both)));
-            prop_assert_eq!(agreed(diff3(&base, &o, &base)), Some(o.clone()));
-            prop_assert_eq!(agreed(diff3(&base, &base, &t)), Some(t.clone()));
-            prop_assert_eq!(agreed(diff3(&base, &o, &o)), Some(o.clone()));
+            prop_assert_eq!(agreed(diff3(&base, &o, &base).0), Some(o.clone()));
+            prop_assert_eq!(agreed(diff3(&base, &base, &t).0), Some(t.clone()));
+            prop_assert_eq!(agreed(diff3(&base, &o, &o).0), Some(o.clone()));
         }
 
         /// Whatever the three regions, taking ours' side of every conflict and keeping
@@ -1438,7 +1547,7 @@ mod tests {
             o in proptest::collection::vec(0u32..6, 0..40),
             t in proptest::collection::vec(0u32..6, 0..40),
         ) {
-            let segs = diff3(&base, &o, &t);
+            let (segs, _) = diff3(&base, &o, &t);
             // Taking ours everywhere gives ours' changes; theirs everywhere, theirs', and
             // the parts both agree on are the same in both.
             let mut with_ours = Vec::new();

@@ -176,12 +176,13 @@ impl Db {
                         max_base_depth = max_base_depth.max(Some(bo.depth));
                     }
                 }
-                let expected = max_base_depth.map_or(0, |d| d + 1);
-                if !o.bases.is_empty() && o.depth != expected {
-                    report.damage.push(damage(format!(
-                        "depth is {} but its bases say {expected}",
-                        o.depth
-                    )));
+                // A base claiming the greatest depth there is has no version after it.
+                let expected = max_base_depth.map_or(Some(0), |d| d.checked_add(1));
+                if !o.bases.is_empty() && expected != Some(o.depth) {
+                    report.damage.push(damage(match expected {
+                        Some(e) => format!("depth is {} but its bases say {e}", o.depth),
+                        None => "a base claims the greatest depth there is".to_string(),
+                    }));
                 }
                 if let Some(t) = o.value.tree()
                     && trees_done.insert(*t)
