@@ -1619,7 +1619,19 @@ fn run(
             capsule,
             records,
             signatures,
-        } => Response::Ack(server.write(&capsule, &records, &signatures)?),
+        } => {
+            // The ack names every record and signature: its memory is taken before the
+            // write, so that once stored the write's answer is not dropped for the want
+            // of it (its client could not tell whether the write happened).
+            reserve(
+                records
+                    .len()
+                    .saturating_add(signatures.len())
+                    .saturating_mul(48)
+                    .saturating_add(256),
+            )?;
+            Response::Ack(server.write(&capsule, &records, &signatures)?)
+        }
         Request::Sign { capsule, name, sig } => Response::Ack(server.sign(&capsule, &name, sig)?),
         Request::Read { capsule, name } => {
             Response::Record(server.read_within(&capsule, &name, reserve)?)

@@ -783,6 +783,51 @@ fn svc_hello_sig(a: &CapsuleServer, c: &CapsuleName, responder: &cairn_core::Pub
     }
 }
 
+/// A write takes the memory of its ack before it stores anything: an ack of thousands of
+/// names is larger than a connection holds uncharged, and was charged only once built,
+/// after the write, when a shortage could only drop the answer to a stored write. A
+/// refused reservation stores nothing.
+#[test]
+fn a_write_reserves_its_ack_before_storing() {
+    let srv = server(9);
+    let service = CapsuleService::new(srv.clone());
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    let records: Vec<_> = (0..3000u32)
+        .map(|i| w.record(&i.to_le_bytes(), &[]).unwrap())
+        .collect();
+    let last = records[2999].name();
+    let req = Request::Write {
+        capsule: c,
+        records: records.clone(),
+        signatures: vec![(last, w.sign(&last))],
+    }
+    .to_bytes();
+    let out =
+        service.handle_bytes_within(&req, &mut |_| Err(Error::Unavailable("no memory".into())));
+    assert!(matches!(
+        Response::from_bytes(&out).unwrap(),
+        Response::Error(_)
+    ));
+    assert!(srv.read(&c, &last).is_err(), "nothing stored");
+    let mut asked = Vec::new();
+    let out = service.handle_bytes_within(&req, &mut |b| {
+        asked.push(b);
+        Ok(())
+    });
+    assert!(matches!(
+        Response::from_bytes(&out).unwrap(),
+        Response::Ack(_)
+    ));
+    assert!(out.len() > 64 << 10, "{}", out.len());
+    assert!(
+        asked.iter().sum::<usize>() >= out.len(),
+        "{asked:?} for {}",
+        out.len()
+    );
+}
+
 /// The endpoint takes the memory of a large answer before building it: a record read
 /// reserves twice its body (as read, and in the encoded answer), a batched subrecord read
 /// reserves as it reads, and a refused reservation is answered "unavailable" with no

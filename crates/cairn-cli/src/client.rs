@@ -216,6 +216,13 @@ impl Client {
             // As in local mode (the node could only answer that no route matches).
             bail!(Error::invalid("key must not be empty"));
         }
+        if let Some(k @ ("." | "..")) = key {
+            // URL parsers remove such path segments, escaped or not: the request would
+            // reach another route.
+            bail!(Error::invalid(format!(
+                "key {k:?} cannot be named in a URL path, so not through a node; use                  another key (local mode takes it)"
+            )));
+        }
         let mut s = format!("{}/v1/buckets/{}", self.base, enc(&self.bucket));
         if !op.is_empty() {
             s.push('/');
@@ -294,9 +301,12 @@ impl Client {
         // an answer.
         let sent = std::sync::Arc::new(tokio::sync::Notify::new());
         let taken_total = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let state = (rx, sent.clone(), taken_total.clone(), 0u64);
-        let stream =
-            futures_util::stream::unfold(state, move |(mut rx, sent, total, taken)| async move {
+        // Whether the body's end was reached (the input read to its end).
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = (rx, sent.clone(), taken_total.clone(), ended.clone(), 0u64);
+        let stream = futures_util::stream::unfold(
+            state,
+            move |(mut rx, sent, total, ended, taken)| async move {
                 match rx.recv().await {
                     Some(piece) => {
                         let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
@@ -304,14 +314,16 @@ impl Client {
                         if len == Some(taken) {
                             sent.notify_one();
                         }
-                        Some((piece, (rx, sent, total, taken)))
+                        Some((piece, (rx, sent, total, ended, taken)))
                     }
                     None => {
+                        ended.store(true, std::sync::atomic::Ordering::Release);
                         sent.notify_one();
                         None
                     }
                 }
-            });
+            },
+        );
         let started = std::time::Instant::now();
         let (base, stall) = (&self.base, self.stall);
         let answer = rt.block_on(async {
@@ -362,15 +374,29 @@ impl Client {
         // waiting for it.
         drop(http);
         drop(rt);
-        // After a complete upload the reader has finished; after a failure it may still
-        // wait on a slow input (a terminal, a pipe): leave it, the process is ending.
-        if matches!(&answer, Ok((status, _)) if status.is_success()) {
-            let _ = reader.join();
-        }
         let (status, answer) = answer?;
         if !status.is_success() {
             return Err(error_from(status, &answer));
         }
+        // A success answer before the whole body was sent (its declared length, or the end
+        // of a chunked one) is no answer to this upload: what the version is checked
+        // against below would be only the part read so far.
+        let taken = taken_total.load(std::sync::atomic::Ordering::Acquire);
+        let whole = match len {
+            Some(n) => taken == n,
+            None => ended.load(std::sync::atomic::Ordering::Acquire),
+        };
+        if !whole {
+            bail!(Error::Rejected(format!(
+                "node {} answered the upload before all of it was sent ({taken} bytes{}); \
+                 it stored something else",
+                self.base,
+                len.map_or(String::new(), |n| format!(" of {n}"))
+            )));
+        }
+        // After a complete upload the reader has finished (after a failure it may still
+        // wait on a slow input, a terminal or a pipe, and is left: the process is ending).
+        let _ = reader.join();
         // The reader, and with it the builder's sender, is done after a complete upload.
         let tree = digest.map(BlobDigest::finish).transpose()?;
         Ok((parse_json(&answer)?, tree))
@@ -2371,6 +2397,51 @@ mod tests {
             std::thread::sleep(Duration::from_secs(30));
         });
         format!("http://{addr}")
+    }
+
+    /// A success answer that comes before the whole upload was sent is refused: the
+    /// version it names holds at most what was read so far (the put's check compared it
+    /// with that part, not the input).
+    #[test]
+    fn a_success_answer_before_the_whole_upload_is_refused() {
+        let answer: &'static [u8] =
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}";
+        for len in [None, Some(32u64 << 20)] {
+            let c = client(quiet_node(0, answer), 5.0);
+            let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+            let e = c
+                .send_stream(
+                    Method::PUT,
+                    url,
+                    Box::new(io::Cursor::new(vec![1u8; 32 << 20])),
+                    len,
+                    &[],
+                    None,
+                    None,
+                    None,
+                )
+                .expect_err("an answer before the body was sent");
+            assert!(
+                matches!(e.downcast_ref::<Error>(), Some(Error::Rejected(_))),
+                "{len:?}: {e:#}"
+            );
+        }
+    }
+
+    /// Keys a URL parser would remove from the path are refused before anything is sent
+    /// (they reached another route: `get ..` asked for the bucket).
+    #[test]
+    fn dot_keys_are_refused_in_client_mode() {
+        let c = client("http://127.0.0.1:1".into(), 1.0);
+        for k in [".", ".."] {
+            let e = c.url("objects", Some(k), &[]).unwrap_err();
+            assert!(
+                matches!(e.downcast_ref::<Error>(), Some(Error::InvalidInput(_))),
+                "{e:#}"
+            );
+        }
+        let u = c.url("objects", Some("..."), &[]).unwrap();
+        assert!(u.path().ends_with("/objects/..."), "{u}");
     }
 
     fn client(base: String, stall: f64) -> Client {
