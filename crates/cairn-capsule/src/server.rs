@@ -751,11 +751,12 @@ impl Loaded {
     /// Loads `cap` as capsule `name` and unloads idle capsules past `max`.
     fn insert(&mut self, name: CapsuleName, mut cap: Capsule, max: usize) -> Arc<Mutex<Capsule>> {
         // Its DAG counts its unproven records from now on, in place of what they were
-        // remembered to hold.
+        // remembered to hold (added before that is taken out, so that the total never
+        // reads low meanwhile).
+        cap.dag.set_meter(self.unproven_held.clone());
         if let Some(was) = self.unloaded_unproven.remove(&name) {
             self.unproven_held.fetch_sub(was, Ordering::Relaxed);
         }
-        cap.dag.set_meter(self.unproven_held.clone());
         let cap = Arc::new(Mutex::new(cap));
         self.map.put(name, cap.clone());
         let gone = take_idle(&mut self.map, max);

@@ -220,7 +220,8 @@ impl Client {
             // URL parsers remove such path segments, escaped or not: the request would
             // reach another route.
             bail!(Error::invalid(format!(
-                "key {k:?} cannot be named in a URL path, so not through a node; use                  another key (local mode takes it)"
+                "key {k:?} cannot be named in a URL path, so not through a node; use \
+                 another key (local mode takes it)"
             )));
         }
         let mut s = format!("{}/v1/buckets/{}", self.base, enc(&self.bucket));
@@ -425,7 +426,11 @@ impl Client {
         let (head_tx, head_rx) = std::sync::mpsc::sync_channel(1);
         let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<bytes::Bytes>>(DOWNLOAD_QUEUE);
         let (base, stall) = (self.base.clone(), self.stall);
-        let head_stall = stall.map(|d| d + drain_allowance(body.len() as u64, Duration::ZERO));
+        // The body is in memory and handed over at once: the answer's head may also take
+        // the time all of it takes at the slowest rate assumed.
+        let head_stall =
+            stall.map(|d| d + Duration::from_secs_f64(body.len() as f64 / SLOWEST_UPLINK));
+        let mutation = method != Method::GET;
         std::thread::Builder::new()
             .name("cairn-request".into())
             .spawn(move || {
@@ -439,7 +444,13 @@ impl Client {
                         if !body.is_empty() {
                             req = req.body(body);
                         }
-                        let mut resp = within(head_stall, &base, "the answer", req.send()).await?;
+                        let what = if mutation {
+                            "the answer (the node may still carry the request out: look \
+                             before sending it again)"
+                        } else {
+                            "the answer"
+                        };
+                        let mut resp = within(head_stall, &base, what, req.send()).await?;
                         let status = resp.status();
                         if !status.is_success() {
                             let mut body = Vec::new();
@@ -625,10 +636,11 @@ impl Client {
             // One line of text (checked when the arguments were parsed).
             headers.push((CONTEXT_HEADER, a.context.clone()));
         }
-        // An input that cannot be read fails here, before the bucket, the writer key or
-        // the data key is created for a put that cannot happen (as in local mode).
+        // An input that is not there fails here, before the bucket, the writer key or the
+        // data key is created for a put that cannot happen (as in local mode). Looked up,
+        // not opened: opening a named pipe twice would take its writer's first reader.
         if let Some(p) = &a.file {
-            File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            std::fs::metadata(p).with_context(|| format!("opening {}", p.display()))?;
         }
         let signer = self.signer()?;
         let key = if a.encrypt {
@@ -1219,7 +1231,9 @@ impl Client {
                 .iter()
                 .find(|n| !o.bases.contains(n))
                 .map(|n| format!("does not derive from {n}")),
-            "fast_forward" | "up_to_date" if a.untagged && !named.contains(&uid) => {
+            "fast_forward" | "up_to_date"
+                if a.untagged && !a.uids.is_empty() && !named.contains(&uid) =>
+            {
                 Some("is none of the heads named".to_string())
             }
             "fast_forward" if !a.untagged => named

@@ -1130,28 +1130,69 @@ fn update_and_merge_refuse_a_version_the_node_did_not_make_of_them() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A merge answered with a version that does not derive from what was merged.
+    // A merge answered with a version that does not derive from what was merged: one
+    // with a single base, and a real merge of two other versions.
     u.ok(srv, &["fork", "n", "--from", "master", "--to", "side"]);
     let v3 = u.ok(srv, &["update", "n", "--branch", "side", "--add", "1"]);
-    let lie = format!(r#"{{"uid":"{v2}","key":"n","outcome":"merged"}}"#);
-    let node = intercepting_node(s.base.clone(), "POST", lie);
-    let out = u.run(
-        Some(&node),
+    let v3 = v3.trim();
+    u.ok(srv, &["fork", "n", "--from", "master", "--to", "other"]);
+    u.ok(srv, &["update", "n", "--branch", "other", "--add", "2"]);
+    u.ok(srv, &["update", "n", "--add", "3"]);
+    let vm = u.ok(
+        srv,
         &[
             "merge",
             "n",
             "--into",
             "master",
             "--from",
-            v3.trim(),
+            "other",
             "--resolve",
             "sum",
         ],
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(11), "{err}");
-    assert!(err.contains("of the merge"), "{err}");
-    assert!(out.stdout.is_empty());
+    let merge_lie = |uid: &str, outcome: &str, args: &[&str], want: &str| {
+        let lie = format!(r#"{{"uid":"{uid}","key":"n","outcome":"{outcome}"}}"#);
+        let node = intercepting_node(s.base.clone(), "POST", lie);
+        let out = u.run(Some(&node), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(out.stdout.is_empty());
+    };
+    let from_v3 = [
+        "merge",
+        "n",
+        "--into",
+        "master",
+        "--from",
+        v3,
+        "--resolve",
+        "sum",
+    ];
+    merge_lie(v2, "merged", &from_v3, "has 1 base(s)");
+    merge_lie(
+        vm.trim(),
+        "merged",
+        &from_v3,
+        &format!("does not derive from {v3}"),
+    );
+    merge_lie(v2, "fast_forward", &from_v3, "where the branch was to move");
+    // Answers the client cannot fault are taken: a fast-forward to the version named,
+    // and an untagged merge naming no heads (which the node picks).
+    let take = |uid: &str, outcome: &str, args: &[&str]| {
+        let lie = format!(r#"{{"uid":"{uid}","key":"n","outcome":"{outcome}"}}"#);
+        let node = intercepting_node(s.base.clone(), "POST", lie);
+        let out = u.run(Some(&node), args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), uid);
+    };
+    take(v3, "fast_forward", &from_v3);
+    take(v2, "fast_forward", &["merge", "n", "--untagged"]);
 }
 
 /// Ends a fake node's answer without a reset: the request body it did not read (an

@@ -741,6 +741,8 @@ fn serve_connection(
         set: Some(config.idle_timeout),
     };
     let mut request = Vec::new();
+    // Whether the connection ends with part of a request read (and maybe more on the way).
+    let mut unread = false;
     loop {
         // Answers go out before a read that may wait: with only part of the next request
         // buffered (a pipelined upload), they waited for all of it, and a client timing
@@ -752,12 +754,18 @@ fn serve_connection(
         // A stopping server answers the requests it has whole, and no more: a client
         // keeping its pipeline full kept the connection, and the shutdown, going.
         if !whole && charge.stop.load(Ordering::SeqCst) {
+            unread = !reader.inner.buffer().is_empty();
             break;
         }
         reader.start();
         match read_request(&mut reader, config.max_frame, &mut request, &mut charge) {
             Ok(true) => {}
-            Ok(false) | Err(_) => break,
+            Ok(false) => break,
+            Err(_) => {
+                // Cut in the middle of a request (by the peer, a timeout, or a stop).
+                unread = true;
+                break;
+            }
         }
         let response = handler(
             &request,
@@ -785,8 +793,33 @@ fn serve_connection(
             break;
         }
     }
-    writer.flush()
+    writer.flush()?;
+    if unread && charge.stop.load(Ordering::SeqCst) {
+        // Closed with unread requests, the socket would be reset and the answers still
+        // queued for the client dropped: take what the client still sends for a moment
+        // while they drain. (The read side is shut, so a read finds nothing rather than
+        // waiting while nothing has arrived: look again. The write side stays open: with
+        // both shut, Linux resets a connection that receives more data.)
+        let until = std::time::Instant::now() + STOP_DRAIN;
+        let mut sink = [0u8; 1 << 14];
+        while let Some(left) = until
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|l| !l.is_zero())
+        {
+            let _ = stream.set_read_timeout(Some(left));
+            match reader.inner.read(&mut sink) {
+                Ok(n) if n > 0 => {}
+                Ok(_) => std::thread::sleep(Duration::from_millis(10).min(left)),
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
 }
+
+/// How long a stopping server's connection takes what its client still sends, after its
+/// last answer, so that the answers are not dropped with a reset.
+const STOP_DRAIN: Duration = Duration::from_secs(1);
 
 /// Whether `buf` starts with a whole frame (header and payload).
 fn whole_frame_buffered(buf: &[u8]) -> bool {
@@ -1205,8 +1238,13 @@ impl<W: Write> Write for Counted<'_, W> {
     }
 }
 
+/// Bytes a batch's upload must make in each read timeout for its reader to keep waiting
+/// (a server reading a few bytes a minute, and never answering, would hold it for ever).
+const MIN_BATCH_PROGRESS: u64 = 64 << 10;
+
 /// Waits for the next response to start (or the connection to end), giving up on a
-/// read timeout only once the upload counted in `progress` made no progress during it:
+/// read timeout only once the upload counted in `progress` made too little progress
+/// during it ([`MIN_BATCH_PROGRESS`]):
 /// the server cannot answer a request before reading it, and on a slow link a large one
 /// takes longer than the timeout (one more period is allowed after the upload ends, for
 /// what the socket buffers still held).
@@ -1220,7 +1258,8 @@ fn wait_while_uploading(reader: &mut BufReader<TcpStream>, progress: &AtomicU64)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-                ) && progress.load(Ordering::Relaxed) != seen =>
+                ) && progress.load(Ordering::Relaxed).saturating_sub(seen)
+                    >= MIN_BATCH_PROGRESS =>
             {
                 seen = progress.load(Ordering::Relaxed);
             }
@@ -1229,7 +1268,6 @@ fn wait_while_uploading(reader: &mut BufReader<TcpStream>, progress: &AtomicU64)
     }
 }
 
-#[cfg(test)]
 #[cfg(test)]
 mod peer_group_tests {
     use super::peer_group;

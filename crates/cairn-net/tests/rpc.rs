@@ -449,6 +449,65 @@ fn shutdown_ends_a_connection_that_keeps_sending() {
     drainer.join().unwrap();
 }
 
+/// A stopping server delivers the answer of every request it ran to a client that sent
+/// a long pipeline of large requests and reads the answers slowly: the server stops
+/// reading with requests still unread in its socket, and closed so, the socket was reset
+/// and the answers still queued for the client dropped (a stored write whose ack never
+/// came).
+#[test]
+fn a_stopping_server_delivers_every_answer_it_made() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let h = serve(
+        "127.0.0.1:0",
+        ServerConfig::default(),
+        move |_req: &[u8]| {
+            c.fetch_add(1, Ordering::SeqCst);
+            vec![7u8; 64 << 10]
+        },
+    )
+    .unwrap();
+    let s = raw(&h);
+    // A small receive buffer: the server's answers back up behind the slow reader, so it
+    // stops reading requests, which wait unread in its socket.
+    socket2::SockRef::from(&s)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    let mut w = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let frame = [&(16u32 << 10).to_be_bytes()[..], &[1u8; 16 << 10]].concat();
+        for _ in 0..400 {
+            if w.write_all(&frame).is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = s.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = 0usize;
+        let mut frame = vec![0u8; 4 + (64 << 10)];
+        loop {
+            match r.read_exact(&mut frame) {
+                Ok(()) => got += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(got),
+                Err(e) => return Err((got, e)),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    h.shutdown();
+    let got = reader.join().unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    sender.join().unwrap();
+    let ran = calls.load(Ordering::SeqCst);
+    assert!(ran < 400, "every request was run before the stop ({ran})");
+    match got {
+        Ok(n) => assert_eq!(n, ran, "answers delivered vs requests run"),
+        Err((n, e)) => panic!("{n} of {ran} answers, then {e}"),
+    }
+}
+
 /// The answer to a request goes out while the next request is still arriving: with part
 /// of it buffered the server waited for all of it before flushing, so a client timing
 /// out on silence gave up during a long pipelined upload.

@@ -1287,7 +1287,6 @@ pub fn check_bucket_name(name: &str) -> Result<()> {
     }
 }
 
-/// The bytes a tuple counts against [`MAX_INLINE_BYTES`] (as a put of it counts them).
 /// The value an operation on an inline value (String, Tuple, Integer) makes, as
 /// [`Db::update`] makes it; `None` for a value or an operation on a POS-tree, or one that
 /// does not apply to the value's type. A client checking what a node made of its update
@@ -1342,6 +1341,7 @@ pub fn apply_inline(v: &Value, op: &Op) -> Option<Result<Value>> {
     })
 }
 
+/// The bytes a tuple counts against [`MAX_INLINE_BYTES`] (as a put of it counts them).
 fn tuple_bytes<T: AsRef<[u8]>>(t: &[T]) -> usize {
     t.iter().map(|i| i.as_ref().len() + 4).sum()
 }
