@@ -721,6 +721,71 @@ fn an_upload_the_node_refuses_ends_with_its_reason() {
     }
 }
 
+/// A put from a named pipe reads it once: the check that the input is there must not open
+/// it (opening and closing a FIFO took its writer's first reader, and the put then waited
+/// for a writer that never came).
+#[test]
+fn put_from_a_named_pipe_opens_it_once() {
+    let s = Server::start();
+    let u = User::new();
+    let fifo = u.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let data = pseudo_random(1 << 20, 3);
+    let feed = data.clone();
+    let path = fifo.clone();
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all(&feed).is_ok()
+    });
+    let mut child = u
+        .command(
+            Some(&s.base),
+            &[
+                "put",
+                "k",
+                "--type",
+                "blob",
+                "--file",
+                fifo.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            // Unblock the writer, if it still waits for a reader (without waiting here
+            // for a writer, if it does not).
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo);
+            panic!("put from a named pipe hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{err}");
+    assert!(writer.join().unwrap(), "the writer lost its reader");
+    let back = u.run(Some(&s.base), &["get", "k"]);
+    assert!(back.stdout == data, "reads back whole");
+}
+
 /// A put whose input file cannot be opened fails before it changes anything: no bucket on
 /// the node, no writer key, no data key (it created all three, then failed).
 #[test]
