@@ -299,20 +299,28 @@ fn hex_byte(b: u8) -> String {
     format!("{b:02x}")
 }
 
-/// Maps an `object_store` error to Cairn's, naming what was being done.
+/// Maps an `object_store` error to Cairn's, naming what was being done. The object
+/// store's own text (request URLs, the service's error body, which for S3 can name the
+/// access key and echo what was signed) goes to the log only: the error is answered to
+/// clients, anonymous readers of open buckets among them.
 fn os_err(what: &str, e: object_store::Error) -> Error {
     use object_store::Error as E;
+    if !matches!(e, E::NotFound { .. }) {
+        tracing::warn!(target: "cairn_store::object", "{what}: {e}");
+    }
     match e {
         E::NotFound { path, .. } => Error::not_found(format!("{what}: object {path} not found")),
         E::InvalidPath { source } => Error::invalid(format!("{what}: {source}")),
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
-            Error::Unavailable(format!("{what}: access denied by the object store: {e}"))
-        }
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => Error::Unavailable(format!(
+            "{what}: access denied by the object store (details in the node's log)"
+        )),
         other => match out_of_space(&other) {
             // A full disk under a `local` chunk directory (or a quota): an I/O error of
             // that kind, which the node answers with 507.
-            Some(kind) => Error::io(what, std::io::Error::new(kind, other.to_string())),
-            None => Error::Unavailable(format!("{what}: {other}")),
+            Some(kind) => Error::io(what, std::io::Error::new(kind, "the storage is full")),
+            None => Error::Unavailable(format!(
+                "{what}: the object store failed (details in the node's log)"
+            )),
         },
     }
 }
@@ -730,21 +738,36 @@ impl ChunkStore for ObjectChunkStore {
     }
 
     /// Fetches up to [`MAX_IN_FLIGHT`] chunks concurrently (results in order), each
-    /// verified against its cid like [`ChunkStore::get`].
+    /// verified against its cid like [`ChunkStore::get`] as it arrives: the first that
+    /// does not match ends the batch, dropping the fetches in flight (checked once all
+    /// had arrived, objects replaced in the bucket by large ones were all held first).
     fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
         let store = self.store.clone();
-        let paths: Vec<ObjectPath> = cids.iter().map(|c| self.chunk_path(c)).collect();
+        let jobs: Vec<(Cid, ObjectPath)> = cids.iter().map(|c| (*c, self.chunk_path(c))).collect();
         let fetched = self.run(async move {
-            futures_util::stream::iter(paths)
-                .map(|path| fetch_object(store.clone(), path))
-                .buffered(MAX_IN_FLIGHT)
-                .try_collect::<Vec<_>>()
-                .await
+            let mut out = Vec::with_capacity(jobs.len());
+            let mut arriving = futures_util::stream::iter(jobs)
+                .map(|(cid, path)| {
+                    let store = store.clone();
+                    async move { (cid, fetch_object(store, path).await) }
+                })
+                .buffered(MAX_IN_FLIGHT);
+            while let Some((cid, fetched)) = arriving.next().await {
+                let bytes = fetched?;
+                if let Some(b) = &bytes
+                    && !cid.matches(b)
+                {
+                    return Ok(Err((cid, bytes)));
+                }
+                out.push(bytes);
+            }
+            Ok(Ok(out))
         })?;
-        cids.iter()
-            .zip(fetched)
-            .map(|(cid, bytes)| self.verified(cid, bytes))
-            .collect()
+        match fetched {
+            Ok(all) => Ok(all),
+            // Refused (and noted as damaged) as `get` refuses it.
+            Err((cid, bytes)) => self.verified(&cid, bytes).map(|b| vec![b]),
+        }
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
@@ -1343,7 +1366,12 @@ mod tests {
     /// flight (which may still fail) (`false`), or overwrite, as a server that ignores
     /// `If-None-Match` does (`true`).
     #[derive(Debug)]
-    struct ConflictingCreates(object_store::memory::InMemory, bool);
+    /// (The third field counts reads.)
+    struct ConflictingCreates(
+        object_store::memory::InMemory,
+        bool,
+        std::sync::atomic::AtomicUsize,
+    );
 
     impl fmt::Display for ConflictingCreates {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1382,6 +1410,7 @@ mod tests {
             location: &ObjectPath,
             options: object_store::GetOptions,
         ) -> object_store::Result<object_store::GetResult> {
+            self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.0.get_opts(location, options).await
         }
         fn delete_stream(
@@ -1411,6 +1440,73 @@ mod tests {
         ) -> object_store::Result<()> {
             self.0.copy_opts(from, to, options).await
         }
+    }
+
+    /// The object store's own error text (the request URL, the service's error body, which
+    /// can name the access key) stays out of the error, which the node answers to clients.
+    #[test]
+    fn object_store_error_text_stays_out_of_errors() {
+        let secret = "AKIAEXAMPLE SignatureDoesNotMatch https://s3.internal/bucket/p/chunks/00/ab";
+        for e in [
+            object_store::Error::Generic {
+                store: "S3",
+                source: secret.into(),
+            },
+            object_store::Error::PermissionDenied {
+                path: "p/chunks/00/ab".into(),
+                source: secret.into(),
+            },
+        ] {
+            let got = os_err("reading chunk", e).to_string();
+            assert!(
+                !got.contains("AKIA") && !got.contains("s3.internal"),
+                "{got}"
+            );
+            assert!(
+                got.contains("reading chunk") && got.contains("node's log"),
+                "{got}"
+            );
+        }
+    }
+
+    /// A batch read checks each chunk as it arrives: the first object that does not match
+    /// its cid ends the batch (all were fetched and held before any was checked, so
+    /// objects replaced in the bucket by large ones filled memory first).
+    #[test]
+    fn a_batch_read_stops_at_the_first_damaged_chunk() {
+        let mem = Arc::new(ConflictingCreates(
+            object_store::memory::InMemory::new(),
+            true,
+            Default::default(),
+        ));
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        let cids: Vec<Cid> = (0..256u32)
+            .map(|i| store.put(&i.to_le_bytes()).unwrap())
+            .collect();
+        let path = store.chunk_path(&cids[0]);
+        store
+            .run({
+                let mem = mem.clone();
+                async move {
+                    mem.0
+                        .put(&path, PutPayload::from(vec![9u8; 1 << 20]))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| os_err("overwriting", e))
+                }
+            })
+            .unwrap();
+        let before = mem.2.load(std::sync::atomic::Ordering::SeqCst);
+        let e = store.get_many(&cids).unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e}");
+        let read = mem.2.load(std::sync::atomic::Ordering::SeqCst) - before;
+        assert!(
+            read <= 2 * MAX_IN_FLIGHT,
+            "{read} objects read for one damaged first"
+        );
+        // Noted as damaged, as a single read notes it; the others still read.
+        assert!(!store.has(&cids[0]).unwrap());
+        assert_eq!(store.get_many(&cids[1..]).unwrap().len(), 255);
     }
 
     /// S3's 412 (wrapped in `AlreadyExists`) proves the object stored; its 409 (another
@@ -1461,6 +1557,7 @@ mod tests {
             Arc::new(ConflictingCreates(
                 object_store::memory::InMemory::new(),
                 false,
+                Default::default(),
             )),
             "",
         )
@@ -1540,6 +1637,7 @@ mod tests {
         let mem = Arc::new(ConflictingCreates(
             object_store::memory::InMemory::new(),
             false,
+            Default::default(),
         ));
         let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
         let cid = store.put(b"the whole chunk").unwrap();
@@ -1629,6 +1727,7 @@ mod tests {
         let lax = Arc::new(ConflictingCreates(
             object_store::memory::InMemory::new(),
             true,
+            Default::default(),
         ));
         let first = ObjectChunkStore::new(lax.clone(), "shared").unwrap();
         first.claim("cairn node 01\n", true).unwrap();
