@@ -93,7 +93,11 @@ pub struct ObjectChunkStore {
     create_supported: Arc<AtomicBool>,
     /// Chunks a read found damaged: a put of one overwrites it (a create-if-absent put
     /// would find the damaged object and report the chunk present), and `has` says no.
+    /// Each is also marked under `marks` until repaired, so that a restart remembers it
+    /// ([`Self::claim`] reads the marks back).
     damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
+    /// `<prefix>/damaged/`: one empty object per chunk known damaged, named by its cid.
+    marks: ObjectPath,
     /// Set for the `local` kind (see [`LocalSync`]).
     local: Option<LocalSync>,
     /// Always `Some` until drop.
@@ -119,6 +123,7 @@ impl ObjectChunkStore {
         let base = ObjectPath::parse(prefix)
             .map_err(|e| Error::invalid(format!("object store prefix {prefix:?}: {e}")))?;
         let root = base.clone().join("chunks");
+        let marks = base.clone().join("damaged");
         let owner = base.join("cairn-owner");
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(RUNTIME_THREADS)
@@ -133,6 +138,7 @@ impl ObjectChunkStore {
             algo: HashAlgo::default(),
             create_supported: Arc::new(AtomicBool::new(true)),
             damaged: Default::default(),
+            marks,
             local: None,
             runtime: Some(runtime),
         })
@@ -181,6 +187,14 @@ impl ObjectChunkStore {
     /// every version as missing and put new chunks where they vanish once the real one
     /// is back.
     pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
+        self.claim_marker(owner, first)?;
+        // The prefix is this node's: chunks it found damaged before a restart are known
+        // damaged again (their next put writes them anew).
+        self.load_damage_marks()
+    }
+
+    /// [`Self::claim`]'s marker.
+    fn claim_marker(&self, owner: &str, first: bool) -> Result<()> {
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
@@ -248,7 +262,7 @@ impl ObjectChunkStore {
     fn verified(&self, cid: &Cid, bytes: Option<Bytes>) -> Result<Option<Bytes>> {
         match bytes {
             Some(bytes) if !cid.matches(&bytes) => {
-                self.damaged.lock().insert(*cid);
+                self.mark_damaged(&[*cid]);
                 Err(Error::corrupt(format!(
                     "chunk {cid} does not match its hash (object {} in {})",
                     self.chunk_path(cid),
@@ -257,6 +271,79 @@ impl ObjectChunkStore {
             }
             other => Ok(other),
         }
+    }
+
+    /// Notes `cids` as damaged, in memory and (best effort: the memory holds until a
+    /// restart either way) as marks in the store.
+    fn mark_damaged(&self, cids: &[Cid]) {
+        self.damaged.lock().extend(cids.iter().copied());
+        let store = self.store.clone();
+        let marks: Vec<ObjectPath> = cids
+            .iter()
+            .map(|c| self.marks.clone().join(c.to_hex()))
+            .collect();
+        let r = self.run(async move {
+            for m in marks {
+                store
+                    .put(&m, PutPayload::default())
+                    .await
+                    .map_err(|e| os_err("marking a damaged chunk", e))?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!(target: "cairn_store::object", "{e}");
+        }
+    }
+
+    /// Forgets `cids` as damaged (written whole again), in memory and in the store.
+    fn unmark_damaged(&self, cids: &[Cid]) {
+        {
+            let mut damaged = self.damaged.lock();
+            for c in cids {
+                damaged.remove(c);
+            }
+        }
+        let store = self.store.clone();
+        let marks: Vec<ObjectPath> = cids
+            .iter()
+            .map(|c| self.marks.clone().join(c.to_hex()))
+            .collect();
+        let r = self.run(async move {
+            for m in marks {
+                match store.delete(&m).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(os_err("clearing a damaged chunk's mark", e)),
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!(target: "cairn_store::object", "{e}");
+        }
+    }
+
+    /// Reads back the marks of chunks found damaged before (by this node before a
+    /// restart), so that their next put writes them anew.
+    fn load_damage_marks(&self) -> Result<()> {
+        let store = self.store.clone();
+        let marks = self.marks.clone();
+        let found: Vec<Cid> = self.run(async move {
+            let listed: Vec<object_store::ObjectMeta> = store
+                .list(Some(&marks))
+                .try_collect()
+                .await
+                .map_err(|e| os_err("listing damaged chunks", e))?;
+            Ok(listed
+                .iter()
+                .filter_map(|m| {
+                    let bytes = hex_decode(m.location.filename()?)?;
+                    Hash::from_bytes(&bytes).ok()
+                })
+                .collect())
+        })?;
+        self.damaged.lock().extend(found);
+        Ok(())
     }
 
     /// Runs `fut` on the owned runtime and waits for it on the calling thread.
@@ -676,7 +763,7 @@ impl ChunkStore for ObjectChunkStore {
         );
         let new = self.run(fut)?;
         if overwrite {
-            self.damaged.lock().remove(&cid);
+            self.unmark_damaged(&[cid]);
         }
         Ok(new)
     }
@@ -724,10 +811,7 @@ impl ChunkStore for ObjectChunkStore {
                 .await
         })?;
         if !repaired.is_empty() {
-            let mut damaged = self.damaged.lock();
-            for c in &repaired {
-                damaged.remove(c);
-            }
+            self.unmark_damaged(&repaired);
         }
         Ok(cids)
     }
@@ -1467,6 +1551,45 @@ mod tests {
                 "{got}"
             );
         }
+    }
+
+    /// A chunk found damaged stays known as damaged across a restart (a mark in the
+    /// store, read back by `claim`): the next put of its bytes writes it anew instead of
+    /// taking the damaged object for it (a create-if-absent put finds one there), and the
+    /// mark goes once it is repaired.
+    #[test]
+    fn damage_found_before_a_restart_is_repaired_by_the_next_put() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        store.claim("cairn node 01\n", true).unwrap();
+        let cid = store.put(b"the chunk").unwrap();
+        let path = store.chunk_path(&cid);
+        let put_raw = |bytes: &'static [u8]| {
+            let (mem, path) = (mem.clone(), path.clone());
+            store
+                .run(async move {
+                    mem.put(&path, PutPayload::from_static(bytes))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| os_err("overwriting", e))
+                })
+                .unwrap();
+        };
+        put_raw(b"the chunX");
+        assert!(matches!(store.get(&cid), Err(Error::Corrupt(_))));
+        drop(store);
+        // Restarted: nothing read yet.
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        store.claim("cairn node 01\n", false).unwrap();
+        assert!(!store.has(&cid).unwrap(), "known damaged after the restart");
+        assert!(store.put_hashed(cid, b"the chunk").unwrap(), "written anew");
+        assert_eq!(&store.get(&cid).unwrap().unwrap()[..], b"the chunk");
+        // Repaired: the mark is gone, and a further restart takes the chunk as stored.
+        drop(store);
+        let store = ObjectChunkStore::new(mem, "p").unwrap();
+        store.claim("cairn node 01\n", false).unwrap();
+        assert!(store.has(&cid).unwrap());
+        assert!(!store.put_hashed(cid, b"the chunk").unwrap());
     }
 
     /// A batch read checks each chunk as it arrives: the first object that does not match
