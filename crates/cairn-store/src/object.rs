@@ -98,6 +98,12 @@ pub struct ObjectChunkStore {
     damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
     /// `<prefix>/damaged/`: one empty object per chunk known damaged, named by its cid.
     marks: ObjectPath,
+    /// Once [`Self::claim`]ed: when the owner marker was last seen present. A chunk found
+    /// missing is reported so only while the marker is there: a bucket or container
+    /// deleted, replaced or re-pointed under a running node answers "not found" for
+    /// every object, which must read as the store being unavailable, not as data gone.
+    marker_seen: parking_lot::Mutex<Option<std::time::Instant>>,
+    claimed: AtomicBool,
     /// Set for the `local` kind (see [`LocalSync`]).
     local: Option<LocalSync>,
     /// Always `Some` until drop.
@@ -139,6 +145,8 @@ impl ObjectChunkStore {
             create_supported: Arc::new(AtomicBool::new(true)),
             damaged: Default::default(),
             marks,
+            marker_seen: parking_lot::Mutex::new(None),
+            claimed: AtomicBool::new(false),
             local: None,
             runtime: Some(runtime),
         })
@@ -188,9 +196,41 @@ impl ObjectChunkStore {
     /// is back.
     pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
         self.claim_marker(owner, first)?;
+        self.claimed.store(true, Ordering::SeqCst);
+        *self.marker_seen.lock() = Some(std::time::Instant::now());
         // The prefix is this node's: chunks it found damaged before a restart are known
         // damaged again (their next put writes them anew).
         self.load_damage_marks()
+    }
+
+    /// Before an object found missing is reported as such: the prefix is still this
+    /// node's (its owner marker is there, seen within [`MARKER_RECHECK`]), or the store is
+    /// [`Error::Unavailable`].
+    fn check_prefix_present(&self) -> Result<()> {
+        if !self.claimed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if let Some(t) = *self.marker_seen.lock()
+            && t.elapsed() < MARKER_RECHECK
+        {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let path = self.owner.clone();
+        let name = self.store.to_string();
+        self.run(async move {
+            match store.head(&path).await {
+                Ok(_) => Ok(()),
+                Err(object_store::Error::NotFound { .. }) => Err(Error::Unavailable(format!(
+                    "{name} no longer holds {path}: the bucket, container or directory was \
+                     deleted, replaced or is not the one the node uses, so its chunks cannot \
+                     be read"
+                ))),
+                Err(e) => Err(os_err(&format!("checking {path} in {name}"), e)),
+            }
+        })?;
+        *self.marker_seen.lock() = Some(std::time::Instant::now());
+        Ok(())
     }
 
     /// [`Self::claim`]'s marker.
@@ -385,6 +425,21 @@ fn chunk_path(root: &ObjectPath, cid: &Cid) -> ObjectPath {
 fn hex_byte(b: u8) -> String {
     format!("{b:02x}")
 }
+
+/// A write answered "not found" (the bucket or container is gone): the store is
+/// unavailable, not the chunk missing.
+fn missing_on_write(e: Error) -> Error {
+    match e {
+        Error::NotFound(m) => Error::Unavailable(format!(
+            "{m}: the bucket, container or directory the chunks go to is not there"
+        )),
+        other => other,
+    }
+}
+
+/// How long a sighting of the owner marker vouches for the prefix (see
+/// `ObjectChunkStore::check_prefix_present`).
+const MARKER_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Maps an `object_store` error to Cairn's, naming what was being done. The object
 /// store's own text (request URLs, the service's error body, which for S3 can name the
@@ -761,7 +816,7 @@ impl ChunkStore for ObjectChunkStore {
             overwrite,
             self.local.clone(),
         );
-        let new = self.run(fut)?;
+        let new = self.run(fut).map_err(missing_on_write)?;
         if overwrite {
             self.unmark_damaged(&[cid]);
         }
@@ -809,7 +864,8 @@ impl ChunkStore for ObjectChunkStore {
                 .buffer_unordered(MAX_IN_FLIGHT)
                 .try_for_each(|_| async { Ok(()) })
                 .await
-        })?;
+        })
+        .map_err(missing_on_write)?;
         if !repaired.is_empty() {
             self.unmark_damaged(&repaired);
         }
@@ -818,6 +874,9 @@ impl ChunkStore for ObjectChunkStore {
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
         let fetched = self.run(fetch_object(self.store.clone(), self.chunk_path(cid)))?;
+        if fetched.is_none() {
+            self.check_prefix_present()?;
+        }
         self.verified(cid, fetched)
     }
 
@@ -848,7 +907,12 @@ impl ChunkStore for ObjectChunkStore {
             Ok(Ok(out))
         })?;
         match fetched {
-            Ok(all) => Ok(all),
+            Ok(all) => {
+                if all.iter().any(Option::is_none) {
+                    self.check_prefix_present()?;
+                }
+                Ok(all)
+            }
             // Refused (and noted as damaged) as `get` refuses it.
             Err((cid, bytes)) => self.verified(&cid, bytes).map(|b| vec![b]),
         }
@@ -860,13 +924,17 @@ impl ChunkStore for ObjectChunkStore {
         }
         let path = self.chunk_path(cid);
         let store = self.store.clone();
-        self.run(async move {
+        let present = self.run(async move {
             match store.head(&path).await {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::NotFound { .. }) => Ok(false),
                 Err(e) => Err(os_err(&format!("checking chunk {path}"), e)),
             }
-        })
+        })?;
+        if !present {
+            self.check_prefix_present()?;
+        }
+        Ok(present)
     }
 
     fn cids(&self) -> Result<Vec<Cid>> {
@@ -1550,6 +1618,36 @@ mod tests {
                 got.contains("reading chunk") && got.contains("node's log"),
                 "{got}"
             );
+        }
+    }
+
+    /// A claimed prefix whose owner marker went away (the bucket deleted or replaced under
+    /// the running node) makes missing chunks an unavailable store, not data gone; with
+    /// the marker there, a missing chunk is reported missing.
+    #[test]
+    fn a_vanished_prefix_is_unavailable_not_missing_chunks() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        store.claim("cairn node 01\n", true).unwrap();
+        let cid = store.put(b"a chunk").unwrap();
+        let absent = HashAlgo::default().digest(b"never stored");
+        assert_eq!(store.get(&absent).unwrap(), None);
+        assert!(!store.has(&absent).unwrap());
+        // The bucket is wiped.
+        for path in [store.chunk_path(&cid), store.owner.clone()] {
+            let mem = mem.clone();
+            store
+                .run(async move { mem.delete(&path).await.map_err(|e| os_err("wiping", e)) })
+                .unwrap();
+        }
+        *store.marker_seen.lock() = None;
+        for e in [
+            store.get(&cid).unwrap_err(),
+            store.has(&cid).unwrap_err(),
+            store.get_many(&[cid]).unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::Unavailable(_)), "{e}");
+            assert!(e.to_string().contains("no longer holds"), "{e}");
         }
     }
 
