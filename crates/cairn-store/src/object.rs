@@ -196,6 +196,12 @@ impl ObjectChunkStore {
     /// is back.
     pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
         self.claim_marker(owner, first)?;
+        if let Some(local) = self.local.clone() {
+            // The marker is durable whatever the durability of chunk writes: without it
+            // every later start is refused.
+            let owner = self.owner.clone();
+            self.run(async move { local.settle(&owner).await })?;
+        }
         self.claimed.store(true, Ordering::SeqCst);
         *self.marker_seen.lock() = Some(std::time::Instant::now());
         // The prefix is this node's: chunks it found damaged before a restart are known
@@ -1333,6 +1339,13 @@ impl ObjectStoreConfig {
 fn owned_by(got: &[u8], want: &[u8], path: &impl std::fmt::Display, name: &str) -> Result<()> {
     if got == want {
         Ok(())
+    } else if got.is_empty() {
+        Err(Error::Rejected(format!(
+            "{path} in {name} is empty: the owner marker was damaged (written but not made \
+             durable before a crash?); if this prefix is this node's, write its line into \
+             it ({:?})",
+            String::from_utf8_lossy(want).trim()
+        )))
     } else {
         Err(Error::Rejected(format!(
             "the prefix of {path} in {name} belongs to another Cairn node ({:?}; this one is \
@@ -1619,6 +1632,28 @@ mod tests {
                 "{got}"
             );
         }
+    }
+
+    /// An empty owner marker (written but not made durable before a crash) is named as
+    /// damaged, not as another node's.
+    #[test]
+    fn an_empty_owner_marker_is_named_damaged() {
+        let e = owned_by(b"", b"cairn node 01\n", &"p/cairn-owner", "LocalFileSystem")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is empty") && !e.contains("another Cairn node"),
+            "{e}"
+        );
+        let e = owned_by(
+            b"cairn node 02\n",
+            b"cairn node 01\n",
+            &"p/cairn-owner",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("another Cairn node"), "{e}");
     }
 
     /// A claimed prefix whose owner marker went away (the bucket deleted or replaced under
