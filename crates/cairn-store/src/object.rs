@@ -1255,13 +1255,22 @@ impl ObjectStoreConfig {
             ))
         };
         let bucket = self.bucket.clone().unwrap_or_default();
-        let client = object_store::ClientOptions::new().with_allow_http(self.allow_http);
+        // Each setting the table does not make is left to the environment (`AWS_*`,
+        // `AZURE_*`, `GOOGLE_*`, as `object_store` reads it): `allow_http` only when true,
+        // and no client options replaced whole (that dropped GCS's proxy and timeouts).
+        let allow_http = self.allow_http.then_some("true");
         let mut local = None;
         let store: Arc<dyn ObjectStore> = match self.kind {
             ObjectStoreKind::S3 => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_allow_http(self.allow_http);
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                if let Some(v) = allow_http {
+                    b = b.with_config(
+                        object_store::aws::AmazonS3ConfigKey::Client(
+                            object_store::ClientConfigKey::AllowHttp,
+                        ),
+                        v,
+                    );
+                }
                 if let Some(endpoint) = &self.endpoint {
                     b = b.with_endpoint(endpoint);
                 }
@@ -1272,8 +1281,15 @@ impl ObjectStoreConfig {
             }
             ObjectStoreKind::Azure => {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_container_name(bucket)
-                    .with_allow_http(self.allow_http);
+                    .with_container_name(bucket);
+                if let Some(v) = allow_http {
+                    b = b.with_config(
+                        object_store::azure::AzureConfigKey::Client(
+                            object_store::ClientConfigKey::AllowHttp,
+                        ),
+                        v,
+                    );
+                }
                 if let Some(endpoint) = &self.endpoint {
                     b = b.with_endpoint(endpoint.clone());
                 }
@@ -1281,8 +1297,15 @@ impl ObjectStoreConfig {
             }
             ObjectStoreKind::Gcs => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_client_options(client);
+                    .with_bucket_name(bucket);
+                if let Some(v) = allow_http {
+                    b = b.with_config(
+                        object_store::gcp::GoogleConfigKey::Client(
+                            object_store::ClientConfigKey::AllowHttp,
+                        ),
+                        v,
+                    );
+                }
                 if let Some(endpoint) = &self.endpoint {
                     b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, endpoint);
                 }
