@@ -1787,7 +1787,7 @@ impl CapsuleService {
                 session,
                 msg,
                 sig,
-            } => result(self.sync(capsule, peer, session, msg, &sig)),
+            } => result(self.sync(capsule, peer, session, msg, &sig, &mut |_| Ok(()))),
             other => dispatch(&self.server, other),
         }
     }
@@ -1836,20 +1836,16 @@ impl CapsuleService {
         req: Request,
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Response {
-        let Request::Sync { msg, .. } = &req else {
-            return result(run(&self.server, req, reserve));
-        };
-        // A Hello's answer is a first batch of coded symbols (at most 65,536, held and
-        // encoded: about 6 MiB); a later answer may fill a frame (a batch of coded
-        // symbols, records up to the message budget with the shape lists).
-        let need = match msg {
-            SyncMsg::Hello { .. } => 8 << 20,
-            _ => MAX_FRAME,
-        };
-        if let Err(e) = reserve(need) {
-            return Response::Error(WireError::from(&e));
+        match req {
+            Request::Sync {
+                capsule,
+                peer,
+                session,
+                msg,
+                sig,
+            } => result(self.sync(capsule, peer, session, msg, &sig, reserve)),
+            other => result(run(&self.server, other, reserve)),
         }
-        self.handle(req)
     }
 
     fn sync(
@@ -1859,6 +1855,7 @@ impl CapsuleService {
         session: u64,
         msg: SyncMsg,
         sig: &Signature,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<Response> {
         let key = (capsule, peer);
         let server = &*self.server;
@@ -1881,6 +1878,10 @@ impl CapsuleService {
                 SessionSeal::responder(capsule, peer, server.public_key(), session, nonce);
             seal.open(Some(&msg), sig)?;
             msg.check_hello(&peer, server)?;
+            // Its answer is a first batch of coded symbols (at most 65,536, held and
+            // encoded: about 6 MiB): taken once the Hello is known to be the peer's, so
+            // made-up messages cost no memory.
+            reserve(8 << 20)?;
             let mut fresh = SyncState::new(server, capsule, peer)?;
             let names = fresh.names();
             let max = self.max_sync_names;
@@ -1930,6 +1931,10 @@ impl CapsuleService {
                      start with Hello"
                 ))
             })?;
+        // A later answer may fill a frame (a batch of coded symbols, records up to the
+        // message budget with the shape lists): taken for a session that exists (before
+        // its seal moves on, so that a refusal leaves the session as it was).
+        reserve(MAX_FRAME)?;
         let mut open = state.lock();
         // A message the initiator did not sign as its next one is refused and leaves the
         // session as it was: someone who saw the session number cannot end it.

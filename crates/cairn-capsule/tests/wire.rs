@@ -761,6 +761,75 @@ fn the_initiator_refuses_answers_the_responder_did_not_sign_in_order() {
     assert_eq!(remote.with_dag(&c, |d| d.order().len()).unwrap(), 20);
 }
 
+/// Anti-entropy messages take their answer's memory only once they are known to be the
+/// peer's (a Hello) or to belong to a session (the others): made-up messages of a hundred
+/// bytes each reserved a frame (65 MiB) first.
+#[test]
+fn sync_messages_reserve_memory_only_once_authenticated() {
+    let srv = server(5);
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    let r = w.record(b"r", &[]).unwrap();
+    let n = r.name();
+    srv.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
+    let a = server(6);
+    let svc = CapsuleService::new(srv.clone());
+    let responder = srv.public_key();
+    let mut asked = Vec::new();
+    let send = |req: Request, asked: &mut Vec<usize>| {
+        let out = svc.handle_bytes_within(&req.to_bytes(), &mut |b| {
+            asked.push(b);
+            Ok(())
+        });
+        Response::from_bytes(&out).unwrap()
+    };
+    // A Hello signed by a key that is not the peer's.
+    let other = SigningKey::from_seed(&[42; 32]);
+    let (at, _) = a.sign_sync_hello(&c, &responder, &[0; 32], 3);
+    let msg = server::sync_hello_message(&c, &responder, &[0; 32], 3, at);
+    let forged = SyncMsg::Hello {
+        capsule: c,
+        quick: [0; 32],
+        count: 3,
+        at,
+        sig: other.sign(server::DOMAIN_SYNC_HELLO, &msg),
+    };
+    let r = send(
+        Request::Sync {
+            capsule: c,
+            peer: a.public_key(),
+            session: 7,
+            sig: SessionSeal::initiator(c, a.public_key(), responder, 7)
+                .seal(&a, Some(&forged))
+                .unwrap(),
+            msg: forged,
+        },
+        &mut asked,
+    );
+    assert!(matches!(r, Response::Error(_)), "{r:?}");
+    // A Done for a session that does not exist.
+    let mut guess = SessionSeal::initiator(c, a.public_key(), responder, 9);
+    let _ = guess.seal(&a, None).unwrap();
+    guess.take_nonce(12345).unwrap();
+    let r = send(
+        Request::Sync {
+            capsule: c,
+            peer: a.public_key(),
+            session: 9,
+            sig: guess.seal(&a, Some(&SyncMsg::Done)).unwrap(),
+            msg: SyncMsg::Done,
+        },
+        &mut asked,
+    );
+    assert!(matches!(r, Response::Error(_)), "{r:?}");
+    assert!(asked.is_empty(), "made-up messages reserved {asked:?}");
+    // The peer's own Hello reserves its answer.
+    let r = send(svc_hello_sig(&a, &c, &responder), &mut asked);
+    assert!(matches!(r, Response::Sync { .. }), "{r:?}");
+    assert_eq!(asked, vec![8 << 20]);
+}
+
 /// A Hello signed by `a` for session 7 of `c` with `responder` (its request signature is
 /// the initiator's message 0 of that session).
 fn svc_hello_sig(a: &CapsuleServer, c: &CapsuleName, responder: &cairn_core::PublicKey) -> Request {
