@@ -472,7 +472,12 @@ impl Client {
                                 match within(stall, &base, "the download", resp.chunk()).await {
                                     Ok(Some(c)) => Ok(c),
                                     Ok(None) => return Ok(()),
-                                    Err(e) => Err(io::Error::other(e.to_string())),
+                                    // Kept whole inside the I/O error the reader sees,
+                                    // so the exit code is the node's (9), not I/O's.
+                                    Err(e) => Err(match e.downcast::<Error>() {
+                                        Ok(err) => io::Error::other(err),
+                                        Err(e) => io::Error::other(e.to_string()),
+                                    }),
                                 };
                             let failed = piece.is_err();
                             // The reader went away (it found what it needed, or failed).

@@ -89,7 +89,14 @@ fn main() -> ExitCode {
             // The kind of the innermost Cairn error decides; an operating-system error
             // anywhere (a missing input file, an unwritable output) is an I/O error; what
             // is left is a setting or argument the command could not use.
-            let code = match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
+            // A Cairn error carried inside an I/O error (a node that stalled or failed in
+            // the middle of a download, seen by the reader of the body) counts as itself.
+            let carried = e.chain().find_map(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .and_then(std::io::Error::get_ref)
+                    .and_then(|inner| inner.downcast_ref::<Error>())
+            });
+            let code = match carried.or_else(|| e.chain().find_map(|c| c.downcast_ref::<Error>())) {
                 Some(err) => exit_code(err),
                 None if e.chain().any(|c| {
                     // An address that does not parse is bad input; an OS error is I/O.

@@ -786,6 +786,47 @@ fn put_from_a_named_pipe_opens_it_once() {
     assert!(back.stdout == data, "reads back whole");
 }
 
+/// A node that stops sending in the middle of a download makes the command fail as the
+/// node's failure (exit 9, which a script may retry), as a stall before the answer's head
+/// does: it was an I/O error (exit 10).
+#[test]
+fn a_download_that_stalls_midway_exits_as_unavailable() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if c.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let uid = format!("1e20{}", "ab".repeat(32));
+                let _ = c.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.cairn.version-stream\r\n\
+                         ETag: \"{uid}\"\r\nContent-Length: 1000\r\n\r\n"
+                    )
+                    .as_bytes(),
+                );
+                // The start of a first frame (100 bytes announced, 3 sent), then nothing.
+                let _ = c.write_all(&[100, 0, 0, 0, b'a', b'b', b'c']);
+                std::thread::sleep(std::time::Duration::from_secs(10));
+            });
+        }
+    });
+    let u = User::new();
+    let base = format!("http://{addr}");
+    let out = u.run(Some(&base), &["--stall-timeout", "0.5", "get", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(9), "{err}");
+    assert!(err.contains("stalled"), "{err}");
+}
+
 /// A put whose input file cannot be opened fails before it changes anything: no bucket on
 /// the node, no writer key, no data key (it created all three, then failed).
 #[test]
