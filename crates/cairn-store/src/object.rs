@@ -98,6 +98,9 @@ pub struct ObjectChunkStore {
     damaged: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
     /// `<prefix>/damaged/`: one empty object per chunk known damaged, named by its cid.
     marks: ObjectPath,
+    /// The chunks of `damaged` whose mark is in the store (written by this process, or
+    /// read back at [`Self::claim`]): a mark is written once, and deleted only if there.
+    marked: Arc<parking_lot::Mutex<std::collections::HashSet<Cid>>>,
     /// Once [`Self::claim`]ed: when the owner marker was last seen present. A chunk found
     /// missing is reported so only while the marker is there: a bucket or container
     /// deleted, replaced or re-pointed under a running node answers "not found" for
@@ -145,6 +148,7 @@ impl ObjectChunkStore {
             create_supported: Arc::new(AtomicBool::new(true)),
             damaged: Default::default(),
             marks,
+            marked: Default::default(),
             marker_seen: parking_lot::Mutex::new(None),
             claimed: AtomicBool::new(false),
             local: None,
@@ -180,7 +184,7 @@ impl ObjectChunkStore {
                 .list_with_delimiter(Some(&root))
                 .await
                 .map(|_| ())
-                .map_err(|e| os_err(&format!("reaching object store {name}"), e))
+                .map_err(|e| os_err_startup(&format!("reaching object store {name}"), e))
         })
     }
 
@@ -246,7 +250,7 @@ impl ObjectChunkStore {
         let name = self.store.to_string();
         let want = Bytes::from(owner.as_bytes().to_vec());
         self.run(async move {
-            let ctx = |e| os_err(&format!("claiming {path} in {name}"), e);
+            let ctx = |e| os_err_startup(&format!("claiming {path} in {name}"), e);
             // The marker as it is now, if there is one.
             let read = || async {
                 match store.get(&path).await {
@@ -320,29 +324,43 @@ impl ObjectChunkStore {
     }
 
     /// Notes `cids` as damaged, in memory and (best effort: the memory holds until a
-    /// restart either way) as marks in the store.
+    /// restart either way) as marks in the store, each written once.
     fn mark_damaged(&self, cids: &[Cid]) {
         self.damaged.lock().extend(cids.iter().copied());
+        let new: Vec<Cid> = {
+            let mut marked = self.marked.lock();
+            cids.iter().copied().filter(|c| marked.insert(*c)).collect()
+        };
+        if new.is_empty() {
+            return;
+        }
         let store = self.store.clone();
-        let marks: Vec<ObjectPath> = cids
-            .iter()
-            .map(|c| self.marks.clone().join(c.to_hex()))
-            .collect();
-        let r = self.run(async move {
-            for m in marks {
-                store
-                    .put(&m, PutPayload::default())
-                    .await
-                    .map_err(|e| os_err("marking a damaged chunk", e))?;
-            }
-            Ok(())
-        });
-        if let Err(e) = r {
-            tracing::warn!(target: "cairn_store::object", "{e}");
+        let paths: Vec<(Cid, ObjectPath)> = new.iter().map(|c| (*c, self.mark_path(c))).collect();
+        let failed: Vec<Cid> = self
+            .run(async move {
+                Ok(futures_util::stream::iter(paths)
+                    .map(|(c, m)| {
+                        let store = store.clone();
+                        async move { store.put(&m, PutPayload::default()).await.err().map(|e| (c, e)) }
+                    })
+                    .buffer_unordered(MAX_IN_FLIGHT)
+                    .filter_map(std::future::ready)
+                    .map(|(c, e)| {
+                        tracing::warn!(target: "cairn_store::object", "marking damaged chunk {c}: {e}");
+                        c
+                    })
+                    .collect()
+                    .await)
+            })
+            .unwrap_or(new);
+        let mut marked = self.marked.lock();
+        for c in &failed {
+            marked.remove(c);
         }
     }
 
-    /// Forgets `cids` as damaged (written whole again), in memory and in the store.
+    /// Forgets `cids` as damaged (written whole again, or removed), in memory and, for
+    /// those marked, in the store.
     fn unmark_damaged(&self, cids: &[Cid]) {
         {
             let mut damaged = self.damaged.lock();
@@ -350,45 +368,79 @@ impl ObjectChunkStore {
                 damaged.remove(c);
             }
         }
+        let gone: Vec<ObjectPath> = {
+            let mut marked = self.marked.lock();
+            cids.iter()
+                .filter(|c| marked.remove(*c))
+                .map(|c| self.mark_path(c))
+                .collect()
+        };
+        if gone.is_empty() {
+            return;
+        }
         let store = self.store.clone();
-        let marks: Vec<ObjectPath> = cids
-            .iter()
-            .map(|c| self.marks.clone().join(c.to_hex()))
-            .collect();
-        let r = self.run(async move {
-            for m in marks {
-                match store.delete(&m).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(os_err("clearing a damaged chunk's mark", e)),
-                }
-            }
+        let _ = self.run(async move {
+            futures_util::stream::iter(gone)
+                .map(|m| {
+                    let store = store.clone();
+                    async move {
+                        match store.delete(&m).await {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => tracing::warn!(
+                                target: "cairn_store::object",
+                                "clearing the mark {m} of a repaired chunk: {e}"
+                            ),
+                        }
+                    }
+                })
+                .buffer_unordered(MAX_IN_FLIGHT)
+                .collect::<Vec<()>>()
+                .await;
             Ok(())
         });
-        if let Err(e) = r {
-            tracing::warn!(target: "cairn_store::object", "{e}");
+    }
+
+    /// A chunk whose object [`fetch_object`] refused as larger than any chunk is damaged
+    /// too (else a create-if-absent put would take that object for it).
+    fn note_oversized(&self, cid: &Cid, e: &Error) {
+        if matches!(e, Error::Corrupt(_)) {
+            self.mark_damaged(&[*cid]);
         }
     }
 
+    /// Where the mark of damaged chunk `cid` goes.
+    fn mark_path(&self, cid: &Cid) -> ObjectPath {
+        self.marks.clone().join(cid.to_hex())
+    }
+
     /// Reads back the marks of chunks found damaged before (by this node before a
-    /// restart), so that their next put writes them anew.
+    /// restart), so that their next put writes them anew. Only objects right under
+    /// `<prefix>/damaged/` named by a cid count (another node's prefix may lie below).
     fn load_damage_marks(&self) -> Result<()> {
         let store = self.store.clone();
         let marks = self.marks.clone();
+        let depth = marks.parts().count() + 1;
+        let name = self.store.to_string();
         let found: Vec<Cid> = self.run(async move {
-            let listed: Vec<object_store::ObjectMeta> = store
-                .list(Some(&marks))
-                .try_collect()
-                .await
-                .map_err(|e| os_err("listing damaged chunks", e))?;
+            let listed: Vec<object_store::ObjectMeta> =
+                store.list(Some(&marks)).try_collect().await.map_err(|e| {
+                    Error::Unavailable(format!(
+                        "listing {marks}/ in {name} (the node reads back there which chunks \
+                         it found damaged; it needs to list that prefix as well as chunks/): \
+                         {e}"
+                    ))
+                })?;
             Ok(listed
                 .iter()
+                .filter(|m| m.location.parts().count() == depth)
                 .filter_map(|m| {
                     let bytes = hex_decode(m.location.filename()?)?;
                     Hash::from_bytes(&bytes).ok()
                 })
                 .collect())
         })?;
-        self.damaged.lock().extend(found);
+        self.damaged.lock().extend(found.iter().copied());
+        self.marked.lock().extend(found);
         Ok(())
     }
 
@@ -439,6 +491,16 @@ fn missing_on_write(e: Error) -> Error {
         Error::NotFound(m) => Error::Unavailable(format!(
             "{m}: the bucket, container or directory the chunks go to is not there"
         )),
+        other => other,
+    }
+}
+
+/// [`os_err`] for the checks a node makes when it starts, whose errors go to its operator
+/// only: with the object store's own text (the service's code and message).
+fn os_err_startup(what: &str, e: object_store::Error) -> Error {
+    let text = e.to_string();
+    match os_err(what, e) {
+        Error::Unavailable(_) => Error::Unavailable(format!("{what}: {text}")),
         other => other,
     }
 }
@@ -813,6 +875,9 @@ impl ChunkStore for ObjectChunkStore {
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         crate::check_cid_algo(&cid, self.algo)?;
         check_chunk_len(chunk)?;
+        // Not into a bucket that is no longer this node's (deleted and made anew,
+        // re-pointed): acknowledged there, the chunk would be gone once it is back.
+        self.check_prefix_present()?;
         let overwrite = self.damaged.lock().contains(&cid);
         let fut = put_object(
             self.store.clone(),
@@ -833,6 +898,7 @@ impl ChunkStore for ObjectChunkStore {
     /// acknowledged (or with the first error).
     fn put_batch(&self, chunks: &[&[u8]]) -> Result<Vec<Cid>> {
         chunks.iter().try_for_each(|c| check_chunk_len(c))?;
+        self.check_prefix_present()?;
         let mut cids = Vec::with_capacity(chunks.len());
         let mut jobs = Vec::with_capacity(chunks.len());
         let mut repaired = Vec::new();
@@ -879,7 +945,9 @@ impl ChunkStore for ObjectChunkStore {
     }
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
-        let fetched = self.run(fetch_object(self.store.clone(), self.chunk_path(cid)))?;
+        let fetched = self
+            .run(fetch_object(self.store.clone(), self.chunk_path(cid)))
+            .inspect_err(|e| self.note_oversized(cid, e))?;
         if fetched.is_none() {
             self.check_prefix_present()?;
         }
@@ -902,11 +970,14 @@ impl ChunkStore for ObjectChunkStore {
                 })
                 .buffered(MAX_IN_FLIGHT);
             while let Some((cid, fetched)) = arriving.next().await {
-                let bytes = fetched?;
+                let bytes = match fetched {
+                    Ok(b) => b,
+                    Err(e) => return Ok(Err((cid, Err(e)))),
+                };
                 if let Some(b) = &bytes
                     && !cid.matches(b)
                 {
-                    return Ok(Err((cid, bytes)));
+                    return Ok(Err((cid, Ok(bytes))));
                 }
                 out.push(bytes);
             }
@@ -920,7 +991,11 @@ impl ChunkStore for ObjectChunkStore {
                 Ok(all)
             }
             // Refused (and noted as damaged) as `get` refuses it.
-            Err((cid, bytes)) => self.verified(&cid, bytes).map(|b| vec![b]),
+            Err((cid, Ok(bytes))) => self.verified(&cid, bytes).map(|b| vec![b]),
+            Err((cid, Err(e))) => {
+                self.note_oversized(&cid, &e);
+                Err(e)
+            }
         }
     }
 
@@ -982,10 +1057,12 @@ impl ChunkStore for ObjectChunkStore {
                 None => Ok(()),
             }
         });
-        if result.is_err() {
+        match &result {
             // Which of them are gone is not known: a later put of any of them writes it
             // again instead of taking it as stored.
-            self.damaged.lock().extend(cids.iter().copied());
+            Err(_) => self.damaged.lock().extend(cids.iter().copied()),
+            // Gone: damaged ones are no longer (their marks go too).
+            Ok(()) => self.unmark_damaged(cids),
         }
         result
     }
@@ -1703,6 +1780,9 @@ mod tests {
             store.get(&cid).unwrap_err(),
             store.has(&cid).unwrap_err(),
             store.get_many(&[cid]).unwrap_err(),
+            // Nor do writes go there: acknowledged in a bucket made anew, they would be
+            // gone once the real one is back.
+            store.put(b"a new chunk").unwrap_err(),
         ] {
             assert!(matches!(e, Error::Unavailable(_)), "{e}");
             assert!(e.to_string().contains("no longer holds"), "{e}");
@@ -1720,7 +1800,7 @@ mod tests {
         store.claim("cairn node 01\n", true).unwrap();
         let cid = store.put(b"the chunk").unwrap();
         let path = store.chunk_path(&cid);
-        let put_raw = |bytes: &'static [u8]| {
+        let put_raw = |store: &ObjectChunkStore, bytes: &'static [u8]| {
             let (mem, path) = (mem.clone(), path.clone());
             store
                 .run(async move {
@@ -1731,7 +1811,7 @@ mod tests {
                 })
                 .unwrap();
         };
-        put_raw(b"the chunX");
+        put_raw(&store, b"the chunX");
         assert!(matches!(store.get(&cid), Err(Error::Corrupt(_))));
         drop(store);
         // Restarted: nothing read yet.
@@ -1742,10 +1822,26 @@ mod tests {
         assert_eq!(&store.get(&cid).unwrap().unwrap()[..], b"the chunk");
         // Repaired: the mark is gone, and a further restart takes the chunk as stored.
         drop(store);
-        let store = ObjectChunkStore::new(mem, "p").unwrap();
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
         store.claim("cairn node 01\n", false).unwrap();
         assert!(store.has(&cid).unwrap());
         assert!(!store.put_hashed(cid, b"the chunk").unwrap());
+        // A damaged chunk removed (by GC) leaves no mark behind.
+        put_raw(&store, b"the chunX");
+        assert!(store.get(&cid).is_err());
+        assert!(store.marked.lock().contains(&cid));
+        store.remove(&[cid]).unwrap();
+        assert!(store.marked.lock().is_empty() && store.damaged.lock().is_empty());
+        let marks = store.marks.clone();
+        let left: Vec<object_store::ObjectMeta> = store
+            .run(async move {
+                mem.list(Some(&marks))
+                    .try_collect()
+                    .await
+                    .map_err(|e| os_err("listing", e))
+            })
+            .unwrap();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     /// A batch read checks each chunk as it arrives: the first object that does not match
