@@ -191,12 +191,18 @@ fn forkbase(args: &BenchArgs) -> Result<()> {
     let root = bench_root(args)?;
     let levels = durabilities(args, &Durability::ALL);
     println!(
-        "# cairn bench forkbase: {} clients, {:.1} s per cell, {} cores, store in {}",
+        "# cairn bench forkbase: {} clients, {:.1} s per cell, {} cores, {}-byte leaves, {}, store in {}",
         args.clients,
         args.seconds,
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1),
+        args.leaf_size,
+        if args.over_http {
+            "clients over loopback HTTP to a node in this process (the native API)"
+        } else {
+            "clients calling the embedded store in this process (no network)"
+        },
         root.0.display()
     );
     println!();

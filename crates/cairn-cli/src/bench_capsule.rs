@@ -1839,7 +1839,7 @@ fn merkle_part(args: &CapsuleArgs) -> Result<()> {
     );
     println!();
     println!(
-        "| records n | log2 n | inclusion: hashes (mean / max) | bytes | verify µs | consistency: hashes (mean / max) | bytes | verify µs |"
+        "| records n | log2 n | inclusion: hashes (mean / max) | hash bytes | verify µs | consistency: hashes (mean / max) | hash bytes | verify µs |"
     );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let algo = HashAlgo::Blake3;
