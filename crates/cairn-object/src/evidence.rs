@@ -639,6 +639,49 @@ mod tests {
         );
     }
 
+    /// A history wider than the LCA walk's frontier bound (here, in a unit test, 64
+    /// versions and bases; 4 Mi in a build) is refused, on the node and in a client's
+    /// check alike: a made-up stream of versions naming thousands of bases each held the
+    /// checking client's memory without end.
+    #[test]
+    fn an_lca_walk_refuses_a_history_wider_than_its_bound() {
+        let db = Db::new(Arc::new(MemoryStore::default()));
+        let root = db
+            .put(
+                b"k",
+                Target::Branch("master"),
+                NewValue::String(b"0".to_vec()),
+                &PutOptions::default(),
+            )
+            .unwrap();
+        let heads: Vec<Uid> = (0..70)
+            .map(|i| {
+                db.put(
+                    b"k",
+                    Target::Base(root),
+                    NewValue::String(format!("h{i}").into_bytes()),
+                    &PutOptions::default(),
+                )
+                .unwrap()
+            })
+            .collect();
+        // One version on all of them (as an untagged merge of them makes one).
+        let head = db.get(b"k", &At::Uid(heads[0])).unwrap().object;
+        let wide = db
+            .store_object(&crate::FObject {
+                bases: heads.clone(),
+                depth: head.depth + 1,
+                ..head
+            })
+            .unwrap();
+        let e = db.lca(b"k", &wide, &root).unwrap_err();
+        assert!(e.to_string().contains("wider than"), "{e}");
+        let e = lca_chunks(&db, &wide, &root).unwrap_err();
+        assert!(e.to_string().contains("wider than"), "{e}");
+        // A narrow history is walked as before.
+        assert_eq!(db.lca(b"k", &heads[0], &root).unwrap(), Some(root));
+    }
+
     #[test]
     fn an_lca_checks_out_only_with_every_meta_chunk_it_walked() {
         let db = Db::new(Arc::new(MemoryStore::default()));

@@ -249,6 +249,13 @@ pub fn merge_bases_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> 
 /// common ancestor, and everything below it is marked stale (an ancestor of an answer is
 /// no answer). Stops at the first answer unless `all`, else once only stale versions are
 /// left to visit.
+/// Most versions waiting in an LCA walk, plus the bases they name (about 100 bytes each
+/// held: some 400 MiB at most). Smaller in unit tests, so that a test can pass it.
+#[cfg(not(test))]
+const MAX_LCA_FRONTIER: usize = 1 << 22;
+#[cfg(test)]
+const MAX_LCA_FRONTIER: usize = 64;
+
 fn common_ancestors(
     chunks: &dyn ChunkStore,
     key: &[u8],
@@ -267,11 +274,14 @@ fn common_ancestors(
     let mut pending: HashMap<Uid, (u64, Vec<Uid>)> = HashMap::new();
     // Versions waiting in the heap that are not stale.
     let mut live = 0usize;
+    // Bases the versions of `pending` name, together.
+    let mut pending_bases = 0usize;
     for (u, f) in [(*a, A), (*b, B)] {
         *flags.entry(u).or_default() |= f;
         if let std::collections::hash_map::Entry::Vacant(e) = pending.entry(u) {
             let o = load_version(chunks, key, &u)?;
             heap.push((o.depth, u));
+            pending_bases += o.bases.len();
             e.insert((o.depth, o.bases));
             live += 1;
         }
@@ -307,6 +317,7 @@ fn common_ancestors(
         let (depth, bases) = pending
             .remove(&uid)
             .ok_or_else(|| Error::corrupt(format!("version {uid} left the LCA walk")))?;
+        pending_bases -= bases.len();
         for base in &bases {
             let entry = flags.entry(*base).or_default();
             let before = *entry;
@@ -320,9 +331,19 @@ fn common_ancestors(
                     )));
                 }
                 heap.push((bo.depth, *base));
+                pending_bases += bo.bases.len();
                 pending.insert(*base, (bo.depth, bo.bases));
                 if f & STALE == 0 {
                     live += 1;
+                }
+                // The frontier, not the history, is held; a history wider than any real
+                // one (versions naming thousands of bases each, all different: what a
+                // made-up stream of chunks can say) would hold memory without end.
+                if pending.len().saturating_add(pending_bases) > MAX_LCA_FRONTIER {
+                    return Err(Error::invalid(format!(
+                        "the histories of {a} and {b} are wider than {MAX_LCA_FRONTIER} \
+                         versions and bases at one depth; no common ancestor is looked for"
+                    )));
                 }
             } else if done.contains(base) {
                 if *entry != before {
