@@ -1780,16 +1780,7 @@ impl CapsuleService {
 
     /// Runs one request.
     pub fn handle(&self, req: Request) -> Response {
-        match req {
-            Request::Sync {
-                capsule,
-                peer,
-                session,
-                msg,
-                sig,
-            } => result(self.sync(capsule, peer, session, msg, &sig, &mut |_| Ok(()))),
-            other => dispatch(&self.server, other),
-        }
+        self.handle_within(req, &mut |_| Ok(()))
     }
 
     /// Decodes one request, runs it, and encodes the response (a request that does not

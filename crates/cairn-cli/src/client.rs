@@ -641,11 +641,19 @@ impl Client {
             // One line of text (checked when the arguments were parsed).
             headers.push((CONTEXT_HEADER, a.context.clone()));
         }
-        // An input that is not there fails here, before the bucket, the writer key or the
-        // data key is created for a put that cannot happen (as in local mode). Looked up,
-        // not opened: opening a named pipe twice would take its writer's first reader.
+        // An input that cannot be read fails here, before the bucket, the writer key or
+        // the data key is created for a put that cannot happen (as in local mode). A
+        // named pipe is only looked up: opening it twice would take its writer's first
+        // reader.
         if let Some(p) = &a.file {
-            std::fs::metadata(p).with_context(|| format!("opening {}", p.display()))?;
+            let m = std::fs::metadata(p).with_context(|| format!("opening {}", p.display()))?;
+            #[cfg(unix)]
+            let fifo = std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type());
+            #[cfg(not(unix))]
+            let fifo = false;
+            if !fifo {
+                File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            }
         }
         let signer = self.signer()?;
         let key = if a.encrypt {

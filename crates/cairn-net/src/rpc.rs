@@ -794,13 +794,19 @@ fn serve_connection(
         }
     }
     writer.flush()?;
-    if unread && charge.stop.load(Ordering::SeqCst) {
+    if charge.stop.load(Ordering::SeqCst) {
         // Closed with unread requests, the socket would be reset and the answers still
-        // queued for the client dropped: take what the client still sends for a moment
-        // while they drain. (The read side is shut, so a read finds nothing rather than
+        // queued for the client dropped: take what the client still sends while they
+        // drain (at most STOP_DRAIN), until the client has taken every answer and sent
+        // nothing for a moment. (The read side is shut, so a read finds nothing rather than
         // waiting while nothing has arrived: look again. The write side stays open: with
         // both shut, Linux resets a connection that receives more data.)
         let until = std::time::Instant::now() + STOP_DRAIN;
+        let mut quiet_since = if unread {
+            None
+        } else {
+            Some(std::time::Instant::now())
+        };
         let mut sink = [0u8; 1 << 14];
         while let Some(left) = until
             .checked_duration_since(std::time::Instant::now())
@@ -808,13 +814,42 @@ fn serve_connection(
         {
             let _ = stream.set_read_timeout(Some(left));
             match reader.inner.read(&mut sink) {
-                Ok(n) if n > 0 => {}
-                Ok(_) => std::thread::sleep(Duration::from_millis(10).min(left)),
+                Ok(n) if n > 0 => quiet_since = None,
+                Ok(_) => {
+                    let now = std::time::Instant::now();
+                    let quiet = *quiet_since.get_or_insert(now);
+                    if unsent_bytes(stream) == Some(0) && now - quiet >= STOP_QUIET {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10).min(left));
+                }
                 Err(_) => break,
             }
         }
     }
     Ok(())
+}
+
+/// How long a stopping server's connection must find nothing more from its client, with
+/// every answer taken, before it closes.
+const STOP_QUIET: Duration = Duration::from_millis(50);
+
+/// Bytes written to `stream` that its peer has not acknowledged yet (Linux's
+/// `SIOCOUTQ`); `None` where that cannot be asked (the drain then runs its full time).
+fn unsent_bytes(stream: &TcpStream) -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut n: libc::c_int = 0;
+        // SAFETY: the descriptor is open for the call, and `n` is an int the ioctl fills.
+        let r = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+        (r == 0).then(|| usize::try_from(n).unwrap_or(0))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = stream;
+        None
+    }
 }
 
 /// How long a stopping server's connection takes what its client still sends, after its
@@ -1153,8 +1188,9 @@ impl Client {
         // How far the upload got: while it goes on, the server may be reading a large
         // request before it answers, so silence is not a timeout.
         let progress = AtomicU64::new(0);
+        let ended = AtomicBool::new(false);
         let (sent, received) = std::thread::scope(|s| {
-            let progress = &progress;
+            let (progress, ended) = (&progress, &ended);
             let w = s.spawn(move || -> Result<()> {
                 let mut counted = Counted {
                     inner: &mut *writer,
@@ -1168,6 +1204,7 @@ impl Client {
                             .flush()
                             .map_err(|e| Error::io("sending RPC requests", e))
                     });
+                ended.store(true, Ordering::SeqCst);
                 if res.is_err() {
                     // Unblock the reader: no more responses will come.
                     let _ = writer.get_ref().shutdown(Shutdown::Both);
@@ -1177,7 +1214,7 @@ impl Client {
             let mut res = Ok(());
             let mut buf = Vec::new();
             for i in 0..n {
-                if let Err(e) = wait_while_uploading(reader, progress) {
+                if let Err(e) = wait_while_uploading(reader, progress, ended) {
                     res = Err(Error::io("waiting for an RPC response", e));
                     break;
                 }
@@ -1248,7 +1285,11 @@ const MIN_BATCH_PROGRESS: u64 = 64 << 10;
 /// the server cannot answer a request before reading it, and on a slow link a large one
 /// takes longer than the timeout (one more period is allowed after the upload ends, for
 /// what the socket buffers still held).
-fn wait_while_uploading(reader: &mut BufReader<TcpStream>, progress: &AtomicU64) -> io::Result<()> {
+fn wait_while_uploading(
+    reader: &mut BufReader<TcpStream>,
+    progress: &AtomicU64,
+    ended: &AtomicBool,
+) -> io::Result<()> {
     let mut seen = progress.load(Ordering::Relaxed);
     loop {
         match reader.fill_buf() {
@@ -1258,8 +1299,12 @@ fn wait_while_uploading(reader: &mut BufReader<TcpStream>, progress: &AtomicU64)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-                ) && progress.load(Ordering::Relaxed).saturating_sub(seen)
-                    >= MIN_BATCH_PROGRESS =>
+                ) && {
+                    // Enough moved; or the upload ended during the period (its last
+                    // bytes may be few): one more period for what the buffers hold.
+                    let moved = progress.load(Ordering::Relaxed).saturating_sub(seen);
+                    moved >= MIN_BATCH_PROGRESS || (moved > 0 && ended.load(Ordering::SeqCst))
+                } =>
             {
                 seen = progress.load(Ordering::Relaxed);
             }

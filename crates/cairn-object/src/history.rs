@@ -244,18 +244,19 @@ pub fn merge_bases_in(chunks: &dyn ChunkStore, key: &[u8], a: &Uid, b: &Uid) -> 
     common_ancestors(chunks, key, a, b, true)
 }
 
-/// The walk behind [`lca_in`] and [`merge_bases_in`]: versions newest first by depth,
-/// each marked with the sides it is reached from; a version reached from both is a
-/// common ancestor, and everything below it is marked stale (an ancestor of an answer is
-/// no answer). Stops at the first answer unless `all`, else once only stale versions are
-/// left to visit.
 /// Most versions waiting in an LCA walk, plus the bases they name (about 100 bytes each
-/// held: some 400 MiB at most). Smaller in unit tests, so that a test can pass it.
+/// held, and as much again for the depth being walked: some 800 MiB at most). Smaller in
+/// unit tests, so that a test can pass it.
 #[cfg(not(test))]
 const MAX_LCA_FRONTIER: usize = 1 << 22;
 #[cfg(test)]
 const MAX_LCA_FRONTIER: usize = 64;
 
+/// The walk behind [`lca_in`] and [`merge_bases_in`]: versions newest first by depth,
+/// each marked with the sides it is reached from; a version reached from both is a
+/// common ancestor, and everything below it is marked stale (an ancestor of an answer is
+/// no answer). Stops at the first answer unless `all`, else once only stale versions are
+/// left to visit. Refuses histories wider than [`MAX_LCA_FRONTIER`] at one depth.
 fn common_ancestors(
     chunks: &dyn ChunkStore,
     key: &[u8],
