@@ -1091,7 +1091,9 @@ fn lying_node_with(headers: String, body: Vec<u8>) -> String {
 }
 
 /// [`lying_node_with`] answering its n-th request with `bodies[n]` (the last one after
-/// those), and hanging up on every request after the 64th.
+/// those), and hanging up on every request after the 64th. A request body of a declared
+/// length is read before the answer (as a node reads an upload before it answers it: an
+/// answer before the whole upload is refused by the client on its own account).
 fn lying_node_seq(headers: String, bodies: Vec<Vec<u8>>) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1110,6 +1112,16 @@ fn lying_node_seq(headers: String, bodies: Vec<Vec<u8>>) -> String {
                     _ => break,
                 }
             }
+            let declared = String::from_utf8_lossy(&head)
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.trim()
+                        .eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<u64>().ok())?
+                })
+                .unwrap_or(0);
+            let _ = std::io::copy(&mut (&mut conn).take(declared), &mut std::io::sink());
             let resp = format!(
                 "HTTP/1.1 200 OK\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()

@@ -220,7 +220,10 @@ impl ObjectChunkStore {
         if !self.claimed.load(Ordering::SeqCst) {
             return Ok(());
         }
-        if let Some(t) = *self.marker_seen.lock()
+        // Held across the HEAD: callers arriving meanwhile wait for it and take its answer,
+        // instead of each sending their own when the window lapses.
+        let mut seen = self.marker_seen.lock();
+        if let Some(t) = *seen
             && t.elapsed() < MARKER_RECHECK
         {
             return Ok(());
@@ -239,7 +242,7 @@ impl ObjectChunkStore {
                 Err(e) => Err(os_err(&format!("checking {path} in {name}"), e)),
             }
         })?;
-        *self.marker_seen.lock() = Some(std::time::Instant::now());
+        *seen = Some(std::time::Instant::now());
         Ok(())
     }
 
