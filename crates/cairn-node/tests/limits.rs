@@ -153,7 +153,17 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
     let r = s.get("/v1/buckets/b/objects/big").await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
-    // A HEAD reads nothing and takes no transfer.
+    // A HEAD loads the version too (see `head_meta_and_proof_hold_a_transfer`): it waits
+    // for a transfer like the GET.
+    let r = s
+        .req(reqwest::Method::HEAD, "/v1/buckets/b/objects/big")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    // Once the stall timeout cuts the stalled reader, the blob reads back whole.
+    let why = "the transfer never came back";
+    read_big_once_free(&s, &data, Duration::from_secs(10), why).await;
     let r = s
         .req(reqwest::Method::HEAD, "/v1/buckets/b/objects/big")
         .send()
@@ -161,9 +171,6 @@ async fn a_reader_that_stops_reading_gives_its_transfer_back() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-length"], (64u64 << 20).to_string());
-    // Once the stall timeout cuts the stalled reader, the blob reads back whole.
-    let why = "the transfer never came back";
-    read_big_once_free(&s, &data, Duration::from_secs(10), why).await;
     drop(stalled);
     s.stop().await;
 }
@@ -423,6 +430,43 @@ async fn slow_readers_leave_room_for_writes() {
         r.bytes().await.unwrap(),
         "written while the readers are slow"
     );
+    s.stop().await;
+}
+
+/// A `HEAD` of an object, `meta` and `proof` load the version (an inline value of 16 MiB
+/// decodes to more) and so hold a transfer while they do: with every read slot taken they
+/// get 503 like a GET (they took none, so many of them at once held memory unbounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_meta_and_proof_hold_a_transfer() {
+    let s = Server::start_with(|c| c.max_transfers = 4).await;
+    s.open_bucket("b").await;
+    let r = s
+        .req(reqwest::Method::PUT, "/v1/buckets/b/objects/k")
+        .body("a value")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let readers: Vec<_> = (0..3).map(|_| s.node.read_permit().unwrap()).collect();
+    for (method, path) in [
+        (reqwest::Method::HEAD, "/v1/buckets/b/objects/k"),
+        (reqwest::Method::HEAD, "/v1/buckets/b/stream/k"),
+        (reqwest::Method::GET, "/v1/buckets/b/meta/k"),
+        (reqwest::Method::GET, "/v1/buckets/b/proof/k"),
+    ] {
+        let r = s.req(method.clone(), path).send().await.unwrap();
+        assert_eq!(r.status(), 503, "{method} {path}");
+    }
+    drop(readers);
+    for (method, path) in [
+        (reqwest::Method::HEAD, "/v1/buckets/b/objects/k"),
+        (reqwest::Method::GET, "/v1/buckets/b/meta/k"),
+        (reqwest::Method::GET, "/v1/buckets/b/proof/k"),
+    ] {
+        let r = s.req(method.clone(), path).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{method} {path}");
+    }
+    assert_eq!(s.node.transfers_in_progress(), 0);
     s.stop().await;
 }
 

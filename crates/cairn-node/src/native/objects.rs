@@ -216,11 +216,17 @@ pub async fn get(
     uri: Uri,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    // HEAD answers the same headers with no body: nothing is read, no transfer is taken.
+    // HEAD answers the same headers with no body.
     let head = method == Method::HEAD;
     let at = query::<VersionQuery>(&uri)?.at()?;
     // A GET holds a transfer from before the value is read (an inline value is in memory
-    // from then on) until its response is sent or cut.
+    // from then on) until its response is sent or cut. A HEAD holds one while it loads
+    // the version (an inline value of 16 MiB decodes to more): it reads from the store.
+    let head_permit = if head {
+        Some(body::transfer_permit(&node)?)
+    } else {
+        None
+    };
     let permit = if head {
         None
     } else {
@@ -257,6 +263,7 @@ pub async fn get(
         Ok((v, small))
     })
     .await?;
+    drop(head_permit);
     let tag = etag(&v.uid);
     let etag_h = etag_header(&v.uid)?;
     let value = v.object.value;
@@ -404,6 +411,12 @@ pub async fn stream(
 ) -> ApiResult<Response> {
     let q = query::<StreamQuery>(&uri)?;
     let at = super::version_at(q.branch, q.uid)?;
+    // (A HEAD holds one while it loads the version, as `get` does.)
+    let head_permit = if method == Method::HEAD {
+        Some(body::transfer_permit(&node)?)
+    } else {
+        None
+    };
     let permit = if method == Method::HEAD {
         None
     } else {
@@ -412,6 +425,7 @@ pub async fn stream(
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
     let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
+    drop(head_permit);
     let headers = [
         etag_header(&v.uid)?,
         type_header(v.object.value_type()),
@@ -660,8 +674,12 @@ pub async fn meta(
     uri: Uri,
 ) -> ApiResult<Json<serde_json::Value>> {
     let at = query::<VersionQuery>(&uri)?.at()?;
+    // Loading the version reads from the store (an inline value of 16 MiB decodes to
+    // more): a transfer is held meanwhile, as for a GET.
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let v = blocking(move || Ok(b.db().get(key.as_bytes(), &at)?)).await?;
+    drop(permit);
     let o = &v.object;
     let tree = o.value.tree();
     Ok(Json(json!({

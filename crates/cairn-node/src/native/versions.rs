@@ -726,6 +726,8 @@ pub async fn proof(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let at = query::<VersionQuery>(&uri)?.at()?;
+    // Proving loads the version and its records: a transfer is held meanwhile.
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let k = key.clone();
     let (vp, meta, uid, mutation, names) = blocking(move || {
@@ -741,6 +743,7 @@ pub async fn proof(
         Ok((vp, meta, uid, m, names))
     })
     .await?;
+    drop(permit);
     let capsule = meta.name().to_string();
     let capsule_h = (
         HeaderName::from_static("x-cairn-capsule"),
