@@ -28,8 +28,16 @@ impl BranchTable {
     pub fn describe(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
         if !self.tagged.is_empty() {
-            let names: Vec<&str> = self.tagged.keys().map(String::as_str).collect();
-            parts.push(format!("branches: {}", names.join(", ")));
+            // At most 20 named: a key may have very many, and this goes into an error.
+            const SHOWN: usize = 20;
+            let names: Vec<&str> = self.tagged.keys().take(SHOWN).map(String::as_str).collect();
+            let more = self.tagged.len().saturating_sub(SHOWN);
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            parts.push(format!("branches: {}{tail}", names.join(", ")));
         } else {
             parts.push("no tagged branch".into());
         }
@@ -130,6 +138,23 @@ pub fn check_branch_name(name: &str) -> Result<()> {
 mod tests {
     use super::*;
     use cairn_core::HashAlgo;
+
+    /// An error naming a key's branches names at most 20 of them (a key may have very
+    /// many: the whole list went into every "branch not found").
+    #[test]
+    fn describe_names_at_most_twenty_branches() {
+        let mut t = BranchTable::default();
+        for i in 0..30 {
+            t.tagged
+                .insert(format!("b{i:02}"), HashAlgo::Blake3.digest(&[i]));
+        }
+        let d = t.describe();
+        assert!(
+            d.contains("b00") && d.contains("b19") && !d.contains("b20"),
+            "{d}"
+        );
+        assert!(d.ends_with("and 10 more"), "{d}");
+    }
 
     #[test]
     fn round_trip_and_strictness() {

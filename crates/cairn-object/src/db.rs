@@ -630,6 +630,11 @@ impl Db {
                 Ok(*u)
             }
             At::Branch(b) => {
+                // One ref read for a branch that is there; the key's whole table (every
+                // head, and a key may have very many) only to say why one is not.
+                if let Some(u) = self.branch_head(key, b)? {
+                    return Ok(u);
+                }
                 let t = self.existing_table(key)?;
                 t.tagged.get(b.as_str()).copied().ok_or_else(|| {
                     Error::not_found(format!(
