@@ -300,7 +300,8 @@ async fn blobs_stream_with_ranges_and_etags() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    // If-None-Match.
+    // If-None-Match. The answer varies with Accept (text or JSON under one ETag), and
+    // says so, on the 304 too.
     let r = s
         .req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
         .header("if-none-match", etag.as_str())
@@ -308,6 +309,13 @@ async fn blobs_stream_with_ranges_and_etags() {
         .await
         .unwrap();
     assert_eq!(r.status(), 304);
+    assert_eq!(r.headers()["vary"], "accept");
+    let r = s
+        .req(Method::GET, "/v1/buckets/b/objects/dir/file.bin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["vary"], "accept");
     // An empty blob: every range is unsatisfiable; the whole is empty.
     let (st, _) = s
         .send(Method::PUT, "/v1/buckets/b/objects/empty", &[], Vec::new())
@@ -646,6 +654,19 @@ async fn guarded_writes_and_size_limits() {
         )
         .await;
     assert_eq!(st, 400, "{e}");
+    // Nor a context, which they would drop: refused, and nothing forked.
+    let (st, e) = s
+        .send(
+            Method::POST,
+            "/v1/buckets/g/fork/k",
+            &[JSON, ("x-cairn-context", "reviewed")],
+            json!({"branch": "side"}).to_string(),
+        )
+        .await;
+    assert_eq!(st, 400, "{e}");
+    assert!(e.to_string().contains("sets no context"), "{e}");
+    let (st, _) = s.get_json("/v1/buckets/g/objects/k?branch=side").await;
+    assert_eq!(st, 404);
     // DELETE honours If-Match: a stale one is 412 and removes nothing.
     let (st, e) = s
         .send(

@@ -209,7 +209,22 @@ pub fn parse_range(h: &str, len: u64) -> RangeAsk {
 }
 
 /// `GET /v1/buckets/{bucket}/objects/{key}`: the value (see the module documentation).
+/// The answer varies with `Accept` (text or JSON under one ETag), and says so: a cache
+/// would otherwise answer a JSON request with the text it kept.
 pub async fn get(
+    state: State<Arc<Node>>,
+    path: KeyPath,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let mut resp = get_value(state, path, method, uri, headers).await?;
+    resp.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("accept"));
+    Ok(resp)
+}
+
+async fn get_value(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     method: Method,
@@ -627,7 +642,7 @@ struct BranchQuery {
 
 /// Refuses an `X-Cairn-Context` header on a request that does not set a context (`what`):
 /// it would be signed and then silently dropped.
-fn no_context(headers: &HeaderMap, what: &str) -> ApiResult<()> {
+pub(super) fn no_context(headers: &HeaderMap, what: &str) -> ApiResult<()> {
     if headers.contains_key(super::auth::CONTEXT_HEADER) {
         return Err(ApiError::bad_request(format!(
             "{what} sets no context: send X-Cairn-Context with a PUT"

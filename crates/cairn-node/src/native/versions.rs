@@ -488,6 +488,8 @@ async fn control<T: DeserializeOwned>(
             "fork, rename and merge take no If-Match or If-None-Match",
         ));
     }
+    // Nor a context, which would be signed and then dropped (a merge's version keeps none).
+    super::objects::no_context(headers, "a fork, rename or merge")?;
     if !super::objects::is_json_body(headers) {
         return Err(ApiError::json_required());
     }
