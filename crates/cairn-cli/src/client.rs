@@ -1355,42 +1355,68 @@ impl Client {
     /// branch out or name an older head; `get --capsule` proves that the bucket's writer
     /// recorded a version.
     fn branches(&self, key: &str, untagged: bool, out: &mut impl Write) -> Result<()> {
-        let r = self.get_json(self.url("branches", Some(key), &[])?)?;
+        use cairn_object::HeadPos;
         let lied = |what: String| -> anyhow::Error {
             Error::Rejected(format!("the node's branches of {key:?} {what}")).into()
         };
-        let metas = r.get("metas").and_then(J::as_object);
-        let check = |u: &J| -> Result<Uid> {
-            let uid: Uid = u
-                .as_str()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad_answer("branches"))?;
-            self.checked_meta(key, uid, metas.and_then(|m| m.get(&uid.to_string())), &lied)?;
-            Ok(uid)
-        };
-        let heads = array_field(&r, "untagged")?;
-        let mut lines = Vec::new();
-        if untagged {
-            for u in heads {
-                writeln!(lines, "{}", check(u)?)?;
-            }
-        } else {
+        // Heads come a page at a time (`next`), each page checked, then printed.
+        let mut after: Option<HeadPos> = None;
+        let mut untagged_heads = 0usize;
+        loop {
+            let q: Vec<(&str, String)> = after.iter().map(|a| ("after", a.to_string())).collect();
+            let r = self.get_json(self.url("branches", Some(key), &q)?)?;
+            let metas = r.get("metas").and_then(J::as_object);
+            let check = |u: &J| -> Result<Uid> {
+                let uid: Uid = u
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| bad_answer("branches"))?;
+                self.checked_meta(key, uid, metas.and_then(|m| m.get(&uid.to_string())), &lied)?;
+                Ok(uid)
+            };
+            let heads = array_field(&r, "untagged")?;
             let tagged = r
                 .get("tagged")
                 .and_then(J::as_object)
                 .ok_or_else(|| bad_answer("tagged"))?;
-            for (name, u) in tagged {
-                // A name with a tab or newline could forge a checked line.
-                cairn_object::branch::check_branch_name(name).map_err(|e| {
-                    Error::Rejected(format!("the node's branches of {key:?} name {e}"))
-                })?;
-                writeln!(lines, "{name}\t{}", check(u)?)?;
+            untagged_heads += heads.len();
+            let mut lines = Vec::new();
+            if untagged {
+                for u in heads {
+                    writeln!(lines, "{}", check(u)?)?;
+                }
+            } else {
+                for (name, u) in tagged {
+                    // A name with a tab or newline could forge a checked line.
+                    cairn_object::branch::check_branch_name(name).map_err(|e| {
+                        Error::Rejected(format!("the node's branches of {key:?} name {e}"))
+                    })?;
+                    writeln!(lines, "{name}\t{}", check(u)?)?;
+                }
             }
+            // A page is printed once every head of it checked out.
+            out.write_all(&lines)?;
+            let next = match r.get("next") {
+                None | Some(J::Null) => break,
+                Some(n) => n
+                    .as_str()
+                    .and_then(|n| n.parse::<HeadPos>().ok())
+                    .ok_or_else(|| bad_answer("next"))?,
+            };
+            // Each page must move on, or the listing would be asked for again, forever.
+            if heads.is_empty() && tagged.is_empty() {
+                return Err(lied("sends an empty page that goes on".to_string()));
+            }
+            if after.as_ref().is_some_and(|a| !head_pos_before(a, &next)) {
+                return Err(lied(format!(
+                    "goes back to {next} after {}",
+                    after.as_ref().map_or(String::new(), |a| a.to_string())
+                )));
+            }
+            after = Some(next);
         }
-        // Printed only once every head checked out.
-        out.write_all(&lines)?;
-        if !untagged && !heads.is_empty() {
-            eprintln!("{}", crate::cli::untagged_note(key, heads.len()));
+        if !untagged && untagged_heads > 0 {
+            eprintln!("{}", crate::cli::untagged_note(key, untagged_heads));
         }
         Ok(())
     }
@@ -2284,6 +2310,18 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
         },
     };
     e.into()
+}
+
+/// True when `a` comes before `b` in a listing of heads (tagged by name, then untagged
+/// by uid).
+fn head_pos_before(a: &cairn_object::HeadPos, b: &cairn_object::HeadPos) -> bool {
+    use cairn_object::HeadPos::{Tagged, Untagged};
+    match (a, b) {
+        (Tagged(x), Tagged(y)) => x.as_bytes() < y.as_bytes(),
+        (Tagged(_), Untagged(_)) => true,
+        (Untagged(_), Tagged(_)) => false,
+        (Untagged(x), Untagged(y)) => x.to_bytes() < y.to_bytes(),
+    }
 }
 
 #[cfg(test)]

@@ -214,7 +214,10 @@ fn errors_are_one_clear_line_and_change_nothing() {
     fails(dir, &["put", "m", "--value", "novalue", "--type", "map"], 8);
     fails(dir, &["fork", "k", "--from", "master", "--to", "master"], 8);
     fails(dir, &["get", "k", "--uid", &"1e20".repeat(17)], 3);
-    fails(dir, &["lca", "k", &v1, &other], 8);
+    // Another key's version is not a version of this key: not found, as over a node.
+    let e = fails(dir, &["lca", "k", &v1, &other], 3);
+    assert!(e.contains("it is a version of key \"k2\""), "{e}");
+    fails(dir, &["get", "k", "--uid", &other], 3);
     // Arguments the parser refuses are bad input too: one line, exit 8.
     let e = fails(dir, &["get", "k", "--uid", "zz"], 8);
     assert!(e.contains("--uid"), "{e}");

@@ -1937,6 +1937,47 @@ fn branches_refuse_what_a_lying_node_sends() {
     assert!(out.stdout.is_empty());
 }
 
+/// A key with more heads than one page of the node's listing (1000): `branches` follows
+/// `next` and lists every one; a node whose `next` does not move on is refused rather than
+/// asked again for ever.
+#[test]
+fn branches_are_read_across_pages() {
+    let s = Server::start();
+    let u = User::new();
+    create_open_bucket(&s.base, "pub");
+    let http = reqwest::blocking::Client::new();
+    let r = http
+        .put(format!("{}/v1/buckets/pub/objects/k", s.base))
+        .body("root")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    for i in 0..1004 {
+        let r = http
+            .post(format!("{}/v1/buckets/pub/fork/k", s.base))
+            .header("content-type", "application/json")
+            .body(format!("{{\"branch\": \"b{i:04}\"}}"))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    let out = u.ok(Some(&s.base), &["--bucket", "pub", "branches", "k"]);
+    let names: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    let mut want: Vec<String> = (0..1004).map(|i| format!("b{i:04}")).collect();
+    want.push("master".into());
+    assert_eq!(names, want);
+    // A node that answers every page with the same `next`.
+    let url = format!("{}/v1/buckets/pub/branches/k?limit=2", s.base);
+    let page: serde_json::Value =
+        serde_json::from_slice(&http.get(url).send().unwrap().bytes().unwrap()).unwrap();
+    assert_eq!(page["next"], "tagged:b0001", "{page}");
+    let liar = lying_node(String::new(), page.to_string().into_bytes());
+    let out = u.run(Some(&liar), &["--bucket", "pub", "branches", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("goes back"), "{err}");
+}
+
 /// A log longer than one answer (the node's 8 MiB budget, here 600 versions with 4 KiB
 /// contexts): the client follows `next_min` from the same start version and checks the
 /// walk across pages.

@@ -275,8 +275,10 @@ async fn stall_bodies(
     let stall = node.stall_timeout();
     let floor = node.rate_floor();
     let req = req.map(|b| {
+        // The declared length survives the wrappers (the timeout's hides it).
+        let declared = http_body::Body::size_hint(&b);
         let timed = axum::body::Body::new(tower_http::timeout::TimeoutBody::new(stall, b));
-        axum::body::Body::new(rate::FloorBody::new(timed, floor))
+        axum::body::Body::new(rate::FloorBody::new(timed, floor).with_size_hint(declared))
     });
     next.run(req).await
 }

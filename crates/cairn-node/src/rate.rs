@@ -95,6 +95,9 @@ pub struct FloorBody<B> {
     floor: RateFloor,
     /// When the current wait for data began (a poll answered `Pending`).
     waiting_since: Option<Instant>,
+    /// The size the request declared (its `Content-Length`), when the body under `inner`
+    /// knew it and a wrapper in between (the stall timeout's) hides it.
+    declared: Option<SizeHint>,
 }
 
 impl<B> FloorBody<B> {
@@ -104,7 +107,16 @@ impl<B> FloorBody<B> {
             inner,
             floor,
             waiting_since: None,
+            declared: None,
         }
+    }
+
+    /// Reports `hint` (the size hint of the request's own body, from its `Content-Length`)
+    /// as this body's size hint, so a handler can refuse a body declared too large before
+    /// reading it.
+    pub fn with_size_hint(mut self, hint: SizeHint) -> Self {
+        self.declared = Some(hint);
+        self
     }
 }
 
@@ -150,7 +162,10 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.declared {
+            Some(h) => *h,
+            None => self.inner.size_hint(),
+        }
     }
 }
 

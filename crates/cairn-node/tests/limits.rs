@@ -581,3 +581,39 @@ async fn one_address_holds_at_most_its_share_of_connections() {
     }
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_body_declared_too_large_is_refused_before_it_is_sent() {
+    // The stall timeout (60 s by default) is far away: only the declared length can
+    // answer within the test's 10 s.
+    let s = Server::start_with(|_| {}).await;
+    s.open_bucket("b").await;
+    let (st, _) = s
+        .send(reqwest::Method::PUT, "/v1/buckets/b/objects/k", &[], "one")
+        .await;
+    assert_eq!(st, 201);
+    for (method, path) in [
+        ("PATCH", "/v1/buckets/b/objects/k"),
+        ("DELETE", "/v1/buckets/b/objects/k"),
+        ("POST", "/v1/buckets/b/fork/k"),
+    ] {
+        let mut tcp = connect(&s).await;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Content-Length: 100000000\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let t0 = Instant::now();
+        let (answer, _) = read_until(&mut tcp, "\r\n\r\n").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "{method} {path}: {answer}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+    // Nothing changed.
+    let r = s.get("/v1/buckets/b/objects/k").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "one");
+    s.stop().await;
+}

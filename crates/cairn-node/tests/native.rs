@@ -683,6 +683,44 @@ async fn guarded_writes_and_size_limits() {
         format!("\"{second}\"")
     );
     assert_eq!(r.text().await.unwrap(), "two");
+    // A guard on a branch (or key) that is not there fails as a guard (412, as an
+    // If-Match on a missing resource), for PATCH and DELETE as for PUT; unguarded, the
+    // same requests are 404.
+    for path in [
+        "/v1/buckets/g/objects/k?branch=nowhere",
+        "/v1/buckets/g/objects/no-such-key",
+    ] {
+        let (st, e) = s
+            .send(
+                Method::PATCH,
+                path,
+                &[JSON, ("if-match", guard.as_str())],
+                json!({"op": "splice", "at": 0, "insert": "x"}).to_string(),
+            )
+            .await;
+        assert_eq!((st, kind(&e)), (412, "guard_mismatch"), "PATCH {path}: {e}");
+        let (st, e) = s
+            .send(Method::DELETE, path, &[("if-match", guard.as_str())], "")
+            .await;
+        assert_eq!(
+            (st, kind(&e)),
+            (412, "guard_mismatch"),
+            "DELETE {path}: {e}"
+        );
+        let (st, e) = s
+            .send(
+                Method::PATCH,
+                path,
+                &[JSON],
+                json!({"op": "splice", "at": 0, "insert": "x"}).to_string(),
+            )
+            .await;
+        assert_eq!(st, 404, "PATCH {path}: {e}");
+        let (st, e) = s.send(Method::DELETE, path, &[], "").await;
+        assert_eq!(st, 404, "DELETE {path}: {e}");
+    }
+    let (st, _) = s.get_json("/v1/buckets/g/objects/k?branch=nowhere").await;
+    assert_eq!(st, 404, "a refused guarded request created the branch");
 
     // Concurrent writers guarding on the same head: exactly one wins.
     let guard = format!("\"{second}\"");
@@ -924,6 +962,52 @@ async fn versions_branches_merges() {
     assert_eq!(a["base"], root.to_string());
     let (_, br) = s.get_json("/v1/buckets/v/branches/doc").await;
     assert_eq!(br["untagged"].as_array().unwrap().len(), 2);
+    assert_eq!(br["next"], json!(null), "{br}");
+    // A page at a time: tagged by name, then untagged; each page's `next` is the `after`
+    // of the following one, and the pages put together are the whole listing, metas too.
+    for limit in 1..=4 {
+        let (mut tagged, mut untagged, mut metas) = (json!({}), Vec::new(), json!({}));
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let q = match &after {
+                None => format!("?limit={limit}"),
+                Some(a) => format!("?limit={limit}&after={a}"),
+            };
+            let (st, page) = s.get_json(&format!("/v1/buckets/v/branches/doc{q}")).await;
+            assert_eq!(st, 200, "{page}");
+            pages += 1;
+            let n = page["tagged"].as_object().unwrap().len()
+                + page["untagged"].as_array().unwrap().len();
+            assert!(n <= limit, "{page}");
+            for (k, v) in page["tagged"].as_object().unwrap() {
+                tagged[k] = v.clone();
+            }
+            untagged.extend(page["untagged"].as_array().unwrap().iter().cloned());
+            for (k, v) in page["metas"].as_object().unwrap() {
+                metas[k] = v.clone();
+            }
+            match page["next"].as_str() {
+                Some(n) => after = Some(n.to_string()),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 4usize.div_ceil(limit), "limit {limit}");
+        assert_eq!(tagged, br["tagged"], "limit {limit}");
+        assert_eq!(json!(untagged), br["untagged"], "limit {limit}");
+        assert_eq!(metas, br["metas"], "limit {limit}");
+    }
+    for bad in [
+        "?limit=0",
+        "?limit=10001",
+        "?after=nowhere",
+        "?after=untagged:zz",
+    ] {
+        let (st, e) = s
+            .get_json(&format!("/v1/buckets/v/branches/doc{bad}"))
+            .await;
+        assert_eq!((st, kind(&e)), (400, "invalid_input"), "{bad}: {e}");
+    }
     let (st, e) = post("merge", json!({"untagged": true, "from": "dev"})).await;
     assert_eq!(st, 400, "{e}");
     let (st, mu) = post(
@@ -1665,6 +1749,24 @@ async fn a_uid_names_a_version_only_in_its_own_bucket() {
         .await;
     assert_eq!(st, 201, "{v}");
     let own = uid_of(&v);
+    // Another key's version of the same bucket is not a version of this key either: 404
+    // (it was a 400, as if the request were malformed).
+    let (st, v) = s
+        .send(Method::PUT, "/v1/buckets/mine/objects/other", &[], "other")
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let other = uid_of(&v);
+    for path in [
+        format!("/v1/buckets/mine/objects/k?uid={other}"),
+        format!("/v1/buckets/mine/meta/k?uid={other}"),
+        format!("/v1/buckets/mine/log/k?uid={other}"),
+        format!("/v1/buckets/mine/stream/k?uid={other}"),
+        format!("/v1/buckets/mine/diff/k?a={own}&b={other}"),
+        format!("/v1/buckets/mine/lca/k?a={own}&b={other}"),
+    ] {
+        let (st, e) = s.get_json(&path).await;
+        assert_eq!((st, kind(&e)), (404, "not_found"), "{path}: {e}");
+    }
     for path in [
         format!("/v1/buckets/mine/objects/k?uid={old}"),
         format!("/v1/buckets/mine/meta/k?uid={old}"),

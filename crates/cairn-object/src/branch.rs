@@ -114,6 +114,46 @@ impl BranchTable {
     }
 }
 
+/// A place in the list of a key's heads, as [`crate::Db::heads_page`] walks it: tagged
+/// branches by name, then untagged heads by uid. Its text form (`tagged:NAME` or
+/// `untagged:UID`) is how a paged listing says where to go on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadPos {
+    /// Tagged branch `NAME`.
+    Tagged(String),
+    /// Untagged head `UID`.
+    Untagged(Uid),
+}
+
+impl std::fmt::Display for HeadPos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeadPos::Tagged(name) => write!(f, "tagged:{name}"),
+            HeadPos::Untagged(uid) => write!(f, "untagged:{uid}"),
+        }
+    }
+}
+
+impl std::str::FromStr for HeadPos {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if let Some(name) = s.strip_prefix("tagged:") {
+            check_branch_name(name)?;
+            Ok(HeadPos::Tagged(name.to_string()))
+        } else if let Some(uid) = s.strip_prefix("untagged:") {
+            let uid = uid
+                .parse::<Uid>()
+                .map_err(|e| Error::invalid(format!("{uid:?} is not a version id: {e}")))?;
+            Ok(HeadPos::Untagged(uid))
+        } else {
+            Err(Error::invalid(format!(
+                "{s:?} is not a place in a list of heads (tagged:NAME or untagged:UID)"
+            )))
+        }
+    }
+}
+
 /// Checks a branch name: 1 to 255 bytes of printable ASCII other than space, not a uid.
 pub fn check_branch_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_BRANCH_LEN {

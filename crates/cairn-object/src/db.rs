@@ -19,7 +19,7 @@ use cairn_core::{Error, HashAlgo, Result};
 use cairn_store::{ChunkStore, RefUpdate, Store};
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use crate::branch::{BranchTable, check_branch_name};
+use crate::branch::{BranchTable, HeadPos, check_branch_name};
 use crate::fobject::{FObject, Uid, check_key, show_key};
 use crate::postree::{self, BlobWriter, TreeConfig};
 use crate::value::{NewValue, Op, Value, ValueType};
@@ -605,6 +605,70 @@ impl Db {
             return Err(Error::not_found(format!("key {}", show_key(key))));
         }
         Ok(t)
+    }
+
+    /// A page of `key`'s heads: up to `limit` (at least 1) of them, tagged branches by
+    /// name and then untagged heads by uid, from just after `after` (from the first when
+    /// `None`), and the place of the page's last head when more follow. Reads about the
+    /// page's refs, where [`Db::table`] reads every head of the key (and concurrent puts on
+    /// old bases can leave very many). [`Error::NotFound`] when the key has no heads; a
+    /// damaged head ref is [`Error::Corrupt`].
+    pub fn heads_page(
+        &self,
+        key: &[u8],
+        after: Option<&HeadPos>,
+        limit: usize,
+    ) -> Result<(BranchTable, Option<HeadPos>)> {
+        check_key(key)?;
+        let limit = limit.max(1);
+        let prefix = self.key_prefix(key);
+        let mut from = prefix.clone();
+        match after {
+            None => {}
+            Some(HeadPos::Tagged(name)) => {
+                from.push(b't');
+                from.extend_from_slice(name.as_bytes());
+                // The first name after it.
+                from.push(0);
+            }
+            Some(HeadPos::Untagged(uid)) => {
+                from.push(b'u');
+                from.extend_from_slice(&uid.to_bytes());
+                from.push(0);
+            }
+        }
+        let refs = self.store.list_refs_from(&prefix, &from, limit + 1)?;
+        if refs.is_empty() && after.is_none() {
+            return Err(Error::not_found(format!("key {}", show_key(key))));
+        }
+        let more = refs.len() > limit;
+        let mut t = BranchTable::default();
+        let mut last = None;
+        for (name, value) in refs.into_iter().take(limit) {
+            let rest = &name[prefix.len()..];
+            let damaged = |why: String| {
+                Error::corrupt(format!(
+                    "head ref {:?} of key {} is damaged: {why}",
+                    String::from_utf8_lossy(rest),
+                    show_key(key)
+                ))
+            };
+            let uid = Uid::from_bytes(&value).map_err(|e| damaged(e.to_string()))?;
+            match rest.split_first() {
+                Some((b't', branch)) => {
+                    let branch = std::str::from_utf8(branch)
+                        .map_err(|_| damaged("the branch name is not UTF-8".into()))?;
+                    t.tagged.insert(branch.to_string(), uid);
+                    last = Some(HeadPos::Tagged(branch.to_string()));
+                }
+                Some((b'u', u)) if u == uid.to_bytes() => {
+                    t.untagged.insert(uid);
+                    last = Some(HeadPos::Untagged(uid));
+                }
+                _ => return Err(damaged("it has an unknown form".into())),
+            }
+        }
+        Ok((t, if more { last } else { None }))
     }
 
     /// Loads and decodes a version (the store verifies the chunk against the uid).
@@ -1248,10 +1312,19 @@ impl Db {
     /// changes.
     pub fn remove_guarded(&self, key: &[u8], branch: &str, guard: Option<&Uid>) -> Result<Uid> {
         let _k = self.lock_key(key);
-        let mut t = self.existing_table(key)?;
-        let uid = t.tagged.remove(branch).ok_or_else(|| {
-            Error::not_found(format!("branch {branch:?} of key {}", show_key(key)))
-        })?;
+        let mut t = self.table(key)?;
+        let Some(uid) = t.tagged.remove(branch) else {
+            // A guard names the head it expects: with none there, the guard fails (as an
+            // HTTP If-Match on a missing resource does), rather than "not found".
+            return Err(match guard {
+                Some(g) => Error::GuardMismatch(format!(
+                    "branch {branch:?} of key {} is at nothing, not {g}",
+                    show_key(key)
+                )),
+                None if t.is_empty() => Error::not_found(format!("key {}", show_key(key))),
+                None => Error::not_found(format!("branch {branch:?} of key {}", show_key(key))),
+            });
+        };
         if let Some(g) = guard
             && *g != uid
         {

@@ -217,10 +217,12 @@ pub(crate) fn load_version_chunk(
     let o = FObject::from_chunk(&chunk)
         .map_err(|e| Error::corrupt(format!("version {uid} does not decode: {e}")))?;
     if o.key != key {
-        return Err(Error::invalid(format!(
-            "version {uid} belongs to key {}, not {}",
-            crate::fobject::show_key(&o.key),
-            crate::fobject::show_key(key)
+        // Not a version of `key`: as not found as a uid no one made (a `?uid=` of another
+        // key's version was a 400, which said the request was malformed).
+        return Err(Error::not_found(format!(
+            "version {uid} of key {} (it is a version of key {})",
+            crate::fobject::show_key(key),
+            crate::fobject::show_key(&o.key)
         )));
     }
     Ok((chunk, o))

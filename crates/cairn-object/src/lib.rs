@@ -21,7 +21,7 @@ pub mod stream;
 pub mod value;
 pub mod verify;
 
-pub use branch::BranchTable;
+pub use branch::{BranchTable, HeadPos};
 pub use db::{
     At, DEFAULT_BRANCH, DEFAULT_BUCKET, Db, HeadChange, HeadChangeKind, HeadRecorder, PutOptions,
     Target, Version, VersionMembership, apply_inline, check_bucket_name,

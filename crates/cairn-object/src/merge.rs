@@ -537,11 +537,19 @@ impl Db {
     ) -> Result<MergeOutcome> {
         let _w = self.writer_guard();
         let _k = self.lock_key(key);
-        let mut table = self.existing_table(key)?;
-        let ours = *table
-            .tagged
-            .get(into)
-            .ok_or_else(|| Error::not_found(format!("branch {into:?} of key {}", show_key(key))))?;
+        let mut table = self.table(key)?;
+        let Some(&ours) = table.tagged.get(into) else {
+            // A guarded merge into a branch that is not there fails its guard (as a guarded
+            // put does).
+            return Err(match opts.guard {
+                Some(g) => Error::GuardMismatch(format!(
+                    "branch {into:?} of key {} is at nothing, not {g}",
+                    show_key(key)
+                )),
+                None if table.is_empty() => Error::not_found(format!("key {}", show_key(key))),
+                None => Error::not_found(format!("branch {into:?} of key {}", show_key(key))),
+            });
+        };
         // A guarded merge (compare-and-set on the target's head), checked under the key's
         // lock with the commit.
         if let Some(g) = opts.guard

@@ -179,6 +179,35 @@ fn a_guarded_merge_checks_the_target_head() {
     assert!(matches!(err, Err(Error::InvalidInput(_))), "{err:?}");
 }
 
+/// A guard on a branch (or key) that is not there fails as a guard, for a removal and a
+/// merge as for a put (they answered "not found", which an HTTP If-Match on a missing
+/// resource is not); unguarded, they are still "not found". Nothing changes.
+#[test]
+fn a_guard_on_a_missing_branch_is_a_guard_mismatch() {
+    let (db, _) = db();
+    let a = put_str(&db, "k", Target::Branch("master"), "a");
+    db.fork(b"k", &master(), "dev").unwrap();
+    let guard = PutOptions {
+        guard: Some(a),
+        ..Default::default()
+    };
+    for key in [&b"k"[..], b"no-such-key"] {
+        let err = db.remove_guarded(key, "nowhere", Some(&a));
+        assert!(matches!(err, Err(Error::GuardMismatch(_))), "{err:?}");
+        let err = db.remove_guarded(key, "nowhere", None);
+        assert!(matches!(err, Err(Error::NotFound(_))), "{err:?}");
+        let dev = At::Branch("dev".into());
+        let err = db.merge_into(key, "nowhere", &dev, &BuiltinResolver::Ours, &guard);
+        assert!(matches!(err, Err(Error::GuardMismatch(_))), "{err:?}");
+        let unguarded = PutOptions::default();
+        let err = db.merge_into(key, "nowhere", &dev, &BuiltinResolver::Ours, &unguarded);
+        assert!(matches!(err, Err(Error::NotFound(_))), "{err:?}");
+    }
+    let t = db.table(b"k").unwrap();
+    assert_eq!(t.tagged.len(), 2);
+    assert!(db.table(b"no-such-key").unwrap().is_empty());
+}
+
 /// GC called from a write in progress on the same thread (its commit callback) is refused
 /// at once: it waits for every writer to let go, so before it waited for itself for ever.
 #[test]
@@ -2178,5 +2207,48 @@ proptest! {
             let got_bases = cairn_object::history::merge_bases_in(&store, b"k", &uids[a], &uids[b]).unwrap();
             prop_assert_eq!(got_bases, want_bases);
         }
+    }
+}
+
+/// `heads_page` walks a key's heads a page at a time, tagged by name then untagged by
+/// uid: at every page size the pages put together are exactly the whole table, each page
+/// but the last says where to go on (its text form parses back), and a key with no heads
+/// is not found.
+#[test]
+fn heads_pages_put_together_are_the_whole_table() {
+    use cairn_object::HeadPos;
+    let (db, _) = db();
+    let root = put_str(&db, "k", Target::Branch("master"), "root");
+    for i in 0..7 {
+        db.fork(b"k", &master(), &format!("b{i}")).unwrap();
+        put_str(&db, "k", Target::Base(root), &format!("concurrent {i}"));
+    }
+    let whole = db.table(b"k").unwrap();
+    assert_eq!((whole.tagged.len(), whole.untagged.len()), (8, 7));
+    for limit in 1..=16 {
+        let mut got = cairn_object::BranchTable::default();
+        let mut after: Option<HeadPos> = None;
+        let mut pages = 0;
+        loop {
+            let (page, next) = db.heads_page(b"k", after.as_ref(), limit).unwrap();
+            assert!(page.tagged.len() + page.untagged.len() <= limit);
+            got.tagged.extend(page.tagged);
+            got.untagged.extend(page.untagged);
+            pages += 1;
+            match next {
+                Some(pos) => {
+                    assert_eq!(pos.to_string().parse::<HeadPos>().unwrap(), pos);
+                    after = Some(pos);
+                }
+                None => break,
+            }
+        }
+        assert_eq!(got, whole, "limit {limit}");
+        assert_eq!(pages, 15usize.div_ceil(limit), "limit {limit}");
+    }
+    let e = db.heads_page(b"nothing", None, 10).unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)), "{e}");
+    for bad in ["", "tagged:", "tagged:has space", "untagged:zz", "other:x"] {
+        assert!(bad.parse::<HeadPos>().is_err(), "{bad:?}");
     }
 }

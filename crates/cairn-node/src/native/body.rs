@@ -289,14 +289,27 @@ impl Check {
 }
 
 /// Reads a whole body of at most `limit` bytes; with `expect`, checks its BLAKE3 hash.
+///
+/// A body whose declared length (`Content-Length`) is over `limit` is refused before any
+/// of it is read (413 at once, where the client waited to send it all, or stalled with it
+/// held back, first), and a body that runs over `limit` is refused where it does; in both
+/// cases what the client still sends is drained ([`drain_refused`]), so it reads the 413
+/// rather than a reset connection.
 pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiResult<Bytes> {
+    if http_body::Body::size_hint(&body).lower() > limit {
+        drain_refused(body);
+        return Err(ApiError::too_large(limit));
+    }
     let mut check = Check::new(limit, expect);
     let mut buf = BytesMut::new();
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.try_next().await.map_err(|e| {
         ApiError::bad_request(format!("reading the request body: {}", body_error(&e)))
     })? {
-        check.feed(&chunk)?;
+        if let Err(e) = check.feed(&chunk) {
+            tokio::spawn(drain(stream));
+            return Err(e);
+        }
         buf.extend_from_slice(&chunk);
     }
     check.finish()?;

@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use cairn_capsule::Anchor;
 use cairn_core::Error;
 use cairn_object::{
-    At, BuiltinResolver, Conflict, ConflictAt, DEFAULT_BRANCH, Diff, DiffCursor, MergeOutcome,
-    PutOptions, Uid, Value,
+    At, BuiltinResolver, Conflict, ConflictAt, DEFAULT_BRANCH, Diff, DiffCursor, HeadPos,
+    MergeOutcome, PutOptions, Uid, Value,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -91,21 +91,47 @@ pub async fn keys(
     Ok(body::json_response(node, permit, page))
 }
 
-/// `GET /v1/buckets/{bucket}/branches/{key}`: tagged branches with their heads, and the
-/// untagged heads (more than one: concurrent writes forked the key). `metas` maps each head
-/// uid to its version's Meta chunk (hex), so a reader can check that every head is a
-/// version of this key; a Meta chunk over [`LOG_META_BYTES`], or past
-/// [`BRANCHES_META_BYTES`] of them in all, is left out (the reader reads it alone).
+/// Most heads one `GET .../branches` page lists.
+const MAX_BRANCHES_PAGE: usize = 10_000;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BranchesQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/buckets/{bucket}/branches/{key}?after=&limit=`: tagged branches with their
+/// heads, and the untagged heads (more than one: concurrent writes forked the key), a page
+/// of at most `limit` heads (default 1000, at most [`MAX_BRANCHES_PAGE`]): tagged by name,
+/// then untagged by uid. When more follow, `next` (`tagged:NAME` or `untagged:UID`) is the
+/// `after` of the next page. `metas` maps each head uid of the page to its version's Meta
+/// chunk (hex), so a reader can check that every head is a version of this key; a Meta
+/// chunk over [`LOG_META_BYTES`], or past [`BRANCHES_META_BYTES`] of them in all, is left
+/// out (the reader reads it alone).
 pub async fn branches(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
     uri: Uri,
 ) -> ApiResult<Response> {
-    let _: NoQuery = query(&uri)?;
+    let q: BranchesQuery = query(&uri)?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_BRANCHES_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {MAX_BRANCHES_PAGE}"
+        )));
+    }
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(a) => Some(a.parse::<HeadPos>()?),
+    };
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let answer = blocking(move || {
-        let t = b.db().existing_table(key.as_bytes())?;
+        // A page of heads, not the whole table: a key may have very many (every put on
+        // an old base leaves one), and the answer, its metas and the refs read for it
+        // grew with all of them.
+        let (t, next) = b.db().heads_page(key.as_bytes(), after.as_ref(), limit)?;
         let tagged: serde_json::Map<String, J> = t
             .tagged
             .iter()
@@ -135,7 +161,10 @@ pub async fn branches(
             bytes += 2 * meta.len();
             metas.insert(hex_uid, J::String(hex::encode(&meta)));
         }
-        Ok(json!({ "key": key, "tagged": tagged, "untagged": untagged, "metas": metas }))
+        let next = next.map(|p| p.to_string());
+        Ok(json!({
+            "key": key, "tagged": tagged, "untagged": untagged, "metas": metas, "next": next
+        }))
     })
     .await?;
     Ok(body::json_response(node, permit, answer))
