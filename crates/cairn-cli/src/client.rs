@@ -1379,6 +1379,51 @@ impl Client {
                 .get("tagged")
                 .and_then(J::as_object)
                 .ok_or_else(|| bad_answer("tagged"))?;
+            let next = match r.get("next") {
+                None | Some(J::Null) => None,
+                Some(n) => Some(
+                    n.as_str()
+                        .and_then(|n| n.parse::<HeadPos>().ok())
+                        .ok_or_else(|| bad_answer("next"))?,
+                ),
+            };
+            // Before anything of the page is printed: every head of it comes after the
+            // last page's, in the listing's order (tagged by name, then untagged by uid,
+            // each in order), and a page that goes on ends with the head its `next`
+            // names. So no head is listed twice and every page moves on.
+            let mut last: Option<HeadPos> = None;
+            let mut positions = Vec::with_capacity(tagged.len() + heads.len());
+            for name in tagged.keys() {
+                // A name with a tab or newline could forge a checked line.
+                cairn_object::branch::check_branch_name(name).map_err(|e| {
+                    Error::Rejected(format!("the node's branches of {key:?} name {e}"))
+                })?;
+                positions.push(HeadPos::Tagged(name.clone()));
+            }
+            for u in heads {
+                let uid: Uid = u
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| bad_answer("untagged"))?;
+                positions.push(HeadPos::Untagged(uid));
+            }
+            for p in positions {
+                let floor = last.as_ref().or(after.as_ref());
+                if let Some(f) = floor
+                    && !head_pos_before(f, &p)
+                {
+                    return Err(lied(format!("lists {p} after {f}: out of order or again")));
+                }
+                last = Some(p);
+            }
+            if let Some(n) = &next
+                && last.as_ref() != Some(n)
+            {
+                return Err(lied(match &last {
+                    None => "sends an empty page that goes on".to_string(),
+                    Some(l) => format!("ends a page at {l} but goes on after {n}"),
+                }));
+            }
             untagged_heads += heads.len();
             let mut lines = Vec::new();
             if untagged {
@@ -1387,33 +1432,15 @@ impl Client {
                 }
             } else {
                 for (name, u) in tagged {
-                    // A name with a tab or newline could forge a checked line.
-                    cairn_object::branch::check_branch_name(name).map_err(|e| {
-                        Error::Rejected(format!("the node's branches of {key:?} name {e}"))
-                    })?;
                     writeln!(lines, "{name}\t{}", check(u)?)?;
                 }
             }
             // A page is printed once every head of it checked out.
             out.write_all(&lines)?;
-            let next = match r.get("next") {
-                None | Some(J::Null) => break,
-                Some(n) => n
-                    .as_str()
-                    .and_then(|n| n.parse::<HeadPos>().ok())
-                    .ok_or_else(|| bad_answer("next"))?,
-            };
-            // Each page must move on, or the listing would be asked for again, forever.
-            if heads.is_empty() && tagged.is_empty() {
-                return Err(lied("sends an empty page that goes on".to_string()));
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
             }
-            if after.as_ref().is_some_and(|a| !head_pos_before(a, &next)) {
-                return Err(lied(format!(
-                    "goes back to {next} after {}",
-                    after.as_ref().map_or(String::new(), |a| a.to_string())
-                )));
-            }
-            after = Some(next);
         }
         if !untagged && untagged_heads > 0 {
             eprintln!("{}", crate::cli::untagged_note(key, untagged_heads));

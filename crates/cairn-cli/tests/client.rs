@@ -1975,7 +1975,18 @@ fn branches_are_read_across_pages() {
     let out = u.run(Some(&liar), &["--bucket", "pub", "branches", "k"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(11), "{err}");
-    assert!(err.contains("goes back"), "{err}");
+    assert!(err.contains("out of order or again"), "{err}");
+    // Nothing of the repeated page was printed twice: only the first page.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    // A page that says it goes on after a head it does not end with.
+    let mut skip = page.clone();
+    skip["next"] = serde_json::json!("tagged:b0500");
+    let liar = lying_node(String::new(), skip.to_string().into_bytes());
+    let out = u.run(Some(&liar), &["--bucket", "pub", "branches", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("goes on after"), "{err}");
+    assert!(out.stdout.is_empty());
 }
 
 /// A log longer than one answer (the node's 8 MiB budget, here 600 versions with 4 KiB

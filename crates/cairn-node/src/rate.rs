@@ -98,6 +98,8 @@ pub struct FloorBody<B> {
     /// The size the request declared (its `Content-Length`), when the body under `inner`
     /// knew it and a wrapper in between (the stall timeout's) hides it.
     declared: Option<SizeHint>,
+    /// Data bytes passed on so far (the declared size hint shrinks by them).
+    passed: u64,
 }
 
 impl<B> FloorBody<B> {
@@ -108,6 +110,7 @@ impl<B> FloorBody<B> {
             floor,
             waiting_since: None,
             declared: None,
+            passed: 0,
         }
     }
 
@@ -147,6 +150,7 @@ where
                 let Some(n) = frame.data_ref().map(|d| d.len() as u64) else {
                     return Poll::Ready(Some(Ok(frame)));
                 };
+                this.passed = this.passed.saturating_add(n);
                 match this.floor.record(n, waited) {
                     Ok(()) => Poll::Ready(Some(Ok(frame))),
                     Err(e) => Poll::Ready(Some(Err(Box::new(e)))),
@@ -163,7 +167,15 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.declared {
-            Some(h) => *h,
+            // What is left of the declared size.
+            Some(h) => {
+                let mut left = SizeHint::new();
+                left.set_lower(h.lower().saturating_sub(self.passed));
+                if let Some(u) = h.upper() {
+                    left.set_upper(u.saturating_sub(self.passed));
+                }
+                left
+            }
             None => self.inner.size_hint(),
         }
     }
@@ -172,6 +184,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The declared size a `FloorBody` reports is what is left of it: it shrinks by the
+    /// data passed on (a size hint describes the rest of the body).
+    #[tokio::test]
+    async fn the_declared_size_shrinks_as_data_passes() {
+        let frames = futures_util::stream::iter(vec![
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"abcd"))),
+            Ok(Frame::data(Bytes::from_static(b"efghij"))),
+        ]);
+        let inner = axum::body::Body::new(http_body_util::StreamBody::new(frames));
+        let body = FloorBody::new(inner, RateFloor::new(0, Duration::from_secs(1)))
+            .with_size_hint(SizeHint::with_exact(10));
+        assert_eq!(body.size_hint().exact(), Some(10));
+        let mut body = std::pin::pin!(body);
+        let mut seen = Vec::new();
+        while let Some(f) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let f = f.unwrap();
+            seen.extend_from_slice(f.data_ref().unwrap());
+            assert_eq!(body.size_hint().exact(), Some(10 - seen.len() as u64));
+        }
+        assert_eq!(seen, b"abcdefghij");
+    }
 
     #[test]
     fn the_floor_counts_waiting_time_only() {

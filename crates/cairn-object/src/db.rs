@@ -637,7 +637,9 @@ impl Db {
                 from.push(0);
             }
         }
-        let refs = self.store.list_refs_from(&prefix, &from, limit + 1)?;
+        let refs = self
+            .store
+            .list_refs_from(&prefix, &from, limit.saturating_add(1))?;
         if refs.is_empty() && after.is_none() {
             return Err(Error::not_found(format!("key {}", show_key(key))));
         }
@@ -684,6 +686,12 @@ impl Db {
     /// Loads a version and checks it belongs to `key`.
     pub fn load_for_key(&self, key: &[u8], uid: &Uid) -> Result<FObject> {
         crate::history::load_version(self.chunks(), key, uid)
+    }
+
+    /// [`Db::load_for_key`] of a version reached through a head ref or a base, not named
+    /// by the caller: a version of another key there is damage ([`Error::Corrupt`]).
+    pub fn load_reached(&self, key: &[u8], uid: &Uid) -> Result<FObject> {
+        crate::history::load_reached_version(self.chunks(), key, uid)
     }
 
     /// Resolves a branch name or uid of `key` to a uid.

@@ -118,7 +118,12 @@ impl Db {
             if dist > max {
                 break;
             }
-            let object = self.load_for_key(key, &uid)?;
+            // The start is the version asked for; the rest are reached through bases.
+            let object = if dist == 0 {
+                self.load_for_key(key, &uid)?
+            } else {
+                self.load_reached(key, &uid)?
+            };
             if dist < max {
                 for b in &object.bases {
                     if seen.insert(*b) {
@@ -191,7 +196,7 @@ impl Db {
             if out.contains_key(&u) {
                 continue;
             }
-            let o = self.load_for_key(key, &u)?;
+            let o = self.load_reached(key, &u)?;
             stack.extend(o.bases.iter().copied());
             out.insert(u, o);
         }
@@ -211,19 +216,47 @@ pub(crate) fn load_version_chunk(
     key: &[u8],
     uid: &Uid,
 ) -> Result<(Bytes, FObject)> {
+    load_version_as(chunks, key, uid, false)
+}
+
+/// [`load_version`] of a version reached through a head ref or a base rather than named
+/// by the caller: there, a version of another key is damage ([`Error::Corrupt`]), not a
+/// version that is not there.
+pub(crate) fn load_reached_version(
+    chunks: &dyn ChunkStore,
+    key: &[u8],
+    uid: &Uid,
+) -> Result<FObject> {
+    load_version_as(chunks, key, uid, true).map(|(_, o)| o)
+}
+
+fn load_version_as(
+    chunks: &dyn ChunkStore,
+    key: &[u8],
+    uid: &Uid,
+    reached: bool,
+) -> Result<(Bytes, FObject)> {
     let chunk = chunks
         .get(uid)?
         .ok_or_else(|| Error::not_found(format!("version {uid}")))?;
     let o = FObject::from_chunk(&chunk)
         .map_err(|e| Error::corrupt(format!("version {uid} does not decode: {e}")))?;
     if o.key != key {
-        // Not a version of `key`: as not found as a uid no one made (a `?uid=` of another
-        // key's version was a 400, which said the request was malformed).
-        return Err(Error::not_found(format!(
-            "version {uid} of key {} (it is a version of key {})",
+        let (k, other) = (
             crate::fobject::show_key(key),
-            crate::fobject::show_key(&o.key)
-        )));
+            crate::fobject::show_key(&o.key),
+        );
+        return Err(if reached {
+            Error::corrupt(format!(
+                "version {uid}, reached as a version of key {k}, is a version of key {other}"
+            ))
+        } else {
+            // Not a version of `key`: as not found as a uid no one made (a `?uid=` of
+            // another key's version was a 400, which said the request was malformed).
+            Error::not_found(format!(
+                "version {uid} of key {k} (it is a version of key {other})"
+            ))
+        });
     }
     Ok((chunk, o))
 }
@@ -326,7 +359,7 @@ fn common_ancestors(
             let before = *entry;
             *entry |= f;
             if before == 0 {
-                let bo = load_version(chunks, key, base)?;
+                let bo = load_reached_version(chunks, key, base)?;
                 if bo.depth >= depth {
                     return Err(Error::corrupt(format!(
                         "version {uid} has depth {depth} but its base {base} has depth {}",

@@ -772,7 +772,9 @@ impl Db {
                 Some(acc)
             }
         };
-        let o = self.load_for_key(key, &ours)?;
+        // Ours is a branch head and the base an ancestor (reached: another key's version
+        // there is damage); theirs may be a version the caller named.
+        let o = self.load_reached(key, &ours)?;
         let t = self.load_for_key(key, &theirs)?;
         if o.value_type() != t.value_type() {
             return Err(Error::TypeMismatch(format!(
@@ -782,7 +784,7 @@ impl Db {
             )));
         }
         let base = match lca {
-            Some(b) => self.load_for_key(key, &b)?.value,
+            Some(b) => self.load_reached(key, &b)?.value,
             None => self.empty_value(o.value_type())?,
         };
         crate::fobject::check_context(&opts.context)?;

@@ -162,7 +162,7 @@ impl Db {
                     reached_from: label.clone(),
                     what,
                 };
-                let o = match self.load_for_key(key, &uid) {
+                let o = match self.load_reached(key, &uid) {
                     Ok(o) => o,
                     Err(e) => {
                         report.damage.push(damage(e.to_string()));

@@ -2252,3 +2252,44 @@ fn heads_pages_put_together_are_the_whole_table() {
         assert!(bad.parse::<HeadPos>().is_err(), "{bad:?}");
     }
 }
+
+/// Another key's version is "not found" where the caller names it (by uid), and damage
+/// where the store's own refs or history reach it (a head ref naming it): a damaged head
+/// must not read as a key or version that is not there.
+#[test]
+fn another_keys_version_is_not_found_when_named_and_damage_when_reached() {
+    let (db, store) = db();
+    put_str(&db, "k", Target::Branch("master"), "mine");
+    let other = put_str(&db, "other", Target::Branch("master"), "theirs");
+    for e in [
+        db.get(b"k", &At::Uid(other)).unwrap_err(),
+        db.lca(b"k", &db.resolve(b"k", &master()).unwrap(), &other)
+            .unwrap_err(),
+        db.track(b"k", &At::Uid(other), 0, 3).unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::NotFound(_)), "{e}");
+    }
+    // Branch "evil" of key k names the other key's version.
+    cairn_store::RefStore::commit(
+        &*store,
+        &[cairn_store::RefUpdate::Set {
+            name: b"bucket/default/k\0\x01tevil".to_vec(),
+            value: other.to_bytes().to_vec(),
+        }],
+    )
+    .unwrap();
+    let head = db.resolve(b"k", &At::Branch("evil".into())).unwrap();
+    assert_eq!(head, other);
+    let e = db.load_reached(b"k", &head).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let e = db.all_versions(b"k").unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let v = db.verify(Some(&b"k"[..]), &mut |_, _| {}).unwrap();
+    assert!(
+        v.damage
+            .iter()
+            .any(|d| d.to_string().contains("reached as a version of key")),
+        "{:?}",
+        v.damage
+    );
+}

@@ -1651,7 +1651,7 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
     let Some(uid) = head(&bucket, path.as_bytes())? else {
         return Ok(None);
     };
-    let o = bucket.db().load_for_key(path.as_bytes(), &uid)?;
+    let o = bucket.db().load_reached(path.as_bytes(), &uid)?;
     let meta = FileMeta::of(&o.context);
     let (len, body) = match o.value {
         Value::Tree(t) if o.value.value_type() == ValueType::Blob => {

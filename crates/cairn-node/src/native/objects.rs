@@ -833,17 +833,22 @@ pub async fn patch(
     let n = bytes.len() as u64;
     let uid = blocking(move || {
         let _permit = permit;
-        let ty = match b.db().get(k.as_bytes(), &At::Branch(br.clone())) {
-            Ok(v) => v.object.value_type(),
-            // A guard names the head it expects: with no branch there it fails (412, as
-            // an If-Match on a missing resource), rather than 404.
-            Err(Error::NotFound(why)) if guard.is_some() => {
-                return Err(
-                    Error::GuardMismatch(format!("{why}: nothing to match If-Match")).into(),
-                );
-            }
-            Err(e) => return Err(e.into()),
-        };
+        // A guard names the head it expects: with no branch there it fails (412, as an
+        // If-Match on a missing resource), rather than 404. (Checked again with the write,
+        // under the key's lock.)
+        if let Some(g) = guard
+            && b.db().branch_head(k.as_bytes(), &br)?.is_none()
+        {
+            return Err(Error::GuardMismatch(format!(
+                "branch {br:?} of key {k:?} is at nothing, not {g}"
+            ))
+            .into());
+        }
+        let ty = b
+            .db()
+            .get(k.as_bytes(), &At::Branch(br.clone()))?
+            .object
+            .value_type();
         let op = patch_op(ty, p)?;
         let opts = PutOptions {
             guard,

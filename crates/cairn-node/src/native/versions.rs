@@ -153,7 +153,8 @@ pub async fn branches(
                 break;
             }
             let hex_uid = uid.to_string();
-            let meta = b.db().load_for_key(key.as_bytes(), uid)?.to_chunk();
+            // A head ref naming another key's version is damage (500), not "no such key".
+            let meta = b.db().load_reached(key.as_bytes(), uid)?.to_chunk();
             loaded = loaded.saturating_add(meta.len());
             if meta.len() > LOG_META_BYTES || bytes + 2 * meta.len() > BRANCHES_META_BYTES {
                 continue;
