@@ -2293,3 +2293,47 @@ fn another_keys_version_is_not_found_when_named_and_damage_when_reached() {
         v.damage
     );
 }
+
+/// A version whose base claims the greatest depth there is (`u64::MAX`, so no version can
+/// follow it) is reported as damage by `verify`, naming the key and version, without an
+/// overflow; the damaged head is reached through an ordinary head ref.
+#[test]
+fn verify_reports_a_base_at_the_greatest_depth() {
+    let (db, store) = db();
+    let root = put_str(&db, "k", Target::Branch("master"), "fine");
+    // (A version without bases must have depth 0: the decoder refuses anything else.)
+    let deepest = cairn_object::FObject {
+        key: bytes::Bytes::from_static(b"k"),
+        value: Value::String(bytes::Bytes::from_static(b"deep")),
+        depth: u64::MAX,
+        bases: vec![root],
+        context: bytes::Bytes::new(),
+    };
+    let a = store.put(&deepest.to_chunk()).unwrap();
+    assert_eq!(a, deepest.uid(cairn_core::HashAlgo::Blake3));
+    let child = cairn_object::FObject {
+        key: bytes::Bytes::from_static(b"k"),
+        value: Value::String(bytes::Bytes::from_static(b"after")),
+        depth: u64::MAX,
+        bases: vec![a],
+        context: bytes::Bytes::new(),
+    };
+    let b = store.put(&child.to_chunk()).unwrap();
+    cairn_store::RefStore::commit(
+        &*store,
+        &[cairn_store::RefUpdate::Set {
+            name: b"bucket/default/k\0\x01tdeep".to_vec(),
+            value: b.to_bytes().to_vec(),
+        }],
+    )
+    .unwrap();
+    let v = db.verify(Some(&b"k"[..]), &mut |_, _| {}).unwrap();
+    let all: Vec<String> = v.damage.iter().map(|d| d.to_string()).collect();
+    assert!(
+        all.iter()
+            .any(|d| d.contains("greatest depth") && d.contains(&b.to_string())),
+        "{all:#?}"
+    );
+    // The key's good head is still walked and found intact.
+    assert!(v.versions >= 3, "{v:?}");
+}

@@ -615,7 +615,12 @@ async fn put_object_counted(
                     // back) is not this chunk: written again below. A stat is cheap here.
                     match store.head(&path).await {
                         Ok(meta) if meta.size != bytes.len() as u64 => {}
-                        _ => return Ok(false),
+                        Ok(_) => return Ok(false),
+                        // Gone since: written again below.
+                        Err(E::NotFound { .. }) => {}
+                        // Not readable: not known to be stored (it was taken as stored,
+                        // and acknowledged writes pointed at a chunk no read could get).
+                        Err(e) => return Err(os_err(&format!("checking chunk {path}"), e)),
                     }
                     store
                         .put(&path, PutPayload::from_bytes(bytes))
