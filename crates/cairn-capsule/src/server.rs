@@ -883,6 +883,25 @@ pub struct CapsuleServer {
     /// What the unproven records of all capsules hold
     /// ([`ServerOptions::max_unproven_bytes_total`]; see `Loaded::unproven_held`).
     unproven_held: Arc<AtomicU64>,
+    /// What writes under way were let in for, of the same budget, before their records
+    /// are in their DAG and counted in `unproven_held` (see [`UnprovenReservation`]).
+    unproven_reserved: AtomicU64,
+}
+
+/// A write's share of [`ServerOptions::max_unproven_bytes_total`], taken when the write is
+/// checked and given back when it is done (its records are then counted by their DAG, or
+/// it failed). Writes to different capsules run at once, each past its check and through
+/// its journal's sync before its records count: without the reservation each saw the
+/// others' room, and together they went past the total.
+struct UnprovenReservation<'a> {
+    reserved: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl Drop for UnprovenReservation<'_> {
+    fn drop(&mut self) {
+        self.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 enum JournalEntry {
@@ -1014,6 +1033,7 @@ impl CapsuleServer {
             sessions: Mutex::new(LruCache::unbounded()),
             mirrored: Arc::new(AtomicUsize::new(0)),
             unproven_held,
+            unproven_reserved: AtomicU64::new(0),
             hello_stamp: AtomicU64::new(0),
             hello_stamps: Mutex::new(HelloStamps::default()),
             cursors: Mutex::new(LruCache::new(
@@ -1394,8 +1414,10 @@ impl CapsuleServer {
         // Signatures on present unproven records free those records and the unsigned ones
         // they reach (what `unproven_reached` counts: a signature on a record already
         // proven frees nothing). Walked only when the limits would refuse without them.
+        let mut freed = 0;
         if over(0, 0) {
-            let (covered, freed) = cap.dag.unproven_reached(signatures.iter().map(|(n, _)| n));
+            let (covered, f) = cap.dag.unproven_reached(signatures.iter().map(|(n, _)| n));
+            freed = f;
             if cap.dag.unproven() + new_unproven > self.opts.max_unproven + covered {
                 return Err(Error::Unavailable(format!(
                     "capsule {capsule} already holds {} records no signature covers (limit {}); sign one first",
@@ -1405,6 +1427,8 @@ impl CapsuleServer {
             }
             self.check_unproven_bytes(capsule, &cap.dag, new_bytes, freed)?;
         }
+        // Held until the records are in the DAG (end of this call).
+        let _reserved = self.reserve_unproven(new_bytes, freed)?;
         let mut entries = Vec::with_capacity(fresh.len() + signatures.len());
         for &i in &fresh {
             let r = &records[i];
@@ -1564,10 +1588,13 @@ impl CapsuleServer {
                 "capsule {capsule} holds too many records no signature covers; sign one first"
             )));
         }
-        if sig.is_none() {
-            let cost = crate::dag::unproven_cost(hb.len(), header.backpointers.len(), count);
-            self.check_unproven_bytes(capsule, &cap.dag, cost, 0)?;
-        }
+        let cost = match sig {
+            None => crate::dag::unproven_cost(hb.len(), header.backpointers.len(), count),
+            Some(_) => 0,
+        };
+        self.check_unproven_bytes(capsule, &cap.dag, cost, 0)?;
+        // Held until the record is in the DAG (end of this call).
+        let _reserved = self.reserve_unproven(cost, 0)?;
         let list_cid = self.store_subrecords(subrecords, &names)?;
         self.store.put_hashed(*name.hash(), &hb)?;
         let body = StoredBody::Subrecords {
@@ -2598,12 +2625,52 @@ impl CapsuleServer {
                     > self.opts.max_unproven_bytes_total)
     }
 
-    /// What the unproven records of all capsules hold, less `freed` bytes a request's
-    /// signatures prove.
+    /// What the unproven records of all capsules hold, with what writes under way were let
+    /// in for, less `freed` bytes a request's signatures prove.
     fn unproven_held_total(&self, freed: u64) -> u64 {
         self.unproven_held
-            .load(Ordering::Relaxed)
+            .load(Ordering::Acquire)
+            .saturating_add(self.unproven_reserved.load(Ordering::Acquire))
             .saturating_sub(freed)
+    }
+
+    /// Takes `cost` bytes of [`ServerOptions::max_unproven_bytes_total`] for a write under
+    /// way (checked and taken in one step, so writes to other capsules checked at the same
+    /// time cannot all take the same room), counting `freed` bytes its signatures prove.
+    /// Hold it until the write's records are in their DAG. Refused as
+    /// [`CapsuleServer::check_unproven_bytes`] refuses.
+    fn reserve_unproven(&self, cost: u64, freed: u64) -> Result<UnprovenReservation<'_>> {
+        let mut reserved = self.unproven_reserved.load(Ordering::Acquire);
+        if cost > 0 {
+            loop {
+                let total = self
+                    .unproven_held
+                    .load(Ordering::Acquire)
+                    .saturating_add(reserved)
+                    .saturating_sub(freed);
+                if total.saturating_add(cost) > self.opts.max_unproven_bytes_total {
+                    return Err(Error::Unavailable(format!(
+                        "the records no signature covers across this server's capsules \
+                         already hold {total} bytes, and these would add {cost} (limit {}); \
+                         sign one first",
+                        self.opts.max_unproven_bytes_total
+                    )));
+                }
+                match self.unproven_reserved.compare_exchange_weak(
+                    reserved,
+                    reserved + cost,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(now) => reserved = now,
+                }
+            }
+        }
+        Ok(UnprovenReservation {
+            reserved: &self.unproven_reserved,
+            bytes: cost,
+        })
     }
 
     /// What the unproven records of all capsules hold now, loaded or unloaded since this
@@ -3210,6 +3277,44 @@ mod tests {
 
     /// The tree cache keeps within its leaf budget (least recently used trees go first, a
     /// tree over the budget is not kept), and proofs verify whether or not their tree was
+    /// Writes under way hold their share of the server-wide unproven budget from their
+    /// check until their records count in their DAG: a write checked meanwhile (to
+    /// another capsule, which runs at once) sees that share taken. Before, each checked
+    /// against what the DAGs held alone, so writes to many capsules at once, each past
+    /// its check and waiting for its journal's sync, went past the total together.
+    #[test]
+    fn writes_under_way_hold_their_share_of_the_unproven_total() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let opts = ServerOptions {
+            max_unproven_bytes_total: 64 << 10,
+            ..ServerOptions::default()
+        };
+        let server = CapsuleServer::new(store, SigningKey::from_seed(&[3; 32]), opts);
+        let wk = SigningKey::from_seed(&[4; 32]);
+        let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "junk");
+        meta.cipher = crate::metadata::BodyCipher::Plaintext;
+        let c = meta.name();
+        server.create(&meta).unwrap();
+        let junk = |i: u32| Record::new(c, format!("junk {i}").into_bytes(), vec![]);
+        // Another write under way holds all but a few bytes of the total.
+        let held = server.reserve_unproven((64 << 10) - 10, 0).unwrap();
+        let e = server.write(&c, &[junk(0)], &[]).unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        assert!(
+            e.to_string().contains("across this server's capsules"),
+            "{e}"
+        );
+        // Nor can another reservation take the same room.
+        assert!(server.reserve_unproven(100, 0).is_err());
+        // Once it is done (dropped), the room is back, and a finished write gives its
+        // reservation back too: only what the DAG holds stays counted.
+        drop(held);
+        server.write(&c, &[junk(0)], &[]).unwrap();
+        assert_eq!(server.unproven_reserved.load(Ordering::Acquire), 0);
+        assert!(server.unproven_bytes_held() > 0);
+        assert_eq!(server.unproven_held_total(0), server.unproven_bytes_held());
+    }
+
     /// kept.
     #[test]
     fn the_tree_cache_keeps_within_its_leaf_budget() {
