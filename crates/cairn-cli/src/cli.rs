@@ -703,10 +703,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Diff { key, a, b } => {
-            let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;
-            let ub = db.resolve(key.as_bytes(), &At::parse(&b))?;
-            let va = db.load_for_key(key.as_bytes(), &ua)?.value;
-            let vb = db.load_for_key(key.as_bytes(), &ub)?.value;
+            // A branch's head is damage, not "not found", when it names another key's
+            // version (`Db::get` tells the two apart).
+            let va = db.get(key.as_bytes(), &At::parse(&a))?.object.value;
+            let vb = db.get(key.as_bytes(), &At::parse(&b))?.object.value;
             // A page at a time: memory stays bounded however large the diff.
             let mut after = None;
             loop {
@@ -1625,13 +1625,11 @@ fn verify_version(
     let (stdout, out) = (out, &mut Vec::new());
     let db = bucket.db();
     let kb = key.as_bytes();
-    let uid = match uid {
-        Some(u) => u,
-        None => db.resolve(
-            kb,
-            &At::Branch(branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string())),
-        )?,
+    let at = match uid {
+        Some(u) => At::Uid(u),
+        None => At::Branch(branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string())),
     };
+    let uid = db.resolve(kb, &at)?;
     let vp = bucket.prove(kb, &uid)?;
     let meta = bucket
         .metadata()
@@ -1640,7 +1638,7 @@ fn verify_version(
     print_version_proof(&vp, meta, kb, &uid, out)?;
     // The version itself: its FObject hashes to the uid, its value tree re-hashes, and the
     // record names the bases the FObject has.
-    let o = db.load_for_key(kb, &uid)?;
+    let o = db.get(kb, &at)?.object;
     let m = cairn_capsule::Mutation::decode(&vp.record.body)?;
     if o.bases != m.bases {
         bail!(Error::Rejected(format!(

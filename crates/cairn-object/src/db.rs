@@ -722,7 +722,12 @@ impl Db {
     /// M1 / M2: the version at a branch head or uid.
     pub fn get(&self, key: &[u8], at: &At) -> Result<Version> {
         let uid = self.resolve(key, at)?;
-        let object = self.load_for_key(key, &uid)?;
+        // A branch head names its version through a head ref: another key's version there
+        // is damage, not "not found" (a Gaia revocation read as absent would fail open).
+        let object = match at {
+            At::Uid(_) => self.load_for_key(key, &uid)?,
+            At::Branch(_) => self.load_reached(key, &uid)?,
+        };
         Ok(Version { uid, object })
     }
 
@@ -1050,6 +1055,7 @@ impl Db {
         // a head's kind and name.
         let mut name = self.key_prefix(key);
         let plen = name.len();
+        let mut head_is_base = false;
         let base = match target {
             Target::Branch(b) => {
                 name.push(b't');
@@ -1087,7 +1093,10 @@ impl Db {
                         }
                         None
                     }
-                    (Some(h), _) => Some(h),
+                    (Some(h), _) => {
+                        head_is_base = true;
+                        Some(h)
+                    }
                 }
             }
             Target::Base(u) => {
@@ -1107,7 +1116,13 @@ impl Db {
             Some(b) => match cached {
                 Some(info) if !needs_base_value => (Some(info), None),
                 _ => {
-                    let o = self.load_for_key(key, &b)?;
+                    // The branch's head is reached through its head ref; a base the caller
+                    // named (`Target::Base`, `branch_from`) is looked up by uid.
+                    let o = if head_is_base {
+                        self.load_reached(key, &b)?
+                    } else {
+                        self.load_for_key(key, &b)?
+                    };
                     let info = BaseInfo {
                         key_id,
                         depth: o.depth,

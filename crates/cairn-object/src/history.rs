@@ -118,8 +118,9 @@ impl Db {
             if dist > max {
                 break;
             }
-            // The start is the version asked for; the rest are reached through bases.
-            let object = if dist == 0 {
+            // The start is the version asked for by uid, or a branch head (reached through
+            // its head ref); the rest are reached through bases.
+            let object = if dist == 0 && matches!(from, At::Uid(_)) {
                 self.load_for_key(key, &uid)?
             } else {
                 self.load_reached(key, &uid)?

@@ -566,6 +566,12 @@ impl Db {
             ));
         }
         let theirs = self.resolve(key, from)?;
+        // Heads reached through head refs: another key's version there is damage (the
+        // merge's walk would take it for a version that is not there).
+        self.load_reached(key, &ours)?;
+        if let crate::db::At::Branch(_) = from {
+            self.load_reached(key, &theirs)?;
+        }
         let outcome = self.merge_pair(key, ours, theirs, resolver, opts)?;
         match &outcome {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
@@ -652,6 +658,10 @@ impl Db {
                 inputs.len()
             )));
         }
+        // Untagged heads, reached through head refs: another key's version there is damage.
+        for u in &inputs {
+            self.load_reached(key, u)?;
+        }
         let mut acc = inputs[0];
         let mut merges = 0;
         for next in &inputs[1..] {
@@ -671,7 +681,7 @@ impl Db {
             let merged = self.load(&acc)?;
             let mut depth = 0u64;
             for u in &inputs {
-                depth = depth.max(self.load_for_key(key, u)?.depth);
+                depth = depth.max(self.load_reached(key, u)?.depth);
             }
             acc = self.store_object(&FObject {
                 key: merged.key,

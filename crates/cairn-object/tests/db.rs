@@ -2280,8 +2280,39 @@ fn another_keys_version_is_not_found_when_named_and_damage_when_reached() {
     .unwrap();
     let head = db.resolve(b"k", &At::Branch("evil".into())).unwrap();
     assert_eq!(head, other);
-    let e = db.load_reached(b"k", &head).unwrap_err();
-    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let evil = At::Branch("evil".into());
+    for e in [
+        db.load_reached(b"k", &head).unwrap_err(),
+        // Reading the branch (a Gaia revocation read as absent would fail open), its log,
+        // a put on it, and merges with it.
+        db.get(b"k", &evil).unwrap_err(),
+        db.track(b"k", &evil, 0, 3).unwrap_err(),
+        db.put(
+            b"k",
+            Target::Branch("evil"),
+            NewValue::String("x".into()),
+            &PutOptions::default(),
+        )
+        .unwrap_err(),
+        db.merge_into(
+            b"k",
+            "master",
+            &evil,
+            &BuiltinResolver::Ours,
+            &PutOptions::default(),
+        )
+        .unwrap_err(),
+        db.merge_into(
+            b"k",
+            "evil",
+            &master(),
+            &BuiltinResolver::Ours,
+            &PutOptions::default(),
+        )
+        .unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    }
     let e = db.all_versions(b"k").unwrap_err();
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
     let v = db.verify(Some(&b"k"[..]), &mut |_, _| {}).unwrap();

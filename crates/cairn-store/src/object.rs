@@ -732,7 +732,7 @@ impl LocalSync {
             .fs
             .path_to_filesystem(path)
             .map_err(|e| os_err(&format!("locating chunk {path}"), e))?;
-        tokio::task::spawn_blocking(move || {
+        let synced = tokio::task::spawn_blocking(move || {
             std::fs::File::open(&file)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| Error::io(format!("syncing chunk file {}", file.display()), e))?;
@@ -742,7 +742,23 @@ impl LocalSync {
             }
         })
         .await
-        .map_err(|e| Error::Unavailable(format!("syncing chunk {path}: {e}")))?
+        .map_err(|e| Error::Unavailable(format!("syncing chunk {path}: {e}")))?;
+        // On the request path: the file system's text (paths, the OS error) goes to the
+        // log, as for the object store's own errors (see `os_err`).
+        synced.map_err(|e| {
+            tracing::warn!(target: "cairn_store::object", "syncing chunk {path}: {e}");
+            match e {
+                Error::Io { source, .. } if cairn_core::error::out_of_space(source.kind()) => {
+                    Error::io(
+                        format!("syncing chunk {path}"),
+                        std::io::Error::new(source.kind(), "the storage is full"),
+                    )
+                }
+                _ => Error::Unavailable(format!(
+                    "syncing chunk {path}: the file system failed (details in the node's log)"
+                )),
+            }
+        })
     }
 }
 

@@ -844,11 +844,19 @@ pub async fn patch(
             ))
             .into());
         }
-        let ty = b
-            .db()
-            .get(k.as_bytes(), &At::Branch(br.clone()))?
-            .object
-            .value_type();
+        let ty = match b.db().get(k.as_bytes(), &At::Branch(br.clone())) {
+            Ok(v) => v.object.value_type(),
+            // Removed since the check above: the guard fails as it would have.
+            Err(Error::NotFound(_))
+                if guard.is_some() && b.db().branch_head(k.as_bytes(), &br)?.is_none() =>
+            {
+                return Err(Error::GuardMismatch(format!(
+                    "branch {br:?} of key {k:?} is at nothing"
+                ))
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let op = patch_op(ty, p)?;
         let opts = PutOptions {
             guard,
