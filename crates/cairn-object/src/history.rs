@@ -237,9 +237,18 @@ fn load_version_as(
     uid: &Uid,
     reached: bool,
 ) -> Result<(Bytes, FObject)> {
-    let chunk = chunks
-        .get(uid)?
-        .ok_or_else(|| Error::not_found(format!("version {uid}")))?;
+    let chunk = chunks.get(uid)?.ok_or_else(|| {
+        if reached {
+            // A head ref or a base naming a version the store does not hold: damage (a
+            // missing Gaia revocation read as "none" would fail open).
+            Error::corrupt(format!(
+                "version {uid}, reached as a version of key {}, is missing",
+                crate::fobject::show_key(key)
+            ))
+        } else {
+            Error::not_found(format!("version {uid}"))
+        }
+    })?;
     let o = FObject::from_chunk(&chunk)
         .map_err(|e| Error::corrupt(format!("version {uid} does not decode: {e}")))?;
     if o.key != key {

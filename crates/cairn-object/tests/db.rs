@@ -2315,6 +2315,21 @@ fn another_keys_version_is_not_found_when_named_and_damage_when_reached() {
     }
     let e = db.all_versions(b"k").unwrap_err();
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    // A head ref naming a version the store does not hold is damage too (by uid, such a
+    // version is simply not found).
+    let made_up: cairn_object::Uid = format!("1e20{}", "07".repeat(32)).parse().unwrap();
+    cairn_store::RefStore::commit(
+        &*store,
+        &[cairn_store::RefUpdate::Set {
+            name: b"bucket/default/k\0\x01tgone".to_vec(),
+            value: made_up.to_bytes().to_vec(),
+        }],
+    )
+    .unwrap();
+    let e = db.get(b"k", &At::Branch("gone".into())).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let e = db.get(b"k", &At::Uid(made_up)).unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)), "{e}");
     let v = db.verify(Some(&b"k"[..]), &mut |_, _| {}).unwrap();
     assert!(
         v.damage
