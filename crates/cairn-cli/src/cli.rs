@@ -719,8 +719,9 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Lca { key, a, b } => {
-            let ua = db.resolve(key.as_bytes(), &At::parse(&a))?;
-            let ub = db.resolve(key.as_bytes(), &At::parse(&b))?;
+            // Through `get`: a branch head naming no version of the key is damage.
+            let ua = db.get(key.as_bytes(), &At::parse(&a))?.uid;
+            let ub = db.get(key.as_bytes(), &At::parse(&b))?.uid;
             match db.lca(key.as_bytes(), &ua, &ub)? {
                 Some(u) => writeln!(out, "{u}")?,
                 None => bail!(Error::not_found(
@@ -1629,7 +1630,9 @@ fn verify_version(
         Some(u) => At::Uid(u),
         None => At::Branch(branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string())),
     };
-    let uid = db.resolve(kb, &at)?;
+    // Read first: a branch head naming no version of the key is damage.
+    let v = db.get(kb, &at)?;
+    let (uid, o) = (v.uid, v.object);
     let vp = bucket.prove(kb, &uid)?;
     let meta = bucket
         .metadata()
@@ -1638,7 +1641,6 @@ fn verify_version(
     print_version_proof(&vp, meta, kb, &uid, out)?;
     // The version itself: its FObject hashes to the uid, its value tree re-hashes, and the
     // record names the bases the FObject has.
-    let o = db.get(kb, &at)?.object;
     let m = cairn_capsule::Mutation::decode(&vp.record.body)?;
     if o.bases != m.bases {
         bail!(Error::Rejected(format!(

@@ -204,7 +204,8 @@ impl ObjectChunkStore {
             // The marker is durable whatever the durability of chunk writes: without it
             // every later start is refused.
             let owner = self.owner.clone();
-            self.run(async move { local.settle(&owner).await })?;
+            // At startup: the file system's own text goes to the operator.
+            self.run(async move { local.settle_raw(&owner).await })?;
         }
         self.claimed.store(true, Ordering::SeqCst);
         *self.marker_seen.lock() = Some(std::time::Instant::now());
@@ -725,14 +726,33 @@ impl LocalSync {
         Ok(())
     }
 
+    /// [`LocalSync::settle_raw`] on the request path: the file system's text (paths, the
+    /// OS error) goes to the log, as for the object store's own errors (see `os_err`); the
+    /// error's kind stays (a full disk is still 507).
+    async fn settle(&self, path: &ObjectPath) -> Result<()> {
+        self.settle_raw(path).await.map_err(|e| {
+            tracing::warn!(target: "cairn_store::object", "syncing chunk {path}: {e}");
+            match e {
+                Error::Io { source, .. } => Error::io(
+                    format!("syncing chunk {path}"),
+                    std::io::Error::new(
+                        source.kind(),
+                        "the file system failed (details in the node's log)",
+                    ),
+                ),
+                other => other,
+            }
+        })
+    }
+
     /// Syncs the chunk's file and its directory (the fan-out directories above it were
     /// made durable when the store opened: [`ObjectStoreConfig::open`]).
-    async fn settle(&self, path: &ObjectPath) -> Result<()> {
+    async fn settle_raw(&self, path: &ObjectPath) -> Result<()> {
         let file = self
             .fs
             .path_to_filesystem(path)
             .map_err(|e| os_err(&format!("locating chunk {path}"), e))?;
-        let synced = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             std::fs::File::open(&file)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| Error::io(format!("syncing chunk file {}", file.display()), e))?;
@@ -742,23 +762,7 @@ impl LocalSync {
             }
         })
         .await
-        .map_err(|e| Error::Unavailable(format!("syncing chunk {path}: {e}")))?;
-        // On the request path: the file system's text (paths, the OS error) goes to the
-        // log, as for the object store's own errors (see `os_err`).
-        synced.map_err(|e| {
-            tracing::warn!(target: "cairn_store::object", "syncing chunk {path}: {e}");
-            match e {
-                Error::Io { source, .. } if cairn_core::error::out_of_space(source.kind()) => {
-                    Error::io(
-                        format!("syncing chunk {path}"),
-                        std::io::Error::new(source.kind(), "the storage is full"),
-                    )
-                }
-                _ => Error::Unavailable(format!(
-                    "syncing chunk {path}: the file system failed (details in the node's log)"
-                )),
-            }
-        })
+        .map_err(|e| Error::Unavailable(format!("syncing chunk {path}: {e}")))?
     }
 }
 

@@ -386,8 +386,9 @@ pub async fn diff(
     if q.chunks {
         let (ua, ub, sent, used) = blocking(move || {
             let db = b.db();
-            let ua = db.resolve(key.as_bytes(), &At::parse(&q.a))?;
-            let ub = db.resolve(key.as_bytes(), &At::parse(&q.b))?;
+            // Through `get`: a branch head naming no version of the key is damage.
+            let ua = db.get(key.as_bytes(), &At::parse(&q.a))?.uid;
+            let ub = db.get(key.as_bytes(), &At::parse(&q.b))?.uid;
             let (sent, used) = cairn_object::evidence::diff_page_evidence(
                 db.chunks(),
                 key.as_bytes(),
@@ -763,7 +764,8 @@ pub async fn proof(
     let b = buckets::open(&node, &bucket).await?.bucket;
     let k = key.clone();
     let (vp, meta, uid, mutation, names) = blocking(move || {
-        let uid = b.db().resolve(k.as_bytes(), &at)?;
+        // Through `get`: a branch head naming no version of the key is damage.
+        let uid = b.db().get(k.as_bytes(), &at)?.uid;
         let vp = b.prove(k.as_bytes(), &uid)?;
         let meta = b
             .metadata()
