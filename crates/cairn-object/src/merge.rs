@@ -659,8 +659,10 @@ impl Db {
             )));
         }
         // Untagged heads, reached through head refs: another key's version there is damage.
+        // Their depth is kept for the merged version's.
+        let mut depth = 0u64;
         for u in &inputs {
-            self.load_reached(key, u)?;
+            depth = depth.max(self.load_reached(key, u)?.depth);
         }
         let mut acc = inputs[0];
         let mut merges = 0;
@@ -679,10 +681,6 @@ impl Db {
             // the merged value whose bases are all the heads merged, so every version in its
             // history is one a head change recorded.
             let merged = self.load(&acc)?;
-            let mut depth = 0u64;
-            for u in &inputs {
-                depth = depth.max(self.load_reached(key, u)?.depth);
-            }
             acc = self.store_object(&FObject {
                 key: merged.key,
                 value: merged.value,
