@@ -537,10 +537,18 @@ async fn scopes_restrict_writes_and_deletes() {
         .bucket(&cairn_node::gaia::bucket_name(&a).unwrap())
         .unwrap();
     let table = bucket.db().existing_table(b"arch/f").unwrap();
-    let (branch, _) = table
+    // The newest `.history.` branch is the deleted head (the store of "2" kept "1" on one
+    // too, as the hub's archival overwrite renames the old file).
+    let history: Vec<&String> = table
         .tagged
+        .keys()
+        .filter(|b| b.starts_with(".history."))
+        .collect();
+    assert_eq!(history.len(), 2, "{history:?}");
+    let branch = history
         .iter()
-        .find(|(b, _)| b.starts_with(".history."))
+        .max_by_key(|b| b.split('.').nth(2).and_then(|ms| ms.parse::<u64>().ok()))
+        .copied()
         .expect("a history branch");
     let kept = bucket
         .db()
@@ -564,6 +572,33 @@ async fn scopes_restrict_writes_and_deletes() {
     // A plain delete removes the head.
     assert_eq!(hub.delete(&full, &a, "arch/f").await.0, 202);
     assert_eq!(hub.read(&a, "arch/f").await.0, 404);
+    // What archival stores replaced outlives a plain delete, as the hub's `.history.`
+    // copies outlive a delete of the file: it stays on a branch of its own (before, it
+    // stayed only in the file's history, which the delete left to GC).
+    assert_eq!(hub.store(&arch, &a, "arch/g", b"first", &[]).await.0, 202);
+    assert_eq!(hub.store(&arch, &a, "arch/g", b"second", &[]).await.0, 202);
+    assert_eq!(hub.delete(&full, &a, "arch/g").await.0, 202);
+    assert_eq!(hub.read(&a, "arch/g").await.0, 404);
+    let table = bucket.db().existing_table(b"arch/g").unwrap();
+    let kept: Vec<Vec<u8>> = table
+        .tagged
+        .iter()
+        .filter(|(b, _)| b.starts_with(".history."))
+        .map(|(b, _)| {
+            let v = bucket
+                .db()
+                .get(b"arch/g", &cairn_object::At::Branch(b.clone()))
+                .unwrap();
+            let t = v.object.value.tree().unwrap();
+            cairn_object::postree::blob_read(bucket.db().chunks(), t, 0, t.count).unwrap()
+        })
+        .collect();
+    assert_eq!(kept, vec![b"first".to_vec()]);
+    // A store with a plain scope keeps nothing aside (the hub overwrites in place).
+    assert_eq!(hub.store(&full, &a, "plain", b"1", &[]).await.0, 202);
+    assert_eq!(hub.store(&full, &a, "plain", b"2", &[]).await.0, 202);
+    let table = bucket.db().existing_table(b"plain").unwrap();
+    assert_eq!(table.tagged.len(), 1, "{table:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -990,6 +990,8 @@ fn store_blocking<R: Read>(
     // Held from the last revocation check through the commit (see Hub::revocation_locks).
     let mut revocation_held = None;
     let mut refused = None;
+    // The head this store replaces, as read under this writer's turn at the commit.
+    let mut replaced: Option<Uid> = None;
     let lock = hub.revocation_lock(address);
     let result = bucket.put_blob_stream_then(
         &key,
@@ -1006,6 +1008,7 @@ fn store_blocking<R: Read>(
                 v.check_expiry(now_secs())?;
                 let current = head(&bucket, &key)?;
                 cond.check(current)?;
+                replaced = current;
                 Ok(PutOptions {
                     guard,
                     context: context.clone(),
@@ -1027,6 +1030,28 @@ fn store_blocking<R: Read>(
     drop(revocation_held);
     if let Some(e) = refused {
         upload.failed.get_or_insert(e);
+    }
+    // An archival scope keeps what a store replaces, as the hub's rename of the old file to
+    // a `.history.` name does: a branch of its own at the replaced head, made under this
+    // writer's turn right after the commit. Without it the replaced versions stayed only in
+    // the file's history, and a later plain delete (which drops the file's head) left them
+    // to GC. Should it fail, the store stands (it is committed) and the replaced version
+    // is still in the new one's history.
+    if let (Ok(_), None, Some(old)) = (&result, &upload.failed, replaced)
+        && v.scopes.archival_restricted()
+    {
+        let hex = old.to_string();
+        let branch = format!(
+            ".history.{}.{}",
+            now_millis(),
+            &hex[hex.len().saturating_sub(12)..]
+        );
+        match bucket.fork(&key, &At::Uid(old), &branch) {
+            Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {}
+            Err(e) => {
+                tracing::warn!("keeping the replaced version {old} of {path:?} on {branch}: {e}")
+            }
+        }
     }
     drop(upload.turn.take());
     drop(ticket);
@@ -1315,7 +1340,9 @@ fn list_blocking(
         }
         return Ok(empty(stat));
     };
-    v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
+    // The stored time, not only the cache (a cache entry written back stale after a
+    // `revoke-all` let a revoked token list the files).
+    v.check_revocation(hub.current_revocation(address, &bucket)?)?;
     let mut after = page.as_deref().map(parse_cursor).transpose()?;
     // Keys come in byte order (the native API's `/keys?after=` relies on it too), so the
     // page starts just after the cursor's name: deletes and inserts between pages neither
