@@ -1410,7 +1410,7 @@ impl Client {
             for p in positions {
                 let floor = last.as_ref().or(after.as_ref());
                 if let Some(f) = floor
-                    && !head_pos_before(f, &p)
+                    && *f >= p
                 {
                     return Err(lied(format!("lists {p} after {f}: out of order or again")));
                 }
@@ -2337,18 +2337,6 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
         },
     };
     e.into()
-}
-
-/// True when `a` comes before `b` in a listing of heads (tagged by name, then untagged
-/// by uid).
-fn head_pos_before(a: &cairn_object::HeadPos, b: &cairn_object::HeadPos) -> bool {
-    use cairn_object::HeadPos::{Tagged, Untagged};
-    match (a, b) {
-        (Tagged(x), Tagged(y)) => x.as_bytes() < y.as_bytes(),
-        (Tagged(_), Untagged(_)) => true,
-        (Untagged(_), Tagged(_)) => false,
-        (Untagged(x), Untagged(y)) => x.to_bytes() < y.to_bytes(),
-    }
 }
 
 #[cfg(test)]

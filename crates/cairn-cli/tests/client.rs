@@ -695,30 +695,42 @@ fn an_upload_the_node_refuses_ends_with_its_reason() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if Instant::now() > deadline {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                panic!("the refused upload did not end within 60 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let status = wait_within(&mut child, 60)
+            .unwrap_or_else(|| panic!("the refused upload did not end within 60 s"));
+        let err = stderr_of(&mut child);
         // The node reads and drops what the client still sends, so the 413 reaches it.
         assert_eq!(status.code(), Some(8), "{err}");
         assert!(err.contains("larger than this node accepts"), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+}
+
+/// Waits up to `secs` seconds for `child` to exit; kills it (and returns `None`) past that.
+fn wait_within(child: &mut std::process::Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// All `child` wrote to its piped stderr.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    err
 }
 
 /// A put from a named pipe reads it once: the check that the input is there must not open
@@ -754,32 +766,17 @@ fn put_from_a_named_pipe_opens_it_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            // Unblock the writer, if it still waits for a reader (without waiting here
-            // for a writer, if it does not).
-            use std::os::unix::fs::OpenOptionsExt;
-            let _ = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&fifo);
-            panic!("put from a named pipe hung");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let Some(status) = wait_within(&mut child, 30) else {
+        // Unblock the writer, if it still waits for a reader (without waiting here for a
+        // writer, if it does not).
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo);
+        panic!("put from a named pipe hung");
     };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = stderr_of(&mut child);
     assert!(status.success(), "{err}");
     assert!(writer.join().unwrap(), "the writer lost its reader");
     let back = u.run(Some(&s.base), &["get", "k"]);

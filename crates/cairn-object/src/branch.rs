@@ -116,8 +116,10 @@ impl BranchTable {
 
 /// A place in the list of a key's heads, as [`crate::Db::heads_page`] walks it: tagged
 /// branches by name, then untagged heads by uid. Its text form (`tagged:NAME` or
-/// `untagged:UID`) is how a paged listing says where to go on.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `untagged:UID`) is how a paged listing says where to go on. Ordered as the listing
+/// goes (and as the store sorts the head refs): tagged before untagged, names and uids by
+/// their bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HeadPos {
     /// Tagged branch `NAME`.
     Tagged(String),

@@ -555,25 +555,14 @@ impl Db {
         let mut t = BranchTable::default();
         let mut damage = Vec::new();
         for (name, value) in self.store.list_refs(&prefix)? {
-            let shown = || String::from_utf8_lossy(&name[prefix.len()..]).into_owned();
-            let uid = match Uid::from_bytes(&value) {
-                Ok(u) => u,
-                Err(e) => {
-                    damage.push(format!("head ref {:?}: {e}", shown()));
-                    continue;
+            match parse_head_ref(&name[prefix.len()..], &value) {
+                Ok((HeadPos::Tagged(branch), uid)) => {
+                    t.tagged.insert(branch, uid);
                 }
-            };
-            match name[prefix.len()..].split_first() {
-                Some((b't', branch)) => match std::str::from_utf8(branch) {
-                    Ok(branch) => {
-                        t.tagged.insert(branch.to_string(), uid);
-                    }
-                    Err(_) => damage.push("a branch name is not UTF-8".into()),
-                },
-                Some((b'u', u)) if u == uid.to_bytes() => {
+                Ok((HeadPos::Untagged(uid), _)) => {
                     t.untagged.insert(uid);
                 }
-                _ => damage.push(format!("head ref {:?} has an unknown form", shown())),
+                Err(why) => damage.push(why),
             }
         }
         Ok((t, damage))
@@ -647,28 +636,18 @@ impl Db {
         let mut t = BranchTable::default();
         let mut last = None;
         for (name, value) in refs.into_iter().take(limit) {
-            let rest = &name[prefix.len()..];
-            let damaged = |why: String| {
-                Error::corrupt(format!(
-                    "head ref {:?} of key {} is damaged: {why}",
-                    String::from_utf8_lossy(rest),
-                    show_key(key)
-                ))
-            };
-            let uid = Uid::from_bytes(&value).map_err(|e| damaged(e.to_string()))?;
-            match rest.split_first() {
-                Some((b't', branch)) => {
-                    let branch = std::str::from_utf8(branch)
-                        .map_err(|_| damaged("the branch name is not UTF-8".into()))?;
-                    t.tagged.insert(branch.to_string(), uid);
-                    last = Some(HeadPos::Tagged(branch.to_string()));
+            let (pos, uid) = parse_head_ref(&name[prefix.len()..], &value).map_err(|why| {
+                Error::corrupt(format!("a head of key {} is damaged: {why}", show_key(key)))
+            })?;
+            match &pos {
+                HeadPos::Tagged(branch) => {
+                    t.tagged.insert(branch.clone(), uid);
                 }
-                Some((b'u', u)) if u == uid.to_bytes() => {
+                HeadPos::Untagged(_) => {
                     t.untagged.insert(uid);
-                    last = Some(HeadPos::Untagged(uid));
                 }
-                _ => return Err(damaged("it has an unknown form".into())),
             }
+            last = Some(pos);
         }
         Ok((t, if more { last } else { None }))
     }
@@ -1366,6 +1345,21 @@ impl Db {
         })?;
         self.commit_table(key, &t)?;
         Ok(uid)
+    }
+}
+
+/// One head ref of a key, from its name after the key's prefix (`t<branch>` or `u<uid>`)
+/// and its value (the head's uid); what is wrong with it otherwise.
+fn parse_head_ref(rest: &[u8], value: &[u8]) -> std::result::Result<(HeadPos, Uid), String> {
+    let shown = || String::from_utf8_lossy(rest).into_owned();
+    let uid = Uid::from_bytes(value).map_err(|e| format!("head ref {:?}: {e}", shown()))?;
+    match rest.split_first() {
+        Some((b't', branch)) => match std::str::from_utf8(branch) {
+            Ok(branch) => Ok((HeadPos::Tagged(branch.to_string()), uid)),
+            Err(_) => Err("a branch name is not UTF-8".into()),
+        },
+        Some((b'u', u)) if u == uid.to_bytes() => Ok((HeadPos::Untagged(uid), uid)),
+        _ => Err(format!("head ref {:?} has an unknown form", shown())),
     }
 }
 

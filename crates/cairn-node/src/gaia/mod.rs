@@ -888,6 +888,17 @@ async fn store(
     }
 }
 
+/// The name of a `.history.` branch keeping version `uid` of a file (as the hub's
+/// `.history.<time>.<id>.` copies): `.history.<ms>.<last 12 hex digits of the uid>`.
+fn history_branch(uid: &Uid) -> String {
+    let hex = uid.to_string();
+    format!(
+        ".history.{}.{}",
+        now_millis(),
+        &hex[hex.len().saturating_sub(12)..]
+    )
+}
+
 /// The head of the newest `.history.` branch of `key` (left by a delete under an archival
 /// scope), if the key has one.
 fn archived_head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
@@ -1040,12 +1051,7 @@ fn store_blocking<R: Read>(
     if let (Ok(_), None, Some(old)) = (&result, &upload.failed, replaced)
         && v.scopes.archival_restricted()
     {
-        let hex = old.to_string();
-        let branch = format!(
-            ".history.{}.{}",
-            now_millis(),
-            &hex[hex.len().saturating_sub(12)..]
-        );
+        let branch = history_branch(&old);
         match bucket.fork(&key, &At::Uid(old), &branch) {
             Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {}
             Err(e) => {
@@ -1126,12 +1132,7 @@ fn remove_blocking(
         // As the hub renames the file to a `.history.` name, the file's head moves to a
         // branch of its own: the file is gone from reads and listings, and its versions
         // stay (a plain delete drops the head, leaving them to GC).
-        let hex = uid.to_string();
-        let branch = format!(
-            ".history.{}.{}",
-            now_millis(),
-            &hex[hex.len().saturating_sub(12)..]
-        );
+        let branch = history_branch(&uid);
         return match bucket.rename(key, DEFAULT_BRANCH, &branch) {
             Ok(_) => Ok(()),
             Err(cairn_core::Error::NotFound(_)) => Err(missing()),
