@@ -1302,3 +1302,47 @@ async fn reads_serve_ranges_and_not_modified() {
         assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
     }
 }
+
+/// A file whose head ref names another file's version is damage to a read (which answers
+/// any failure as the hub's reader does: 400) and to a listing with `stat` (500), not that
+/// other file's content or size under this name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_naming_another_files_version_is_damage() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(31);
+    let (a, auth) = (k.address(), k.bearer());
+    let (st, _) = hub.store(&auth, &a, "a", b"the other file", &[]).await;
+    assert_eq!(st, 202);
+    let (st, _) = hub.store(&auth, &a, "b", b"bb", &[]).await;
+    assert_eq!(st, 202);
+    let node = hub.node.clone();
+    let name = bucket_name(&a).unwrap();
+    tokio::task::spawn_blocking(move || {
+        let bucket = node.bucket(&name).unwrap();
+        let db = bucket.db();
+        let of_a = db.branch_head(b"a", "master").unwrap().unwrap();
+        let of_b = db.branch_head(b"b", "master").unwrap().unwrap();
+        let (ref_b, _) = db
+            .store()
+            .list_refs(b"bucket/")
+            .unwrap()
+            .into_iter()
+            .find(|(_, v)| v[..] == of_b.to_bytes()[..])
+            .unwrap();
+        db.store()
+            .commit(&[cairn_store::RefUpdate::Set {
+                name: ref_b.to_vec(),
+                value: of_a.to_bytes().to_vec(),
+            }])
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let (st, _, _, body) = hub.read(&a, "b").await;
+    assert_eq!((st, &body[..]), (400, &b"Could not return file"[..]));
+    let (st, v) = hub.list(&auth, &a, json!({ "stat": true })).await;
+    assert_eq!(st, 500, "{v}");
+    // Without stat only names are listed: no version is read.
+    let (st, v) = hub.list(&auth, &a, json!({})).await;
+    assert_eq!((st, &v["entries"]), (202, &json!(["a", "b"])));
+}

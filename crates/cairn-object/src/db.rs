@@ -263,6 +263,10 @@ struct Shared {
     gc_lock: RwLock<()>,
 }
 
+/// Times [`Db::branch_version`] reads a branch whose version went missing because the branch moved
+/// and a GC collected the old version in between (each a race with a writer and a GC).
+const GET_RETRIES: u32 = 4;
+
 impl Db {
     /// A Db over `store` with the default POS-tree configuration and the default bucket.
     ///
@@ -700,14 +704,50 @@ impl Db {
 
     /// M1 / M2: the version at a branch head or uid.
     pub fn get(&self, key: &[u8], at: &At) -> Result<Version> {
-        let uid = self.resolve(key, at)?;
-        // A branch head names its version through a head ref: another key's version there
-        // is damage, not "not found" (a Gaia revocation read as absent would fail open).
-        let object = match at {
-            At::Uid(_) => self.load_for_key(key, &uid)?,
-            At::Branch(_) => self.load_reached(key, &uid)?,
+        match at {
+            At::Uid(_) => {
+                let uid = self.resolve(key, at)?;
+                let object = self.load_for_key(key, &uid)?;
+                Ok(Version { uid, object })
+            }
+            At::Branch(b) => match self.branch_version(key, b)? {
+                Some(v) => Ok(v),
+                // Says why (no such key, or which branches it has), unless the branch was
+                // made again since: it was not there when read.
+                None => Err(self.resolve(key, at).err().unwrap_or_else(|| {
+                    Error::not_found(format!("branch {b:?} of key {}", show_key(key)))
+                })),
+            },
+        }
+    }
+
+    /// The version at the head of tagged branch `branch` of `key`, if it has one (one ref
+    /// read, as [`Db::branch_head`]). The head names its version through a head ref:
+    /// another key's version there, or one the store does not hold, is damage
+    /// ([`Error::Corrupt`]), not "not found" (a Gaia revocation read as absent would fail
+    /// open). Unless the ref moved meanwhile: a put or a remove, then a GC collecting the
+    /// version read a moment ago, between the ref read and the load. Then the branch is
+    /// read again (a few times at most).
+    pub fn branch_version(&self, key: &[u8], branch: &str) -> Result<Option<Version>> {
+        let Some(mut uid) = self.branch_head(key, branch)? else {
+            return Ok(None);
         };
-        Ok(Version { uid, object })
+        let mut tries = 0;
+        loop {
+            let err = match self.load_reached(key, &uid) {
+                Ok(object) => return Ok(Some(Version { uid, object })),
+                Err(e) => e,
+            };
+            tries += 1;
+            if !matches!(err, Error::Corrupt(_)) || tries >= GET_RETRIES {
+                return Err(err);
+            }
+            match self.branch_head(key, branch)? {
+                Some(now) if now != uid => uid = now,
+                Some(_) => return Err(err),
+                None => return Ok(None),
+            }
+        }
     }
 
     /// M8: every key with at least one head, sorted.

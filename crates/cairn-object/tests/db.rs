@@ -2383,3 +2383,121 @@ fn verify_reports_a_base_at_the_greatest_depth() {
     // The key's good head is still walked and found intact.
     assert!(v.versions >= 3, "{v:?}");
 }
+
+/// A store that acts out a put or remove and a GC landing between a branch read's ref
+/// lookup and its version load: the first `get` of the chosen version runs the chosen ref
+/// updates, deletes the version's chunk and answers that it is not there.
+struct GcBetween {
+    inner: MemoryStore,
+    race: std::sync::Mutex<Option<(cairn_store::Hash, Vec<cairn_store::RefUpdate>)>>,
+}
+
+impl ChunkStore for GcBetween {
+    fn algo(&self) -> cairn_store::HashAlgo {
+        self.inner.algo()
+    }
+    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
+        self.inner.put_hashed(c, b)
+    }
+    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
+        let mut race = self.race.lock().unwrap();
+        if race.as_ref().is_some_and(|(v, _)| v == c)
+            && let Some((v, updates)) = race.take()
+        {
+            use cairn_store::RefStore;
+            self.inner.commit(&updates)?;
+            self.inner.remove(&[v])?;
+            return Ok(None);
+        }
+        drop(race);
+        self.inner.get(c)
+    }
+    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
+        self.inner.has(c)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
+        self.inner.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
+        self.inner.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.inner.stats()
+    }
+}
+
+impl cairn_store::RefStore for GcBetween {
+    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.inner.get_ref(n)
+    }
+    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.inner.list_refs(p)
+    }
+    fn list_refs_from(
+        &self,
+        p: &[u8],
+        f: &[u8],
+        l: usize,
+    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.inner.list_refs_from(p, f, l)
+    }
+    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        self.inner.commit(u)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.inner.durability()
+    }
+}
+
+/// A branch read that loses its version to a GC after the branch moved or went away
+/// meanwhile reads the branch again: the new head, or "not found" once it is removed; a
+/// head whose version is missing with no move in between is still damage.
+#[test]
+fn a_branch_read_racing_a_move_and_a_gc_reads_the_branch_again() {
+    use cairn_store::{RefStore, RefUpdate};
+    let store = Arc::new(GcBetween {
+        inner: MemoryStore::new(),
+        race: std::sync::Mutex::new(None),
+    });
+    let db = Db::new(store.clone());
+    let o = PutOptions::default();
+    let put = |b: &str, s: &str| {
+        db.put(b"k", Target::Branch(b), NewValue::String(s.into()), &o)
+            .unwrap()
+    };
+    let old = put("master", "old");
+    db.fork(b"k", &At::Branch("master".into()), "keep").unwrap();
+    db.fork(b"k", &At::Branch("master".into()), "side").unwrap();
+    put("keep", "kept");
+    // The ref of branch master (side, forked from it, holds the same uid until its put).
+    let name = store
+        .list_refs(b"bucket/")
+        .unwrap()
+        .into_iter()
+        .find(|(n, v)| n.ends_with(b"master") && v[..] == old.to_bytes()[..])
+        .map(|(n, _)| n.to_vec())
+        .unwrap();
+
+    // Moved to a new version, the old one collected.
+    let newer = put("side", "new");
+    *store.race.lock().unwrap() = Some((
+        old,
+        vec![RefUpdate::Set {
+            name: name.clone(),
+            value: newer.to_bytes().to_vec(),
+        }],
+    ));
+    let v = db.get(b"k", &At::Branch("master".into())).unwrap();
+    assert_eq!(v.uid, newer, "the branch's new head");
+
+    // Removed, its version collected: not found, not damage.
+    *store.race.lock().unwrap() = Some((newer, vec![RefUpdate::Delete { name: name.clone() }]));
+    let e = db.get(b"k", &At::Branch("master".into())).unwrap_err();
+    assert!(matches!(e, Error::NotFound(_)), "{e}");
+
+    // A head whose version is missing with nothing moving: damage.
+    let kept = db.get(b"k", &At::Branch("keep".into())).unwrap().uid;
+    *store.race.lock().unwrap() = Some((kept, Vec::new()));
+    let e = db.get(b"k", &At::Branch("keep".into())).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+}

@@ -1395,10 +1395,14 @@ fn list_blocking(
     let mut listing = if stat {
         let mut out = Vec::new();
         for name in slice {
-            let Some(uid) = head(&bucket, name.as_bytes())? else {
+            // Checked as a read checks it (the version is this file's; a head moved and
+            // collected meanwhile is read again).
+            let Some(cairn_object::Version { uid, object: o }) = bucket
+                .db()
+                .branch_version(name.as_bytes(), DEFAULT_BRANCH)?
+            else {
                 continue;
             };
-            let o = bucket.db().load(&uid)?;
             let meta = FileMeta::of(&o.context);
             out.push(Some(StatEntry {
                 exists: true,
@@ -1676,10 +1680,12 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
     let Some(bucket) = hub.existing_bucket(address)? else {
         return Ok(None);
     };
-    let Some(uid) = head(&bucket, path.as_bytes())? else {
+    let Some(cairn_object::Version { uid, object: o }) = bucket
+        .db()
+        .branch_version(path.as_bytes(), DEFAULT_BRANCH)?
+    else {
         return Ok(None);
     };
-    let o = bucket.db().load_reached(path.as_bytes(), &uid)?;
     let meta = FileMeta::of(&o.context);
     let (len, body) = match o.value {
         Value::Tree(t) if o.value.value_type() == ValueType::Blob => {
