@@ -6,7 +6,7 @@
 //! sign some record names, and every other record is proven by a hash chain to a signed one
 //! ([`RecordProof`]). This crate owns:
 //!
-//! - [`metadata`], [`record`]: encodings, names, body sealing (XChaCha20-Poly1305);
+//! - [`metadata`], [`record`]: encodings, names, body sealing (AES-256-GCM-SIV by default, or XChaCha20-Poly1305);
 //! - [`dag`]: one replica's DAG with eager witnesses (shortest proofs), heads and roots;
 //! - [`proof`]: hash-chain and subrecord proofs and their verifiers;
 //! - [`cache`]: the reader's verification cache and the server's exact mirror of it;
@@ -18,6 +18,8 @@
 //!   dispatcher and the TCP glue over `cairn-net`.
 //!
 //! Everything received is verified before it is stored or trusted; see each module.
+
+#![warn(missing_docs)]
 
 pub mod bucket;
 pub mod cache;

@@ -1,8 +1,11 @@
-//! The `cairn` command: a local, embedded Cairn store driven from the shell.
+//! The `cairn` command: Cairn driven from the shell.
 //!
-//! Every command opens the store at `--data` (default `./cairn-data`), does one thing and
-//! exits. Errors print one line on stderr and exit non-zero (see [`exit_code`]); results
-//! go to stdout, so `uid=$(cairn put k --value v)` works.
+//! Object commands work on the embedded store at `--data` (default `./cairn-data`), or on
+//! a node with `--server URL` (verifying what it answers); `serve` runs a node, `keygen`
+//! makes a writer key, `verify-proof` checks a saved proof offline, and `bench` runs the
+//! benchmarks. Each command does one thing and exits. Errors print one line on stderr and
+//! exit non-zero (see [`exit_code`]); results go to stdout, so `uid=$(cairn put k --value
+//! v)` works.
 
 mod bench;
 mod bench_capsule;

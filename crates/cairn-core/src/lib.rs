@@ -6,6 +6,8 @@
 //! the chain, the node) names data by [`Hash`] and serialises it with [`codec`], so a proof
 //! built by one layer can be checked by any other.
 
+#![warn(missing_docs)]
+
 pub mod codec;
 pub mod error;
 pub mod hash;

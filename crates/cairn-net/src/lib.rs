@@ -17,6 +17,8 @@
 //! A connection starts with a 5-byte preamble each way ([`rpc::PREAMBLE`]: `CRPC` and the
 //! protocol version), so a peer speaking anything else is refused at once.
 
+#![warn(missing_docs)]
+
 pub mod frame;
 pub mod rpc;
 

@@ -13,6 +13,8 @@
 //! timeout, transfers that move no byte are cut, and connections and streamed transfers
 //! are capped (see [`Config`]).
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod gaia;
 pub mod keys;

@@ -8,6 +8,8 @@
 //! ListTaggedBranches, ListUntaggedBranches, Fork, Rename, Remove, Track, LCA and Diff
 //! ([`history`]), plus verification ([`verify`]) and garbage collection ([`gc`]).
 
+#![warn(missing_docs)]
+
 pub mod branch;
 pub mod chunk;
 pub mod db;

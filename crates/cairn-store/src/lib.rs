@@ -9,9 +9,14 @@
 //!   point: when it returns, the batch *and every chunk put before it* survive a crash at
 //!   the store's [`Durability`] level.
 //!
-//! Backends: [`MemoryStore`] (tests, benchmarks of upper layers) and [`LogStore`], the
-//! embedded default: append-only segment files with an in-memory index (see `log.rs` and
-//! `docs/architecture.md` for the on-disk format and why).
+//! Backends: [`MemoryStore`] (tests, benchmarks of upper layers); [`DigestStore`], which
+//! keeps nothing and only names chunks (hashing a value's tree without storing it);
+//! [`LogStore`], the embedded default: append-only segment files with an in-memory index
+//! (see `log.rs` and `docs/architecture.md` for the on-disk format and why); and, behind
+//! the `object-store` feature, `object::ObjectChunkStore` (chunks in S3, Azure Blob, GCS
+//! or a directory) with `object::SplitStore` pairing it with a ref store.
+
+#![warn(missing_docs)]
 
 pub mod log;
 pub mod memory;
