@@ -1762,12 +1762,6 @@ impl Client {
         // for a version whose content fails.
         let mut lines = Vec::new();
         writeln!(lines, "bucket   {}  capsule {capsule}", self.bucket)?;
-        if pinned.is_none() {
-            eprintln!(
-                "note: capsule {capsule} is the name of the metadata the node sent; pin the one \
-                 you trust with --capsule"
-            );
-        }
         crate::cli::print_verified_proof(
             vp,
             meta,
@@ -1805,7 +1799,17 @@ impl Client {
                 p.display()
             );
         }
-        writeln!(out, "proof OK")?;
+        if pinned.is_some() {
+            writeln!(out, "proof OK")?;
+        } else {
+            // The verdict says what it rests on: a node can make up metadata with a writer
+            // key of its own and sign with it (only a pinned name rules that out).
+            writeln!(
+                out,
+                "proof OK against the node's metadata only (capsule {capsule} is the name of \
+                 the metadata the node sent; pin the capsule you trust with --capsule)"
+            )?;
+        }
         Ok(())
     }
 
