@@ -157,7 +157,9 @@ pub enum BuiltinResolver {
     Theirs,
     /// Our content followed by theirs (String, Blob, List, Tuple, Map values).
     Append,
-    /// ours + theirs - base, as integers (Integer; Map values holding decimal integers).
+    /// ours + theirs - base, as integers (Integer; Map values holding decimal integers),
+    /// also where both sides made the same change (a counter both moved: 5 to 6 on each side
+    /// merges to 7).
     Sum,
     /// Elements of ours, then those of theirs not in ours (Tuple, List regions); Sets always
     /// merge as a union of both sides' changes.
@@ -834,7 +836,22 @@ impl Db {
         theirs: &Value,
         resolver: &dyn Resolver,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
-        if ours == theirs || base == theirs {
+        // Under `sum` an Integer (or a Map's number) is a counter: both sides changing it
+        // alike (each added 1 to 5) is two changes to add up (7), not one agreed value (6).
+        let summing = resolver.builtin() == Some(BuiltinResolver::Sum)
+            && ours == theirs
+            && base != ours
+            && matches!(ours.value_type(), ValueType::Integer | ValueType::Map);
+        if summing && matches!(ours, Value::Integer(_)) {
+            return Ok(merge_primitive(
+                ValueType::Integer,
+                base,
+                ours,
+                theirs,
+                resolver,
+            ));
+        }
+        if (ours == theirs && !summing) || base == theirs {
             return Ok(Ok(ours.clone()));
         }
         if base == ours {
@@ -864,6 +881,7 @@ impl Db {
         mem: &mut MergeMemory,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         let s = self.chunks();
+        let summing = ty == ValueType::Map && resolver.builtin() == Some(BuiltinResolver::Sum);
         let mut ours: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
         postree::diff_sorted_each(s, b, o, None, &mut |c| {
             mem.charge_change(&c)?;
@@ -877,7 +895,22 @@ impl Db {
             let theirs = c.right.clone();
             match ours.get(&c.key) {
                 None => edits.push((c.key.to_vec(), theirs.map(|v| v.to_vec()))),
-                Some(our) if *our == theirs => {}
+                Some(our) if *our == theirs => {
+                    // Under `sum`, a number both sides changed alike is added up as a
+                    // counter's changes are (see `merge_values`); anything else both sides
+                    // did alike (a deletion, a value that is no number) is agreed.
+                    if summing && theirs.is_some() {
+                        let alike = Conflict {
+                            at: ConflictAt::MapKey(c.key.clone()),
+                            base: c.left.clone(),
+                            ours: our.clone(),
+                            theirs,
+                        };
+                        if let Some(Resolution::Value(v)) = resolver.resolve(ty, &alike) {
+                            edits.push((c.key.to_vec(), v.map(|v| v.to_vec())));
+                        }
+                    }
+                }
                 Some(our) => {
                     let conflict = Conflict {
                         at: ConflictAt::MapKey(c.key.clone()),

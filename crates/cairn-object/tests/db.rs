@@ -2501,3 +2501,85 @@ fn a_branch_read_racing_a_move_and_a_gc_reads_the_branch_again() {
     let e = db.get(b"k", &At::Branch("keep".into())).unwrap_err();
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
 }
+
+/// Under `sum`, a counter both sides changed alike adds up both changes (5, each side +1:
+/// 7, not the 6 they agree on), for an Integer and for a Map's numbers; Map entries both
+/// sides set alike to something that is no number, or deleted, stay agreed.
+#[test]
+fn sum_adds_up_changes_both_sides_made_alike() {
+    let (db, _) = db();
+    let ctx = |c: &str| PutOptions {
+        context: c.as_bytes().to_vec(),
+        ..PutOptions::default()
+    };
+    db.put(
+        b"n",
+        Target::Branch("master"),
+        NewValue::Integer(5),
+        &PutOptions::default(),
+    )
+    .unwrap();
+    db.fork(b"n", &master(), "dev").unwrap();
+    // Contexts tell the two increments apart (the same content, bases and context would
+    // be the same version).
+    db.update(b"n", Target::Branch("master"), Op::Add(1), &ctx("a"))
+        .unwrap();
+    db.update(b"n", Target::Branch("dev"), Op::Add(1), &ctx("b"))
+        .unwrap();
+    let MergeOutcome::Merged(u) =
+        merge_dev(&db, b"n", &BuiltinResolver::Sum, &PutOptions::default()).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        db.get(b"n", &At::Uid(u)).unwrap().object.value,
+        Value::Integer(7)
+    );
+
+    let m = |pairs: &[(&str, &str)]| {
+        NewValue::Map(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        )
+    };
+    db.put(
+        b"m",
+        Target::Branch("master"),
+        m(&[("hits", "5"), ("name", "x"), ("gone", "1")]),
+        &PutOptions::default(),
+    )
+    .unwrap();
+    db.fork(b"m", &master(), "dev").unwrap();
+    let alike = Op::MapUpdate(vec![
+        (b"hits".to_vec(), Some(b"6".to_vec())),
+        (b"name".to_vec(), Some(b"y".to_vec())),
+        (b"gone".to_vec(), None),
+    ]);
+    db.update(b"m", Target::Branch("master"), alike.clone(), &ctx("a"))
+        .unwrap();
+    db.update(b"m", Target::Branch("dev"), alike, &ctx("b"))
+        .unwrap();
+    let MergeOutcome::Merged(u) =
+        merge_dev(&db, b"m", &BuiltinResolver::Sum, &PutOptions::default()).unwrap()
+    else {
+        panic!()
+    };
+    let t = *db
+        .get(b"m", &At::Uid(u))
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = postree::iter(db.chunks(), &t)
+        .map(|e| e.unwrap())
+        .map(|e| (e.key.to_vec(), e.value.unwrap().to_vec()))
+        .collect();
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = [("hits", "7"), ("name", "y")]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(got, want);
+}
