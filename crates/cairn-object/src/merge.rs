@@ -207,12 +207,13 @@ impl Resolver for BuiltinResolver {
                 ValueType::Integer | ValueType::Set | ValueType::Tuple | ValueType::List => None,
                 _ => {
                     // A side that deleted a Map entry has nothing to append to or from:
-                    // leave it (appending to nothing kept a fragment of theirs).
+                    // leave it (appending to nothing kept a fragment of theirs), as an
+                    // edit of theirs inside the base ([`appended_part`]).
                     let ours = c.ours.as_deref()?;
                     let theirs = c.theirs.as_deref()?;
                     let base = c.base.as_deref().unwrap_or_default();
                     let mut v = ours.to_vec();
-                    v.extend_from_slice(&added(base, theirs));
+                    v.extend_from_slice(&appended_part(base, theirs)?);
                     Some(Resolution::Value(Some(v.into())))
                 }
             },
@@ -260,10 +261,14 @@ fn common_ends<T: PartialEq>(a: &[T], b: &[T]) -> (usize, usize) {
     (p, s)
 }
 
-/// What `x` put in place of the part of `base` it changed.
-fn added<T: PartialEq + Clone>(base: &[T], x: &[T]) -> Vec<T> {
+/// What `x` put in `base`'s place for append to add after ours: what it inserted, when it
+/// kept every unit of `base` around one inserted run, or all of `x`, when it replaced
+/// `base` from end to end; `None` otherwise. Of an edit inside `base`, the units that
+/// differ from it are a fragment ("quick" changed to "quack" differs by "a"), not
+/// something added, so append leaves that conflict to the caller.
+fn appended_part<T: PartialEq + Clone>(base: &[T], x: &[T]) -> Option<Vec<T>> {
     let (p, s) = common_ends(base, x);
-    x[p..x.len() - s].to_vec()
+    (p + s == base.len() || (p == 0 && s == 0)).then(|| x[p..x.len() - s].to_vec())
 }
 
 /// Element-level three-way merge of one region: `Some` when ours and theirs changed
@@ -1302,35 +1307,37 @@ impl Units {
         kept: &Units,
     ) -> Option<Units> {
         /// `ours` with its middle (between the units both sides kept at the ends)
-        /// replaced by `f(base middle, ours middle, theirs middle)`.
+        /// replaced by `f(base middle, ours middle, theirs middle)`; `None` when `f`
+        /// declines.
         fn in_changed_span<T: PartialEq + Clone>(
             b: &[T],
             o: &[T],
             t: &[T],
-            f: impl FnOnce(&[T], &[T], &[T]) -> Vec<T>,
-        ) -> Vec<T> {
+            f: impl FnOnce(&[T], &[T], &[T]) -> Option<Vec<T>>,
+        ) -> Option<Vec<T>> {
             let (po, so) = common_ends(b, o);
             let (pt, st) = common_ends(b, t);
             let (p, s) = (po.min(pt), so.min(st));
-            let mid = f(&b[p..b.len() - s], &o[p..o.len() - s], &t[p..t.len() - s]);
+            let mid = f(&b[p..b.len() - s], &o[p..o.len() - s], &t[p..t.len() - s])?;
             let mut v = Vec::with_capacity(p + mid.len() + s);
             v.extend_from_slice(&o[..p]);
             v.extend(mid);
             v.extend_from_slice(&o[o.len() - s..]);
-            v
+            Some(v)
         }
-        /// Ours, then what theirs put in place of the base.
-        fn append<T: PartialEq + Clone>(b: &[T], o: &[T], t: &[T]) -> Vec<T> {
+        /// Ours, then what theirs put in the base's place ([`appended_part`]); `None` (the
+        /// conflict stays) for an edit inside it.
+        fn append<T: PartialEq + Clone>(b: &[T], o: &[T], t: &[T]) -> Option<Vec<T>> {
             let mut v = o.to_vec();
-            v.extend(added(b, t));
-            v
+            v.extend(appended_part(b, t)?);
+            Some(v)
         }
         match (r?, b, o, t) {
             (BuiltinResolver::Append, Units::Bytes(b), Units::Bytes(o), Units::Bytes(t)) => {
-                Some(Units::Bytes(in_changed_span(b, o, t, append)))
+                in_changed_span(b, o, t, append).map(Units::Bytes)
             }
             (BuiltinResolver::Append, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
-                Some(Units::Elems(in_changed_span(b, o, t, append)))
+                in_changed_span(b, o, t, append).map(Units::Elems)
             }
             (BuiltinResolver::Union, Units::Elems(b), Units::Elems(o), Units::Elems(t)) => {
                 // Their elements found nowhere in ours' region (not only outside its changed span).
@@ -1338,11 +1345,12 @@ impl Units {
                     Units::Elems(whole) => whole.iter().chain(o.iter()).collect(),
                     Units::Bytes(_) => o.iter().collect(),
                 };
-                Some(Units::Elems(in_changed_span(b, o, t, |_, om, tm| {
+                in_changed_span(b, o, t, |_, om, tm| {
                     let mut v = om.to_vec();
                     v.extend(tm.iter().filter(|x| !have.contains(x)).cloned());
-                    v
-                })))
+                    Some(v)
+                })
+                .map(Units::Elems)
             }
             _ => None,
         }
@@ -1410,9 +1418,15 @@ fn merge_primitive(
                     Value::Tuple(b) => b,
                     _ => &[],
                 };
-                let mut out = o.clone();
-                out.extend(added(base, t));
-                return Ok(Value::Tuple(out));
+                // An edit of theirs inside the base: no part to append, a conflict.
+                return match appended_part(base, t) {
+                    Some(new) => {
+                        let mut out = o.clone();
+                        out.extend(new);
+                        Ok(Value::Tuple(out))
+                    }
+                    None => Err(vec![conflict]),
+                };
             }
             Some(BuiltinResolver::Union) => return Ok(Value::Tuple(union(o, t))),
             _ => {}

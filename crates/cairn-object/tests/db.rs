@@ -2583,3 +2583,72 @@ fn sum_adds_up_changes_both_sides_made_alike() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// Append adds after ours what theirs inserted, or what theirs replaced a conflict's whole
+/// span with; an edit of theirs inside the span ("quick" to "quack" while ours deleted
+/// "quick ") is left as a conflict, not appended as the fragment that differs ("a").
+#[test]
+fn append_leaves_an_edit_inside_the_span_as_a_conflict() {
+    let (db, _) = db();
+    let o = PutOptions::default();
+    let base = "The quick brown fox";
+    for (key, blob) in [("s", false), ("b", true)] {
+        let v = |s: &str| {
+            if blob {
+                NewValue::Blob(s.as_bytes().to_vec())
+            } else {
+                NewValue::String(s.into())
+            }
+        };
+        db.put(key.as_bytes(), Target::Branch("master"), v(base), &o)
+            .unwrap();
+        db.fork(key.as_bytes(), &master(), "dev").unwrap();
+        db.put(
+            key.as_bytes(),
+            Target::Branch("master"),
+            v("The brown fox"),
+            &o,
+        )
+        .unwrap();
+        db.put(
+            key.as_bytes(),
+            Target::Branch("dev"),
+            v("The quack brown fox"),
+            &o,
+        )
+        .unwrap();
+        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
+        assert!(matches!(r, MergeOutcome::Conflicts(_)), "{key}: {r:?}");
+        // Theirs inserting is appended, as before.
+        db.put(
+            key.as_bytes(),
+            Target::Branch("dev"),
+            v("The quick brown fox jumps"),
+            &o,
+        )
+        .unwrap();
+        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
+        let MergeOutcome::Merged(u) = r else {
+            panic!("{key}: {r:?}")
+        };
+        let got = match db.get(key.as_bytes(), &At::Uid(u)).unwrap().object.value {
+            Value::String(b) => b.to_vec(),
+            other => blob_of(&db, &other),
+        };
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "The brown fox jumps",
+            "{key}"
+        );
+    }
+    // A Map value: the same.
+    let m = |v: &str| NewValue::Map([(b"k".to_vec(), v.as_bytes().to_vec())].into());
+    db.put(b"m", Target::Branch("master"), m("hello"), &o)
+        .unwrap();
+    db.fork(b"m", &master(), "dev").unwrap();
+    db.put(b"m", Target::Branch("master"), m("hello world"), &o)
+        .unwrap();
+    db.put(b"m", Target::Branch("dev"), m("help"), &o).unwrap();
+    let r = merge_dev(&db, b"m", &BuiltinResolver::Append, &o).unwrap();
+    assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
+}
