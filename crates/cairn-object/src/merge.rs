@@ -143,6 +143,15 @@ pub trait Resolver: Send + Sync {
     fn builtin(&self) -> Option<BuiltinResolver> {
         None
     }
+
+    /// Whether this resolver settles merge bases with each other into a virtual base
+    /// (whose every span the outer merge reads again against both heads), so that taking
+    /// the base for a span loses no one's edits. Only the merge's own resolver for
+    /// criss-cross histories answers true.
+    #[doc(hidden)]
+    fn builds_virtual_base(&self) -> bool {
+        false
+    }
 }
 
 /// The built-in resolvers.
@@ -246,6 +255,10 @@ struct BaseOfBases;
 impl Resolver for BaseOfBases {
     fn resolve(&self, _ty: ValueType, _c: &Conflict) -> Option<Resolution> {
         Some(Resolution::Base)
+    }
+
+    fn builds_virtual_base(&self) -> bool {
+        true
     }
 }
 
@@ -1067,6 +1080,12 @@ impl Db {
                     start: cs + start as u64,
                     end: cs + end as u64,
                 };
+                if !exact && resolver.builds_virtual_base() {
+                    // Between merge bases, a span the diff could not line up keeps their
+                    // own base: the outer merge sees both heads' edits there against it.
+                    merged.extend(bg);
+                    continue;
+                }
                 if !exact {
                     // The diff was cut short: this conflict may span edits of both sides
                     // that do not overlap, which any resolution would lose in part. Listed
@@ -1513,6 +1532,61 @@ mod tests {
             other => panic!("{other:?}"),
         }
         super::TEST_DIFF3_DEADLINE.with(|d| d.set(None));
+    }
+
+    /// A virtual base (criss-cross history) whose region diff is cut short keeps the
+    /// bases' own base there: the merge goes on (the outer merge lists what conflicts),
+    /// where it failed as if a resolver had been let loose on the span.
+    #[test]
+    fn a_cut_short_diff_between_merge_bases_does_not_fail_the_merge() {
+        use crate::{At, Db, MergeOutcome, NewValue, PutOptions, Target, TreeConfig};
+        use std::sync::Arc;
+        let o = PutOptions::default();
+        let db = Db::with_config(
+            Arc::new(cairn_store::MemoryStore::new()),
+            TreeConfig {
+                leaf_target: 128,
+                index_target: 256,
+            },
+        );
+        let base: Vec<Vec<u8>> = (0..100).map(|i| format!("e{i}").into_bytes()).collect();
+        let put = |branch: &str, v: &[Vec<u8>]| {
+            db.put(b"l", Target::Branch(branch), NewValue::List(v.to_vec()), &o)
+                .unwrap()
+        };
+        put("master", &base);
+        db.fork(b"l", &At::Branch("master".into()), "dev").unwrap();
+        let (mut ours, mut theirs) = (base.clone(), base.clone());
+        ours[10] = b"O1".to_vec();
+        ours[12] = b"O2".to_vec();
+        theirs[11] = b"T".to_vec();
+        let a1 = put("master", &ours);
+        let d1 = put("dev", &theirs);
+        // Criss-cross: each branch merges the other's first head (each keeping its own
+        // side of the region both changed), then each moves on.
+        let r = db.merge_into(b"l", "master", &At::Uid(d1), &BuiltinResolver::Ours, &o);
+        assert!(matches!(r, Ok(MergeOutcome::Merged(_))), "{r:?}");
+        let r = db.merge_into(b"l", "dev", &At::Uid(a1), &BuiltinResolver::Ours, &o);
+        assert!(matches!(r, Ok(MergeOutcome::Merged(_))), "{r:?}");
+        ours[50] = b"M".to_vec();
+        theirs[60] = b"D".to_vec();
+        put("master", &ours);
+        let d2 = put("dev", &theirs);
+        let bases = crate::history::merge_bases_in(
+            db.chunks(),
+            b"l",
+            &db.resolve(b"l", &At::Branch("master".into())).unwrap(),
+            &d2,
+        )
+        .unwrap();
+        assert_eq!(bases.len(), 2, "a criss-cross history");
+        super::TEST_DIFF3_DEADLINE.with(|d| d.set(Some(std::time::Duration::ZERO)));
+        let r = db.merge_into(b"l", "master", &At::Uid(d2), &BuiltinResolver::Manual, &o);
+        super::TEST_DIFF3_DEADLINE.with(|d| d.set(None));
+        assert!(
+            matches!(r, Ok(MergeOutcome::Merged(_) | MergeOutcome::Conflicts(_))),
+            "{r:?}"
+        );
     }
 
     /// Sum adds both sides' changes in 128 bits: near the ends of the range a sum whose
