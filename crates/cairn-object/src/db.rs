@@ -317,6 +317,28 @@ impl Db {
         .in_bucket(name)
     }
 
+    /// A view of this Db (same bucket, locks and settings) whose chunk writes are held in
+    /// memory until [`crate::staged::Staged::flush`]: what a merge runs on, so that one
+    /// ending in conflicts writes nothing. Records no head change and commits no ref.
+    pub(crate) fn staged_view(&self) -> (Db, Arc<crate::staged::Staged>) {
+        let staged = Arc::new(crate::staged::Staged::new(
+            self.store.clone(),
+            self.merge_memory,
+        ));
+        let view = Db {
+            store: staged.clone(),
+            algo: self.algo,
+            cfg: self.cfg,
+            prefix: self.prefix.clone(),
+            bucket_seed: self.bucket_seed,
+            shared: self.shared.clone(),
+            recorder: None,
+            members: self.members.clone(),
+            merge_memory: self.merge_memory,
+        };
+        (view, staged)
+    }
+
     /// This Db with merges holding at most `bytes` in memory (default
     /// [`crate::merge::DEFAULT_MERGE_MEMORY`]): the changes of both sides, the regions
     /// read to merge them and the conflicts. A merge that would need more fails with

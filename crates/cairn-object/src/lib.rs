@@ -19,6 +19,7 @@ pub mod gc;
 pub mod history;
 pub mod merge;
 pub mod postree;
+mod staged;
 pub mod stream;
 pub mod value;
 pub mod verify;

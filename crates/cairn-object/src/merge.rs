@@ -538,8 +538,8 @@ pub enum MergeOutcome {
     FastForward(Uid),
     /// The other side was already contained in the target; nothing changed.
     UpToDate(Uid),
-    /// Unresolved conflicts; no head moved (versions and chunks the merge stored on the
-    /// way, such as a virtual merge base, are left for GC).
+    /// Unresolved conflicts; nothing was written (versions and chunks the merge made on
+    /// the way, such as a virtual merge base, were held in memory and dropped).
     Conflicts(Vec<Conflict>),
 }
 
@@ -592,9 +592,13 @@ impl Db {
         if let crate::db::At::Branch(_) = from {
             self.load_reached(key, &theirs)?;
         }
-        let outcome = self.merge_pair(key, ours, theirs, resolver, opts)?;
+        // Chunks held until the merge is known to move the head (an unresolved merge
+        // writes nothing, not even a virtual base).
+        let (view, staged) = self.staged_view();
+        let outcome = view.merge_pair(key, ours, theirs, resolver, opts)?;
         match &outcome {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
+                staged.flush()?;
                 table.tagged.insert(into.to_string(), *u);
                 table.untagged.remove(&theirs);
                 // The old head, if it was an untagged head too, now has a descendant.
@@ -684,10 +688,13 @@ impl Db {
         for u in &inputs {
             depth = depth.max(self.load_reached(key, u)?.depth);
         }
+        // Chunks held until every pair merged: one that conflicts leaves nothing written
+        // (the pairwise merges before it included).
+        let (view, staged) = self.staged_view();
         let mut acc = inputs[0];
         let mut merges = 0;
         for next in &inputs[1..] {
-            match self.merge_pair(key, acc, *next, resolver, opts)? {
+            match view.merge_pair(key, acc, *next, resolver, opts)? {
                 MergeOutcome::Merged(u) => {
                     acc = u;
                     merges += 1;
@@ -700,8 +707,8 @@ impl Db {
             // The pairwise merges made intermediate versions: the new head is one version of
             // the merged value whose bases are all the heads merged, so every version in its
             // history is one a head change recorded.
-            let merged = self.load(&acc)?;
-            acc = self.store_object(&FObject {
+            let merged = view.load(&acc)?;
+            acc = view.store_object(&FObject {
                 key: merged.key,
                 value: merged.value,
                 depth: depth.checked_add(1).ok_or_else(|| {
@@ -711,6 +718,8 @@ impl Db {
                 context: Bytes::copy_from_slice(&opts.context),
             })?;
         }
+        let bases = view.load(&acc)?.bases;
+        staged.flush()?;
         for u in &inputs {
             table.untagged.remove(u);
         }
@@ -721,7 +730,7 @@ impl Db {
             branch: None,
             from: None,
             uid: acc,
-            bases: &self.load(&acc)?.bases,
+            bases: &bases,
         })?;
         self.commit_table(key, &table)?;
         // No merge made a version: every other head was contained in this one.
@@ -746,7 +755,8 @@ impl Db {
 
     /// [`Db::merge_pair`] as a merge of merge bases `level` deep: when the sides have
     /// several merge bases (a criss-cross history), they are merged first (recursively)
-    /// into one virtual base, stored as a version no branch names, as Git's recursive
+    /// into one virtual base, a version no branch names (held with the merge's other
+    /// writes until it succeeds, see [`crate::staged`]), as Git's recursive
     /// strategy does; where the bases conflict with each other, the virtual base keeps
     /// their own common base's value ([`BaseOfBases`]). Taking any one of them alone could
     /// silently undo a change.

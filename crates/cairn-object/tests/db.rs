@@ -2652,3 +2652,107 @@ fn append_leaves_an_edit_inside_the_span_as_a_conflict() {
     let r = merge_dev(&db, b"m", &BuiltinResolver::Append, &o).unwrap();
     assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
 }
+
+/// An unresolved merge writes nothing: not the pairwise merges of untagged heads made
+/// before the pair that conflicts, not the virtual base of a criss-cross history. A merge
+/// whose new chunks pass its memory limit fails, writing nothing either.
+#[test]
+fn an_unresolved_merge_writes_nothing() {
+    let (db, store) = db();
+    let o = PutOptions::default();
+    let m = |pairs: &[(&str, &str)]| {
+        NewValue::Map(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        )
+    };
+    let base = db
+        .put(b"u", Target::Branch("master"), m(&[("a", "1")]), &o)
+        .unwrap();
+    let on_base = |v| db.put(b"u", Target::Base(base), v, &o).unwrap();
+    let h1 = on_base(m(&[("a", "1"), ("b", "1")]));
+    let h2 = on_base(m(&[("a", "1"), ("c", "1")]));
+    let h3 = on_base(m(&[("a", "1"), ("b", "9")]));
+    let before = store.cids().unwrap().len();
+    let r = db
+        .merge_untagged(b"u", &[h1, h2, h3], &BuiltinResolver::Manual, &o)
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
+    assert_eq!(store.cids().unwrap().len(), before, "h1 + h2 was not kept");
+    // Resolved, it writes the merged version and its chunks.
+    let r = db
+        .merge_untagged(b"u", &[h1, h2, h3], &BuiltinResolver::Theirs, &o)
+        .unwrap();
+    let MergeOutcome::Merged(u) = r else {
+        panic!("{r:?}")
+    };
+    assert!(store.cids().unwrap().len() > before);
+    assert_eq!(db.load(&u).unwrap().bases, vec![h1, h2, h3]);
+
+    // A criss-cross history: the merge bases are merged into a virtual base first.
+    let list = |v: &[Vec<u8>]| NewValue::List(v.to_vec());
+    let l0: Vec<Vec<u8>> = (0..100).map(|i| format!("e{i}").into_bytes()).collect();
+    db.put(b"l", Target::Branch("master"), list(&l0), &o)
+        .unwrap();
+    db.fork(b"l", &master(), "dev").unwrap();
+    let (mut ours, mut theirs) = (l0.clone(), l0.clone());
+    ours[10] = b"O".to_vec();
+    theirs[40] = b"T".to_vec();
+    let a1 = db
+        .put(b"l", Target::Branch("master"), list(&ours), &o)
+        .unwrap();
+    let d1 = db
+        .put(b"l", Target::Branch("dev"), list(&theirs), &o)
+        .unwrap();
+    let manual = BuiltinResolver::Manual;
+    db.merge_into(b"l", "master", &At::Uid(d1), &manual, &o)
+        .unwrap();
+    db.merge_into(b"l", "dev", &At::Uid(a1), &manual, &o)
+        .unwrap();
+    ours[40] = b"T".to_vec();
+    theirs[10] = b"O".to_vec();
+    ours[70] = b"mine".to_vec();
+    theirs[70] = b"yours".to_vec();
+    db.put(b"l", Target::Branch("master"), list(&ours), &o)
+        .unwrap();
+    let d2 = db
+        .put(b"l", Target::Branch("dev"), list(&theirs), &o)
+        .unwrap();
+    let head = db.resolve(b"l", &master()).unwrap();
+    assert_eq!(
+        cairn_object::history::merge_bases_in(db.chunks(), b"l", &head, &d2)
+            .unwrap()
+            .len(),
+        2
+    );
+    let before = store.cids().unwrap().len();
+    let r = db
+        .merge_into(b"l", "master", &At::Uid(d2), &manual, &o)
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Conflicts(_)), "{r:?}");
+    assert_eq!(
+        store.cids().unwrap().len(),
+        before,
+        "the virtual base was not kept"
+    );
+    assert_eq!(db.resolve(b"l", &master()).unwrap(), head);
+
+    // New chunks past the merge's memory: refused, nothing written.
+    let small = Db::with_config(
+        store.clone(),
+        TreeConfig {
+            leaf_target: 128,
+            index_target: 256,
+        },
+    )
+    .with_merge_memory(64);
+    let r = small.merge_into(b"l", "master", &At::Uid(d2), &BuiltinResolver::Ours, &o);
+    assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
+    assert_eq!(store.cids().unwrap().len(), before);
+    let r = db
+        .merge_into(b"l", "master", &At::Uid(d2), &BuiltinResolver::Ours, &o)
+        .unwrap();
+    assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
+}
