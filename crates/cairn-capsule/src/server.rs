@@ -471,6 +471,61 @@ impl Checkpoint {
             &self.sig,
         )
     }
+
+    /// Checks that this checkpoint's log extends `earlier`'s, given the consistency
+    /// `proof` between their sizes ([`CapsuleServer::log_consistency`] of `earlier.size`
+    /// and `self.size`): the same capsule, a size no smaller, and the earlier root a prefix
+    /// of this one (RFC 9162 §2.1.4). A server that rewrote, dropped or forked what it
+    /// showed before cannot pass. Both checkpoints must have passed
+    /// [`Checkpoint::verify`] first: this checks their logs, not their signatures.
+    pub fn verify_extends(&self, earlier: &Checkpoint, proof: &[Digest]) -> Result<()> {
+        if self.capsule != earlier.capsule {
+            return Err(Error::Rejected(format!(
+                "checkpoints of capsules {} and {} do not extend each other",
+                earlier.capsule, self.capsule
+            )));
+        }
+        if self.size < earlier.size {
+            return Err(Error::Rejected(format!(
+                "the log shrank from {} to {} records",
+                earlier.size, self.size
+            )));
+        }
+        merkle::verify_consistency(
+            self.capsule.hash().algo(),
+            earlier.size,
+            self.size,
+            &earlier.root,
+            &self.root,
+            proof,
+        )
+        .map_err(|e| {
+            Error::Rejected(format!(
+                "the log of {} records does not extend the earlier one of {}: {e}",
+                self.size, earlier.size
+            ))
+        })
+    }
+
+    /// Checks that record `name` is leaf `index` of this checkpoint's log, given its
+    /// inclusion `path` ([`CapsuleServer::log_inclusion`] at `self.size`). This
+    /// checkpoint must have passed [`Checkpoint::verify`] first.
+    pub fn verify_includes(&self, name: &RecordName, index: u64, path: &[Digest]) -> Result<()> {
+        merkle::verify_inclusion(
+            self.capsule.hash().algo(),
+            index,
+            self.size,
+            &CapsuleDag::log_leaf(name),
+            path,
+            &self.root,
+        )
+        .map_err(|e| {
+            Error::Rejected(format!(
+                "record {name} is not in the log of {} records: {e}",
+                self.size
+            ))
+        })
+    }
 }
 
 /// A reader session: its mirrored verification cache and the proofs awaiting its ack.

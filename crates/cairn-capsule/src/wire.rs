@@ -2269,7 +2269,8 @@ impl RemoteCapsule {
         }
     }
 
-    /// [`CapsuleServer::log_inclusion`].
+    /// [`CapsuleServer::log_inclusion`]: the server's answer, not yet checked; check it
+    /// against a verified checkpoint with [`crate::server::Checkpoint::verify_includes`].
     pub fn log_inclusion(
         &mut self,
         capsule: &CapsuleName,
@@ -2286,7 +2287,9 @@ impl RemoteCapsule {
         }
     }
 
-    /// [`CapsuleServer::log_consistency`].
+    /// [`CapsuleServer::log_consistency`]: the server's answer, not yet checked; check it
+    /// between two verified checkpoints with
+    /// [`crate::server::Checkpoint::verify_extends`].
     pub fn log_consistency(
         &mut self,
         capsule: &CapsuleName,

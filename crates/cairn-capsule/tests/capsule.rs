@@ -690,6 +690,36 @@ fn merkle_log_checkpoints_and_proofs() {
     let mut forged = cp2.clone();
     forged.size += 1;
     assert!(forged.verify(&pk, &c, &[1; 16]).is_err());
+    // The same checks on the checkpoints themselves.
+    cp2.verify_extends(&cp1, &cons).unwrap();
+    cp2.verify_includes(&names[17], idx, &path).unwrap();
+    cp2.verify_includes(
+        &more[3],
+        50 + 3,
+        &server.log_inclusion(&c, &more[3], cp2.size).unwrap().1,
+    )
+    .unwrap();
+    // A later checkpoint whose log is not the earlier one grown (a root rewritten at the
+    // same sizes), one that shrank, a proof of another pair of sizes, another record or
+    // index: refused.
+    let mut rewritten = cp2.clone();
+    rewritten.root[0] ^= 1;
+    assert!(matches!(
+        rewritten.verify_extends(&cp1, &cons),
+        Err(Error::Rejected(_))
+    ));
+    assert!(matches!(
+        cp1.verify_extends(&cp2, &cons),
+        Err(Error::Rejected(_))
+    ));
+    let other = server.log_consistency(&c, cp1.size - 1, cp2.size).unwrap();
+    assert!(cp2.verify_extends(&cp1, &other).is_err());
+    assert!(cp2.verify_extends(&cp1, &cons[1..]).is_err());
+    assert!(cp2.verify_includes(&names[18], idx, &path).is_err());
+    assert!(cp2.verify_includes(&names[17], idx + 1, &path).is_err());
+    assert!(rewritten.verify_includes(&names[17], idx, &path).is_err());
+    // Equal checkpoints extend each other with an empty proof.
+    cp2.verify_extends(&cp2, &[]).unwrap();
 }
 
 #[test]
