@@ -137,66 +137,118 @@ impl Db {
                 return;
             }
         };
-        let mut heads: Vec<(Uid, String)> = table
+        let mut heads: Vec<(Uid, String, Option<&str>)> = table
             .tagged
             .iter()
-            .map(|(n, u)| (*u, format!("branch {n:?}")))
+            .map(|(n, u)| (*u, format!("branch {n:?}"), Some(n.as_str())))
             .collect();
         heads.extend(
             table
                 .untagged
                 .iter()
-                .map(|u| (*u, "untagged head".to_string())),
+                .map(|u| (*u, "untagged head".to_string(), None)),
         );
         let mut seen: BTreeSet<Uid> = BTreeSet::new();
-        for (head, label) in heads {
-            let mut stack = vec![head];
-            while let Some(uid) = stack.pop() {
-                if !seen.insert(uid) {
+        for (head, label, branch) in heads {
+            let mark = report.damage.len();
+            let mut walked = Vec::new();
+            self.verify_history(
+                key,
+                head,
+                &label,
+                report,
+                trees_done,
+                &mut seen,
+                &mut walked,
+            );
+            // A put or a remove, then a GC, between reading the table and walking this
+            // head collect what the walk then finds missing: not damage, once the head is
+            // no longer one. Its walk is forgotten (a version it shares with a head still
+            // there is walked again from that head).
+            if report.damage.len() > mark && !self.is_still_head(key, &head, branch) {
+                report.damage.truncate(mark);
+                report.versions -= walked.len() as u64;
+                for u in walked {
+                    seen.remove(&u);
+                }
+            }
+        }
+    }
+
+    /// Whether `head` is still the head of `branch` of `key` (an untagged head with
+    /// `None`). A table that cannot be read counts as unchanged.
+    fn is_still_head(&self, key: &[u8], head: &Uid, branch: Option<&str>) -> bool {
+        match branch {
+            Some(b) => match self.branch_head(key, b) {
+                Ok(now) => now.as_ref() == Some(head),
+                Err(_) => true,
+            },
+            None => self
+                .table_lenient(key)
+                .map_or(true, |(t, _)| t.untagged.contains(head)),
+        }
+    }
+
+    /// Walks the history of `head` (reached as `label`) not yet `seen`, adding the versions
+    /// it checks to `walked`.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_history(
+        &self,
+        key: &Bytes,
+        head: Uid,
+        label: &str,
+        report: &mut VerifyReport,
+        trees_done: &mut HashSet<postree::TreeRef>,
+        seen: &mut BTreeSet<Uid>,
+        walked: &mut Vec<Uid>,
+    ) {
+        let mut stack = vec![head];
+        while let Some(uid) = stack.pop() {
+            if !seen.insert(uid) {
+                continue;
+            }
+            walked.push(uid);
+            report.versions += 1;
+            let damage = |what: String| Damage {
+                key: key.clone(),
+                uid: Some(uid),
+                reached_from: label.to_string(),
+                what,
+            };
+            let o = match self.load_reached(key, &uid) {
+                Ok(o) => o,
+                Err(e) => {
+                    report.damage.push(damage(e.to_string()));
                     continue;
                 }
-                report.versions += 1;
-                let damage = |what: String| Damage {
-                    key: key.clone(),
-                    uid: Some(uid),
-                    reached_from: label.clone(),
-                    what,
-                };
-                let o = match self.load_reached(key, &uid) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        report.damage.push(damage(e.to_string()));
-                        continue;
-                    }
-                };
-                let mut max_base_depth = None;
-                for b in &o.bases {
-                    stack.push(*b);
-                    if let Ok(bo) = self.load(b) {
-                        max_base_depth = max_base_depth.max(Some(bo.depth));
-                    }
+            };
+            let mut max_base_depth = None;
+            for b in &o.bases {
+                stack.push(*b);
+                if let Ok(bo) = self.load(b) {
+                    max_base_depth = max_base_depth.max(Some(bo.depth));
                 }
-                // A base claiming the greatest depth there is has no version after it.
-                let expected = max_base_depth.map_or(Some(0), |d| d.checked_add(1));
-                if !o.bases.is_empty() && expected != Some(o.depth) {
-                    report.damage.push(damage(match expected {
-                        Some(e) => format!("depth is {} but its bases say {e}", o.depth),
-                        None => "a base claims the greatest depth there is".to_string(),
-                    }));
-                }
-                if let Some(t) = o.value.tree()
-                    && trees_done.insert(*t)
-                {
-                    let mut n = 0u64;
-                    let r = postree::walk(self.chunks(), t, &mut |_, _| {
-                        n += 1;
-                        Ok(())
-                    });
-                    report.chunks += n;
-                    if let Err(e) = r {
-                        trees_done.remove(t);
-                        report.damage.push(damage(format!("value: {e}")));
-                    }
+            }
+            // A base claiming the greatest depth there is has no version after it.
+            let expected = max_base_depth.map_or(Some(0), |d| d.checked_add(1));
+            if !o.bases.is_empty() && expected != Some(o.depth) {
+                report.damage.push(damage(match expected {
+                    Some(e) => format!("depth is {} but its bases say {e}", o.depth),
+                    None => "a base claims the greatest depth there is".to_string(),
+                }));
+            }
+            if let Some(t) = o.value.tree()
+                && trees_done.insert(*t)
+            {
+                let mut n = 0u64;
+                let r = postree::walk(self.chunks(), t, &mut |_, _| {
+                    n += 1;
+                    Ok(())
+                });
+                report.chunks += n;
+                if let Err(e) = r {
+                    trees_done.remove(t);
+                    report.damage.push(damage(format!("value: {e}")));
                 }
             }
         }

@@ -2756,3 +2756,48 @@ fn an_unresolved_merge_writes_nothing() {
         .unwrap();
     assert!(matches!(r, MergeOutcome::Merged(_)), "{r:?}");
 }
+
+/// A verify racing a put and a GC that collect a head's version between reading the table
+/// and walking the head reports no damage for it (the head moved), and still walks the
+/// versions it shares with heads that are there; a missing version of a head that did not
+/// move is damage.
+#[test]
+fn verify_racing_a_move_and_a_gc_reports_no_damage() {
+    use cairn_store::{RefStore, RefUpdate};
+    let store = Arc::new(GcBetween {
+        inner: MemoryStore::new(),
+        race: std::sync::Mutex::new(None),
+    });
+    let db = Db::new(store.clone());
+    let o = PutOptions::default();
+    let put = |b: &str, s: &str| {
+        db.put(b"k", Target::Branch(b), NewValue::String(s.into()), &o)
+            .unwrap()
+    };
+    put("master", "first");
+    db.fork(b"k", &master(), "other").unwrap();
+    let old = put("master", "second");
+    let name = store
+        .list_refs(b"bucket/")
+        .unwrap()
+        .into_iter()
+        .find(|(n, v)| n.ends_with(b"master") && v[..] == old.to_bytes()[..])
+        .map(|(n, _)| n.to_vec())
+        .unwrap();
+    let newer = put("other", "third");
+    *store.race.lock().unwrap() = Some((
+        old,
+        vec![RefUpdate::Set {
+            name,
+            value: newer.to_bytes().to_vec(),
+        }],
+    ));
+    let v = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(v.is_intact(), "{:?}", v.damage);
+    assert!(store.race.lock().unwrap().is_none(), "the race ran");
+    // Nothing moving: a head whose version is missing is damage.
+    *store.race.lock().unwrap() = Some((newer, Vec::new()));
+    let v = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(!v.is_intact());
+    assert!(v.damage.iter().all(|d| d.uid == Some(newer)), "{:?}", v.damage);
+}
