@@ -771,7 +771,8 @@ pub enum Request {
         /// The reader's fresh random value, signed back in the checkpoint.
         nonce: [u8; 16],
     },
-    /// [`CapsuleServer::log_inclusion`].
+    /// [`CapsuleServer::log_inclusion`] (check the answer with
+    /// [`crate::server::Checkpoint::verify_includes`]).
     LogInclusion {
         /// The capsule.
         capsule: CapsuleName,
@@ -780,7 +781,8 @@ pub enum Request {
         /// The log size the proof is for.
         size: u64,
     },
-    /// [`CapsuleServer::log_consistency`].
+    /// [`CapsuleServer::log_consistency`] (check the answer with
+    /// [`crate::server::Checkpoint::verify_extends`]).
     LogConsistency {
         /// The capsule.
         capsule: CapsuleName,

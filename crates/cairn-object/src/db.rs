@@ -341,7 +341,8 @@ impl Db {
 
     /// This Db with merges holding at most `bytes` in memory (default
     /// [`crate::merge::DEFAULT_MERGE_MEMORY`]): the changes of both sides, the regions
-    /// read to merge them and the conflicts. A merge that would need more fails with
+    /// read to merge them and the conflicts; the new chunks it makes are held until it
+    /// succeeds, up to `bytes` more. A merge that would need more fails with
     /// [`cairn_core::Error::InvalidInput`] and writes nothing.
     pub fn with_merge_memory(mut self, bytes: u64) -> Self {
         self.merge_memory = bytes;
@@ -749,7 +750,9 @@ impl Db {
     /// ([`Error::Corrupt`]), not "not found" (a Gaia revocation read as absent would fail
     /// open). Unless the ref moved meanwhile: a put or a remove, then a GC collecting the
     /// version read a moment ago, between the ref read and the load. Then the branch is
-    /// read again (a few times at most).
+    /// read again, a few times at most: a branch that moved on every try is
+    /// [`Error::Unavailable`] (a race to retry, not damage). A value's chunks read after
+    /// this returns can still be collected by such a move and a GC.
     pub fn branch_version(&self, key: &[u8], branch: &str) -> Result<Option<Version>> {
         let Some(mut uid) = self.branch_head(key, branch)? else {
             return Ok(None);
@@ -760,14 +763,21 @@ impl Db {
                 Ok(object) => return Ok(Some(Version { uid, object })),
                 Err(e) => e,
             };
-            tries += 1;
-            if !matches!(err, Error::Corrupt(_)) || tries >= GET_RETRIES {
+            if !matches!(err, Error::Corrupt(_)) {
                 return Err(err);
             }
             match self.branch_head(key, branch)? {
                 Some(now) if now != uid => uid = now,
                 Some(_) => return Err(err),
                 None => return Ok(None),
+            }
+            tries += 1;
+            if tries >= GET_RETRIES {
+                return Err(Error::Unavailable(format!(
+                    "branch {branch:?} of key {} moved on each of {GET_RETRIES} reads while a \
+                     GC collected what it named; try again",
+                    show_key(key)
+                )));
             }
         }
     }

@@ -143,15 +143,6 @@ pub trait Resolver: Send + Sync {
     fn builtin(&self) -> Option<BuiltinResolver> {
         None
     }
-
-    /// Whether this resolver settles merge bases with each other into a virtual base
-    /// (whose every span the outer merge reads again against both heads), so that taking
-    /// the base for a span loses no one's edits. Only the merge's own resolver for
-    /// criss-cross histories answers true.
-    #[doc(hidden)]
-    fn builds_virtual_base(&self) -> bool {
-        false
-    }
 }
 
 /// The built-in resolvers.
@@ -256,10 +247,6 @@ impl Resolver for BaseOfBases {
     fn resolve(&self, _ty: ValueType, _c: &Conflict) -> Option<Resolution> {
         Some(Resolution::Base)
     }
-
-    fn builds_virtual_base(&self) -> bool {
-        true
-    }
 }
 
 /// Lengths of the common prefix and (non-overlapping) common suffix of `a` and `b`.
@@ -274,14 +261,14 @@ fn common_ends<T: PartialEq>(a: &[T], b: &[T]) -> (usize, usize) {
     (p, s)
 }
 
-/// What `x` put in `base`'s place for append to add after ours: what it inserted, when it
-/// kept every unit of `base` around one inserted run, or all of `x`, when it replaced
-/// `base` from end to end; `None` otherwise. Of an edit inside `base`, the units that
-/// differ from it are a fragment ("quick" changed to "quack" differs by "a"), not
-/// something added, so append leaves that conflict to the caller.
+/// What `x` put in `base`'s place for append to add after ours: what it added before or
+/// after the whole of `base`, or all of `x`, when it replaced `base` from end to end;
+/// `None` otherwise. Of an edit inside `base`, the units that differ from it are a
+/// fragment ("quick" changed to "quack" differs by "a", "quick" to "quickest" by "est"),
+/// not something added, so append leaves that conflict to the caller.
 fn appended_part<T: PartialEq + Clone>(base: &[T], x: &[T]) -> Option<Vec<T>> {
     let (p, s) = common_ends(base, x);
-    (p + s == base.len() || (p == 0 && s == 0)).then(|| x[p..x.len() - s].to_vec())
+    (p == base.len() || s == base.len() || (p == 0 && s == 0)).then(|| x[p..x.len() - s].to_vec())
 }
 
 /// Element-level three-way merge of one region: `Some` when ours and theirs changed
@@ -598,7 +585,9 @@ impl Db {
         let outcome = view.merge_pair(key, ours, theirs, resolver, opts)?;
         match &outcome {
             MergeOutcome::Merged(u) | MergeOutcome::FastForward(u) => {
-                staged.flush()?;
+                // What the new head reaches (not a virtual base): nothing for a fast
+                // forward, whose head is there already.
+                staged.flush_reachable(u)?;
                 table.tagged.insert(into.to_string(), *u);
                 table.untagged.remove(&theirs);
                 // The old head, if it was an untagged head too, now has a descendant.
@@ -698,6 +687,8 @@ impl Db {
                 MergeOutcome::Merged(u) => {
                     acc = u;
                     merges += 1;
+                    // The earlier pairs' chunks the running result no longer reaches.
+                    staged.retain_reachable(&acc)?;
                 }
                 MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => acc = u,
                 c @ MergeOutcome::Conflicts(_) => return Ok(c),
@@ -719,7 +710,7 @@ impl Db {
             })?;
         }
         let bases = view.load(&acc)?.bases;
-        staged.flush()?;
+        staged.flush_reachable(&acc)?;
         for u in &inputs {
             table.untagged.remove(u);
         }
@@ -826,7 +817,8 @@ impl Db {
             None => self.empty_value(o.value_type())?,
         };
         crate::fobject::check_context(&opts.context)?;
-        let merged = match self.merge_values(&base, &o.value, &t.value, resolver)? {
+        // Merges of merge bases (level > 0) build a virtual base.
+        let merged = match self.merge_values_in(&base, &o.value, &t.value, resolver, level > 0)? {
             Ok(v) => v,
             Err(conflicts) => return Ok(MergeOutcome::Conflicts(conflicts)),
         };
@@ -864,6 +856,20 @@ impl Db {
         theirs: &Value,
         resolver: &dyn Resolver,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
+        self.merge_values_in(base, ours, theirs, resolver, false)
+    }
+
+    /// [`Db::merge_values`]; `virtual_base` when merging merge bases with each other into a
+    /// virtual base (every span of which the outer merge reads again against both heads,
+    /// so taking the base for a span loses no one's edits).
+    fn merge_values_in(
+        &self,
+        base: &Value,
+        ours: &Value,
+        theirs: &Value,
+        resolver: &dyn Resolver,
+        virtual_base: bool,
+    ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         // Under `sum` an Integer (or a Map's number) is a counter: both sides changing it
         // alike (each added 1 to 5) is two changes to add up (7), not one agreed value (6).
         let summing = resolver.builtin() == Some(BuiltinResolver::Sum)
@@ -871,13 +877,16 @@ impl Db {
             && base != ours
             && matches!(ours.value_type(), ValueType::Integer | ValueType::Map);
         if summing && matches!(ours, Value::Integer(_)) {
-            return Ok(merge_primitive(
+            // A sum past the 64-bit range keeps the value both sides agree on (as a Map's
+            // entry does), rather than a conflict between equal sides.
+            return Ok(Ok(merge_primitive(
                 ValueType::Integer,
                 base,
                 ours,
                 theirs,
                 resolver,
-            ));
+            )
+            .unwrap_or_else(|_| ours.clone())));
         }
         if (ours == theirs && !summing) || base == theirs {
             return Ok(Ok(ours.clone()));
@@ -893,7 +902,9 @@ impl Db {
         match (base, ours, theirs) {
             (Value::Tree(b), Value::Tree(o), Value::Tree(t)) => match o.kind {
                 TreeKind::Map | TreeKind::Set => self.merge_sorted(ty, b, o, t, resolver, &mut mem),
-                TreeKind::Blob | TreeKind::List => self.merge_seq(ty, b, o, t, resolver, &mut mem),
+                TreeKind::Blob | TreeKind::List => {
+                    self.merge_seq(ty, b, o, t, resolver, &mut mem, virtual_base)
+                }
             },
             _ => Ok(merge_primitive(ty, base, ours, theirs, resolver)),
         }
@@ -979,6 +990,7 @@ impl Db {
         Ok(Ok(Value::Tree(tree)))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn merge_seq(
         &self,
         ty: ValueType,
@@ -987,6 +999,7 @@ impl Db {
         t: &TreeRef,
         resolver: &dyn Resolver,
         mem: &mut MergeMemory,
+        virtual_base: bool,
     ) -> Result<std::result::Result<Value, Vec<Conflict>>> {
         let s = self.chunks();
         let mut diff = |from: &TreeRef| -> Result<Vec<SeqChange>> {
@@ -1090,7 +1103,7 @@ impl Db {
                     start: cs + start as u64,
                     end: cs + end as u64,
                 };
-                if !exact && resolver.builds_virtual_base() {
+                if !exact && virtual_base {
                     // Between merge bases, a span the diff could not line up keeps their
                     // own base: the outer merge sees both heads' edits there against it.
                     merged.extend(bg);
@@ -1578,8 +1591,13 @@ mod tests {
         assert!(matches!(r, Ok(MergeOutcome::Merged(_))), "{r:?}");
         let r = db.merge_into(b"l", "dev", &At::Uid(a1), &BuiltinResolver::Ours, &o);
         assert!(matches!(r, Ok(MergeOutcome::Merged(_))), "{r:?}");
+        // Both heads settle the span the first merges left apart alike, then each moves
+        // on far from it.
+        ours[11] = b"T".to_vec();
+        theirs[10] = b"O1".to_vec();
+        theirs[12] = b"O2".to_vec();
         ours[50] = b"M".to_vec();
-        theirs[60] = b"D".to_vec();
+        theirs[95] = b"D".to_vec();
         put("master", &ours);
         let d2 = put("dev", &theirs);
         let bases = crate::history::merge_bases_in(
@@ -1593,10 +1611,13 @@ mod tests {
         super::TEST_DIFF3_DEADLINE.with(|d| d.set(Some(std::time::Duration::ZERO)));
         let r = db.merge_into(b"l", "master", &At::Uid(d2), &BuiltinResolver::Manual, &o);
         super::TEST_DIFF3_DEADLINE.with(|d| d.set(None));
-        assert!(
-            matches!(r, Ok(MergeOutcome::Merged(_) | MergeOutcome::Conflicts(_))),
-            "{r:?}"
-        );
+        // Not an error: the outer merge's own diff, cut short too under a zero deadline,
+        // lists the region where the heads moved as a conflict for a person (with time it
+        // merges; see the test above).
+        match r {
+            Ok(MergeOutcome::Conflicts(c)) => assert!(!c.is_empty()),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Sum adds both sides' changes in 128 bits: near the ends of the range a sum whose

@@ -4,9 +4,11 @@
 //! a criss-cross history, the pairwise merges of several untagged heads, the merged value
 //! itself. When it ends in conflicts none of that may reach the store (an unresolved merge
 //! writes nothing), so a merge runs on a view of the Db whose chunk writes land in a
-//! [`Staged`] map; only a merge that moves a head [`Staged::flush`]es them to the store,
-//! under the writers' lock it held throughout, before its ref commit. Reads see staged
-//! chunks first, then the store. Staged bytes are bounded by the merge's memory limit.
+//! [`Staged`] map; only a merge that moves a head writes them to the store
+//! ([`Staged::flush_reachable`]: those its new version reaches, so not a virtual base or
+//! the intermediate merges of several heads), under the writers' lock it held throughout,
+//! before its ref commit. Reads see staged chunks first, then the store. Staged bytes are
+//! bounded by the merge's memory limit (besides what the merge itself holds against it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +17,10 @@ use bytes::Bytes;
 use cairn_core::{Error, Result};
 use cairn_store::{ChunkStore, Cid, Durability, HashAlgo, RefStore, RefUpdate, StoreStats};
 use parking_lot::Mutex;
+
+use crate::chunk::{self, ChunkKind};
+use crate::fobject::FObject;
+use crate::postree;
 
 /// A store view whose chunk writes are held in memory (see the module documentation).
 /// Refs are read through to the store; a ref commit is refused.
@@ -28,8 +34,7 @@ pub(crate) struct Staged {
 #[derive(Default)]
 struct StagedChunks {
     map: HashMap<Cid, Bytes>,
-    /// In the order first staged (the order the merge wrote them).
-    order: Vec<Cid>,
+    /// Bytes of the chunks in `map`.
     bytes: u64,
 }
 
@@ -43,16 +48,60 @@ impl Staged {
         }
     }
 
-    /// Writes every staged chunk to the store, in the order they were staged; returns how
-    /// many there were.
-    pub(crate) fn flush(&self) -> Result<usize> {
+    /// The staged chunks `root` reaches, children after parents. A chunk already in the
+    /// store is not followed: the store holds its whole subtree.
+    fn reachable(&self, root: &Cid) -> Result<Vec<Cid>> {
+        let s = self.chunks.lock();
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![*root];
+        while let Some(cid) = stack.pop() {
+            let Some(bytes) = s.map.get(&cid) else {
+                continue;
+            };
+            if !seen.insert(cid) {
+                continue;
+            }
+            out.push(cid);
+            match chunk::parse(bytes)? {
+                (ChunkKind::Meta, _) => {
+                    let o = FObject::from_chunk(bytes)?;
+                    stack.extend(o.bases.iter().copied());
+                    if let Some(t) = o.value.tree() {
+                        stack.push(t.root);
+                    }
+                }
+                (ChunkKind::UIndex | ChunkKind::SIndex, _) => {
+                    stack.extend(postree::child_cids(bytes)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops every staged chunk `root` does not reach (between the pairwise merges of
+    /// several heads, what the running result no longer needs).
+    pub(crate) fn retain_reachable(&self, root: &Cid) -> Result<()> {
+        let keep: std::collections::HashSet<Cid> = self.reachable(root)?.into_iter().collect();
+        let mut s = self.chunks.lock();
+        let StagedChunks { map, bytes } = &mut *s;
+        map.retain(|cid, _| keep.contains(cid));
+        *bytes = map.values().map(|c| c.len() as u64).sum();
+        Ok(())
+    }
+
+    /// Writes the staged chunks `root` (the merge's new version) reaches to the store,
+    /// children before parents, and drops the rest; returns how many were written.
+    pub(crate) fn flush_reachable(&self, root: &Cid) -> Result<usize> {
+        let reached = self.reachable(root)?;
         let staged = std::mem::take(&mut *self.chunks.lock());
-        for cid in &staged.order {
+        for cid in reached.iter().rev() {
             if let Some(c) = staged.map.get(cid) {
                 self.inner.put_hashed(*cid, c)?;
             }
         }
-        Ok(staged.order.len())
+        Ok(reached.len())
     }
 }
 
@@ -63,7 +112,9 @@ impl ChunkStore for Staged {
 
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         cairn_store::check_cid_algo(&cid, self.inner.algo())?;
-        if self.chunks.lock().map.contains_key(&cid) || self.inner.has(&cid)? {
+        // The map's lock is not held across the store's I/O.
+        let staged = self.chunks.lock().map.contains_key(&cid);
+        if staged || self.inner.has(&cid)? {
             return Ok(false);
         }
         let mut s = self.chunks.lock();
@@ -80,19 +131,43 @@ impl ChunkStore for Staged {
         }
         s.bytes = bytes;
         s.map.insert(cid, Bytes::copy_from_slice(chunk));
-        s.order.push(cid);
         Ok(true)
     }
 
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>> {
-        if let Some(c) = self.chunks.lock().map.get(cid) {
-            return Ok(Some(c.clone()));
+        let staged = self.chunks.lock().map.get(cid).cloned();
+        match staged {
+            Some(c) => Ok(Some(c)),
+            None => self.inner.get(cid),
         }
-        self.inner.get(cid)
+    }
+
+    fn get_many(&self, cids: &[Cid]) -> Result<Vec<Option<Bytes>>> {
+        // Staged ones from the map, the rest from the store in one call (a backend reads
+        // neighbours together).
+        let mut out: Vec<Option<Bytes>> = {
+            let s = self.chunks.lock();
+            cids.iter().map(|c| s.map.get(c).cloned()).collect()
+        };
+        let missing: Vec<Cid> = cids
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|(c, _)| *c)
+            .collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let mut fetched = self.inner.get_many(&missing)?.into_iter();
+        for slot in out.iter_mut().filter(|o| o.is_none()) {
+            *slot = fetched.next().flatten();
+        }
+        Ok(out)
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
-        Ok(self.chunks.lock().map.contains_key(cid) || self.inner.has(cid)?)
+        let staged = self.chunks.lock().map.contains_key(cid);
+        Ok(staged || self.inner.has(cid)?)
     }
 
     fn cids(&self) -> Result<Vec<Cid>> {
@@ -132,5 +207,67 @@ impl RefStore for Staged {
 
     fn durability(&self) -> Durability {
         self.inner.durability()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use cairn_core::Error;
+    use cairn_store::{ChunkStore, MemoryStore};
+
+    use crate::db::Db;
+    use crate::fobject::FObject;
+    use crate::postree::TreeConfig;
+    use crate::value::NewValue;
+
+    /// Only what the flushed version reaches is written (not an abandoned one staged
+    /// beside it); dropping what a version does not reach frees it; past the limit a
+    /// write is refused and nothing is written.
+    #[test]
+    fn only_what_the_new_version_reaches_is_written() {
+        let store = Arc::new(MemoryStore::new());
+        let cfg = TreeConfig {
+            leaf_target: 128,
+            index_target: 256,
+        };
+        let db = Db::with_config(store.clone(), cfg).with_merge_memory(1 << 20);
+        let (view, staged) = db.staged_view();
+        let version = |seed: u8| {
+            let blob: Vec<u8> = (0..5000u32).map(|i| (i as u8) ^ seed).collect();
+            let value = view.store_value(NewValue::Blob(blob)).unwrap();
+            view.store_object(&FObject {
+                key: Bytes::from_static(b"k"),
+                value,
+                depth: 0,
+                bases: Vec::new(),
+                context: Bytes::new(),
+            })
+            .unwrap()
+        };
+        let kept = version(1);
+        let dropped = version(2);
+        assert!(
+            store.cids().unwrap().is_empty(),
+            "nothing written while staged"
+        );
+        assert!(view.load(&dropped).is_ok(), "reads see staged chunks");
+        staged.retain_reachable(&kept).unwrap();
+        assert!(view.load(&dropped).is_err(), "dropped");
+        let n = staged.flush_reachable(&kept).unwrap();
+        assert_eq!(store.cids().unwrap().len(), n);
+        assert!(n > 3, "the version and its tree");
+        let v = db.load(&kept).unwrap();
+        let t = v.value.tree().unwrap();
+        let read = crate::postree::blob_read(db.chunks(), t, 0, t.count).unwrap();
+        assert_eq!(read.len(), 5000);
+
+        let small = Db::new(Arc::new(MemoryStore::new())).with_merge_memory(100);
+        let (view, _staged) = small.staged_view();
+        let e = view.store_value(NewValue::Blob(vec![7; 5000])).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+        assert!(small.store().cids().unwrap().is_empty());
     }
 }

@@ -2619,7 +2619,17 @@ fn append_leaves_an_edit_inside_the_span_as_a_conflict() {
         .unwrap();
         let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
         assert!(matches!(r, MergeOutcome::Conflicts(_)), "{key}: {r:?}");
-        // Theirs inserting is appended, as before.
+        // An insertion inside the word is an edit of it too.
+        db.put(
+            key.as_bytes(),
+            Target::Branch("dev"),
+            v("The quickest brown fox"),
+            &o,
+        )
+        .unwrap();
+        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
+        assert!(matches!(r, MergeOutcome::Conflicts(_)), "{key}: {r:?}");
+        // Theirs adding after the span is appended, as before.
         db.put(
             key.as_bytes(),
             Target::Branch("dev"),
@@ -2799,5 +2809,9 @@ fn verify_racing_a_move_and_a_gc_reports_no_damage() {
     *store.race.lock().unwrap() = Some((newer, Vec::new()));
     let v = db.verify(None, &mut |_, _| {}).unwrap();
     assert!(!v.is_intact());
-    assert!(v.damage.iter().all(|d| d.uid == Some(newer)), "{:?}", v.damage);
+    assert!(
+        v.damage.iter().all(|d| d.uid == Some(newer)),
+        "{:?}",
+        v.damage
+    );
 }
