@@ -345,6 +345,18 @@ struct Fixture {
     keys_per_client: usize,
     size: usize,
     map_entries: usize,
+    /// The value each read key's head holds, by `client * keys_per_client + i`: every
+    /// read is compared with it (a store answering the right length of wrong bytes, or an
+    /// older version, fails the run).
+    strings: Vec<Vec<u8>>,
+    blobs: Vec<Vec<u8>>,
+    maps: Vec<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl Fixture {
+    fn index(&self, client: usize, i: usize) -> usize {
+        client * self.keys_per_client + i
+    }
 }
 
 /// Bytes of a Table 3 map entry's key.
@@ -353,6 +365,12 @@ const MAP_KEY: usize = 16;
 const MAP_VALUE: usize = 84;
 
 fn map_value(rng: &mut SmallRng, size: usize) -> (NewValue, usize) {
+    let (m, n) = map_entries_of(rng, size);
+    (NewValue::Map(m), n)
+}
+
+/// The entries of a Table 3 map of about `size` bytes, and how many.
+fn map_entries_of(rng: &mut SmallRng, size: usize) -> (BTreeMap<Vec<u8>, Vec<u8>>, usize) {
     // Entries of 100 bytes: a 16-byte key and an 84-byte value, random letters and digits
     // (so the HTTP text form `key=value` carries them unchanged).
     let n = (size / 100).max(1);
@@ -360,7 +378,7 @@ fn map_value(rng: &mut SmallRng, size: usize) -> (NewValue, usize) {
     while m.len() < n {
         m.insert(alnum(rng, MAP_KEY), alnum(rng, MAP_VALUE));
     }
-    (NewValue::Map(m), n)
+    (m, n)
 }
 
 fn alnum(rng: &mut SmallRng, n: usize) -> Vec<u8> {
@@ -386,19 +404,36 @@ impl Fixture {
         let mut rng = SmallRng::seed_from_u64(size as u64);
         let opts = PutOptions::default();
         let mut map_entries = 0;
+        let (mut strings, mut blobs, mut maps) = (Vec::new(), Vec::new(), Vec::new());
         for c in 0..clients {
             for i in 0..keys_per_client {
                 for kind in ["string", "blob", "map"] {
                     let key = read_key(kind, size, c, i);
-                    // Two versions each, so Track has a base to find.
-                    for _ in 0..2 {
+                    // Two versions each, so Track has a base to find; the second is kept
+                    // to compare reads with.
+                    for version in 0..2 {
                         let v = match kind {
-                            "string" => NewValue::String(random_bytes(&mut rng, size)),
-                            "blob" => NewValue::Blob(random_bytes(&mut rng, size)),
+                            "string" => {
+                                let b = random_bytes(&mut rng, size);
+                                if version == 1 {
+                                    strings.push(b.clone());
+                                }
+                                NewValue::String(b)
+                            }
+                            "blob" => {
+                                let b = random_bytes(&mut rng, size);
+                                if version == 1 {
+                                    blobs.push(b.clone());
+                                }
+                                NewValue::Blob(b)
+                            }
                             _ => {
-                                let (v, n) = map_value(&mut rng, size);
+                                let (m, n) = map_entries_of(&mut rng, size);
                                 map_entries = n;
-                                v
+                                if version == 1 {
+                                    maps.push(m.clone());
+                                }
+                                NewValue::Map(m)
                             }
                         };
                         db.put(key.as_bytes(), Target::Branch("master"), v, &opts)?;
@@ -410,6 +445,9 @@ impl Fixture {
             keys_per_client,
             size,
             map_entries,
+            strings,
+            blobs,
+            maps,
         })
     }
 }
@@ -447,7 +485,11 @@ fn run_op(
             let total_ops = &total_ops;
             let total_ns = &total_ns;
             handles.push(s.spawn(move || -> Result<()> {
-                let mut rng = SmallRng::seed_from_u64((c as u64) << 32 | size as u64);
+                // Salted apart from the fixture's seed (`size`), which client 0's would equal:
+                // its puts would repeat the fixture's bytes and be deduplicated.
+                let mut rng = SmallRng::seed_from_u64(
+                    ((c as u64) << 32 | size as u64) ^ 0x7ab1_e3c1_1e47_0000,
+                );
                 let opts = PutOptions::default();
                 // One keep-alive connection per client, driven on the client's own thread
                 // (reqwest's async client on a current-thread runtime: the blocking client
@@ -522,9 +564,11 @@ fn one_op(
         "Get-String" => {
             let v = db.get(read_key("string", size, c, k).as_bytes(), &master)?;
             match &v.object.value {
-                Value::String(b) => {
-                    ensure!(b.len() == size, "Get-String returned {} bytes", b.len())
-                }
+                Value::String(b) => ensure!(
+                    b[..] == fx.strings[fx.index(c, k)][..],
+                    "Get-String returned other bytes than the head's ({} bytes)",
+                    b.len()
+                ),
                 other => bail!("Get-String returned a {}", other.value_type()),
             }
         }
@@ -538,20 +582,23 @@ fn one_op(
             let t = v.object.value.tree().context("Get-Blob-Full: not a blob")?;
             let bytes = postree::blob_read(db.chunks(), t, 0, t.count)?;
             ensure!(
-                bytes.len() == size,
-                "Get-Blob-Full returned {} bytes",
+                bytes == fx.blobs[fx.index(c, k)],
+                "Get-Blob-Full returned other bytes than the head's ({} bytes)",
                 bytes.len()
             );
         }
         "Get-Map-Full" => {
             let v = db.get(read_key("map", size, c, k).as_bytes(), &master)?;
             let t = v.object.value.tree().context("Get-Map-Full: not a map")?;
+            let mut want = fx.maps[fx.index(c, k)].iter();
             let mut n = 0;
             for e in postree::iter(db.chunks(), t) {
                 let e = e?;
                 ensure!(
-                    e.value.as_ref().is_some_and(|v| v.len() == MAP_VALUE),
-                    "bad map entry"
+                    want.next().is_some_and(
+                        |(wk, wv)| e.key[..] == wk[..] && e.value.as_deref() == Some(&wv[..])
+                    ),
+                    "Get-Map-Full: entry {n} is not the head's"
                 );
                 n += 1;
             }
@@ -718,7 +765,16 @@ impl HttpNode {
                     200,
                     op,
                 )?;
-                ensure!(b.len() == size, "{op} returned {} bytes", b.len());
+                let want = if op == "Get-String" {
+                    &fx.strings[fx.index(c, k)]
+                } else {
+                    &fx.blobs[fx.index(c, k)]
+                };
+                ensure!(
+                    b[..] == want[..],
+                    "{op} returned other bytes than the head's ({} bytes)",
+                    b.len()
+                );
             }
             "Get-Blob-Meta" => {
                 let b = self.call(
@@ -743,9 +799,18 @@ impl HttpNode {
                     200,
                     op,
                 )?;
+                // The text form: `key=value` lines, in key order.
+                let mut want = fx.maps[fx.index(c, k)].iter();
                 let mut n = 0;
                 for line in b.split(|&x| x == b'\n').filter(|l| !l.is_empty()) {
-                    ensure!(line.len() == MAP_KEY + 1 + MAP_VALUE, "bad map entry");
+                    ensure!(
+                        want.next()
+                            .is_some_and(|(wk, wv)| line.len() == wk.len() + 1 + wv.len()
+                                && line.starts_with(wk)
+                                && line[wk.len()] == b'='
+                                && line.ends_with(wv)),
+                        "Get-Map-Full: entry {n} is not the head's"
+                    );
                     n += 1;
                 }
                 ensure!(n == fx.map_entries, "Get-Map-Full returned {n} entries");
@@ -1071,4 +1136,75 @@ fn throughput(root: &Path, mib: usize, cfg: TreeConfig) -> Result<()> {
     println!();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every Table 3 operation runs, embedded and over HTTP, checking what it reads; a read
+    /// of other bytes than the head's (here: a fixture expecting others) fails the run.
+    #[test]
+    fn every_operation_runs_and_reads_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        use clap::Parser;
+        let args = T::try_parse_from(["bench", "forkbase", "--clients", "2", "--seconds", "0.05"])
+            .unwrap()
+            .a;
+        let cfg = TreeConfig {
+            leaf_target: 4096,
+            index_target: 4096,
+        };
+        let store: Arc<dyn Store> = Arc::new(
+            LogStore::open(
+                &dir.path().join("embedded"),
+                LogStoreOptions {
+                    durability: Durability::Buffered,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        let db = Db::with_config(store, cfg);
+        let node = HttpNode::start(&dir.path().join("node"), Durability::Buffered, 4096).unwrap();
+        for (db, node) in [(&db, None), (node.bucket.db(), Some(&node))] {
+            let mut fx = Fixture::prepare(db, 2, 1024).unwrap();
+            for op in OPS {
+                let (ops, _, _) = run_op(db, node, &fx, op, 1024, &args).unwrap();
+                assert!(ops > 0.0, "{op}");
+            }
+            for (op, spoil) in [
+                ("Get-String", 0usize),
+                ("Get-Blob-Full", 1),
+                ("Get-Map-Full", 2),
+            ] {
+                let i = fx.index(1, 3);
+                match spoil {
+                    0 => fx.strings[i][5] ^= 1,
+                    1 => fx.blobs[i][700] ^= 1,
+                    _ => {
+                        let (k, _) = fx.maps[i].pop_last().unwrap();
+                        fx.maps[i].insert(k, b"other".to_vec());
+                    }
+                }
+                let r = match node {
+                    Some(n) => {
+                        let client = BenchClient::new().unwrap();
+                        let mut rng = SmallRng::seed_from_u64(1);
+                        n.one_op(&client, &fx, op, 1, 3, 0, None, &mut rng)
+                    }
+                    None => {
+                        let mut rng = SmallRng::seed_from_u64(1);
+                        one_op(db, &fx, op, 1, 3, 0, None, &PutOptions::default(), &mut rng)
+                    }
+                };
+                assert!(r.is_err(), "{op} took other bytes than the head's");
+            }
+        }
+    }
 }
