@@ -303,40 +303,35 @@ impl Db {
     /// key locks (as every bucket of a store must, see [`Db::new`]). Cheap: no I/O, and no
     /// per-bucket lock tables.
     pub fn for_bucket(&self, name: &str) -> Result<Db> {
+        self.sibling(self.store.clone(), None).in_bucket(name)
+    }
+
+    /// This Db's bucket, locks and settings over `store`, recording no head change and
+    /// taking only `members`' versions by uid.
+    fn sibling(&self, store: Arc<dyn Store>, members: Option<Arc<dyn VersionMembership>>) -> Db {
         Db {
-            store: self.store.clone(),
+            store,
             algo: self.algo,
             cfg: self.cfg,
             prefix: self.prefix.clone(),
             bucket_seed: self.bucket_seed,
             shared: self.shared.clone(),
             recorder: None,
-            members: None,
+            members,
             merge_memory: self.merge_memory,
         }
-        .in_bucket(name)
     }
 
     /// A view of this Db (same bucket, locks and settings) whose chunk writes are held in
-    /// memory until [`crate::staged::Staged::flush`]: what a merge runs on, so that one
-    /// ending in conflicts writes nothing. Records no head change and commits no ref.
+    /// memory until [`crate::staged::Staged::flush_reachable`]: what a merge runs on, so
+    /// that one ending in conflicts writes nothing. Records no head change and commits no
+    /// ref.
     pub(crate) fn staged_view(&self) -> (Db, Arc<crate::staged::Staged>) {
         let staged = Arc::new(crate::staged::Staged::new(
             self.store.clone(),
             self.merge_memory,
         ));
-        let view = Db {
-            store: staged.clone(),
-            algo: self.algo,
-            cfg: self.cfg,
-            prefix: self.prefix.clone(),
-            bucket_seed: self.bucket_seed,
-            shared: self.shared.clone(),
-            recorder: None,
-            members: self.members.clone(),
-            merge_memory: self.merge_memory,
-        };
-        (view, staged)
+        (self.sibling(staged.clone(), self.members.clone()), staged)
     }
 
     /// This Db with merges holding at most `bytes` in memory (default

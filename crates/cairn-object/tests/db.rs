@@ -2600,44 +2600,26 @@ fn append_leaves_an_edit_inside_the_span_as_a_conflict() {
                 NewValue::String(s.into())
             }
         };
-        db.put(key.as_bytes(), Target::Branch("master"), v(base), &o)
+        let k = key.as_bytes();
+        db.put(k, Target::Branch("master"), v(base), &o).unwrap();
+        db.fork(k, &master(), "dev").unwrap();
+        db.put(k, Target::Branch("master"), v("The brown fox"), &o)
             .unwrap();
-        db.fork(key.as_bytes(), &master(), "dev").unwrap();
-        db.put(
-            key.as_bytes(),
-            Target::Branch("master"),
-            v("The brown fox"),
-            &o,
-        )
-        .unwrap();
-        db.put(
-            key.as_bytes(),
-            Target::Branch("dev"),
-            v("The quack brown fox"),
-            &o,
-        )
-        .unwrap();
-        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
-        assert!(matches!(r, MergeOutcome::Conflicts(_)), "{key}: {r:?}");
-        // An insertion inside the word is an edit of it too.
-        db.put(
-            key.as_bytes(),
-            Target::Branch("dev"),
-            v("The quickest brown fox"),
-            &o,
-        )
-        .unwrap();
-        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
-        assert!(matches!(r, MergeOutcome::Conflicts(_)), "{key}: {r:?}");
+        // Theirs as `text`, merged into ours with append.
+        let merge_theirs = |text: &str| {
+            db.put(k, Target::Branch("dev"), v(text), &o).unwrap();
+            merge_dev(&db, k, &BuiltinResolver::Append, &o).unwrap()
+        };
+        // An edit inside the word, replacing or inserting: a conflict.
+        for edit in ["The quack brown fox", "The quickest brown fox"] {
+            let r = merge_theirs(edit);
+            assert!(
+                matches!(r, MergeOutcome::Conflicts(_)),
+                "{key} {edit}: {r:?}"
+            );
+        }
         // Theirs adding after the span is appended, as before.
-        db.put(
-            key.as_bytes(),
-            Target::Branch("dev"),
-            v("The quick brown fox jumps"),
-            &o,
-        )
-        .unwrap();
-        let r = merge_dev(&db, key.as_bytes(), &BuiltinResolver::Append, &o).unwrap();
+        let r = merge_theirs("The quick brown fox jumps");
         let MergeOutcome::Merged(u) = r else {
             panic!("{key}: {r:?}")
         };
