@@ -234,6 +234,25 @@ fn server_refuses_bad_writes_and_changes_nothing() {
         server.sign(&c, &names[0], forged),
         Err(Error::Rejected(_))
     ));
+    // One record signed twice in one write (copies of a public signature cost a
+    // verification each): refused.
+    let r = w.record(b"twice", &[]).unwrap();
+    let sig = w.sign(&r.name());
+    let e = server
+        .write(
+            &c,
+            std::slice::from_ref(&r),
+            &[(r.name(), sig), (r.name(), sig)],
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    let Anchor::Signed(stored) = server.prove(&c, &names[2], None).unwrap().proof.anchor else {
+        panic!("names[2] is signed")
+    };
+    assert!(matches!(
+        server.write(&c, &[], &vec![(names[2], stored); 3]),
+        Err(Error::InvalidInput(_))
+    ));
     // A signature on a record the server does not have.
     let ghost = w.record(b"ghost", &[]).unwrap();
     assert!(matches!(
