@@ -2560,11 +2560,7 @@ impl CapsuleServer {
         capsule: &CapsuleName,
         peer: &PublicKey,
     ) -> Result<(Vec<RecordName>, SyncCursor)> {
-        let cached = self.cursors.lock().get(&(*capsule, *peer)).cloned();
-        let cursor = match cached {
-            Some(c) => c,
-            None => self.stored_cursor(capsule, peer)?.unwrap_or_default(),
-        };
+        let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
@@ -2579,6 +2575,25 @@ impl CapsuleServer {
                 pos: proven.len() as u64,
             },
         ))
+    }
+
+    /// How many names [`CapsuleServer::since_last_sync`] would hand a session with `peer`
+    /// now, counted without collecting them (a responder refuses or budgets a session
+    /// before building it).
+    pub fn sync_backlog(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<usize> {
+        let cursor = self.sync_cursor(capsule, peer)?;
+        let cap = self.capsule(capsule)?;
+        let proven = cap.lock().dag.proven_order().len();
+        Ok(proven.saturating_sub(cursor.pos.min(proven as u64) as usize))
+    }
+
+    /// Where the next sync of `capsule` with `peer` starts.
+    fn sync_cursor(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<SyncCursor> {
+        let cached = self.cursors.lock().get(&(*capsule, *peer)).cloned();
+        Ok(match cached {
+            Some(c) => c,
+            None => self.stored_cursor(capsule, peer)?.unwrap_or_default(),
+        })
     }
 
     /// Marks a sync with `peer` finished. The next one starts from `next` (from

@@ -92,6 +92,10 @@ pub const MAX_SYNC_SESSIONS: usize = 1024;
 /// refused. The initiator's key is not authenticated, so without it a peer could open a
 /// thousand sessions under made-up keys, each comparing the whole log.
 pub const MAX_SYNC_NAMES: usize = 1 << 22;
+
+/// Memory a responder budgets per name an anti-entropy session compares while it builds
+/// the session (the name in its sorted list and in the first batch's encoder).
+const SYNC_NAME_BYTES: usize = 160;
 /// Elements preallocated for a decoded list (it grows past this only as elements decode).
 const PREALLOC: usize = 1024;
 
@@ -1872,12 +1876,21 @@ impl CapsuleService {
             seal.open(Some(&msg), sig)?;
             msg.check_hello(&peer, server)?;
             // Its answer is a first batch of coded symbols (at most 65,536, held and
-            // encoded: about 6 MiB): taken once the Hello is known to be the peer's, so
-            // made-up messages cost no memory.
-            reserve(8 << 20)?;
+            // encoded: about 6 MiB), and the session holds every name it compares (sorted,
+            // and in the encoder): taken once the Hello is known to be the peer's, so
+            // made-up messages cost no memory, and counted before any name is collected
+            // (a Hello under a fresh key starts from the capsule's first record).
+            let max = self.max_sync_names;
+            let backlog = server.sync_backlog(&capsule, &peer)?;
+            if backlog > max {
+                return Err(Error::Unavailable(format!(
+                    "an anti-entropy session of capsule {capsule} would compare {backlog} \
+                     records, more than the {max} this server holds for sessions"
+                )));
+            }
+            reserve((8 << 20) + backlog.saturating_mul(SYNC_NAME_BYTES))?;
             let mut fresh = SyncState::new(server, capsule, peer)?;
             let names = fresh.names();
-            let max = self.max_sync_names;
             if names > max {
                 return Err(Error::Unavailable(format!(
                     "an anti-entropy session of capsule {capsule} would compare {names} \

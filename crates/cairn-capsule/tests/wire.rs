@@ -824,10 +824,13 @@ fn sync_messages_reserve_memory_only_once_authenticated() {
     );
     assert!(matches!(r, Response::Error(_)), "{r:?}");
     assert!(asked.is_empty(), "made-up messages reserved {asked:?}");
-    // The peer's own Hello reserves its answer.
+    // The peer's own Hello reserves its answer and room for every name the session
+    // compares (160 bytes each), counted before they are collected.
+    let backlog = srv.sync_backlog(&c, &a.public_key()).unwrap();
+    assert!(backlog > 0);
     let r = send(svc_hello_sig(&a, &c, &responder), &mut asked);
     assert!(matches!(r, Response::Sync { .. }), "{r:?}");
-    assert_eq!(asked, vec![8 << 20]);
+    assert_eq!(asked, vec![(8 << 20) + 160 * backlog]);
 }
 
 /// A Hello signed by `a` for session 7 of `c` with `responder` (its request signature is
