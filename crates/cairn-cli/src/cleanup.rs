@@ -39,18 +39,19 @@ pub fn arm() {
 
 /// Creates a file with `create` and registers the path `path_of` names for removal, with
 /// no interruption between the two: the handler waits for the registration, then removes
-/// the file.
+/// the file. The registration comes first in the pair, so that a `let (guard, file)` drops
+/// the file (removing a temporary file) before it ends the registration.
 pub fn create_registered<T>(
     create: impl FnOnce() -> std::io::Result<T>,
     path_of: impl FnOnce(&T) -> &Path,
-) -> std::io::Result<(T, Registered)> {
+) -> std::io::Result<(Registered, T)> {
     arm();
     let mut paths = PATHS.lock().unwrap_or_else(PoisonError::into_inner);
     let made = create()?;
     let path = path_of(&made).to_path_buf();
     paths.push(path.clone());
     drop(paths);
-    Ok((made, Registered(path)))
+    Ok((Registered(path), made))
 }
 
 /// A registration made by [`create_registered`]; dropping it ends it (the owner has

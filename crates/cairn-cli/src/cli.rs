@@ -1232,7 +1232,7 @@ pub fn write_whole_file(
         },
         |t| t.path(),
     );
-    let (tmp, _interrupt) = match made {
+    let (_interrupt, tmp) = match made {
         Ok(t) => t,
         // No temporary file here (a directory we may not write, or a virtual file system
         // such as /proc): in place, like `>`, so the error, if any, names the file itself.

@@ -296,7 +296,7 @@ impl Client {
         }
         let (rt, http) = async_http()?;
         let (tee, digest) = shape.map(BlobDigest::start).transpose()?.unzip();
-        let (reader, rx) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
+        let (reader, rx, watch) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
         // Told when the last piece has been taken (the declared length reached: the client
         // then stops asking for more, or the end of the body): from then on the node owes
         // an answer.
@@ -304,28 +304,36 @@ impl Client {
         let taken_total = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         // Whether the body's end was reached (the input read to its end).
         let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // When a piece was last taken, in milliseconds since `started`.
+        let last_taken = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let started = std::time::Instant::now();
         let state = (rx, sent.clone(), taken_total.clone(), ended.clone(), 0u64);
-        let stream = futures_util::stream::unfold(
-            state,
-            move |(mut rx, sent, total, ended, taken)| async move {
-                match rx.recv().await {
-                    Some(piece) => {
-                        let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
-                        total.store(taken, std::sync::atomic::Ordering::Release);
-                        if len == Some(taken) {
-                            sent.notify_one();
+        let lt = last_taken.clone();
+        let stream =
+            futures_util::stream::unfold(state, move |(mut rx, sent, total, ended, taken)| {
+                let lt = lt.clone();
+                async move {
+                    match rx.recv().await {
+                        Some(piece) => {
+                            lt.store(
+                                started.elapsed().as_millis() as u64,
+                                std::sync::atomic::Ordering::Release,
+                            );
+                            let taken = taken + piece.as_ref().map_or(0, |p| p.len() as u64);
+                            total.store(taken, std::sync::atomic::Ordering::Release);
+                            if len == Some(taken) {
+                                sent.notify_one();
+                            }
+                            Some((piece, (rx, sent, total, ended, taken)))
                         }
-                        Some((piece, (rx, sent, total, ended, taken)))
-                    }
-                    None => {
-                        ended.store(true, std::sync::atomic::Ordering::Release);
-                        sent.notify_one();
-                        None
+                        None => {
+                            ended.store(true, std::sync::atomic::Ordering::Release);
+                            sent.notify_one();
+                            None
+                        }
                     }
                 }
-            },
-        );
-        let started = std::time::Instant::now();
+            });
         let (base, stall) = (&self.base, self.stall);
         let answer = rt.block_on(async {
             let mut req = http
@@ -349,10 +357,27 @@ impl Client {
                         tokio::time::sleep(wait).await;
                         wait
                     };
+                    // A node that stops reading the body (its connection open, the input
+                    // ready, a piece waiting for room) for the stall timeout has stalled:
+                    // nothing else ends such an upload (no write timeout in the client).
+                    let not_reading = async {
+                        loop {
+                            tokio::time::sleep(d.min(Duration::from_secs(1))).await;
+                            let at = last_taken.load(std::sync::atomic::Ordering::Acquire);
+                            let idle = started.elapsed().saturating_sub(Duration::from_millis(at));
+                            if idle >= d && watch.waiting.load(std::sync::atomic::Ordering::Acquire)
+                            {
+                                return idle;
+                            }
+                        }
+                    };
                     tokio::select! {
                         r = send => r.map_err(|e| transport(base, e))?,
                         wait = quiet => {
                             return Err(stalled(base, "the answer to an upload", wait));
+                        }
+                        idle = not_reading => {
+                            return Err(stalled(base, "reading the upload", idle));
                         }
                     }
                 }
@@ -375,6 +400,19 @@ impl Client {
         // waiting for it.
         drop(http);
         drop(rt);
+        // The input failed (a read error; a file that shrank or grew while it was sent):
+        // that is the error, whatever the request made of it (exit 10, not a node's).
+        let input_error = || {
+            watch
+                .error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .map(|(kind, what)| Error::io("reading the upload", io::Error::new(kind, what)))
+        };
+        if let Some(e) = input_error() {
+            bail!(e);
+        }
         let (status, answer) = answer?;
         if !status.is_success() {
             return Err(error_from(status, &answer));
@@ -398,6 +436,9 @@ impl Client {
         // After a complete upload the reader has finished (after a failure it may still
         // wait on a slow input, a terminal or a pipe, and is left: the process is ending).
         let _ = reader.join();
+        if let Some(e) = input_error() {
+            bail!(e);
+        }
         // The reader, and with it the builder's sender, is done after a complete upload.
         let tree = digest.map(BlobDigest::finish).transpose()?;
         Ok((parse_json(&answer)?, tree))
@@ -731,7 +772,7 @@ impl Client {
                     None,
                 ),
             };
-            let (mut spool, _interrupt) =
+            let (_interrupt, mut spool) =
                 crate::cleanup::create_registered(tempfile::NamedTempFile::new, |t| t.path())
                     .context("creating a temporary file for the ciphertext")?;
             let pb = progress_bar(len, "encrypting");
@@ -787,10 +828,11 @@ impl Client {
             let mut spooled = None;
             let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
             let spool = |from: &mut dyn Read, what: &str| -> Result<_> {
-                let (mut tmp, interrupt) =
+                let (interrupt, mut tmp) =
                     crate::cleanup::create_registered(tempfile::NamedTempFile::new, |t| t.path())
                         .with_context(|| format!("creating a temporary file for {what}"))?;
                 io::copy(from, &mut tmp).with_context(|| format!("reading {what}"))?;
+                // A tuple drops its fields in order: the file, then its registration.
                 Ok((tmp, interrupt))
             };
             let path = match (&a.file, &signer) {
@@ -1816,9 +1858,15 @@ impl Client {
     fn get_bytes(&self, url: Url) -> Result<Vec<u8>> {
         let (_, body) = self.download(url)?;
         let mut b = Vec::new();
-        body.take(JSON_LIMIT)
+        // One byte past the limit: an answer over it is refused as such, not cut.
+        body.take(JSON_LIMIT + 1)
             .read_to_end(&mut b)
             .context("reading the node's answer")?;
+        if b.len() as u64 > JSON_LIMIT {
+            bail!(Error::decode(format!(
+                "the node's answer is over {JSON_LIMIT} bytes"
+            )));
+        }
         Ok(b)
     }
 
@@ -1951,7 +1999,8 @@ fn array_field<'a>(v: &'a J, field: &str) -> Result<&'a Vec<J>> {
 
 fn read_json((_, body): Answer) -> Result<J> {
     let mut b = Vec::new();
-    body.take(JSON_LIMIT)
+    // One byte past the limit, which `parse_json` refuses.
+    body.take(JSON_LIMIT + 1)
         .read_to_end(&mut b)
         .context("reading the node's answer")?;
     parse_json(&b)
@@ -2051,6 +2100,9 @@ fn async_http() -> Result<(tokio::runtime::Runtime, reqwest::Client)> {
         .context("starting the transfer runtime")?;
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
+        // A node's redirect is not followed: signed requests would be replayed, headers
+        // and all, to whatever host it names.
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
         .build()
         .context("starting the HTTP client")?;
@@ -2083,22 +2135,57 @@ impl Read for Pieces {
     }
 }
 
+/// The queue of an upload's pieces ([`read_in_pieces`]).
+type PieceQueue = tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>;
+
+/// What an upload's reader thread shares with the request: the input's error, if reading
+/// it failed, and whether the thread waits for room in a full queue (the request stopped
+/// taking pieces).
+#[derive(Default)]
+struct ReaderWatch {
+    error: std::sync::Mutex<Option<(io::ErrorKind, String)>>,
+    waiting: std::sync::atomic::AtomicBool,
+}
+
+/// Reads `body` on a thread of its own in pieces of `piece` bytes (the last one shorter),
+/// queued for a request body, each also handed to `tee`; returns the thread, the queue and
+/// the thread's [`ReaderWatch`]. A piece read together with an error is not sent, only the
+/// error: an upload whose input failed never reaches its declared length (an input that
+/// grew past it fails on the read after its last byte, and a request that had taken that
+/// last byte would have stopped reading and stored the first `len` bytes as if whole).
+/// The thread stops when the queue's receiver is dropped.
 fn read_in_pieces(
     mut body: Box<dyn Read + Send>,
     piece: usize,
     tee: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,
 ) -> Result<(
     std::thread::JoinHandle<()>,
-    tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
+    PieceQueue,
+    std::sync::Arc<ReaderWatch>,
 )> {
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<bytes::Bytes>>(UPLOAD_QUEUE);
+    let watch = std::sync::Arc::new(ReaderWatch::default());
+    let w = watch.clone();
+    let send = move |item: io::Result<bytes::Bytes>| {
+        w.waiting.store(true, std::sync::atomic::Ordering::Release);
+        let sent = tx.blocking_send(item).is_ok();
+        w.waiting.store(false, std::sync::atomic::Ordering::Release);
+        sent
+    };
+    let w = watch.clone();
     let handle = std::thread::Builder::new()
         .name("cairn-upload".into())
         .spawn(move || {
             loop {
                 let mut buf = Vec::with_capacity(piece);
-                // `read_to_end` retries `Interrupted` and keeps what it read before an error.
+                // `read_to_end` retries `Interrupted`.
                 let res = (&mut body).take(piece as u64).read_to_end(&mut buf);
+                if let Err(e) = res {
+                    *w.error.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((e.kind(), e.to_string()));
+                    let _ = send(Err(e));
+                    return;
+                }
                 let n = buf.len();
                 if n > 0 {
                     let piece = bytes::Bytes::from(buf);
@@ -2107,22 +2194,17 @@ fn read_in_pieces(
                         // it is joined.
                         let _ = t.send(piece.clone());
                     }
-                    if tx.blocking_send(Ok(piece)).is_err() {
+                    if !send(Ok(piece)) {
                         return;
                     }
                 }
-                match res {
-                    Ok(_) if n == piece => {}
-                    Ok(_) => return,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e));
-                        return;
-                    }
+                if n < piece {
+                    return;
                 }
             }
         })
         .context("starting the upload reader thread")?;
-    Ok((handle, rx))
+    Ok((handle, rx, watch))
 }
 
 /// The node's JSON answer.
@@ -2335,7 +2417,10 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
             StatusCode::PRECONDITION_FAILED => Error::GuardMismatch(message),
             StatusCode::CONFLICT => Error::Conflict(message),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Error::Rejected(message),
-            StatusCode::SERVICE_UNAVAILABLE => Error::Unavailable(message),
+            // A gateway's failures mean the node cannot be reached (exit 9), as its own 503.
+            StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::GATEWAY_TIMEOUT => Error::Unavailable(message),
             s if s.is_client_error() => Error::InvalidInput(message),
             _ => Error::io("serving the request on the node", io::Error::other(message)),
         },
@@ -2406,7 +2491,7 @@ mod tests {
             error,
             interrupt: false,
         };
-        let (handle, mut rx) = read_in_pieces(Box::new(feeder), piece, None).unwrap();
+        let (handle, mut rx, _) = read_in_pieces(Box::new(feeder), piece, None).unwrap();
         let mut out = Vec::new();
         while let Some(p) = rx.blocking_recv() {
             out.push(p);
@@ -2441,7 +2526,68 @@ mod tests {
         let (last, ok) = got.split_last().unwrap();
         assert!(last.is_err(), "the error is passed on");
         let n: usize = ok.iter().map(|p| p.as_ref().unwrap().len()).sum();
-        assert_eq!(n, 20_000, "every byte read before the error is sent");
+        // The piece read together with the error is not sent: an upload whose input
+        // failed can never look whole.
+        assert_eq!(
+            n, 16_384,
+            "only the whole pieces read before the error are sent"
+        );
+    }
+
+    /// A node that takes an upload's head and then stops reading its body, its connection
+    /// open, fails the upload after the stall timeout instead of holding it for ever.
+    #[test]
+    fn an_upload_to_a_node_that_stops_reading_fails_after_the_stall_timeout() {
+        let c = client(quiet_node(0, b""), 1.0);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let t = std::time::Instant::now();
+        let e = c
+            .send_stream(
+                Method::PUT,
+                url,
+                Box::new(io::Cursor::new(vec![1u8; 256 << 20])),
+                Some(256 << 20),
+                &[],
+                None,
+                None,
+                None,
+            )
+            .expect_err("a node that reads nothing");
+        assert!(is_stall(&e), "{e:#}");
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+
+    /// A file that grows while it is uploaded fails the upload with the input's error
+    /// (exit 10), however far the request got: the node took every declared byte and
+    /// answered, which would otherwise have stored the first `len` bytes as if whole.
+    #[test]
+    fn an_input_that_grows_past_its_length_fails_the_upload() {
+        let answer: &'static [u8] =
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}";
+        let len = 100_000u64;
+        let c = client(quiet_node(len as usize, answer), 5.0);
+        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("grows");
+        std::fs::write(&path, vec![3u8; len as usize + 10]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let e = c
+            .send_stream(
+                Method::PUT,
+                url,
+                Box::new(ExactLen::new(file, len, &path)),
+                Some(len),
+                &[],
+                None,
+                None,
+                None,
+            )
+            .expect_err("the input grew past its declared length");
+        assert!(
+            matches!(e.downcast_ref::<Error>(), Some(Error::Io { .. })),
+            "{e:#}"
+        );
+        assert!(e.to_string().contains("grew"), "{e:#}");
     }
 
     /// Metadata naming another bucket, or none, is refused; the bucket's own passes.
