@@ -1872,6 +1872,25 @@ impl Client {
 
     fn bucket(&self, metadata_out: Option<&Path>, out: &mut impl Write) -> Result<()> {
         let info = self.get_json(self.url("", None, &[])?)?;
+        // With --metadata-out the metadata is checked first: nothing reaches stdout for a
+        // node whose metadata does not hash to the capsule it reports.
+        let checked = match metadata_out {
+            Some(_) => {
+                let bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
+                let meta = CapsuleMetadata::decode(&bytes)?;
+                if info.get("capsule").and_then(J::as_str) != Some(meta.name().to_string().as_str())
+                {
+                    bail!(Error::Rejected(format!(
+                        "the node's metadata hashes to {}, not the capsule it reports",
+                        meta.name()
+                    )));
+                }
+                // Saved to check proofs offline later: another bucket's would pass them.
+                check_bucket_named(&meta, &self.bucket)?;
+                Some(bytes)
+            }
+            None => None,
+        };
         writeln!(out, "bucket: {}", self.bucket)?;
         match info.get("capsule").and_then(J::as_str) {
             Some(c) => writeln!(out, "capsule: {}", crate::format::escape_controls(c))?,
@@ -1890,17 +1909,7 @@ impl Client {
             Some(o) => writeln!(out, "owner: {}", crate::format::escape_controls(o))?,
             None => writeln!(out, "owner: none (open bucket)")?,
         }
-        if let Some(p) = metadata_out {
-            let bytes = self.get_bytes(self.url("metadata", None, &[])?)?;
-            let meta = CapsuleMetadata::decode(&bytes)?;
-            if info.get("capsule").and_then(J::as_str) != Some(meta.name().to_string().as_str()) {
-                bail!(Error::Rejected(format!(
-                    "the node's metadata hashes to {}, not the capsule it reports",
-                    meta.name()
-                )));
-            }
-            // Saved to check proofs offline later: another bucket's would pass them.
-            check_bucket_named(&meta, &self.bucket)?;
+        if let (Some(p), Some(bytes)) = (metadata_out, checked) {
             crate::cli::write_whole_file(p, 0o666, &mut |w| {
                 let b: &[u8] = &bytes;
                 w.write_all(b)?;
