@@ -1596,7 +1596,10 @@ impl CapsuleServer {
         sig: Option<WriterSignature>,
     ) -> Result<Ack> {
         // The subrecords are hashed and their tree built before the capsule is locked: a
-        // million of them took the lock from its readers and writers meanwhile.
+        // million of them took the lock from its readers and writers meanwhile. The cheap
+        // refusals come first (an unknown capsule, a header that is not this capsule's).
+        let cap = self.capsule(capsule)?;
+        cap.lock().dag.check_header(header)?;
         check_reloadable(header)?;
         let algo = capsule.hash().algo();
         let BodyRef::Subrecords { root, count } = header.body else {
@@ -1626,7 +1629,6 @@ impl CapsuleServer {
         }
         let hb = header.encode();
         let name = RecordName(algo.digest(&hb));
-        let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
         cap.dag.check_header(header)?;
         if let Some(ws) = &sig {

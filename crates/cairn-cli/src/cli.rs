@@ -63,9 +63,10 @@ pub struct Cli {
         value_parser = parse_lock_timeout
     )]
     pub lock_timeout: Option<f64>,
-    /// With --server: seconds a transfer may go without a byte from the node (while a
-    /// download waits for its answer or its next piece, or an upload, fully sent, for its
-    /// answer) before it fails; 0 waits for ever.
+    /// With --server: seconds a transfer may go without progress from the node (while a
+    /// download waits for its answer or its next piece, an upload waits for the node to
+    /// read more of it, or an upload, fully sent, waits for its answer) before it fails;
+    /// 0 waits for ever.
     #[arg(
         long,
         global = true,

@@ -304,8 +304,9 @@ impl Client {
         let taken_total = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         // Whether the body's end was reached (the input read to its end).
         let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // When a piece was last taken, in milliseconds since `started`.
-        let last_taken = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // When a piece was last taken, in milliseconds since `started` (`u64::MAX` until
+        // the request first asks for one: connecting and sending the head come first).
+        let last_taken = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
         let started = std::time::Instant::now();
         let state = (rx, sent.clone(), taken_total.clone(), ended.clone(), 0u64);
         let lt = last_taken.clone();
@@ -364,6 +365,9 @@ impl Client {
                         loop {
                             tokio::time::sleep(d.min(Duration::from_secs(1))).await;
                             let at = last_taken.load(std::sync::atomic::Ordering::Acquire);
+                            if at == u64::MAX {
+                                continue;
+                            }
                             let idle = started.elapsed().saturating_sub(Duration::from_millis(at));
                             if idle >= d && watch.waiting.load(std::sync::atomic::Ordering::Acquire)
                             {
@@ -400,8 +404,6 @@ impl Client {
         // waiting for it.
         drop(http);
         drop(rt);
-        // The input failed (a read error; a file that shrank or grew while it was sent):
-        // that is the error, whatever the request made of it (exit 10, not a node's).
         let input_error = || {
             watch
                 .error
@@ -410,12 +412,23 @@ impl Client {
                 .take()
                 .map(|(kind, what)| Error::io("reading the upload", io::Error::new(kind, what)))
         };
-        if let Some(e) = input_error() {
-            bail!(e);
-        }
-        let (status, answer) = answer?;
+        // The input failed (a read error; a file that shrank or grew while it was sent):
+        // that explains a failed transfer, and fails a success answer (exit 10); a node's
+        // own error answer stays the error (its exit code), the input's noted with it.
+        let input = input_error();
+        let (status, answer) = match answer {
+            Ok(a) => a,
+            Err(e) => return Err(input.map_or(e, anyhow::Error::from)),
+        };
         if !status.is_success() {
-            return Err(error_from(status, &answer));
+            let node = error_from(status, &answer);
+            return Err(match input {
+                Some(i) => node.context(format!("the input failed too: {i}")),
+                None => node,
+            });
+        }
+        if let Some(i) = input {
+            bail!(i);
         }
         // A success answer before the whole body was sent (its declared length, or the end
         // of a chunked one) is no answer to this upload: what the version is checked
@@ -2058,19 +2071,27 @@ impl<R: Read> ExactLen<R> {
     }
 }
 
+impl<R: Read> ExactLen<R> {
+    /// Checks once that nothing follows the declared length.
+    fn check_end(&mut self) -> io::Result<()> {
+        if !self.checked_end {
+            self.checked_end = true;
+            let mut one = [0u8; 1];
+            if self.inner.read(&mut one)? > 0 {
+                return Err(io::Error::other(format!(
+                    "{} grew while it was being uploaded; nothing was stored",
+                    self.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<R: Read> Read for ExactLen<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.left == 0 {
-            if !self.checked_end {
-                self.checked_end = true;
-                let mut one = [0u8; 1];
-                if self.inner.read(&mut one)? > 0 {
-                    return Err(io::Error::other(format!(
-                        "{} grew while it was being uploaded; nothing was stored",
-                        self.name
-                    )));
-                }
-            }
+            self.check_end()?;
             return Ok(0);
         }
         let max = buf
@@ -2087,6 +2108,13 @@ impl<R: Read> Read for ExactLen<R> {
             ));
         }
         self.left -= n as u64;
+        if self.left == 0 {
+            // In the read that yields the last declared byte, not the next one: a request
+            // that has its declared length stops asking, and the error of a later read
+            // would come after the upload looked whole. The bytes of this read go with
+            // the error (the reader sends no piece read together with one).
+            self.check_end()?;
+        }
         Ok(n)
     }
 }
@@ -2175,11 +2203,16 @@ fn read_in_pieces(
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<bytes::Bytes>>(UPLOAD_QUEUE);
     let watch = std::sync::Arc::new(ReaderWatch::default());
     let w = watch.clone();
-    let send = move |item: io::Result<bytes::Bytes>| {
-        w.waiting.store(true, std::sync::atomic::Ordering::Release);
-        let sent = tx.blocking_send(item).is_ok();
-        w.waiting.store(false, std::sync::atomic::Ordering::Release);
-        sent
+    // `waiting` only while the queue is full: the request is not taking pieces.
+    let send = move |item: io::Result<bytes::Bytes>| match tx.try_send(item) {
+        Ok(()) => true,
+        Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => false,
+        Err(tokio::sync::mpsc::error::TrySendError::Full(item)) => {
+            w.waiting.store(true, std::sync::atomic::Ordering::Release);
+            let sent = tx.blocking_send(item).is_ok();
+            w.waiting.store(false, std::sync::atomic::Ordering::Release);
+            sent
+        }
     };
     let w = watch.clone();
     let handle = std::thread::Builder::new()
@@ -2431,6 +2464,11 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
             | StatusCode::BAD_GATEWAY
             | StatusCode::GATEWAY_TIMEOUT => Error::Unavailable(message),
             s if s.is_client_error() => Error::InvalidInput(message),
+            // Redirects are not followed (a signed request would be replayed elsewhere).
+            s if s.is_redirection() => Error::InvalidInput(format!(
+                "the node answered with a redirect ({s}); point --server at the address it \
+                 redirects to"
+            )),
             _ => Error::io("serving the request on the node", io::Error::other(message)),
         },
     };
@@ -2573,30 +2611,56 @@ mod tests {
     fn an_input_that_grows_past_its_length_fails_the_upload() {
         let answer: &'static [u8] =
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}";
-        let len = 100_000u64;
-        let c = client(quiet_node(len as usize, answer), 5.0);
-        let url = Url::parse(&format!("{}/x", c.base)).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("grows");
-        std::fs::write(&path, vec![3u8; len as usize + 10]).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let e = c
-            .send_stream(
-                Method::PUT,
-                url,
-                Box::new(ExactLen::new(file, len, &path)),
-                Some(len),
-                &[],
-                None,
-                None,
-                None,
-            )
-            .expect_err("the input grew past its declared length");
-        assert!(
-            matches!(e.downcast_ref::<Error>(), Some(Error::Io { .. })),
-            "{e:#}"
-        );
-        assert!(e.to_string().contains("grew"), "{e:#}");
+        // Within one piece, and at whole pieces (where the last piece read is full).
+        for len in [100_000u64, UPLOAD_PIECE as u64, 2 * UPLOAD_PIECE as u64] {
+            let c = client(quiet_node(len as usize, answer), 5.0);
+            let url = Url::parse(&format!("{}/x", c.base)).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("grows");
+            std::fs::write(&path, vec![3u8; len as usize + 10]).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let e = c
+                .send_stream(
+                    Method::PUT,
+                    url,
+                    Box::new(ExactLen::new(file, len, &path)),
+                    Some(len),
+                    &[],
+                    None,
+                    None,
+                    None,
+                )
+                .expect_err("the input grew past its declared length");
+            assert!(
+                matches!(e.downcast_ref::<Error>(), Some(Error::Io { .. })),
+                "{len}: {e:#}"
+            );
+            assert!(e.to_string().contains("grew"), "{len}: {e:#}");
+        }
+    }
+
+    /// Answers without a Cairn error body map by status: a gateway's failure is the node
+    /// being unreachable (exit 9), a redirect (not followed) bad input, a 500 a node I/O
+    /// failure.
+    #[test]
+    fn statuses_without_an_error_body_map_to_kinds() {
+        let kind = |s: u16| {
+            let e = error_from(StatusCode::from_u16(s).unwrap(), b"<html>proxy</html>");
+            match e.downcast_ref::<Error>() {
+                Some(Error::Unavailable(_)) => "unavailable",
+                Some(Error::InvalidInput(_)) => "invalid",
+                Some(Error::Io { .. }) => "io",
+                Some(Error::NotFound(_)) => "not found",
+                other => panic!("{s}: {other:?}"),
+            }
+        };
+        assert_eq!(kind(502), "unavailable");
+        assert_eq!(kind(503), "unavailable");
+        assert_eq!(kind(504), "unavailable");
+        assert_eq!(kind(307), "invalid");
+        assert_eq!(kind(301), "invalid");
+        assert_eq!(kind(500), "io");
+        assert_eq!(kind(404), "not found");
     }
 
     /// Metadata naming another bucket, or none, is refused; the bucket's own passes.
