@@ -2360,8 +2360,11 @@ impl ChunkStore for LogStore {
         gone.sort_by_key(|s| s.id);
         let mut freed = 0u64;
         for s in gone {
-            self.segments.write().remove(&s.id);
+            // Out of the map only once the file is gone: a segment whose unlink failed
+            // stays known, so a later compaction never drops a tombstone that a newer
+            // segment holds for a chunk still in it (which the next open would bring back).
             fs::remove_file(&s.path).ctx(|| format!("removing {}", s.path.display()))?;
+            self.segments.write().remove(&s.id);
             let hint = format::hint_path(&self.dir, s.id);
             match fs::remove_file(&hint) {
                 Ok(()) => {}

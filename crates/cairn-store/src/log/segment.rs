@@ -156,12 +156,17 @@ impl Segment {
         };
         // Only a header that is otherwise one of ours is mended (a header of another kind
         // of damage is reported where it is checked).
-        let note = (found.is_some() && h[12] != byte && ours).then(|| {
-            // Mended on disk too (best effort), so the next open does not depend on the
-            // first record staying readable.
-            let mended = file
-                .write_all_at(&[byte], 12)
-                .and_then(|()| file.sync_data());
+        let mend = found.is_some() && h[12] != byte && ours;
+        if mend {
+            // Mended on disk too, so the next open does not depend on the first record
+            // staying readable. A failure fails the open: this sync shares the file with
+            // the open's own sync of the active segment, and an error it swallowed (a
+            // writeback of the last run that failed) would let that one pass.
+            file.write_all_at(&[byte], 12)
+                .and_then(|()| file.sync_data())
+                .ctx(|| format!("mending the format byte of {}", path.display()))?;
+        }
+        let note = mend.then(|| {
             format!(
                 "{}: the header's format byte ({}) was damaged: {}; {}",
                 path.display(),
@@ -171,11 +176,7 @@ impl Segment {
                 } else {
                     format!("its first record reads as format {byte}")
                 },
-                if mended.is_ok() {
-                    "rewritten"
-                } else {
-                    "read as that"
-                }
+                "rewritten"
             )
         });
         Ok((file, path, len, bound, note))
@@ -770,7 +771,11 @@ pub(super) fn header_cut_short(off: u64, region: &[u8]) -> bool {
     false
 }
 
-/// The first chunk record in `[from, to)` whose payload does not hash to its cid.
+/// The first chunk record in `[from, to)` whose payload does not hash to its cid and
+/// fails its frame checksum too: a write that did not reach the disk whole. A record whose
+/// checksum holds was written as it reads (a caller's chunk stored under a wrong cid): it
+/// is kept, as a bad chunk anywhere else is (reads of it report it corrupt), and does not
+/// make the recovery cut the acknowledged commits after it.
 fn first_mismatch(
     rd: &mut Reader<'_>,
     records: &[HintEntry],
@@ -785,6 +790,14 @@ fn first_mismatch(
             .cid
             .matches(rd.get(r.off + FRAME_HEADER_LEN as u64, r.len as usize)?)
         {
+            let place = rd.place;
+            let frame = rd.get(r.off, FRAME_HEADER_LEN + r.len as usize)?;
+            let (head, payload) = frame.split_at(FRAME_HEADER_LEN);
+            let written_whole = parse_frame_header(head, place.at(r.off))
+                .is_ok_and(|h| frame_crc_ok(head, &h, payload, place.bound));
+            if written_whole {
+                continue;
+            }
             return Ok(Some((
                 r.off,
                 format!("chunk at offset {} does not match its cid {}", r.off, r.cid),

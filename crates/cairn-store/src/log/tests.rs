@@ -1104,3 +1104,24 @@ fn a_snapshot_pair_open_could_not_mend_covers_nothing() {
         fs::read(dir.path().join(format::REFS_SNAP)).unwrap()
     );
 }
+
+/// A chunk a caller stored under a wrong cid, in the last group of writes, is kept as a
+/// bad chunk (its frame checksum holds: it was written as it reads), not taken for a torn
+/// write: the acknowledged commit after it survives the reopen. (A payload that fails its
+/// checksum too is a torn write there, and is cut: see the tests of torn tails above.)
+#[test]
+fn a_chunk_stored_under_a_wrong_cid_does_not_cut_the_commits_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = HashAlgo::Blake3.digest(b"what the caller meant");
+    {
+        let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+        s.put(b"first").unwrap();
+        s.commit(&[set("before", b"1")]).unwrap();
+        s.put_hashed(wrong, b"something else").unwrap();
+        s.commit(&[set("acked", b"2")]).unwrap();
+    }
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert!(s.recovery().damage.is_empty(), "{:?}", s.recovery());
+    assert_eq!(s.get_ref(b"acked").unwrap().as_deref(), Some(&b"2"[..]));
+    assert!(matches!(s.get(&wrong), Err(Error::Corrupt(_))));
+}
