@@ -418,14 +418,23 @@ impl Client {
         let input = input_error();
         let (status, answer) = match answer {
             Ok(a) => a,
-            Err(e) => return Err(input.map_or(e, anyhow::Error::from)),
+            // The transfer failed because the input did: the input's error, the transfer's
+            // noted with it.
+            Err(e) => {
+                return Err(match input {
+                    Some(i) => {
+                        eprintln!("note: the transfer then failed: {e:#}");
+                        i.into()
+                    }
+                    None => e,
+                });
+            }
         };
         if !status.is_success() {
-            let node = error_from(status, &answer);
-            return Err(match input {
-                Some(i) => node.context(format!("the input failed too: {i}")),
-                None => node,
-            });
+            if let Some(i) = input {
+                eprintln!("note: the input failed too: {i}");
+            }
+            return Err(error_from(status, &answer));
         }
         if let Some(i) = input {
             bail!(i);
@@ -2075,14 +2084,20 @@ impl<R: Read> ExactLen<R> {
     /// Checks once that nothing follows the declared length.
     fn check_end(&mut self) -> io::Result<()> {
         if !self.checked_end {
-            self.checked_end = true;
             let mut one = [0u8; 1];
-            if self.inner.read(&mut one)? > 0 {
+            let n = loop {
+                match self.inner.read(&mut one) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => break r?,
+                }
+            };
+            if n > 0 {
                 return Err(io::Error::other(format!(
                     "{} grew while it was being uploaded; nothing was stored",
                     self.name
                 )));
             }
+            self.checked_end = true;
         }
         Ok(())
     }

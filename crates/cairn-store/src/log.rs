@@ -2360,11 +2360,16 @@ impl ChunkStore for LogStore {
         gone.sort_by_key(|s| s.id);
         let mut freed = 0u64;
         for s in gone {
-            // Out of the map only once the file is gone: a segment whose unlink failed
-            // stays known, so a later compaction never drops a tombstone that a newer
-            // segment holds for a chunk still in it (which the next open would bring back).
-            fs::remove_file(&s.path).ctx(|| format!("removing {}", s.path.display()))?;
-            self.segments.write().remove(&s.id);
+            // Out of the map only once its removal is durable: a segment whose unlink
+            // failed, or was not synced, stays known, so a later compaction never drops a
+            // tombstone that a newer segment holds for a chunk still in it (which the next
+            // open would bring back). That compaction unlinks it again (gone already is
+            // fine).
+            match fs::remove_file(&s.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", s.path.display()), e)),
+            }
             let hint = format::hint_path(&self.dir, s.id);
             match fs::remove_file(&hint) {
                 Ok(()) => {}
@@ -2372,6 +2377,7 @@ impl ChunkStore for LogStore {
                 Err(e) => return Err(Error::io(format!("removing {}", hint.display()), e)),
             }
             format::sync_dir(&self.dir)?;
+            self.segments.write().remove(&s.id);
             freed += s.flushed.load(Ordering::Acquire);
         }
         Ok(freed.saturating_sub(written))

@@ -588,14 +588,15 @@ pub(crate) fn scan(
                     .max()
                     .unwrap_or(group_start)
             };
-            let mut bad = events
+            // A record's frame checksum covers its payload: a torn write is an event of the
+            // scan. A chunk whose checksum holds but whose payload does not hash to its cid
+            // was written as it reads (a caller named it wrongly): kept as a bad chunk, as
+            // anywhere else (reads of it report it corrupt), not taken for a torn write
+            // that would cost the group's acknowledged commits.
+            let bad = events
                 .iter()
                 .find(|e| e.pos >= from && e.pos < last_commit_end)
                 .map(|e| (e.pos, e.why.clone()));
-            let limit = bad.as_ref().map_or(last_commit_end, |b| b.0);
-            if let Some(at) = first_mismatch(&mut rd, &out.records, from, limit)? {
-                bad = Some(at);
-            }
             if let Some((at, why)) = bad {
                 let lost: Vec<u64> = out
                     .commits
@@ -642,12 +643,6 @@ pub(crate) fn scan(
             }
         }
         if cut.is_none() {
-            // Chunks after the last commit were never acknowledged by one: check them
-            // against their cids too (before the first bad record).
-            let limit = first_bad.as_ref().map_or(len, |b| b.0);
-            if let Some(at) = first_mismatch(&mut rd, &out.records, last_commit_end, limit)? {
-                first_bad = Some(at);
-            }
             // A write interrupted before its commit record was complete was never
             // acknowledged: cut silently. But a commit record written whole whose payload
             // fails its checksum is a commit lost, maybe an acknowledged one (bit rot in
@@ -769,42 +764,6 @@ pub(super) fn header_cut_short(off: u64, region: &[u8]) -> bool {
         sector_end += SECTOR;
     }
     false
-}
-
-/// The first chunk record in `[from, to)` whose payload does not hash to its cid and
-/// fails its frame checksum too: a write that did not reach the disk whole. A record whose
-/// checksum holds was written as it reads (a caller's chunk stored under a wrong cid): it
-/// is kept, as a bad chunk anywhere else is (reads of it report it corrupt), and does not
-/// make the recovery cut the acknowledged commits after it.
-fn first_mismatch(
-    rd: &mut Reader<'_>,
-    records: &[HintEntry],
-    from: u64,
-    to: u64,
-) -> Result<Option<(u64, String)>> {
-    for r in records
-        .iter()
-        .filter(|r| r.off >= from && r.off < to && r.kind == KIND_CHUNK)
-    {
-        if !r
-            .cid
-            .matches(rd.get(r.off + FRAME_HEADER_LEN as u64, r.len as usize)?)
-        {
-            let place = rd.place;
-            let frame = rd.get(r.off, FRAME_HEADER_LEN + r.len as usize)?;
-            let (head, payload) = frame.split_at(FRAME_HEADER_LEN);
-            let written_whole = parse_frame_header(head, place.at(r.off))
-                .is_ok_and(|h| frame_crc_ok(head, &h, payload, place.bound));
-            if written_whole {
-                continue;
-            }
-            return Ok(Some((
-                r.off,
-                format!("chunk at offset {} does not match its cid {}", r.off, r.cid),
-            )));
-        }
-    }
-    Ok(None)
 }
 
 /// Reads the payloads of commit records of `seg` (for its hint file), checking each
