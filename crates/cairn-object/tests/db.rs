@@ -2392,6 +2392,37 @@ struct GcBetween {
     race: std::sync::Mutex<Option<(cairn_store::Hash, Vec<cairn_store::RefUpdate>)>>,
 }
 
+impl GcBetween {
+    fn new() -> Arc<GcBetween> {
+        Arc::new(GcBetween {
+            inner: MemoryStore::new(),
+            race: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The name of the ref of branch `branch` while it holds `uid`.
+    fn ref_of(&self, branch: &str, uid: &cairn_object::Uid) -> Vec<u8> {
+        use cairn_store::RefStore;
+        self.list_refs(b"bucket/")
+            .unwrap()
+            .into_iter()
+            .find(|(n, v)| n.ends_with(branch.as_bytes()) && v[..] == uid.to_bytes()[..])
+            .map(|(n, _)| n.to_vec())
+            .unwrap()
+    }
+
+    /// The next `get` of `victim` moves the ref `name` to `to` and collects `victim`.
+    fn race_move(&self, victim: cairn_object::Uid, name: Vec<u8>, to: cairn_object::Uid) {
+        *self.race.lock().unwrap() = Some((
+            victim,
+            vec![cairn_store::RefUpdate::Set {
+                name,
+                value: to.to_bytes().to_vec(),
+            }],
+        ));
+    }
+}
+
 impl ChunkStore for GcBetween {
     fn algo(&self) -> cairn_store::HashAlgo {
         self.inner.algo()
@@ -2454,11 +2485,8 @@ impl cairn_store::RefStore for GcBetween {
 /// head whose version is missing with no move in between is still damage.
 #[test]
 fn a_branch_read_racing_a_move_and_a_gc_reads_the_branch_again() {
-    use cairn_store::{RefStore, RefUpdate};
-    let store = Arc::new(GcBetween {
-        inner: MemoryStore::new(),
-        race: std::sync::Mutex::new(None),
-    });
+    use cairn_store::RefUpdate;
+    let store = GcBetween::new();
     let db = Db::new(store.clone());
     let o = PutOptions::default();
     let put = |b: &str, s: &str| {
@@ -2470,23 +2498,11 @@ fn a_branch_read_racing_a_move_and_a_gc_reads_the_branch_again() {
     db.fork(b"k", &At::Branch("master".into()), "side").unwrap();
     put("keep", "kept");
     // The ref of branch master (side, forked from it, holds the same uid until its put).
-    let name = store
-        .list_refs(b"bucket/")
-        .unwrap()
-        .into_iter()
-        .find(|(n, v)| n.ends_with(b"master") && v[..] == old.to_bytes()[..])
-        .map(|(n, _)| n.to_vec())
-        .unwrap();
+    let name = store.ref_of("master", &old);
 
     // Moved to a new version, the old one collected.
     let newer = put("side", "new");
-    *store.race.lock().unwrap() = Some((
-        old,
-        vec![RefUpdate::Set {
-            name: name.clone(),
-            value: newer.to_bytes().to_vec(),
-        }],
-    ));
+    store.race_move(old, name.clone(), newer);
     let v = db.get(b"k", &At::Branch("master".into())).unwrap();
     assert_eq!(v.uid, newer, "the branch's new head");
 
@@ -2755,11 +2771,7 @@ fn an_unresolved_merge_writes_nothing() {
 /// move is damage.
 #[test]
 fn verify_racing_a_move_and_a_gc_reports_no_damage() {
-    use cairn_store::{RefStore, RefUpdate};
-    let store = Arc::new(GcBetween {
-        inner: MemoryStore::new(),
-        race: std::sync::Mutex::new(None),
-    });
+    let store = GcBetween::new();
     let db = Db::new(store.clone());
     let o = PutOptions::default();
     let put = |b: &str, s: &str| {
@@ -2769,21 +2781,9 @@ fn verify_racing_a_move_and_a_gc_reports_no_damage() {
     put("master", "first");
     db.fork(b"k", &master(), "other").unwrap();
     let old = put("master", "second");
-    let name = store
-        .list_refs(b"bucket/")
-        .unwrap()
-        .into_iter()
-        .find(|(n, v)| n.ends_with(b"master") && v[..] == old.to_bytes()[..])
-        .map(|(n, _)| n.to_vec())
-        .unwrap();
+    let name = store.ref_of("master", &old);
     let newer = put("other", "third");
-    *store.race.lock().unwrap() = Some((
-        old,
-        vec![RefUpdate::Set {
-            name,
-            value: newer.to_bytes().to_vec(),
-        }],
-    ));
+    store.race_move(old, name, newer);
     let v = db.verify(None, &mut |_, _| {}).unwrap();
     assert!(v.is_intact(), "{:?}", v.damage);
     assert!(store.race.lock().unwrap().is_none(), "the race ran");
