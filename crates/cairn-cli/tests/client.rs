@@ -2488,3 +2488,40 @@ fn writes_refuse_a_version_the_node_made_up() {
         }
     }
 }
+
+/// `bucket --metadata-out` against a node whose metadata does not hash to the capsule it
+/// reports prints nothing (the bucket's lines came before the check) and writes no file.
+#[test]
+fn bucket_metadata_out_prints_nothing_before_its_check() {
+    let u = User::new();
+    let key = cairn_core::SigningKey::from_seed(&[8; 32]);
+    let meta = cairn_capsule::CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, key.public(), "x");
+    let other =
+        cairn_capsule::CapsuleMetadata::new(cairn_core::HashAlgo::Blake3, key.public(), "y");
+    let info = serde_json::json!({
+        "capsule": other.name().to_string(),
+        "writers": [key.public().to_string()],
+        "owner": key.public().to_string(),
+    });
+    let liar = lying_node_seq(
+        "Content-Type: application/json\r\n".into(),
+        vec![info.to_string().into_bytes(), meta.encode()],
+    );
+    let file = u.path().join("meta.bin");
+    let out = u.run(
+        Some(&liar),
+        &["bucket", "--metadata-out", file.to_str().unwrap()],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(11),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!file.exists());
+}
