@@ -448,14 +448,7 @@ fn rename_remove_list_keys_track() {
 fn map_merge_per_key_and_resolvers() {
     let (db, _) = db();
     let o = PutOptions::default();
-    let m = |pairs: &[(&str, &str)]| {
-        NewValue::Map(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-                .collect(),
-        )
-    };
+    let m = |pairs: &[(&str, &str)]| NewValue::Map(str_map(pairs));
     db.put(
         b"m",
         Target::Branch("master"),
@@ -493,22 +486,10 @@ fn map_merge_per_key_and_resolvers() {
     let MergeOutcome::Merged(u) = merge_dev(&db, b"m", &BuiltinResolver::Sum, &o).unwrap() else {
         panic!()
     };
-    let t = *db
-        .get(b"m", &At::Uid(u))
-        .unwrap()
-        .object
-        .value
-        .tree()
-        .unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = postree::iter(db.chunks(), &t)
-        .map(|e| e.unwrap())
-        .map(|e| (e.key.to_vec(), e.value.unwrap().to_vec()))
-        .collect();
-    let want: BTreeMap<Vec<u8>, Vec<u8>> = [("a", "14"), ("c", "3"), ("d", "4")]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
-    assert_eq!(got, want);
+    assert_eq!(
+        map_at(&db, b"m", &At::Uid(u)),
+        [("a", "14"), ("c", "3"), ("d", "4")].map(|(k, v)| (k.to_string(), v.to_string()))
+    );
     // Merging again is a no-op.
     assert!(matches!(
         merge_dev(&db, b"m", &BuiltinResolver::Manual, &o).unwrap(),
@@ -854,6 +835,14 @@ fn concurrent_writers_on_distinct_and_shared_keys() {
         Value::Integer(400)
     );
     assert_eq!(db.track(b"own3", &master(), 0, 1000).unwrap().len(), 50);
+}
+
+/// A map of the given string pairs, as bytes.
+fn str_map(pairs: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
 }
 
 fn list_of(db: &Db, v: &Value) -> Vec<Vec<u8>> {
@@ -2552,14 +2541,7 @@ fn sum_adds_up_changes_both_sides_made_alike() {
         Value::Integer(7)
     );
 
-    let m = |pairs: &[(&str, &str)]| {
-        NewValue::Map(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-                .collect(),
-        )
-    };
+    let m = |pairs: &[(&str, &str)]| NewValue::Map(str_map(pairs));
     db.put(
         b"m",
         Target::Branch("master"),
@@ -2582,22 +2564,10 @@ fn sum_adds_up_changes_both_sides_made_alike() {
     else {
         panic!()
     };
-    let t = *db
-        .get(b"m", &At::Uid(u))
-        .unwrap()
-        .object
-        .value
-        .tree()
-        .unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = postree::iter(db.chunks(), &t)
-        .map(|e| e.unwrap())
-        .map(|e| (e.key.to_vec(), e.value.unwrap().to_vec()))
-        .collect();
-    let want: BTreeMap<Vec<u8>, Vec<u8>> = [("hits", "7"), ("name", "y")]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
-    assert_eq!(got, want);
+    assert_eq!(
+        map_at(&db, b"m", &At::Uid(u)),
+        [("hits", "7"), ("name", "y")].map(|(k, v)| (k.to_string(), v.to_string()))
+    );
 }
 
 /// Append adds after ours what theirs inserted, or what theirs replaced a conflict's whole
@@ -2668,14 +2638,7 @@ fn append_leaves_an_edit_inside_the_span_as_a_conflict() {
 fn an_unresolved_merge_writes_nothing() {
     let (db, store) = db();
     let o = PutOptions::default();
-    let m = |pairs: &[(&str, &str)]| {
-        NewValue::Map(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-                .collect(),
-        )
-    };
+    let m = |pairs: &[(&str, &str)]| NewValue::Map(str_map(pairs));
     let base = db
         .put(b"u", Target::Branch("master"), m(&[("a", "1")]), &o)
         .unwrap();
