@@ -11,7 +11,9 @@ use crate::proof::{
     DOMAIN_RECORD, RecordProof, SubrecordProof, SubrecordsProof, WriterSignature, subrecord_name,
     subrecord_root,
 };
-use crate::record::{BodyCrypto, BodyKey, BodyRef, Record, RecordHeader, RecordName};
+use crate::record::{
+    BodyCrypto, BodyKey, BodyRef, Record, RecordHeader, RecordName, SealedSubrecords,
+};
 
 /// Builds, seals and signs records for one capsule as one of its writers.
 pub struct Writer {
@@ -24,7 +26,7 @@ pub struct Writer {
     recent: Vec<RecordName>,
     count: u64,
     skip_pointers: bool,
-    pending: Vec<Vec<u8>>,
+    pending: SealedSubrecords,
 }
 
 impl Writer {
@@ -47,7 +49,7 @@ impl Writer {
             recent: Vec::new(),
             count: 0,
             skip_pointers: false,
-            pending: Vec::new(),
+            pending: SealedSubrecords::new(),
         })
     }
 
@@ -163,7 +165,7 @@ impl Writer {
     pub fn write_subrecord(&mut self, plaintext: &[u8]) -> Result<Hash> {
         let sealed = self.crypto.seal(plaintext)?;
         let name = subrecord_name(self.meta.algo, &sealed);
-        self.pending.push(sealed);
+        self.pending.push(&sealed);
         Ok(name)
     }
 
@@ -173,7 +175,7 @@ impl Writer {
     pub fn commit_subrecords(
         &mut self,
         extra: &[RecordName],
-    ) -> Result<(RecordHeader, Vec<Vec<u8>>, WriterSignature)> {
+    ) -> Result<(RecordHeader, SealedSubrecords, WriterSignature)> {
         if self.pending.is_empty() {
             return Err(Error::invalid("commit with no subrecords written"));
         }

@@ -43,7 +43,7 @@ pub use proof::{
     Anchor, MAX_BATCH_SUBRECORDS, RecordProof, SubrecordGroup, SubrecordProof, SubrecordsProof,
     WriterSignature,
 };
-pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName};
+pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName, SealedSubrecords};
 pub use server::{
     Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, DEFAULT_MAX_PROOF_BYTES,
     MAX_BATCH_ANSWER_BYTES, MAX_PROOF_BYTES, ServerOptions, SessionId, SyncBody, SyncCursor,

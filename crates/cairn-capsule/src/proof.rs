@@ -17,7 +17,7 @@ use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, Result, Signature};
 
 use crate::merkle::{self, Digest, Walk};
 use crate::metadata::{CapsuleMetadata, CapsuleName};
-use crate::record::{BodyRef, RecordHeader, RecordName, TAG_SUBRECORD};
+use crate::record::{BodyRef, RecordHeader, RecordName, SealedSubrecords, TAG_SUBRECORD};
 
 /// Signature domain for a writer's signature on a record name.
 pub const DOMAIN_RECORD: &[u8] = b"cairn/capsule/record-signature/v1";
@@ -234,7 +234,7 @@ pub fn subrecord_leaf(name: &Hash) -> Digest {
 
 /// The root of a record's subrecord tree over sealed subrecords `subs`, tagged with
 /// `algo` (what the header's `BodyRef::Subrecords::root` holds), and their names.
-pub fn subrecord_root(algo: HashAlgo, subs: &[Vec<u8>]) -> (Hash, Vec<Hash>) {
+pub fn subrecord_root(algo: HashAlgo, subs: &SealedSubrecords) -> (Hash, Vec<Hash>) {
     let names: Vec<Hash> = subs.iter().map(|s| subrecord_name(algo, s)).collect();
     let leaves: Vec<Digest> = names.iter().map(subrecord_leaf).collect();
     (Hash::new(algo, merkle::root_of(algo, &leaves)), names)

@@ -36,8 +36,8 @@ use crate::proof::{
     WriterSignature, subrecord_leaf, subrecord_name, subrecord_root,
 };
 use crate::record::{
-    BodyRef, Record, RecordHeader, RecordName, TAG_BODY, TAG_JOURNAL, TAG_SUBRECORD,
-    TAG_SUBRECORD_LIST, body_chunk, body_hash,
+    BodyRef, Record, RecordHeader, RecordName, SealedSubrecords, TAG_BODY, TAG_JOURNAL,
+    TAG_SUBRECORD, TAG_SUBRECORD_LIST, body_chunk, body_hash,
 };
 
 /// Signature domain of server acknowledgments.
@@ -1180,7 +1180,7 @@ impl CapsuleServer {
 
     /// Stores sealed subrecords (one chunk each, named by `names`) and their list chunk;
     /// returns the list's cid.
-    fn store_subrecords(&self, subs: &[Vec<u8>], names: &[Hash]) -> Result<Hash> {
+    fn store_subrecords(&self, subs: &SealedSubrecords, names: &[Hash]) -> Result<Hash> {
         let mut list = Encoder::with_capacity(4 + 34 * names.len());
         list.raw(&TAG_SUBRECORD_LIST).varint(names.len() as u64);
         for (data, n) in subs.iter().zip(names) {
@@ -1592,7 +1592,7 @@ impl CapsuleServer {
         &self,
         capsule: &CapsuleName,
         header: &RecordHeader,
-        subrecords: &[Vec<u8>],
+        subrecords: &SealedSubrecords,
         sig: Option<WriterSignature>,
     ) -> Result<Ack> {
         // The subrecords are hashed and their tree built before the capsule is locked: a
@@ -2493,7 +2493,7 @@ pub enum SyncBody {
     /// A plain record's sealed body.
     Plain(Vec<u8>),
     /// A subrecord record's sealed subrecords, in tree order.
-    Subrecords(Vec<Vec<u8>>),
+    Subrecords(SealedSubrecords),
 }
 
 /// What [`CapsuleServer::apply_sync`] did with a batch from a peer.
@@ -2859,9 +2859,9 @@ impl CapsuleServer {
             let body = match body {
                 StoredBody::Plain { .. } => SyncBody::Plain(self.read(capsule, &name)?.body),
                 StoredBody::Subrecords { list, .. } => {
-                    let mut subs = Vec::new();
+                    let mut subs = SealedSubrecords::new();
                     for s in self.subrecord_list(&list)? {
-                        subs.push(self.read_subrecord(capsule, &s)?);
+                        subs.push(&self.read_subrecord(capsule, &s)?);
                     }
                     SyncBody::Subrecords(subs)
                 }

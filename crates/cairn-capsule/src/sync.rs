@@ -1225,7 +1225,7 @@ fn sync_subrecords(r: &SyncRecord) -> usize {
 fn wire_size(r: &SyncRecord) -> usize {
     let body = match &r.body {
         crate::server::SyncBody::Plain(b) => b.len(),
-        crate::server::SyncBody::Subrecords(subs) => subs.iter().map(|s| s.len() + 5).sum(),
+        crate::server::SyncBody::Subrecords(subs) => subs.total_bytes() + 5 * subs.len(),
     };
     100 + 34 * r.header.backpointers.len() + body + 70
 }

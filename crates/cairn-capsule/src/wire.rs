@@ -56,7 +56,7 @@ use crate::metadata::{CapsuleMetadata, CapsuleName};
 use crate::proof::{
     MAX_BATCH_SUBRECORDS, RecordProof, SubrecordProof, SubrecordsProof, WriterSignature,
 };
-use crate::record::{MAX_BODY_LEN, Record, RecordHeader, RecordName};
+use crate::record::{MAX_BODY_LEN, Record, RecordHeader, RecordName, SealedSubrecords};
 use crate::riblt::CodedSymbol;
 use crate::server::{
     Ack, AckKind, CapsuleServer, Checkpoint, Issued, MAX_SUBRECORDS, SessionId, SyncBody,
@@ -364,34 +364,46 @@ fn dec_record(d: &mut Decoder<'_>) -> Result<Record> {
     })
 }
 
-fn enc_blobs(e: &mut Encoder, blobs: &[Vec<u8>]) {
-    e.varint(blobs.len() as u64);
-    for b in blobs {
-        e.bytes(b);
+fn enc_subrecords(e: &mut Encoder, subs: &SealedSubrecords) {
+    e.varint(subs.len() as u64);
+    for s in subs.iter() {
+        e.bytes(s);
     }
 }
 
-fn dec_blobs(d: &mut Decoder<'_>) -> Result<Vec<Vec<u8>>> {
+fn dec_subrecords(d: &mut Decoder<'_>) -> Result<SealedSubrecords> {
     let mut left = MAX_SUBRECORDS;
-    dec_blobs_within(d, &mut left)
+    dec_subrecords_within(d, &mut left)
 }
 
 /// Most subrecords all the records of one sync message carry together. An empty subrecord
-/// is one byte on the wire and a 24-byte list entry in memory, so without a cap across the
-/// records a message of a few MiB decoded into gigabytes; senders cut their messages to it
-/// (`sync::SyncSession`).
+/// is one byte on the wire and an 8-byte offset in memory (and its name and tree leaf once
+/// checked), so without a cap across the records a message of a few MiB decoded into
+/// hundreds of MiB; senders cut their messages to it (`sync::SyncSession`).
 pub const MAX_SYNC_SUBRECORDS: usize = 1 << 21;
 
 /// Decodes a list of subrecords, taking each from `left` (refused when it runs out).
-fn dec_blobs_within(d: &mut Decoder<'_>, left: &mut usize) -> Result<Vec<Vec<u8>>> {
-    list(d, 1, MAX_SUBRECORDS, "subrecords", |d| {
-        *left = left.checked_sub(1).ok_or_else(|| {
-            Error::decode(format!(
-                "more than {MAX_SYNC_SUBRECORDS} subrecords in one message"
-            ))
-        })?;
-        Ok(d.bytes()?.to_vec())
-    })
+/// The list is one buffer and an offset per subrecord ([`SealedSubrecords`]), so it takes
+/// at most eight times its wire size (an empty subrecord) and about its wire size for
+/// subrecords of more than a few bytes.
+fn dec_subrecords_within(d: &mut Decoder<'_>, left: &mut usize) -> Result<SealedSubrecords> {
+    let n = d.count(1)?;
+    if n > MAX_SUBRECORDS {
+        return Err(Error::decode(format!(
+            "{n} subrecords (at most {MAX_SUBRECORDS})"
+        )));
+    }
+    *left = left.checked_sub(n).ok_or_else(|| {
+        Error::decode(format!(
+            "more than {MAX_SYNC_SUBRECORDS} subrecords in one message"
+        ))
+    })?;
+    // `count` bounded `n` by the bytes left, each subrecord taking at least one.
+    let mut subs = SealedSubrecords::with_capacity(n, d.remaining().saturating_sub(n));
+    for _ in 0..n {
+        subs.push(d.bytes()?);
+    }
+    Ok(subs)
 }
 
 fn enc_metadata(e: &mut Encoder, m: &CapsuleMetadata) {
@@ -484,7 +496,7 @@ fn enc_sync_record(e: &mut Encoder, r: &SyncRecord) {
         }
         SyncBody::Subrecords(subs) => {
             e.u8(1);
-            enc_blobs(e, subs);
+            enc_subrecords(e, subs);
         }
     }
     enc_opt_sig(e, &r.signature);
@@ -500,7 +512,7 @@ fn dec_sync_record(d: &mut Decoder<'_>, subrecords_left: &mut usize) -> Result<S
             }
             SyncBody::Plain(b.to_vec())
         }
-        1 => SyncBody::Subrecords(dec_blobs_within(d, subrecords_left)?),
+        1 => SyncBody::Subrecords(dec_subrecords_within(d, subrecords_left)?),
         other => return Err(Error::decode(format!("unknown sync body kind {other}"))),
     };
     Ok(SyncRecord {
@@ -764,7 +776,7 @@ pub enum Request {
         /// The record header carrying the subrecord root.
         header: RecordHeader,
         /// The sealed subrecords, in tree order.
-        subrecords: Vec<Vec<u8>>,
+        subrecords: SealedSubrecords,
         /// The writer's signature on the record, if any.
         sig: Option<WriterSignature>,
     },
@@ -926,15 +938,15 @@ pub fn encode_write(
 pub fn encode_commit_subrecords(
     capsule: &CapsuleName,
     header: &RecordHeader,
-    subrecords: &[Vec<u8>],
+    subrecords: &SealedSubrecords,
     sig: Option<&WriterSignature>,
 ) -> Vec<u8> {
-    let size: usize = subrecords.iter().map(|s| s.len() + 5).sum();
+    let size = subrecords.total_bytes() + 5 * subrecords.len();
     let mut e = Encoder::with_capacity(200 + size);
     e.u8(WIRE_VERSION).u8(REQ_COMMIT_SUBS);
     enc_capsule(&mut e, capsule);
     enc_header(&mut e, header);
-    enc_blobs(&mut e, subrecords);
+    enc_subrecords(&mut e, subrecords);
     enc_opt_sig(&mut e, &sig.copied());
     e.finish()
 }
@@ -1141,7 +1153,7 @@ impl Request {
             REQ_COMMIT_SUBS => Request::CommitSubrecords {
                 capsule: dec_capsule(d)?,
                 header: dec_header(d)?,
-                subrecords: dec_blobs(d)?,
+                subrecords: dec_subrecords(d)?,
                 sig: dec_opt_sig(d)?,
             },
             REQ_QUERY_FRESH => Request::QueryFresh {
@@ -1658,7 +1670,16 @@ fn run(
             header,
             subrecords,
             sig,
-        } => Response::Ack(server.commit_subrecords(&capsule, &header, &subrecords, sig)?),
+        } => {
+            // Checking them takes each subrecord's name and its tree's nodes (the tree is
+            // kept for later proofs): more than their wire size when they are small.
+            reserve(
+                subrecords.len().saturating_mul(
+                    std::mem::size_of::<Hash>() + 4 * std::mem::size_of::<Digest>(),
+                ),
+            )?;
+            Response::Ack(server.commit_subrecords(&capsule, &header, &subrecords, sig)?)
+        }
         Request::QueryFresh { capsule, nonce } => {
             Response::Checkpoint(server.query_fresh(&capsule, nonce)?)
         }
@@ -1808,7 +1829,11 @@ impl CapsuleService {
         req: &[u8],
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Vec<u8> {
-        let resp = match Request::from_bytes(req) {
+        // The decoded request holds a copy of what it carries (bodies, subrecords, names),
+        // about its size besides the buffer it was read into (which the server's budget
+        // covers already; subrecord lists add at most 8 bytes an entry, a million entries
+        // at most): taken before decoding.
+        let resp = match reserve(req.len()).and_then(|()| Request::from_bytes(req)) {
             Ok(r) => self.handle_within(r, reserve),
             Err(e) => Response::Error(WireError::from(&e)),
         };
@@ -2206,7 +2231,7 @@ impl RemoteCapsule {
         &mut self,
         capsule: &CapsuleName,
         header: &RecordHeader,
-        subrecords: &[Vec<u8>],
+        subrecords: &SealedSubrecords,
         sig: Option<WriterSignature>,
     ) -> Result<Ack> {
         let req = encode_commit_subrecords(capsule, header, subrecords, sig.as_ref());
@@ -2597,7 +2622,7 @@ mod tests {
         SyncRecord {
             header: header(1, i, (i % 2 == 1).then_some(3), &[i]),
             body: if i % 2 == 1 {
-                SyncBody::Subrecords(vec![vec![i; 3], vec![], vec![i]])
+                SyncBody::Subrecords(vec![vec![i; 3], vec![], vec![i]].into())
             } else {
                 SyncBody::Plain(vec![i; i as usize])
             },
@@ -2704,13 +2729,13 @@ mod tests {
             Request::CommitSubrecords {
                 capsule: c,
                 header: header(1, 6, Some(2), &[1]),
-                subrecords: vec![vec![1; 10], vec![]],
+                subrecords: vec![vec![1; 10], vec![]].into(),
                 sig: Some(ws(0, 6)),
             },
             Request::CommitSubrecords {
                 capsule: c,
                 header: header(1, 6, Some(1), &[]),
-                subrecords: vec![vec![1]],
+                subrecords: vec![vec![1]].into(),
                 sig: None,
             },
             Request::QueryFresh {
@@ -3095,7 +3120,7 @@ mod tests {
             .prop_map(|(header, subs, plain, sig)| SyncRecord {
                 header,
                 body: match subs {
-                    Some(s) => SyncBody::Subrecords(s),
+                    Some(s) => SyncBody::Subrecords(s.into()),
                     None => SyncBody::Plain(plain),
                 },
                 signature: sig.map(|(w, s)| ws(w, s)),
@@ -3216,7 +3241,7 @@ mod tests {
                     Request::CommitSubrecords {
                         capsule,
                         header,
-                        subrecords,
+                        subrecords: subrecords.into(),
                         sig: sig.map(|(w, s)| ws(w, s)),
                     }
                 }),

@@ -384,8 +384,9 @@ fn subrecords_commit_read_prove() {
     let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
     let name = header.name();
     // A tampered subrecord is refused.
-    let mut bad = sealed.clone();
+    let mut bad: Vec<Vec<u8>> = sealed.iter().map(<[u8]>::to_vec).collect();
     bad[3][0] ^= 1;
+    let bad = SealedSubrecords::from(bad);
     assert!(matches!(
         server.commit_subrecords(&c, &header, &bad, Some(sig)),
         Err(Error::Rejected(_))
@@ -648,7 +649,10 @@ fn cached_subrecords_stay_in_their_capsule() {
     server
         .commit_subrecords(&c, &header, &sealed, Some(sig))
         .unwrap();
-    assert_eq!(server.read_subrecord(&c, &sub).unwrap(), sealed[0]);
+    assert_eq!(
+        server.read_subrecord(&c, &sub).unwrap(),
+        sealed.get(0).unwrap()
+    );
     assert!(matches!(
         server.read_subrecord(&c2, &sub),
         Err(Error::NotFound(_))
@@ -1468,7 +1472,7 @@ fn a_sync_message_cannot_carry_unbounded_subrecords() {
     let msg = |records: usize, each: usize| {
         let rec = SyncRecord {
             header: header.clone(),
-            body: SyncBody::Subrecords(vec![Vec::new(); each]),
+            body: SyncBody::Subrecords(vec![Vec::new(); each].into()),
             signature: None,
         };
         Request::Sync {

@@ -778,7 +778,15 @@ fn sync_messages_reserve_memory_only_once_authenticated() {
     let responder = srv.public_key();
     let mut asked = Vec::new();
     let send = |req: Request, asked: &mut Vec<usize>| {
-        let out = svc.handle_bytes_within(&req.to_bytes(), &mut |b| {
+        let bytes = req.to_bytes();
+        let mut first = true;
+        let out = svc.handle_bytes_within(&bytes, &mut |b| {
+            // The decoded copy of the request, taken before decoding (as for every
+            // request): what a sender spends bytes on, not what a session holds.
+            if std::mem::take(&mut first) {
+                assert_eq!(b, bytes.len());
+                return Ok(());
+            }
             asked.push(b);
             Ok(())
         });
@@ -900,6 +908,55 @@ fn a_write_reserves_its_ack_before_storing() {
     );
 }
 
+/// A request is charged for the copy decoding makes of it before it is decoded, and a
+/// subrecord commit for the names and tree its check builds, which for small subrecords
+/// are several times their wire size. A refused charge stores nothing.
+#[test]
+fn a_subrecord_commit_reserves_its_decoded_copy_and_its_tree() {
+    let srv = server(9);
+    let service = CapsuleService::new(srv.clone());
+    let (mut w, meta, _) = writer();
+    let c = meta.name();
+    srv.create(&meta).unwrap();
+    let count = 20_000;
+    for i in 0..count as u32 {
+        w.write_subrecord(&i.to_le_bytes()).unwrap();
+    }
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    let name = header.name();
+    let req = Request::CommitSubrecords {
+        capsule: c,
+        header,
+        subrecords: sealed,
+        sig: Some(sig),
+    }
+    .to_bytes();
+    let out =
+        service.handle_bytes_within(&req, &mut |_| Err(Error::Unavailable("no memory".into())));
+    match Response::from_bytes(&out).unwrap() {
+        Response::Error(e) => assert!(matches!(e.into_error(), Error::Unavailable(_))),
+        other => panic!("answered {}", other.kind()),
+    }
+    assert!(srv.read(&c, &name).is_err(), "nothing stored");
+
+    let mut asked = Vec::new();
+    let out = service.handle_bytes_within(&req, &mut |b| {
+        asked.push(b);
+        Ok(())
+    });
+    assert!(matches!(
+        Response::from_bytes(&out).unwrap(),
+        Response::Ack(_)
+    ));
+    assert_eq!(asked[0], req.len(), "{asked:?}");
+    // A name and about four tree digests a subrecord, besides the copy.
+    assert!(
+        asked[1..].iter().sum::<usize>() >= count * (33 + 4 * 32),
+        "{asked:?} for {count} subrecords"
+    );
+    assert!(srv.read(&c, &name).is_ok());
+}
+
 /// The endpoint takes the memory of a large answer before building it: a record read
 /// reserves twice its body (as read, and in the encoded answer), a batched subrecord read
 /// reserves as it reads, and a refused reservation is answered "unavailable" with no
@@ -931,7 +988,8 @@ fn large_answers_reserve_their_memory_first() {
         Response::from_bytes(&out).unwrap(),
         Response::Record(_)
     ));
-    assert_eq!(asked, vec![2 * sealed]);
+    // The decoded request's copy first (small here), then the answer.
+    assert_eq!(asked, vec![req.len(), 2 * sealed]);
 
     // Refused: the answer says so, and a session's proof is not issued.
     let policy = CachePolicy::Lru { capacity: 16 };
@@ -970,10 +1028,13 @@ fn large_answers_reserve_their_memory_first() {
         Ok(())
     });
     assert!(matches!(Response::from_bytes(&out).unwrap(), Response::Subrecords(s) if s.len() == 3));
-    let want: Vec<usize> = sealed.iter().map(|s| 2 * s.len()).collect();
+    let want: Vec<usize> = std::iter::once(req.len())
+        .chain(sealed.iter().map(|s| 2 * s.len()))
+        .collect();
     assert_eq!(asked, want);
-    // Refused at the second subrecord: an error, not a partial answer.
-    let mut left = 1;
+    // Refused at the second subrecord (after the request's copy and the first
+    // subrecord): an error, not a partial answer.
+    let mut left = 2;
     let out = service.handle_bytes_within(&req, &mut |_| {
         if left == 0 {
             return Err(Error::Unavailable("no memory".into()));
@@ -1003,9 +1064,10 @@ fn large_answers_reserve_their_memory_first() {
     assert!(
         matches!(Response::from_bytes(&out).unwrap(), Response::SubrecordNames(s) if s == subs)
     );
-    assert_eq!(asked.len(), 1);
+    assert_eq!(asked.len(), 2);
+    assert_eq!(asked[0], list.len());
     assert!(
-        asked[0] >= answer_len,
+        asked[1] >= answer_len,
         "{asked:?} for an answer of {answer_len}"
     );
     let out =
