@@ -9,6 +9,9 @@
 //! the intermediate merges of several heads), under the writers' lock it held throughout,
 //! before its ref commit. Reads see staged chunks first, then the store. Staged bytes are
 //! bounded by the merge's memory limit (besides what the merge itself holds against it).
+//! A chunk the store already has is not staged but put to the store at once, which adds
+//! nothing to a sound store and lets the store's own checks (an object store syncs or
+//! rewrites a copy it only sighted) vouch for the copy the new version will rest on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -113,9 +116,16 @@ impl ChunkStore for Staged {
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         cairn_store::check_cid_algo(&cid, self.inner.algo())?;
         // The map's lock is not held across the store's I/O.
-        let staged = self.chunks.lock().map.contains_key(&cid);
-        if staged || self.inner.has(&cid)? {
+        if self.chunks.lock().map.contains_key(&cid) {
             return Ok(false);
+        }
+        if self.inner.has(&cid)? {
+            // Not staged (nor followed by `reachable`): the version will rest on the
+            // store's copy, so the store's own put checks it, as for any put. A `has`
+            // may be only a sighting (an object store's HEAD: any object of that name,
+            // perhaps cut short or not yet synced); the put syncs or rewrites such a
+            // chunk, and leaves a sound one as it is, writing nothing.
+            return self.inner.put_hashed(cid, chunk);
         }
         let mut s = self.chunks.lock();
         if s.map.contains_key(&cid) {
@@ -218,6 +228,10 @@ mod tests {
     use cairn_core::Error;
     use cairn_store::{ChunkStore, MemoryStore};
 
+    use cairn_store::{Cid, Durability, HashAlgo, RefStore, RefUpdate, StoreStats};
+    use parking_lot::Mutex;
+
+    use super::Staged;
     use crate::db::Db;
     use crate::fobject::FObject;
     use crate::postree::TreeConfig;
@@ -269,5 +283,85 @@ mod tests {
         let e = view.store_value(NewValue::Blob(vec![7; 5000])).unwrap_err();
         assert!(matches!(e, Error::InvalidInput(_)), "{e}");
         assert!(small.store().cids().unwrap().is_empty());
+    }
+
+    /// A memory store that notes every chunk put to it.
+    #[derive(Default)]
+    struct NotedPuts {
+        inner: MemoryStore,
+        puts: Mutex<Vec<Cid>>,
+    }
+
+    impl ChunkStore for NotedPuts {
+        fn algo(&self) -> HashAlgo {
+            self.inner.algo()
+        }
+        fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> cairn_core::Result<bool> {
+            self.puts.lock().push(cid);
+            self.inner.put_hashed(cid, chunk)
+        }
+        fn get(&self, cid: &Cid) -> cairn_core::Result<Option<Bytes>> {
+            self.inner.get(cid)
+        }
+        fn has(&self, cid: &Cid) -> cairn_core::Result<bool> {
+            self.inner.has(cid)
+        }
+        fn cids(&self) -> cairn_core::Result<Vec<Cid>> {
+            self.inner.cids()
+        }
+        fn remove(&self, cids: &[Cid]) -> cairn_core::Result<()> {
+            self.inner.remove(cids)
+        }
+        fn stats(&self) -> cairn_core::Result<StoreStats> {
+            self.inner.stats()
+        }
+    }
+
+    impl RefStore for NotedPuts {
+        fn get_ref(&self, name: &[u8]) -> cairn_core::Result<Option<Bytes>> {
+            self.inner.get_ref(name)
+        }
+        fn list_refs(&self, prefix: &[u8]) -> cairn_core::Result<Vec<(Bytes, Bytes)>> {
+            self.inner.list_refs(prefix)
+        }
+        fn list_refs_from(
+            &self,
+            prefix: &[u8],
+            from: &[u8],
+            limit: usize,
+        ) -> cairn_core::Result<Vec<(Bytes, Bytes)>> {
+            self.inner.list_refs_from(prefix, from, limit)
+        }
+        fn commit(&self, updates: &[RefUpdate]) -> cairn_core::Result<()> {
+            self.inner.commit(updates)
+        }
+        fn durability(&self) -> Durability {
+            self.inner.durability()
+        }
+    }
+
+    /// A chunk the store says it has is put to the store, not staged: the version rests
+    /// on the store's copy, so the store's put must check it (an object store's `has` is
+    /// a sighting of some object of that name, which its put syncs or rewrites when it
+    /// is cut short). A new chunk is only staged.
+    #[test]
+    fn a_chunk_the_store_has_goes_through_the_stores_put() {
+        let store = Arc::new(NotedPuts::default());
+        let present = b"present chunk".to_vec();
+        let cid = store.put(&present).unwrap();
+        store.puts.lock().clear();
+        let staged = Staged::new(store.clone(), 1 << 20);
+        assert!(!staged.put_hashed(cid, &present).unwrap());
+        assert_eq!(*store.puts.lock(), vec![cid], "put to the store");
+        assert!(staged.chunks.lock().map.is_empty(), "not staged");
+        let new = b"new chunk".to_vec();
+        let new_cid = store.algo().digest(&new);
+        assert!(staged.put_hashed(new_cid, &new).unwrap());
+        assert_eq!(
+            store.puts.lock().len(),
+            1,
+            "a new chunk waits for the flush"
+        );
+        assert!(!store.has(&new_cid).unwrap());
     }
 }
