@@ -105,7 +105,7 @@ pub struct ObjectChunkStore {
     /// missing is reported so only while the marker is there: a bucket or container
     /// deleted, replaced or re-pointed under a running node answers "not found" for
     /// every object, which must read as the store being unavailable, not as data gone.
-    marker_seen: parking_lot::Mutex<Option<std::time::Instant>>,
+    marker_seen: parking_lot::Mutex<MarkerCheck>,
     claimed: AtomicBool,
     /// Set for the `local` kind (see [`LocalSync`]).
     local: Option<LocalSync>,
@@ -149,7 +149,7 @@ impl ObjectChunkStore {
             damaged: Default::default(),
             marks,
             marked: Default::default(),
-            marker_seen: parking_lot::Mutex::new(None),
+            marker_seen: parking_lot::Mutex::new(MarkerCheck::default()),
             claimed: AtomicBool::new(false),
             local: None,
             runtime: Some(runtime),
@@ -208,7 +208,7 @@ impl ObjectChunkStore {
             self.run(async move { local.settle_raw(&owner).await })?;
         }
         self.claimed.store(true, Ordering::SeqCst);
-        *self.marker_seen.lock() = Some(std::time::Instant::now());
+        self.marker_seen.lock().seen = Some(std::time::Instant::now());
         // The prefix is this node's: chunks it found damaged before a restart are known
         // damaged again (their next put writes them anew).
         self.load_damage_marks()
@@ -222,29 +222,55 @@ impl ObjectChunkStore {
             return Ok(());
         }
         // Held across the HEAD: callers arriving meanwhile wait for it and take its answer,
-        // instead of each sending their own when the window lapses.
-        let mut seen = self.marker_seen.lock();
-        if let Some(t) = *seen
+        // instead of each sending their own when the window lapses. A failed check is
+        // kept for a moment too: against an unreachable endpoint each HEAD retries for
+        // minutes, and queued callers sending theirs one after another waited for all of
+        // them.
+        let mut check = self.marker_seen.lock();
+        if let Some(t) = check.seen
             && t.elapsed() < MARKER_RECHECK
         {
             return Ok(());
         }
+        if let Some((t, msg)) = &check.failed
+            && t.elapsed() < MARKER_FAILED_RECHECK
+        {
+            return Err(Error::Unavailable(msg.clone()));
+        }
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
-        self.run(async move {
+        let answer = self.run(async move {
             match store.head(&path).await {
                 Ok(_) => Ok(()),
-                Err(object_store::Error::NotFound { .. }) => Err(Error::Unavailable(format!(
-                    "{name} no longer holds {path}: the bucket, container or directory was \
-                     deleted, replaced or is not the one the node uses, so its chunks cannot \
-                     be read"
-                ))),
-                Err(e) => Err(os_err(&format!("checking {path} in {name}"), e)),
+                Err(object_store::Error::NotFound { .. }) => {
+                    // The store's name goes to the log only (the error is answered to
+                    // clients).
+                    tracing::error!(
+                        target: "cairn_store::object",
+                        "{name} no longer holds the owner marker {path}"
+                    );
+                    Err(Error::Unavailable(format!(
+                        "the object store no longer holds the node's owner marker {path}: the \
+                         bucket, container or directory was deleted, replaced or is not the \
+                         one the node uses, so its chunks cannot be read (details in the \
+                         node's log)"
+                    )))
+                }
+                Err(e) => Err(os_err(&format!("checking the owner marker {path}"), e)),
             }
-        })?;
-        *seen = Some(std::time::Instant::now());
-        Ok(())
+        });
+        match answer {
+            Ok(()) => {
+                check.seen = Some(std::time::Instant::now());
+                check.failed = None;
+                Ok(())
+            }
+            Err(e) => {
+                check.failed = Some((std::time::Instant::now(), e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// [`Self::claim`]'s marker.
@@ -317,10 +343,18 @@ impl ObjectChunkStore {
         match bytes {
             Some(bytes) if !cid.matches(&bytes) => {
                 self.mark_damaged(&[*cid]);
-                Err(Error::corrupt(format!(
-                    "chunk {cid} does not match its hash (object {} in {})",
+                // The store's name (a bucket, an account, a local directory) goes to the
+                // log only: the error is answered to clients.
+                tracing::error!(
+                    target: "cairn_store::object",
+                    "chunk {cid} does not match its hash: object {} in {}",
                     self.chunk_path(cid),
                     self.store
+                );
+                Err(Error::corrupt(format!(
+                    "chunk {cid} does not match its hash (object {}; details in the node's \
+                     log)",
+                    self.chunk_path(cid)
                 )))
             }
             other => Ok(other),
@@ -512,6 +546,18 @@ fn os_err_startup(what: &str, e: object_store::Error) -> Error {
 /// How long a sighting of the owner marker vouches for the prefix (see
 /// `ObjectChunkStore::check_prefix_present`).
 const MARKER_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a failed check of the owner marker answers for the callers after it.
+const MARKER_FAILED_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The last answers of the owner-marker check (see
+/// `ObjectChunkStore::check_prefix_present`).
+#[derive(Default)]
+struct MarkerCheck {
+    /// When the marker was last seen.
+    seen: Option<std::time::Instant>,
+    /// When the last check failed, and its error's text.
+    failed: Option<(std::time::Instant, String)>,
+}
 
 /// Maps an `object_store` error to Cairn's, naming what was being done. The object
 /// store's own text (request URLs, the service's error body, which for S3 can name the
@@ -906,20 +952,27 @@ impl ChunkStore for ObjectChunkStore {
         // Not into a bucket that is no longer this node's (deleted and made anew,
         // re-pointed): acknowledged there, the chunk would be gone once it is back.
         self.check_prefix_present()?;
-        let overwrite = self.damaged.lock().contains(&cid);
-        let fut = put_object(
-            self.store.clone(),
-            self.chunk_path(&cid),
-            Bytes::copy_from_slice(chunk),
-            self.create_supported.clone(),
-            overwrite,
-            self.local.clone(),
-        );
-        let new = self.run(fut).map_err(missing_on_write)?;
-        if overwrite {
-            self.unmark_damaged(&[cid]);
+        let mut overwrite = self.damaged.lock().contains(&cid);
+        loop {
+            let fut = put_object(
+                self.store.clone(),
+                self.chunk_path(&cid),
+                Bytes::copy_from_slice(chunk),
+                self.create_supported.clone(),
+                overwrite,
+                self.local.clone(),
+            );
+            let new = self.run(fut).map_err(missing_on_write)?;
+            if overwrite {
+                self.unmark_damaged(&[cid]);
+            } else if !new && self.damaged.lock().contains(&cid) {
+                // A read found the object damaged while this put found it there and took
+                // it for the chunk: write it anew rather than acknowledge a copy known bad.
+                overwrite = true;
+                continue;
+            }
+            return Ok(new);
         }
-        Ok(new)
     }
 
     /// Puts up to [`MAX_IN_FLIGHT`] chunks concurrently; returns when every one was
@@ -968,6 +1021,18 @@ impl ChunkStore for ObjectChunkStore {
         .map_err(missing_on_write)?;
         if !repaired.is_empty() {
             self.unmark_damaged(&repaired);
+        }
+        // A read may have found one damaged while its put found the object there and took
+        // it for the chunk: those are written anew (`put_hashed` overwrites a chunk known
+        // damaged) rather than acknowledged as stored.
+        let late: Vec<usize> = {
+            let damaged = self.damaged.lock();
+            (0..cids.len())
+                .filter(|&i| damaged.contains(&cids[i]))
+                .collect()
+        };
+        for i in late {
+            self.put_hashed(cids[i], chunks[i])?;
         }
         Ok(cids)
     }
@@ -1803,7 +1868,7 @@ mod tests {
                 .run(async move { mem.delete(&path).await.map_err(|e| os_err("wiping", e)) })
                 .unwrap();
         }
-        *store.marker_seen.lock() = None;
+        store.marker_seen.lock().seen = None;
         for e in [
             store.get(&cid).unwrap_err(),
             store.has(&cid).unwrap_err(),
@@ -1814,7 +1879,52 @@ mod tests {
         ] {
             assert!(matches!(e, Error::Unavailable(_)), "{e}");
             assert!(e.to_string().contains("no longer holds"), "{e}");
+            assert!(!e.to_string().contains("InMemory"), "{e}");
         }
+    }
+
+    /// A failed check of the owner marker answers for the callers right after it (each
+    /// HEAD against an unreachable endpoint retries for minutes, and queued callers sent
+    /// theirs one after another), and the next check after that moment looks again.
+    #[test]
+    fn a_failed_marker_check_answers_for_a_moment_then_is_made_again() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        store.claim("cairn node 01\n", true).unwrap();
+        let absent = HashAlgo::default().digest(b"never stored");
+        let owner = store.owner.clone();
+        let marker = {
+            let (mem, owner) = (mem.clone(), owner.clone());
+            store
+                .run(async move {
+                    let got = mem.get(&owner).await.map_err(|e| os_err("reading", e))?;
+                    got.bytes().await.map_err(|e| os_err("reading", e))
+                })
+                .unwrap()
+        };
+        {
+            let (mem, owner) = (mem.clone(), owner.clone());
+            store
+                .run(async move { mem.delete(&owner).await.map_err(|e| os_err("wiping", e)) })
+                .unwrap();
+        }
+        store.marker_seen.lock().seen = None;
+        assert!(matches!(store.get(&absent), Err(Error::Unavailable(_))));
+        // The marker is back, but the failure still answers for a moment.
+        {
+            let (mem, owner) = (mem.clone(), owner.clone());
+            store
+                .run(async move {
+                    mem.put(&owner, PutPayload::from(marker))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| os_err("restoring", e))
+                })
+                .unwrap();
+        }
+        assert!(matches!(store.get(&absent), Err(Error::Unavailable(_))));
+        std::thread::sleep(MARKER_FAILED_RECHECK + std::time::Duration::from_millis(100));
+        assert_eq!(store.get(&absent).unwrap(), None);
     }
 
     /// A chunk found damaged stays known as damaged across a restart (a mark in the
@@ -1840,7 +1950,10 @@ mod tests {
                 .unwrap();
         };
         put_raw(&store, b"the chunX");
-        assert!(matches!(store.get(&cid), Err(Error::Corrupt(_))));
+        let e = store.get(&cid).unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e}");
+        // The store's name goes to the log, not into the error a client is answered.
+        assert!(!e.to_string().contains("InMemory"), "{e}");
         drop(store);
         // Restarted: nothing read yet.
         let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
