@@ -242,15 +242,21 @@ async fn check_host(
 /// and its requests say `Origin: null`; `fetch`, `<img>` and `<video>` uses of the bytes
 /// are unaffected) and `X-Content-Type-Options: nosniff` (no browser guesses another
 /// type). PDFs are left out of the sandbox: browsers refuse to show them sandboxed, and
-/// their viewers do not run a document as the node's origin.
+/// their viewers do not run a document as the node's origin. Only a single Content-Type
+/// without a comma counts as one: browsers take a list's last valid type
+/// (`application/pdf;a=b,text/html` is HTML to them).
 fn confine(mut resp: axum::response::Response) -> axum::response::Response {
     use axum::http::header;
-    let pdf = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/pdf"));
+    let mut types = resp.headers().get_all(header::CONTENT_TYPE).iter();
+    let pdf = match (types.next(), types.next()) {
+        (Some(v), None) => v.to_str().ok().is_some_and(|v| {
+            !v.contains(',')
+                && v.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/pdf"))
+        }),
+        _ => false,
+    };
     let h = resp.headers_mut();
     if !pdf {
         h.insert(

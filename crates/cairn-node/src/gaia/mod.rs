@@ -13,8 +13,8 @@
 //! | `GET/HEAD /read/{address}/{path}` | the file, with `ETag`, `Content-Type`, `Last-Modified` (the reader's job in Gaia) |
 //!
 //! Errors are `{message, error}` with the hub's error names: 401 `ValidationError` /
-//! `AuthTokenTimestampValidationError`, 403 `BadPathError` (400 on a delete, as the hub
-//! answers), 404 `DoesNotExist`, 412
+//! `AuthTokenTimestampValidationError`, 403 `BadPathError` (on a delete too, as the hub
+//! answers since its fix of issue 266), 404 `DoesNotExist`, 412
 //! `PreconditionFailedError`, 413 `PayloadTooLargeError`.
 //!
 //! **Storage.** Each Gaia address is one Cairn bucket (`gaia-<hex of the address's
@@ -235,8 +235,6 @@ pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
 enum GaiaError {
     Auth(AuthError),
     BadPath(String),
-    /// A bad path in a delete: 400, where a store's is 403 (the hub's `http.ts`).
-    BadDeletePath(String),
     DoesNotExist(String),
     Precondition(String),
     TooLarge(String),
@@ -289,9 +287,6 @@ impl IntoResponse for GaiaError {
                 m.as_str(),
             ),
             GaiaError::BadPath(m) => (StatusCode::FORBIDDEN, Some("BadPathError"), m.as_str()),
-            GaiaError::BadDeletePath(m) => {
-                (StatusCode::BAD_REQUEST, Some("BadPathError"), m.as_str())
-            }
             GaiaError::DoesNotExist(m) => (StatusCode::NOT_FOUND, Some("DoesNotExist"), m.as_str()),
             GaiaError::Precondition(m) => (
                 StatusCode::PRECONDITION_FAILED,
@@ -456,14 +451,6 @@ pub const BUCKET_PREFIX: &str = "gaia-";
 /// no version-0 P2PKH address, which no token can own).
 pub fn bucket_name(address: &str) -> Option<String> {
     auth::address_hash160(address).map(|h| format!("{BUCKET_PREFIX}{}", hex::encode(h)))
-}
-
-/// [`file_path`] for a delete: the same checks, answered 400 as the hub does.
-fn delete_path(raw: &str) -> HubResult<String> {
-    file_path(raw).map_err(|e| match e {
-        GaiaError::BadPath(m) => GaiaError::BadDeletePath(m),
-        other => other,
-    })
 }
 
 /// A Gaia file path as the hub takes it: one trailing `/` dropped; `..`, a trailing `/`,
@@ -1109,12 +1096,12 @@ fn remove_blocking(
     let Some(bucket) = hub.existing_bucket(address)? else {
         // Nothing was ever stored, so nothing was revoked either.
         v.check_revocation(0)?;
-        let path = delete_path(raw_path)?;
+        let path = file_path(raw_path)?;
         v.scopes.check_delete(address, &path)?;
         return Err(missing());
     };
     v.check_revocation(hub.oldest_valid(address, &bucket)?)?;
-    let path = delete_path(raw_path)?;
+    let path = file_path(raw_path)?;
     v.scopes.check_delete(address, &path)?;
     let key = path.as_bytes();
     let ticket = hub.enqueue(bucket.name(), key)?;
