@@ -1189,7 +1189,10 @@ async fn stored_pages_are_served_sandboxed() {
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     // A type list ending in HTML is HTML to a browser (the last valid type wins): it is
     // sandboxed, however it starts.
-    for ct in ["application/pdf;a=b,text/html", "application/pdf, text/html"] {
+    for ct in [
+        "application/pdf;a=b,text/html",
+        "application/pdf, text/html",
+    ] {
         let (st, _) = hub
             .store(&auth, &a, "p.html", page, &[("content-type", ct)])
             .await;

@@ -13,7 +13,7 @@
 //! nothing to a sound store and lets the store's own checks (an object store syncs or
 //! rewrites a copy it only sighted) vouch for the copy the new version will rest on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -39,6 +39,10 @@ struct StagedChunks {
     map: HashMap<Cid, Bytes>,
     /// Bytes of the chunks in `map`.
     bytes: u64,
+    /// Chunks the merge wrote that the store had already (put to it, not staged): their
+    /// children are followed all the same, since a chunk in the store does not vouch for
+    /// its subtree (a flush cut short leaves parents whose children never came).
+    through: HashSet<Cid>,
 }
 
 impl Staged {
@@ -51,31 +55,52 @@ impl Staged {
         }
     }
 
-    /// The staged chunks `root` reaches, children after parents. A chunk already in the
-    /// store is not followed: the store holds its whole subtree.
+    /// The staged chunks `root` reaches, children before parents. The walk goes through
+    /// the chunks the merge wrote (staged, or put to the store because it had them) and
+    /// stops at any other: those belong to versions already complete in the store.
     fn reachable(&self, root: &Cid) -> Result<Vec<Cid>> {
-        let s = self.chunks.lock();
         let mut out = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut stack = vec![*root];
-        while let Some(cid) = stack.pop() {
-            let Some(bytes) = s.map.get(&cid) else {
+        let mut seen = HashSet::new();
+        // (chunk, whether its children were pushed already: it is emitted then).
+        let mut stack = vec![(*root, false)];
+        while let Some((cid, expanded)) = stack.pop() {
+            if expanded {
+                out.push(cid);
                 continue;
-            };
+            }
             if !seen.insert(cid) {
                 continue;
             }
-            out.push(cid);
-            match chunk::parse(bytes)? {
+            let (bytes, staged) = {
+                let s = self.chunks.lock();
+                match s.map.get(&cid) {
+                    Some(b) => (Some(b.clone()), true),
+                    None if s.through.contains(&cid) => (None, false),
+                    None => continue,
+                }
+            };
+            let bytes = match bytes {
+                Some(b) => b,
+                // Read without the map's lock (verified against its cid by the store).
+                None => self.inner.get(&cid)?.ok_or_else(|| {
+                    Error::Unavailable(format!(
+                        "chunk {cid}, which the store had when the merge wrote it, is gone"
+                    ))
+                })?,
+            };
+            if staged {
+                stack.push((cid, true));
+            }
+            match chunk::parse(&bytes)? {
                 (ChunkKind::Meta, _) => {
-                    let o = FObject::from_chunk(bytes)?;
-                    stack.extend(o.bases.iter().copied());
+                    let o = FObject::from_chunk(&bytes)?;
+                    stack.extend(o.bases.iter().map(|b| (*b, false)));
                     if let Some(t) = o.value.tree() {
-                        stack.push(t.root);
+                        stack.push((t.root, false));
                     }
                 }
                 (ChunkKind::UIndex | ChunkKind::SIndex, _) => {
-                    stack.extend(postree::child_cids(bytes)?);
+                    stack.extend(postree::child_cids(&bytes)?.into_iter().map(|c| (c, false)));
                 }
                 _ => {}
             }
@@ -88,7 +113,7 @@ impl Staged {
     pub(crate) fn retain_reachable(&self, root: &Cid) -> Result<()> {
         let keep: std::collections::HashSet<Cid> = self.reachable(root)?.into_iter().collect();
         let mut s = self.chunks.lock();
-        let StagedChunks { map, bytes } = &mut *s;
+        let StagedChunks { map, bytes, .. } = &mut *s;
         map.retain(|cid, _| keep.contains(cid));
         *bytes = map.values().map(|c| c.len() as u64).sum();
         Ok(())
@@ -99,7 +124,8 @@ impl Staged {
     pub(crate) fn flush_reachable(&self, root: &Cid) -> Result<usize> {
         let reached = self.reachable(root)?;
         let staged = std::mem::take(&mut *self.chunks.lock());
-        for cid in reached.iter().rev() {
+        // Children first: a flush cut short leaves no parent without its children.
+        for cid in &reached {
             if let Some(c) = staged.map.get(cid) {
                 self.inner.put_hashed(*cid, c)?;
             }
@@ -125,7 +151,9 @@ impl ChunkStore for Staged {
             // may be only a sighting (an object store's HEAD: any object of that name,
             // perhaps cut short or not yet synced); the put syncs or rewrites such a
             // chunk, and leaves a sound one as it is, writing nothing.
-            return self.inner.put_hashed(cid, chunk);
+            let new = self.inner.put_hashed(cid, chunk)?;
+            self.chunks.lock().through.insert(cid);
+            return Ok(new);
         }
         let mut s = self.chunks.lock();
         if s.map.contains_key(&cid) {
@@ -363,5 +391,61 @@ mod tests {
             "a new chunk waits for the flush"
         );
         assert!(!store.has(&new_cid).unwrap());
+    }
+
+    /// A chunk the store already has (an index node a flush cut short left behind, its
+    /// leaf never written) does not stop the walk: the leaf the new version needs below it
+    /// is written. It was dropped, and the merge acknowledged a head no read could get.
+    #[test]
+    fn a_chunk_left_in_the_store_without_its_children_does_not_hide_them() {
+        let store = Arc::new(MemoryStore::new());
+        let cfg = TreeConfig {
+            leaf_target: 128,
+            index_target: 256,
+        };
+        let db = Db::with_config(store.clone(), cfg).with_merge_memory(1 << 20);
+        let blob: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let version = |view: &Db| {
+            let value = view.store_value(NewValue::Blob(blob.clone())).unwrap();
+            view.store_object(&FObject {
+                key: Bytes::from_static(b"k"),
+                value,
+                depth: 0,
+                bases: Vec::new(),
+                context: Bytes::new(),
+            })
+            .unwrap()
+        };
+        // An index node of the version, and its children, as a first merge staged them.
+        let (view, staged) = db.staged_view();
+        let v = version(&view);
+        let (index, index_bytes) = {
+            let s = staged.chunks.lock();
+            s.map
+                .iter()
+                .find(|(_, b)| {
+                    matches!(
+                        crate::chunk::parse(b).unwrap().0,
+                        crate::chunk::ChunkKind::UIndex
+                    )
+                })
+                .map(|(c, b)| (*c, b.clone()))
+                .unwrap()
+        };
+        drop((view, staged));
+        // That flush was cut short: the index node reached the store, its leaves did not.
+        store.put_hashed(index, &index_bytes).unwrap();
+        let (view, staged) = db.staged_view();
+        assert_eq!(version(&view), v);
+        staged.flush_reachable(&v).unwrap();
+        for child in crate::postree::child_cids(&index_bytes).unwrap() {
+            assert!(
+                store.has(&child).unwrap(),
+                "child {child} of the index node"
+            );
+        }
+        let t = *db.load(&v).unwrap().value.tree().unwrap();
+        let read = crate::postree::blob_read(db.chunks(), &t, 0, t.count).unwrap();
+        assert_eq!(read, blob);
     }
 }
