@@ -1018,6 +1018,82 @@ async fn one_address_holds_at_most_its_share_of_gaia_transfers() {
     assert_eq!(hub.store(&auth, &a, "other", b"stored", &[]).await.0, 202);
 }
 
+/// A Content-Type with bytes past ASCII is kept and served as sent (the hub's Node.js
+/// reads header bytes as latin1); it was dropped for `application/octet-stream`, and
+/// `@stacks/storage` then gave the app bytes instead of text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_type_past_ascii_is_kept_as_sent() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(18);
+    let (a, auth) = (k.address(), k.bearer());
+    let ct = b"text/plain; name=\"caf\xE9\"";
+    let resp = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/n.txt")))
+        .header("authorization", &auth)
+        .header(
+            "content-type",
+            reqwest::header::HeaderValue::from_bytes(ct).unwrap(),
+        )
+        .body("text")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let r = hub
+        .http
+        .get(hub.url(&format!("/read/{a}/n.txt")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"].as_bytes(), ct);
+    let (st, v) = hub.list(&auth, &a, json!({"stat": true})).await;
+    assert_eq!(st, 202);
+    assert_eq!(
+        v["entries"][0]["contentType"],
+        "text/plain; name=\"caf\u{e9}\""
+    );
+}
+
+/// A file's modification time is when its store committed, as the hub's disk driver
+/// reports the file's mtime once written: a slow upload that began first and committed
+/// after a quicker one to the same path is the newer file, and lists as such (it was
+/// stamped when its body began, older than the version it replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_modification_time_is_its_commit() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(17);
+    let (a, auth) = (k.address(), k.bearer());
+    let mtime = |v: &serde_json::Value| -> u64 {
+        let e = &v["entries"][0];
+        assert_eq!(e["name"], "p");
+        e["lastModifiedDate"].as_u64().unwrap()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/p")))
+        .header("authorization", &auth)
+        .body(reqwest::Body::wrap_stream(tokio_stream(rx)))
+        .send();
+    let slow = tokio::spawn(slow);
+    tx.send(Ok(b"slow, ".to_vec())).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(hub.store(&auth, &a, "p", b"quick", &[]).await.0, 202);
+    let (st, v) = hub.list(&auth, &a, json!({"stat": true})).await;
+    assert_eq!(st, 202);
+    let quick = mtime(&v);
+    // Listed in whole seconds, as the hub lists them.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    tx.send(Ok(b"and last".to_vec())).await.unwrap();
+    drop(tx);
+    assert_eq!(slow.await.unwrap().unwrap().status(), 202);
+    assert_eq!(hub.read(&a, "p").await.3, b"slow, and last");
+    let (st, v) = hub.list(&auth, &a, json!({"stat": true})).await;
+    assert_eq!(st, 202);
+    assert!(mtime(&v) > quick, "{} after {quick}", mtime(&v));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_write_queue_answers_503_with_retry_after() {
     let hub = Hub::with(1 << 20, 1, GaiaConfig::default()).await;

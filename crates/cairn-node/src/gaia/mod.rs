@@ -482,6 +482,19 @@ fn max_upload_megabytes(bytes: u64) -> serde_json::Value {
     }
 }
 
+/// A header's bytes as the hub's Node.js reads them: one character per byte (latin1).
+fn latin1(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| char::from(b)).collect()
+}
+
+/// [`latin1`] back to the header's bytes (a character past U+00FF, which no header
+/// brought, becomes `?`).
+fn latin1_bytes(s: &str) -> Vec<u8> {
+    s.chars()
+        .map(|c| u8::try_from(u32::from(c)).unwrap_or(b'?'))
+        .collect()
+}
+
 fn header_str<'a>(h: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
@@ -949,9 +962,12 @@ fn store_blocking<R: Read>(
             megabytes(len)
         )));
     }
-    let content_type = header_str(headers, &header::CONTENT_TYPE)
-        .unwrap_or("application/octet-stream")
-        .to_string();
+    // Kept as the hub keeps it (Node.js reads header bytes as latin1), not dropped for
+    // `application/octet-stream` when it holds a byte past ASCII.
+    let content_type = headers.get(header::CONTENT_TYPE).map_or_else(
+        || "application/octet-stream".to_string(),
+        |v| latin1(v.as_bytes()),
+    );
     if content_type.len() > MAX_CONTENT_TYPE {
         return Err(GaiaError::InvalidInput("Invalid content-type".into()));
     }
@@ -968,12 +984,6 @@ fn store_blocking<R: Read>(
         })?),
         _ => None,
     };
-    let context = FileMeta {
-        gaia: 1,
-        content_type,
-        mtime_ms: now_millis(),
-    }
-    .encode();
     let turn = ticket.turn.clone();
     let mut upload = Upload {
         inner: reader,
@@ -1009,7 +1019,17 @@ fn store_blocking<R: Read>(
                 replaced = current;
                 Ok(PutOptions {
                     guard,
-                    context: context.clone(),
+                    // Modified when committed, as the hub's disk driver reports the file's
+                    // mtime once written: stamped when the body began, a slow upload that
+                    // committed after a quicker one showed an older time than the version
+                    // it replaced, and a sync client asking for changes since its last
+                    // listing missed it.
+                    context: FileMeta {
+                        gaia: 1,
+                        content_type: content_type.clone(),
+                        mtime_ms: now_millis(),
+                    }
+                    .encode(),
                     // A file deleted under an archival scope kept its versions on a
                     // `.history.` branch: written again, it goes on from the newest of
                     // them (only a key without a `master` head can have one to look for).
@@ -1776,7 +1796,7 @@ async fn read(
     }
     let n = end - start;
     b = b
-        .header(header::CONTENT_TYPE, found.content_type.as_str())
+        .header(header::CONTENT_TYPE, latin1_bytes(&found.content_type))
         .header(header::ACCEPT_RANGES, "bytes")
         .header(header::CONTENT_LENGTH, n);
     if status == StatusCode::PARTIAL_CONTENT {
