@@ -342,7 +342,9 @@ impl CapsuleDag {
 
     /// Proven records in the order they became proven, as positions in [`Self::order`]:
     /// what anti-entropy compares since a sync (a record signed after it was accepted
-    /// comes when it was signed, so a signature that reaches an old record travels).
+    /// comes when it was signed, so a signature that reaches an old record travels). A
+    /// record proven by a chain and signed later comes again at its signing, so a
+    /// position may appear twice.
     pub fn proven_order(&self) -> &[u64] {
         &self.proven_order
     }
@@ -446,11 +448,23 @@ impl CapsuleDag {
         name: RecordName,
         ws: WriterSignature,
     ) -> bool {
-        if !self.nodes.contains_key(&name) || self.signatures.contains_key(&name) {
+        let Some(node) = self.nodes.get(&name) else {
+            return false;
+        };
+        if self.signatures.contains_key(&name) {
             return false;
         }
+        let (was_proven, index) = (node.witness != Witness::Unknown, node.index);
         self.signatures.insert(name, ws);
         self.set_witness(&name, Witness::Signed);
+        if was_proven {
+            // Already proven by a chain, it is not newly proven, yet its signature is news
+            // to a replica that holds it unsigned: anti-entropy compares the records in
+            // `proven_order` after each peer's cursor, so it goes there again (a replay
+            // of the journal makes the same order). Without it, a signature acknowledged
+            // by one replica never reached the others, and the quick check said in sync.
+            self.proven_order.push(index);
+        }
         self.propagate(name, 0);
         true
     }

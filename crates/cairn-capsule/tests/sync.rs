@@ -1062,6 +1062,40 @@ fn a_signature_on_an_old_record_both_hold_travels() {
     assert!(ra.quick_match, "{ra:?}");
 }
 
+/// A signature on a record both replicas hold proven (by a hash chain from a signed child)
+/// travels too: it was never news to anti-entropy (the record was not newly proven), so
+/// the replica that acknowledged it kept it alone, and the quick check said in sync.
+#[test]
+fn a_signature_on_a_record_already_proven_travels() {
+    let Pair { a, b, c, w, seal } = pair("late-proven");
+    let r = Record::new(c, seal("r"), vec![]);
+    let child = Record::new(c, seal("child"), vec![r.name()]);
+    for s in [&a, &b] {
+        s.write(
+            &c,
+            &[r.clone(), child.clone()],
+            &[(child.name(), w.sign(&child.name()))],
+        )
+        .unwrap();
+        assert!(s.with_dag(&c, |d| d.is_proven(&r.name())).unwrap());
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    a.sign(&c, &r.name(), w.sign(&r.name())).unwrap();
+    let signed = |s: &CapsuleServer| s.with_dag(&c, |d| d.signature(&r.name()).is_some());
+    assert!(signed(&a).unwrap() && !signed(&b).unwrap());
+    sync_pair(&a, &b, &c).unwrap();
+    assert!(signed(&b).unwrap(), "the signature reached B");
+    // And the replicas settle: a session or two later, the quick check matches.
+    let mut quick = false;
+    for _ in 0..3 {
+        quick = sync_pair(&a, &b, &c).unwrap().0.quick_match;
+        if quick {
+            break;
+        }
+    }
+    assert!(quick);
+}
+
 /// A replica listed in `sync_peers` keeps its sync cursor across a restart: after one
 /// side restarts, the next session compares only the records proven since, as before the
 /// restart (a stranger's cursor stays in memory only, and the store holds no ref of it).
