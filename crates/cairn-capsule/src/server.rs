@@ -2880,18 +2880,73 @@ impl CapsuleServer {
     /// batch or already here. Everything else is dropped and counted.
     pub fn apply_sync(&self, capsule: &CapsuleName, batch: &[SyncRecord]) -> Result<ApplyReport> {
         let cap = self.capsule(capsule)?;
-        let mut cap = cap.lock();
-        let meta = cap.dag.meta().clone();
+        let meta = cap.lock().dag.meta().clone();
         let mut report = ApplyReport::default();
+        // Each record is checked (body or subrecord hashes, signature) before the capsule
+        // is locked: a batch of a frame's worth of records held its readers and writers
+        // that long. Copies of one record in a batch are checked at most twice, once with
+        // a signature and once without (the first of each kind; none past a passed check
+        // that had a signature), and a record the capsule holds only for a signature it
+        // lacks there: copies of one record, each with a signature to verify, took the
+        // capsule's lock for seconds.
+        let names: Vec<RecordName> = batch.iter().map(|r| r.header.name()).collect();
+        let held: Vec<(bool, bool)> = {
+            let cap = cap.lock();
+            names
+                .iter()
+                .map(|n| (cap.dag.contains(n), cap.dag.signature(n).is_some()))
+                .collect()
+        };
+        let mut verdicts: Vec<Option<Result<Vec<Hash>>>> = Vec::with_capacity(batch.len());
+        // Per name: (a copy with a signature was tried, one without was, one with a
+        // signature passed).
+        let mut tried: HashMap<RecordName, (bool, bool, bool)> = HashMap::new();
+        for ((r, name), &(present, signed)) in batch.iter().zip(&names).zip(&held) {
+            let with_sig = r.signature.is_some();
+            let t = tried.entry(*name).or_default();
+            let skip =
+                t.2 || if with_sig { t.0 } else { t.1 } || (present && (signed || !with_sig));
+            if skip {
+                verdicts.push(None);
+                continue;
+            }
+            if with_sig {
+                t.0 = true;
+            } else {
+                t.1 = true;
+            }
+            let verdict = if present {
+                r.signature
+                    .as_ref()
+                    .map_or(Ok(()), |ws| ws.verify(&meta, name))
+                    .map(|()| Vec::new())
+            } else {
+                r.check(&meta).map(|(_, sub_names)| sub_names)
+            };
+            t.2 |= with_sig && verdict.is_ok();
+            verdicts.push(Some(verdict));
+        }
+        let mut cap = cap.lock();
         let mut fresh: HashMap<RecordName, &SyncRecord> = HashMap::new();
         // Checked fresh records in the peer's order, with their subrecord names.
         let mut checked: Vec<(RecordName, &SyncRecord, Vec<Hash>)> = Vec::new();
         let mut new_sigs: Vec<(RecordName, WriterSignature)> = Vec::new();
         let mut late_sigs: HashMap<RecordName, WriterSignature> = HashMap::new();
-        for r in batch {
-            let Ok((name, sub_names)) = r.check(&meta) else {
-                report.corrupt += 1;
-                continue;
+        for ((r, &name), verdict) in batch.iter().zip(&names).zip(verdicts) {
+            let sub_names = match verdict {
+                // A copy not checked again: of a record held (as before, a duplicate), or
+                // of one earlier in the batch (kept once).
+                None => {
+                    if cap.dag.contains(&name) {
+                        report.duplicate += 1;
+                    }
+                    continue;
+                }
+                Some(Err(_)) => {
+                    report.corrupt += 1;
+                    continue;
+                }
+                Some(Ok(sub_names)) => sub_names,
             };
             if cap.dag.contains(&name) {
                 report.duplicate += 1;

@@ -1096,6 +1096,45 @@ fn a_signature_on_a_record_already_proven_travels() {
     assert!(quick);
 }
 
+/// Copies of one record in a batch are checked at most once with a signature and once
+/// without: a thousand copies each carrying a wrong signature cost one verification (they
+/// cost a thousand, under the capsule's lock), and the record still comes in unsigned,
+/// proven by its signed child.
+#[test]
+fn copies_of_a_record_are_checked_once_a_kind() {
+    let Pair { a, c, w, seal, .. } = pair("copies");
+    let r = Record::new(c, seal("r"), vec![]);
+    let child = Record::new(c, seal("child"), vec![r.name()]);
+    let copy = |signature| SyncRecord {
+        header: r.header.clone(),
+        body: SyncBody::Plain(r.body.clone()),
+        signature,
+    };
+    // A well-formed signature, of another record.
+    let wrong = w.sign(&child.name());
+    let mut batch: Vec<SyncRecord> = (0..1000).map(|_| copy(Some(wrong))).collect();
+    batch.push(copy(None));
+    batch.push(SyncRecord {
+        header: child.header.clone(),
+        body: SyncBody::Plain(child.body.clone()),
+        signature: Some(w.sign(&child.name())),
+    });
+    let report = a.apply_sync(&c, &batch).unwrap();
+    assert_eq!(report.corrupt, 1, "{report:?}");
+    assert_eq!(report.accepted, 2, "{report:?}");
+    assert!(a.with_dag(&c, |d| d.is_proven(&r.name())).unwrap());
+    assert!(
+        a.with_dag(&c, |d| d.signature(&r.name()).is_none())
+            .unwrap()
+    );
+    // Held now: copies of it are duplicates, and only one bringing a signature the
+    // capsule lacks is verified (and refused, being wrong).
+    let report = a
+        .apply_sync(&c, &[copy(Some(wrong)), copy(Some(wrong)), copy(None)])
+        .unwrap();
+    assert_eq!((report.corrupt, report.duplicate), (1, 2), "{report:?}");
+}
+
 /// A replica listed in `sync_peers` keeps its sync cursor across a restart: after one
 /// side restarts, the next session compares only the records proven since, as before the
 /// restart (a stranger's cursor stays in memory only, and the store holds no ref of it).
