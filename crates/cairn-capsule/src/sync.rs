@@ -715,11 +715,14 @@ impl SyncState {
     fn apply(&mut self, server: &CapsuleServer, records: &[SyncRecord]) -> Result<(usize, usize)> {
         let r = server.apply_sync(&self.capsule, records)?;
         // The peer has what it sends: never send it back. Only names of records this side
-        // now holds are noted (whatever the peer sent that failed its checks is not), so
-        // the set stays within the capsule's size.
+        // now holds proven are noted (whatever the peer sent that failed its checks is
+        // not), so the set stays within the capsule's size. Nor is a record held here
+        // unproven progress: an honest peer sends proven records only, and a peer sending
+        // unsigned records it wrote here earlier, one a round, kept a session going for as
+        // many rounds, each walking the capsule under its lock.
         let names: Vec<RecordName> = records.iter().map(|r| r.header.name()).collect();
         let held: Vec<bool> = server.with_dag(&self.capsule, |d| {
-            names.iter().map(|n| d.contains(n)).collect()
+            names.iter().map(|n| d.is_proven(n)).collect()
         })?;
         let mut noted = 0;
         for (n, h) in names.into_iter().zip(held) {

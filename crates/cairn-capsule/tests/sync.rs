@@ -894,6 +894,62 @@ fn made_up_wanted_names_do_not_keep_a_session_going() {
     assert!(e.to_string().contains("did not converge"), "{e}");
 }
 
+/// Nor do records the responder holds unproven (unsigned ones anyone may write there
+/// first), sent back one a round: an honest peer sends proven records only, and each
+/// round walked the capsule under its lock, for as many rounds as such records.
+#[test]
+fn unproven_records_sent_back_do_not_keep_a_session_going() {
+    let placement: Vec<u8> = (0..40).map(|i| (i % 3) as u8).collect();
+    let (a, b, c, _) = scenario(40, 5, &placement, &[]);
+    let junk: Vec<Record> = (0..200u32)
+        .map(|i| Record::new(c, format!("junk {i}").into_bytes(), vec![]))
+        .collect();
+    b.write(&c, &junk, &[]).unwrap();
+    let mut sb = SyncSession::new(&b, c, a.public_key()).unwrap();
+    sb.handle(hello_msg(
+        c,
+        10,
+        a.sign_sync_hello(&c, &b.public_key(), &[0; 32], 10),
+    ))
+    .unwrap();
+    sb.handle(SyncMsg::Exchange {
+        records: vec![],
+        want: vec![],
+        heads: vec![],
+        roots: vec![],
+        missing: vec![],
+    })
+    .unwrap();
+    let mut ended = None;
+    for (round, r) in junk.iter().enumerate() {
+        let patch = SyncMsg::Patch {
+            records: vec![SyncRecord {
+                header: r.header.clone(),
+                body: SyncBody::Plain(r.body.clone()),
+                signature: None,
+            }],
+            want: vec![],
+            heads: vec![],
+            roots: vec![],
+            missing: vec![],
+        };
+        match sb.handle(patch) {
+            Ok(Some(SyncMsg::Patch { .. })) => {}
+            Ok(other) => panic!("round {round}: {other:?}"),
+            Err(e) => {
+                ended = Some((round, e));
+                break;
+            }
+        }
+    }
+    let (round, e) = ended.expect("the session went on for 200 rounds");
+    assert!(
+        round <= cairn_capsule::sync::MAX_ROUNDS + 1,
+        "ended after {round} rounds"
+    );
+    assert!(e.to_string().contains("did not converge"), "{e}");
+}
+
 /// Unsigned records anyone may write (here 60 lone heads and roots on each side) do not
 /// crowd a replica's heads, roots and holes out of its messages: each list is cut to its
 /// limit with the proven names first, and the replicas still converge exactly on every
