@@ -164,6 +164,17 @@ impl Writer {
     /// name.
     pub fn write_subrecord(&mut self, plaintext: &[u8]) -> Result<Hash> {
         let sealed = self.crypto.seal(plaintext)?;
+        // One record's subrecords travel in one anti-entropy message (see
+        // `SealedSubrecords::check_len`): past it, commit first.
+        let len = self.pending.body_len().saturating_add(sealed.len() + 5);
+        if len > crate::record::MAX_BODY_LEN {
+            return Err(Error::invalid(format!(
+                "this subrecord would take the record's subrecords to {len} bytes, past the \
+                 {} one record may carry: commit the {} written so far first",
+                crate::record::MAX_BODY_LEN,
+                self.pending.len()
+            )));
+        }
         let name = subrecord_name(self.meta.algo, &sealed);
         self.pending.push(&sealed);
         Ok(name)
@@ -179,6 +190,7 @@ impl Writer {
         if self.pending.is_empty() {
             return Err(Error::invalid("commit with no subrecords written"));
         }
+
         let subs = std::mem::take(&mut self.pending);
         let (root, _) = subrecord_root(self.meta.algo, &subs);
         let bp = self.backpointers(extra);

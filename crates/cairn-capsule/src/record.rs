@@ -512,6 +512,29 @@ impl SealedSubrecords {
         self.bytes.len()
     }
 
+    /// The subrecords' size as a record body is counted against [`MAX_BODY_LEN`]: their
+    /// bytes and five bytes of framing each (what they take in a message, at most).
+    pub fn body_len(&self) -> usize {
+        self.bytes
+            .len()
+            .saturating_add(self.ends.len().saturating_mul(5))
+    }
+
+    /// Refuses subrecords over [`MAX_BODY_LEN`] together ([`Self::body_len`]): a record
+    /// of either kind must travel whole in one anti-entropy message, or no session could
+    /// send it, nor the records after it.
+    pub fn check_len(&self) -> Result<()> {
+        if self.body_len() > MAX_BODY_LEN {
+            return Err(Error::invalid(format!(
+                "{} subrecords of {} bytes together (with 5 bytes each of framing) are more \
+                 than the {MAX_BODY_LEN} one record may carry; commit them as several records",
+                self.len(),
+                self.total_bytes()
+            )));
+        }
+        Ok(())
+    }
+
     /// Subrecord `i`, if the list has that many.
     pub fn get(&self, i: usize) -> Option<&[u8]> {
         let end = *self.ends.get(i)?;

@@ -1616,6 +1616,7 @@ impl CapsuleServer {
                 subrecords.len()
             )));
         }
+        subrecords.check_len()?;
         // The tree the root is checked with is the one later proofs walk: keep it.
         let names: Vec<Hash> = subrecords.iter().map(|s| subrecord_name(algo, s)).collect();
         let mut tree = MerkleLog::new(algo);
@@ -2534,6 +2535,7 @@ impl SyncRecord {
                 if subs.len() as u64 != *count || subs.len() > MAX_SUBRECORDS {
                     return Err(Error::Rejected("subrecord count does not match".into()));
                 }
+                subs.check_len()?;
                 let (computed, names) = subrecord_root(meta.algo, subs);
                 if computed != *root {
                     return Err(Error::Rejected("subrecords do not hash to the root".into()));

@@ -4,7 +4,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use cairn_capsule::merkle::{verify_consistency, verify_inclusion};
-use cairn_capsule::record::body_hash;
+use cairn_capsule::record::{MAX_BODY_LEN, body_hash};
 use cairn_capsule::*;
 use cairn_core::{Error, HashAlgo, SigningKey};
 use cairn_store::{LogStore, LogStoreOptions, MemoryStore, Store};
@@ -2144,4 +2144,43 @@ fn proofs_for_a_reader_that_caches_nothing_hold_nothing() {
     assert_ne!(issued.proof_id, 0);
     assert!(server.ack(sid, issued.proof_id + 1).is_err());
     server.ack(sid, issued.proof_id).unwrap();
+}
+
+/// One record's subrecords take at most `MAX_BODY_LEN` bytes together (with 5 bytes of
+/// framing each), as a plain body does: a larger record could never travel in an
+/// anti-entropy message, and every record after it in a session's order stayed behind.
+/// The writer refuses the subrecord that would pass it (commit first), and the server a
+/// record past it, storing nothing.
+#[test]
+fn a_records_subrecords_fit_one_sync_message() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    let half = vec![7u8; MAX_BODY_LEN / 2];
+    w.write_subrecord(&half).unwrap();
+    let e = w.write_subrecord(&half).unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert!(e.to_string().contains("commit"), "{e}");
+    // The one written is committed alone.
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    assert_eq!(sealed.len(), 1);
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+
+    // A record built past the limit by hand is refused.
+    let big: SealedSubrecords = [vec![1u8; MAX_BODY_LEN / 2], vec![2u8; MAX_BODY_LEN / 2]]
+        .into_iter()
+        .collect();
+    let (root, _) = cairn_capsule::proof::subrecord_root(HashAlgo::Blake3, &big);
+    let header = RecordHeader {
+        capsule: c,
+        body: BodyRef::Subrecords { root, count: 2 },
+        backpointers: vec![header.name()],
+    };
+    let name = header.name();
+    let e = server
+        .commit_subrecords(&c, &header, &big, Some(w.sign(&name)))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert!(server.read(&c, &name).is_err(), "nothing stored");
 }
