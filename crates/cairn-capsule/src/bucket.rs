@@ -335,7 +335,16 @@ struct BucketVersions {
     capsule: Option<CapsuleName>,
     bucket: String,
     /// uid → the record that created it; built on first use from the capsule.
-    index: Mutex<Option<HashMap<Uid, RecordName>>>,
+    index: Mutex<Option<VersionIndex>>,
+}
+
+/// [`BucketVersions`]' index.
+struct VersionIndex {
+    /// uid → the record that created it.
+    map: HashMap<Uid, RecordName>,
+    /// Proven records found damaged when the index was built (left out of it, so that one
+    /// flipped bit does not cost every lookup: a uid not found then may be one of theirs).
+    damaged: Vec<RecordName>,
 }
 
 impl BucketVersions {
@@ -345,7 +354,7 @@ impl BucketVersions {
         if let Some(index) = self.index.lock().as_mut() {
             for (m, name) in records {
                 if m.creates_version() {
-                    index.entry(m.uid).or_insert(name);
+                    index.map.entry(m.uid).or_insert(name);
                 }
             }
         }
@@ -383,15 +392,40 @@ impl BucketVersions {
                     .collect::<Vec<_>>()
             })?;
             let mut map = HashMap::with_capacity(order.len());
+            let mut damaged = Vec::new();
             for name in order {
-                let (_, m) = self.mutation(&capsule, &name)?;
+                // A damaged record is left out (and named when a uid is not found), not
+                // the end of the build: one flipped bit made every lookup by uid, and
+                // every proof of the bucket, fail. Other errors (the store unavailable)
+                // end it, and the next lookup builds again.
+                let m = match self.mutation(&capsule, &name) {
+                    Ok((_, m)) => m,
+                    Err(Error::Corrupt(_)) => {
+                        damaged.push(name);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 if m.creates_version() {
                     map.entry(m.uid).or_insert(name);
                 }
             }
-            *index = Some(map);
+            *index = Some(VersionIndex { map, damaged });
         }
-        Ok(index.as_ref().and_then(|m| m.get(uid).copied()))
+        let Some(index) = index.as_ref() else {
+            return Ok(None);
+        };
+        match index.map.get(uid) {
+            Some(name) => Ok(Some(*name)),
+            None if !index.damaged.is_empty() => Err(Error::corrupt(format!(
+                "no record of bucket {} names version {uid}, but {} of its records are \
+                 damaged (the first {}): it may be one of theirs",
+                self.bucket,
+                index.damaged.len(),
+                index.damaged[0]
+            ))),
+            None => Ok(None),
+        }
     }
 }
 

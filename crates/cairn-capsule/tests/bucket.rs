@@ -784,3 +784,33 @@ fn a_header_a_reload_would_refuse_is_refused_when_written() {
     assert_eq!(b.db().get(b"k", &At::default_branch()).unwrap().uid, uid);
     b.prove(b"k", &uid).unwrap();
 }
+
+/// One damaged record costs only the versions it names: the uid → record index is built
+/// without it (the build stopped at it, and every lookup by uid and every proof of the
+/// bucket failed), and a uid not found then is answered as possibly damaged, not absent.
+#[test]
+fn a_damaged_record_costs_only_its_own_version() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b
+        .put(b"k1", Target::Branch("master"), s("one"), &o)
+        .unwrap();
+    let v2 = b
+        .put(b"k2", Target::Branch("master"), s("two"), &o)
+        .unwrap();
+    let capsule = b.capsule().unwrap();
+    let r1 = b.record_of(&v1).unwrap().unwrap();
+    let BodyRef::Plain { hash, .. } = b.server().read(&capsule, &r1).unwrap().header.body else {
+        panic!("a plain record")
+    };
+    drop(b);
+    // Its body chunk is damaged in the store.
+    store.remove(&[hash]).unwrap();
+    store.put_hashed(hash, b"damaged").unwrap();
+    let b = open(&store, Some(writer())).unwrap();
+    assert_eq!(proven(&b, b"k2", &v2).uid, v2);
+    let e = b.record_of(&v1).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    assert!(e.to_string().contains("damaged"), "{e}");
+}
