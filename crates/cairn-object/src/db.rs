@@ -380,7 +380,20 @@ impl Db {
     /// Shows `change` to the recorder, if any, before its commit.
     pub(crate) fn record_head(&self, change: HeadChange<'_>) -> Result<()> {
         match &self.recorder {
-            Some(r) => r.record(&change),
+            Some(r) => {
+                // Counted as a write in progress while the recorder runs: a rename or a
+                // remove records under its key's lock without a writer's hold, and a GC
+                // the recorder started would wait for that lock, holding every writer.
+                WRITER_HOLDS.with(|h| h.set(h.get() + 1));
+                struct Recording;
+                impl Drop for Recording {
+                    fn drop(&mut self) {
+                        WRITER_HOLDS.with(|h| h.set(h.get().saturating_sub(1)));
+                    }
+                }
+                let _recording = Recording;
+                r.record(&change)
+            }
             None => Ok(()),
         }
     }

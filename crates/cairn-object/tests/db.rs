@@ -234,6 +234,52 @@ fn gc_inside_a_write_is_refused_not_a_deadlock() {
     db.gc().unwrap();
 }
 
+/// Nor is a GC a head recorder starts from a rename or a remove, which record under the
+/// key's lock without a writer's hold: it waited for that lock holding every writer out,
+/// and the store hung.
+#[test]
+fn gc_from_a_rename_or_remove_recorder_is_refused_not_a_deadlock() {
+    use cairn_object::{HeadChange, HeadChangeKind, HeadRecorder};
+    #[derive(Default)]
+    struct GcOnRecord {
+        db: std::sync::OnceLock<std::sync::Weak<Db>>,
+        results: parking_lot::Mutex<Vec<(HeadChangeKind, bool)>>,
+    }
+    impl HeadRecorder for GcOnRecord {
+        fn record(&self, c: &HeadChange<'_>) -> cairn_core::Result<()> {
+            if matches!(c.kind, HeadChangeKind::Rename | HeadChangeKind::Remove)
+                && let Some(db) = self.db.get().and_then(std::sync::Weak::upgrade)
+            {
+                let refused = matches!(db.gc(), Err(Error::InvalidInput(_)));
+                self.results.lock().push((c.kind, refused));
+            }
+            Ok(())
+        }
+    }
+    let recorder = Arc::new(GcOnRecord::default());
+    let db = Arc::new(Db::new(Arc::new(MemoryStore::new())).with_recorder(recorder.clone()));
+    recorder.db.set(Arc::downgrade(&db)).unwrap();
+    let o = PutOptions::default();
+    db.put(
+        b"k",
+        Target::Branch("master"),
+        NewValue::String(b"v".to_vec()),
+        &o,
+    )
+    .unwrap();
+    db.fork(b"k", &At::Branch("master".into()), "dev").unwrap();
+    db.rename(b"k", "dev", "old").unwrap();
+    db.remove(b"k", "old").unwrap();
+    assert_eq!(
+        *recorder.results.lock(),
+        vec![
+            (HeadChangeKind::Rename, true),
+            (HeadChangeKind::Remove, true)
+        ]
+    );
+    db.gc().unwrap();
+}
+
 /// A custom resolver can answer a List region or a Tuple with elements, which a text
 /// answer (one element per line) cannot carry: an element holding a newline, or one empty
 /// element. Elements for a map value leave the conflict open.
