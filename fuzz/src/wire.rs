@@ -245,7 +245,7 @@ pub fn requests() -> Vec<Request> {
     let w = Writer::new(f.meta.clone(), k0, None).expect("writer");
     let r0 = f.records[0].name();
     let sub_header = f.server.read(&c, &f.sub_record).expect("sub record").header;
-    let subs: Vec<Vec<u8>> = f
+    let subs: cairn_capsule::SealedSubrecords = f
         .subs
         .iter()
         .map(|s| f.server.read_subrecord(&c, s).expect("subrecord"))
