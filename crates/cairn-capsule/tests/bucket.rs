@@ -814,3 +814,44 @@ fn a_damaged_record_costs_only_its_own_version() {
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
     assert!(e.to_string().contains("damaged"), "{e}");
 }
+
+/// An untagged head that a merge of several finds contained in another (a fast forward or
+/// an up-to-date step) leaves the heads recorded, as a Remove without a branch; a merge
+/// that makes no version writes no merge record. The head left the heads unrecorded.
+#[test]
+fn contained_untagged_heads_a_merge_drops_are_recorded() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b.put(b"k", Target::Branch("master"), s("a"), &o).unwrap();
+    let a = b.put(b"k", Target::Base(v1), s("x"), &o).unwrap();
+    let y = b.put(b"k", Target::Base(a), s("y"), &o).unwrap();
+    let z = b.put(b"k", Target::Base(y), s("z"), &o).unwrap();
+    // The same put again makes the same version, an untagged head once more.
+    assert_eq!(b.put(b"k", Target::Base(v1), s("x"), &o).unwrap(), a);
+    let mut heads = b.db().list_untagged(b"k").unwrap();
+    heads.sort();
+    let mut want = vec![a, z];
+    want.sort();
+    assert_eq!(heads, want);
+    let capsule = b.capsule().unwrap();
+    let before = b.server().with_dag(&capsule, |d| d.len()).unwrap();
+    let r = b
+        .merge_untagged(b"k", &[], &BuiltinResolver::Append, &o)
+        .unwrap();
+    assert_eq!(r, MergeOutcome::FastForward(z));
+    assert_eq!(b.db().list_untagged(b"k").unwrap(), vec![z]);
+    let order = b
+        .server()
+        .with_dag(&capsule, |d| d.order().to_vec())
+        .unwrap();
+    let added: Vec<Mutation> = order[before..]
+        .iter()
+        .map(|n| Mutation::decode(&b.server().read(&capsule, n).unwrap().body).unwrap())
+        .collect();
+    assert_eq!(added.len(), 1, "{added:?}");
+    assert_eq!(
+        (added[0].kind, added[0].branch.clone(), added[0].uid),
+        (MutationKind::Remove, None, a)
+    );
+}

@@ -590,15 +590,27 @@ impl Db {
                 staged.flush_reachable(u)?;
                 table.tagged.insert(into.to_string(), *u);
                 table.untagged.remove(&theirs);
-                // The old head, if it was an untagged head too, now has a descendant.
-                table.untagged.remove(&ours);
+                // The old head, if it was an untagged head too, now has a descendant: it
+                // leaves the heads, recorded unless the merge record names it as a base
+                // (a fast forward past it does not).
+                let bases = self.load(u)?.bases;
+                if table.untagged.remove(&ours) && ours != *u && !bases.contains(&ours) {
+                    self.record_head(HeadChange {
+                        kind: HeadChangeKind::Remove,
+                        key,
+                        branch: None,
+                        from: None,
+                        uid: ours,
+                        bases: &[],
+                    })?;
+                }
                 self.record_head(HeadChange {
                     kind: HeadChangeKind::Merge,
                     key,
                     branch: Some(into),
                     from: None,
                     uid: *u,
-                    bases: &self.load(u)?.bases,
+                    bases: &bases,
                 })?;
                 self.commit_table(key, &table)?;
             }
@@ -715,14 +727,32 @@ impl Db {
             table.untagged.remove(u);
         }
         table.untagged.insert(acc);
-        self.record_head(HeadChange {
-            kind: HeadChangeKind::Merge,
-            key,
-            branch: None,
-            from: None,
-            uid: acc,
-            bases: &bases,
-        })?;
+        // Every head that leaves is recorded: as a base of the merge record, or, contained
+        // in another head (a fast forward or an up-to-date step), as a Remove without a
+        // branch. With no merge made, the head that stays is no new version: no merge
+        // record, only the others' removals.
+        for u in &inputs {
+            if *u != acc && (merges == 0 || !bases.contains(u)) {
+                self.record_head(HeadChange {
+                    kind: HeadChangeKind::Remove,
+                    key,
+                    branch: None,
+                    from: None,
+                    uid: *u,
+                    bases: &[],
+                })?;
+            }
+        }
+        if merges > 0 {
+            self.record_head(HeadChange {
+                kind: HeadChangeKind::Merge,
+                key,
+                branch: None,
+                from: None,
+                uid: acc,
+                bases: &bases,
+            })?;
+        }
         self.commit_table(key, &table)?;
         // No merge made a version: every other head was contained in this one.
         Ok(if merges == 0 {
