@@ -207,8 +207,27 @@ impl ObjectChunkStore {
             // At startup: the file system's own text goes to the operator.
             self.run(async move { local.settle_raw(&owner).await })?;
         }
+        // The marker's entity tag, which later checks compare (a HEAD answers it).
+        let etag = {
+            let (store, path, name) = (
+                self.store.clone(),
+                self.owner.clone(),
+                self.store.to_string(),
+            );
+            self.run(async move {
+                store
+                    .head(&path)
+                    .await
+                    .map(|m| m.e_tag)
+                    .map_err(|e| os_err_startup(&format!("checking {path} in {name}"), e))
+            })?
+        };
         self.claimed.store(true, Ordering::SeqCst);
-        self.marker_seen.lock().seen = Some(std::time::Instant::now());
+        {
+            let mut check = self.marker_seen.lock();
+            check.seen = Some(std::time::Instant::now());
+            check.etag = etag;
+        }
         // The prefix is this node's: chunks it found damaged before a restart are known
         // damaged again (their next put writes them anew).
         self.load_damage_marks()
@@ -240,9 +259,25 @@ impl ObjectChunkStore {
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
+        let claimed = check.etag.clone();
         let answer = self.run(async move {
             match store.head(&path).await {
-                Ok(_) => Ok(()),
+                Ok(m) => match (claimed, m.e_tag) {
+                    (Some(want), Some(got)) if want != got => {
+                        tracing::error!(
+                            target: "cairn_store::object",
+                            "the owner marker {path} in {name} was rewritten since the node \
+                             claimed the prefix (entity tag {got}, was {want})"
+                        );
+                        Err(Error::Unavailable(format!(
+                            "the node's owner marker {path} was rewritten since the node \
+                             claimed the prefix: the prefix was wiped or another node claimed \
+                             it, so the node neither reads nor writes there (details in the \
+                             node's log)"
+                        )))
+                    }
+                    _ => Ok(()),
+                },
                 Err(object_store::Error::NotFound { .. }) => {
                     // The store's name goes to the log only (the error is answered to
                     // clients).
@@ -557,6 +592,9 @@ struct MarkerCheck {
     seen: Option<std::time::Instant>,
     /// When the last check failed, and its error's text.
     failed: Option<(std::time::Instant, String)>,
+    /// The marker's entity tag when the node claimed the prefix, if the store gives one: a
+    /// marker rewritten since (the prefix wiped and claimed by another node) has another.
+    etag: Option<String>,
 }
 
 /// Maps an `object_store` error to Cairn's, naming what was being done. The object
@@ -1883,6 +1921,41 @@ mod tests {
         }
     }
 
+    /// A marker rewritten since the claim (the prefix wiped, or claimed by another node)
+    /// makes the store unavailable, not a place to keep reading and writing: the check
+    /// looked only for a marker, any marker.
+    #[test]
+    fn a_marker_rewritten_since_the_claim_is_not_this_nodes() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        store.claim("cairn node 01\n", true).unwrap();
+        let cid = store.put(b"a chunk").unwrap();
+        let owner = store.owner.clone();
+        {
+            let mem = mem.clone();
+            store
+                .run(async move {
+                    mem.put(&owner, PutPayload::from_static(b"cairn node 02\n"))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| os_err("rewriting", e))
+                })
+                .unwrap();
+        }
+        store.marker_seen.lock().seen = None;
+        for e in [
+            store.put(b"a new chunk").unwrap_err(),
+            store
+                .get(&HashAlgo::default().digest(b"absent"))
+                .unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::Unavailable(_)), "{e}");
+            assert!(e.to_string().contains("rewritten"), "{e}");
+        }
+        // Chunks found stay readable (they are checked against their cid).
+        assert_eq!(&store.get(&cid).unwrap().unwrap()[..], b"a chunk");
+    }
+
     /// A failed check of the owner marker answers for the callers right after it (each
     /// HEAD against an unreachable endpoint retries for minutes, and queued callers sent
     /// theirs one after another), and the next check after that moment looks again.
@@ -1923,6 +1996,9 @@ mod tests {
                 .unwrap();
         }
         assert!(matches!(store.get(&absent), Err(Error::Unavailable(_))));
+        // (Put back, the marker has another entity tag, which a claim would not take for
+        // this node's: this test is about the timing, so the tag is not compared.)
+        store.marker_seen.lock().etag = None;
         std::thread::sleep(MARKER_FAILED_RECHECK + std::time::Duration::from_millis(100));
         assert_eq!(store.get(&absent).unwrap(), None);
     }
