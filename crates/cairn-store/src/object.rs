@@ -495,15 +495,17 @@ impl ObjectChunkStore {
         let depth = marks.parts().count() + 1;
         let name = self.store.to_string();
         let found: Vec<Cid> = self.run(async move {
-            let listed: Vec<object_store::ObjectMeta> =
-                store.list(Some(&marks)).try_collect().await.map_err(|e| {
-                    Error::Unavailable(format!(
-                        "listing {marks}/ in {name} (the node reads back there which chunks \
+            // One level (a delimiter listing): another node's prefix may lie below this one,
+            // and a recursive listing held every one of its objects in memory at startup.
+            let listed = store.list_with_delimiter(Some(&marks)).await.map_err(|e| {
+                Error::Unavailable(format!(
+                    "listing {marks}/ in {name} (the node reads back there which chunks \
                          it found damaged; it needs to list that prefix as well as chunks/): \
                          {e}"
-                    ))
-                })?;
+                ))
+            })?;
             Ok(listed
+                .objects
                 .iter()
                 .filter(|m| m.location.parts().count() == depth)
                 .filter_map(|m| {
