@@ -1066,9 +1066,38 @@ pub fn last_branch_removed(key: &str, branch: &str, uid: &str) -> String {
 pub enum OutTarget {
     /// A regular file (new or existing; a symlink resolved to it), replaced whole.
     File(PathBuf),
-    /// Something else that exists (a device such as `/dev/null`, a pipe): written in
-    /// place, as a shell redirection would.
+    /// Something else that exists (a device such as `/dev/null`, a pipe), or whatever a
+    /// descriptor path (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`) names: written in
+    /// place, as a shell redirection would ([`open_in_place`]).
     InPlace,
+}
+
+/// Opens `dest`, which [`out_target`] found is written in place: a device or a pipe as `>`
+/// opens it; a regular file (reached through a descriptor path, the shell's own
+/// redirection) appended to, so that `>>`, or a group's earlier output, stays.
+pub fn open_in_place(dest: &Path) -> Result<File> {
+    let regular = std::fs::metadata(dest).is_ok_and(|m| m.is_file());
+    let f = if regular {
+        std::fs::OpenOptions::new().append(true).open(dest)
+    } else {
+        File::create(dest)
+    };
+    f.with_context(|| format!("opening {}", dest.display()))
+}
+
+/// Whether `p` names an open descriptor (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`,
+/// `/proc/<pid>/fd/N`): its "link" is the kernel's, to whatever the descriptor holds (a
+/// pipe reads as `pipe:[N]`), so it is opened, never resolved and replaced.
+fn is_descriptor_path(p: &Path) -> bool {
+    let mut parts = p
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let first: Vec<String> = parts.by_ref().take(4).collect();
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    matches!(
+        first.as_slice(),
+        ["/", "dev", "stdout" | "stderr", ..] | ["/", "dev", "fd", _] | ["/", "proc", _, "fd"]
+    )
 }
 
 /// Decides how `dest` is written: a symlink is followed (as the kernel would follow it,
@@ -1078,7 +1107,11 @@ pub fn out_target(dest: &Path) -> Result<OutTarget> {
     // The chain of links is walked here, not by the kernel, because the file is replaced
     // by a rename beside the file it ends at; a dangling link's file is made whole or not
     // at all, like any new file.
-    let end = link_target(dest)?;
+    let Some(end) = link_target(dest)? else {
+        // A descriptor: it must be open (the kernel follows it), and is written in place.
+        std::fs::metadata(dest).with_context(|| format!("opening {}", dest.display()))?;
+        return Ok(OutTarget::InPlace);
+    };
     let m = match std::fs::metadata(&end) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutTarget::File(end)),
@@ -1097,10 +1130,14 @@ pub fn out_target(dest: &Path) -> Result<OutTarget> {
 
 /// The path a chain of symbolic links starting at `dest` ends at (a path that is not a
 /// link, or does not exist); at most 40 links, as the kernel follows. Each link must pass
-/// [`check_link_owner`].
-fn link_target(dest: &Path) -> Result<PathBuf> {
+/// [`check_link_owner`]. `None` when the chain reaches a descriptor path
+/// ([`is_descriptor_path`]).
+fn link_target(dest: &Path) -> Result<Option<PathBuf>> {
     let mut at = dest.to_path_buf();
     for _ in 0..40 {
+        if is_descriptor_path(&at) {
+            return Ok(None);
+        }
         match std::fs::symlink_metadata(&at) {
             Ok(m) if m.file_type().is_symlink() => {
                 check_link_owner(&at, &m)?;
@@ -1111,7 +1148,7 @@ fn link_target(dest: &Path) -> Result<PathBuf> {
                     _ => to,
                 };
             }
-            _ => return Ok(at),
+            _ => return Ok(Some(at)),
         }
     }
     Err(Error::invalid(format!(
@@ -1206,7 +1243,7 @@ pub fn write_whole_file(
 ) -> Result<u64> {
     use std::os::unix::fs::PermissionsExt;
     let in_place = |fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>| -> Result<u64> {
-        let f = File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
+        let f = open_in_place(dest)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = fill(&mut w)?;
         w.flush()

@@ -450,8 +450,7 @@ pub fn decrypt_to_file(
     match crate::cli::out_target(dest)? {
         // A device or pipe: nothing may reach it before the whole value verified.
         crate::cli::OutTarget::InPlace => {
-            let mut f =
-                File::create(dest).with_context(|| format!("opening {}", dest.display()))?;
+            let mut f = crate::cli::open_in_place(dest)?;
             decrypt_to_writer(input, key, binding, &mut f)
         }
         // A new plaintext file is private (0600), as the data key is.

@@ -679,6 +679,39 @@ fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
     );
 }
 
+/// `--out /dev/stdout` (and `/dev/fd/N`) writes to the descriptor in place, as a shell
+/// redirection does: into a pipe, and appended to a file the shell opened (`>>`, or a
+/// group's earlier output). The descriptor's kernel link was resolved by hand: a pipe's
+/// `pipe:[N]` was taken for a file name and failed, and a file was replaced by a rename,
+/// losing what it held.
+#[test]
+fn get_out_to_a_descriptor_writes_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "value"]);
+    // Into a pipe (the output is captured through one).
+    assert_eq!(ok(dir, &["get", "k", "--out", "/dev/stdout"]), "value");
+    // Appended to a file opened for appending, as `>> log` opens it.
+    let log = dir.join("log.txt");
+    std::fs::write(&log, b"before\n").unwrap();
+    for dest in ["/dev/stdout", "/dev/fd/1"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(dir)
+            .env("CAIRN_KEY_FILE", dir.join("writer.key"))
+            .args(["get", "k", "--out", dest])
+            .stdout(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{dest}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(std::fs::read(&log).unwrap(), b"before\nvaluevalue");
+}
+
 /// `get --out` does not follow another user's symlink in a shared sticky directory such as
 /// `/tmp` (Linux's `fs.protected_symlinks` rule, which the kernel would not apply because
 /// the command follows links itself): the file the link names is left alone. Our own
