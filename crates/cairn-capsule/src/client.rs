@@ -166,7 +166,7 @@ impl Writer {
         let sealed = self.crypto.seal(plaintext)?;
         // One record's subrecords travel in one anti-entropy message (see
         // `SealedSubrecords::check_len`): past it, commit first.
-        let len = self.pending.body_len().saturating_add(sealed.len() + 5);
+        let len = self.pending.body_len_with(&sealed);
         if len > crate::record::MAX_BODY_LEN {
             return Err(Error::invalid(format!(
                 "this subrecord would take the record's subrecords to {len} bytes, past the \

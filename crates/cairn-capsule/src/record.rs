@@ -475,6 +475,13 @@ pub struct SealedSubrecords {
     bytes: Vec<u8>,
     /// `ends[i]` is where subrecord `i` ends in `bytes` (it starts where `i - 1` ends).
     ends: Vec<usize>,
+    /// The bytes of the subrecords' length prefixes on the wire (one varint each).
+    prefixes: usize,
+}
+
+/// Bytes of `v` as a varint (7 bits a byte).
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 impl SealedSubrecords {
@@ -488,6 +495,7 @@ impl SealedSubrecords {
         SealedSubrecords {
             bytes: Vec::with_capacity(bytes),
             ends: Vec::with_capacity(count),
+            prefixes: 0,
         }
     }
 
@@ -495,6 +503,7 @@ impl SealedSubrecords {
     pub fn push(&mut self, sealed: &[u8]) {
         self.bytes.extend_from_slice(sealed);
         self.ends.push(self.bytes.len());
+        self.prefixes += varint_len(sealed.len() as u64);
     }
 
     /// How many subrecords the list holds.
@@ -507,26 +516,36 @@ impl SealedSubrecords {
         self.ends.is_empty()
     }
 
+    /// The memory the list holds (its buffer and offsets, as allocated).
+    pub fn heap_bytes(&self) -> usize {
+        self.bytes.capacity() + self.ends.capacity() * std::mem::size_of::<usize>()
+    }
+
     /// The bytes of all the subrecords together.
     pub fn total_bytes(&self) -> usize {
         self.bytes.len()
     }
 
     /// The subrecords' size as a record body is counted against [`MAX_BODY_LEN`]: their
-    /// bytes and five bytes of framing each (what they take in a message, at most).
+    /// bytes and length prefixes, as they travel in a message.
     pub fn body_len(&self) -> usize {
-        self.bytes
-            .len()
-            .saturating_add(self.ends.len().saturating_mul(5))
+        self.bytes.len().saturating_add(self.prefixes)
     }
 
-    /// Refuses subrecords over [`MAX_BODY_LEN`] together ([`Self::body_len`]): a record
-    /// of either kind must travel whole in one anti-entropy message, or no session could
-    /// send it, nor the records after it.
+    /// The size [`Self::body_len`] would be with `sealed` pushed.
+    pub fn body_len_with(&self, sealed: &[u8]) -> usize {
+        self.body_len()
+            .saturating_add(sealed.len())
+            .saturating_add(varint_len(sealed.len() as u64))
+    }
+
+    /// Refuses subrecords over [`MAX_BODY_LEN`] together ([`Self::body_len`]) in a new
+    /// record: a record of either kind must travel whole in one anti-entropy message, or
+    /// no session could send it, nor the records after it.
     pub fn check_len(&self) -> Result<()> {
         if self.body_len() > MAX_BODY_LEN {
             return Err(Error::invalid(format!(
-                "{} subrecords of {} bytes together (with 5 bytes each of framing) are more \
+                "{} subrecords of {} bytes together (with their length prefixes) are more \
                  than the {MAX_BODY_LEN} one record may carry; commit them as several records",
                 self.len(),
                 self.total_bytes()
@@ -578,6 +597,29 @@ impl From<Vec<Vec<u8>>> for SealedSubrecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A subrecord list counts its length prefixes as the wire encodes them (a varint of 7
+    /// bits a byte), not a guess of five bytes each, which refused records that fit.
+    #[test]
+    fn subrecord_prefixes_are_counted_as_encoded() {
+        for (len, prefix) in [
+            (0usize, 1usize),
+            (127, 1),
+            (128, 2),
+            (16_383, 2),
+            (16_384, 3),
+        ] {
+            let subs: SealedSubrecords = [vec![0u8; len]].into_iter().collect();
+            let mut e = Encoder::new();
+            e.bytes(subs.get(0).unwrap());
+            assert_eq!(e.len(), len + prefix);
+            assert_eq!(subs.body_len(), len + prefix, "{len}");
+            assert_eq!(
+                SealedSubrecords::new().body_len_with(&vec![0u8; len]),
+                len + prefix
+            );
+        }
+    }
 
     fn capsule() -> CapsuleName {
         CapsuleName(HashAlgo::Blake3.digest(b"capsule"))

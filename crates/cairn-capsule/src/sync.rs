@@ -1228,7 +1228,7 @@ fn sync_subrecords(r: &SyncRecord) -> usize {
 fn wire_size(r: &SyncRecord) -> usize {
     let body = match &r.body {
         crate::server::SyncBody::Plain(b) => b.len(),
-        crate::server::SyncBody::Subrecords(subs) => subs.total_bytes() + 5 * subs.len(),
+        crate::server::SyncBody::Subrecords(subs) => subs.body_len(),
     };
     100 + 34 * r.header.backpointers.len() + body + 70
 }

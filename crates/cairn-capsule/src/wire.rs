@@ -383,8 +383,9 @@ fn dec_subrecords(d: &mut Decoder<'_>) -> Result<SealedSubrecords> {
 pub const MAX_SYNC_SUBRECORDS: usize = 1 << 21;
 
 /// Decodes a list of subrecords, taking each from `left` (refused when it runs out).
-/// The list is one buffer and an offset per subrecord ([`SealedSubrecords`]), so it takes
-/// at most eight times its wire size (an empty subrecord) and about its wire size for
+/// The list is one buffer and an offset per subrecord ([`SealedSubrecords`]), grown as the
+/// subrecords arrive, so it takes at most 16 times its wire size (an empty subrecord, an
+/// offset of 8 bytes, twice while the list grows) and about twice its wire size for
 /// subrecords of more than a few bytes.
 fn dec_subrecords_within(d: &mut Decoder<'_>, left: &mut usize) -> Result<SealedSubrecords> {
     let n = d.count(1)?;
@@ -398,8 +399,9 @@ fn dec_subrecords_within(d: &mut Decoder<'_>, left: &mut usize) -> Result<Sealed
             "more than {MAX_SYNC_SUBRECORDS} subrecords in one message"
         ))
     })?;
-    // `count` bounded `n` by the bytes left, each subrecord taking at least one.
-    let mut subs = SealedSubrecords::with_capacity(n, d.remaining().saturating_sub(n));
+    // Grown as the subrecords arrive (what is left of the message is not this list's: a
+    // sync message of many records asked for its whole rest per record).
+    let mut subs = SealedSubrecords::with_capacity(n.min(PREALLOC), 0);
     for _ in 0..n {
         subs.push(d.bytes()?);
     }
@@ -1829,11 +1831,7 @@ impl CapsuleService {
         req: &[u8],
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Vec<u8> {
-        // The decoded request holds a copy of what it carries (bodies, subrecords, names),
-        // about its size besides the buffer it was read into (which the server's budget
-        // covers already; subrecord lists add at most 8 bytes an entry, a million entries
-        // at most): taken before decoding.
-        let resp = match reserve(req.len()).and_then(|()| Request::from_bytes(req)) {
+        let resp = match Request::from_bytes(req) {
             Ok(r) => self.handle_within(r, reserve),
             Err(e) => Response::Error(WireError::from(&e)),
         };
@@ -2628,6 +2626,43 @@ mod tests {
             },
             signature: i.is_multiple_of(3).then(|| ws(0, i)),
         }
+    }
+
+    /// Each record's subrecord list is sized by its own subrecords as they decode: it was
+    /// given the capacity of the whole rest of the message, so a message of many small
+    /// subrecord records asked for memory growing with the square of its size.
+    #[test]
+    fn subrecord_lists_take_memory_by_their_own_size() {
+        let records: Vec<SyncRecord> = (0..2000u32)
+            .map(|i| SyncRecord {
+                header: header(1, (i % 250) as u8, Some(1), &[]),
+                body: SyncBody::Subrecords(vec![vec![7u8; 3]].into()),
+                signature: None,
+            })
+            .collect();
+        let msg = SyncMsg::Exchange {
+            records,
+            want: vec![],
+            heads: vec![],
+            roots: vec![],
+            missing: vec![],
+        };
+        let bytes = msg.to_bytes();
+        let SyncMsg::Exchange { records, .. } = SyncMsg::from_bytes(&bytes).unwrap() else {
+            panic!("decoded as another message")
+        };
+        let held: usize = records
+            .iter()
+            .map(|r| match &r.body {
+                SyncBody::Subrecords(s) => s.heap_bytes(),
+                SyncBody::Plain(b) => b.capacity(),
+            })
+            .sum();
+        assert!(
+            held <= 2000 * 64,
+            "{held} bytes for {} on the wire",
+            bytes.len()
+        );
     }
 
     fn sync_msgs() -> Vec<SyncMsg> {

@@ -778,15 +778,7 @@ fn sync_messages_reserve_memory_only_once_authenticated() {
     let responder = srv.public_key();
     let mut asked = Vec::new();
     let send = |req: Request, asked: &mut Vec<usize>| {
-        let bytes = req.to_bytes();
-        let mut first = true;
-        let out = svc.handle_bytes_within(&bytes, &mut |b| {
-            // The decoded copy of the request, taken before decoding (as for every
-            // request): what a sender spends bytes on, not what a session holds.
-            if std::mem::take(&mut first) {
-                assert_eq!(b, bytes.len());
-                return Ok(());
-            }
+        let out = svc.handle_bytes_within(&req.to_bytes(), &mut |b| {
             asked.push(b);
             Ok(())
         });
@@ -908,9 +900,8 @@ fn a_write_reserves_its_ack_before_storing() {
     );
 }
 
-/// A request is charged for the copy decoding makes of it before it is decoded, and a
-/// subrecord commit for the names and tree its check builds, which for small subrecords
-/// are several times their wire size. A refused charge stores nothing.
+/// A subrecord commit is charged for the names and tree its check builds, which for small
+/// subrecords are several times their wire size. A refused charge stores nothing.
 #[test]
 fn a_subrecord_commit_reserves_its_decoded_copy_and_its_tree() {
     let srv = server(9);
@@ -948,10 +939,9 @@ fn a_subrecord_commit_reserves_its_decoded_copy_and_its_tree() {
         Response::from_bytes(&out).unwrap(),
         Response::Ack(_)
     ));
-    assert_eq!(asked[0], req.len(), "{asked:?}");
-    // A name and about four tree digests a subrecord, besides the copy.
+    // A name and about four tree digests a subrecord.
     assert!(
-        asked[1..].iter().sum::<usize>() >= count * (33 + 4 * 32),
+        asked.iter().sum::<usize>() >= count * (33 + 4 * 32),
         "{asked:?} for {count} subrecords"
     );
     assert!(srv.read(&c, &name).is_ok());
@@ -988,8 +978,7 @@ fn large_answers_reserve_their_memory_first() {
         Response::from_bytes(&out).unwrap(),
         Response::Record(_)
     ));
-    // The decoded request's copy first (small here), then the answer.
-    assert_eq!(asked, vec![req.len(), 2 * sealed]);
+    assert_eq!(asked, vec![2 * sealed]);
 
     // Refused: the answer says so, and a session's proof is not issued.
     let policy = CachePolicy::Lru { capacity: 16 };
@@ -1028,13 +1017,10 @@ fn large_answers_reserve_their_memory_first() {
         Ok(())
     });
     assert!(matches!(Response::from_bytes(&out).unwrap(), Response::Subrecords(s) if s.len() == 3));
-    let want: Vec<usize> = std::iter::once(req.len())
-        .chain(sealed.iter().map(|s| 2 * s.len()))
-        .collect();
+    let want: Vec<usize> = sealed.iter().map(|s| 2 * s.len()).collect();
     assert_eq!(asked, want);
-    // Refused at the second subrecord (after the request's copy and the first
-    // subrecord): an error, not a partial answer.
-    let mut left = 2;
+    // Refused at the second subrecord: an error, not a partial answer.
+    let mut left = 1;
     let out = service.handle_bytes_within(&req, &mut |_| {
         if left == 0 {
             return Err(Error::Unavailable("no memory".into()));
@@ -1064,10 +1050,9 @@ fn large_answers_reserve_their_memory_first() {
     assert!(
         matches!(Response::from_bytes(&out).unwrap(), Response::SubrecordNames(s) if s == subs)
     );
-    assert_eq!(asked.len(), 2);
-    assert_eq!(asked[0], list.len());
+    assert_eq!(asked.len(), 1);
     assert!(
-        asked[1] >= answer_len,
+        asked[0] >= answer_len,
         "{asked:?} for an answer of {answer_len}"
     );
     let out =
