@@ -448,6 +448,22 @@ struct Journal {
 
 impl HeadRecorder for Journal {
     fn record(&self, c: &HeadChange<'_>) -> Result<()> {
+        self.append(Self::mutation(c)?).map(|_| ())
+    }
+
+    /// The records go out in one group (one capsule write), so all or none are written.
+    fn record_all(&self, changes: &[HeadChange<'_>]) -> Result<()> {
+        let ms = changes
+            .iter()
+            .map(Self::mutation)
+            .collect::<Result<Vec<_>>>()?;
+        self.append_all(ms).map(|_| ())
+    }
+}
+
+impl Journal {
+    /// The record body of `c`.
+    fn mutation(c: &HeadChange<'_>) -> Result<Mutation> {
         let kind = match c.kind {
             HeadChangeKind::Put => MutationKind::Put,
             HeadChangeKind::Fork => MutationKind::Fork,
@@ -465,26 +481,55 @@ impl HeadRecorder for Journal {
         };
         // A record that would not decode must not be written (the change is refused).
         m.check_shape()?;
-        self.append(m).map(|_| ())
+        Ok(m)
     }
-}
 
-impl Journal {
     /// Appends the record of `m` and returns once it is durable (or failed). Records queued
     /// while another thread writes go out together in the next group.
     fn append(&self, m: Mutation) -> Result<RecordName> {
+        let mut names = self.append_all(vec![m])?;
+        names
+            .pop()
+            .ok_or_else(|| Error::invalid("no record was appended"))
+    }
+
+    /// [`Self::append`] for several mutations, queued together so that they go out in one
+    /// group: all are written or none.
+    fn append_all(&self, ms: Vec<Mutation>) -> Result<Vec<RecordName>> {
         let capsule = self.capsule;
-        let done = Arc::new(Mutex::new(None));
         let mut c = self.chain.lock();
-        let record = c.writer.record(&m.encode(), &[])?;
-        c.queue.push(Queued {
-            record,
-            mutation: m,
-            done: done.clone(),
-        });
+        let mut dones = Vec::with_capacity(ms.len());
+        let mut queued = Vec::with_capacity(ms.len());
+        let mark = c.writer.chain_mark();
+        for m in ms {
+            let done = Arc::new(Mutex::new(None));
+            let record = match c.writer.record(&m.encode(), &[]) {
+                Ok(r) => r,
+                Err(e) => {
+                    // None is queued: the chain goes back to where it stood, or the next
+                    // record would point at records never written (a hole for ever).
+                    c.writer.rewind(mark);
+                    return Err(e);
+                }
+            };
+            queued.push(Queued {
+                record,
+                mutation: m,
+                done: done.clone(),
+            });
+            dones.push(done);
+        }
+        c.queue.extend(queued);
+        let mut names = Vec::with_capacity(dones.len());
         loop {
-            if let Some(r) = done.lock().take() {
-                return r;
+            while let Some(done) = dones.get(names.len()) {
+                match done.lock().take() {
+                    Some(r) => names.push(r?),
+                    None => break,
+                }
+            }
+            if names.len() == dones.len() {
+                return Ok(names);
             }
             if c.writing {
                 self.written.wait(&mut c);

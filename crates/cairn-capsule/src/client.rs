@@ -128,6 +128,18 @@ impl Writer {
         Ok(r)
     }
 
+    /// Where the writer's chain stands (the records the next one points at), to go back
+    /// to with [`Writer::rewind`] when records made since are dropped unwritten.
+    pub(crate) fn chain_mark(&self) -> (Vec<RecordName>, u64) {
+        (self.recent.clone(), self.count)
+    }
+
+    /// Puts the chain back where [`Writer::chain_mark`] found it.
+    pub(crate) fn rewind(&mut self, (recent, count): (Vec<RecordName>, u64)) {
+        self.recent = recent;
+        self.count = count;
+    }
+
     fn advance(&mut self, name: RecordName) {
         if self.count == 0 {
             self.recent.clear();

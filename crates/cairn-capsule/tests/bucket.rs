@@ -845,13 +845,48 @@ fn contained_untagged_heads_a_merge_drops_are_recorded() {
         .server()
         .with_dag(&capsule, |d| d.order().to_vec())
         .unwrap();
-    let added: Vec<Mutation> = order[before..]
-        .iter()
-        .map(|n| Mutation::decode(&b.server().read(&capsule, n).unwrap().body).unwrap())
-        .collect();
-    assert_eq!(added.len(), 1, "{added:?}");
+    let added = |from: usize| -> Vec<(Mutation, bool)> {
+        let order = b
+            .server()
+            .with_dag(&capsule, |d| d.order().to_vec())
+            .unwrap();
+        order[from..]
+            .iter()
+            .map(|n| {
+                let m = Mutation::decode(&b.server().read(&capsule, n).unwrap().body).unwrap();
+                let signed = b
+                    .server()
+                    .with_dag(&capsule, |d| d.signature(n).is_some())
+                    .unwrap();
+                (m, signed)
+            })
+            .collect()
+    };
+    let got = added(before);
+    assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(
-        (added[0].kind, added[0].branch.clone(), added[0].uid),
+        (got[0].0.kind, got[0].0.branch.clone(), got[0].0.uid),
         (MutationKind::Remove, None, a)
+    );
+    // A fast forward of a branch whose head was an untagged head records its leaving too,
+    // with the merge, in one group (one signature, on the last: all or none).
+    assert_eq!(b.put(b"k", Target::Base(v1), s("x"), &o).unwrap(), a);
+    b.fork(b"k", &At::Uid(a), "dev").unwrap();
+    let before = order.len() + 2;
+    let r = b
+        .merge_into(b"k", "dev", &At::Uid(z), &BuiltinResolver::Manual, &o)
+        .unwrap();
+    assert_eq!(r, MergeOutcome::FastForward(z));
+    let got = added(before);
+    let kinds: Vec<_> = got
+        .iter()
+        .map(|(m, signed)| (m.kind, m.branch.clone(), m.uid, *signed))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (MutationKind::Remove, None, a, false),
+            (MutationKind::Merge, Some("dev".to_string()), z, true),
+        ]
     );
 }

@@ -200,6 +200,13 @@ pub struct HeadChange<'a> {
 pub trait HeadRecorder: Send + Sync {
     /// Records `change`; an error refuses it.
     fn record(&self, change: &HeadChange<'_>) -> Result<()>;
+
+    /// Records the changes of one operation (a merge that drops heads besides making
+    /// one), all or none: an error refuses them all. The default records them one by
+    /// one, which a recorder that can write several at once should override.
+    fn record_all(&self, changes: &[HeadChange<'_>]) -> Result<()> {
+        changes.iter().try_for_each(|c| self.record(c))
+    }
 }
 
 /// Which versions belong to a bucket ([`Db::with_members`]). Buckets share one chunk
@@ -379,6 +386,12 @@ impl Db {
 
     /// Shows `change` to the recorder, if any, before its commit.
     pub(crate) fn record_head(&self, change: HeadChange<'_>) -> Result<()> {
+        self.record_heads(std::slice::from_ref(&change))
+    }
+
+    /// Shows the changes of one operation to the recorder, if any, before its commit (see
+    /// [`HeadRecorder::record_all`]).
+    pub(crate) fn record_heads(&self, changes: &[HeadChange<'_>]) -> Result<()> {
         match &self.recorder {
             Some(r) => {
                 // Counted as a write in progress while the recorder runs: a rename or a
@@ -392,7 +405,10 @@ impl Db {
                     }
                 }
                 let _recording = Recording;
-                r.record(&change)
+                match changes {
+                    [one] => r.record(one),
+                    _ => r.record_all(changes),
+                }
             }
             None => Ok(()),
         }

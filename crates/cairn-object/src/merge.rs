@@ -594,24 +594,27 @@ impl Db {
                 // leaves the heads, recorded unless the merge record names it as a base
                 // (a fast forward past it does not).
                 let bases = self.load(u)?.bases;
+                let mut changes = Vec::with_capacity(2);
                 if table.untagged.remove(&ours) && ours != *u && !bases.contains(&ours) {
-                    self.record_head(HeadChange {
+                    changes.push(HeadChange {
                         kind: HeadChangeKind::Remove,
                         key,
                         branch: None,
                         from: None,
                         uid: ours,
                         bases: &[],
-                    })?;
+                    });
                 }
-                self.record_head(HeadChange {
+                changes.push(HeadChange {
                     kind: HeadChangeKind::Merge,
                     key,
                     branch: Some(into),
                     from: None,
                     uid: *u,
                     bases: &bases,
-                })?;
+                });
+                // Together, all or none.
+                self.record_heads(&changes)?;
                 self.commit_table(key, &table)?;
             }
             MergeOutcome::UpToDate(_) => {
@@ -731,28 +734,30 @@ impl Db {
         // in another head (a fast forward or an up-to-date step), as a Remove without a
         // branch. With no merge made, the head that stays is no new version: no merge
         // record, only the others' removals.
-        for u in &inputs {
-            if *u != acc && (merges == 0 || !bases.contains(u)) {
-                self.record_head(HeadChange {
-                    kind: HeadChangeKind::Remove,
-                    key,
-                    branch: None,
-                    from: None,
-                    uid: *u,
-                    bases: &[],
-                })?;
-            }
-        }
+        let mut changes: Vec<HeadChange<'_>> = inputs
+            .iter()
+            .filter(|u| **u != acc && (merges == 0 || !bases.contains(u)))
+            .map(|u| HeadChange {
+                kind: HeadChangeKind::Remove,
+                key,
+                branch: None,
+                from: None,
+                uid: *u,
+                bases: &[],
+            })
+            .collect();
         if merges > 0 {
-            self.record_head(HeadChange {
+            changes.push(HeadChange {
                 kind: HeadChangeKind::Merge,
                 key,
                 branch: None,
                 from: None,
                 uid: acc,
                 bases: &bases,
-            })?;
+            });
         }
+        // Together (one group of records for a journal), all or none.
+        self.record_heads(&changes)?;
         self.commit_table(key, &table)?;
         // No merge made a version: every other head was contained in this one.
         Ok(if merges == 0 {
