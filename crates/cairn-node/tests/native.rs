@@ -534,6 +534,25 @@ async fn typed_values_in_text_and_json() {
         200
     );
     assert_eq!(text("s").await.1, ">hello!");
+    // A PATCH keeps the version's context (it made a version with none).
+    let (st, _) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/t/objects/c?type=string",
+            &[("x-cairn-context", "note")],
+            "hello",
+        )
+        .await;
+    assert_eq!(st, 201);
+    assert_eq!(
+        patch("c", json!({"op": "append", "value": "!"})).await.0,
+        200
+    );
+    assert_eq!(text("c").await.1, "hello!");
+    assert_eq!(
+        s.get_json("/v1/buckets/t/meta/c").await.1["context"],
+        "note"
+    );
     let (st, _) = patch(
         "m",
         json!({"op": "update", "set": {"n": "new"}, "unset": ["k"]}),
@@ -622,6 +641,21 @@ async fn guarded_writes_and_size_limits() {
         )
         .await;
     assert_eq!((st, kind(&e)), (412, "guard_mismatch"), "{e}");
+    // `max_upload_bytes` (1000 here) bounds a PATCH's body as any other: refused, the
+    // value unchanged (it took up to 16 MiB).
+    let (st, e) = s
+        .send(
+            Method::PATCH,
+            "/v1/buckets/g/objects/k",
+            &[JSON],
+            json!({"op": "splice", "at": 0, "insert": "x".repeat(5000)}).to_string(),
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (413, "too_large"), "{e}");
+    assert_eq!(
+        s.get_json("/v1/buckets/g/meta/k").await.1["uid"],
+        second.to_string()
+    );
     for bad in ["*", "W/\"x\"", "\"nope\"", "\"a\", \"b\""] {
         let (st, _) = s
             .send(

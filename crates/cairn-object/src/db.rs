@@ -1089,6 +1089,7 @@ impl Db {
 
     /// Applies a type operation to the version at `target` (a branch head or a base uid)
     /// and stores the result as a new version, atomically with respect to other writers.
+    /// The new version keeps the base version's context unless `opts` gives one.
     pub fn update(&self, key: &[u8], target: Target<'_>, op: Op, opts: &PutOptions) -> Result<Uid> {
         check_key(key)?;
         let _w = self.writer_guard();
@@ -1106,7 +1107,8 @@ impl Db {
 
     /// The common path of every Put: under the key lock, resolve the base, check the guard,
     /// make the value, store the FObject and commit the branch table. `make` gets the base's
-    /// type, and the whole base version when `needs_base_value` (type operations).
+    /// type, and the whole base version when `needs_base_value` (type operations, whose
+    /// new version keeps the base's context when `opts` gives none).
     fn put_value(
         &self,
         key: &[u8],
@@ -1222,7 +1224,10 @@ impl Db {
             value,
             depth,
             bases: base.into_iter().collect(),
-            context: Bytes::copy_from_slice(&opts.context),
+            context: match &base_obj {
+                Some(b) if needs_base_value && opts.context.is_empty() => b.context.clone(),
+                _ => Bytes::copy_from_slice(&opts.context),
+            },
         };
         let uid = self.store_object(&object)?;
         stripe.remember(

@@ -215,7 +215,7 @@ pub async fn create(
         return Err(ApiError::json_required());
     }
     let (_permit, body) = body::body_permit(&node, body)?;
-    let bytes = body::read_all(body, CREATE_LIMIT, None).await?;
+    let bytes = body::read_all(body, CREATE_LIMIT.min(node.config.max_upload_bytes), None).await?;
     let req: CreateBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!(
             "the body must be {{name, owner?, leaf_size?}}: {e}"

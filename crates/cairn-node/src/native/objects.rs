@@ -42,6 +42,13 @@ use crate::node::Node;
 pub const BUFFERED_LIMIT: u64 = 64 << 20;
 /// Largest body of a control request (PATCH, DELETE, POST with a JSON body).
 pub const CONTROL_LIMIT: u64 = 16 << 20;
+
+/// The most a control body (a PATCH, DELETE, fork, merge or rename) may hold on `node`:
+/// [`CONTROL_LIMIT`], or `max_upload_bytes` when smaller, which bounds every body (a PATCH
+/// appending to a value took 16 MiB where a PUT of 1000 bytes was refused).
+pub fn control_limit(node: &Node) -> u64 {
+    CONTROL_LIMIT.min(node.config.max_upload_bytes)
+}
 /// Largest value a GET answers from memory, read and rendered in one trip to the blocking
 /// pool; larger ones stream.
 const SMALL_BODY: u64 = 16 << 10;
@@ -668,7 +675,7 @@ pub async fn remove(
     no_context(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
-    body::read_all(body, CONTROL_LIMIT, expect).await?;
+    body::read_all(body, control_limit(&node), expect).await?;
     let b = opened.bucket;
     let br = branch.clone();
     let k = key.clone();
@@ -826,7 +833,7 @@ pub async fn patch(
     no_context(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
-    let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    let bytes = body::read_all(body, control_limit(&node), expect).await?;
     let p: PatchBody = body::parse_bounded_json(&bytes, "the body must be one operation")?;
     let b = opened.bucket;
     let (k, br) = (key.clone(), branch.clone());

@@ -32,7 +32,7 @@ use serde_json::{Value as J, json};
 
 use super::buckets::{self, open_for_write};
 use super::error::{ApiError, ApiResult, blocking};
-use super::objects::{CONTROL_LIMIT, accepts_json};
+use super::objects::{accepts_json, control_limit};
 use super::values::{bytes_json, json_bytes};
 use super::{BucketPath, KeyPath, NoQuery, VersionQuery, body, parse_uid, query, version_at};
 use crate::node::Node;
@@ -526,7 +526,7 @@ async fn control<T: DeserializeOwned>(
     }
     let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
-    let bytes = body::read_all(body, CONTROL_LIMIT, expect).await?;
+    let bytes = body::read_all(body, control_limit(node), expect).await?;
     let req = body::parse_bounded_json(&bytes, "bad request body")?;
     Ok((permit, opened.bucket, req))
 }
