@@ -575,6 +575,27 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         }
         _ => None,
     };
+    // Nor is anything created for a write that names what cannot be there: a refused
+    // bucket name, or, in a store not made yet, a version to build on or guard with.
+    if writes {
+        cairn_object::db::check_bucket_name(&cli.bucket)?;
+    }
+    if let Command::Put(a) = &cli.command
+        && !is_store
+    {
+        if let Some(g) = a.guard {
+            bail!(Error::GuardMismatch(format!(
+                "no store at {} yet, so no branch is at {g}",
+                data.display()
+            )));
+        }
+        if let Some(b) = a.base {
+            bail!(Error::NotFound(format!(
+                "version {b} (no store at {} yet)",
+                data.display()
+            )));
+        }
+    }
     // Only a put (or the demo) makes something new: every other command needs a store,
     // and its key, to exist already, and fails before anything is created otherwise.
     let creates = matches!(cli.command, Command::Put(_) | Command::Demo);
@@ -619,6 +640,33 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     let db = Db::new(store.clone()).in_bucket(&cli.bucket)?;
     if let Some(key) = existing_key {
         db.existing_table(key.as_bytes())?;
+    }
+    // A guard, a base or a fork's source that cannot hold fails before a writer key or the
+    // bucket's capsule is made (a first write to a bucket claims it for the writer's key).
+    // Checked again, under the key's lock, by the write itself.
+    match &cli.command {
+        Command::Put(a) => {
+            if let Some(g) = a.guard {
+                let branch = a.branch.as_deref().unwrap_or(DEFAULT_BRANCH);
+                let head = db.branch_head(a.key.as_bytes(), branch)?;
+                if head != Some(g) {
+                    bail!(Error::GuardMismatch(format!(
+                        "branch {branch:?} of key {:?} is at {}, not {g}",
+                        a.key,
+                        head.map_or_else(|| "nothing".to_string(), |h| h.to_string())
+                    )));
+                }
+            }
+            if let Some(b) = a.base {
+                db.load(&b)?;
+            }
+        }
+        Command::Fork { from, .. } => {
+            if let At::Uid(u) = At::parse(from) {
+                db.load(&u)?;
+            }
+        }
+        _ => {}
     }
     let writer = if writes {
         Some(cairn_node::keys::read_or_create(
@@ -877,7 +925,14 @@ fn prepare_put(a: &PutArgs) -> Result<PutInput> {
     let (reader, len): (Box<dyn Read>, Option<u64>) = match &a.file {
         Some(p) => {
             let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-            let len = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+            let meta = f.metadata().ok();
+            if meta.as_ref().is_some_and(|m| m.is_dir()) {
+                bail!(Error::invalid(format!(
+                    "{} is a directory; give a file (or - for stdin)",
+                    p.display()
+                )));
+            }
+            let len = meta.filter(|m| m.is_file()).map(|m| m.len());
             (Box::new(f), len)
         }
         None => {

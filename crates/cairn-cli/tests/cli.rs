@@ -198,6 +198,62 @@ fn branches_merge_log_diff_lca() {
     );
 }
 
+/// A write refused for its input or arguments creates nothing: no store, no key, and no
+/// capsule for a bucket (a bucket's first write claims it for the writer's key, so a
+/// refused one kept its rightful owner out).
+#[test]
+fn a_refused_write_creates_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let fresh = d.path().join("fresh");
+    let sub = d.path().join("a-directory");
+    std::fs::create_dir(&sub).unwrap();
+    let e = fails(&fresh, &["put", "k", "--file", sub.to_str().unwrap()], 8);
+    assert!(e.contains("is a directory"), "{e}");
+    fails(&fresh, &["--bucket", "Prod", "put", "k", "--value", "v"], 8);
+    let uid = "1e20".repeat(17);
+    fails(&fresh, &["put", "k", "--value", "v", "--guard", &uid], 4);
+    fails(&fresh, &["put", "k", "--value", "v", "--base", &uid], 3);
+    assert!(!fresh.exists(), "nothing created at {}", fresh.display());
+    assert!(!d.path().join("fresh/writer.key").exists());
+
+    // In a store: the bucket is not claimed by a write that fails its guard, base or
+    // source.
+    let dir = d.path().join("store");
+    ok(&dir, &["put", "k", "--value", "v"]);
+    fails(
+        &dir,
+        &[
+            "--bucket", "prod", "put", "k", "--value", "v", "--guard", &uid,
+        ],
+        4,
+    );
+    fails(
+        &dir,
+        &[
+            "--bucket", "prod", "put", "k", "--value", "v", "--base", &uid,
+        ],
+        3,
+    );
+    fails(
+        &dir,
+        &["--bucket", "prod", "fork", "k", "--from", &uid, "--to", "x"],
+        3,
+    );
+    let owner = d.path().join("owner.key");
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(&dir)
+        .env("CAIRN_KEY_FILE", &owner)
+        .args(["--bucket", "prod", "put", "k", "--value", "mine"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the bucket was claimed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn errors_are_one_clear_line_and_change_nothing() {
     let d = tempfile::tempdir().unwrap();
