@@ -1659,7 +1659,8 @@ fn writer_key_path(cli: &Cli) -> Result<PathBuf> {
 fn keygen(cli: &Cli, force: bool) -> Result<ExitCode> {
     let path = writer_key_path(cli)?;
     let key = cairn_node::keys::create(&path, "writer", force)?;
-    println!("{}", key.public());
+    // Not `println!`, which panics when stdout cannot take it (a full disk, a closed pipe).
+    writeln!(io::stdout().lock(), "{}", key.public()).context("writing the public key")?;
     eprintln!(
         "writer key written to {} (mode 0600; back it up: only it can write the buckets it creates)",
         path.display()

@@ -165,10 +165,14 @@ pub fn run(bucket: &Bucket, data: Option<&std::path::Path>, out: &mut impl Write
         chain.len() - 1
     )?;
     // The follow-up commands name the data directory the demo used.
-    let cairn = match data {
+    let mut cairn = match data {
         Some(d) => format!("cairn --data {}", shell_word(&d.to_string_lossy())),
         None => "cairn".to_string(),
     };
+    // And its bucket, unless the default one.
+    if bucket.name() != cairn_object::DEFAULT_BUCKET {
+        cairn.push_str(&format!(" --bucket {}", shell_word(bucket.name())));
+    }
     let key = shell_word(&String::from_utf8_lossy(key));
     writeln!(out, "try: {cairn} log {key}   {cairn} verify --proof {key}")?;
     Ok(())

@@ -574,6 +574,19 @@ fn bucket_mutations_are_signed_records_with_proofs() {
     );
     // A second keygen refuses to replace the key.
     fails(dir, &["keygen"], 8);
+    // A stdout that cannot take the public key is an error, not a panic (exit 101).
+    let full = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .env("CAIRN_KEY_FILE", dir.join("other.key"))
+        .args(["keygen"])
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(10), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The demo's follow-up commands name its bucket.
+    let demo = ok(dir, &["--bucket", "play", "demo"]);
+    assert!(demo.contains("--bucket play"), "{demo}");
     let v1 = ok(dir, &["put", "doc", "--value", "one"])
         .trim()
         .to_string();

@@ -251,10 +251,10 @@ impl ObjectChunkStore {
         {
             return Ok(());
         }
-        if let Some((t, msg)) = &check.failed
+        if let Some((t, e)) = &check.failed
             && t.elapsed() < MARKER_FAILED_RECHECK
         {
-            return Err(Error::Unavailable(msg.clone()));
+            return Err(e.error());
         }
         let store = self.store.clone();
         let path = self.owner.clone();
@@ -302,7 +302,7 @@ impl ObjectChunkStore {
                 Ok(())
             }
             Err(e) => {
-                check.failed = Some((std::time::Instant::now(), e.to_string()));
+                check.failed = Some((std::time::Instant::now(), CachedError::of(&e)));
                 Err(e)
             }
         }
@@ -586,14 +586,48 @@ const MARKER_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a failed check of the owner marker answers for the callers after it.
 const MARKER_FAILED_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A failed marker check's error, kept to answer the callers right after it alike: the
+/// same kind (a full disk stays an I/O error, answered 507) and message.
+enum CachedError {
+    /// [`Error::Io`]: its context and the kind of its cause.
+    Io(String, std::io::ErrorKind, String),
+    /// [`Error::InvalidInput`].
+    Invalid(String),
+    /// Anything else, answered unavailable.
+    Unavailable(String),
+}
+
+impl CachedError {
+    fn of(e: &Error) -> Self {
+        match e {
+            Error::Io { context, source } => {
+                CachedError::Io(context.clone(), source.kind(), source.to_string())
+            }
+            Error::InvalidInput(m) => CachedError::Invalid(m.clone()),
+            Error::Unavailable(m) => CachedError::Unavailable(m.clone()),
+            other => CachedError::Unavailable(other.to_string()),
+        }
+    }
+
+    fn error(&self) -> Error {
+        match self {
+            CachedError::Io(context, kind, text) => {
+                Error::io(context.clone(), std::io::Error::new(*kind, text.clone()))
+            }
+            CachedError::Invalid(m) => Error::InvalidInput(m.clone()),
+            CachedError::Unavailable(m) => Error::Unavailable(m.clone()),
+        }
+    }
+}
+
 /// The last answers of the owner-marker check (see
 /// `ObjectChunkStore::check_prefix_present`).
 #[derive(Default)]
 struct MarkerCheck {
     /// When the marker was last seen.
     seen: Option<std::time::Instant>,
-    /// When the last check failed, and its error's text.
-    failed: Option<(std::time::Instant, String)>,
+    /// When the last check failed, and its error.
+    failed: Option<(std::time::Instant, CachedError)>,
     /// The marker's entity tag when the node claimed the prefix, if the store gives one: a
     /// marker rewritten since (the prefix wiped and claimed by another node) has another.
     etag: Option<String>,
@@ -1984,7 +2018,8 @@ mod tests {
                 .unwrap();
         }
         store.marker_seen.lock().seen = None;
-        assert!(matches!(store.get(&absent), Err(Error::Unavailable(_))));
+        let first = store.get(&absent).unwrap_err();
+        assert!(matches!(first, Error::Unavailable(_)), "{first}");
         // The marker is back, but the failure still answers for a moment.
         {
             let (mem, owner) = (mem.clone(), owner.clone());
@@ -1997,7 +2032,10 @@ mod tests {
                 })
                 .unwrap();
         }
-        assert!(matches!(store.get(&absent), Err(Error::Unavailable(_))));
+        let again = store.get(&absent).unwrap_err();
+        // The same error, kind and text (it was wrapped once more).
+        assert!(matches!(again, Error::Unavailable(_)), "{again}");
+        assert_eq!(again.to_string(), first.to_string());
         // (Put back, the marker has another entity tag, which a claim would not take for
         // this node's: this test is about the timing, so the tag is not compared.)
         store.marker_seen.lock().etag = None;

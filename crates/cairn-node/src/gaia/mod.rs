@@ -968,7 +968,8 @@ fn store_blocking<R: Read>(
         || "application/octet-stream".to_string(),
         |v| latin1(v.as_bytes()),
     );
-    if content_type.len() > MAX_CONTENT_TYPE {
+    // Counted in the header's bytes (a byte past ASCII is two in the string).
+    if content_type.chars().count() > MAX_CONTENT_TYPE {
         return Err(GaiaError::InvalidInput("Invalid content-type".into()));
     }
     let bucket = match existing {
