@@ -39,10 +39,11 @@ struct StagedChunks {
     map: HashMap<Cid, Bytes>,
     /// Bytes of the chunks in `map`.
     bytes: u64,
-    /// Chunks the merge wrote that the store had already (put to it, not staged): their
-    /// children are followed all the same, since a chunk in the store does not vouch for
-    /// its subtree (a flush cut short leaves parents whose children never came).
-    through: HashSet<Cid>,
+    /// Chunks the merge wrote that the store had already (put to it, not staged), with the
+    /// chunks they point to: those are followed all the same, since a chunk in the store
+    /// does not vouch for its subtree (a flush cut short leaves parents whose children
+    /// never came). Kept from the put, so the walk reads nothing back.
+    through: HashMap<Cid, Vec<Cid>>,
 }
 
 impl Staged {
@@ -71,39 +72,18 @@ impl Staged {
             if !seen.insert(cid) {
                 continue;
             }
-            let (bytes, staged) = {
+            let children = {
                 let s = self.chunks.lock();
-                match s.map.get(&cid) {
-                    Some(b) => (Some(b.clone()), true),
-                    None if s.through.contains(&cid) => (None, false),
-                    None => continue,
-                }
-            };
-            let bytes = match bytes {
-                Some(b) => b,
-                // Read without the map's lock (verified against its cid by the store).
-                None => self.inner.get(&cid)?.ok_or_else(|| {
-                    Error::Unavailable(format!(
-                        "chunk {cid}, which the store had when the merge wrote it, is gone"
-                    ))
-                })?,
-            };
-            if staged {
-                stack.push((cid, true));
-            }
-            match chunk::parse(&bytes)? {
-                (ChunkKind::Meta, _) => {
-                    let o = FObject::from_chunk(&bytes)?;
-                    stack.extend(o.bases.iter().map(|b| (*b, false)));
-                    if let Some(t) = o.value.tree() {
-                        stack.push((t.root, false));
+                match (s.map.get(&cid), s.through.get(&cid)) {
+                    (Some(bytes), _) => {
+                        stack.push((cid, true));
+                        children(bytes)?
                     }
+                    (None, Some(children)) => children.clone(),
+                    (None, None) => continue,
                 }
-                (ChunkKind::UIndex | ChunkKind::SIndex, _) => {
-                    stack.extend(postree::child_cids(&bytes)?.into_iter().map(|c| (c, false)));
-                }
-                _ => {}
-            }
+            };
+            stack.extend(children.into_iter().map(|c| (c, false)));
         }
         Ok(out)
     }
@@ -134,6 +114,23 @@ impl Staged {
     }
 }
 
+/// The chunks `bytes` (a chunk of a version or its tree) points to: a version's bases and
+/// value tree root, an index node's children.
+fn children(bytes: &[u8]) -> Result<Vec<Cid>> {
+    Ok(match chunk::parse(bytes)? {
+        (ChunkKind::Meta, _) => {
+            let o = FObject::from_chunk(bytes)?;
+            let mut out = o.bases;
+            if let Some(t) = o.value.tree() {
+                out.push(t.root);
+            }
+            out
+        }
+        (ChunkKind::UIndex | ChunkKind::SIndex, _) => postree::child_cids(bytes)?,
+        _ => Vec::new(),
+    })
+}
+
 impl ChunkStore for Staged {
     fn algo(&self) -> HashAlgo {
         self.inner.algo()
@@ -152,7 +149,9 @@ impl ChunkStore for Staged {
             // perhaps cut short or not yet synced); the put syncs or rewrites such a
             // chunk, and leaves a sound one as it is, writing nothing.
             let new = self.inner.put_hashed(cid, chunk)?;
-            self.chunks.lock().through.insert(cid);
+            // (Bytes that are no version or tree node point to nothing.)
+            let children = children(chunk).unwrap_or_default();
+            self.chunks.lock().through.insert(cid, children);
             return Ok(new);
         }
         let mut s = self.chunks.lock();
