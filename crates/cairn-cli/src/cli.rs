@@ -793,6 +793,15 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 pb.set_position(done);
             })?;
             pb.finish_and_clear();
+            // A bucket with nothing in it (a mistyped --bucket) is not "intact": verify checks
+            // one bucket, and said so of one that is not there.
+            if key.is_none() && report.keys == 0 && bucket.capsule().is_none() {
+                bail!(Error::not_found(format!(
+                    "bucket {:?}: it holds no key and no capsule (verify checks one bucket; \
+                     check --bucket)",
+                    bucket.name()
+                )));
+            }
             // The bucket's capsule: every record header re-hashed, every signature checked.
             let audit = match bucket.capsule() {
                 Some(c) if key.is_none() => Some(bucket.server().audit(&c)),

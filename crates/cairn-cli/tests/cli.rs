@@ -483,6 +483,9 @@ fn acknowledged_writes_survive_kill_9() {
         assert!(ok(dir, &["verify", "--proof", "k", "--uid", uid]).ends_with("proof OK\n"));
     }
     assert!(ok(dir, &["verify"]).starts_with("intact"));
+    // A bucket with nothing in it (a typo) is not reported intact.
+    let e = fails(dir, &["--bucket", "typo", "verify"], 3);
+    assert!(e.contains("--bucket"), "{e}");
     assert_eq!(ok(dir, &["keys"]), "k\n");
 }
 
