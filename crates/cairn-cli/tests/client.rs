@@ -2195,7 +2195,8 @@ fn a_node_killed_mid_writes_keeps_every_acknowledged_write() {
         );
         stdout
     };
-    assert!(local(&["verify"]).starts_with("intact"));
+    // The bucket the writers wrote (a bare verify checked the empty default bucket).
+    assert!(local(&["--bucket", "pub", "verify"]).starts_with("intact"));
     // Each head is a signed record of the bucket's capsule.
     for w in 0..8 {
         let key = format!("k{w}");
