@@ -2355,7 +2355,8 @@ fn a_full_disk_fails_writes_and_keeps_acknowledged_ones() {
     let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data")
         .arg(&data)
-        .arg("verify")
+        // The bucket written (a bare verify checked the empty default bucket).
+        .args(["--bucket", "pub", "verify"])
         .output()
         .unwrap();
     assert!(

@@ -318,12 +318,13 @@ impl Op {
 }
 
 /// Splits text into lines, dropping one trailing newline (the text form of tuples, lists,
-/// sets and maps).
+/// sets and maps): empty text has no element, and `"\n"` one empty element, as the text
+/// form writes them (it read `"\n"` as no element, so one empty element did not come back).
 pub fn text_lines(input: &[u8]) -> Vec<Vec<u8>> {
-    let input = input.strip_suffix(b"\n").unwrap_or(input);
     if input.is_empty() {
         return Vec::new();
     }
+    let input = input.strip_suffix(b"\n").unwrap_or(input);
     input.split(|b| *b == b'\n').map(|l| l.to_vec()).collect()
 }
 
@@ -350,7 +351,13 @@ impl NewValue {
             }
             ValueType::Map => {
                 let mut m = BTreeMap::new();
-                for (i, l) in text_lines(&input).into_iter().enumerate() {
+                // A lone newline is an empty map (a map has no empty line to hold).
+                let lines = if input == b"\n" {
+                    Vec::new()
+                } else {
+                    text_lines(&input)
+                };
+                for (i, l) in lines.into_iter().enumerate() {
                     let eq = l.iter().position(|b| *b == b'=').ok_or_else(|| {
                         Error::invalid(format!(
                             "map line {} has no '=' (expected key=value)",
@@ -374,6 +381,26 @@ impl NewValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Text lines read back what the text form writes: no element is empty text, one
+    /// empty element a lone newline (read as no element before), and a map keeps taking a
+    /// lone newline as empty.
+    #[test]
+    fn text_lines_round_trip_empty_elements() {
+        assert_eq!(text_lines(b""), Vec::<Vec<u8>>::new());
+        assert_eq!(text_lines(b"\n"), vec![Vec::<u8>::new()]);
+        assert_eq!(text_lines(b"\n\n"), vec![Vec::<u8>::new(), Vec::new()]);
+        assert_eq!(text_lines(b"a\nb"), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(text_lines(b"a\nb\n"), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(
+            NewValue::parse_text(ValueType::Tuple, b"\n".to_vec()).unwrap(),
+            NewValue::Tuple(vec![Vec::new()])
+        );
+        assert_eq!(
+            NewValue::parse_text(ValueType::Map, b"\n".to_vec()).unwrap(),
+            NewValue::Map(BTreeMap::new())
+        );
+    }
 
     /// A tuple decodes only within the inline limit a put applies: a chunk of empty
     /// elements (one byte each on the wire, 32 bytes each in memory) is refused before it
