@@ -656,6 +656,18 @@ async fn guarded_writes_and_size_limits() {
         s.get_json("/v1/buckets/g/meta/k").await.1["uid"],
         second.to_string()
     );
+    // A method a route does not take is a JSON error too, with the methods it takes.
+    let resp = s
+        .req(Method::POST, "/v1/buckets/g/objects/k")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+    assert!(allow.contains("GET") && allow.contains("PUT"), "{allow}");
+    let e: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(kind(&e), "method_not_allowed", "{e}");
     for bad in ["*", "W/\"x\"", "\"nope\"", "\"a\", \"b\""] {
         let (st, _) = s
             .send(

@@ -137,7 +137,41 @@ pub fn routes() -> Router<Arc<Node>> {
             .on(axum::routing::MethodFilter::DELETE, not_found)
             .on(axum::routing::MethodFilter::PATCH, not_found),
     );
-    router.layer(Extension(Arc::new(Native::default())))
+    router
+        .layer(axum::middleware::map_response(json_method_not_allowed))
+        .layer(Extension(Arc::new(Native::default())))
+}
+
+/// A method a route does not take answers in the API's JSON error form too, keeping the
+/// router's `Allow` header (it answered 405 with an empty body).
+async fn json_method_not_allowed(
+    method: Method,
+    uri: Uri,
+    resp: axum::response::Response,
+) -> axum::response::Response {
+    use axum::body::HttpBody;
+    use axum::response::IntoResponse;
+    if resp.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED
+        || resp.body().size_hint().exact() != Some(0)
+    {
+        return resp;
+    }
+    let (parts, _) = resp.into_parts();
+    let mut answer = ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} does not take {method} (see the Allow header and /openapi.json)",
+            uri.path()
+        ),
+    )
+    .into_response();
+    if let Some(allow) = parts.headers.get(axum::http::header::ALLOW) {
+        answer
+            .headers_mut()
+            .insert(axum::http::header::ALLOW, allow.clone());
+    }
+    answer
 }
 
 async fn not_found(uri: Uri) -> ApiError {
