@@ -500,7 +500,8 @@ impl Journal {
         let mut c = self.chain.lock();
         let mut dones = Vec::with_capacity(ms.len());
         let mut queued = Vec::with_capacity(ms.len());
-        let mark = c.writer.chain_mark();
+        // (Only several records need it: one that cannot be made never moved the chain.)
+        let mark = (ms.len() > 1).then(|| c.writer.chain_mark());
         for m in ms {
             let done = Arc::new(Mutex::new(None));
             let record = match c.writer.record(&m.encode(), &[]) {
@@ -508,7 +509,9 @@ impl Journal {
                 Err(e) => {
                     // None is queued: the chain goes back to where it stood, or the next
                     // record would point at records never written (a hole for ever).
-                    c.writer.rewind(mark);
+                    if let Some(mark) = mark {
+                        c.writer.rewind(mark);
+                    }
                     return Err(e);
                 }
             };

@@ -2583,8 +2583,8 @@ impl CapsuleServer {
 
     /// How many names [`CapsuleServer::since_last_sync`] would hand a session with `peer`
     /// now, counted without collecting them (a responder refuses or budgets a session
-    /// before building it): at most that many, as a record signed after a chain proved it
-    /// comes twice in the proven order and is counted twice.
+    /// before building it). A record signed after a chain proved it comes twice in the
+    /// proven order, so the count (like the names handed out) can exceed the records.
     pub fn sync_backlog(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<usize> {
         let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;

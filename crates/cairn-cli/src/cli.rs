@@ -644,6 +644,16 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     // A guard, a base or a fork's source that cannot hold fails before a writer key or the
     // bucket's capsule is made (a first write to a bucket claims it for the writer's key).
     // Checked again, under the key's lock, by the write itself.
+    // A uid can be a version of this bucket only if the bucket holds something: in a new
+    // one (whose capsule the open below would make) it is refused here, whatever else of
+    // the store it names (`Bucket` checks membership once open).
+    let empty_bucket = || -> Result<bool> { Ok(db.list_keys_page(None, 1)?.0.is_empty()) };
+    let not_here = |u: &Uid| {
+        Error::NotFound(format!(
+            "version {u} in bucket {:?}, which holds nothing yet",
+            cli.bucket
+        ))
+    };
     match &cli.command {
         Command::Put(a) => {
             if let Some(g) = a.guard {
@@ -657,13 +667,17 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                     )));
                 }
             }
-            if let Some(b) = a.base {
-                db.load(&b)?;
+            if let Some(b) = a.base
+                && empty_bucket()?
+            {
+                bail!(not_here(&b));
             }
         }
         Command::Fork { from, .. } => {
-            if let At::Uid(u) = At::parse(from) {
-                db.load(&u)?;
+            if let At::Uid(u) = At::parse(from)
+                && empty_bucket()?
+            {
+                bail!(not_here(&u));
             }
         }
         _ => {}
@@ -794,8 +808,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             })?;
             pb.finish_and_clear();
             // A bucket with nothing in it (a mistyped --bucket) is not "intact": verify checks
-            // one bucket, and said so of one that is not there.
-            if key.is_none() && report.keys == 0 && bucket.capsule().is_none() {
+            // one bucket, and said so of one that is not there. (Damage the store's crash
+            // recovery noted is reported below all the same.)
+            if key.is_none() && report.keys == 0 && report.is_intact() && bucket.capsule().is_none()
+            {
                 bail!(Error::not_found(format!(
                     "bucket {:?}: it holds no key and no capsule (verify checks one bucket; \
                      check --bucket)",
@@ -923,6 +939,11 @@ enum PutInput {
 }
 
 fn prepare_put(a: &PutArgs) -> Result<PutInput> {
+    if a.base.is_some() && a.guard.is_some() {
+        bail!(Error::invalid(
+            "a guard applies to a branch put, not to a put on a base version"
+        ));
+    }
     if let Some(v) = &a.value {
         let ty = a.ty.unwrap_or(ValueType::String);
         return Ok(PutInput::Value(format::parse_value(
@@ -1307,7 +1328,25 @@ pub fn write_whole_file(
 ) -> Result<u64> {
     use std::os::unix::fs::PermissionsExt;
     let in_place = |fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>| -> Result<u64> {
-        let f = open_in_place(dest)?;
+        let mut f = open_in_place(dest)?;
+        if f.metadata().is_ok_and(|m| m.is_file()) {
+            // A file behind a descriptor (`>> log` and `--out /dev/stdout`): appended to
+            // only once the whole value was written out and checked, through a spool, so
+            // a failure adds nothing to it.
+            use std::io::Seek;
+            let mut spool = tempfile::tempfile().context("creating a temporary file")?;
+            let n = {
+                let mut w = BufWriter::with_capacity(1 << 20, &mut spool);
+                let n = fill(&mut w)?;
+                w.flush().context("writing the temporary file")?;
+                n
+            };
+            spool
+                .seek(io::SeekFrom::Start(0))
+                .context("rewinding the temporary file")?;
+            io::copy(&mut spool, &mut f).with_context(|| format!("writing {}", dest.display()))?;
+            return Ok(n);
+        }
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = fill(&mut w)?;
         w.flush()

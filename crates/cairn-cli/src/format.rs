@@ -3,7 +3,8 @@
 //!
 //! - string, blob: raw bytes;
 //! - integer: decimal;
-//! - tuple, list, set: one element per line;
+//! - tuple, list, set: one element per line (empty text is no element, a lone newline one
+//!   empty element);
 //! - map: one `key=value` per line (split at the first `=`).
 
 use std::io::{self, Write};

@@ -239,6 +239,25 @@ fn a_refused_write_creates_nothing() {
         &["--bucket", "prod", "fork", "k", "--from", &uid, "--to", "x"],
         3,
     );
+    // Nor by one naming a version of another bucket, which the new bucket cannot hold.
+    let elsewhere = ok(&dir, &["put", "k2", "--value", "v"]).trim().to_string();
+    for args in [
+        &[
+            "--bucket", "prod", "put", "k", "--value", "v", "--base", &elsewhere,
+        ][..],
+        &[
+            "--bucket", "prod", "fork", "k", "--from", &elsewhere, "--to", "x",
+        ],
+    ] {
+        fails(&dir, args, 3);
+    }
+    // A guard with a base is refused as such (exit 8), before anything is made.
+    fails(
+        &fresh,
+        &["put", "k", "--value", "v", "--base", &uid, "--guard", &uid],
+        8,
+    );
+    assert!(!fresh.exists());
     let owner = d.path().join("owner.key");
     let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--data")

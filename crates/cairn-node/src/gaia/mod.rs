@@ -890,26 +890,27 @@ async fn store(
 
 /// The name of a `.history.` branch keeping version `uid` of a file (as the hub's
 /// `.history.<time>.<id>.` copies): `.history.<ms>.<last 12 hex digits of the uid>`.
-fn history_branch(bucket: &Bucket, key: &[u8], uid: &Uid) -> HubResult<String> {
+fn history_branch(uid: &Uid) -> String {
+    // Times strictly increasing within the process (two in one millisecond made "the
+    // newest" a tie, which a later store, going on from it, could resolve to the older;
+    // across restarts the clock has moved on).
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = now_millis();
+    let prev = LAST
+        .fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |last| Some(now.max(last.saturating_add(1))),
+        )
+        .unwrap_or(now);
+    let ms = now.max(prev.saturating_add(1));
     let hex = uid.to_string();
-    // After every `.history.` branch the key has (two in one millisecond made "the newest"
-    // a tie, which a later store, going on from it, could resolve to the older).
-    let after = newest_history(bucket, key)?.map_or(0, |(ms, _)| ms.saturating_add(1));
-    Ok(format!(
-        ".history.{}.{}",
-        now_millis().max(after),
-        &hex[hex.len().saturating_sub(12)..]
-    ))
+    format!(".history.{ms}.{}", &hex[hex.len().saturating_sub(12)..])
 }
 
 /// The head of the newest `.history.` branch of `key` (left by a delete under an archival
 /// scope), if the key has one.
 fn archived_head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
-    Ok(newest_history(bucket, key)?.map(|(_, u)| u))
-}
-
-/// The time and head of the newest `.history.` branch of `key`, if it has one.
-fn newest_history(bucket: &Bucket, key: &[u8]) -> HubResult<Option<(u64, Uid)>> {
     let table = match bucket.db().existing_table(key) {
         Ok(t) => t,
         Err(cairn_core::Error::NotFound(_)) => return Ok(None),
@@ -929,7 +930,7 @@ fn newest_history(bucket: &Bucket, key: &[u8]) -> HubResult<Option<(u64, Uid)>> 
             Some((ms, b, *u))
         })
         .max();
-    Ok(newest.map(|(ms, _, u)| (ms, u)))
+    Ok(newest.map(|(_, _, u)| u))
 }
 
 fn store_blocking<R: Read>(
@@ -1067,16 +1068,12 @@ fn store_blocking<R: Read>(
     if let (Ok(_), None, Some(old)) = (&result, &upload.failed, replaced)
         && v.scopes.archival_restricted()
     {
-        let kept = history_branch(&bucket, &key, &old).map(|branch| {
-            let forked = bucket.fork(&key, &At::Uid(old), &branch);
-            (branch, forked)
-        });
-        match kept {
-            Ok((_, Ok(_) | Err(cairn_core::Error::AlreadyExists(_)))) => {}
-            Ok((branch, Err(e))) => {
+        let branch = history_branch(&old);
+        match bucket.fork(&key, &At::Uid(old), &branch) {
+            Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {}
+            Err(e) => {
                 tracing::warn!("keeping the replaced version {old} of {path:?} on {branch}: {e}")
             }
-            Err(e) => tracing::warn!("keeping the replaced version {old} of {path:?}: {e:?}"),
         }
     }
     drop(upload.turn.take());
@@ -1152,7 +1149,7 @@ fn remove_blocking(
         // As the hub renames the file to a `.history.` name, the file's head moves to a
         // branch of its own: the file is gone from reads and listings, and its versions
         // stay (a plain delete drops the head, leaving them to GC).
-        let branch = history_branch(&bucket, key, &uid)?;
+        let branch = history_branch(&uid);
         return match bucket.rename(key, DEFAULT_BRANCH, &branch) {
             Ok(_) => Ok(()),
             Err(cairn_core::Error::NotFound(_)) => Err(missing()),
