@@ -1019,6 +1019,18 @@ fn put(db: &Bucket, a: PutArgs, input: PutInput, out: &mut impl Write) -> Result
         ..PutOptions::default()
     };
     let key = a.key.as_bytes();
+    // A streamed input is stored before the put's own checks: what would refuse it (a
+    // branch typo, another type on the key, a stale guard) is found first, not after
+    // reading (and storing) the whole input.
+    match &input {
+        PutInput::Blob(..) => db
+            .db()
+            .check_put_target(key, target, ValueType::Blob, &opts)?,
+        PutInput::List(..) => db
+            .db()
+            .check_put_target(key, target, ValueType::List, &opts)?,
+        PutInput::Value(_) => {}
+    }
     let uid = match input {
         PutInput::Value(v) => db.put(key, target, v, &opts)?,
         PutInput::Blob(mut reader, len) => {

@@ -198,6 +198,53 @@ fn branches_merge_log_diff_lca() {
     );
 }
 
+/// A streamed put is refused for its target before its input is read: a branch typo,
+/// another type on the key or a stale guard were found only once the whole input was read
+/// and stored (here the input never ends, so reading it first would not finish).
+#[test]
+fn a_streamed_put_is_refused_before_its_input_is_read() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "a string"]);
+    let stale = ok(dir, &["put", "b", "--value", "v", "--type", "blob"])
+        .trim()
+        .to_string();
+    ok(dir, &["put", "b", "--value", "w", "--type", "blob"]);
+    for (args, code) in [
+        (
+            &["put", "k", "--file", "/dev/zero", "--branch", "typo"][..],
+            3,
+        ),
+        (&["put", "k", "--file", "/dev/zero"], 7),
+        (&["put", "b", "--file", "/dev/zero", "--guard", &stale], 4),
+        (&["put", "k", "--file", "/dev/zero", "--type", "list"], 7),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(dir)
+            .env("CAIRN_KEY_FILE", dir.join("writer.key"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("cairn {args:?} was still reading its input after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(code), "cairn {args:?}");
+    }
+    assert_eq!(ok(dir, &["get", "k"]), "a string");
+}
+
 /// A write refused for its input or arguments creates nothing: no store, no key, and no
 /// capsule for a bucket (a bucket's first write claims it for the writer's key, so a
 /// refused one kept its rightful owner out).

@@ -1022,6 +1022,72 @@ impl Db {
         self.put_blob_stream_then(key, target, reader, progress, &mut || Ok(opts.clone()))
     }
 
+    /// Checks, without writing anything, what a put of a `ty` value to `target` with `opts`
+    /// would be refused for on what the store holds now: the key, the context, the guard,
+    /// a branch that is not there on a key that has heads, a base that is no version of
+    /// the key, a value of another type than the head's. A streamed put checks these only
+    /// once its whole input is stored, so a caller with a large input calls this first;
+    /// the put checks again at its commit (the store may change meanwhile).
+    pub fn check_put_target(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        ty: ValueType,
+        opts: &PutOptions,
+    ) -> Result<()> {
+        check_key(key)?;
+        crate::fobject::check_context(&opts.context)?;
+        let base = match target {
+            Target::Branch(b) => {
+                let head = self.branch_head(key, b)?;
+                if head.is_none() {
+                    check_branch_name(b)?;
+                }
+                if let Some(g) = opts.guard
+                    && head != Some(g)
+                {
+                    return Err(Error::GuardMismatch(format!(
+                        "branch {b:?} of key {} is at {}, not {g}",
+                        show_key(key),
+                        head.map(|h| h.to_string())
+                            .unwrap_or_else(|| "nothing".into())
+                    )));
+                }
+                match (head, opts.branch_from) {
+                    (Some(h), _) => Some(h),
+                    (None, Some(from)) => {
+                        self.admit(key, &from)?;
+                        Some(from)
+                    }
+                    (None, None) => {
+                        let table = self.table(key)?;
+                        if !table.is_empty() {
+                            return Err(Error::not_found(format!(
+                                "branch {b:?} of key {} ({}); use fork to create it",
+                                show_key(key),
+                                table.describe()
+                            )));
+                        }
+                        None
+                    }
+                }
+            }
+            Target::Base(u) => {
+                if opts.guard.is_some() {
+                    return Err(Error::invalid(
+                        "a guard applies to a branch put, not to a put on a base version",
+                    ));
+                }
+                self.admit(key, &u)?;
+                Some(u)
+            }
+        };
+        if let Some(b) = base {
+            same_type(key, self.load_for_key(key, &b)?.value_type(), ty)?;
+        }
+        Ok(())
+    }
+
     /// [`Db::put_blob_stream`] whose options are decided by `before_commit`, called once
     /// the whole blob is stored and right before the version is committed: a caller
     /// re-checks there what may have changed while the input arrived (an authorization,
