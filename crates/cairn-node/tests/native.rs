@@ -656,6 +656,24 @@ async fn guarded_writes_and_size_limits() {
         s.get_json("/v1/buckets/g/meta/k").await.1["uid"],
         second.to_string()
     );
+    // A streamed put refused for its target (a branch that is not there) is answered before
+    // its body is read: here the body never ends.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.send(Ok(vec![7u8; 1 << 16])).await.unwrap();
+    let endless = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let resp = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.req(Method::PUT, "/v1/buckets/g/objects/k?branch=typo")
+            .body(reqwest::Body::wrap_stream(endless))
+            .send(),
+    )
+    .await
+    .expect("answered before the body ended")
+    .unwrap();
+    assert_eq!(resp.status(), 404);
+    drop(tx);
     // A method a route does not take is a JSON error too, with the methods it takes.
     let resp = s
         .req(Method::POST, "/v1/buckets/g/objects/k")

@@ -590,6 +590,19 @@ pub async fn put(
     let small_blob =
         text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
     if !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob {
+        // What would refuse the put (a branch typo, another type on the key, a stale
+        // guard) is answered before the body is read and stored, not after it.
+        let (pb, pk, pd, po) = (b.clone(), key.clone(), dest.clone(), opts.clone());
+        let checked = blocking(move || {
+            Ok(pb
+                .db()
+                .check_put_target(pk.as_bytes(), pd.target(), text_ty, &po)?)
+        })
+        .await;
+        if let Err(e) = checked {
+            body::drain_refused(body);
+            return Err(e);
+        }
         let mut reader = CheckedReader::new(body, max, expect);
         let failure = reader.failure();
         let d = dest.clone();
