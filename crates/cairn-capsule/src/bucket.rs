@@ -312,6 +312,17 @@ fn capsule_ref(bucket: &str) -> Vec<u8> {
     format!("bucket-capsule/{bucket}").into_bytes()
 }
 
+/// The capsule of bucket `bucket` in `store`, if it has one yet (read without opening the
+/// bucket, which would make one for a writer).
+pub fn bucket_capsule(store: &dyn cairn_store::Store, bucket: &str) -> Result<Option<CapsuleName>> {
+    match store.get_ref(&capsule_ref(bucket))? {
+        Some(v) => Ok(Some(CapsuleName(Hash::from_bytes(&v).map_err(|e| {
+            Error::corrupt(format!("capsule ref of bucket {bucket}: {e}"))
+        })?))),
+        None => Ok(None),
+    }
+}
+
 /// One queued record and the slot its mutation waits on.
 struct Queued {
     record: Record,

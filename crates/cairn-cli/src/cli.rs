@@ -644,13 +644,16 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     // A guard, a base or a fork's source that cannot hold fails before a writer key or the
     // bucket's capsule is made (a first write to a bucket claims it for the writer's key).
     // Checked again, under the key's lock, by the write itself.
-    // A uid can be a version of this bucket only if the bucket holds something: in a new
-    // one (whose capsule the open below would make) it is refused here, whatever else of
-    // the store it names (`Bucket` checks membership once open).
-    let empty_bucket = || -> Result<bool> { Ok(db.list_keys_page(None, 1)?.0.is_empty()) };
+    // A uid can be a version of this bucket only if the bucket has a capsule: in a new one
+    // (whose capsule the open below would make) it is refused here, whatever else of the
+    // store it names (`Bucket` checks membership once open). A bucket whose keys were all
+    // removed keeps its capsule, and its versions can be brought back.
+    let empty_bucket = || -> Result<bool> {
+        Ok(cairn_capsule::bucket::bucket_capsule(store.as_ref(), &cli.bucket)?.is_none())
+    };
     let not_here = |u: &Uid| {
         Error::NotFound(format!(
-            "version {u} in bucket {:?}, which holds nothing yet",
+            "version {u} in bucket {:?}, which has no version yet",
             cli.bucket
         ))
     };
@@ -671,6 +674,11 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 && empty_bucket()?
             {
                 bail!(not_here(&b));
+            }
+            // A streamed input's target (branch, type), before the bucket's capsule is
+            // made and before the input is read.
+            if let Some(ty) = put_input.as_ref().and_then(streamed_type) {
+                db.check_put_target(a.key.as_bytes(), put_target(a), ty, &put_options(a))?;
             }
         }
         Command::Fork { from, .. } => {
@@ -1007,29 +1015,43 @@ fn prepare_put(a: &PutArgs) -> Result<PutInput> {
     }
 }
 
-fn put(db: &Bucket, a: PutArgs, input: PutInput, out: &mut impl Write) -> Result<()> {
-    let target = match (&a.branch, &a.base) {
+/// Where `cairn put` writes: on `--base`, else to `--branch` (master by default).
+fn put_target(a: &PutArgs) -> Target<'_> {
+    match (&a.branch, &a.base) {
         (_, Some(b)) => Target::Base(*b),
         (Some(b), None) => Target::Branch(b),
         (None, None) => Target::Branch(DEFAULT_BRANCH),
-    };
-    let opts = PutOptions {
+    }
+}
+
+/// The options of `cairn put`.
+fn put_options(a: &PutArgs) -> PutOptions {
+    PutOptions {
         guard: a.guard,
-        context: a.context.into_bytes(),
+        context: a.context.clone().into_bytes(),
         ..PutOptions::default()
-    };
+    }
+}
+
+/// The type a streamed put input stores (`None` for a value given whole).
+fn streamed_type(input: &PutInput) -> Option<ValueType> {
+    match input {
+        PutInput::Blob(..) => Some(ValueType::Blob),
+        PutInput::List(..) => Some(ValueType::List),
+        PutInput::Value(_) => None,
+    }
+}
+
+fn put(db: &Bucket, a: PutArgs, input: PutInput, out: &mut impl Write) -> Result<()> {
+    let target = put_target(&a);
+    let opts = put_options(&a);
     let key = a.key.as_bytes();
     // A streamed input is stored before the put's own checks: what would refuse it (a
     // branch typo, another type on the key, a stale guard) is found first, not after
     // reading (and storing) the whole input.
-    match &input {
-        PutInput::Blob(..) => db
-            .db()
-            .check_put_target(key, target, ValueType::Blob, &opts)?,
-        PutInput::List(..) => db
-            .db()
-            .check_put_target(key, target, ValueType::List, &opts)?,
-        PutInput::Value(_) => {}
+    // (Checked once before the bucket was opened too; here with its versions known.)
+    if let Some(ty) = streamed_type(&input) {
+        db.db().check_put_target(key, target, ty, &opts)?;
     }
     let uid = match input {
         PutInput::Value(v) => db.put(key, target, v, &opts)?,
@@ -1356,7 +1378,15 @@ pub fn write_whole_file(
             spool
                 .seek(io::SeekFrom::Start(0))
                 .context("rewinding the temporary file")?;
-            io::copy(&mut spool, &mut f).with_context(|| format!("writing {}", dest.display()))?;
+            // Cut back to where it was should the copy fail (a full disk), so nothing of
+            // the value is left appended.
+            let before = f.metadata().map(|m| m.len()).ok();
+            if let Err(e) = io::copy(&mut spool, &mut f) {
+                if let Some(len) = before {
+                    let _ = f.set_len(len);
+                }
+                return Err(e).with_context(|| format!("writing {}", dest.display()));
+            }
             return Ok(n);
         }
         let mut w = BufWriter::with_capacity(1 << 20, f);

@@ -298,6 +298,34 @@ fn a_refused_write_creates_nothing() {
     ] {
         fails(&dir, args, 3);
     }
+    // A bucket whose keys were all removed keeps its capsule: its versions come back.
+    let solo = d.path().join("solo");
+    let v = ok(&solo, &["put", "solo", "--value", "s"])
+        .trim()
+        .to_string();
+    ok(&solo, &["remove", "solo", "master"]);
+    ok(&solo, &["fork", "solo", "--from", &v, "--to", "master"]);
+    assert_eq!(ok(&solo, &["get", "solo"]), "s");
+    ok(&solo, &["remove", "solo", "master"]);
+    ok(&solo, &["put", "solo", "--value", "t", "--base", &v]);
+    // A streamed put to a branch that cannot be made is refused before a new bucket's
+    // capsule is made.
+    let f = d.path().join("input.bin");
+    std::fs::write(&f, b"bytes").unwrap();
+    fails(
+        &dir,
+        &[
+            "--bucket",
+            "fresh2",
+            "put",
+            "k",
+            "--branch",
+            "bad name",
+            "--file",
+            f.to_str().unwrap(),
+        ],
+        8,
+    );
     // A guard with a base is refused as such (exit 8), before anything is made.
     fails(
         &fresh,
@@ -306,18 +334,20 @@ fn a_refused_write_creates_nothing() {
     );
     assert!(!fresh.exists());
     let owner = d.path().join("owner.key");
-    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--data")
-        .arg(&dir)
-        .env("CAIRN_KEY_FILE", &owner)
-        .args(["--bucket", "prod", "put", "k", "--value", "mine"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the bucket was claimed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for bucket in ["prod", "fresh2"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(&dir)
+            .env("CAIRN_KEY_FILE", &owner)
+            .args(["--bucket", bucket, "put", "k", "--value", "mine"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "bucket {bucket} was claimed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

@@ -1054,10 +1054,12 @@ impl Db {
                     )));
                 }
                 match (head, opts.branch_from) {
-                    (Some(h), _) => Some(h),
+                    // Reached through its head ref, as the put reads it (a head naming
+                    // another key's version is damage, not "not found").
+                    (Some(h), _) => Some((h, true)),
                     (None, Some(from)) => {
                         self.admit(key, &from)?;
-                        Some(from)
+                        Some((from, false))
                     }
                     (None, None) => {
                         let table = self.table(key)?;
@@ -1079,11 +1081,16 @@ impl Db {
                     ));
                 }
                 self.admit(key, &u)?;
-                Some(u)
+                Some((u, false))
             }
         };
-        if let Some(b) = base {
-            same_type(key, self.load_for_key(key, &b)?.value_type(), ty)?;
+        if let Some((b, head)) = base {
+            let o = if head {
+                self.load_reached(key, &b)?
+            } else {
+                self.load_for_key(key, &b)?
+            };
+            same_type(key, o.value_type(), ty)?;
         }
         Ok(())
     }
