@@ -1367,17 +1367,7 @@ pub fn write_whole_file(
             // A file behind a descriptor (`>> log` and `--out /dev/stdout`): appended to
             // only once the whole value was written out and checked, through a spool, so
             // a failure adds nothing to it.
-            use std::io::Seek;
-            let mut spool = tempfile::tempfile().context("creating a temporary file")?;
-            let n = {
-                let mut w = BufWriter::with_capacity(1 << 20, &mut spool);
-                let n = fill(&mut w)?;
-                w.flush().context("writing the temporary file")?;
-                n
-            };
-            spool
-                .seek(io::SeekFrom::Start(0))
-                .context("rewinding the temporary file")?;
+            let (mut spool, n) = spooled(fill)?;
             // Cut back to where it was should the copy fail (a full disk), so nothing of
             // the value is left appended.
             let before = f.metadata().map(|m| m.len()).ok();
@@ -1430,17 +1420,7 @@ pub fn write_whole_file(
                     | io::ErrorKind::ReadOnlyFilesystem
             ) && keep.is_some() =>
         {
-            use std::io::Seek;
-            let mut spool = tempfile::tempfile().context("creating a temporary file")?;
-            let n = {
-                let mut w = BufWriter::with_capacity(1 << 20, &mut spool);
-                let n = fill(&mut w)?;
-                w.flush().context("writing the temporary file")?;
-                n
-            };
-            spool
-                .seek(io::SeekFrom::Start(0))
-                .context("rewinding the temporary file")?;
+            let (mut spool, n) = spooled(fill)?;
             copy_over(&mut spool, &real, dest)?;
             return Ok(n);
         }
@@ -1466,6 +1446,23 @@ pub fn write_whole_file(
         copy_over(&mut from, &real, dest)?;
     }
     Ok(n)
+}
+
+/// Runs `fill` into an anonymous temporary file in `$TMPDIR`, rewound for reading back;
+/// returns it and what `fill` returned.
+fn spooled(fill: &mut dyn FnMut(&mut dyn Write) -> Result<u64>) -> Result<(File, u64)> {
+    use std::io::Seek;
+    let mut spool = tempfile::tempfile().context("creating a temporary file")?;
+    let n = {
+        let mut w = BufWriter::with_capacity(1 << 20, &mut spool);
+        let n = fill(&mut w)?;
+        w.flush().context("writing the temporary file")?;
+        n
+    };
+    spool
+        .seek(io::SeekFrom::Start(0))
+        .context("rewinding the temporary file")?;
+    Ok((spool, n))
 }
 
 /// Writes a value in its command-line text form (blobs streamed with a progress bar).

@@ -1046,12 +1046,7 @@ impl Db {
                 if let Some(g) = opts.guard
                     && head != Some(g)
                 {
-                    return Err(Error::GuardMismatch(format!(
-                        "branch {b:?} of key {} is at {}, not {g}",
-                        show_key(key),
-                        head.map(|h| h.to_string())
-                            .unwrap_or_else(|| "nothing".into())
-                    )));
+                    return Err(guard_mismatch(key, b, head, g));
                 }
                 match (head, opts.branch_from) {
                     // Reached through its head ref, as the put reads it (a head naming
@@ -1064,11 +1059,7 @@ impl Db {
                     (None, None) => {
                         let table = self.table(key)?;
                         if !table.is_empty() {
-                            return Err(Error::not_found(format!(
-                                "branch {b:?} of key {} ({}); use fork to create it",
-                                show_key(key),
-                                table.describe()
-                            )));
+                            return Err(missing_branch(key, b, &table));
                         }
                         None
                     }
@@ -1076,9 +1067,7 @@ impl Db {
             }
             Target::Base(u) => {
                 if opts.guard.is_some() {
-                    return Err(Error::invalid(
-                        "a guard applies to a branch put, not to a put on a base version",
-                    ));
+                    return Err(guard_on_base());
                 }
                 self.admit(key, &u)?;
                 Some((u, false))
@@ -1223,23 +1212,14 @@ impl Db {
                 if let Some(g) = opts.guard
                     && head != Some(g)
                 {
-                    return Err(Error::GuardMismatch(format!(
-                        "branch {b:?} of key {} is at {}, not {g}",
-                        show_key(key),
-                        head.map(|h| h.to_string())
-                            .unwrap_or_else(|| "nothing".into())
-                    )));
+                    return Err(guard_mismatch(key, b, head, g));
                 }
                 match (head, opts.branch_from) {
                     (None, Some(from)) => Some(from),
                     (None, None) => {
                         let table = self.table(key)?;
                         if !table.is_empty() {
-                            return Err(Error::not_found(format!(
-                                "branch {b:?} of key {} ({}); use fork to create it",
-                                show_key(key),
-                                table.describe()
-                            )));
+                            return Err(missing_branch(key, b, &table));
                         }
                         None
                     }
@@ -1251,9 +1231,7 @@ impl Db {
             }
             Target::Base(u) => {
                 if opts.guard.is_some() {
-                    return Err(Error::invalid(
-                        "a guard applies to a branch put, not to a put on a base version",
-                    ));
+                    return Err(guard_on_base());
                 }
                 Some(u)
             }
@@ -1623,6 +1601,30 @@ fn check_inline(n: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A put's guard `g` on branch `b` of `key`, whose head is `head`, does not hold.
+fn guard_mismatch(key: &[u8], b: &str, head: Option<Uid>, g: Uid) -> Error {
+    Error::GuardMismatch(format!(
+        "branch {b:?} of key {} is at {}, not {g}",
+        show_key(key),
+        head.map(|h| h.to_string())
+            .unwrap_or_else(|| "nothing".into())
+    ))
+}
+
+/// A put to branch `b`, which `key` (with heads, `table`) does not have.
+fn missing_branch(key: &[u8], b: &str, table: &crate::branch::BranchTable) -> Error {
+    Error::not_found(format!(
+        "branch {b:?} of key {} ({}); use fork to create it",
+        show_key(key),
+        table.describe()
+    ))
+}
+
+/// A guard given with a put on a base version.
+fn guard_on_base() -> Error {
+    Error::invalid("a guard applies to a branch put, not to a put on a base version")
 }
 
 fn same_type(key: &[u8], old: ValueType, new: ValueType) -> Result<()> {
