@@ -699,7 +699,25 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     } else {
         None
     };
-    let node_key = cairn_node::keys::read_or_create(&data.join(NODE_KEY_FILE), "node", false)?;
+    // The store's node key signs what its capsule server acknowledges. A damaged one is
+    // damage (exit 6), and does not stop a command that writes nothing: reads, `verify`
+    // and `recovery` (the tools to diagnose damage) run with a key of their own.
+    let node_key = match cairn_node::keys::read_or_create(&data.join(NODE_KEY_FILE), "node", false)
+    {
+        Ok(k) => k,
+        Err(e) if !writes => {
+            eprintln!(
+                "warning: the store's node key {} is unusable ({e}); this command writes \
+                 nothing and goes on without it",
+                data.join(NODE_KEY_FILE).display()
+            );
+            cairn_core::SigningKey::generate()?
+        }
+        Err(e) => bail!(Error::corrupt(format!(
+            "the store's node key {}: {e}",
+            data.join(NODE_KEY_FILE).display()
+        ))),
+    };
     let server = Arc::new(CapsuleServer::new(
         store.clone(),
         node_key,

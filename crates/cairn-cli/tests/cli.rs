@@ -1013,3 +1013,19 @@ fn an_interrupted_get_leaves_no_partial_file() {
         );
     }
 }
+
+/// A damaged node key in the store is damage (exit 6) for a write, and does not stop a
+/// command that writes nothing: reads and `verify` (it stopped every command with exit 8,
+/// the diagnosing ones too).
+#[test]
+fn a_damaged_node_key_stops_writes_only() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "v"]);
+    std::fs::write(dir.join("node.key"), b"not a key\n").unwrap();
+    assert_eq!(ok(dir, &["get", "k"]), "v");
+    assert!(ok(dir, &["verify"]).starts_with("intact"));
+    let e = fails(dir, &["put", "k", "--value", "w"], 6);
+    assert!(e.contains("node key"), "{e}");
+    assert_eq!(ok(dir, &["get", "k"]), "v");
+}
