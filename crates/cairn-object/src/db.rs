@@ -1037,43 +1037,18 @@ impl Db {
     ) -> Result<()> {
         check_key(key)?;
         crate::fobject::check_context(&opts.context)?;
-        let base = match target {
-            Target::Branch(b) => {
-                let head = self.branch_head(key, b)?;
-                if head.is_none() {
-                    check_branch_name(b)?;
-                }
-                if let Some(g) = opts.guard
-                    && head != Some(g)
-                {
-                    return Err(guard_mismatch(key, b, head, g));
-                }
-                match (head, opts.branch_from) {
-                    // Reached through its head ref, as the put reads it (a head naming
-                    // another key's version is damage, not "not found").
-                    (Some(h), _) => Some((h, true)),
-                    (None, Some(from)) => {
-                        self.admit(key, &from)?;
-                        Some((from, false))
-                    }
-                    (None, None) => {
-                        let table = self.table(key)?;
-                        if !table.is_empty() {
-                            return Err(missing_branch(key, b, &table));
-                        }
-                        None
-                    }
-                }
-            }
-            Target::Base(u) => {
-                if opts.guard.is_some() {
-                    return Err(guard_on_base());
-                }
-                self.admit(key, &u)?;
-                Some((u, false))
-            }
+        // Versions the caller names, as the put admits them.
+        if let Target::Base(u) = target {
+            self.admit(key, &u)?;
+        }
+        if let Some(u) = &opts.branch_from {
+            self.admit(key, u)?;
+        }
+        let head = match target {
+            Target::Branch(b) => self.branch_head(key, b)?,
+            Target::Base(_) => None,
         };
-        if let Some((b, head)) = base {
+        if let Some((b, head)) = self.put_base(key, target, head, opts)? {
             let o = if head {
                 self.load_reached(key, &b)?
             } else {
@@ -1082,6 +1057,50 @@ impl Db {
             same_type(key, o.value_type(), ty)?;
         }
         Ok(())
+    }
+
+    /// What a put to `target` builds on, given the target branch's `head` (read by the
+    /// caller): the head (`true`: reached through its head ref, so another key's version
+    /// there is damage), a new branch's `branch_from`, a base version, or nothing on a key
+    /// without heads. Refused: a new branch's bad name, a guard that does not hold or
+    /// given with a base, a branch a key with heads does not have. (Named versions are
+    /// admitted by the caller.)
+    fn put_base(
+        &self,
+        key: &[u8],
+        target: Target<'_>,
+        head: Option<Uid>,
+        opts: &PutOptions,
+    ) -> Result<Option<(Uid, bool)>> {
+        let b = match target {
+            Target::Base(u) => {
+                if opts.guard.is_some() {
+                    return Err(guard_on_base());
+                }
+                return Ok(Some((u, false)));
+            }
+            Target::Branch(b) => b,
+        };
+        if head.is_none() {
+            // A branch with a head passed this check when it was created.
+            check_branch_name(b)?;
+        }
+        if let Some(g) = opts.guard
+            && head != Some(g)
+        {
+            return Err(guard_mismatch(key, b, head, g));
+        }
+        Ok(match (head, opts.branch_from) {
+            (Some(h), _) => Some((h, true)),
+            (None, Some(from)) => Some((from, false)),
+            (None, None) => {
+                let table = self.table(key)?;
+                if !table.is_empty() {
+                    return Err(missing_branch(key, b, &table));
+                }
+                None
+            }
+        })
     }
 
     /// [`Db::put_blob_stream`] whose options are decided by `before_commit`, called once
@@ -1194,47 +1213,22 @@ impl Db {
         // a head's kind and name.
         let mut name = self.key_prefix(key);
         let plen = name.len();
-        let mut head_is_base = false;
-        let base = match target {
+        let head = match target {
             Target::Branch(b) => {
                 name.push(b't');
                 name.extend_from_slice(b.as_bytes());
-                let head = match self.store.get_ref(&name)? {
+                match self.store.get_ref(&name)? {
                     None => None,
                     Some(v) => Some(Uid::from_bytes(&v).map_err(|e| {
                         Error::corrupt(format!("head ref of branch {b:?} is damaged: {e}"))
                     })?),
-                };
-                if head.is_none() {
-                    // A branch with a head passed this check when it was created.
-                    check_branch_name(b)?;
-                }
-                if let Some(g) = opts.guard
-                    && head != Some(g)
-                {
-                    return Err(guard_mismatch(key, b, head, g));
-                }
-                match (head, opts.branch_from) {
-                    (None, Some(from)) => Some(from),
-                    (None, None) => {
-                        let table = self.table(key)?;
-                        if !table.is_empty() {
-                            return Err(missing_branch(key, b, &table));
-                        }
-                        None
-                    }
-                    (Some(h), _) => {
-                        head_is_base = true;
-                        Some(h)
-                    }
                 }
             }
-            Target::Base(u) => {
-                if opts.guard.is_some() {
-                    return Err(guard_on_base());
-                }
-                Some(u)
-            }
+            Target::Base(_) => None,
+        };
+        let (base, head_is_base) = match self.put_base(key, target, head, opts)? {
+            Some((b, h)) => (Some(b), h),
+            None => (None, false),
         };
         let cached = base
             .and_then(|b| stripe.recall(&b))
