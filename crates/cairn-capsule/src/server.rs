@@ -1849,8 +1849,22 @@ impl CapsuleServer {
 
     /// Read(subrecord name): the subrecord's bytes.
     pub fn read_subrecord(&self, capsule: &CapsuleName, sub: &Hash) -> Result<Vec<u8>> {
+        self.read_subrecord_within(capsule, sub, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::read_subrecord`], calling `reserve` with the subrecord's length
+    /// before its bytes are read or copied (a subrecord may be tens of MiB, and a network
+    /// endpoint takes them from its memory budget first); an error from `reserve` ends the
+    /// read with that error.
+    pub fn read_subrecord_within(
+        &self,
+        capsule: &CapsuleName,
+        sub: &Hash,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Vec<u8>> {
         // A hit means the capsule accepted this subrecord (see `BodyCache`).
         if let Some(sealed) = self.bodies.get(capsule, sub, true) {
+            reserve(sealed.len())?;
             return Ok(sealed.to_vec());
         }
         {
@@ -1861,6 +1875,11 @@ impl CapsuleServer {
                 )));
             }
         }
+        let len = self
+            .store
+            .chunk_len(sub)?
+            .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
+        reserve(usize::try_from(len.saturating_sub(2)).unwrap_or(usize::MAX))?;
         let chunk = self
             .store
             .get(sub)?
@@ -1878,9 +1897,9 @@ impl CapsuleServer {
     }
 
     /// [`CapsuleServer::read_subrecords`], calling `reserve` with the bytes of each
-    /// subrecord read before reading the next (a network endpoint takes them from its
-    /// memory budget, so many large batches read at once wait for memory); an error from
-    /// `reserve` ends the read with that error.
+    /// subrecord before reading it (a network endpoint takes them from its memory budget,
+    /// so many large batches read at once wait for memory); an error from `reserve` ends
+    /// the read with that error.
     pub fn read_subrecords_within(
         &self,
         capsule: &CapsuleName,
@@ -1898,16 +1917,18 @@ impl CapsuleServer {
         let mut total = 0usize;
         let mut out = Vec::with_capacity(subs.len().min(4096));
         for s in subs {
-            let sealed = self.read_subrecord(capsule, s)?;
-            total += sealed.len() + 10;
-            if total > MAX_BATCH_ANSWER_BYTES {
-                return Err(Error::invalid(format!(
-                    "the {} subrecords asked for come to more than {} MiB; ask for fewer at a time",
-                    subs.len(),
-                    MAX_BATCH_ANSWER_BYTES >> 20
-                )));
-            }
-            reserve(sealed.len())?;
+            // Counted and reserved before each is read.
+            let sealed = self.read_subrecord_within(capsule, s, &mut |n| {
+                total = total.saturating_add(n).saturating_add(10);
+                if total > MAX_BATCH_ANSWER_BYTES {
+                    return Err(Error::invalid(format!(
+                        "the {} subrecords asked for come to more than {} MiB; ask for fewer at a time",
+                        subs.len(),
+                        MAX_BATCH_ANSWER_BYTES >> 20
+                    )));
+                }
+                reserve(n)
+            })?;
             out.push(sealed);
         }
         Ok(out)

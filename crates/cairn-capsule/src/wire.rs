@@ -1656,9 +1656,10 @@ fn run(
         Request::Read { capsule, name } => {
             Response::Record(server.read_within(&capsule, &name, reserve)?)
         }
-        Request::ReadSubrecord { capsule, sub } => {
-            Response::Subrecord(server.read_subrecord(&capsule, &sub)?)
-        }
+        Request::ReadSubrecord { capsule, sub } => Response::Subrecord(
+            // Twice, as for many: as read, and in the encoded answer.
+            server.read_subrecord_within(&capsule, &sub, &mut |n| reserve(n.saturating_mul(2)))?,
+        ),
         Request::ReadSubrecords { capsule, subs } => Response::Subrecords(
             // Each subrecord twice: as read, and in the encoded answer.
             server

@@ -535,6 +535,52 @@ fn subrecord_multiproofs_prove_many_and_refuse_tampering() {
     );
 }
 
+/// A subrecord's memory is asked for before it is read, from the body cache or from the
+/// store (a network endpoint takes it from its budget first): a refused reservation ends
+/// the read, and a batch is refused for its size before the subrecord that would pass
+/// [`MAX_BATCH_ANSWER_BYTES`] is read.
+#[test]
+fn subrecord_reads_reserve_before_reading() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let key = SigningKey::from_seed(&[19; 32]);
+    let server = CapsuleServer::new(store.clone(), key.clone(), ServerOptions::default());
+    let wk = SigningKey::from_seed(&[11; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "reserve");
+    let c = meta.name();
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, Some(BodyKey([0; 32]))).unwrap();
+    let big = w.write_subrecord(&vec![7u8; 1 << 20]).unwrap();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    let len = sealed.get(0).unwrap().len();
+    server
+        .commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    // The same store under a server just started: nothing in its body cache.
+    let cold = CapsuleServer::new(store, key, ServerOptions::default());
+    for server in [&server, &cold] {
+        let mut asked = Vec::new();
+        let got = server.read_subrecord_within(&c, &big, &mut |n| {
+            asked.push(n);
+            Err(Error::Unavailable("no memory".into()))
+        });
+        assert!(matches!(got, Err(Error::Unavailable(_))), "{got:?}");
+        assert_eq!(asked, [len]);
+        // Refused for its size on the 33rd name, with 32 reserved before it (the 33rd
+        // never read).
+        let mut reserved = 0;
+        let got = server.read_subrecords_within(&c, &vec![big; 40], &mut |_| {
+            reserved += 1;
+            Ok(())
+        });
+        assert!(matches!(got, Err(Error::InvalidInput(_))), "{got:?}");
+        assert_eq!(reserved, MAX_BATCH_ANSWER_BYTES / (len + 10));
+        assert_eq!(
+            server.read_subrecord_within(&c, &big, &mut |_| Ok(())).unwrap(),
+            sealed.get(0).unwrap()
+        );
+    }
+}
+
 /// Within a session, a verified multiproof leaves the reader and the server's mirror
 /// trusting each record's subrecord root: a later single proof of any subrecord of those
 /// records stops at the root (no record proof), and verifies.

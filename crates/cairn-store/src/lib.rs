@@ -140,6 +140,14 @@ pub trait ChunkStore: Send + Sync {
     /// True when the chunk is present (no verification).
     fn has(&self, cid: &Cid) -> Result<bool>;
 
+    /// The length of chunk `cid` if present, learned without reading it where the backend
+    /// can (the local log's index, an object's metadata); others read it. For sizing a
+    /// read before making it (a server takes a large answer's memory from its budget
+    /// first): unverified, so only what a later [`ChunkStore::get`] returns is the chunk.
+    fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
+        Ok(self.get(cid)?.map(|b| b.len() as u64))
+    }
+
     /// Every live cid, in no particular order (for GC and verification).
     fn cids(&self) -> Result<Vec<Cid>>;
 

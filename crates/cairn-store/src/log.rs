@@ -2139,6 +2139,10 @@ impl ChunkStore for LogStore {
         Ok(self.holds_sound(cid))
     }
 
+    fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
+        Ok(self.index.get(cid).map(|loc| u64::from(loc.len)))
+    }
+
     fn cids(&self) -> Result<Vec<Cid>> {
         let mut out = Vec::new();
         for shard in &self.index.shards {

@@ -77,6 +77,10 @@ impl ChunkStore for MemoryStore {
         Ok(self.chunks.read().contains_key(cid))
     }
 
+    fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
+        Ok(self.chunks.read().get(cid).map(|b| b.len() as u64))
+    }
+
     fn cids(&self) -> Result<Vec<Cid>> {
         Ok(self.chunks.read().keys().copied().collect())
     }

@@ -1185,6 +1185,26 @@ impl ChunkStore for ObjectChunkStore {
         Ok(present)
     }
 
+    fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
+        // The object's size from a HEAD (a damaged chunk reads as absent, as for `has`).
+        if self.damaged.lock().contains(cid) {
+            return Ok(None);
+        }
+        let path = self.chunk_path(cid);
+        let store = self.store.clone();
+        let size = self.run(async move {
+            match store.head(&path).await {
+                Ok(meta) => Ok(Some(meta.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(os_err(&format!("checking chunk {path}"), e)),
+            }
+        })?;
+        if size.is_none() {
+            self.check_prefix_present()?;
+        }
+        Ok(size)
+    }
+
     fn cids(&self) -> Result<Vec<Cid>> {
         let store = self.store.clone();
         let root = self.root.clone();
@@ -1307,6 +1327,9 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> ChunkStore for SplitStore<C, R> {
     }
     fn has(&self, cid: &Cid) -> Result<bool> {
         self.chunks.has(cid)
+    }
+    fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
+        self.chunks.chunk_len(cid)
     }
     fn cids(&self) -> Result<Vec<Cid>> {
         self.chunks.cids()

@@ -24,6 +24,31 @@ fn garbage_ratio() {
     assert!(!garbage_heavy(100, 100));
 }
 
+/// A chunk's length comes from the index, without reading it, before and after a reopen;
+/// absent and removed chunks have none. The memory store answers alike.
+#[test]
+fn chunk_len_from_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = vec![5u8; 70_000];
+    let cid = {
+        let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+        let cid = s.put(&chunk).unwrap();
+        assert_eq!(s.chunk_len(&cid).unwrap(), Some(70_000));
+        s.commit(&[set("k", b"v")]).unwrap();
+        cid
+    };
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    assert_eq!(s.chunk_len(&cid).unwrap(), Some(70_000));
+    let other = HashAlgo::Blake3.digest(b"never stored");
+    assert_eq!(s.chunk_len(&other).unwrap(), None);
+    s.remove(&[cid]).unwrap();
+    assert_eq!(s.chunk_len(&cid).unwrap(), None);
+    let m = crate::MemoryStore::new();
+    let cid = m.put(&chunk).unwrap();
+    assert_eq!(m.chunk_len(&cid).unwrap(), Some(70_000));
+    assert_eq!(m.chunk_len(&other).unwrap(), None);
+}
+
 #[test]
 fn group_commit_shares_syncs_and_orders_batches() {
     let dir = tempfile::tempdir().unwrap();
