@@ -194,7 +194,9 @@ impl RecordProof {
         if n == 0 || n > MAX_CHAIN {
             return Err(Error::decode(format!("proof with {n} headers")));
         }
-        let mut chain = Vec::with_capacity(n);
+        // A header takes more memory decoded than its 40 bytes at least on the wire:
+        // capacity grows with the headers read, past the first thousand.
+        let mut chain = Vec::with_capacity(n.min(1024));
         for _ in 0..n {
             chain.push(RecordHeader::decode(d.bytes()?)?);
         }

@@ -757,9 +757,15 @@ impl AckSigner {
 /// [`ServerOptions::max_loaded_capsules`]).
 struct Loaded {
     map: LruCache<CapsuleName, Arc<Mutex<Capsule>>>,
-    /// Capsules unloaded so far: a load that raced with an unload is not kept, since the
-    /// state it read may predate writes made through the unloaded copy.
-    unloads: u64,
+    /// Capsules being loaded outside the map's lock, with how many loads of each are in
+    /// flight and how many times the capsule was unloaded since the entry was made: a
+    /// load that raced with an unload of the same capsule is not kept, since the state it
+    /// read may predate writes made through the unloaded copy. (Unloads of other capsules
+    /// do not matter: counting every unload made each load of a large capsule fail when
+    /// many capsules were in use, and its last try replay under the map's lock.)
+    loading: foldhash::HashMap<CapsuleName, (u32, u64)>,
+    /// Capsules whose creation is under way ([`CapsuleServer::create`]).
+    creating: foldhash::HashSet<CapsuleName>,
     /// What the unproven records of every loaded capsule hold, plus what those of the
     /// capsules in `unloaded_unproven` held when they were unloaded: unloading a capsule
     /// does not free its share of [`ServerOptions::max_unproven_bytes_total`], or anyone
@@ -815,8 +821,10 @@ impl Loaded {
         let cap = Arc::new(Mutex::new(cap));
         self.map.put(name, cap.clone());
         let gone = take_idle(&mut self.map, max);
-        self.unloads += gone.len() as u64;
         for (n, c) in gone {
+            if let Some((_, unloads)) = self.loading.get_mut(&n) {
+                *unloads += 1;
+            }
             let held = c.lock().dag.unproven_bytes();
             if held > 0 {
                 // Still counted once the DAG drops (which takes its share out).
@@ -921,6 +929,8 @@ pub struct CapsuleServer {
     signer: AckSigner,
     opts: ServerOptions,
     capsules: Mutex<Loaded>,
+    /// Signalled when a creation ends (`Loaded::creating`).
+    created: parking_lot::Condvar,
     /// Reader sessions, least recently used first out ([`ServerOptions::max_sessions`]).
     sessions: Mutex<LruCache<SessionId, Arc<Mutex<Session>>>>,
     /// Names held by all sessions' mirrors ([`ServerOptions::max_mirrored_names`]).
@@ -1079,9 +1089,11 @@ impl CapsuleServer {
             key,
             bodies: BodyCache::new(opts.body_cache_bytes),
             opts,
+            created: parking_lot::Condvar::new(),
             capsules: Mutex::new(Loaded {
                 map: LruCache::unbounded(),
-                unloads: 0,
+                loading: Default::default(),
+                creating: Default::default(),
                 unproven_held: unproven_held.clone(),
                 unloaded_unproven: Default::default(),
             }),
@@ -1145,21 +1157,35 @@ impl CapsuleServer {
             ))
         })?;
         let mut caps = self.capsules.lock();
+        // One creation of a name at a time, and none while another is under way: a second
+        // one that had looked before the first's commit would set the capsule's ref back
+        // to an empty journal over writes made since.
+        while caps.creating.contains(&name) {
+            self.created.wait(&mut caps);
+        }
         if caps.map.contains(&name) || self.store.get_ref(&ref_name(&name))?.is_some() {
             // The ack names the log as it stands (loaded for it if need be).
             drop(caps);
             let size = self.capsule(&name)?.lock().dag.log().size();
             return Ok(self.make_ack(name, AckKind::Created, size));
         }
-        self.store.put_hashed(*name.hash(), &bytes)?;
-        let journal = encode_journal(None, 0, &[]);
-        let jcid = self.store.put(&journal)?;
-        self.store.commit(&[RefUpdate::Set {
-            name: ref_name(&name),
-            value: jcid.to_bytes().to_vec(),
-        }])?;
-        let cap = self.new_capsule(meta.clone(), jcid);
-        caps.insert(name, cap, self.opts.max_loaded_capsules);
+        caps.creating.insert(name);
+        drop(caps);
+        // Written and committed without the map's lock: every request for every capsule
+        // took it, and waited behind this commit's sync. Not inserted loaded: the first
+        // use loads it from the store (an empty journal), as it would any capsule.
+        let made = (|| {
+            self.store.put_hashed(*name.hash(), &bytes)?;
+            let journal = encode_journal(None, 0, &[]);
+            let jcid = self.store.put(&journal)?;
+            self.store.commit(&[RefUpdate::Set {
+                name: ref_name(&name),
+                value: jcid.to_bytes().to_vec(),
+            }])
+        })();
+        self.capsules.lock().creating.remove(&name);
+        self.created.notify_all();
+        made?;
         Ok(self.make_ack(name, AckKind::Created, 0))
     }
 
@@ -1201,15 +1227,29 @@ impl CapsuleServer {
                 if let Some(c) = caps.map.get(name) {
                     return Ok(c.clone());
                 }
-                caps.unloads
+                let entry = caps.loading.entry(*name).or_insert((0, 0));
+                entry.0 += 1;
+                entry.1
             };
             // Loaded without the map's lock (replaying a journal takes a while).
-            let loaded = self.load(name)?;
+            let loaded = self.load(name);
             let mut caps = self.capsules.lock();
+            let raced = match caps.loading.get_mut(name) {
+                Some((loads, now)) => {
+                    let raced = *now != unloads;
+                    *loads -= 1;
+                    if *loads == 0 {
+                        caps.loading.remove(name);
+                    }
+                    raced
+                }
+                None => true,
+            };
+            let loaded = loaded?;
             if let Some(c) = caps.map.get(name) {
                 return Ok(c.clone());
             }
-            if caps.unloads != unloads {
+            if raced {
                 // A copy loaded and unloaded meanwhile may have been written to.
                 continue;
             }
@@ -1413,11 +1453,17 @@ impl CapsuleServer {
         committing: &mut dyn FnMut(&[RecordName], u64),
     ) -> Result<(Vec<RecordName>, u64)> {
         let cap = self.capsule(capsule)?;
-        let mut cap = cap.lock();
+        // What needs no capsule state is checked before its lock is taken (hashing a
+        // large write's bodies held its readers and writers meanwhile).
         let mut names = Vec::with_capacity(records.len());
         let mut encoded = Vec::with_capacity(records.len());
         for r in records {
-            cap.dag.check_header(&r.header)?;
+            if r.header.capsule != *capsule {
+                return Err(Error::Rejected(format!(
+                    "record names capsule {}, not {capsule}",
+                    r.header.capsule
+                )));
+            }
             if matches!(r.header.body, BodyRef::Subrecords { .. }) {
                 return Err(Error::invalid(
                     "subrecord records are written with commit_subrecords",
@@ -1429,6 +1475,7 @@ impl CapsuleServer {
             names.push(RecordName(capsule.hash().algo().digest(&hb)));
             encoded.push(hb);
         }
+        let mut cap = cap.lock();
         // Sets, not scans: a batch of 65,536 records took seconds of quadratic compares
         // under the capsule lock.
         let mut seen = std::collections::HashSet::with_capacity(names.len());

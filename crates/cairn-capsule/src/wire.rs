@@ -2185,6 +2185,9 @@ impl RemoteCapsule {
     }
 
     /// [`CapsuleServer::create`].
+    ///
+    /// The ack is returned as received, unverified: check it with [`Ack::verify`] against
+    /// the server's key and the [`AckKind`] expected before trusting it.
     pub fn create(&mut self, meta: &CapsuleMetadata) -> Result<Ack> {
         let req = Request::Create { meta: meta.clone() }.to_bytes();
         self.ack("create", &req)
@@ -2199,6 +2202,9 @@ impl RemoteCapsule {
     }
 
     /// [`CapsuleServer::write`].
+    ///
+    /// The ack is returned as received, unverified: check it with [`Ack::verify`] against
+    /// the server's key and the [`AckKind`] expected before trusting it.
     pub fn write(
         &mut self,
         capsule: &CapsuleName,
@@ -2210,6 +2216,9 @@ impl RemoteCapsule {
     }
 
     /// [`CapsuleServer::sign`].
+    ///
+    /// The ack is returned as received, unverified: check it with [`Ack::verify`] against
+    /// the server's key and the [`AckKind`] expected before trusting it.
     pub fn sign(
         &mut self,
         capsule: &CapsuleName,
@@ -2226,6 +2235,9 @@ impl RemoteCapsule {
     }
 
     /// [`CapsuleServer::commit_subrecords`].
+    ///
+    /// The ack is returned as received, unverified: check it with [`Ack::verify`] against
+    /// the server's key and the [`AckKind`] expected before trusting it.
     pub fn commit_subrecords(
         &mut self,
         capsule: &CapsuleName,

@@ -575,7 +575,9 @@ fn subrecord_reads_reserve_before_reading() {
         assert!(matches!(got, Err(Error::InvalidInput(_))), "{got:?}");
         assert_eq!(reserved, MAX_BATCH_ANSWER_BYTES / (len + 10));
         assert_eq!(
-            server.read_subrecord_within(&c, &big, &mut |_| Ok(())).unwrap(),
+            server
+                .read_subrecord_within(&c, &big, &mut |_| Ok(()))
+                .unwrap(),
             sealed.get(0).unwrap()
         );
     }
@@ -1820,6 +1822,53 @@ fn unsigned_records_are_bounded_by_the_memory_they_hold() {
         .collect();
     let newest = chain[2].name();
     srv.write(&c, &chain, &[(newest, w.sign(&newest))]).unwrap();
+}
+
+/// Creations of one capsule racing each other and writes to it (a creation commits
+/// without the server's map lock): one commits the capsule's ref, the others find it, and
+/// a write made after any of them returned is never set back by another, here or in a
+/// fresh server over the same store.
+#[test]
+fn racing_creations_keep_writes() {
+    // A log store: its commits sync, which leaves the creations time to race.
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(LogStore::open(dir.path(), LogStoreOptions::default()).unwrap());
+    let key = SigningKey::from_seed(&[9; 32]);
+    let server = Arc::new(CapsuleServer::new(
+        store.clone(),
+        key.clone(),
+        ServerOptions::default(),
+    ));
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut written = Vec::new();
+    for trial in 0..30 {
+        let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), format!("r{trial}"));
+        meta.cipher = BodyCipher::Plaintext;
+        let c = meta.name();
+        let handles: Vec<_> = (0..4u8)
+            .map(|t| {
+                let (server, meta) = (server.clone(), meta.clone());
+                std::thread::spawn(move || {
+                    let ack = server.create(&meta).unwrap();
+                    ack.verify(&server.public_key(), &c, &AckKind::Created)
+                        .unwrap();
+                    let r = Record::new(c, vec![t, trial as u8], vec![]);
+                    server.write(&c, std::slice::from_ref(&r), &[]).unwrap();
+                    r.name()
+                })
+            })
+            .collect();
+        for h in handles {
+            written.push((c, h.join().unwrap()));
+        }
+    }
+    let fresh = CapsuleServer::new(store, key, ServerOptions::default());
+    for srv in [&*server, &fresh] {
+        for (c, name) in &written {
+            srv.read(c, name).unwrap();
+        }
+    }
 }
 
 /// The unproven-memory budget also holds across capsules (`max_unproven_bytes_total`):
