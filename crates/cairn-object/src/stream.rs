@@ -35,9 +35,16 @@ const SEND_WINDOW: usize = 64;
 /// most (the first leaf whatever its size).
 const SEND_WINDOW_UNITS: u64 = 1 << 20;
 
-/// Most POS-tree nodes a [`VersionCheck`] holds waiting to be checked, and most elements
-/// of one leaf it decodes: bounds a client's memory whatever a node sends.
+/// Most POS-tree nodes a [`VersionCheck`] holds waiting to be checked (and most entries of
+/// one index node): bounds a client's memory whatever a node sends.
 pub const MAX_PENDING: usize = 1 << 21;
+
+/// Most elements of one leaf a [`VersionCheck`] decodes: as many as a Cairn store puts in
+/// a leaf, one-byte elements (an empty List element, say) filling a leaf of the largest
+/// size (8 × [`crate::postree::TreeConfig::MAX_TARGET`] bytes). Decoded, such a leaf
+/// takes about 1 GiB. (It was [`MAX_PENDING`], which leaves of small elements built with
+/// large leaf targets pass: such a List could be stored but not fetched.)
+pub const MAX_LEAF_ELEMENTS: usize = 8 * crate::postree::TreeConfig::MAX_TARGET as usize;
 
 /// Writes the verified stream of version `(uid, object)` of `store` to `out`, one call of
 /// `out` per frame header and per chunk (chunks as the store returned them, not copied).
@@ -145,7 +152,11 @@ impl VersionCheck {
                 .map_err(|e| Error::corrupt(format!("version {}: {e}", self.expect)))?;
             self.object_seen = true;
             if let Value::Tree(t) = &object.value {
-                self.tree = Some(TreeCheck::new(t, false).with_max_pending(MAX_PENDING));
+                self.tree = Some(
+                    TreeCheck::new(t, false)
+                        .with_max_pending(MAX_PENDING)
+                        .with_max_leaf_elements(MAX_LEAF_ELEMENTS),
+                );
             }
             return Ok(Verified::Object(object));
         }

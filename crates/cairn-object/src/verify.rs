@@ -223,15 +223,19 @@ impl Db {
                 }
             };
             let mut max_base_depth = None;
+            let mut all_loaded = true;
             for b in &o.bases {
                 stack.push(*b);
-                if let Ok(bo) = self.load(b) {
-                    max_base_depth = max_base_depth.max(Some(bo.depth));
+                match self.load(b) {
+                    Ok(bo) => max_base_depth = max_base_depth.max(Some(bo.depth)),
+                    Err(_) => all_loaded = false,
                 }
             }
-            // A base claiming the greatest depth there is has no version after it.
+            // A base claiming the greatest depth there is has no version after it. With a
+            // base unreadable (reported when the walk reaches it) the depth cannot be
+            // checked: the missing base may have been the deepest.
             let expected = max_base_depth.map_or(Some(0), |d| d.checked_add(1));
-            if !o.bases.is_empty() && expected != Some(o.depth) {
+            if !o.bases.is_empty() && all_loaded && expected != Some(o.depth) {
                 report.damage.push(damage(match expected {
                     Some(e) => format!("depth is {} but its bases say {e}", o.depth),
                     None => "a base claims the greatest depth there is".to_string(),

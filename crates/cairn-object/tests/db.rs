@@ -2375,6 +2375,25 @@ fn another_keys_version_is_not_found_when_named_and_damage_when_reached() {
     );
 }
 
+/// A version whose base is missing is reported for that base only: its depth, which the
+/// missing base may have set, is not also called wrong (the check counted only the bases
+/// it could read).
+#[test]
+fn verify_reports_a_missing_base_without_a_depth_mismatch() {
+    let (db, store) = db();
+    put_str(&db, "k", Target::Branch("master"), "one");
+    let second = put_str(&db, "k", Target::Branch("master"), "two");
+    put_str(&db, "k", Target::Branch("master"), "three");
+    store.remove(&[second]).unwrap();
+    let v = db.verify(Some(&b"k"[..]), &mut |_, _| {}).unwrap();
+    let all: Vec<String> = v.damage.iter().map(|d| d.to_string()).collect();
+    assert!(
+        all.iter().any(|d| d.contains(&second.to_string())),
+        "{all:#?}"
+    );
+    assert!(!all.iter().any(|d| d.contains("depth")), "{all:#?}");
+}
+
 /// A version whose base claims the greatest depth there is (`u64::MAX`, so no version can
 /// follow it) is reported as damage by `verify`, naming the key and version, without an
 /// overflow; the damaged head is reached through an ordinary head ref.

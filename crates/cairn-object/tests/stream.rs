@@ -51,6 +51,27 @@ fn chunks_of(db: &Db, key: &str, uid: Uid) -> Vec<Bytes> {
     out
 }
 
+/// A List of small elements in a store of large leaves has leaves of more than
+/// [`cairn_object::stream::MAX_PENDING`] elements (an empty element never cuts a leaf: a
+/// 512 KiB target cuts at 4 MiB, 4 Mi elements); its verified stream is taken, as far as a
+/// store builds them ([`cairn_object::stream::MAX_LEAF_ELEMENTS`]).
+#[test]
+fn leaves_of_many_small_elements_stream() {
+    let db = Db::with_config(
+        Arc::new(MemoryStore::new()),
+        TreeConfig {
+            leaf_target: 1 << 19,
+            index_target: 4096,
+        },
+    );
+    let n = cairn_object::stream::MAX_PENDING + 100_000;
+    let uid = put(&db, "l", NewValue::List(vec![Vec::new(); n]));
+    let chunks = chunks_of(&db, "l", uid);
+    assert_eq!(chunks.len(), 2, "the Meta chunk and one leaf");
+    let (_, content) = receive(uid, &chunks).unwrap();
+    assert_eq!(content, vec![b'\n'; n]);
+}
+
 /// What a client rebuilds from `chunks`: the version and its content (blob bytes, or
 /// elements as `key=value` lines), or the first error.
 fn receive(uid: Uid, chunks: &[Bytes]) -> Result<(FObject, Vec<u8>), Error> {
@@ -303,7 +324,8 @@ fn a_check_bounds_its_memory_and_stays_failed() {
     );
     let wv = wide.get(b"l", &At::Uid(wuid)).unwrap();
     let wchunks = chunks_of(&wide, "l", wuid);
-    let mut small = TreeCheck::new(wv.object.value.tree().unwrap(), false).with_max_pending(100);
+    let mut small =
+        TreeCheck::new(wv.object.value.tree().unwrap(), false).with_max_leaf_elements(100);
     for c in &wchunks[1..] {
         if let Err(e) = small.accept_unverified(c) {
             leaf_refused = e.to_string().contains("elements, more than the 100");

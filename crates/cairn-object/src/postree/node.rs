@@ -305,16 +305,18 @@ pub(crate) fn decode_elems(
 /// Parses any node of a `kind` tree, checking the chunk kind matches. Decode errors become
 /// [`Error::Corrupt`] naming the cid.
 pub(crate) fn parse_node(cid: &Cid, chunk: &Bytes, kind: TreeKind) -> Result<Node> {
-    parse_node_limited(cid, chunk, kind, usize::MAX)
+    parse_node_limited(cid, chunk, kind, usize::MAX, usize::MAX)
 }
 
 /// [`parse_node`], refusing a node of more than `max` entries or elements before
-/// decoding them (a reader bounding its memory against hostile chunks).
+/// decoding them (a reader bounding its memory against hostile chunks): `max` index
+/// entries, `max_elems` leaf elements.
 pub(crate) fn parse_node_limited(
     cid: &Cid,
     chunk: &Bytes,
     kind: TreeKind,
     max: usize,
+    max_elems: usize,
 ) -> Result<Node> {
     let (ck, payload) = chunk::parse(chunk).map_err(|e| corrupt(cid, e))?;
     if ck == index_kind(kind) {
@@ -326,7 +328,7 @@ pub(crate) fn parse_node_limited(
             Ok(Node::Blob(chunk.slice_ref(payload)))
         } else {
             Ok(Node::Elems(
-                decode_elems(chunk, payload, kind, max).map_err(|e| corrupt(cid, e))?,
+                decode_elems(chunk, payload, kind, max_elems).map_err(|e| corrupt(cid, e))?,
             ))
         }
     } else {

@@ -46,8 +46,10 @@ pub struct TreeCheck {
     done: Option<HashMap<(Cid, u8), u64>>,
     prev_key: Option<Bytes>,
     first: bool,
-    /// Most nodes waiting to be checked, and most elements in one leaf.
+    /// Most nodes waiting to be checked (and entries in one index node).
     max_pending: usize,
+    /// Most elements in one leaf.
+    max_leaf_elements: usize,
     /// The error that stopped the check: every later call fails with it.
     failed: Option<String>,
 }
@@ -69,17 +71,27 @@ impl TreeCheck {
             prev_key: None,
             first: true,
             max_pending: usize::MAX,
+            max_leaf_elements: usize::MAX,
             failed: None,
         }
     }
 
     /// This check, refusing ([`Error::Corrupt`]) a tree that would make it hold more than
-    /// `max` nodes waiting to be checked, or a leaf of more than `max` elements: a reader
-    /// of chunks from an untrusted source bounds its memory with it (a tree a Cairn store
-    /// builds stays far below: its index nodes hold at most a few hundred thousand
+    /// `max` nodes waiting to be checked (or an index node of more than `max` entries): a
+    /// reader of chunks from an untrusted source bounds its memory with it (a tree a Cairn
+    /// store builds stays far below: its index nodes hold at most a few hundred thousand
     /// entries and its stack one path's siblings).
     pub fn with_max_pending(mut self, max: usize) -> Self {
         self.max_pending = max;
+        self
+    }
+
+    /// This check, refusing ([`Error::Corrupt`]) a leaf of more than `max` elements before
+    /// decoding them. A Cairn store's leaves hold up to
+    /// [`crate::stream::MAX_LEAF_ELEMENTS`] (one-byte elements filling a leaf of the
+    /// largest size).
+    pub fn with_max_leaf_elements(mut self, max: usize) -> Self {
+        self.max_leaf_elements = max;
         self
     }
 
@@ -172,7 +184,13 @@ impl TreeCheck {
         };
         let is_root = std::mem::replace(&mut self.first, false);
         let sorted = self.kind.is_sorted();
-        let node = parse_node_limited(&task.cid, bytes, self.kind, self.max_pending)?;
+        let node = parse_node_limited(
+            &task.cid,
+            bytes,
+            self.kind,
+            self.max_pending,
+            self.max_leaf_elements,
+        )?;
         let bad = |msg: String| Err(corrupt_err(&task.cid, msg));
         let out = match node {
             Node::Index { level, entries } => {
