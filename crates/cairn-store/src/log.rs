@@ -79,8 +79,8 @@
 //!    order: a chunk record (re)points the cid to itself, a tombstone removes it.
 //! 4. The active segment is scanned record by record.
 //!    - *Torn tail*: after its last intact commit record, the first record that is
-//!      incomplete, fails a checksum, or whose payload does not hash to its cid starts a
-//!      torn tail: the file is truncated there. A write interrupted part way (a crash
+//!      incomplete or fails a checksum starts a torn tail (the scan checks frames, not
+//!      payload hashes: a chunk stored under a wrong cid is found by its first read): the file is truncated there. A write interrupted part way (a crash
 //!      mid-`pwrite`, a page that never reached the disk) was never acknowledged, so that
 //!      cut is not damage. But when the cut holds a commit record whose header is intact
 //!      and whose payload fails its checksum without being zeros from a 512-byte sector
@@ -102,8 +102,8 @@
 //!      `fdatasync`, and the next group is written only after that returned; but pages
 //!      reach the disk in any order, so a power loss during that `fdatasync` can leave the
 //!      group's commit records on disk and not an earlier page of it. So if any part of the
-//!      last group is damaged (a record failing its checksum, a chunk whose payload does not
-//!      hash to its cid, bytes skipped by a resync, an out-of-sequence commit record), the
+//!      last group is damaged (a record failing its checksum, bytes skipped by a resync, an
+//!      out-of-sequence commit record), the
 //!      group was never acknowledged: the file is truncated at its first damaged byte, and
 //!      the group's commit records from there on are not applied (reported as a torn tail:
 //!      `segment_bytes_truncated`, `segment_stop`, and one entry in `damage`). Commit
