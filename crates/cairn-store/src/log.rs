@@ -207,7 +207,7 @@ mod format;
 mod refs;
 mod segment;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque, btree_map};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
@@ -1806,15 +1806,6 @@ impl LogStore {
     }
 }
 
-/// The cids of the chunk records among `records`.
-fn chunk_cids(records: &[HintEntry]) -> HashSet<Cid> {
-    records
-        .iter()
-        .filter(|e| e.kind == KIND_CHUNK)
-        .map(|e| e.cid)
-        .collect()
-}
-
 /// Brings the ordered refs map up to date with the updates applied since.
 fn drain_pending(r: &mut RefsState) {
     let ops = std::mem::take(&mut r.pending);
@@ -2272,12 +2263,19 @@ impl ChunkStore for LogStore {
             // Then the tombstones: a tombstone is copied when a segment that stays (one not
             // compacted, or a candidate left in place above) holds an earlier record of its
             // chunk, which the tombstone must keep removed at the next open.
-            let mut kept_cids: BTreeMap<u32, HashSet<Cid>> = BTreeMap::new();
-            for (s, sealed) in cands
-                .iter()
-                .filter(|(s, _)| unsafe_to_delete.contains(&s.id))
-            {
-                kept_cids.insert(s.id, chunk_cids(&sealed.records));
+            //
+            // Found in one pass over the staying segments, oldest first, holding only the
+            // cids of the tombstones in question (each tombstone looking through every
+            // staying segment, keeping each one's cids, took tombstones × segments steps
+            // and memory of a second index after a large GC).
+            let mut newest_tombstone: HashMap<Cid, u32> = HashMap::new();
+            for (s, sealed) in &cands {
+                for r in sealed.records.iter().filter(|r| r.kind != KIND_CHUNK) {
+                    if !self.index.contains(&r.cid) {
+                        let at = newest_tombstone.entry(r.cid).or_insert(s.id);
+                        *at = (*at).max(s.id);
+                    }
+                }
             }
             let mut stays: Vec<u32> = keep
                 .iter()
@@ -2285,29 +2283,35 @@ impl ChunkStore for LogStore {
                 .chain(unsafe_to_delete.iter().copied())
                 .collect();
             stays.sort_unstable();
+            let newest = newest_tombstone.values().copied().max().unwrap_or(0);
+            // The oldest staying segment holding a chunk record of each such cid (below its
+            // newest tombstone: none above matters).
+            let mut oldest_holder: HashMap<Cid, u32> = HashMap::new();
+            for &id in stays.iter().take_while(|&&id| id < newest) {
+                let loaded;
+                let records = match cands.iter().find(|(c, _)| c.id == id) {
+                    Some((_, sealed)) => &sealed.records,
+                    None => {
+                        // `stays` names only kept segments and candidates.
+                        let Some(k) = keep.iter().find(|k| k.id == id) else {
+                            continue;
+                        };
+                        loaded = self.sealed_records(k)?;
+                        &loaded.records
+                    }
+                };
+                for r in records.iter().filter(|r| r.kind == KIND_CHUNK) {
+                    if newest_tombstone.get(&r.cid).is_some_and(|&t| id < t) {
+                        oldest_holder.entry(r.cid).or_insert(id);
+                    }
+                }
+            }
             for (s, sealed) in &cands {
                 for r in sealed.records.iter().filter(|r| r.kind != KIND_CHUNK) {
                     if self.index.contains(&r.cid) {
                         continue;
                     }
-                    let mut needed = false;
-                    for &id in stays.iter().filter(|&&id| id < s.id) {
-                        let set = match kept_cids.entry(id) {
-                            btree_map::Entry::Occupied(e) => e.into_mut(),
-                            btree_map::Entry::Vacant(v) => {
-                                // `stays` names only kept segments and candidates, whose sets
-                                // were loaded above.
-                                let Some(k) = keep.iter().find(|k| k.id == id) else {
-                                    continue;
-                                };
-                                v.insert(chunk_cids(&self.sealed_records(k)?.records))
-                            }
-                        };
-                        if set.contains(&r.cid) {
-                            needed = true;
-                            break;
-                        }
-                    }
+                    let needed = oldest_holder.get(&r.cid).is_some_and(|&h| h < s.id);
                     if !needed {
                         continue;
                     }
