@@ -49,6 +49,83 @@ fn chunk_len_from_the_index() {
     assert_eq!(m.chunk_len(&other).unwrap(), None);
 }
 
+/// A sector that cannot be read (an I/O error, as a latent sector error gives) is damage
+/// in the records it touches, reported with the sector's place, and the scan goes on past
+/// it: it stopped with the error, and with it the store's open.
+#[test]
+fn an_unreadable_sector_is_damage_not_a_failed_scan() {
+    struct Faulty {
+        file: std::fs::File,
+        bad: u64,
+    }
+    impl segment::ReadAt for Faulty {
+        fn read_all_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+            if off < self.bad + 512 && off + buf.len() as u64 > self.bad {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, off)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    for i in 0..100u8 {
+        s.put(&vec![i; 3000]).unwrap();
+        s.commit(&[set("k", &[i])]).unwrap();
+    }
+    drop(s);
+    let (file, path, len, bound, _) = Segment::open(dir.path(), 1).unwrap();
+    let place = format::SegPlace { id: 1, bound };
+    let whole = segment::scan(
+        &file,
+        &path,
+        place,
+        len,
+        Durable::All,
+        0,
+        segment::SeqBefore::UNCHECKED,
+    )
+    .unwrap();
+    assert!(whole.damage.is_empty(), "{:?}", whole.damage);
+    let bad = 150 * 512;
+    let faulty = Faulty { file, bad };
+    let scan = segment::scan(
+        &faulty,
+        &path,
+        place,
+        len,
+        Durable::All,
+        0,
+        segment::SeqBefore::UNCHECKED,
+    )
+    .unwrap();
+    assert!(
+        scan.damage
+            .iter()
+            .any(|d| d.contains("could not be read") && d.contains(&format!("offset {bad}"))),
+        "{:?}",
+        scan.damage
+    );
+    // The records the sector touches are the damaged ones; every other is kept.
+    let touched = whole
+        .records
+        .iter()
+        .filter(|r| r.off < bad + 512 && r.off + (FRAME_HEADER_LEN as u64) + u64::from(r.len) > bad)
+        .count();
+    assert!(touched >= 1);
+    assert!(scan.damaged >= 1, "{}", scan.damaged);
+    let kept = scan
+        .records
+        .iter()
+        .filter(|r| r.off < bad || r.off >= bad + 512)
+        .count();
+    assert!(
+        kept + touched >= whole.records.len(),
+        "{kept} + {touched} of {}",
+        whole.records.len()
+    );
+    assert_eq!(scan.end, whole.end);
+}
+
 #[test]
 fn group_commit_shares_syncs_and_orders_batches() {
     let dir = tempfile::tempdir().unwrap();
