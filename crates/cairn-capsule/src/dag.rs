@@ -315,6 +315,11 @@ impl CapsuleDag {
         self.proven_heads.iter().copied().collect()
     }
 
+    /// How many proven heads there are (the length of [`CapsuleDag::proven_heads`]).
+    pub fn proven_heads_len(&self) -> usize {
+        self.proven_heads.len()
+    }
+
     /// Current roots (present records none of whose backpointers is present), sorted.
     pub fn roots(&self) -> Vec<RecordName> {
         self.roots.iter().copied().collect()

@@ -2024,7 +2024,22 @@ impl CapsuleServer {
     /// value per query). The log counts every accepted record, signed or not: inclusion
     /// in it shows the server took a record, not that a writer signed it.
     pub fn query_fresh(&self, capsule: &CapsuleName, nonce: [u8; 16]) -> Result<Checkpoint> {
+        self.query_fresh_within(capsule, nonce, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::query_fresh`], calling `reserve` with the memory the checkpoint's
+    /// heads take (the list, the signed message, the answer) before building it, without
+    /// holding the capsule's lock meanwhile (a writer can make a capsule of a million
+    /// proven heads, and a network endpoint takes that memory from its budget first).
+    pub fn query_fresh_within(
+        &self,
+        capsule: &CapsuleName,
+        nonce: [u8; 16],
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Checkpoint> {
         let cap = self.capsule(capsule)?;
+        let heads = cap.lock().dag.proven_heads_len();
+        reserve(heads.saturating_mul(3 * 34).saturating_add(256))?;
         let cap = cap.lock();
         let size = cap.dag.log().size();
         let root = cap.dag.log().root();

@@ -1684,7 +1684,7 @@ fn run(
             Response::Ack(server.commit_subrecords(&capsule, &header, &subrecords, sig)?)
         }
         Request::QueryFresh { capsule, nonce } => {
-            Response::Checkpoint(server.query_fresh(&capsule, nonce)?)
+            Response::Checkpoint(server.query_fresh_within(&capsule, nonce, reserve)?)
         }
         Request::LogInclusion {
             capsule,

@@ -583,6 +583,28 @@ fn subrecord_reads_reserve_before_reading() {
     }
 }
 
+/// A checkpoint's memory (its heads three times: the list, the signed message, the
+/// answer) is asked for before it is built: a refused reservation ends the query.
+#[test]
+fn a_checkpoint_reserves_for_its_heads_first() {
+    let (server, mut w, meta, _) = setup();
+    let c = meta.name();
+    for _ in 0..3 {
+        // Three separate signed chains: three proven heads.
+        let r = w.record(b"head", &[]).unwrap();
+        let n = r.name();
+        server.write(&c, &[r], &[(n, w.sign(&n))]).unwrap();
+    }
+    let heads = server.query_fresh(&c, [1; 16]).unwrap().heads.len();
+    let mut asked = Vec::new();
+    let got = server.query_fresh_within(&c, [2; 16], &mut |n| {
+        asked.push(n);
+        Err(Error::Unavailable("no memory".into()))
+    });
+    assert!(matches!(got, Err(Error::Unavailable(_))), "{got:?}");
+    assert_eq!(asked, [heads * 102 + 256]);
+}
+
 /// Within a session, a verified multiproof leaves the reader and the server's mirror
 /// trusting each record's subrecord root: a later single proof of any subrecord of those
 /// records stops at the root (no record proof), and verifies.
