@@ -233,83 +233,33 @@ pub(crate) enum Durable {
     UpToLastCommit,
 }
 
-/// Positioned reads of a segment file (a trait so tests can make some sectors fail).
-pub(crate) trait ReadAt {
-    /// Fills `buf` from offset `off`, as [`FileExt::read_exact_at`].
-    fn read_all_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
-}
-
-impl ReadAt for File {
-    fn read_all_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self, buf, off)
-    }
-}
-
-/// What the bytes of a sector that cannot be read (an I/O error) are taken to be: not
-/// zeros, which would pass for a write that never landed, and not a record, so every
-/// record touching the sector fails its checksum and is handled as damage.
-const UNREADABLE_FILL: u8 = 0xFF;
-
 /// Reads a segment file through a window of `pread`s.
 struct Reader<'a> {
-    file: &'a dyn ReadAt,
+    file: &'a File,
     path: &'a Path,
     /// The segment, as its records name their places.
     place: SegPlace,
     len: u64,
     buf: Vec<u8>,
     start: u64,
-    /// Sectors that failed to read (their offsets), read as [`UNREADABLE_FILL`].
-    unreadable: std::collections::BTreeSet<u64>,
 }
 
 const WINDOW: usize = 1 << 20;
 
 impl<'a> Reader<'a> {
-    /// The bytes `[off, off + n)` (the caller checked they lie in the file). A window that
-    /// fails to read is read again sector by sector: one unreadable sector (a latent
-    /// sector error) is damage in the records touching it, not the end of the whole scan
-    /// (a store that could not open could not be read or repaired either).
+    /// The bytes `[off, off + n)` (the caller checked they lie in the file).
     fn get(&mut self, off: u64, n: usize) -> Result<&[u8]> {
         let have = off >= self.start && off + n as u64 <= self.start + self.buf.len() as u64;
         if !have {
             let want = (n.max(WINDOW) as u64).min(self.len.saturating_sub(off)) as usize;
             self.buf.resize(want.max(n), 0);
-            let whole = self.file.read_all_at(&mut self.buf, off);
-            match whole {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(e)
-                        .ctx(|| format!("reading {} at offset {off}", self.path.display()));
-                }
-                Err(_) => self.read_by_sector(off)?,
-            }
+            self.file
+                .read_exact_at(&mut self.buf, off)
+                .ctx(|| format!("reading {} at offset {off}", self.path.display()))?;
             self.start = off;
         }
         let s = (off - self.start) as usize;
         Ok(&self.buf[s..s + n])
-    }
-
-    /// Fills the window from `off` one sector at a time, noting the sectors that fail.
-    fn read_by_sector(&mut self, off: u64) -> Result<()> {
-        let mut at = 0usize;
-        while at < self.buf.len() {
-            let pos = off + at as u64;
-            let end = (((pos / SECTOR + 1) * SECTOR - off) as usize).min(self.buf.len());
-            match self.file.read_all_at(&mut self.buf[at..end], pos) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(e)
-                        .ctx(|| format!("reading {} at offset {pos}", self.path.display()));
-                }
-                Err(_) => {
-                    self.buf[at..end].fill(UNREADABLE_FILL);
-                    self.unreadable.insert(pos / SECTOR * SECTOR);
-                }
-            }
-            at = end;
-        }
-        Ok(())
     }
 
     /// The header of a plausible record at `off` (sound header checksum, fits in the file).
@@ -417,7 +367,7 @@ impl SeqBefore {
 ///   `refs.snap` covers (numbered at most `before.floor`): that much was synced before the
 ///   snapshot was written, and only what follows it can have been torn.
 pub(crate) fn scan(
-    file: &dyn ReadAt,
+    file: &File,
     path: &Path,
     place: SegPlace,
     len: u64,
@@ -450,7 +400,6 @@ pub(crate) fn scan(
         len,
         buf: Vec::new(),
         start: 0,
-        unreadable: Default::default(),
     };
     let mut out = Scan::default();
     let name = path
@@ -769,13 +718,6 @@ pub(crate) fn scan(
         out.damage.push(e.what);
     }
     out.damage.extend(group_cut);
-    if let (Some(first), Some(last)) = (rd.unreadable.first(), rd.unreadable.last()) {
-        out.damage.push(format!(
-            "{name}: {} sector(s) of {SECTOR} bytes could not be read (I/O error), from offset {first} to {}; the records they touch were taken as damaged",
-            rd.unreadable.len(),
-            last + SECTOR
-        ));
-    }
     Ok(out)
 }
 
@@ -835,7 +777,6 @@ pub(crate) fn read_commit_ops(seg: &Segment, len: u64, commits: &mut [CommitEntr
         len,
         buf: Vec::new(),
         start: 0,
-        unreadable: Default::default(),
     };
     for c in commits.iter_mut().filter(|c| c.ops.is_none()) {
         let end = c.off + FRAME_HEADER_LEN as u64 + c.len as u64;
@@ -873,15 +814,8 @@ pub(crate) fn all_zeros(file: &File, path: &Path, from: u64, to: u64) -> Result<
     let mut off = from;
     while off < to {
         let n = ((to - off) as usize).min(WINDOW);
-        match file.read_exact_at(&mut buf[..n], off) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(e).ctx(|| format!("reading {} at offset {off}", path.display()));
-            }
-            // Unreadable bytes are not known to be zeros: what follows the scan's end is
-            // then taken as a cut to report, not as zeros written ahead.
-            Err(_) => return Ok(false),
-        }
+        file.read_exact_at(&mut buf[..n], off)
+            .ctx(|| format!("reading {} at offset {off}", path.display()))?;
         if buf[..n].iter().any(|&b| b != 0) {
             return Ok(false);
         }
