@@ -1434,6 +1434,17 @@ impl LogStore {
         }
     }
 
+    /// Drops the hint of segment `seg`, in which a read found a record that fails its
+    /// checks. A damage mark lives in memory, and the hint would have the next open trust
+    /// the record again (a `cairn verify` found it, and the `cairn put` run after it, in
+    /// another process, deduplicated against it); without the hint the next open rescans
+    /// the segment, and reports and marks the record again. Not for an I/O error, which
+    /// may pass, and which would stop that rescan and with it the open. (Best effort: a
+    /// hint left behind only loses the mark.)
+    fn forget_hint(&self, seg: u32) {
+        let _ = fs::remove_file(format::hint_path(&self.dir, seg));
+    }
+
     fn check_failed(&self) -> Result<()> {
         if !self.failed_flag.load(Ordering::Acquire) {
             return Ok(());
@@ -1589,6 +1600,7 @@ impl LogStore {
             .read_frame(seg, loc)
             .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
         Self::check_chunk_frame(cid, seg, loc, Bytes::from(frame))
+            .inspect_err(|_| self.forget_hint(seg.id))
     }
 
     /// Checks a chunk's record as read from `seg` at `loc`: a chunk record of this cid and
@@ -2102,7 +2114,10 @@ impl ChunkStore for LogStore {
                                 let at = (l.off - first.off) as usize;
                                 let frame = run.slice(at..at + l.frame_len() as usize);
                                 let chunk = Self::check_chunk_frame(&cids[k], &seg, l, frame)
-                                    .inspect_err(|_| self.mark_damaged(&cids[k]))?;
+                                    .inspect_err(|_| {
+                                        self.mark_damaged(&cids[k]);
+                                        self.forget_hint(seg.id);
+                                    })?;
                                 out.push(Some(chunk));
                             }
                         }

@@ -511,6 +511,37 @@ fn a_rotted_chunk_is_repaired_by_putting_it_again() {
     }
 }
 
+/// Damage a read found in a sealed segment outlives the process that found it: the
+/// segment's hint is dropped, so the next open rescans it and marks the record again (a
+/// `cairn verify` found the damage, and the `cairn put` run after it, in a new process,
+/// deduplicated against the rotted record).
+#[test]
+fn damage_a_read_found_is_known_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small(Durability::Group);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    let x = payload(7, 3000);
+    let cid = s.put(&x).unwrap();
+    s.commit(&[set("x", &cid.to_bytes())]).unwrap();
+    for i in 0..8u64 {
+        let c = s.put(&payload(100 + i, 1500)).unwrap();
+        s.commit(&[set(&format!("k{i}"), &c.to_bytes())]).unwrap();
+    }
+    let seg = s.segment_paths()[0].clone();
+    drop(s);
+    assert!(seg.with_extension("hint").exists());
+    rot_first_chunk(&seg, 3000);
+    let s = LogStore::open(dir.path(), o.clone()).unwrap();
+    assert!(s.has(&cid).unwrap(), "opened from its hint: not yet known");
+    assert!(matches!(s.get(&cid), Err(Error::Corrupt(_))));
+    drop(s);
+    let s = LogStore::open(dir.path(), o).unwrap();
+    assert!(!s.has(&cid).unwrap(), "the next open knows the damage");
+    assert!(s.recovery().damaged_records >= 1, "{:?}", s.recovery());
+    assert!(s.put_hashed(cid, &x).unwrap(), "a put writes a fresh copy");
+    assert_eq!(&s.get(&cid).unwrap().unwrap()[..], &x[..]);
+}
+
 /// A commit record that rots in the active segment before the segment is sealed must not
 /// be carried into the sealed segment's hint under a fresh checksum (a hint is trusted
 /// without a rescan): the next open finds the damage and never applies the rotted update.
