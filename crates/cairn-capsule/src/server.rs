@@ -1171,21 +1171,27 @@ impl CapsuleServer {
         }
         caps.creating.insert(name);
         drop(caps);
+        /// Ends the creation however it ends (a panic in the store too: the name would
+        /// otherwise stay claimed, and every later creation of it wait for ever).
+        struct Creating<'a>(&'a CapsuleServer, CapsuleName);
+        impl Drop for Creating<'_> {
+            fn drop(&mut self) {
+                self.0.capsules.lock().creating.remove(&self.1);
+                self.0.created.notify_all();
+            }
+        }
+        let creating = Creating(self, name);
         // Written and committed without the map's lock: every request for every capsule
         // took it, and waited behind this commit's sync. Not inserted loaded: the first
         // use loads it from the store (an empty journal), as it would any capsule.
-        let made = (|| {
-            self.store.put_hashed(*name.hash(), &bytes)?;
-            let journal = encode_journal(None, 0, &[]);
-            let jcid = self.store.put(&journal)?;
-            self.store.commit(&[RefUpdate::Set {
-                name: ref_name(&name),
-                value: jcid.to_bytes().to_vec(),
-            }])
-        })();
-        self.capsules.lock().creating.remove(&name);
-        self.created.notify_all();
-        made?;
+        self.store.put_hashed(*name.hash(), &bytes)?;
+        let journal = encode_journal(None, 0, &[]);
+        let jcid = self.store.put(&journal)?;
+        self.store.commit(&[RefUpdate::Set {
+            name: ref_name(&name),
+            value: jcid.to_bytes().to_vec(),
+        }])?;
+        drop(creating);
         Ok(self.make_ack(name, AckKind::Created, 0))
     }
 
@@ -2038,9 +2044,23 @@ impl CapsuleServer {
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<Checkpoint> {
         let cap = self.capsule(capsule)?;
-        let heads = cap.lock().dag.proven_heads_len();
-        reserve(heads.saturating_mul(3 * 34).saturating_add(256))?;
-        let cap = cap.lock();
+        let per_head = 3 * 34;
+        let mut reserved = 0;
+        let mut want = cap.lock().dag.proven_heads_len();
+        let cap = loop {
+            // More if writes added heads while waiting for the memory.
+            reserve(
+                want.saturating_sub(reserved)
+                    .saturating_mul(per_head)
+                    .saturating_add(if reserved == 0 { 256 } else { 0 }),
+            )?;
+            reserved = want;
+            let locked = cap.lock();
+            want = locked.dag.proven_heads_len();
+            if want <= reserved {
+                break locked;
+            }
+        };
         let size = cap.dag.log().size();
         let root = cap.dag.log().root();
         let heads = cap.dag.proven_heads();
