@@ -24,6 +24,6 @@ pub mod rpc;
 
 pub use frame::{DEFAULT_MAX_FRAME, FrameDecoder, read_frame, write_frame};
 pub use rpc::{
-    Client, ClientConfig, Reserve, ServerConfig, ServerHandle, peer_group, serve, serve_listener,
-    serve_listener_reserving, serve_reserving,
+    Client, ClientConfig, Reserve, SITE_CONNECTIONS_FACTOR, ServerConfig, ServerHandle, peer_group,
+    peer_site, serve, serve_listener, serve_listener_reserving, serve_reserving,
 };

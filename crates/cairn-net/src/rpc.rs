@@ -58,8 +58,9 @@ pub struct ServerConfig {
     /// Most open connections; further ones are closed on accept.
     pub max_connections: usize,
     /// Most open connections from one IP address other than loopback (where a local proxy
-    /// or benchmark speaks for many clients), an IPv6 address counted by its /64; further
-    /// ones are closed on accept, so one remote host cannot take every slot (64 by default:
+    /// or benchmark speaks for many clients), an IPv6 address counted by its /64 (and a
+    /// /48 at most [`SITE_CONNECTIONS_FACTOR`] times this many); further ones are closed
+    /// on accept, so one remote host cannot take every slot (64 by default:
     /// with 512, eight hosts held all 4,096). Each connection also holds a thread and
     /// 128 KiB of buffers the request budget does not count.
     pub max_connections_per_ip: usize,
@@ -114,9 +115,10 @@ impl Default for ServerConfig {
 
 /// The address a peer's connections are counted under: an IPv4-mapped IPv6 address, or
 /// one of the NAT64 prefix `64:ff9b::/96`, as the IPv4 one (so a local proxy on a
-/// dual-stack listener is loopback); a global unicast IPv6 address by its /64, which one
-/// host commonly holds whole; any other address as itself (a LAN's link-local or
-/// unique-local hosts are many hosts).
+/// dual-stack listener is loopback); a 6to4 address (`2002::/16`) as the IPv4 address it
+/// embeds (every IPv4 host has a /48 of them); a global unicast IPv6 address by its /64,
+/// which one host commonly holds whole; any other address as itself (a LAN's link-local
+/// or unique-local hosts are many hosts).
 pub fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     match ip.to_canonical() {
@@ -125,6 +127,11 @@ pub fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
             if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
                 let [a, b] = seg[6].to_be_bytes();
                 let [c, d] = seg[7].to_be_bytes();
+                return IpAddr::V4(Ipv4Addr::new(a, b, c, d));
+            }
+            if seg[0] == 0x2002 {
+                let [a, b] = seg[1].to_be_bytes();
+                let [c, d] = seg[2].to_be_bytes();
                 return IpAddr::V4(Ipv4Addr::new(a, b, c, d));
             }
             if seg[0] & 0xe000 != 0x2000 {
@@ -136,6 +143,26 @@ pub fn peer_group(ip: std::net::IpAddr) -> std::net::IpAddr {
         v4 => v4,
     }
 }
+
+/// The site a peer group ([`peer_group`]) belongs to, for a second, coarser count: a
+/// global unicast IPv6 group by its /48 (a site is commonly delegated a /56 or /48, so
+/// one host could otherwise open [`ServerConfig::max_connections_per_ip`] connections
+/// from each of hundreds of /64s); `None` for any other group, counted on its own.
+pub fn peer_site(group: std::net::IpAddr) -> Option<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv6Addr};
+    match group {
+        IpAddr::V6(v6) if v6.segments()[0] & 0xe000 == 0x2000 => {
+            let mut seg = v6.segments();
+            seg[3..].fill(0);
+            Some(IpAddr::V6(Ipv6Addr::from(seg)))
+        }
+        _ => None,
+    }
+}
+
+/// How many times [`ServerConfig::max_connections_per_ip`] one IPv6 site ([`peer_site`])
+/// may open.
+pub const SITE_CONNECTIONS_FACTOR: usize = 4;
 
 /// The time left until `deadline`, in whole seconds rounded up, so a socket's timeout
 /// changes at most once a second while a transfer goes on (an I/O call may end up to a
@@ -661,6 +688,18 @@ fn accept_loop(
             .filter(|ip| config.limit_loopback || !ip.is_loopback());
         if ip.is_some()
             && conns.iter().filter(|c| c.ip == ip).count() >= config.max_connections_per_ip
+        {
+            continue;
+        }
+        let site = ip.and_then(peer_site);
+        if site.is_some()
+            && conns
+                .iter()
+                .filter(|c| c.ip.and_then(peer_site) == site)
+                .count()
+                >= config
+                    .max_connections_per_ip
+                    .saturating_mul(SITE_CONNECTIONS_FACTOR)
         {
             continue;
         }
@@ -1317,7 +1356,7 @@ fn wait_while_uploading(
 
 #[cfg(test)]
 mod peer_group_tests {
-    use super::peer_group;
+    use super::{peer_group, peer_site};
     use std::net::IpAddr;
 
     #[test]
@@ -1339,5 +1378,19 @@ mod peer_group_tests {
         assert_ne!(peer_group(ip("fe80::1")), peer_group(ip("fe80::2")));
         assert_ne!(peer_group(ip("fd00::1")), peer_group(ip("fd00::2")));
         assert_eq!(peer_group(ip("64:ff9b::192.0.2.7")), ip("192.0.2.7"));
+        // 6to4: the IPv4 host its /48 is made of.
+        assert_eq!(peer_group(ip("2002:c000:0207:5::1")), ip("192.0.2.7"));
+        assert_eq!(peer_group(ip("2002:c000:0207:9::2")), ip("192.0.2.7"));
+        // Sites: the /48 of a global IPv6 group; nothing for IPv4 or local groups.
+        assert_eq!(
+            peer_site(peer_group(ip("2001:db8:1:2::1"))),
+            peer_site(peer_group(ip("2001:db8:1:ff::1")))
+        );
+        assert_ne!(
+            peer_site(peer_group(ip("2001:db8:1:2::1"))),
+            peer_site(peer_group(ip("2001:db8:2:2::1")))
+        );
+        assert_eq!(peer_site(ip("192.0.2.7")), None);
+        assert_eq!(peer_site(peer_group(ip("fd00::1"))), None);
     }
 }

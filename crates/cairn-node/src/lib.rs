@@ -363,6 +363,8 @@ impl Bound {
             .header_read_timeout(Duration::from_secs_f64(cfg.header_timeout_secs));
         let connections = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
         let per_ip = crate::node::PeerCounts::default();
+        // IPv6 sites (/48s), counted apart: a site's key may equal one of its /64s'.
+        let per_site = crate::node::PeerCounts::default();
         let mut refused = RefusalLog::default();
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -410,9 +412,19 @@ impl Bound {
                 (cfg.limit_loopback || !loopback).then(|| cairn_net::peer_group(peer.ip()));
             let slot = match limited {
                 Some(ip) if cfg.max_connections_per_ip > 0 => {
-                    match per_ip.take(ip, cfg.max_connections_per_ip) {
-                        Some(slot) => Some(slot),
-                        None => {
+                    let site = match cairn_net::peer_site(ip) {
+                        Some(site) => per_site
+                            .take(
+                                site,
+                                cfg.max_connections_per_ip
+                                    .saturating_mul(cairn_net::SITE_CONNECTIONS_FACTOR),
+                            )
+                            .map(Some),
+                        None => Some(None),
+                    };
+                    match (site, per_ip.take(ip, cfg.max_connections_per_ip)) {
+                        (Some(site), Some(slot)) => Some((slot, site)),
+                        _ => {
                             refused.note(ip);
                             continue;
                         }
