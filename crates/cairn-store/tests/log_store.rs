@@ -458,6 +458,25 @@ fn rot_first_chunk(seg: &Path, len: u64) {
     f.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
 }
 
+/// A store in `dir` holding a 3000-byte chunk (committed), then eight more groups (with
+/// small segments, into later segments); returns the chunk, its cid and the path of the
+/// first segment, the store closed.
+fn a_chunk_then_groups(
+    dir: &std::path::Path,
+    o: &LogStoreOptions,
+) -> (Vec<u8>, cairn_store::Cid, std::path::PathBuf) {
+    let s = LogStore::open(dir, o.clone()).unwrap();
+    let x = payload(7, 3000);
+    let cid = s.put(&x).unwrap();
+    s.commit(&[set("x", &cid.to_bytes())]).unwrap();
+    for i in 0..8u64 {
+        let c = s.put(&payload(100 + i, 1500)).unwrap();
+        s.commit(&[set(&format!("k{i}"), &c.to_bytes())]).unwrap();
+    }
+    let seg = s.segment_paths()[0].clone();
+    (x, cid, seg)
+}
+
 /// A chunk whose stored record rotted is not trusted by a later put of the same bytes:
 /// that put writes a sound copy, so the commit naming it is backed by readable data. The
 /// damage is found by the scan at open (active segment) or by a read (a sealed segment
@@ -471,17 +490,7 @@ fn a_rotted_chunk_is_repaired_by_putting_it_again() {
         } else {
             opts(Durability::Group)
         };
-        let s = LogStore::open(dir.path(), o.clone()).unwrap();
-        let x = payload(7, 3000);
-        let cid = s.put(&x).unwrap();
-        s.commit(&[set("x", &cid.to_bytes())]).unwrap();
-        // Later groups (and, with small segments, later segments).
-        for i in 0..8u64 {
-            let c = s.put(&payload(100 + i, 1500)).unwrap();
-            s.commit(&[set(&format!("k{i}"), &c.to_bytes())]).unwrap();
-        }
-        let seg = s.segment_paths()[0].clone();
-        drop(s);
+        let (x, cid, seg) = a_chunk_then_groups(dir.path(), &o);
         assert_eq!(seg.with_extension("hint").exists(), sealed);
         rot_first_chunk(&seg, 3000);
 
@@ -519,16 +528,7 @@ fn a_rotted_chunk_is_repaired_by_putting_it_again() {
 fn damage_a_read_found_is_known_at_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
     let o = small(Durability::Group);
-    let s = LogStore::open(dir.path(), o.clone()).unwrap();
-    let x = payload(7, 3000);
-    let cid = s.put(&x).unwrap();
-    s.commit(&[set("x", &cid.to_bytes())]).unwrap();
-    for i in 0..8u64 {
-        let c = s.put(&payload(100 + i, 1500)).unwrap();
-        s.commit(&[set(&format!("k{i}"), &c.to_bytes())]).unwrap();
-    }
-    let seg = s.segment_paths()[0].clone();
-    drop(s);
+    let (x, cid, seg) = a_chunk_then_groups(dir.path(), &o);
     assert!(seg.with_extension("hint").exists());
     rot_first_chunk(&seg, 3000);
     let s = LogStore::open(dir.path(), o.clone()).unwrap();
