@@ -345,8 +345,11 @@ pub struct GetArgs {
     pub decrypt: bool,
     /// With --server: read only a version the bucket's writer recorded, in the capsule of
     /// this name (the one you trust, e.g. anchored on a chain): the node's proof is checked
-    /// before the value is read (exit 11 when it fails). Without it, a read by branch
-    /// trusts the node's word for which version is the head.
+    /// before the value is read (exit 11 when it fails); the uid read is printed, and a note
+    /// says when the writer recorded it on another branch than the one read. A proof shows
+    /// the version was recorded, not that it is still the branch's head (an older one
+    /// passes); and for a bucket written through a node's API the writer is the node's key
+    /// (a note says so).
     #[arg(long)]
     pub capsule: Option<CapsuleName>,
 }
@@ -1928,6 +1931,34 @@ pub(crate) fn print_verified_proof(
     Ok(())
 }
 
+/// The bucket owner a capsule's metadata names (`cairn.native.owner`: a key, or `open`),
+/// when the key that signed proof `vp` is not it: the records of a bucket written through
+/// a node's API are signed by the node's key, so such a proof shows that the node recorded
+/// the version, not that the owner wrote it (a node that lies can record a version it made
+/// up). `None` when no owner is named (the writer is then the bucket's) or the owner
+/// signed.
+pub(crate) fn signer_caveat(vp: &VersionProof, meta: &CapsuleMetadata) -> Option<String> {
+    const OWNER_SETTING: &str = "cairn.native.owner";
+    let owner = meta.settings.get(OWNER_SETTING)?;
+    let cairn_capsule::Anchor::Signed(ws) = &vp.proof.anchor else {
+        return None;
+    };
+    let signer = meta.writers.get(ws.writer as usize)?.to_string();
+    if *owner == signer {
+        return None;
+    }
+    let whose = if owner == "open" {
+        "an open bucket's (anyone may write through the node)".to_string()
+    } else {
+        format!("the bucket's owner {owner}")
+    };
+    Some(format!(
+        "the record is signed by writer key {signer} (the node's), not by {whose}: the proof \
+         shows that the node recorded this version, not that the owner wrote it, and a node \
+         that lies can record a version it made up"
+    ))
+}
+
 /// `cairn verify-proof`: no store, only the proof, the metadata and the trusted name.
 fn verify_proof_file(
     file: &Path,
@@ -1958,7 +1989,16 @@ fn verify_proof_file(
     let mut out = Vec::new();
     writeln!(out, "capsule  {capsule}")?;
     print_version_proof(&vp, &meta, key.as_bytes(), uid, &mut out)?;
-    writeln!(out, "proof OK")?;
+    match signer_caveat(&vp, &meta) {
+        Some(c) => {
+            writeln!(
+                out,
+                "proof OK (recorded by the node's key, not the owner's)"
+            )?;
+            eprintln!("note: {c}");
+        }
+        None => writeln!(out, "proof OK")?,
+    }
     io::stdout().lock().write_all(&out)?;
     Ok(ExitCode::SUCCESS)
 }

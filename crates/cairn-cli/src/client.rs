@@ -1109,8 +1109,34 @@ impl Client {
             // The version is proven first (its Meta chunk, then the writer's record of it),
             // its content read after.
             Some(cap) => {
+                let asked = a
+                    .branch
+                    .clone()
+                    .or_else(|| a.uid.is_none().then(|| DEFAULT_BRANCH.to_string()));
                 let (uid, version) = self.open_version_part(&a.key, a.uid, a.branch, true)?;
-                self.proven(&a.key, &uid, version.object(), Some(cap))?;
+                let p = self.proven(&a.key, &uid, version.object(), Some(cap))?;
+                if let Some(b) = &asked
+                    && p.record.branch.as_deref() != Some(b.as_str())
+                {
+                    // Not refused: a fork or a rename puts a version on another branch
+                    // without a new record of it.
+                    eprintln!(
+                        "note: the node named version {uid} as branch {b:?}'s head, but the \
+                         writer recorded it on {} (a fork or rename does that; so does a node \
+                         serving a version of another branch)",
+                        p.record.branch.as_deref().map_or_else(
+                            || "an untagged head".to_string(),
+                            |r| format!("branch {r:?}")
+                        )
+                    );
+                }
+                if let Some(c) = crate::cli::signer_caveat(&p.proof, &p.meta) {
+                    eprintln!("note: {c}");
+                }
+                eprintln!(
+                    "version {uid} (depth {}), proven recorded in capsule {cap}",
+                    version.object().depth
+                );
                 if a.meta {
                     (uid, version)
                 } else {
@@ -1863,8 +1889,17 @@ impl Client {
                 p.display()
             );
         }
+        if let Some(c) = crate::cli::signer_caveat(vp, meta) {
+            eprintln!("note: {c}");
+        }
         if pinned.is_some() {
-            writeln!(out, "proof OK")?;
+            match crate::cli::signer_caveat(vp, meta) {
+                Some(_) => writeln!(
+                    out,
+                    "proof OK (recorded by the node's key, not the owner's)"
+                )?,
+                None => writeln!(out, "proof OK")?,
+            }
         } else {
             // The verdict says what it rests on: a node can make up metadata with a writer
             // key of its own and sign with it (only a pinned name rules that out).

@@ -24,8 +24,9 @@
 //! byte anywhere, reordered or dropped segments, a stream cut at any point (including at a
 //! segment boundary: the last flag is missing), a changed header, or a node serving the
 //! value of another key or bucket as this one all fail to decrypt. (A node can still serve
-//! an older version of the same key: compare the version you read with the one you
-//! expect.) The ciphertext of `n` plaintext bytes is `39 + n + 16 · max(1, ⌈n / 64 KiB⌉)`
+//! an older version of the same key: read the version you expect with `--uid`; a read by
+//! branch takes the node's word for the head, and `get --capsule` prints the uid it
+//! proved.) The ciphertext of `n` plaintext bytes is `39 + n + 16 · max(1, ⌈n / 64 KiB⌉)`
 //! bytes.
 //!
 //! The AEAD key is `BLAKE3-derive_key("cairn data key v1 xchacha20poly1305 stream", secret)`

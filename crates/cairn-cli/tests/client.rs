@@ -383,7 +383,12 @@ fn proofs_buckets_and_owner_keys() {
             proof.to_str().unwrap(),
         ],
     );
-    assert!(out.ends_with("proof OK\n"), "{out}");
+    // The bucket was made through the node's API: the node's key signs its records, and
+    // the verdict says so (the owner's key is only named in the metadata).
+    assert!(
+        out.ends_with("proof OK (recorded by the node's key, not the owner's)\n"),
+        "{out}"
+    );
     // The files verify offline.
     let out = u.ok(
         None,
@@ -400,7 +405,10 @@ fn proofs_buckets_and_owner_keys() {
             uid.trim(),
         ],
     );
-    assert!(out.ends_with("proof OK\n"), "{out}");
+    assert!(
+        out.ends_with("proof OK (recorded by the node's key, not the owner's)\n"),
+        "{out}"
+    );
     // A pinned name the node's metadata does not hash to: exit 11.
     let other = "c".to_string() + &capsule[1..].replace('a', "b");
     let wrong = if other == capsule {
@@ -1444,6 +1452,11 @@ fn get_refuses_what_a_lying_node_sends() {
         .to_string();
     let back = u.run(srv, &["get", "k", "--capsule", &capsule]);
     assert!(back.status.success() && back.stdout == value);
+    // It names the version it proved, and says whose key recorded it (the node's: the
+    // bucket was made through its API).
+    let said = String::from_utf8_lossy(&back.stderr);
+    assert!(said.contains(&format!("version {uid} (depth")), "{said}");
+    assert!(said.contains("not by the bucket's owner"), "{said}");
     let meta = u.ok(srv, &["get", "k2", "--meta", "--capsule", &capsule]);
     assert!(meta.starts_with(&format!("uid: {other}\n")), "{meta}");
     let mut wrong = capsule.clone();
