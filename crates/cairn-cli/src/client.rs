@@ -744,18 +744,41 @@ impl Client {
             (ValueType::Blob, s) => s,
             _ => None,
         };
+        // A value sent in a text form (integer, tuple, list, map, set): the text sent,
+        // kept to be parsed here as the node parses it, and the version's value compared
+        // with the result (a list, map or set as the POS-tree the bucket builds of it).
+        let text_shape = match ty {
+            ValueType::String | ValueType::Blob => None,
+            ValueType::Integer | ValueType::Tuple => Some(None),
+            _ => match self.shape.get() {
+                Some(s) => Some(Some(s)),
+                None => bail!(Error::Rejected(format!(
+                    "the node does not say how bucket {} builds trees in a way this client \
+                     can use (hash_algo, leaf_size, index_size): what it stores of this put \
+                     could not be checked",
+                    self.bucket
+                ))),
+            },
+        };
+        let sent_text = text_shape
+            .is_some()
+            .then(|| std::sync::Arc::new(std::sync::Mutex::new(Vec::new())));
         let mut sent_tree = None;
         // A string sent from a file or stdin: the bytes sent, hashed as they go, so the
         // version's value can be checked against them (strings are stored inline).
         let sent_hash = (ty == ValueType::String)
             .then(|| std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new())));
         let tee = |r: Box<dyn Read + Send>| -> Box<dyn Read + Send> {
-            match &sent_hash {
-                Some(h) => Box::new(HashTee {
+            match (&sent_hash, &sent_text) {
+                (Some(h), _) => Box::new(HashTee {
                     inner: r,
                     hasher: h.clone(),
                 }),
-                None => r,
+                (None, Some(t)) => Box::new(TextTee {
+                    inner: r,
+                    text: t.clone(),
+                }),
+                (None, None) => r,
             }
         };
         let r = if let Some(v) = a.value {
@@ -770,6 +793,11 @@ impl Client {
             sent_len = Some(body.len() as u64);
             if ty == ValueType::String {
                 sent_inline = Some(body.clone());
+            }
+            if let Some(t) = &sent_text {
+                t.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone_from(&body);
             }
             if let Some(s) = shape {
                 sent_tree = Some(s.tree_of(&body)?);
@@ -1003,6 +1031,12 @@ impl Client {
                 return Err(lied(format!("holds {} bytes, not the {n} sent", t.count)));
             }
             _ => {}
+        }
+        if let (Some(text), Some(shape)) = (&sent_text, text_shape) {
+            let text = std::mem::take(&mut *text.lock().unwrap_or_else(|e| e.into_inner()));
+            if !holds_text(&o.value, ty, text, shape)? {
+                return Err(lied("holds another value than the one sent".into()));
+            }
         }
         if let (cairn_object::Value::Tree(t), Some(want)) = (&o.value, &sent_tree)
             && t != want
@@ -2074,6 +2108,63 @@ fn read_json((_, body): Answer) -> Result<J> {
 
 /// A reader that hashes (BLAKE3) what passes through it into a hasher the caller keeps:
 /// the bytes a put sent, to check the stored value against.
+/// Whether `value` is what the text `sent` makes as a `ty` value (parsed as the node
+/// parses it): an integer or tuple compared as is, a list, map or set as the POS-tree
+/// `shape` builds of it (into a store that keeps nothing).
+fn holds_text(
+    value: &cairn_object::Value,
+    ty: ValueType,
+    sent: Vec<u8>,
+    shape: Option<TreeShape>,
+) -> Result<bool> {
+    use cairn_object::{NewValue, Value, postree};
+    let want = crate::format::parse_value(ty, sent)?;
+    let tree = |build: &dyn Fn(
+        &cairn_store::DigestStore,
+        &cairn_object::TreeConfig,
+    ) -> cairn_core::Result<postree::TreeRef>|
+     -> Result<Option<postree::TreeRef>> {
+        match shape {
+            Some(s) => Ok(Some(build(&cairn_store::DigestStore::new(s.algo), &s.cfg)?)),
+            None => Ok(None),
+        }
+    };
+    Ok(match (want, value) {
+        (NewValue::Integer(a), Value::Integer(b)) => a == *b,
+        (NewValue::Tuple(a), Value::Tuple(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x[..] == y[..])
+        }
+        (NewValue::List(items), Value::Tree(t)) => {
+            tree(&|s, c| postree::build_list(s, c, items.iter()))?.as_ref() == Some(t)
+        }
+        (NewValue::Map(m), Value::Tree(t)) => {
+            tree(&|s, c| postree::build_map(s, c, m.iter()))?.as_ref() == Some(t)
+        }
+        (NewValue::Set(m), Value::Tree(t)) => {
+            tree(&|s, c| postree::build_set(s, c, m.iter()))?.as_ref() == Some(t)
+        }
+        _ => false,
+    })
+}
+
+/// A reader that keeps a copy of the bytes read through it (a value's text form, to be
+/// checked against the version the node makes of it).
+struct TextTee {
+    inner: Box<dyn Read + Send>,
+    text: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Read for TextTee {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.text
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
 struct HashTee {
     inner: Box<dyn Read + Send>,
     hasher: std::sync::Arc<std::sync::Mutex<blake3::Hasher>>,

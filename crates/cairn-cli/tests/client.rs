@@ -1224,6 +1224,46 @@ fn intercepting_node(base: String, method: &'static str, answer: String) -> Stri
     format!("http://{addr}")
 }
 
+/// A put of a value in a text form (integer, tuple, list, map, set) checks that the
+/// version the node names holds what the text sent makes (a list, map or set as the tree
+/// the bucket builds of it): a node answering with another version of the key is caught
+/// (exit 11, nothing on stdout). Only the type was checked before.
+#[test]
+fn typed_puts_refuse_a_version_holding_another_value() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    for (ty, first, second) in [
+        ("integer", "10", "11"),
+        ("tuple", "a\nb\n", "a\nc\n"),
+        ("list", "x\ny\n", "x\ny\nz\n"),
+        ("map", "a=1\nb=2\n", "a=1\nb=3\n"),
+        ("set", "p\nq\n", "p\nr\n"),
+    ] {
+        let key = format!("k-{ty}");
+        let v1 = u.ok(srv, &["put", &key, "--type", ty, "--value", first]);
+        let v1 = v1.trim();
+        let lie = format!(r#"{{"uid":"{v1}","key":"{key}"}}"#);
+        let node = intercepting_node(s.base.clone(), "PUT", lie);
+        let out = u.run(Some(&node), &["put", &key, "--type", ty, "--value", second]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{ty}: {err}");
+        assert!(
+            err.contains("holds another value than the one sent"),
+            "{ty}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{ty}");
+        // The same value again is taken (the check is not refusing everything).
+        let out = u.run(Some(&node), &["put", &key, "--type", ty, "--value", first]);
+        assert!(
+            out.status.success(),
+            "{ty}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), v1, "{ty}");
+    }
+}
+
 /// `update` and `merge` check what the node says it made: a node answering with the uid
 /// of another version of the key (one with no base, one whose value is not what the
 /// operation makes of its base, one that does not derive from the version merged) is
