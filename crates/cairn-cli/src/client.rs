@@ -1005,10 +1005,19 @@ impl Client {
         if o.context.as_ref() != a.context.as_bytes() {
             return Err(lied("has another context than the one sent".into()));
         }
-        if let Some(b) = a.base.or(a.guard)
-            && !o.bases.contains(&b)
-        {
-            return Err(lied(format!("does not derive from {b}")));
+        // A put on a base (or guarded by the head it expects) makes a version of exactly
+        // that base; a branch put, one of the head it found, or of none on a new branch.
+        match a.base.or(a.guard) {
+            Some(b) if o.bases != [b] => {
+                return Err(lied(format!(
+                    "does not derive from {b} alone ({} base(s))",
+                    o.bases.len()
+                )));
+            }
+            None if o.bases.len() > 1 => {
+                return Err(lied(format!("has {} bases", o.bases.len())));
+            }
+            _ => {}
         }
         match (&o.value, &sent_inline, sent_len) {
             (cairn_object::Value::String(v), Some(sent), _) if v.as_ref() != sent.as_slice() => {

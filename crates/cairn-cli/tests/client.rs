@@ -1305,7 +1305,8 @@ fn update_and_merge_refuse_a_version_the_node_did_not_make_of_them() {
     let v3 = v3.trim();
     u.ok(srv, &["fork", "n", "--from", "master", "--to", "other"]);
     u.ok(srv, &["update", "n", "--branch", "other", "--add", "2"]);
-    u.ok(srv, &["update", "n", "--add", "3"]);
+    let v4 = u.ok(srv, &["update", "n", "--add", "3"]);
+    let v4 = v4.trim();
     let vm = u.ok(
         srv,
         &[
@@ -1338,6 +1339,22 @@ fn update_and_merge_refuse_a_version_the_node_did_not_make_of_them() {
         "--resolve",
         "sum",
     ];
+    // A put guarded by a head, answered with a merge that has that head among two bases:
+    // a put makes a version of the guarded head alone.
+    let lie = format!(r#"{{"uid":"{}","key":"n"}}"#, vm.trim());
+    let node = intercepting_node(s.base.clone(), "PUT", lie);
+    let out = u.run(
+        Some(&node),
+        &[
+            "put", "n", "--type", "integer", "--value", "1", "--guard", v4,
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(
+        err.contains(&format!("does not derive from {v4} alone (2 base(s))")),
+        "{err}"
+    );
     merge_lie(v2, "merged", &from_v3, "has 1 base(s)");
     merge_lie(
         vm.trim(),
