@@ -1377,6 +1377,7 @@ impl Db {
 
     /// M11 / M12: creates tagged branch `new_branch` at a branch head or a version.
     pub fn fork(&self, key: &[u8], from: &At, new_branch: &str) -> Result<Uid> {
+        check_key(key)?;
         check_branch_name(new_branch)?;
         if let At::Uid(u) = from {
             self.admit(key, u)?;
