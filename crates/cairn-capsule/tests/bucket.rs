@@ -890,3 +890,34 @@ fn contained_untagged_heads_a_merge_drops_are_recorded() {
         ]
     );
 }
+
+/// A uid names a version only in its own bucket, for the history operations too: the LCA,
+/// the merge bases and the diff of another bucket's version are not found through this
+/// one (they computed over it: the node checked, the Db API did not).
+#[test]
+fn history_operations_take_only_this_buckets_versions() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let db = Db::new(store.clone());
+    let srv = server(&store);
+    let mine = Bucket::open(db.for_bucket("mine").unwrap(), srv.clone(), Some(writer())).unwrap();
+    let theirs = Bucket::open(db.for_bucket("theirs").unwrap(), srv, Some(writer())).unwrap();
+    let put = |b: &Bucket, v: &str| {
+        b.put(b"k", Target::Branch("master"), s(v), &Default::default())
+            .unwrap()
+    };
+    let a = put(&mine, "one");
+    let b = put(&mine, "two");
+    let foreign = put(&theirs, "secret");
+    let d = mine.db();
+    assert_eq!(d.lca(b"k", &a, &b).unwrap(), Some(a));
+    assert_eq!(d.merge_bases(b"k", &a, &b).unwrap(), vec![a]);
+    d.diff(&a, &b).unwrap();
+    for (x, y) in [(a, foreign), (foreign, a)] {
+        assert!(matches!(d.lca(b"k", &x, &y), Err(Error::NotFound(_))));
+        assert!(matches!(
+            d.merge_bases(b"k", &x, &y),
+            Err(Error::NotFound(_))
+        ));
+        assert!(matches!(d.diff(&x, &y), Err(Error::NotFound(_))));
+    }
+}

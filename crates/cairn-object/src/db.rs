@@ -373,7 +373,7 @@ impl Db {
 
     /// Refuses (not found) a version `uid` of `key` a caller named that is not one of this
     /// bucket's ([`Db::with_members`]).
-    fn admit(&self, key: &[u8], uid: &Uid) -> Result<()> {
+    pub(crate) fn admit(&self, key: &[u8], uid: &Uid) -> Result<()> {
         match &self.members {
             Some(m) if !m.holds(uid)? => Err(Error::not_found(format!(
                 "version {uid} of key {} in bucket {}",

@@ -150,18 +150,27 @@ impl Db {
     /// derive from), or `None` when their histories are disjoint. Walks only down to the
     /// answer's depth, newest first, using each FObject's depth.
     pub fn lca(&self, key: &[u8], a: &Uid, b: &Uid) -> Result<Option<Uid>> {
+        // Versions named from outside are this bucket's, or not found (see
+        // `VersionMembership`).
+        self.admit(key, a)?;
+        self.admit(key, b)?;
         lca_in(self.chunks(), key, a, b)
     }
 
     /// Every merge base of two versions of `key` (see [`merge_bases_in`]), deepest first:
     /// one for most histories, several after criss-cross merges, none for disjoint ones.
     pub fn merge_bases(&self, key: &[u8], a: &Uid, b: &Uid) -> Result<Vec<Uid>> {
+        self.admit(key, a)?;
+        self.admit(key, b)?;
         merge_bases_in(self.chunks(), key, a, b)
     }
 
-    /// Diff between two versions of the same type (they may belong to different keys).
+    /// Diff between two versions of the same type (they may belong to different keys, of
+    /// this bucket).
     pub fn diff(&self, a: &Uid, b: &Uid) -> Result<Diff> {
         let (oa, ob) = (self.load(a)?, self.load(b)?);
+        self.admit(&oa.key, a)?;
+        self.admit(&ob.key, b)?;
         self.diff_values(&oa.value, &ob.value)
     }
 

@@ -2832,7 +2832,10 @@ fn verify_racing_a_move_and_a_gc_reports_no_damage() {
 fn fork_refuses_a_bad_key_as_bad_input() {
     let (db, _) = db();
     put_str(&db, "k", Target::Branch("master"), "v");
-    for key in [Vec::new(), vec![b'k'; cairn_object::fobject::MAX_KEY_LEN + 1]] {
+    for key in [
+        Vec::new(),
+        vec![b'k'; cairn_object::fobject::MAX_KEY_LEN + 1],
+    ] {
         let err = db.fork(&key, &At::Branch("master".into()), "b");
         assert!(matches!(err, Err(Error::InvalidInput(_))), "{err:?}");
     }
