@@ -109,6 +109,16 @@ pub struct Cli {
         env = "CAIRN_DATA_KEY_FILE"
     )]
     pub data_key_file: Option<PathBuf>,
+    /// Decrypt values in encryption format 1, which does not bind a value to its bucket
+    /// and key (a node could serve another value encrypted with the same data key in its
+    /// place); refused without it. Put such a value again to store it in format 2.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "CAIRN_ALLOW_FORMAT_1"
+    )]
+    pub allow_format_1: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -498,6 +508,7 @@ pub fn count_bar(what: &str, unit: &str) -> ProgressBar {
 
 /// Runs one parsed command.
 pub fn run(mut cli: Cli) -> Result<ExitCode> {
+    crate::crypt::allow_unbound_format(cli.allow_format_1);
     // `put --file -` reads stdin, as most tools read it.
     if let Command::Put(a) = &mut cli.command
         && a.file.as_deref() == Some(Path::new("-"))

@@ -51,6 +51,14 @@ pub const VERSION: u8 = 2;
 /// The earlier format, still read: its associated data is the header alone.
 pub const VERSION_UNBOUND: u8 = 1;
 
+/// Whether values in format [`VERSION_UNBOUND`] are decrypted (`--allow-format-1`).
+static ALLOW_UNBOUND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Lets this process decrypt values in format [`VERSION_UNBOUND`] (refused otherwise).
+pub fn allow_unbound_format(allow: bool) {
+    ALLOW_UNBOUND.store(allow, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What binds a value to its place, after the header in the associated data: the bucket
 /// and the key, each length-prefixed.
 pub fn binding(bucket: &str, key: &str) -> Vec<u8> {
@@ -380,8 +388,17 @@ pub fn decrypt(
     }
     if header[8] == VERSION_UNBOUND {
         // Not bound to its bucket and key: a node could serve another value of this data
-        // key here, and it would decrypt cleanly. Readable, but said (once: a value
-        // decrypted to a pipe is read twice).
+        // key here, and it would decrypt cleanly. Refused unless allowed; then read, but
+        // said (once: a value decrypted to a pipe is read twice).
+        if !ALLOW_UNBOUND.load(std::sync::atomic::Ordering::Relaxed) {
+            bail!(Error::Rejected(format!(
+                "this value is in encryption format {VERSION_UNBOUND}, which does not bind it \
+                 to its bucket and key (a node could serve another value encrypted with this \
+                 data key in its place); read it with --allow-format-1 (or \
+                 CAIRN_ALLOW_FORMAT_1=true) if you trust where it comes from, then put it \
+                 again to store it in format {VERSION}"
+            )));
+        }
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
@@ -680,8 +697,8 @@ mod tests {
     }
 
     /// A value decrypts only at the place it was encrypted for: the same ciphertext read
-    /// as another key's or another bucket's fails; values of format 1 (no place) still
-    /// decrypt.
+    /// as another key's or another bucket's fails; values of format 1 (no place) are
+    /// refused, and decrypt once allowed (`--allow-format-1`).
     #[test]
     fn values_are_bound_to_their_bucket_and_key() {
         let data = vec![9u8; SEGMENT + 5];
@@ -709,8 +726,12 @@ mod tests {
         .read_to_end(&mut old)
         .unwrap();
         assert_eq!(old[8], VERSION_UNBOUND);
+        let e = decrypt(&mut &old[..], &key(), &place(), &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("--allow-format-1"), "{e}");
+        allow_unbound_format(true);
         let mut back = Vec::new();
         decrypt(&mut &old[..], &key(), &binding("any", "where"), &mut back).unwrap();
+        allow_unbound_format(false);
         assert_eq!(back, data);
     }
 }
