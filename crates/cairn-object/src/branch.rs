@@ -1,6 +1,9 @@
 //! Branch tables (ForkBase §4.5): per key, the TB-table of tagged branches (name → head
 //! uid) and the UB-table of untagged heads (leaves of the derivation graph left by puts on
-//! a base version and by merges of untagged heads). Persisted as one ref per key.
+//! a base version and by merges of untagged heads). A store keeps them as one ref per head
+//! (`Db`'s head refs: a tagged branch by name, an untagged head by uid), read back into a
+//! table; [`BranchTable::encode`] and [`BranchTable::decode`] are a whole-table form that
+//! no store layout uses today (its decoder is fuzzed like the others).
 
 use std::collections::{BTreeMap, BTreeSet};
 
