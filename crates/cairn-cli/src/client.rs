@@ -47,7 +47,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
 use crate::cli::{Cli, Command, GetArgs, MergeArgs, PutArgs, UpdateArgs, progress_bar};
-use crate::digest::{BlobDigest, TreeShape};
+use crate::digest::{BlobDigest, ListDigest, TreeShape};
 use crate::verified::VerifiedValue;
 use crate::{crypt, format};
 
@@ -744,9 +744,12 @@ impl Client {
             (ValueType::Blob, s) => s,
             _ => None,
         };
-        // A value sent in a text form (integer, tuple, list, map, set): the text sent,
-        // kept to be parsed here as the node parses it, and the version's value compared
-        // with the result (a list, map or set as the POS-tree the bucket builds of it).
+        // A value sent in a text form (integer, tuple, list, map, set) is checked against
+        // what the text sent makes, parsed here as the node parses it: a list as the tree
+        // the bucket builds of its lines, built as they are sent (a list streams, in
+        // constant memory, as the node stores it); the other types from the text kept
+        // (the node buffers them, at most `BUFFERED_LIMIT` bytes; a map or set compared as
+        // the tree the bucket builds of it).
         let text_shape = match ty {
             ValueType::String | ValueType::Blob => None,
             ValueType::Integer | ValueType::Tuple => Some(None),
@@ -760,25 +763,35 @@ impl Client {
                 ))),
             },
         };
-        let sent_text = text_shape
-            .is_some()
-            .then(|| std::sync::Arc::new(std::sync::Mutex::new(Vec::new())));
+        let (list_tx, list_digest) = match (ty, text_shape) {
+            (ValueType::List, Some(Some(s))) => {
+                let (tx, d) = ListDigest::start(s)?;
+                (Some(tx), Some(d))
+            }
+            _ => (None, None),
+        };
+        let sent_text = (text_shape.is_some() && ty != ValueType::List)
+            .then(|| std::sync::Arc::new(std::sync::Mutex::new(Some(Vec::new()))));
         let mut sent_tree = None;
         // A string sent from a file or stdin: the bytes sent, hashed as they go, so the
         // version's value can be checked against them (strings are stored inline).
         let sent_hash = (ty == ValueType::String)
             .then(|| std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new())));
         let tee = |r: Box<dyn Read + Send>| -> Box<dyn Read + Send> {
-            match (&sent_hash, &sent_text) {
-                (Some(h), _) => Box::new(HashTee {
+            match (&sent_hash, &sent_text, &list_tx) {
+                (Some(h), _, _) => Box::new(HashTee {
                     inner: r,
                     hasher: h.clone(),
                 }),
-                (None, Some(t)) => Box::new(TextTee {
+                (None, Some(t), _) => Box::new(TextTee {
                     inner: r,
                     text: t.clone(),
                 }),
-                (None, None) => r,
+                (None, None, Some(tx)) => Box::new(ListTee {
+                    inner: r,
+                    tx: Some(tx.clone()),
+                }),
+                (None, None, None) => r,
             }
         };
         let r = if let Some(v) = a.value {
@@ -795,9 +808,11 @@ impl Client {
                 sent_inline = Some(body.clone());
             }
             if let Some(t) = &sent_text {
-                t.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone_from(&body);
+                *t.lock().unwrap_or_else(|e| e.into_inner()) = Some(body.clone());
+            }
+            if let Some(tx) = &list_tx {
+                // The builder takes the whole text at once (its queue holds it).
+                let _ = tx.send(bytes::Bytes::from(body.clone()));
             }
             if let Some(s) = shape {
                 sent_tree = Some(s.tree_of(&body)?);
@@ -1042,8 +1057,22 @@ impl Client {
             _ => {}
         }
         if let (Some(text), Some(shape)) = (&sent_text, text_shape) {
-            let text = std::mem::take(&mut *text.lock().unwrap_or_else(|e| e.into_inner()));
+            let text = text.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let Some(text) = text else {
+                return Err(lied(format!(
+                    "was taken from a text of more than {} MiB, more than a node buffers: \
+                     what it holds could not be checked",
+                    BUFFERED_LIMIT >> 20
+                )));
+            };
             if !holds_text(&o.value, ty, text, shape)? {
+                return Err(lied("holds another value than the one sent".into()));
+            }
+        }
+        if let Some(d) = list_digest {
+            drop(list_tx);
+            let want = d.finish()?;
+            if o.value.tree() != Some(&want) {
                 return Err(lied("holds another value than the one sent".into()));
             }
         }
@@ -2156,20 +2185,50 @@ fn holds_text(
     })
 }
 
+/// Largest text of a typed value (other than a list) a node buffers, and so the most a
+/// put keeps to check it.
+const BUFFERED_LIMIT: u64 = cairn_node::native::objects::BUFFERED_LIMIT;
+
 /// A reader that keeps a copy of the bytes read through it (a value's text form, to be
-/// checked against the version the node makes of it).
+/// checked against the version the node makes of it), up to [`BUFFERED_LIMIT`]: past it
+/// the copy is dropped (`None`), as the node refuses such a text.
 struct TextTee {
     inner: Box<dyn Read + Send>,
-    text: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    text: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 }
 
 impl Read for TextTee {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.text
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(&buf[..n]);
+        let mut text = self.text.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = text.as_mut() {
+            if (t.len() + n) as u64 > BUFFERED_LIMIT {
+                *text = None;
+            } else {
+                t.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// A reader that sends the bytes read through it to a list's tree builder
+/// ([`ListDigest`]), and lets go of the builder at the end of its input.
+struct ListTee {
+    inner: Box<dyn Read + Send>,
+    tx: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,
+}
+
+impl Read for ListTee {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 {
+            self.tx = None;
+        } else if let Some(tx) = &self.tx
+            && tx.send(bytes::Bytes::copy_from_slice(&buf[..n])).is_err()
+        {
+            self.tx = None;
+        }
         Ok(n)
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use cairn_core::HashAlgo;
 use cairn_object::TreeConfig;
-use cairn_object::postree::{BlobWriter, TreeRef, build_blob};
+use cairn_object::postree::{BlobWriter, TreeRef, build_blob, build_list};
 use cairn_store::DigestStore;
 
 /// Pieces queued ahead of the tree builder (each an upload piece, shared, not copied).
@@ -77,6 +77,82 @@ impl BlobDigest {
     }
 }
 
+/// A text list's tree built on its own thread from the pieces of its text sent to it, in
+/// order: split into one element per line as the node splits a streamed list (a last
+/// line without its newline is an element too; empty text is none), so a list of any
+/// length is checked in constant memory, as the node stores it.
+pub struct ListDigest {
+    thread: JoinHandle<Result<TreeRef>>,
+}
+
+impl ListDigest {
+    /// Starts the builder for lists of `shape`; returns the sender of the text's pieces
+    /// (its only one) and the builder.
+    pub fn start(shape: TreeShape) -> Result<(SyncSender<Bytes>, ListDigest)> {
+        let (tx, rx) = sync_channel::<Bytes>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("cairn-put-digest".into())
+            .spawn(move || build_list_of_lines(shape, rx))
+            .context("starting the upload's tree builder")?;
+        Ok((tx, ListDigest { thread }))
+    }
+
+    /// The tree of the list the text sent makes, once the sender is dropped.
+    pub fn finish(self) -> Result<TreeRef> {
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the upload's tree builder panicked"))?
+    }
+}
+
+/// The pieces received, read as one stream.
+struct Pieces {
+    rx: Receiver<Bytes>,
+    cur: Bytes,
+}
+
+impl std::io::Read for Pieces {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.recv() {
+                Ok(b) => self.cur = b,
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur.split_to(n));
+        Ok(n)
+    }
+}
+
+fn build_list_of_lines(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {
+    use std::io::BufRead;
+    let mut text = std::io::BufReader::with_capacity(
+        1 << 16,
+        Pieces {
+            rx,
+            cur: Bytes::new(),
+        },
+    );
+    let lines = std::iter::from_fn(|| {
+        let mut line = Vec::new();
+        match text.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                if line.last() == Some(&b'\n') {
+                    line.pop();
+                }
+                Some(line)
+            }
+        }
+    });
+    Ok(build_list(
+        &DigestStore::new(shape.algo),
+        &shape.cfg,
+        lines,
+    )?)
+}
+
 fn build(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {
     let store = DigestStore::new(shape.algo);
     let mut w = BlobWriter::new(&store, &shape.cfg);
@@ -126,6 +202,40 @@ mod tests {
         let (tx, d) = BlobDigest::start(shape(65536)).unwrap();
         drop(tx);
         assert_eq!(d.finish().unwrap(), empty);
+    }
+
+    /// A list's digest, from its text in pieces of any size, is the tree of the elements
+    /// the text form makes (empty text none, a lone newline one empty element, a last line
+    /// without its newline one element).
+    #[test]
+    fn list_digest_matches_the_text_forms_tree() {
+        let mut rng = SmallRng::seed_from_u64(9);
+        let mut long = Vec::new();
+        for i in 0..40_000u32 {
+            long.extend_from_slice(format!("element {i} {}", rng.random::<u16>()).as_bytes());
+            long.push(b'\n');
+        }
+        let texts: [&[u8]; 7] = [b"", b"\n", b"a", b"a\n", b"a\n\nbc\n", b"x\ny", &long];
+        for text in texts {
+            let cairn_object::NewValue::List(items) =
+                cairn_object::NewValue::parse_text(cairn_object::ValueType::List, text.to_vec())
+                    .unwrap()
+            else {
+                unreachable!()
+            };
+            let want = build_list(&MemoryStore::new(), &shape(4096).cfg, items.iter()).unwrap();
+            for piece in [1usize, 7, 65_536] {
+                if piece == 1 && text.len() > 100 {
+                    continue;
+                }
+                let (tx, d) = ListDigest::start(shape(4096)).unwrap();
+                for p in text.chunks(piece) {
+                    tx.send(Bytes::copy_from_slice(p)).unwrap();
+                }
+                drop(tx);
+                assert_eq!(d.finish().unwrap(), want, "{} bytes in {piece}", text.len());
+            }
+        }
     }
 
     #[test]

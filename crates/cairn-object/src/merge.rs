@@ -800,7 +800,9 @@ impl Db {
         if ours == theirs {
             return Ok(MergeOutcome::UpToDate(ours));
         }
-        let bases = self.merge_bases(key, &ours, &theirs)?;
+        // Not `Db::merge_bases`, which admits only versions the bucket recorded: a merge
+        // of merge bases works on versions it has just built.
+        let bases = crate::history::merge_bases_in(self.chunks(), key, &ours, &theirs)?;
         if bases.contains(&theirs) {
             return Ok(MergeOutcome::UpToDate(ours));
         }

@@ -1243,6 +1243,36 @@ impl LogStore {
             }
         }
 
+        // Records a read found damaged in an earlier run (see `persist_damage_mark`); the
+        // marks that no longer apply (a fresh copy was written, or compaction moved or
+        // dropped the record) are dropped from the file.
+        let marks_path = dir.join(DAMAGE_MARKS);
+        if let Ok(text) = fs::read_to_string(&marks_path) {
+            let marks: Vec<(Cid, u32, u64)> = text
+                .lines()
+                .filter_map(|l| {
+                    let mut f = l.split(' ');
+                    let cid = f.next()?.parse().ok()?;
+                    Some((cid, f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+                })
+                .collect();
+            let live: Vec<&(Cid, u32, u64)> = marks
+                .iter()
+                .filter(|(cid, seg, off)| {
+                    index
+                        .get(cid)
+                        .is_some_and(|l| l.seg == *seg && l.off == *off)
+                })
+                .collect();
+            if live.len() < text.lines().count() {
+                let kept: String = live
+                    .iter()
+                    .map(|(c, s, o)| format!("{c} {s} {o}\n"))
+                    .collect();
+                let _ = format::write_atomic(&dir, &marks_path, kept.as_bytes(), true);
+            }
+            bad_chunks.extend(marks);
+        }
         // A damaged chunk record the index still points at (no later copy replaced it)
         // counts as absent for puts, so putting the chunk again writes a sound copy.
         let damaged: HashSet<Cid> = bad_chunks
@@ -1428,21 +1458,26 @@ impl LogStore {
     /// Notes that the record the index holds for `cid` failed its check, so that the next
     /// put of the chunk writes a sound copy.
     fn mark_damaged(&self, cid: &Cid) {
-        if self.index.contains(cid) {
-            self.damaged.lock().insert(*cid);
-            self.any_damaged.store(true, Ordering::Release);
+        let Some(loc) = self.index.get(cid) else {
+            return;
+        };
+        let first = self.damaged.lock().insert(*cid);
+        self.any_damaged.store(true, Ordering::Release);
+        if first {
+            self.persist_damage_mark(cid, loc);
         }
     }
 
-    /// Drops the hint of segment `seg`, in which a read found a record that fails its
-    /// checks. A damage mark lives in memory, and the hint would have the next open trust
-    /// the record again (a `cairn verify` found it, and the `cairn put` run after it, in
-    /// another process, deduplicated against it); without the hint the next open rescans
-    /// the segment, and reports and marks the record again. Not for an I/O error, which
-    /// may pass, and which would stop that rescan and with it the open. (Best effort: a
-    /// hint left behind only loses the mark.)
-    fn forget_hint(&self, seg: u32) {
-        let _ = fs::remove_file(format::hint_path(&self.dir, seg));
+    /// Notes a damage mark in [`DAMAGE_MARKS`], so that the next open marks the record
+    /// again: a sealed segment opened from its hint is not rescanned, so a record a read
+    /// found bad (a `cairn verify`) would otherwise count as held again in the next
+    /// process (the `cairn put` meant to repair it deduplicated against it). A mark names
+    /// the record's place, so it lapses once a fresh copy of the chunk is written. Best
+    /// effort: a mark that is not written only loses that.
+    fn persist_damage_mark(&self, cid: &Cid, loc: Loc) {
+        let path = self.dir.join(DAMAGE_MARKS);
+        let line = format!("{cid} {} {}\n", loc.seg, loc.off);
+        let _ = append_durably(&self.dir, &path, &line);
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -1600,7 +1635,6 @@ impl LogStore {
             .read_frame(seg, loc)
             .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
         Self::check_chunk_frame(cid, seg, loc, Bytes::from(frame))
-            .inspect_err(|_| self.forget_hint(seg.id))
     }
 
     /// Checks a chunk's record as read from `seg` at `loc`: a chunk record of this cid and
@@ -1934,6 +1968,10 @@ impl Drop for LogStore {
 /// it, until an operator clears it.
 pub const RECOVERY_NOTES: &str = "RECOVERY.log";
 
+/// File in a store directory noting the chunk records reads found damaged, one
+/// `cid segment offset` a line (see `LogStore::persist_damage_mark`).
+pub const DAMAGE_MARKS: &str = "DAMAGED.log";
+
 /// File in the store directory holding the recovery notes an operator cleared. Damage in
 /// the durable region is not cut away, so every open finds it again; a note cleared once
 /// is not raised again for the same damage (the same line), while new damage is.
@@ -2114,10 +2152,7 @@ impl ChunkStore for LogStore {
                                 let at = (l.off - first.off) as usize;
                                 let frame = run.slice(at..at + l.frame_len() as usize);
                                 let chunk = Self::check_chunk_frame(&cids[k], &seg, l, frame)
-                                    .inspect_err(|_| {
-                                        self.mark_damaged(&cids[k]);
-                                        self.forget_hint(seg.id);
-                                    })?;
+                                    .inspect_err(|_| self.mark_damaged(&cids[k]))?;
                                 out.push(Some(chunk));
                             }
                         }
