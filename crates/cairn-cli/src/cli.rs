@@ -116,7 +116,8 @@ pub struct Cli {
         long,
         global = true,
         help_heading = "Global options",
-        env = "CAIRN_ALLOW_FORMAT_1"
+        env = "CAIRN_ALLOW_FORMAT_1",
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_format_1: bool,
     /// What to do.

@@ -681,11 +681,13 @@ fn accept_loop(
         if conns.len() >= config.max_connections {
             continue;
         }
+        // Loopback is judged on the address itself: a NAT64 or 6to4 address embedding
+        // 127.0.0.1 is a remote peer, not a local proxy.
         let ip = stream
             .peer_addr()
             .ok()
-            .map(|a| peer_group(a.ip()))
-            .filter(|ip| config.limit_loopback || !ip.is_loopback());
+            .filter(|a| config.limit_loopback || !a.ip().to_canonical().is_loopback())
+            .map(|a| peer_group(a.ip()));
         if ip.is_some()
             && conns.iter().filter(|c| c.ip == ip).count() >= config.max_connections_per_ip
         {

@@ -486,9 +486,9 @@ impl RefusalLog {
             tracing::warn!(
                 %ip,
                 refused = self.since,
-                "connections refused: this address holds max_connections_per_ip (behind a \
-                 proxy on another host, every client is the proxy's address: set \
-                 max_connections_per_ip and max_transfers_per_ip to 0)"
+                "connections refused: this address holds max_connections_per_ip, or its \
+                 IPv6 /48 4 times that (behind a proxy on another host, every client is the \
+                 proxy's address: set max_connections_per_ip and max_transfers_per_ip to 0)"
             );
             self.since = 0;
             self.last = Some(std::time::Instant::now());

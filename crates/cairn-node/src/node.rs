@@ -56,6 +56,10 @@ pub struct Node {
     /// Transfers in progress per peer address ([`PeerCounts`]), within
     /// `max_transfers_per_ip`.
     peer_transfers: PeerCounts,
+    /// Transfers in progress per IPv6 site ([`cairn_net::peer_site`]), within
+    /// [`cairn_net::SITE_CONNECTIONS_FACTOR`] times `max_transfers_per_ip` (counted apart:
+    /// a site's key may equal one of its /64s').
+    site_transfers: PeerCounts,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
 }
@@ -118,8 +122,8 @@ pub struct Transfer {
     _total: tokio::sync::OwnedSemaphorePermit,
     /// The read's or the write's share.
     _share: tokio::sync::OwnedSemaphorePermit,
-    /// The peer address's share, when its transfers are limited.
-    _peer: Option<PeerSlot>,
+    /// The peer address's share, and its IPv6 site's, when its transfers are limited.
+    _peer: Option<(PeerSlot, Option<PeerSlot>)>,
 }
 
 /// Why no transfer permit was free: the message of the 503 the caller answers.
@@ -199,6 +203,7 @@ impl Node {
             buckets: Mutex::new(LruCache::unbounded()),
             opening: Mutex::new(HashMap::new()),
             peer_transfers: PeerCounts::default(),
+            site_transfers: PeerCounts::default(),
         }))
     }
 
@@ -225,12 +230,28 @@ impl Node {
         let peer = match LIMITED_PEER.try_with(|ip| *ip) {
             Ok(ip) if self.config.max_transfers_per_ip > 0 => {
                 let max = self.config.max_transfers_per_ip;
-                Some(self.peer_transfers.take(ip, max).ok_or_else(|| {
+                // One IPv6 site's /64s together hold at most a few addresses' share.
+                let site = match cairn_net::peer_site(ip) {
+                    Some(site) => {
+                        let most = max.saturating_mul(cairn_net::SITE_CONNECTIONS_FACTOR);
+                        Some(self.site_transfers.take(site, most).ok_or_else(|| {
+                            Busy(format!(
+                                "{most} transfers from your network (its /48) are in \
+                                 progress ({} times max_transfers_per_ip); retry when one \
+                                 ends",
+                                cairn_net::SITE_CONNECTIONS_FACTOR
+                            ))
+                        })?)
+                    }
+                    None => None,
+                };
+                let slot = self.peer_transfers.take(ip, max).ok_or_else(|| {
                     Busy(format!(
                         "{max} transfers from your address are in progress \
                          (max_transfers_per_ip); retry when one ends"
                     ))
-                })?)
+                })?;
+                Some((slot, site))
             }
             _ => None,
         };

@@ -384,6 +384,18 @@ impl Db {
         }
     }
 
+    /// [`Db::admit`] for a uid named without its key (checked before its version is
+    /// loaded, so a refusal says nothing of another bucket's version).
+    pub(crate) fn admit_uid(&self, uid: &Uid) -> Result<()> {
+        match &self.members {
+            Some(m) if !m.holds(uid)? => Err(Error::not_found(format!(
+                "version {uid} in bucket {}",
+                self.bucket()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Shows `change` to the recorder, if any, before its commit.
     pub(crate) fn record_head(&self, change: HeadChange<'_>) -> Result<()> {
         self.record_heads(std::slice::from_ref(&change))

@@ -168,9 +168,9 @@ impl Db {
     /// Diff between two versions of the same type (they may belong to different keys, of
     /// this bucket).
     pub fn diff(&self, a: &Uid, b: &Uid) -> Result<Diff> {
+        self.admit_uid(a)?;
+        self.admit_uid(b)?;
         let (oa, ob) = (self.load(a)?, self.load(b)?);
-        self.admit(&oa.key, a)?;
-        self.admit(&ob.key, b)?;
         self.diff_values(&oa.value, &ob.value)
     }
 
