@@ -1186,11 +1186,8 @@ impl ChunkStore for ObjectChunkStore {
     }
 
     fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
-        // The object's size from a HEAD. A chunk marked damaged is read (as `get` would:
-        // the mark does not stop a read whose bytes verify, after a restore say).
-        if self.damaged.lock().contains(cid) {
-            return Ok(self.get(cid)?.map(|b| b.len() as u64));
-        }
+        // The object's size from a HEAD, whatever its damage mark says (a mark does not stop
+        // a `get` whose bytes verify, after a restore say; the read that follows checks).
         let path = self.chunk_path(cid);
         let store = self.store.clone();
         let size = self.run(async move {
