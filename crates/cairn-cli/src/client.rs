@@ -2222,7 +2222,7 @@ struct ListTee {
 impl Read for ListTee {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        if n == 0 {
+        if n == 0 && !buf.is_empty() {
             self.tx = None;
         } else if let Some(tx) = &self.tx
             && tx.send(bytes::Bytes::copy_from_slice(&buf[..n])).is_err()

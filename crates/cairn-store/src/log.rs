@@ -871,6 +871,7 @@ fn is_own_tmp(name: &str) -> bool {
     own(format::MANIFEST)
         || own(format::REFS_SNAP)
         || own(format::REFS_SNAP_COPY)
+        || own(DAMAGE_MARKS)
         || format::parse_segment_name(name, ".tmp").is_some()
 }
 
@@ -1247,11 +1248,13 @@ impl LogStore {
         // marks that no longer apply (a fresh copy was written, or compaction moved or
         // dropped the record) are dropped from the file.
         let marks_path = dir.join(DAMAGE_MARKS);
-        if let Ok(text) = fs::read_to_string(&marks_path) {
-            let marks: Vec<(Cid, u32, u64)> = text
-                .lines()
+        if let Ok(bytes) = fs::read(&marks_path) {
+            // Line by line: a damaged or cut line costs only its own mark.
+            let lines = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty());
+            let marks: Vec<(Cid, u32, u64)> = lines
+                .clone()
                 .filter_map(|l| {
-                    let mut f = l.split(' ');
+                    let mut f = std::str::from_utf8(l).ok()?.split(' ');
                     let cid = f.next()?.parse().ok()?;
                     Some((cid, f.next()?.parse().ok()?, f.next()?.parse().ok()?))
                 })
@@ -1264,7 +1267,7 @@ impl LogStore {
                         .is_some_and(|l| l.seg == *seg && l.off == *off)
                 })
                 .collect();
-            if live.len() < text.lines().count() {
+            if live.len() < lines.count() {
                 let kept: String = live
                     .iter()
                     .map(|(c, s, o)| format!("{c} {s} {o}\n"))
@@ -1457,14 +1460,21 @@ impl LogStore {
 
     /// Notes that the record the index holds for `cid` failed its check, so that the next
     /// put of the chunk writes a sound copy.
-    fn mark_damaged(&self, cid: &Cid) {
-        let Some(loc) = self.index.get(cid) else {
+    /// Marks chunk `cid` damaged after its record at `at` failed to read (`rot`: failed
+    /// its checks, rather than an I/O error), if the index still points there: a put may
+    /// have written a fresh copy meanwhile, which must not be marked. A record that failed
+    /// its checks is also noted durably ([`LogStore::persist_damage_mark`]), unless the
+    /// store has failed (it writes nothing more); an I/O error, which may pass, is not.
+    fn mark_damaged(&self, cid: &Cid, at: Loc, rot: bool) {
+        // Puts change the index under the writer's lock.
+        let _w = self.writer.lock();
+        if self.index.get(cid) != Some(at) {
             return;
-        };
+        }
         let first = self.damaged.lock().insert(*cid);
         self.any_damaged.store(true, Ordering::Release);
-        if first {
-            self.persist_damage_mark(cid, loc);
+        if first && rot && !self.failed_flag.load(Ordering::Acquire) {
+            self.persist_damage_mark(cid, at);
         }
     }
 
@@ -1476,7 +1486,8 @@ impl LogStore {
     /// effort: a mark that is not written only loses that.
     fn persist_damage_mark(&self, cid: &Cid, loc: Loc) {
         let path = self.dir.join(DAMAGE_MARKS);
-        let line = format!("{cid} {} {}\n", loc.seg, loc.off);
+        // Led by a newline: a line cut short by an earlier failed append stays apart.
+        let line = format!("\n{cid} {} {}\n", loc.seg, loc.off);
         let _ = append_durably(&self.dir, &path, &line);
     }
 
@@ -1631,10 +1642,12 @@ impl LogStore {
         // (Every failure to read is taken as damage, an I/O error too: the chunk is then
         // written anew by its next put, which costs a copy if the disk only hiccuped.)
         let where_ = || format!("{} at offset {}", seg.path.display(), loc.off);
-        let frame = self
-            .read_frame(seg, loc)
-            .map_err(|e| Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_())))?;
+        let frame = self.read_frame(seg, loc).map_err(|e| {
+            self.mark_damaged(cid, loc, false);
+            Error::corrupt(format!("chunk {cid} unreadable ({}): {e}", where_()))
+        })?;
         Self::check_chunk_frame(cid, seg, loc, Bytes::from(frame))
+            .inspect_err(|_| self.mark_damaged(cid, loc, true))
     }
 
     /// Checks a chunk's record as read from `seg` at `loc`: a chunk record of this cid and
@@ -2098,10 +2111,8 @@ impl ChunkStore for LogStore {
             let Some(seg) = self.segments.read().get(&loc.seg).cloned() else {
                 continue;
             };
-            return self
-                .read_chunk(cid, &seg, loc)
-                .inspect_err(|_| self.mark_damaged(cid))
-                .map(Some);
+            // (A failed read marks the chunk: see `read_chunk`.)
+            return self.read_chunk(cid, &seg, loc).map(Some);
         }
         Err(Error::corrupt(format!(
             "chunk {cid}: the index points at a segment that no longer exists"
@@ -2152,7 +2163,7 @@ impl ChunkStore for LogStore {
                                 let at = (l.off - first.off) as usize;
                                 let frame = run.slice(at..at + l.frame_len() as usize);
                                 let chunk = Self::check_chunk_frame(&cids[k], &seg, l, frame)
-                                    .inspect_err(|_| self.mark_damaged(&cids[k]))?;
+                                    .inspect_err(|_| self.mark_damaged(&cids[k], l, true))?;
                                 out.push(Some(chunk));
                             }
                         }
@@ -2290,7 +2301,7 @@ impl ChunkStore for LogStore {
                     let chunk = match self.read_chunk(&r.cid, s, loc) {
                         Ok(c) => c,
                         Err(Error::Corrupt(_)) => {
-                            self.mark_damaged(&r.cid);
+                            // (Marked by `read_chunk`.)
                             unsafe_to_delete.insert(s.id);
                             continue;
                         }

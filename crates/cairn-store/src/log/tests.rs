@@ -49,6 +49,37 @@ fn chunk_len_from_the_index() {
     assert_eq!(m.chunk_len(&other).unwrap(), None);
 }
 
+/// A failed read marks only the record that failed: a put that wrote a fresh copy in the
+/// meantime keeps it sound (and nothing is noted in `DAMAGED.log` for it); an I/O error is
+/// marked for this run only, a record failing its checks durably.
+#[test]
+fn a_damage_mark_names_the_record_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let x = vec![3u8; 5000];
+    let cid = s.put(&x).unwrap();
+    let old = s.index.get(&cid).unwrap();
+    // Found damaged; a put then writes a fresh copy.
+    s.mark_damaged(&cid, old, false);
+    assert!(!s.has(&cid).unwrap());
+    assert!(s.put_hashed(cid, &x).unwrap());
+    assert_ne!(s.index.get(&cid), Some(old));
+    // A read of the old place failing late marks nothing.
+    s.mark_damaged(&cid, old, true);
+    assert!(s.has(&cid).unwrap());
+    let marks = dir.path().join(DAMAGE_MARKS);
+    assert!(!marks.exists());
+    // The new place failing its checks is marked and noted.
+    let new = s.index.get(&cid).unwrap();
+    s.mark_damaged(&cid, new, true);
+    assert!(!s.has(&cid).unwrap());
+    assert!(
+        std::fs::read_to_string(&marks)
+            .unwrap()
+            .contains(&cid.to_string())
+    );
+}
+
 #[test]
 fn group_commit_shares_syncs_and_orders_batches() {
     let dir = tempfile::tempdir().unwrap();
