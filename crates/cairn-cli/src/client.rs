@@ -47,7 +47,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::{Value as J, json};
 
 use crate::cli::{Cli, Command, GetArgs, MergeArgs, PutArgs, UpdateArgs, progress_bar};
-use crate::digest::{BlobDigest, ListDigest, TreeShape};
+use crate::digest::{TreeDigest, TreeShape};
 use crate::verified::VerifiedValue;
 use crate::{crypt, format};
 
@@ -265,7 +265,7 @@ impl Client {
     /// returns the node's JSON answer. The body is read on its own thread in
     /// [`UPLOAD_PIECE`]s and sent by reqwest's async client on a current-thread runtime. A
     /// signed request needs the body's BLAKE3 hash (`body_hash`) up front. With `shape`,
-    /// every piece read also goes to a [`BlobDigest`], and a successful answer comes with
+    /// every piece read also goes to a [`TreeDigest`], and a successful answer comes with
     /// the tree of the bytes sent.
     #[allow(clippy::too_many_arguments)]
     fn send_stream(
@@ -295,7 +295,7 @@ impl Client {
             all.push(("content-length".to_string(), n.to_string()));
         }
         let (rt, http) = async_http()?;
-        let (tee, digest) = shape.map(BlobDigest::start).transpose()?.unzip();
+        let (tee, digest) = shape.map(TreeDigest::blob).transpose()?.unzip();
         let (reader, rx, watch) = read_in_pieces(body, UPLOAD_PIECE, tee)?;
         // Told when the last piece has been taken (the declared length reached: the client
         // then stops asking for more, or the end of the body): from then on the node owes
@@ -462,7 +462,7 @@ impl Client {
             bail!(e);
         }
         // The reader, and with it the builder's sender, is done after a complete upload.
-        let tree = digest.map(BlobDigest::finish).transpose()?;
+        let tree = digest.map(TreeDigest::finish).transpose()?;
         Ok((parse_json(&answer)?, tree))
     }
 
@@ -765,7 +765,7 @@ impl Client {
         };
         let (list_tx, list_digest) = match (ty, text_shape) {
             (ValueType::List, Some(Some(s))) => {
-                let (tx, d) = ListDigest::start(s)?;
+                let (tx, d) = TreeDigest::list(s)?;
                 (Some(tx), Some(d))
             }
             _ => (None, None),
@@ -2213,7 +2213,7 @@ impl Read for TextTee {
 }
 
 /// A reader that sends the bytes read through it to a list's tree builder
-/// ([`ListDigest`]), and lets go of the builder at the end of its input.
+/// ([`TreeDigest::list`]), and lets go of the builder at the end of its input.
 struct ListTee {
     inner: Box<dyn Read + Send>,
     tx: Option<std::sync::mpsc::SyncSender<bytes::Bytes>>,

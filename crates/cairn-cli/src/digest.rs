@@ -52,52 +52,40 @@ impl TreeShape {
     }
 }
 
-/// A blob's tree built on its own thread from the pieces sent to it, in order.
-pub struct BlobDigest {
+/// A tree built on its own thread from the pieces sent to it, in order: a blob's of its
+/// bytes ([`TreeDigest::blob`]), a text list's of its lines ([`TreeDigest::list`]).
+pub struct TreeDigest {
     thread: JoinHandle<Result<TreeRef>>,
 }
 
-impl BlobDigest {
-    /// Starts the builder for blobs of `shape`; returns the sender of the pieces (its
-    /// only one) and the builder.
-    pub fn start(shape: TreeShape) -> Result<(SyncSender<Bytes>, BlobDigest)> {
+impl TreeDigest {
+    /// Starts the builder of a blob of `shape`; returns the sender of the pieces (its only
+    /// one) and the builder.
+    pub fn blob(shape: TreeShape) -> Result<(SyncSender<Bytes>, TreeDigest)> {
+        Self::spawn(shape, build)
+    }
+
+    /// Starts the builder of a text list of `shape`: its text split into one element per
+    /// line as the node splits a streamed list (a last line without its newline is an
+    /// element too; empty text is none), so a list of any length is checked in constant
+    /// memory, as the node stores it.
+    pub fn list(shape: TreeShape) -> Result<(SyncSender<Bytes>, TreeDigest)> {
+        Self::spawn(shape, build_list_of_lines)
+    }
+
+    fn spawn(
+        shape: TreeShape,
+        build: fn(TreeShape, Receiver<Bytes>) -> Result<TreeRef>,
+    ) -> Result<(SyncSender<Bytes>, TreeDigest)> {
         let (tx, rx) = sync_channel::<Bytes>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("cairn-put-digest".into())
             .spawn(move || build(shape, rx))
             .context("starting the upload's tree builder")?;
-        Ok((tx, BlobDigest { thread }))
+        Ok((tx, TreeDigest { thread }))
     }
 
     /// The tree of every piece sent, once the sender is dropped.
-    pub fn finish(self) -> Result<TreeRef> {
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the upload's tree builder panicked"))?
-    }
-}
-
-/// A text list's tree built on its own thread from the pieces of its text sent to it, in
-/// order: split into one element per line as the node splits a streamed list (a last
-/// line without its newline is an element too; empty text is none), so a list of any
-/// length is checked in constant memory, as the node stores it.
-pub struct ListDigest {
-    thread: JoinHandle<Result<TreeRef>>,
-}
-
-impl ListDigest {
-    /// Starts the builder for lists of `shape`; returns the sender of the text's pieces
-    /// (its only one) and the builder.
-    pub fn start(shape: TreeShape) -> Result<(SyncSender<Bytes>, ListDigest)> {
-        let (tx, rx) = sync_channel::<Bytes>(QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("cairn-put-digest".into())
-            .spawn(move || build_list_of_lines(shape, rx))
-            .context("starting the upload's tree builder")?;
-        Ok((tx, ListDigest { thread }))
-    }
-
-    /// The tree of the list the text sent makes, once the sender is dropped.
     pub fn finish(self) -> Result<TreeRef> {
         self.thread
             .join()
@@ -195,7 +183,7 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000).map(|_| rng.random()).collect();
         let stored = build_blob(&MemoryStore::new(), &shape(65536).cfg, &data).unwrap();
         for piece in [1usize, 4096, 100_003, 1 << 20] {
-            let (tx, d) = BlobDigest::start(shape(65536)).unwrap();
+            let (tx, d) = TreeDigest::blob(shape(65536)).unwrap();
             let feeder = std::thread::spawn({
                 let data = data.clone();
                 move || {
@@ -211,7 +199,7 @@ mod tests {
         assert_ne!(shape(4096).tree_of(&data).unwrap().root, stored.root);
         // Empty input: the empty tree.
         let empty = build_blob(&MemoryStore::new(), &shape(65536).cfg, &[]).unwrap();
-        let (tx, d) = BlobDigest::start(shape(65536)).unwrap();
+        let (tx, d) = TreeDigest::blob(shape(65536)).unwrap();
         drop(tx);
         assert_eq!(d.finish().unwrap(), empty);
     }
@@ -240,7 +228,7 @@ mod tests {
                 if piece == 1 && text.len() > 100 {
                     continue;
                 }
-                let (tx, d) = ListDigest::start(shape(4096)).unwrap();
+                let (tx, d) = TreeDigest::list(shape(4096)).unwrap();
                 for p in text.chunks(piece) {
                     tx.send(Bytes::copy_from_slice(p)).unwrap();
                 }
