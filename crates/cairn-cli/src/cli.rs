@@ -268,6 +268,11 @@ pub enum Command {
         /// Forget the notes (after dealing with the damage they describe).
         #[arg(long)]
         clear: bool,
+        /// Delete the head refs whose value is damaged (not a uid), in every bucket of the
+        /// store: they stop GC and every change to their key, and nothing else can remove
+        /// them. The versions they named, if any, may then be collected by GC.
+        #[arg(long)]
+        drop_damaged_heads: bool,
     },
     /// A guided tour: writes, forks, edits, merges and verifies a few objects.
     Demo,
@@ -925,7 +930,17 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             writeln!(out, "chunk bytes: {}", s.chunk_bytes)?;
             writeln!(out, "bytes on disk: {}", s.bytes_on_disk)?;
         }
-        Command::Recovery { clear } => {
+        Command::Recovery {
+            clear,
+            drop_damaged_heads,
+        } => {
+            if drop_damaged_heads {
+                let dropped = db.drop_damaged_heads()?;
+                for name in &dropped {
+                    writeln!(out, "dropped damaged head ref {name:?}")?;
+                }
+                writeln!(out, "{} damaged head ref(s) dropped", dropped.len())?;
+            }
             let notes = db.store().recovery_notes()?;
             if clear {
                 db.store().clear_recovery_notes()?;

@@ -105,12 +105,44 @@ impl Db {
         })
     }
 
+    /// Deletes every head ref, of every bucket of the store, whose value is not a uid (the
+    /// damage that makes GC remove nothing and the key's other operations fail, which no
+    /// other operation can touch); returns their names, shown as text. The versions they
+    /// named, if any, are no longer heads: GC may collect them once nothing else reaches
+    /// them. (A bucket's capsule records every head it had: `cairn log` and its proofs
+    /// still name them.)
+    pub fn drop_damaged_heads(&self) -> Result<Vec<String>> {
+        let _w = self.writer_guard();
+        let damaged: Vec<Vec<u8>> = self
+            .store()
+            .list_refs(b"bucket/")?
+            .into_iter()
+            .filter(|(_, value)| Uid::from_bytes(value).is_err())
+            .map(|(name, _)| name.to_vec())
+            .collect();
+        if damaged.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shown = damaged
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        self.store().commit(
+            &damaged
+                .into_iter()
+                .map(|name| cairn_store::RefUpdate::Delete { name })
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(shown)
+    }
+
     fn mark_all(&self, marked: &mut HashSet<Uid>) -> Result<()> {
         // Every head ref of every key of every bucket holds a head uid.
         for (name, value) in self.store().list_refs(b"bucket/")? {
             let head = Uid::from_bytes(&value).map_err(|e| {
                 Error::corrupt(format!(
-                    "head ref {:?} is damaged ({e}); GC removes nothing",
+                    "head ref {:?} is damaged ({e}); GC removes nothing (`cairn recovery \
+                     --drop-damaged-heads` deletes such refs)",
                     String::from_utf8_lossy(&name)
                 ))
             })?;

@@ -2840,3 +2840,34 @@ fn fork_refuses_a_bad_key_as_bad_input() {
         assert!(matches!(err, Err(Error::InvalidInput(_))), "{err:?}");
     }
 }
+
+/// A head ref whose value rotted stops GC and every change to its key, and no operation
+/// of the key can remove it; `drop_damaged_heads` deletes it (and only it), after which GC
+/// runs and the key's other branches go on.
+#[test]
+fn damaged_head_refs_can_be_dropped() {
+    let (db, store) = db();
+    put_str(&db, "k", Target::Branch("master"), "one");
+    db.fork(b"k", &At::Branch("master".into()), "dev").unwrap();
+    put_str(&db, "other", Target::Branch("master"), "fine");
+    cairn_store::RefStore::commit(
+        &*store,
+        &[cairn_store::RefUpdate::Set {
+            name: b"bucket/default/k\0\x01tmaster".to_vec(),
+            value: b"rotted".to_vec(),
+        }],
+    )
+    .unwrap();
+    assert!(db.gc().is_err());
+    assert!(db.table(b"k").is_err());
+    assert_eq!(db.drop_damaged_heads().unwrap().len(), 1);
+    assert!(db.drop_damaged_heads().unwrap().is_empty());
+    db.gc().unwrap();
+    let t = db.table(b"k").unwrap();
+    assert!(t.tagged.contains_key("dev") && !t.tagged.contains_key("master"));
+    assert_eq!(string_at(&db, "k", &At::Branch("dev".into())), "one");
+    assert_eq!(
+        string_at(&db, "other", &At::Branch("master".into())),
+        "fine"
+    );
+}
