@@ -7,11 +7,11 @@
 //! client threads (the paper used 32 clients against one servlet; here they call the store
 //! in process). Full reads (Get-String, Get-Blob-Full, Get-Map-Full) compare what they
 //! get back, byte for byte, with what was written (Get-Blob-Meta checks the size, Track
-//! the version found); puts and forks check that they succeeded; every put writes fresh random content (no
-//! accidental dedup). It then
-//! measures dedup (100 successive edited versions of a 10 MB blob against the ideal) and
-//! Blob put throughput (chunking + hashing + store: the tree built on one thread, a
-//! committed put on one thread, and a committed streamed put hashing on a second thread).
+//! the version found); puts and forks check that they succeeded; every put writes fresh
+//! random content (no accidental dedup). It then measures dedup (100 successive edited
+//! versions of a 10 MB blob against the ideal) and Blob put throughput (chunking, hashing
+//! and the store's write: the tree built on one thread, a committed put on one thread, and a committed
+//! streamed put hashing on a second thread).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1965,8 +1965,9 @@ pub(crate) fn print_verified_proof(
 /// up). `None` when no owner is named (the writer is then the bucket's) or the owner
 /// signed.
 pub(crate) fn signer_caveat(vp: &VersionProof, meta: &CapsuleMetadata) -> Option<String> {
-    const OWNER_SETTING: &str = "cairn.native.owner";
-    let owner = meta.settings.get(OWNER_SETTING)?;
+    let owner = meta
+        .settings
+        .get(cairn_node::native::buckets::OWNER_SETTING)?;
     let cairn_capsule::Anchor::Signed(ws) = &vp.proof.anchor else {
         return None;
     };
@@ -1984,6 +1985,26 @@ pub(crate) fn signer_caveat(vp: &VersionProof, meta: &CapsuleMetadata) -> Option
          shows that the node recorded this version, not that the owner wrote it, and a node \
          that lies can record a version it made up"
     ))
+}
+
+/// Writes the verdict on a proof checked against a pinned capsule to `out`: `proof OK`,
+/// qualified when the node's key signed it rather than the bucket's owner (and the note
+/// [`signer_caveat`] gives on stderr).
+pub(crate) fn write_proof_ok(
+    vp: &VersionProof,
+    meta: &CapsuleMetadata,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    match signer_caveat(vp, meta) {
+        Some(c) => {
+            eprintln!("note: {c}");
+            writeln!(
+                out,
+                "proof OK (recorded by the node's key, not the owner's)"
+            )
+        }
+        None => writeln!(out, "proof OK"),
+    }
 }
 
 /// `cairn verify-proof`: no store, only the proof, the metadata and the trusted name.
@@ -2016,16 +2037,7 @@ fn verify_proof_file(
     let mut out = Vec::new();
     writeln!(out, "capsule  {capsule}")?;
     print_version_proof(&vp, &meta, key.as_bytes(), uid, &mut out)?;
-    match signer_caveat(&vp, &meta) {
-        Some(c) => {
-            writeln!(
-                out,
-                "proof OK (recorded by the node's key, not the owner's)"
-            )?;
-            eprintln!("note: {c}");
-        }
-        None => writeln!(out, "proof OK")?,
-    }
+    write_proof_ok(&vp, &meta, &mut out)?;
     io::stdout().lock().write_all(&out)?;
     Ok(ExitCode::SUCCESS)
 }

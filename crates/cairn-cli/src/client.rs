@@ -1961,18 +1961,12 @@ impl Client {
                 p.display()
             );
         }
-        if let Some(c) = crate::cli::signer_caveat(vp, meta) {
-            eprintln!("note: {c}");
-        }
         if pinned.is_some() {
-            match crate::cli::signer_caveat(vp, meta) {
-                Some(_) => writeln!(
-                    out,
-                    "proof OK (recorded by the node's key, not the owner's)"
-                )?,
-                None => writeln!(out, "proof OK")?,
-            }
+            crate::cli::write_proof_ok(vp, meta, out)?;
         } else {
+            if let Some(c) = crate::cli::signer_caveat(vp, meta) {
+                eprintln!("note: {c}");
+            }
             // The verdict says what it rests on: a node can make up metadata with a writer
             // key of its own and sign with it (only a pinned name rules that out).
             writeln!(
@@ -2147,8 +2141,9 @@ fn read_json((_, body): Answer) -> Result<J> {
 /// A reader that hashes (BLAKE3) what passes through it into a hasher the caller keeps:
 /// the bytes a put sent, to check the stored value against.
 /// Whether `value` is what the text `sent` makes as a `ty` value (parsed as the node
-/// parses it): an integer or tuple compared as is, a list, map or set as the POS-tree
-/// `shape` builds of it (into a store that keeps nothing).
+/// parses it): an integer or tuple compared as is, a map or set as the POS-tree `shape`
+/// builds of it (into a store that keeps nothing). (A list is checked as it streams:
+/// [`TreeDigest::list`].)
 fn holds_text(
     value: &cairn_object::Value,
     ty: ValueType,
@@ -2157,32 +2152,23 @@ fn holds_text(
 ) -> Result<bool> {
     use cairn_object::{NewValue, Value, postree};
     let want = crate::format::parse_value(ty, sent)?;
-    let tree = |build: &dyn Fn(
-        &cairn_store::DigestStore,
-        &cairn_object::TreeConfig,
-    ) -> cairn_core::Result<postree::TreeRef>|
-     -> Result<Option<postree::TreeRef>> {
-        match shape {
-            Some(s) => Ok(Some(build(&cairn_store::DigestStore::new(s.algo), &s.cfg)?)),
-            None => Ok(None),
-        }
-    };
-    Ok(match (want, value) {
-        (NewValue::Integer(a), Value::Integer(b)) => a == *b,
+    match (&want, value) {
+        (NewValue::Integer(a), Value::Integer(b)) => return Ok(a == b),
         (NewValue::Tuple(a), Value::Tuple(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x[..] == y[..])
+            return Ok(a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x[..] == y[..]));
         }
-        (NewValue::List(items), Value::Tree(t)) => {
-            tree(&|s, c| postree::build_list(s, c, items.iter()))?.as_ref() == Some(t)
-        }
-        (NewValue::Map(m), Value::Tree(t)) => {
-            tree(&|s, c| postree::build_map(s, c, m.iter()))?.as_ref() == Some(t)
-        }
-        (NewValue::Set(m), Value::Tree(t)) => {
-            tree(&|s, c| postree::build_set(s, c, m.iter()))?.as_ref() == Some(t)
-        }
-        _ => false,
-    })
+        _ => {}
+    }
+    let (Value::Tree(t), Some(s)) = (value, shape) else {
+        return Ok(false);
+    };
+    let store = cairn_store::DigestStore::new(s.algo);
+    let built = match want {
+        NewValue::Map(m) => postree::build_map(&store, &s.cfg, m.iter())?,
+        NewValue::Set(m) => postree::build_set(&store, &s.cfg, m.iter())?,
+        _ => return Ok(false),
+    };
+    Ok(built == *t)
 }
 
 /// Largest text of a typed value (other than a list) a node buffers, and so the most a

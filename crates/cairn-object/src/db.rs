@@ -374,26 +374,34 @@ impl Db {
     /// Refuses (not found) a version `uid` of `key` a caller named that is not one of this
     /// bucket's ([`Db::with_members`]).
     pub(crate) fn admit(&self, key: &[u8], uid: &Uid) -> Result<()> {
+        if self.is_member(uid)? {
+            return Ok(());
+        }
+        Err(Error::not_found(format!(
+            "version {uid} of key {} in bucket {}",
+            show_key(key),
+            self.bucket()
+        )))
+    }
+
+    /// Whether `uid` is one of this bucket's versions (any is, without a membership).
+    fn is_member(&self, uid: &Uid) -> Result<bool> {
         match &self.members {
-            Some(m) if !m.holds(uid)? => Err(Error::not_found(format!(
-                "version {uid} of key {} in bucket {}",
-                show_key(key),
-                self.bucket()
-            ))),
-            _ => Ok(()),
+            Some(m) => m.holds(uid),
+            None => Ok(true),
         }
     }
 
     /// [`Db::admit`] for a uid named without its key (checked before its version is
     /// loaded, so a refusal says nothing of another bucket's version).
     pub(crate) fn admit_uid(&self, uid: &Uid) -> Result<()> {
-        match &self.members {
-            Some(m) if !m.holds(uid)? => Err(Error::not_found(format!(
-                "version {uid} in bucket {}",
-                self.bucket()
-            ))),
-            _ => Ok(()),
+        if self.is_member(uid)? {
+            return Ok(());
         }
+        Err(Error::not_found(format!(
+            "version {uid} in bucket {}",
+            self.bucket()
+        )))
     }
 
     /// Shows `change` to the recorder, if any, before its commit.

@@ -109,8 +109,7 @@ impl Db {
     /// damage that makes GC remove nothing and the key's other operations fail, which no
     /// other operation can touch); returns their names, shown as text. The versions they
     /// named, if any, are no longer heads: GC may collect them once nothing else reaches
-    /// them. (A bucket's capsule records every head it had: `cairn log` and its proofs
-    /// still name them.)
+    /// them. (A bucket's capsule still holds the records of the changes that made them.)
     pub fn drop_damaged_heads(&self) -> Result<Vec<String>> {
         let _w = self.writer_guard();
         let damaged: Vec<Vec<u8>> = self

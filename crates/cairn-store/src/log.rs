@@ -80,9 +80,10 @@
 //! 4. The active segment is scanned record by record.
 //!    - *Torn tail*: after its last intact commit record, the first record that is
 //!      incomplete or fails a checksum starts a torn tail (the scan checks frames, not
-//!      payload hashes: a chunk stored under a wrong cid is found by its first read): the file is truncated there. A write interrupted part way (a crash
-//!      mid-`pwrite`, a page that never reached the disk) was never acknowledged, so that
-//!      cut is not damage. But when the cut holds a commit record whose header is intact
+//!      payload hashes: a chunk stored under a wrong cid is found by its first read): the
+//!      file is truncated there. A write interrupted part way (a crash mid-`pwrite`, a
+//!      page that never reached the disk) was never acknowledged, so that cut is not
+//!      damage. But when the cut holds a commit record whose header is intact
 //!      and whose payload fails its checksum without being zeros from a 512-byte sector
 //!      boundary on (what an interrupted write or a torn sector leaves, the segment being
 //!      zero-filled ahead), a commit is lost that may have been acknowledged (bit rot after
@@ -103,8 +104,7 @@
 //!      reach the disk in any order, so a power loss during that `fdatasync` can leave the
 //!      group's commit records on disk and not an earlier page of it. So if any part of the
 //!      last group is damaged (a record failing its checksum, bytes skipped by a resync, an
-//!      out-of-sequence commit record), the
-//!      group was never acknowledged: the file is truncated at its first damaged byte, and
+//!      out-of-sequence commit record), the group was never acknowledged: the file is truncated at its first damaged byte, and
 //!      the group's commit records from there on are not applied (reported as a torn tail:
 //!      `segment_bytes_truncated`, `segment_stop`, and one entry in `damage`). Commit
 //!      records with no other record between them cannot be told apart from one group: a
@@ -1458,8 +1458,6 @@ impl LogStore {
             && !(self.any_damaged.load(Ordering::Acquire) && self.damaged.lock().contains(cid))
     }
 
-    /// Notes that the record the index holds for `cid` failed its check, so that the next
-    /// put of the chunk writes a sound copy.
     /// Marks chunk `cid` damaged after its record at `at` failed to read (`rot`: failed
     /// its checks, rather than an I/O error), if the index still points there: a put may
     /// have written a fresh copy meanwhile, which must not be marked. A record that failed

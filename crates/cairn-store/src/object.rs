@@ -1170,19 +1170,8 @@ impl ChunkStore for ObjectChunkStore {
         if self.damaged.lock().contains(cid) {
             return Ok(false);
         }
-        let path = self.chunk_path(cid);
-        let store = self.store.clone();
-        let present = self.run(async move {
-            match store.head(&path).await {
-                Ok(_) => Ok(true),
-                Err(object_store::Error::NotFound { .. }) => Ok(false),
-                Err(e) => Err(os_err(&format!("checking chunk {path}"), e)),
-            }
-        })?;
-        if !present {
-            self.check_prefix_present()?;
-        }
-        Ok(present)
+        // A HEAD (`chunk_len`).
+        Ok(self.chunk_len(cid)?.is_some())
     }
 
     fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
