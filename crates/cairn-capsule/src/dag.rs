@@ -124,6 +124,10 @@ pub struct CapsuleDag {
     /// Names some present record points to that are not present (holes).
     missing: BTreeSet<RecordName>,
     signatures: foldhash::HashMap<RecordName, WriterSignature>,
+    /// Records signed after a chain had proven them (listed in `proven_order` twice): a
+    /// replica may hold them unsigned, and anti-entropy sends them to it unasked (see
+    /// [`CapsuleDag::signed_late`]).
+    signed_late: foldhash::HashSet<RecordName>,
     order: Vec<RecordName>,
     log: MerkleLog,
     unproven: usize,
@@ -176,6 +180,7 @@ impl CapsuleDag {
             roots: BTreeSet::new(),
             missing: BTreeSet::new(),
             signatures: Default::default(),
+            signed_late: Default::default(),
             order: Vec::new(),
             log,
             unproven: 0,
@@ -354,6 +359,23 @@ impl CapsuleDag {
         &self.proven_order
     }
 
+    /// Whether `name` was signed after a chain of signed descendants had proven it. A
+    /// replica that holds it from before holds it unsigned, and anti-entropy does not ask
+    /// for a record it holds proven, so a responder sends these unasked.
+    pub fn signed_late(&self, name: &RecordName) -> bool {
+        self.signed_late.contains(name)
+    }
+
+    /// Every record [`CapsuleDag::signed_late`] holds for, in no order.
+    pub fn signed_late_names(&self) -> impl Iterator<Item = &RecordName> {
+        self.signed_late.iter()
+    }
+
+    /// How many records were signed late.
+    pub fn signed_late_count(&self) -> usize {
+        self.signed_late.len()
+    }
+
     /// Records in acceptance order.
     pub fn order(&self) -> &[RecordName] {
         &self.order
@@ -469,6 +491,7 @@ impl CapsuleDag {
             // of the journal makes the same order). Without it, a signature acknowledged
             // by one replica never reached the others, and the quick check said in sync.
             self.proven_order.push(index);
+            self.signed_late.insert(name);
         }
         self.propagate(name, 0);
         true

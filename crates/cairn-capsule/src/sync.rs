@@ -158,6 +158,9 @@ pub struct SyncReport {
     pub corrupt: usize,
     /// Records received that no signature reaches.
     pub unproven: usize,
+    /// Records of this side's that were to be sent but could not be read (a chunk missing
+    /// or failing its hash here): left out, and the sync cursor not moved.
+    pub unreadable: usize,
 }
 
 /// One side of an anti-entropy session, borrowing its server.
@@ -231,6 +234,8 @@ pub struct SyncState {
     received: Vec<CodedSymbol>,
     peer_count: u64,
     sent_names: std::collections::HashSet<RecordName>,
+    /// This side's records that could not be read to send (not tried again this session).
+    unreadable: std::collections::HashSet<RecordName>,
     /// Records chosen for sending but held back by the message budget, by witness hops
     /// on this side (signed records first), so every record travels after the records
     /// its proof runs through and the receiver can take it on arrival.
@@ -556,6 +561,7 @@ impl SyncState {
             received: Vec::new(),
             peer_count: 0,
             sent_names: std::collections::HashSet::new(),
+            unreadable: std::collections::HashSet::new(),
             backlog: std::collections::BTreeSet::new(),
             budget: SYNC_BUDGET,
             limited_rounds: 0,
@@ -697,7 +703,7 @@ impl SyncState {
     /// (after a faulty exchange, the next session compares everything again).
     fn finish(&mut self, server: &CapsuleServer) -> Result<()> {
         self.finished = true;
-        if self.report.corrupt == 0 && self.report.unproven == 0 {
+        if self.report.corrupt == 0 && self.report.unproven == 0 && self.report.unreadable == 0 {
             server.finish_sync(
                 &self.capsule,
                 &self.peer,
@@ -751,11 +757,12 @@ impl SyncState {
     fn export(&mut self, server: &CapsuleServer, names: &[RecordName]) -> Result<Vec<SyncRecord>> {
         let sent = &mut self.sent_names;
         let backlog = &mut self.backlog;
+        let unreadable = &self.unreadable;
         server.with_dag(&self.capsule, |d| {
             for n in names {
                 let mut cur = *n;
                 // A name already sent had its chain queued with it.
-                while !sent.contains(&cur) {
+                while !sent.contains(&cur) && !unreadable.contains(&cur) {
                     let next = match d.witness(&cur) {
                         Some(crate::dag::Witness::Signed) => None,
                         Some(crate::dag::Witness::Next { next, .. }) => Some(next),
@@ -779,7 +786,21 @@ impl SyncState {
                 break;
             };
             // Names this side lacks (or cannot prove) export to nothing and cost nothing.
-            let recs = server.export(&self.capsule, &[n])?;
+            // A record whose stored chunks are missing or damaged here is left out and
+            // counted (the session goes on with the rest, and the cursor stays, so it is
+            // offered again once repaired); failing the session for it stopped every
+            // later session that would send it. An I/O error still ends the session.
+            let recs = match server.export(&self.capsule, &[n]) {
+                Ok(recs) => recs,
+                Err(Error::Corrupt(_) | Error::NotFound(_) | Error::Decode(_)) => {
+                    self.backlog.pop_first();
+                    self.sent_names.remove(&n);
+                    self.unreadable.insert(n);
+                    self.report.unreadable = self.unreadable.len();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let add = recs
                 .iter()
                 .map(wire_size)
@@ -1131,6 +1152,21 @@ impl SyncState {
                 // list showed it): anything else is not taken from a peer's list.
                 let mut names: Vec<RecordName> =
                     want.into_iter().filter(|n| self.in_since(n)).collect();
+                // The initiator does not ask for a record it holds proven, so one this side
+                // signed after a chain proved it (listed again for its signature) would
+                // never reach an initiator holding it unsigned: it goes unasked.
+                let since = &self.since;
+                names.extend(server.with_dag(&self.capsule, |d| {
+                    // Whichever is smaller is walked (the since-set is sorted).
+                    if d.signed_late_count() < since.len() {
+                        d.signed_late_names()
+                            .filter(|n| since.binary_search(n).is_ok())
+                            .copied()
+                            .collect::<Vec<_>>()
+                    } else {
+                        since.iter().filter(|n| d.signed_late(n)).copied().collect()
+                    }
+                })?);
                 names.extend(server.lu_patch(
                     &self.capsule,
                     &heads,

@@ -1152,6 +1152,39 @@ fn a_signature_on_a_record_already_proven_travels() {
     assert!(quick);
 }
 
+/// The same with the other replica starting the session: the initiator does not ask for a
+/// record it holds proven, so the responder sends its late signature unasked (it never
+/// travelled, and the quick check then said in sync for good).
+#[test]
+fn a_late_signature_reaches_an_initiator_holding_the_record_unsigned() {
+    let Pair { a, b, c, w, seal } = pair("late-proven-responder");
+    let r = Record::new(c, seal("r"), vec![]);
+    let child = Record::new(c, seal("child"), vec![r.name()]);
+    for s in [&a, &b] {
+        s.write(
+            &c,
+            &[r.clone(), child.clone()],
+            &[(child.name(), w.sign(&child.name()))],
+        )
+        .unwrap();
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    a.sign(&c, &r.name(), w.sign(&r.name())).unwrap();
+    let signed = |s: &CapsuleServer| s.with_dag(&c, |d| d.signature(&r.name()).is_some());
+    assert!(signed(&a).unwrap() && !signed(&b).unwrap());
+    // B starts; A, holding the signature, responds.
+    sync_pair(&b, &a, &c).unwrap();
+    assert!(signed(&b).unwrap(), "the signature reached B");
+    let mut quick = false;
+    for _ in 0..3 {
+        quick = sync_pair(&b, &a, &c).unwrap().0.quick_match;
+        if quick {
+            break;
+        }
+    }
+    assert!(quick);
+}
+
 /// Copies of one record in a batch are checked at most once with a signature and once
 /// without: a thousand copies each carrying a wrong signature cost one verification (they
 /// cost a thousand, under the capsule's lock), and the record still comes in unsigned,
@@ -1293,4 +1326,53 @@ fn apply_sync_refuses_a_header_the_journal_could_not_reload() {
         .unwrap();
     assert_eq!(report.corrupt, 1, "{report:?}");
     assert_eq!(present(&a, &c), before);
+}
+
+/// A record whose stored chunks are gone here is left out of what this side sends, and
+/// counted: the session still carries the rest (it failed as a whole, in every later
+/// session too), and the cursor stays, so the record is offered again.
+#[test]
+fn a_record_unreadable_here_does_not_stop_the_session() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = CapsuleServer::new(
+        store.clone(),
+        SigningKey::from_seed(&[1; 32]),
+        ServerOptions::default(),
+    );
+    let b = server(2);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "unreadable");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let w = Writer::new(meta.clone(), wk, None).unwrap();
+    let lost = Record::new(c, b"lost".to_vec(), vec![]);
+    let kept = Record::new(c, b"kept".to_vec(), vec![]);
+    let before: BTreeSet<_> = store.cids().unwrap().into_iter().collect();
+    a.write(
+        &c,
+        std::slice::from_ref(&lost),
+        &[(lost.name(), w.sign(&lost.name()))],
+    )
+    .unwrap();
+    let added: Vec<_> = store
+        .cids()
+        .unwrap()
+        .into_iter()
+        .filter(|x| !before.contains(x))
+        .collect();
+    assert!(!added.is_empty());
+    a.write(
+        &c,
+        std::slice::from_ref(&kept),
+        &[(kept.name(), w.sign(&kept.name()))],
+    )
+    .unwrap();
+    store.remove(&added).unwrap();
+    for _ in 0..2 {
+        let (_, ra) = sync_pair(&b, &a, &c).unwrap();
+        assert_eq!(ra.unreadable, 1, "{ra:?}");
+        assert!(present(&b, &c).contains(&kept.name()));
+        assert!(!present(&b, &c).contains(&lost.name()));
+    }
 }

@@ -594,6 +594,12 @@ impl Client {
                 Ok(info) => {
                     self.note_bucket(&info);
                     let Some(owner) = info.get("owner").and_then(J::as_str) else {
+                        // Someone may have taken the name before its owner: say so.
+                        eprintln!(
+                            "note: bucket {} on {} is open (it has no owner key): anyone who \
+                             can reach the node can change or delete what it holds",
+                            self.bucket, self.base
+                        );
                         return Ok(None);
                     };
                     let path = self.key_path()?;

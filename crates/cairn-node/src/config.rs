@@ -14,6 +14,7 @@
 //! max_open_buckets = 4096         # buckets (and capsules) kept open; idle ones past it close
 //! log_format = "text"             # text | json
 //! allowed_hosts = []               # Host names served besides loopback ones (["*"]: any)
+//! open_buckets = "local"          # who may create buckets without an owner key: local | anyone | off
 //!
 //! [gaia]
 //! # see crate::gaia::GaiaConfig
@@ -114,6 +115,9 @@ pub struct Config {
     /// also write through the native API (see `docs/node.md`). `["*"]` turns both checks
     /// off (a reverse proxy that passes every name through).
     pub allowed_hosts: Vec<String>,
+    /// Who may create an open bucket (one without an owner key, which anyone who can reach
+    /// the node may then write) through the native API.
+    pub open_buckets: OpenBuckets,
     /// Gaia hub settings.
     pub gaia: crate::gaia::GaiaConfig,
     /// Where chunks are stored.
@@ -232,6 +236,34 @@ impl BackendConfig {
     }
 }
 
+/// Who may create an open bucket through the native API ([`Config::open_buckets`]). An open
+/// bucket has no owner key: anyone who can reach the node may write it, so one made by a
+/// stranger on a public node is free storage for them and a name taken from its owner.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OpenBuckets {
+    /// Clients on this machine only (a loopback peer address). Behind a reverse proxy on
+    /// this machine every client looks local: set `off` there.
+    #[default]
+    Local,
+    /// Any client.
+    Anyone,
+    /// No one: every bucket created through the native API has an owner key.
+    Off,
+}
+
+impl OpenBuckets {
+    /// Whether a client at `peer` may create an open bucket (`None`: a request handed to
+    /// the router in process, which is local).
+    pub fn allows(self, peer: Option<std::net::IpAddr>) -> bool {
+        match self {
+            OpenBuckets::Anyone => true,
+            OpenBuckets::Off => false,
+            OpenBuckets::Local => peer.is_none_or(|ip| ip.to_canonical().is_loopback()),
+        }
+    }
+}
+
 /// How logs are printed.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -280,6 +312,7 @@ impl Default for Config {
             max_open_buckets: 4096,
             shutdown_grace_secs: 30.0,
             allowed_hosts: Vec::new(),
+            open_buckets: OpenBuckets::Local,
             gaia: Default::default(),
             backend: BackendConfig::default(),
         }
@@ -426,6 +459,29 @@ mod tests {
         assert!(e.contains("max_transfers"), "{e}");
         let c: Config = toml::from_str("max_connections = 16777216").unwrap();
         c.check().unwrap();
+    }
+
+    #[test]
+    fn open_buckets_are_local_by_default() {
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c.open_buckets, OpenBuckets::Local);
+        for local in [None, ip("127.0.0.1"), ip("::1"), ip("::ffff:127.0.0.1")] {
+            assert!(c.open_buckets.allows(local), "{local:?}");
+        }
+        for remote in [
+            ip("203.0.113.7"),
+            ip("2001:db8::1"),
+            ip("::ffff:203.0.113.7"),
+        ] {
+            assert!(!c.open_buckets.allows(remote), "{remote:?}");
+            assert!(OpenBuckets::Anyone.allows(remote));
+        }
+        let c: Config = toml::from_str("open_buckets = \"off\"").unwrap();
+        assert!(!c.open_buckets.allows(None) && !c.open_buckets.allows(ip("127.0.0.1")));
+        let c: Config = toml::from_str("open_buckets = \"anyone\"").unwrap();
+        assert_eq!(c.open_buckets, OpenBuckets::Anyone);
+        assert!(toml::from_str::<Config>("open_buckets = \"yes\"").is_err());
     }
 
     #[test]

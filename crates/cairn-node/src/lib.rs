@@ -437,6 +437,7 @@ impl Bound {
             tasks.spawn(async move {
                 let _permit = permit;
                 let _slot = slot;
+                let conn = crate::node::PEER.scope(peer.ip(), conn);
                 let done = match limited {
                     Some(ip) => crate::node::LIMITED_PEER.scope(ip, conn).await,
                     None => conn.await,

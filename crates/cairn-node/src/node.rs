@@ -70,6 +70,9 @@ tokio::task_local! {
     /// server around each connection; unset for loopback peers unless `limit_loopback`,
     /// and in requests handed to the router directly).
     pub static LIMITED_PEER: std::net::IpAddr;
+    /// The address of the peer whose connection the current task serves (set by the
+    /// server around each connection; unset in requests handed to the router directly).
+    pub static PEER: std::net::IpAddr;
 }
 
 /// Counts of something held per peer address (connections, transfers), each given back

@@ -2166,3 +2166,103 @@ async fn conflict_lists_and_diff_pages_stay_bounded() {
     }
     assert_eq!((seen, pages), (6, 3));
 }
+
+/// An open bucket (no owner key) is created only for the clients `open_buckets` names: by
+/// default those on the node's own machine. A refused create changes nothing; a bucket
+/// with an owner key is created for anyone who signs with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_bucket_creation_follows_the_config() {
+    use hyper::service::Service;
+    let s = Server::start_with(|c| c.open_buckets = cairn_node::config::OpenBuckets::Off).await;
+    let (st, e) = s
+        .send(
+            Method::POST,
+            "/v1/buckets",
+            &[JSON],
+            json!({"name": "x"}).to_string(),
+        )
+        .await;
+    assert_eq!(st, 403, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("owner key"),
+        "{e}"
+    );
+    assert_eq!(s.get_json("/v1/buckets/x").await.0, 404);
+    let owner = SigningKey::from_seed(&[21; 32]);
+    assert_eq!(s.create_owned(&owner, "x").await.0, 201);
+
+    // The default: loopback peers (every test client) may, others may not. A request
+    // from another address goes through the router as the server hands it over, with the
+    // peer address the accept loop sets.
+    let s = Server::start(1 << 20).await;
+    let service = hyper_util::service::TowerToHyperService::new(cairn_node::router(s.node.clone()));
+    let create = |name: &str| {
+        axum::http::Request::post("/v1/buckets")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(json!({ "name": name }).to_string()))
+            .unwrap()
+    };
+    let remote: std::net::IpAddr = "203.0.113.9".parse().unwrap();
+    let resp = cairn_node::node::PEER
+        .scope(remote, service.call(create("far")))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(s.get_json("/v1/buckets/far").await.0, 404);
+    let local: std::net::IpAddr = "::1".parse().unwrap();
+    let resp = cairn_node::node::PEER
+        .scope(local, service.call(create("near")))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(s.get_json("/v1/buckets/near").await.0, 200);
+}
+
+/// `GET /v1/buckets` answers a page at a time: `next` leads through every bucket once, in
+/// name order, and a limit out of range is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bucket_listing_pages() {
+    let s = Server::start(1 << 20).await;
+    let mut names: Vec<String> = (0..5).map(|i| format!("b{i}")).collect();
+    names.push("b1-x".into());
+    for n in &names {
+        s.open_bucket(n).await;
+    }
+    names.sort();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &after {
+            Some(a) => format!("/v1/buckets?limit=2&after={a}"),
+            None => "/v1/buckets?limit=2".into(),
+        };
+        let (st, v) = s.get_json(&path).await;
+        assert_eq!(st, 200, "{v}");
+        let page = v["buckets"].as_array().unwrap();
+        assert!(page.len() <= 2, "{v}");
+        seen.extend(page.iter().map(|b| b["name"].as_str().unwrap().to_string()));
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, names);
+    let (st, v) = s.get_json("/v1/buckets").await;
+    assert_eq!(
+        (st, v["buckets"].as_array().unwrap().len()),
+        (200, 6),
+        "{v}"
+    );
+    assert!(v["next"].is_null(), "{v}");
+    for bad in ["limit=0", "limit=10001", "limit=x", "page=2"] {
+        assert_eq!(
+            s.get_json(&format!("/v1/buckets?{bad}")).await.0,
+            400,
+            "{bad}"
+        );
+    }
+}

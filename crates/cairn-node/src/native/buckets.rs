@@ -236,6 +236,24 @@ pub async fn create(
         Some(s) => Some(s.parse::<PublicKey>()?),
         None => None,
     };
+    if owner.is_none() {
+        let peer = crate::node::PEER.try_with(|ip| *ip).ok();
+        if !node.config.open_buckets.allows(peer) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "this node creates open buckets (without an owner key) {}: give the \
+                     bucket an owner key (\"owner\": \"ed25519:<hex>\"; `cairn --server` \
+                     does), or see open_buckets in the node's config",
+                    match node.config.open_buckets {
+                        crate::config::OpenBuckets::Off => "for no one",
+                        _ => "only for clients on its own machine",
+                    }
+                ),
+            ));
+        }
+    }
     // One create at a time, from the checks on: a name that is taken, or holds data
     // written elsewhere, is refused before the signature is checked, so requests that
     // create nothing take no place in the replay table (concurrent creates of one free
@@ -329,16 +347,43 @@ fn left_by_create(
         && setting(OWNER_SETTING) == Some(owner.as_str())
 }
 
-/// `GET /v1/buckets`: every bucket of the native API.
+/// Most buckets one `GET /v1/buckets` page lists.
+const MAX_BUCKETS_PAGE: usize = 10_000;
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/buckets?after=&limit=`: the buckets of the native API by name, a page of at
+/// most `limit` (default 1000, at most [`MAX_BUCKETS_PAGE`]); when more follow, `next` is
+/// the `after` of the next page.
 pub async fn list(State(node): State<Arc<Node>>, uri: Uri) -> ApiResult<Response> {
-    let _: super::NoQuery = super::query(&uri)?;
-    // The listing grows with the buckets: it holds a transfer and streams, like the keys
-    // listing.
+    let q: ListQuery = super::query(&uri)?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_BUCKETS_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {MAX_BUCKETS_PAGE}"
+        )));
+    }
     let permit = body::transfer_permit(&node)?;
     let n = node.clone();
     let answer = blocking(move || {
-        let mut out = Vec::new();
-        for (name, value) in n.store.list_refs(REGISTRY)? {
+        // The page starts just past `after`: its ref name with a zero byte appended is
+        // the least name above it.
+        let mut from = registry_ref(q.after.as_deref().unwrap_or(""));
+        if q.after.is_some() {
+            from.push(0);
+        }
+        let refs = n
+            .store
+            .list_refs_from(REGISTRY, &from, limit.saturating_add(1))?;
+        let more = refs.len() > limit;
+        let mut out = Vec::with_capacity(refs.len().min(limit));
+        let mut last = None;
+        for (name, value) in refs.into_iter().take(limit) {
             let name = String::from_utf8_lossy(&name[REGISTRY.len()..]).into_owned();
             let e = Entry::decode(&value)
                 .map_err(|e| Error::corrupt(format!("registry entry of bucket {name}: {e}")))?;
@@ -347,8 +392,9 @@ pub async fn list(State(node): State<Arc<Node>>, uri: Uri) -> ApiResult<Response
                 "owner": e.owner.map(|k| k.to_string()),
                 "created_ms": e.created_ms,
             }));
+            last = Some(name);
         }
-        Ok(json!({ "buckets": out }))
+        Ok(json!({ "buckets": out, "next": if more { last } else { None } }))
     })
     .await?;
     Ok(body::json_response(node, permit, answer))
