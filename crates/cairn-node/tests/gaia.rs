@@ -1443,3 +1443,63 @@ async fn a_head_naming_another_files_version_is_damage() {
     let (st, v) = hub.list(&auth, &a, json!({})).await;
     assert_eq!((st, &v["entries"]), (202, &json!(["a", "b"])));
 }
+
+/// Reads do not open the bucket they read (which loads its capsule's record DAG):
+/// anonymous reads cycling over more buckets than `max_open_buckets` made the node reload
+/// large capsules over and over. Small and streamed files, HEAD and the revocation
+/// timestamp are all served from the store with the open bucket left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_do_not_open_the_bucket() {
+    let hub = Hub::tuned(|c| c.max_open_buckets = 1).await;
+    let (ka, kb) = (Key::new(31), Key::new(32));
+    let (a, b) = (ka.address(), kb.address());
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(
+        hub.store(&ka.bearer(), &a, "small.txt", b"hi", &[]).await.0,
+        202
+    );
+    assert_eq!(
+        hub.store(&ka.bearer(), &a, "big.bin", &big, &[]).await.0,
+        202
+    );
+    let now = now() as i64;
+    let revoke = hub
+        .http
+        .post(hub.url(&format!("/revoke-all/{a}")))
+        .header("authorization", ka.bearer())
+        .header("content-type", "application/json")
+        .body(json!({ "oldestValidTimestamp": now - 100 }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status().as_u16(), 202);
+    // B's store closes A (one bucket open at most).
+    assert_eq!(hub.store(&kb.bearer(), &b, "x", b"x", &[]).await.0, 202);
+    let open_b = hub.node.bucket(&bucket_name(&b).unwrap()).unwrap();
+    assert_eq!(hub.node.open_buckets(), 1);
+    let (st, _, _, body) = hub.read(&a, "small.txt").await;
+    assert_eq!((st, body.as_slice()), (200, &b"hi"[..]));
+    let (st, _, _, body) = hub.read(&a, "big.bin").await;
+    assert_eq!(st, 200);
+    assert!(body == big);
+    let head = hub
+        .http
+        .head(hub.url(&format!("/read/{a}/big.bin")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status().as_u16(), 200);
+    let (st, _, _, body) = hub.read(&format!("{a}-auth"), "authTimestamp").await;
+    assert_eq!(
+        (st, String::from_utf8(body).unwrap()),
+        (200, (now - 100).to_string())
+    );
+    assert_eq!(hub.read(&a, "absent").await.0, 404);
+    // B is still the bucket open: none of the reads opened A (which would have closed B).
+    let still = hub.node.bucket(&bucket_name(&b).unwrap()).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&open_b, &still),
+        "a read opened its bucket"
+    );
+    assert_eq!(hub.node.open_buckets(), 1);
+}

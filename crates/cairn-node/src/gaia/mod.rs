@@ -56,7 +56,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use cairn_capsule::Bucket;
 use cairn_object::db::DEFAULT_BRANCH;
-use cairn_object::{At, NewValue, PutOptions, Target, Uid, Value, ValueType};
+use cairn_object::{At, Db, NewValue, PutOptions, Target, Uid, Value, ValueType};
 use parking_lot::Mutex;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -626,26 +626,49 @@ impl Hub {
         Ok(name)
     }
 
-    /// The bucket of an address if it was ever created (reads never create one).
-    fn existing_bucket(&self, address: &str) -> HubResult<Option<Arc<Bucket>>> {
+    /// The name of the bucket of an address if the hub ever created it. A bucket of that
+    /// name registered through the native API (see [`Hub::bucket`]) is not the hub's: it
+    /// is neither served nor listed, as it is not written.
+    fn existing_name(&self, address: &str) -> HubResult<Option<String>> {
         let Some(name) = bucket_name(address) else {
             return Ok(None);
         };
         let capsule_ref = format!("bucket-capsule/{name}");
-        if self.node.store.get_ref(capsule_ref.as_bytes())?.is_none() {
+        if self.node.store.get_ref(capsule_ref.as_bytes())?.is_none()
+            || crate::native::buckets::entry(&self.node, &name)?.is_some()
+        {
             return Ok(None);
         }
-        Ok(Some(self.node.bucket(&name)?))
+        Ok(Some(name))
+    }
+
+    /// The bucket of an address if it was ever created (reads never create one).
+    fn existing_bucket(&self, address: &str) -> HubResult<Option<Arc<Bucket>>> {
+        match self.existing_name(address)? {
+            Some(name) => Ok(Some(self.node.bucket(&name)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A read view of the bucket of an address if it was ever created, without opening
+    /// the bucket: opening loads its capsule (the record DAG, replayed from its journal),
+    /// which a read does not need, and anonymous reads cycling over more buckets than
+    /// `max_open_buckets` made the node reload large capsules over and over.
+    fn existing_reader(&self, address: &str) -> HubResult<Option<Arc<Db>>> {
+        match self.existing_name(address)? {
+            Some(name) => Ok(Some(Arc::new(self.node.db_for(&name)?))),
+            None => Ok(None),
+        }
     }
 
     /// The bucket's revocation time (0: none) and the version holding it.
-    fn read_revocation(bucket: &Bucket) -> HubResult<Option<(i64, Uid)>> {
-        match bucket.db().get(REVOCATION_KEY, &At::default_branch()) {
+    fn read_revocation(db: &Db) -> HubResult<Option<(i64, Uid)>> {
+        match db.get(REVOCATION_KEY, &At::default_branch()) {
             Ok(v) => match v.object.value {
                 Value::Integer(t) => Ok(Some((t, v.uid))),
                 _ => Err(GaiaError::Server(format!(
                     "bucket {}: the revocation key does not hold an integer",
-                    bucket.name()
+                    db.bucket()
                 ))),
             },
             Err(cairn_core::Error::NotFound(_)) => Ok(None),
@@ -658,7 +681,7 @@ impl Hub {
         if let Some(t) = self.revoked.lock().get(address) {
             return Ok(*t);
         }
-        let t = Self::read_revocation(bucket)?.map_or(0, |(t, _)| t);
+        let t = Self::read_revocation(bucket.db())?.map_or(0, |(t, _)| t);
         self.remember_revocation(address, t);
         Ok(t)
     }
@@ -666,7 +689,7 @@ impl Hub {
     /// The oldest valid token time of `address` read from the store (the cache may lag a
     /// `revoke-all` that just committed), never lower than the cached one.
     fn current_revocation(&self, address: &str, bucket: &Bucket) -> HubResult<i64> {
-        let stored = Self::read_revocation(bucket)?.map_or(0, |(t, _)| t);
+        let stored = Self::read_revocation(bucket.db())?.map_or(0, |(t, _)| t);
         self.remember_revocation(address, stored);
         let cached = self.revoked.lock().get(address).copied().unwrap_or(0);
         Ok(stored.max(cached))
@@ -1605,7 +1628,7 @@ fn revoke_blocking(hub: &Arc<Hub>, address: &str, headers: &HeaderMap, ts: i64) 
     let _revocation = hub.revocation_lock(address).write();
     let existing = hub.existing_bucket(address)?;
     let current = match &existing {
-        Some(b) => Hub::read_revocation(b)?.map_or(0, |(t, _)| t),
+        Some(b) => Hub::read_revocation(b.db())?.map_or(0, |(t, _)| t),
         None => 0,
     };
     // Checked under the turn, against the stored time: a revocation that just landed
@@ -1663,7 +1686,7 @@ struct Found {
 
 enum FoundBody {
     Inline(Bytes),
-    Blob(Arc<Bucket>, cairn_object::TreeRef),
+    Blob(Arc<Db>, cairn_object::TreeRef),
 }
 
 /// Largest file a read answers from memory, read in the same trip to the blocking pool as
@@ -1677,10 +1700,10 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
         if raw_path.strip_suffix('/').unwrap_or(raw_path) != "authTimestamp" {
             return Ok(None);
         }
-        let Some(bucket) = hub.existing_bucket(owner)? else {
+        let Some(db) = hub.existing_reader(owner)? else {
             return Ok(None);
         };
-        return Ok(Hub::read_revocation(&bucket)?.map(|(t, uid)| {
+        return Ok(Hub::read_revocation(&db)?.map(|(t, uid)| {
             let text = Bytes::from(t.to_string());
             Found {
                 etag: etag(&uid),
@@ -1694,12 +1717,11 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
     let Ok(path) = file_path(raw_path) else {
         return Ok(None);
     };
-    let Some(bucket) = hub.existing_bucket(address)? else {
+    let Some(db) = hub.existing_reader(address)? else {
         return Ok(None);
     };
-    let Some(cairn_object::Version { uid, object: o }) = bucket
-        .db()
-        .branch_version(path.as_bytes(), DEFAULT_BRANCH)?
+    let Some(cairn_object::Version { uid, object: o }) =
+        db.branch_version(path.as_bytes(), DEFAULT_BRANCH)?
     else {
         return Ok(None);
     };
@@ -1708,10 +1730,10 @@ fn find(hub: &Hub, address: &str, raw_path: &str, headers_only: bool) -> HubResu
         Value::Tree(t) if o.value.value_type() == ValueType::Blob => {
             if !headers_only && t.count <= SMALL_FILE {
                 // Verified leaf by leaf, as a streamed read is.
-                let bytes = cairn_object::postree::blob_read(bucket.db().chunks(), &t, 0, t.count)?;
+                let bytes = cairn_object::postree::blob_read(db.chunks(), &t, 0, t.count)?;
                 (t.count, FoundBody::Inline(Bytes::from(bytes)))
             } else {
-                (t.count, FoundBody::Blob(bucket.clone(), t))
+                (t.count, FoundBody::Blob(db.clone(), t))
             }
         }
         Value::String(b) => (b.len() as u64, FoundBody::Inline(b)),
@@ -1823,8 +1845,8 @@ async fn read(
                 // `start..end` lies within the file (`parse_range` clamps it).
                 Body::from(bytes.slice(start as usize..end as usize))
             }
-            FoundBody::Blob(bucket, tree) => match hub.node.read_permit() {
-                Ok(permit) => stream_blob(&hub, bucket, tree, start, n, permit),
+            FoundBody::Blob(db, tree) => match hub.node.read_permit() {
+                Ok(permit) => stream_blob(&hub, db, tree, start, n, permit),
                 Err(b) => return GaiaError::Busy(b.0).into_response(),
             },
         };
@@ -1846,14 +1868,14 @@ async fn read(
 /// task.
 fn stream_blob(
     hub: &Hub,
-    bucket: Arc<Bucket>,
+    db: Arc<Db>,
     tree: cairn_object::TreeRef,
     start: u64,
     len: u64,
     permit: crate::node::Transfer,
 ) -> Body {
     crate::native::body::produce_as(hub.node.clone(), None, permit, move |w| {
-        crate::native::values::send_tree_range(bucket.db(), &tree, start, len, w)
+        crate::native::values::send_tree_range(&db, &tree, start, len, w)
     })
 }
 

@@ -464,7 +464,7 @@ mod tests {
     }
 
     /// A `gaia-` bucket registered before such names were refused (as an attacker could)
-    /// is not served by the native API.
+    /// is not served by the native API, nor read through the hub.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_gaia_bucket_in_the_registry_is_not_served() {
         let dir = tempfile::tempdir().unwrap();
@@ -474,7 +474,29 @@ mod tests {
             ..crate::Config::default()
         })
         .unwrap();
-        let name = crate::gaia::bucket_name("1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMH").unwrap();
+        let address = "1BgGZ9tcN4rm9KBzDn7KprQz87SZ26SAMH";
+        let name = crate::gaia::bucket_name(address).unwrap();
+        // A file in the hub's bucket of that address, served until the name is registered.
+        node.bucket(&name)
+            .unwrap()
+            .put(
+                b"k",
+                cairn_object::Target::Branch(cairn_object::db::DEFAULT_BRANCH),
+                cairn_object::NewValue::String(b"planted".to_vec()),
+                &cairn_object::PutOptions::default(),
+            )
+            .unwrap();
+        let gaia_read = || {
+            use hyper::service::Service;
+            let service =
+                hyper_util::service::TowerToHyperService::new(crate::router(node.clone()));
+            let req = axum::http::Request::get(format!("/read/{address}/k"))
+                .header("host", "localhost")
+                .body(Body::empty())
+                .unwrap();
+            async move { service.call(req).await.unwrap().status() }
+        };
+        assert_eq!(gaia_read().await, StatusCode::OK);
         let entry = Entry {
             owner: None,
             created_ms: 0,
@@ -487,6 +509,9 @@ mod tests {
             .unwrap();
         let e = open(&node, &name).await.err().unwrap();
         assert_eq!(e.status, 404, "{}", e.message);
+        // Nor by the hub: what was written into it through the native API (open to
+        // anyone) must not be served as the address's files.
+        assert_eq!(gaia_read().await, StatusCode::NOT_FOUND);
         // An ordinary name in the registry is served.
         node.store
             .commit(&[RefUpdate::Set {
