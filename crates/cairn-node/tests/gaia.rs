@@ -1503,3 +1503,62 @@ async fn reads_do_not_open_the_bucket() {
     );
     assert_eq!(hub.node.open_buckets(), 1);
 }
+
+/// A store refused on its headers is answered before its body is asked for: a client that
+/// sends `Expect: 100-continue` gets the refusal, not `100 Continue` (an invitation to
+/// upload, sent when the body is first pulled, which happened before the token was
+/// checked). An accepted store is still invited and stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_refused_on_its_headers_is_not_invited_to_upload() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(33);
+    let a = k.address();
+    let addr = hub.base.trim_start_matches("http://").to_string();
+    let first_line = |auth: String, len: u64| {
+        let (addr, a) = (addr.clone(), a.clone());
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let req = format!(
+                "POST /store/{a}/f HTTP/1.1\r\nHost: localhost\r\nAuthorization: {auth}\r\n\
+                 Content-Length: {len}\r\nExpect: 100-continue\r\n\r\n"
+            );
+            tcp.write_all(req.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            while !got.windows(2).any(|w| w == b"\r\n") {
+                let n =
+                    tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut buf))
+                        .await
+                        .expect("an answer to the headers")
+                        .unwrap();
+                assert!(n > 0, "closed without an answer");
+                got.extend_from_slice(&buf[..n]);
+            }
+            let line = String::from_utf8_lossy(&got)
+                .lines()
+                .next()
+                .unwrap()
+                .to_string();
+            (tcp, line)
+        }
+    };
+    let (_, line) = first_line("bearer v1:not-a-jwt".into(), 5).await;
+    assert!(line.starts_with("HTTP/1.1 401"), "{line}");
+    let (_, line) = first_line(k.bearer(), 6 << 30).await;
+    assert!(line.starts_with("HTTP/1.1 413"), "{line}");
+    let (mut tcp, line) = first_line(k.bearer(), 5).await;
+    assert!(line.starts_with("HTTP/1.1 100"), "{line}");
+    tcp.write_all(b"hello").await.unwrap();
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&rest).contains("HTTP/1.1 202") {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut buf))
+            .await
+            .expect("the store's answer")
+            .unwrap();
+        assert!(n > 0, "closed without an answer");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(hub.read(&a, "f").await.3, b"hello");
+}

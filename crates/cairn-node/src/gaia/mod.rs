@@ -882,14 +882,18 @@ async fn store(
             return GaiaError::Busy(b.0).into_response();
         }
     };
-    // Made here (it needs the runtime handle); read in the blocking task.
-    let reader = BodyReader::new(body);
+    // Made here (it needs the runtime handle); read in the blocking task, which opens the
+    // gate once the request passed every check made before the body.
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let (reader, gate) = BodyReader::gated(body, expects_continue);
     let public_prefix = hub.read_prefix(&headers);
     let h = hub.clone();
     let addr = address.clone();
     let result = blocking(move || {
         let _permit = permit;
-        store_blocking(&h, &addr, &raw_path, &headers, reader)
+        store_blocking(&h, &addr, &raw_path, &headers, reader, gate)
     })
     .await;
     match result {
@@ -962,6 +966,7 @@ fn store_blocking<R: Read>(
     raw_path: &str,
     headers: &HeaderMap,
     reader: R,
+    gate: crate::native::body::BodyGate,
 ) -> HubResult<(String, Uid, u64)> {
     let v = hub.authenticate(headers, address)?;
     // The bucket is created only once the request passed every check before its body: a
@@ -1009,6 +1014,9 @@ fn store_blocking<R: Read>(
         None => hub.node.bucket(&name)?,
     };
     let ticket = hub.enqueue(bucket.name(), &key)?;
+    // Every check before the body passed (and the writer has its place in the path's
+    // queue): the body may come.
+    gate.open();
     let guard = match &cond {
         Precondition::Match(tag) => Some(tag.parse::<Uid>().map_err(|_| {
             GaiaError::Precondition(

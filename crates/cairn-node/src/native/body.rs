@@ -139,9 +139,28 @@ impl BodyReader {
     /// stalls fails through the node's stall timer on every request body (the read errors;
     /// nothing is stored).
     pub fn new(body: Body) -> Self {
+        let (reader, gate) = Self::gated(body, false);
+        gate.open();
+        reader
+    }
+
+    /// [`BodyReader::new`], pulling nothing until `gate` is opened: a request refused on
+    /// its headers (a bad token, a Content-Length over the limit) must not be invited to
+    /// upload (`Expect: 100-continue` is answered when the body is first pulled) nor have
+    /// its body buffered first. When the gate is dropped unopened, the body is drained
+    /// (bounded, so a client already sending it reads the answer, not a reset), unless
+    /// `expects_continue`: such a client waits for the answer before sending.
+    pub fn gated(body: Body, expects_continue: bool) -> (Self, BodyGate) {
+        let (open, opened) = tokio::sync::oneshot::channel::<()>();
         let (tx, rx) = tokio::sync::mpsc::channel(IN_QUEUE);
         tokio::spawn(async move {
             let mut stream = body.into_data_stream();
+            if opened.await.is_err() {
+                if !expects_continue {
+                    drain(stream).await;
+                }
+                return;
+            }
             let mut batch = Vec::new();
             // Small frames are copied here, so a batch holds few handles whatever the
             // client's framing; at most about `IN_BATCH` bytes.
@@ -195,10 +214,25 @@ impl BodyReader {
                 }
             }
         });
-        BodyReader {
-            rx,
-            frames: VecDeque::new(),
-            state: ReadState::Open,
+        (
+            BodyReader {
+                rx,
+                frames: VecDeque::new(),
+                state: ReadState::Open,
+            },
+            BodyGate(Some(open)),
+        )
+    }
+}
+
+/// Lets a [`BodyReader::gated`] reader start pulling its body.
+pub struct BodyGate(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl BodyGate {
+    /// Starts pulling the body.
+    pub fn open(mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
         }
     }
 }

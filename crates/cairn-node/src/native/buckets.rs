@@ -138,6 +138,32 @@ async fn remember(node: &Arc<Node>, checked: auth::Checked) -> ApiResult<()> {
     .await
 }
 
+/// [`auth::check`] on the blocking pool: the signature check, and the replay table's
+/// sweep when it is full (passes over up to 400,000 signatures under its lock), must not
+/// hold one of the runtime's few worker threads.
+async fn check(
+    node: &Arc<Node>,
+    owner: PublicKey,
+    capsule: Option<String>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> ApiResult<auth::Checked> {
+    let (n, method, uri, headers) = (node.clone(), method.clone(), uri.clone(), headers.clone());
+    blocking(move || {
+        auth::check(
+            &owner,
+            capsule.as_deref(),
+            &n.replay,
+            &method,
+            &uri,
+            &headers,
+            auth::now_secs(),
+        )
+    })
+    .await
+}
+
 /// Opens bucket `name` for a mutation: checks the request signature when the bucket has
 /// an owner key. Returns the bucket and the BLAKE3 hash its body must have, if signed.
 pub async fn open_for_write(
@@ -151,15 +177,7 @@ pub async fn open_for_write(
     let expect = match &opened.entry.owner {
         Some(owner) => {
             let capsule = opened.bucket.metadata().map(|m| m.name().to_string());
-            let checked = auth::check(
-                owner,
-                capsule.as_deref(),
-                &node.replay,
-                method,
-                uri,
-                headers,
-                auth::now_secs(),
-            )?;
+            let checked = check(node, *owner, capsule, method, uri, headers).await?;
             remember(node, checked).await?;
             Some(checked.body_blake3)
         }
@@ -290,15 +308,7 @@ pub async fn create(
             ));
         }
         // The bucket's capsule does not exist yet: a capsule line is signed, not checked.
-        let checked = auth::check(
-            owner,
-            None,
-            &node.replay,
-            &method,
-            &uri,
-            &headers,
-            auth::now_secs(),
-        )?;
+        let checked = check(&node, *owner, None, &method, &uri, &headers).await?;
         remember(&node, checked).await?;
     }
     let name = req.name;
