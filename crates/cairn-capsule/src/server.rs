@@ -2667,21 +2667,31 @@ impl CapsuleServer {
         capsule: &CapsuleName,
         peer: &PublicKey,
     ) -> Result<(Vec<RecordName>, SyncCursor)> {
+        self.since_last_sync_within(capsule, peer, usize::MAX)
+    }
+
+    /// [`CapsuleServer::since_last_sync`], at most the first `max` of those records (in
+    /// the order they became proven), with the cursor just past them: a session compares
+    /// at most `max` names, and the next one goes on from where it stopped. (A replica
+    /// that had compared nothing with a peer, with more records than a session holds,
+    /// was refused by it for good.)
+    pub fn since_last_sync_within(
+        &self,
+        capsule: &CapsuleName,
+        peer: &PublicKey,
+        max: usize,
+    ) -> Result<(Vec<RecordName>, SyncCursor)> {
         let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
         let from = (cursor.pos as usize).min(proven.len());
-        let names = proven[from..]
+        let to = from.saturating_add(max).min(proven.len());
+        let names = proven[from..to]
             .iter()
             .filter_map(|&i| order.get(i as usize).copied())
             .collect();
-        Ok((
-            names,
-            SyncCursor {
-                pos: proven.len() as u64,
-            },
-        ))
+        Ok((names, SyncCursor { pos: to as u64 }))
     }
 
     /// How many names [`CapsuleServer::since_last_sync`] would hand a session with `peer`
@@ -3203,6 +3213,14 @@ impl CapsuleServer {
     /// peer's roots that are holes, and this server's own heads and roots (with up to
     /// `depth` records beyond them) that the peer does not list, and the records the peer
     /// lists as missing (with up to `depth` of their ancestors). Only proven records.
+    ///
+    /// Every walk goes at most `depth` records from where it starts, and one call names at
+    /// most [`LU_MAX_NAMES`]: the walk up from a stale head went to the end of the
+    /// capsule on every message, under its lock (a peer naming the capsule's first record
+    /// as its head made each message cost the whole capsule, and an honest bulk transfer
+    /// walked the rest of the capsule again each round). What a call leaves out comes in
+    /// later rounds, as the peer's heads move on with what it receives (and `depth` grows
+    /// with the rounds).
     pub fn lu_patch(
         &self,
         capsule: &CapsuleName,
@@ -3214,6 +3232,12 @@ impl CapsuleServer {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let dag = &cap.dag;
+        // What the peer lists is cut as the message would be: a longer list is made up.
+        fn cut(l: &[RecordName]) -> &[RecordName] {
+            &l[..l.len().min(crate::sync::SHAPE_LIST)]
+        }
+        let (peer_heads, peer_roots, peer_missing) =
+            (cut(peer_heads), cut(peer_roots), cut(peer_missing));
         let known: HashSet<RecordName> = peer_heads.iter().chain(peer_roots).copied().collect();
         let mut out: Vec<RecordName> = Vec::new();
         let mut seen: HashSet<RecordName> = HashSet::new();
@@ -3224,7 +3248,7 @@ impl CapsuleServer {
                     seen: &mut HashSet<RecordName>| {
             let mut q = VecDeque::from([(start, 0usize)]);
             while let Some((x, d)) = q.pop_front() {
-                if d >= limit {
+                if d >= limit || out.len() >= LU_MAX_NAMES {
                     continue;
                 }
                 let next: Vec<RecordName> = if down {
@@ -3237,6 +3261,9 @@ impl CapsuleServer {
                 // Through proven records only (what is sent): an unproven record's
                 // descendants are unproven too, and the ancestors of a proven one proven.
                 for y in next {
+                    if out.len() >= LU_MAX_NAMES {
+                        break;
+                    }
                     if dag.is_proven(&y) && !known.contains(&y) && seen.insert(y) {
                         out.push(y);
                         q.push_back((y, d + 1));
@@ -3252,7 +3279,7 @@ impl CapsuleServer {
         for h in &peer_heads {
             // Stale branch: the peer's head has proven descendants here.
             if dag.contains(h) && dag.has_proven_child(h) {
-                walk(*h, false, usize::MAX, &mut out, &mut seen);
+                walk(*h, false, depth, &mut out, &mut seen);
             }
         }
         for r in &peer_roots {
@@ -3266,7 +3293,7 @@ impl CapsuleServer {
         for m in peer_missing {
             // A hole the peer knows it has (beyond Lu: a record with one present and one
             // absent backpointer is no root, so roots alone miss such holes).
-            if dag.is_proven(m) && seen.insert(*m) {
+            if out.len() < LU_MAX_NAMES && dag.is_proven(m) && seen.insert(*m) {
                 out.push(*m);
                 walk(*m, true, depth, &mut out, &mut seen);
             }
@@ -3275,13 +3302,17 @@ impl CapsuleServer {
         // (anyone may write one, pointing anywhere) sent its proven ancestors, which the
         // peer holds, in every session.
         for h in dag.proven_heads() {
-            if !known.contains(&h) && seen.insert(h) {
+            if out.len() < LU_MAX_NAMES && !known.contains(&h) && seen.insert(h) {
                 out.push(h);
                 walk(h, true, depth, &mut out, &mut seen);
             }
         }
         for r in dag.roots() {
-            if dag.is_proven(&r) && !known.contains(&r) && seen.insert(r) {
+            if out.len() < LU_MAX_NAMES
+                && dag.is_proven(&r)
+                && !known.contains(&r)
+                && seen.insert(r)
+            {
                 out.push(r);
                 walk(r, false, depth, &mut out, &mut seen);
             }
@@ -3290,6 +3321,9 @@ impl CapsuleServer {
         Ok(out)
     }
 }
+
+/// Most names one [`CapsuleServer::lu_patch`] call hands out (a name page's worth).
+pub const LU_MAX_NAMES: usize = 1 << 18;
 
 /// The error for a stored body that does not match its record's header.
 fn body_mismatch(name: &RecordName) -> Error {

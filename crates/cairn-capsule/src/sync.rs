@@ -546,9 +546,21 @@ impl SyncMsg {
 }
 
 impl SyncState {
-    /// A session of `server` with the replica whose server key is `peer`.
+    /// A session of `server` with the replica whose server key is `peer`, comparing at
+    /// most [`crate::wire::MAX_SYNC_NAMES`] names.
     pub fn new(server: &CapsuleServer, capsule: CapsuleName, peer: PublicKey) -> Result<Self> {
-        let (mut since, next_cursor) = server.since_last_sync(&capsule, &peer)?;
+        Self::new_within(server, capsule, peer, crate::wire::MAX_SYNC_NAMES)
+    }
+
+    /// A session comparing at most `max` of the records proven since the last finished
+    /// sync with `peer` (the oldest first; see [`CapsuleServer::since_last_sync_within`]).
+    pub fn new_within(
+        server: &CapsuleServer,
+        capsule: CapsuleName,
+        peer: PublicKey,
+        max: usize,
+    ) -> Result<Self> {
+        let (mut since, next_cursor) = server.since_last_sync_within(&capsule, &peer, max)?;
         // Sorted, so the name list pages in a fixed order and membership is a search.
         since.sort_unstable();
         since.dedup();

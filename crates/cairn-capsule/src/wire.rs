@@ -1904,16 +1904,13 @@ impl CapsuleService {
             // and in the encoder): taken once the Hello is known to be the peer's, so
             // made-up messages cost no memory, and counted before any name is collected
             // (a Hello under a fresh key starts from the capsule's first record).
+            // A session compares at most `max` names: past that, the oldest of them, and
+            // the next session goes on from there (refusing it refused a replica with
+            // more to compare for good, as its cursor never moved).
             let max = self.max_sync_names;
-            let backlog = server.sync_backlog(&capsule, &peer)?;
-            if backlog > max {
-                return Err(Error::Unavailable(format!(
-                    "an anti-entropy session of capsule {capsule} would compare {backlog} \
-                     records, more than the {max} this server holds for sessions"
-                )));
-            }
+            let backlog = server.sync_backlog(&capsule, &peer)?.min(max);
             reserve((8 << 20) + backlog.saturating_mul(SYNC_NAME_BYTES))?;
-            let mut fresh = SyncState::new(server, capsule, peer)?;
+            let mut fresh = SyncState::new_within(server, capsule, peer, max)?;
             let names = fresh.names();
             if names > max {
                 return Err(Error::Unavailable(format!(

@@ -1376,3 +1376,29 @@ fn a_record_unreadable_here_does_not_stop_the_session() {
         assert!(!present(&b, &c).contains(&lost.name()));
     }
 }
+
+/// Lu's walk goes at most `depth` records from a peer's stale head: naming the capsule's
+/// first record as its head made every message of a session walk (and hold the names of)
+/// the whole capsule, under its lock. A session still converges, a few records a round
+/// at first.
+#[test]
+fn the_walk_from_a_stale_head_is_bounded_by_depth() {
+    let Pair { a, b, c, w, seal } = pair("stale-head");
+    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
+    for i in 1..300 {
+        let prev = chain[i - 1].name();
+        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
+    }
+    let last = chain[299].name();
+    a.write(&c, &chain, &[(last, w.sign(&last))]).unwrap();
+    let first = chain[0].name();
+    let out = a.lu_patch(&c, &[first], &[], &[], 4).unwrap();
+    // Four up from the stale head, and this side's head with four below it.
+    assert!(out.len() <= 10, "{} names", out.len());
+    // B holds the first record only (proven by its own signature): the sessions still
+    // bring it the whole chain.
+    b.write(&c, &chain[..1], &[(first, w.sign(&first))])
+        .unwrap();
+    sync_pair(&b, &a, &c).unwrap();
+    assert_eq!(present(&b, &c), present(&a, &c));
+}
