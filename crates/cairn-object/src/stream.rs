@@ -84,7 +84,7 @@ pub fn send_version(
             Some(c) => c,
             None => crate::postree::load_chunk(store, &cid)?,
         };
-        check.accept(&chunk)?;
+        check.check(&chunk)?;
         write_frame(chunk, out)?;
     }
     Ok(())

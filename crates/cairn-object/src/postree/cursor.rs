@@ -4,7 +4,9 @@
 use cairn_core::Result;
 use cairn_store::{ChunkStore, Cid};
 
-use super::node::{Elem, Entry, corrupt_err, load_elem_leaf, load_index, prefix_sums};
+use super::node::{
+    Elem, Entry, LeafElems, corrupt_err, load_elem_leaf_lazy, load_index, prefix_sums,
+};
 use super::{TreeKind, TreeRef};
 
 struct Frame {
@@ -195,7 +197,10 @@ impl<'a> NodeCursor<'a> {
 /// Yields the elements of a List/Set/Map tree in order.
 pub(crate) struct ElemCursor<'a> {
     nodes: NodeCursor<'a>,
-    leaf: Vec<Elem>,
+    /// The current leaf, read lazily (its elements are decoded one at a time: a leaf of
+    /// small elements decoded whole took 64 bytes an element, up to 1 GiB a leaf).
+    leaf: LeafElems,
+    /// Elements of `leaf` moved past.
     idx: usize,
     pos: u64,
 }
@@ -204,7 +209,7 @@ impl<'a> ElemCursor<'a> {
     pub fn new(store: &'a dyn ChunkStore, tree: &TreeRef) -> Self {
         ElemCursor {
             nodes: NodeCursor::new(store, tree, 0),
-            leaf: Vec::new(),
+            leaf: LeafElems::default(),
             idx: 0,
             pos: 0,
         }
@@ -223,11 +228,11 @@ impl<'a> ElemCursor<'a> {
         self.idx = 0;
         match self.nodes.next()? {
             Some(e) => {
-                self.leaf = load_elem_leaf(self.nodes.store(), self.kind(), &e.cid, e.count)?;
+                self.leaf = load_elem_leaf_lazy(self.nodes.store(), self.kind(), &e.cid, e.count)?;
                 Ok(true)
             }
             None => {
-                self.leaf.clear();
+                self.leaf = LeafElems::default();
                 Ok(false)
             }
         }
@@ -246,7 +251,7 @@ impl<'a> ElemCursor<'a> {
     pub fn seek_item(&mut self, offset: u64) -> Result<()> {
         if offset >= self.nodes.tree().count {
             self.nodes.set_end();
-            self.leaf.clear();
+            self.leaf = LeafElems::default();
             self.idx = 0;
             self.pos = self.nodes.tree().count;
             return Ok(());
@@ -260,6 +265,7 @@ impl<'a> ElemCursor<'a> {
                 format!("element {offset} is not where the index says"),
             ));
         }
+        self.leaf.skip(idx as usize)?;
         self.idx = idx as usize;
         self.pos = offset;
         Ok(())
@@ -269,6 +275,7 @@ impl<'a> ElemCursor<'a> {
     pub fn skip_to(&mut self, offset: u64) -> Result<()> {
         let ahead = offset.saturating_sub(self.pos);
         if ahead <= (self.leaf.len() - self.idx) as u64 {
+            self.leaf.skip(ahead as usize)?;
             self.idx += ahead as usize;
             self.pos += ahead;
             Ok(())
@@ -284,13 +291,19 @@ impl<'a> ElemCursor<'a> {
             self.pos = s;
             return Ok(());
         }
-        self.idx = self.leaf.partition_point(|e| {
-            if after {
+        // Past the elements before `key`, one at a time (the leaf is read lazily).
+        while let Some(e) = self.leaf.peek()? {
+            let before = if after {
                 e.key.as_ref() <= key
             } else {
                 e.key.as_ref() < key
+            };
+            if !before {
+                break;
             }
-        });
+            self.leaf.skip(1)?;
+            self.idx += 1;
+        }
         self.pos = s + self.idx as u64;
         Ok(())
     }
@@ -298,8 +311,7 @@ impl<'a> ElemCursor<'a> {
     /// The next element.
     pub fn next(&mut self) -> Result<Option<Elem>> {
         loop {
-            if let Some(e) = self.leaf.get(self.idx) {
-                let e = e.clone();
+            if let Some(e) = self.leaf.next_elem()? {
                 self.idx += 1;
                 self.pos += 1;
                 return Ok(Some(e));

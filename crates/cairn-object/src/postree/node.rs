@@ -302,6 +302,158 @@ pub(crate) fn decode_elems(
     Ok(out)
 }
 
+/// A List/Set/Map leaf read lazily: [`LeafElems::parse`] checks it whole (count within
+/// bounds, strictly increasing keys for sorted kinds, no trailing bytes) without keeping
+/// its elements, which are then decoded one at a time. A decoded element takes 64 bytes,
+/// so a leaf of the largest size filled with one-byte elements took about 1 GiB as a
+/// `Vec<Elem>`; read this way it takes the chunk alone.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LeafElems {
+    /// The encoded elements (the payload past its count).
+    elems: Bytes,
+    /// Offset in `elems` of the next element.
+    pos: usize,
+    /// Elements in the leaf.
+    len: usize,
+    /// Elements handed out so far.
+    taken: usize,
+    is_map: bool,
+    first: Option<Bytes>,
+    last: Option<Bytes>,
+}
+
+impl LeafElems {
+    /// Checks the leaf `payload` (of `chunk`) as [`decode_elems`] does, keeping nothing
+    /// but its first and last keys.
+    pub(crate) fn parse(chunk: &Bytes, payload: &[u8], kind: TreeKind, max: usize) -> Result<Self> {
+        let mut d = Decoder::new(payload, "POS-tree leaf");
+        let is_map = kind == TreeKind::Map;
+        let n = d.count(1 + is_map as usize)?;
+        if n > max {
+            return Err(Error::decode(format!(
+                "leaf of {n} elements, more than the {max} accepted"
+            )));
+        }
+        let start = d.position();
+        let (mut first, mut prev): (Option<&[u8]>, Option<&[u8]>) = (None, None);
+        for _ in 0..n {
+            let key = d.bytes()?;
+            if is_map {
+                d.bytes()?;
+            }
+            if kind.is_sorted()
+                && let Some(p) = prev
+                && p >= key
+            {
+                return Err(Error::decode("leaf keys are not strictly increasing"));
+            }
+            first.get_or_insert(key);
+            prev = Some(key);
+        }
+        d.finish()?;
+        Ok(LeafElems {
+            elems: chunk.slice_ref(&payload[start..]),
+            pos: 0,
+            len: n,
+            taken: 0,
+            is_map,
+            first: first.map(|k| chunk.slice_ref(k)),
+            last: prev.map(|k| chunk.slice_ref(k)),
+        })
+    }
+
+    /// Elements in the leaf.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The first element's key.
+    pub(crate) fn first_key(&self) -> Option<&Bytes> {
+        self.first.as_ref()
+    }
+
+    /// The last element's key.
+    pub(crate) fn last_key(&self) -> Option<&Bytes> {
+        self.last.as_ref()
+    }
+
+    /// The next element and the bytes it takes, without moving past it.
+    fn decode_next(&self) -> Result<Option<(Elem, usize)>> {
+        if self.taken >= self.len {
+            return Ok(None);
+        }
+        let rest = self.elems.get(self.pos..).unwrap_or_default();
+        let mut d = Decoder::new(rest, "POS-tree leaf");
+        let key = self.elems.slice_ref(d.bytes()?);
+        let value = if self.is_map {
+            Some(self.elems.slice_ref(d.bytes()?))
+        } else {
+            None
+        };
+        Ok(Some((Elem { key, value }, d.position())))
+    }
+
+    /// The next element, without moving past it.
+    pub(crate) fn peek(&self) -> Result<Option<Elem>> {
+        Ok(self.decode_next()?.map(|(e, _)| e))
+    }
+
+    /// The next element.
+    pub(crate) fn next_elem(&mut self) -> Result<Option<Elem>> {
+        let next = self.decode_next()?;
+        if let Some((_, used)) = &next {
+            self.pos += used;
+            self.taken += 1;
+        }
+        Ok(next.map(|(e, _)| e))
+    }
+
+    /// Moves past the next `n` elements (fewer when the leaf ends first).
+    pub(crate) fn skip(&mut self, n: usize) -> Result<()> {
+        for _ in 0..n {
+            if self.next_elem()?.is_none() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every element not handed out yet.
+    pub(crate) fn collect(mut self) -> Result<Vec<Elem>> {
+        let mut out = Vec::with_capacity(self.len - self.taken);
+        while let Some(e) = self.next_elem()? {
+            out.push(e);
+        }
+        Ok(out)
+    }
+}
+
+/// Loads the element leaf `cid` of a `kind` tree lazily ([`LeafElems`]), checking it holds
+/// the `count` elements its parent says.
+pub(crate) fn load_elem_leaf_lazy(
+    store: &dyn ChunkStore,
+    kind: TreeKind,
+    cid: &Cid,
+    count: u64,
+) -> Result<LeafElems> {
+    let bytes = load(store, cid)?;
+    let (ck, payload) = chunk::parse(&bytes).map_err(|e| corrupt(cid, e))?;
+    if ck != leaf_kind(kind) || kind == TreeKind::Blob {
+        return Err(corrupt(cid, "expected an element leaf"));
+    }
+    let leaf = LeafElems::parse(&bytes, payload, kind, usize::MAX).map_err(|e| corrupt(cid, e))?;
+    if leaf.len() as u64 != count {
+        return Err(corrupt(
+            cid,
+            format!(
+                "leaf holds {} elements, its parent says {count}",
+                leaf.len()
+            ),
+        ));
+    }
+    Ok(leaf)
+}
+
 /// Parses any node of a `kind` tree, checking the chunk kind matches. Decode errors become
 /// [`Error::Corrupt`] naming the cid.
 pub(crate) fn parse_node(cid: &Cid, chunk: &Bytes, kind: TreeKind) -> Result<Node> {
@@ -396,23 +548,6 @@ fn blob_leaf_from(cid: &Cid, node: Node, count: u64) -> Result<Bytes> {
             format!("blob leaf holds {} bytes, its parent says {count}", b.len()),
         )),
         _ => Err(corrupt(cid, "expected a blob leaf")),
-    }
-}
-
-/// Loads an element leaf and checks its element count against the parent's count.
-pub(crate) fn load_elem_leaf(
-    store: &dyn ChunkStore,
-    kind: TreeKind,
-    cid: &Cid,
-    count: u64,
-) -> Result<Vec<Elem>> {
-    match load_node(store, kind, cid, 0)? {
-        Node::Elems(v) if v.len() as u64 == count => Ok(v),
-        Node::Elems(v) => Err(corrupt(
-            cid,
-            format!("leaf holds {} elements, its parent says {count}", v.len()),
-        )),
-        _ => Err(corrupt(cid, "expected an element leaf")),
     }
 }
 

@@ -7,9 +7,15 @@ use bytes::Bytes;
 use cairn_core::{Decoder, Error, Result};
 use cairn_store::{ChunkStore, Cid};
 
-use super::node::{Node, corrupt_err, load, parse_node_limited};
+use super::node::{LeafElems, Node, corrupt_err, leaf_kind, load, parse_node_limited};
 use super::{Element, TreeKind, TreeRef};
 use crate::chunk::{self, ChunkKind};
+
+/// A node as [`TreeCheck`] parses it: an element leaf is read lazily.
+enum Parsed {
+    Node(Node),
+    Leaf(LeafElems),
+}
 
 struct Task {
     cid: Cid,
@@ -163,14 +169,26 @@ impl TreeCheck {
     /// error, every later call fails too.
     pub fn accept(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
         self.check_failed()?;
-        let r = self.accept_checked(bytes);
+        let r = self.accept_checked(bytes, true);
         if let Err(e) = &r {
             self.failed = Some(e.to_string());
         }
         r
     }
 
-    fn accept_checked(&mut self, bytes: &Bytes) -> Result<CheckedNode> {
+    /// [`TreeCheck::accept`] for a caller that wants the check only: a leaf's elements are
+    /// checked without being decoded into memory together (a leaf of small elements took
+    /// 64 bytes an element that way, up to 1 GiB for the largest leaf).
+    pub fn check(&mut self, bytes: &Bytes) -> Result<()> {
+        self.check_failed()?;
+        let r = self.accept_checked(bytes, false);
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r.map(|_| ())
+    }
+
+    fn accept_checked(&mut self, bytes: &Bytes, keep: bool) -> Result<CheckedNode> {
         let task = match self.next_cid()? {
             Some(_) => self
                 .stack
@@ -184,16 +202,25 @@ impl TreeCheck {
         };
         let is_root = std::mem::replace(&mut self.first, false);
         let sorted = self.kind.is_sorted();
-        let node = parse_node_limited(
-            &task.cid,
-            bytes,
-            self.kind,
-            self.max_pending,
-            self.max_leaf_elements,
-        )?;
+        // An element leaf is checked lazily, its elements decoded only when kept.
+        let (ck, payload) = chunk::parse(bytes).map_err(|e| corrupt_err(&task.cid, e))?;
+        let node = if self.kind != TreeKind::Blob && ck == leaf_kind(self.kind) {
+            Parsed::Leaf(
+                LeafElems::parse(bytes, payload, self.kind, self.max_leaf_elements)
+                    .map_err(|e| corrupt_err(&task.cid, e))?,
+            )
+        } else {
+            Parsed::Node(parse_node_limited(
+                &task.cid,
+                bytes,
+                self.kind,
+                self.max_pending,
+                self.max_leaf_elements,
+            )?)
+        };
         let bad = |msg: String| Err(corrupt_err(&task.cid, msg));
         let out = match node {
-            Node::Index { level, entries } => {
+            Parsed::Node(Node::Index { level, entries }) => {
                 if level != task.level {
                     return bad(format!(
                         "index node at level {level}, expected {}",
@@ -234,7 +261,7 @@ impl TreeCheck {
                 }
                 CheckedNode::Index
             }
-            Node::Blob(b) => {
+            Parsed::Node(Node::Blob(b)) => {
                 if task.level != 0 {
                     return bad(format!("leaf where level {} was expected", task.level));
                 }
@@ -247,35 +274,43 @@ impl TreeCheck {
                 }
                 CheckedNode::Blob(b)
             }
-            Node::Elems(elems) => {
+            Parsed::Node(Node::Elems(_)) => {
+                return bad("an element leaf parsed as a node".into());
+            }
+            Parsed::Leaf(leaf) => {
                 if task.level != 0 {
                     return bad(format!("leaf where level {} was expected", task.level));
                 }
-                if elems.len() as u64 != task.count || (elems.is_empty() && !is_root) {
+                if leaf.len() as u64 != task.count || (leaf.len() == 0 && !is_root) {
                     return bad(format!(
                         "leaf of {} elements, expected {}",
-                        elems.len(),
+                        leaf.len(),
                         task.count
                     ));
                 }
-                if sorted && let (Some(f), Some(l)) = (elems.first(), elems.last()) {
-                    if self.prev_key.as_ref().is_some_and(|p| *p >= f.key) {
+                if sorted && let (Some(f), Some(l)) = (leaf.first_key(), leaf.last_key()) {
+                    if self.prev_key.as_ref().is_some_and(|p| p >= f) {
                         return bad("keys are not strictly increasing across leaves".into());
                     }
-                    if task.key.is_some() && task.key.as_ref() != Some(&l.key) {
+                    if task.key.is_some() && task.key.as_ref() != Some(l) {
                         return bad("split key differs from the leaf's last key".into());
                     }
-                    self.prev_key = Some(l.key.clone());
+                    self.prev_key = Some(l.clone());
                 }
-                CheckedNode::Elements(
-                    elems
-                        .into_iter()
-                        .map(|e| Element {
-                            key: e.key,
-                            value: e.value,
-                        })
-                        .collect(),
-                )
+                if keep {
+                    CheckedNode::Elements(
+                        leaf.collect()
+                            .map_err(|e| corrupt_err(&task.cid, e))?
+                            .into_iter()
+                            .map(|e| Element {
+                                key: e.key,
+                                value: e.value,
+                            })
+                            .collect(),
+                    )
+                } else {
+                    CheckedNode::Elements(Vec::new())
+                }
             }
         };
         if let Some(done) = &mut self.done {
@@ -316,7 +351,7 @@ pub fn walk(
     while let Some(cid) = check.next_cid()? {
         let bytes = load(store, &cid)?;
         visit(&cid, &bytes)?;
-        check.accept(&bytes)?;
+        check.check(&bytes)?;
     }
     Ok(())
 }
