@@ -2620,6 +2620,12 @@ fn error_from(status: StatusCode, body: &[u8]) -> anyhow::Error {
                 Some(c) => eprintln!("conflict: {c}"),
                 None => eprintln!("conflict: {c}"),
             }
+            if c.get("truncated").and_then(J::as_bool) == Some(true) {
+                eprintln!(
+                    "  (the node sent the first {} bytes of each side)",
+                    cairn_node::native::versions::CONFLICT_SIDE_BYTES
+                );
+            }
         }
         let total = parsed
             .as_ref()

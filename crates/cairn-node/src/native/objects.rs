@@ -135,6 +135,33 @@ fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
     parse_uid(inner).map(Some)
 }
 
+/// Whether a read's `If-Match` fails for the representation tagged `tag` (RFC 9110
+/// §13.1.1: a list of entity tags, compared strongly, so `W/` tags never match, or `*`;
+/// `tag` is `None` when there is no representation). A read must answer 412 then: a
+/// client resuming a download with `Range` and the ETag it started from would otherwise be
+/// sent another version's bytes to splice onto the first one's.
+fn read_match_fails(headers: &HeaderMap, tag: Option<&str>) -> bool {
+    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
+    if values.peek().is_none() {
+        return false;
+    }
+    !values.any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',').any(|t| {
+                let t = t.trim();
+                tag.is_some() && (t == "*" || Some(t) == tag)
+            })
+        })
+    })
+}
+
+/// 412 for a read whose `If-Match` names another version (see [`read_match_fails`]).
+fn read_precondition_failed() -> ApiError {
+    ApiError::from(Error::GuardMismatch(
+        "If-Match names another version than the one this read would send".into(),
+    ))
+}
+
 fn if_none_match_hits(headers: &HeaderMap, tag: &str) -> bool {
     none_match_hits(headers.get(header::IF_NONE_MATCH), tag)
 }
@@ -261,10 +288,18 @@ async fn get_value(
     // blocking pool as the read, and sent from memory.
     let whole = !head && !json && !headers.contains_key(header::RANGE);
     let conditional = headers.get(header::IF_NONE_MATCH).cloned();
+    let must_match = headers.clone();
     let (v, small) = blocking(move || {
-        let v = bb.db().get(key.as_bytes(), &at)?;
-        // A GET answered 304 reads nothing of the value.
-        let unchanged = none_match_hits(conditional.as_ref(), &etag(&v.uid));
+        let v = match bb.db().get(key.as_bytes(), &at) {
+            // `If-Match` fails when there is nothing to match (RFC 9110 §13.1.1).
+            Err(Error::NotFound(_)) if read_match_fails(&must_match, None) => {
+                return Err(read_precondition_failed());
+            }
+            v => v?,
+        };
+        // A GET answered 304 or 412 reads nothing of the value.
+        let unchanged = none_match_hits(conditional.as_ref(), &etag(&v.uid))
+            || read_match_fails(&must_match, Some(&etag(&v.uid)));
         let small = match &v.object.value {
             _ if !whole || unchanged => None,
             Value::Tree(t) if t.kind == cairn_object::TreeKind::Blob && t.count <= SMALL_BODY => {
@@ -290,6 +325,10 @@ async fn get_value(
     let etag_h = etag_header(&v.uid)?;
     let value = v.object.value;
     let ty = value.value_type();
+    // If-Match first, then If-None-Match (RFC 9110 §13.2.2).
+    if read_match_fails(&headers, Some(&tag)) {
+        return Err(read_precondition_failed());
+    }
     if if_none_match_hits(&headers, &tag) {
         return Ok((StatusCode::NOT_MODIFIED, [etag_h, type_header(ty)]).into_response());
     }

@@ -603,8 +603,46 @@ struct MergeBody {
     resolver: Option<String>,
 }
 
-/// A merge conflict as the API reports it (in the `conflicts` list of a 409).
+/// Most bytes of each side (base, ours, theirs) of a conflict a 409 carries: a side of an
+/// inline value can hold 16 MiB, and the answer, built in memory, held all three whole (up
+/// to about 288 MiB once JSON escapes control bytes).
+pub const CONFLICT_SIDE_BYTES: usize = 4 << 10;
+
+/// A merge conflict as the API reports it (in the `conflicts` list of a 409): each side cut
+/// to [`CONFLICT_SIDE_BYTES`], with `truncated: true` and the sides' full lengths
+/// (`base_len`, `ours_len`, `theirs_len`) when any was cut.
 pub fn conflict_json(c: &Conflict) -> J {
+    let cut = |v: &Option<bytes::Bytes>| {
+        v.as_ref()
+            .map(|b| b.slice(..b.len().min(CONFLICT_SIDE_BYTES)))
+    };
+    let sides = [&c.base, &c.ours, &c.theirs];
+    let truncated = sides
+        .iter()
+        .any(|v| v.as_ref().is_some_and(|b| b.len() > CONFLICT_SIDE_BYTES));
+    let mut out = conflict_json_whole(&Conflict {
+        at: c.at.clone(),
+        base: cut(&c.base),
+        ours: cut(&c.ours),
+        theirs: cut(&c.theirs),
+    });
+    if truncated && let Some(o) = out.as_object_mut() {
+        o.insert("truncated".into(), J::Bool(true));
+        for (name, v) in ["base_len", "ours_len", "theirs_len"]
+            .into_iter()
+            .zip(sides)
+        {
+            o.insert(
+                name.into(),
+                v.as_ref().map_or(J::Null, |b| J::from(b.len())),
+            );
+        }
+    }
+    out
+}
+
+/// [`conflict_json`] with every side whole.
+fn conflict_json_whole(c: &Conflict) -> J {
     let at = match &c.at {
         ConflictAt::Value => json!({ "kind": "value" }),
         ConflictAt::MapKey(k) => json!({ "kind": "map_key", "key": bytes_json(k) }),
@@ -712,12 +750,14 @@ pub async fn merge(
             let mut list: Vec<J> = Vec::new();
             let mut bytes = 0usize;
             for c in &cs {
+                // Each side cut to CONFLICT_SIDE_BYTES, at most 6 bytes of JSON a byte (a
+                // control byte is escaped as \u00XX).
                 let size = [&c.base, &c.ours, &c.theirs]
                     .iter()
-                    .map(|v| v.as_ref().map_or(0, |b| b.len()))
+                    .map(|v| v.as_ref().map_or(0, |b| b.len().min(CONFLICT_SIDE_BYTES)))
                     .sum::<usize>()
-                    .saturating_mul(2)
-                    .saturating_add(128);
+                    .saturating_mul(6)
+                    .saturating_add(256);
                 if !list.is_empty() && bytes.saturating_add(size) > CONFLICTS_ANSWER_BYTES {
                     break;
                 }
