@@ -62,7 +62,19 @@ pub struct Node {
     site_transfers: PeerCounts,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
+    /// MiB of memory for request bodies buffered whole and their parsed forms
+    /// ([`Node::buffered_permit`]).
+    buffered: Arc<tokio::sync::Semaphore>,
 }
+
+/// MiB of memory all buffered request bodies (typed values and JSON, at most
+/// [`crate::native::objects::BUFFERED_LIMIT`] each) and their parsed forms may take at
+/// once: one of the largest and some small ones.
+pub const BUFFERED_MEMORY_MIB: u32 = 320;
+
+/// Memory a buffered body takes at its peak, in multiples of its size: the body, the
+/// parsed JSON or text, the values copied out of it and, for JSON, the set of its keys.
+const BUFFERED_FACTOR: u64 = 4;
 
 tokio::task_local! {
     /// The address group ([`cairn_net::peer_group`]) of the peer whose connection the
@@ -207,7 +219,28 @@ impl Node {
             opening: Mutex::new(HashMap::new()),
             peer_transfers: PeerCounts::default(),
             site_transfers: PeerCounts::default(),
+            buffered: Arc::new(tokio::sync::Semaphore::new(BUFFERED_MEMORY_MIB as usize)),
         }))
+    }
+
+    /// The memory for a request body of up to `bytes` that is buffered whole and parsed,
+    /// from [`BUFFERED_MEMORY_MIB`], held until the request ends; refused when the bodies
+    /// in progress hold it (the caller answers 503 with `Retry-After`). Transfers alone let
+    /// 224 writers each hold a 64 MiB JSON body and about three times as much again parsed.
+    pub fn buffered_permit(&self, bytes: u64) -> Result<tokio::sync::OwnedSemaphorePermit, Busy> {
+        let mib = bytes
+            .saturating_mul(BUFFERED_FACTOR)
+            .div_ceil(1 << 20)
+            .clamp(1, u64::from(BUFFERED_MEMORY_MIB)) as u32;
+        self.buffered
+            .clone()
+            .try_acquire_many_owned(mib)
+            .map_err(|_| {
+                Busy(format!(
+                    "the request bodies being parsed in memory hold the {BUFFERED_MEMORY_MIB} MiB \
+                 this node keeps for them; retry, or send a blob or a text list, which stream"
+                ))
+            })
     }
 
     /// A permit for one request that reads a body (an upload, a mutation), held until it

@@ -360,3 +360,63 @@ async fn a_signed_request_refused_for_want_of_a_transfer_can_be_sent_again() {
     assert_eq!(st, 401, "{v}");
     s.stop().await;
 }
+
+/// Bodies read whole and parsed in memory (JSON, typed values) take their memory, four
+/// times their declared size, from the node's budget for them before they are read: one
+/// of the largest holds most of it, a second is refused with 503 and `Retry-After` (not
+/// read), small ones still pass, and the memory comes back when the request ends. (Only
+/// the transfer count bounded them: 224 writers each holding a 64 MiB JSON body and about
+/// three times as much parsed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_parsed_in_memory_share_a_budget() {
+    let s = Server::start(1 << 30).await;
+    s.open_bucket("j").await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let big = 64u64 << 20;
+    // Headers of a 64 MiB JSON put, and the first bytes of its body; the answer's first
+    // line if one comes within `wait`.
+    let start = |wait: Duration| {
+        let addr = addr.clone();
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let req = format!(
+                "PUT /v1/buckets/j/objects/big HTTP/1.1\r\nHost: localhost\r\n\
+                 Content-Type: application/json\r\nContent-Length: {big}\r\n\r\n[\"a\""
+            );
+            tcp.write_all(req.as_bytes()).await.unwrap();
+            let mut buf = [0u8; 512];
+            let line = match tokio::time::timeout(wait, tcp.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .next()
+                    .map(str::to_string),
+                _ => None,
+            };
+            (tcp, line)
+        }
+    };
+    let (first, line) = start(Duration::from_millis(300)).await;
+    assert_eq!(line, None, "the first large body is being read");
+    let (_second, line) = start(Duration::from_secs(10)).await;
+    let line = line.expect("an answer before the body");
+    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    let (st, _, v) = send(
+        &s,
+        Method::PUT,
+        "/v1/buckets/j/objects/small",
+        &[JSON],
+        r#"["x", "y"]"#,
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    // The first request ends (its client goes away): its memory comes back.
+    drop(first);
+    let t0 = Instant::now();
+    while s.node.buffered_permit(big).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the budget never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

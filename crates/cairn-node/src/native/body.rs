@@ -676,6 +676,22 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
     }
 }
 
+/// [`Node::buffered_permit`] for a body of up to `bytes` read whole; a refused body is
+/// drained, as [`body_permit`] does.
+pub fn buffered_permit(
+    node: &Node,
+    bytes: u64,
+    body: Body,
+) -> ApiResult<(tokio::sync::OwnedSemaphorePermit, Body)> {
+    match node.buffered_permit(bytes) {
+        Ok(p) => Ok((p, body)),
+        Err(b) => {
+            drain_refused(body);
+            Err(busy(b.0))
+        }
+    }
+}
+
 /// Largest JSON answer [`json_response`] sends from memory.
 const SMALL_JSON: usize = 16 << 10;
 

@@ -613,8 +613,25 @@ pub async fn put(
         body::drain_refused(body);
         return Err(ApiError::too_large(max));
     }
-    // The transfer first: a request refused for want of one has not used its signature.
+    // Text bodies default to a blob; JSON bodies name their type or have it inferred.
+    let text_ty = ty.unwrap_or(ValueType::Blob);
+    // A small blob of known length is read whole, then put in one trip to the blocking
+    // pool (the same tree as streamed: POS-trees depend on content only).
+    let small_blob =
+        text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
+    let streamed = !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob;
+    // The transfer first, and for a body read whole its memory, from the node's budget
+    // for bodies parsed in memory (a declared length, or the most one may hold): a
+    // request refused for want of either has not used its signature.
     let (permit, body) = body::body_permit(&node, body)?;
+    let limit = max.min(BUFFERED_LIMIT);
+    let (memory, body) = if streamed {
+        (None, body)
+    } else {
+        let need = content_length(&headers).unwrap_or(limit).min(limit);
+        let (m, body) = body::buffered_permit(&node, need, body)?;
+        (Some(m), body)
+    };
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions {
@@ -622,13 +639,7 @@ pub async fn put(
         context,
         ..PutOptions::default()
     };
-    // Text bodies default to a blob; JSON bodies name their type or have it inferred.
-    let text_ty = ty.unwrap_or(ValueType::Blob);
-    // A small blob of known length is read whole, then put in one trip to the blocking
-    // pool (the same tree as streamed: POS-trees depend on content only).
-    let small_blob =
-        text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
-    if !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob {
+    if streamed {
         // What would refuse the put (a branch typo, another type on the key, a stale
         // guard) is answered before the body is read and stored, not after it.
         let (pb, pk, pd, po) = (b.clone(), key.clone(), dest.clone(), opts.clone());
@@ -669,7 +680,7 @@ pub async fn put(
             Err(e) => Err(failure.lock().take().unwrap_or_else(|| e.into())),
         };
     }
-    let bytes = body::read_all(body, max.min(BUFFERED_LIMIT), expect).await?;
+    let bytes = body::read_all(body, limit, expect).await?;
     let n = bytes.len() as u64;
     // Elements are counted before the parse allocates one object per element.
     if json {
@@ -686,7 +697,7 @@ pub async fn put(
     let d = dest.clone();
     let k = key.clone();
     let uid = blocking(move || {
-        let _permit = permit;
+        let _permit = (permit, memory);
         Ok(b.put(k.as_bytes(), d.target(), value, &opts)?)
     })
     .await?;
