@@ -149,15 +149,48 @@ fn links_unsupported(e: &std::io::Error) -> bool {
     ) || matches!(e.raw_os_error(), Some(1 | 31 | 95))
 }
 
-/// A new temporary file in `dir` (named after `path`, this process and a counter) holding
-/// `text`, mode 0600, synced.
-fn write_private_temp(dir: &Path, path: &Path, text: &str) -> Result<std::path::PathBuf> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}.{}",
+/// The prefix of the temporary files a key file at `path` is written through.
+fn temp_prefix(path: &Path) -> String {
+    format!(
+        ".{}.tmp.",
         path.file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "key".into()),
+            .unwrap_or_else(|| "key".into())
+    )
+}
+
+/// Removes temporary files of `path`'s key older than a minute: a crash between writing
+/// one and removing it left a second copy of a secret key (hard-linked to the key file,
+/// so it outlived a `--force` replacement of the key), and its name could collide with a
+/// later process's after the process id was reused. Best effort.
+fn remove_stale_temps(dir: &Path, path: &Path) {
+    let prefix = temp_prefix(path);
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    for e in entries.flatten() {
+        let stale = e.file_name().to_string_lossy().starts_with(&prefix)
+            && e.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < old);
+        if stale {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// A new temporary file in `dir` (named after `path`, this process, the time and a
+/// counter) holding `text`, mode 0600, synced.
+fn write_private_temp(dir: &Path, path: &Path, text: &str) -> Result<std::path::PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    remove_stale_temps(dir, path);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = dir.join(format!(
+        "{}{}.{nanos}.{}",
+        temp_prefix(path),
         std::process::id(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
@@ -244,5 +277,43 @@ pub fn read_or_create(path: &Path, what: &str, announce: bool) -> Result<Signing
         }
         Err(_) if path.exists() => read(path),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A temporary copy of a key left by a crash (a second link to the secret) is removed
+    /// when a key is next written there, once it is a minute old; a younger one may be a
+    /// concurrent creator's and stays.
+    #[test]
+    fn stale_temporary_copies_of_a_key_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("writer.key");
+        let stale = dir.path().join(".writer.key.tmp.1.2.3");
+        let young = dir.path().join(".writer.key.tmp.4.5.6");
+        let other = dir.path().join(".other.key.tmp.1.2.3");
+        for p in [&stale, &young, &other] {
+            fs::write(p, "cairn-ed25519-secret:00").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for p in [&stale, &other] {
+            File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(hour_ago)
+                .unwrap();
+        }
+        let key = create(&path, "test", false).unwrap();
+        assert_eq!(read(&path).unwrap().public(), key.public());
+        assert!(!stale.exists(), "the stale copy of the key is gone");
+        assert!(young.exists() && other.exists());
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
     }
 }
