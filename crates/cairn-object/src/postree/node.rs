@@ -267,13 +267,18 @@ pub(crate) fn decode_index(
     Ok((level, entries))
 }
 
-/// Parses a List/Set/Map leaf payload; checks sorted kinds have strictly increasing keys.
-pub(crate) fn decode_elems(
-    chunk: &Bytes,
-    payload: &[u8],
+/// Walks a List/Set/Map leaf payload: hands `count` the element count once it is known to
+/// be within `max` (and the payload's size), then each element's key and value (Map) to
+/// `each`; checks that sorted kinds have strictly increasing keys and that nothing follows
+/// the last element. Returns the element count and where the first element starts in
+/// `payload`.
+fn scan_elems<'p>(
+    payload: &'p [u8],
     kind: TreeKind,
     max: usize,
-) -> Result<Vec<Elem>> {
+    count: impl FnOnce(usize),
+    mut each: impl FnMut(&'p [u8], Option<&'p [u8]>),
+) -> Result<(usize, usize)> {
     let mut d = Decoder::new(payload, "POS-tree leaf");
     let is_map = kind == TreeKind::Map;
     let n = d.count(1 + is_map as usize)?;
@@ -282,23 +287,49 @@ pub(crate) fn decode_elems(
             "leaf of {n} elements, more than the {max} accepted"
         )));
     }
-    let mut out: Vec<Elem> = Vec::with_capacity(n);
+    count(n);
+    let start = d.position();
+    let mut prev: Option<&[u8]> = None;
     for _ in 0..n {
-        let key = chunk.slice_ref(d.bytes()?);
-        let value = if is_map {
-            Some(chunk.slice_ref(d.bytes()?))
-        } else {
-            None
-        };
+        let key = d.bytes()?;
+        let value = if is_map { Some(d.bytes()?) } else { None };
         if kind.is_sorted()
-            && let Some(prev) = out.last()
-            && prev.key >= key
+            && let Some(p) = prev
+            && p >= key
         {
             return Err(Error::decode("leaf keys are not strictly increasing"));
         }
-        out.push(Elem { key, value });
+        prev = Some(key);
+        each(key, value);
     }
     d.finish()?;
+    Ok((n, start))
+}
+
+/// Parses a List/Set/Map leaf payload; checks sorted kinds have strictly increasing keys.
+pub(crate) fn decode_elems(
+    chunk: &Bytes,
+    payload: &[u8],
+    kind: TreeKind,
+    max: usize,
+) -> Result<Vec<Elem>> {
+    let mut out: Vec<Elem> = Vec::new();
+    let count = std::cell::Cell::new(0);
+    scan_elems(
+        payload,
+        kind,
+        max,
+        |n| count.set(n),
+        |k, v| {
+            if out.capacity() == 0 {
+                out.reserve_exact(count.get());
+            }
+            out.push(Elem {
+                key: chunk.slice_ref(k),
+                value: v.map(|v| chunk.slice_ref(v)),
+            })
+        },
+    )?;
     Ok(out)
 }
 
@@ -326,39 +357,25 @@ impl LeafElems {
     /// Checks the leaf `payload` (of `chunk`) as [`decode_elems`] does, keeping nothing
     /// but its first and last keys.
     pub(crate) fn parse(chunk: &Bytes, payload: &[u8], kind: TreeKind, max: usize) -> Result<Self> {
-        let mut d = Decoder::new(payload, "POS-tree leaf");
-        let is_map = kind == TreeKind::Map;
-        let n = d.count(1 + is_map as usize)?;
-        if n > max {
-            return Err(Error::decode(format!(
-                "leaf of {n} elements, more than the {max} accepted"
-            )));
-        }
-        let start = d.position();
-        let (mut first, mut prev): (Option<&[u8]>, Option<&[u8]>) = (None, None);
-        for _ in 0..n {
-            let key = d.bytes()?;
-            if is_map {
-                d.bytes()?;
-            }
-            if kind.is_sorted()
-                && let Some(p) = prev
-                && p >= key
-            {
-                return Err(Error::decode("leaf keys are not strictly increasing"));
-            }
-            first.get_or_insert(key);
-            prev = Some(key);
-        }
-        d.finish()?;
+        let (mut first, mut last): (Option<&[u8]>, Option<&[u8]>) = (None, None);
+        let (n, start) = scan_elems(
+            payload,
+            kind,
+            max,
+            |_| {},
+            |k, _| {
+                first.get_or_insert(k);
+                last = Some(k);
+            },
+        )?;
         Ok(LeafElems {
             elems: chunk.slice_ref(&payload[start..]),
             pos: 0,
             len: n,
             taken: 0,
-            is_map,
+            is_map: kind == TreeKind::Map,
             first: first.map(|k| chunk.slice_ref(k)),
-            last: prev.map(|k| chunk.slice_ref(k)),
+            last: last.map(|k| chunk.slice_ref(k)),
         })
     }
 
