@@ -393,6 +393,21 @@ impl CapsuleDag {
 
     /// Adds a checked record; returns false (changing nothing) if it was already present.
     pub fn insert(&mut self, name: RecordName, header: &RecordHeader, body: StoredBody) -> bool {
+        self.insert_signed(name, header, body, None)
+    }
+
+    /// [`CapsuleDag::insert`] of a record that arrives with its writer signature `sig`
+    /// (verified by the caller) in the same journal group: the record is signed from the
+    /// start, so it is listed once in the proven order, not first as proven by a chain
+    /// through records of its group and then again, as signed late
+    /// ([`CapsuleDag::signed_late`]), for its own signature.
+    pub fn insert_signed(
+        &mut self,
+        name: RecordName,
+        header: &RecordHeader,
+        body: StoredBody,
+        sig: Option<WriterSignature>,
+    ) -> bool {
         if self.nodes.contains_key(&name) {
             return false;
         }
@@ -448,7 +463,11 @@ impl CapsuleDag {
                 header: encoded.into_boxed_slice(),
             },
         );
-        if let Some(h) = witness.hops() {
+        if let Some(ws) = sig {
+            self.signatures.insert(name, ws);
+            self.set_witness(&name, Witness::Signed);
+            self.propagate(name, 0);
+        } else if let Some(h) = witness.hops() {
             self.set_witness(&name, witness);
             self.propagate(name, h);
         }

@@ -914,8 +914,12 @@ fn now_micros() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Format version of a stored sync cursor.
-const SYNC_CURSOR_VERSION: u8 = 1;
+/// Format version of a stored sync cursor: a position in the proven order. Version 2
+/// counts the order as [`CapsuleDag::insert_signed`] builds it (a record journaled with
+/// its own signature is listed once, where it was listed twice before); a cursor of
+/// another version is not used, so the first session after an upgrade compares everything
+/// instead of skipping records its old position no longer means.
+const SYNC_CURSOR_VERSION: u8 = 2;
 
 /// Most peers a server keeps a sync cursor for in memory (the least recently used is
 /// forgotten: the next session with that peer compares everything, unless the peer is one
@@ -1317,6 +1321,25 @@ impl CapsuleServer {
                 )));
             }
             cap.journal_seq += entries.len() as u64;
+            // A record goes in with the first signature its journal group carries for it,
+            // as the write or sync that journaled them put it in (see
+            // `CapsuleDag::insert_signed`), so the proven order replays the same.
+            let records: std::collections::HashSet<RecordName> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    JournalEntry::Record { name, .. } => Some(*name),
+                    JournalEntry::Signature { .. } => None,
+                })
+                .collect();
+            let mut own_sig: HashMap<RecordName, WriterSignature> = HashMap::new();
+            for e in &entries {
+                if let JournalEntry::Signature { name: rn, sig } = e
+                    && records.contains(rn)
+                    && (sig.writer as usize) < cap.dag.meta().writers.len()
+                {
+                    own_sig.entry(*rn).or_insert(*sig);
+                }
+            }
             for en in entries {
                 match en {
                     JournalEntry::Record { name: rn, body } => {
@@ -1333,7 +1356,8 @@ impl CapsuleServer {
                                 cap.index_subrecord(*s, rn, i as u32);
                             }
                         }
-                        cap.dag.insert(rn, &header, body);
+                        cap.dag
+                            .insert_signed(rn, &header, body, own_sig.get(&rn).copied());
                     }
                     JournalEntry::Signature { name: rn, sig } => {
                         // The journal is a hash chain from the capsule ref (every chunk
@@ -1570,13 +1594,23 @@ impl CapsuleServer {
             committing(&names, cap.dag.log().size() + fresh.len() as u64);
             self.append_journal(capsule, &mut cap, &entries)?;
         }
+        // A fresh record's own signature (the first the write carries for it, as the
+        // journal's first entry for it) goes in with it, as a replay of the journal does.
+        let mut own_sig: HashMap<RecordName, WriterSignature> = HashMap::new();
+        for (n, ws) in signatures {
+            own_sig.entry(*n).or_insert(*ws);
+        }
         for &i in &fresh {
             let r = &records[i];
             if let BodyRef::Plain { hash, .. } = r.header.body {
                 // Only now, with the record journaled: a hit there means it was accepted.
                 self.bodies.insert(capsule, hash, false, &r.body);
-                cap.dag
-                    .insert(names[i], &r.header, StoredBody::Plain { cid: hash });
+                cap.dag.insert_signed(
+                    names[i],
+                    &r.header,
+                    StoredBody::Plain { cid: hash },
+                    own_sig.get(&names[i]).copied(),
+                );
             }
         }
         for (n, ws) in signatures {
@@ -1735,10 +1769,7 @@ impl CapsuleServer {
         for (data, n) in subrecords.iter().zip(&names) {
             self.bodies.insert(capsule, *n, true, data);
         }
-        cap.dag.insert(name, header, body);
-        if let Some(ws) = sig {
-            cap.dag.insert_verified_signature(name, ws);
-        }
+        cap.dag.insert_signed(name, header, body, sig);
         cap.cache_tree(&self.opts, name, Arc::new(tree));
         let size = cap.dag.log().size();
         let signed = sig.map(|_| name).into_iter().collect();
@@ -2729,11 +2760,14 @@ impl CapsuleServer {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
+        // Not over a record signed after a chain proved it: the peer holding the record
+        // (it may have sent it, unsigned) does not tell that it holds the signature, and
+        // past that entry the signature would never travel.
         let mut p = (next.pos as usize).min(proven.len());
         while p < proven.len()
             && order
                 .get(proven[p] as usize)
-                .is_some_and(|n| peer_has.contains(n))
+                .is_some_and(|n| peer_has.contains(n) && !cap.dag.signed_late(n))
         {
             p += 1;
         }
@@ -3165,10 +3199,11 @@ impl CapsuleServer {
             };
             self.store.put_hashed(*name.hash(), &hb)?;
             entries.push(JournalEntry::Record { name, body });
-            if let Some(ws) = r.signature.or_else(|| late_sigs.get(&name).copied()) {
+            let sig = r.signature.or_else(|| late_sigs.get(&name).copied());
+            if let Some(ws) = sig {
                 new_sigs.push((name, ws));
             }
-            inserts.push((name, r.header.clone(), body));
+            inserts.push((name, r.header.clone(), body, sig));
         }
         for (name, ws) in &new_sigs {
             entries.push(JournalEntry::Signature {
@@ -3187,8 +3222,10 @@ impl CapsuleServer {
         for (sn, name, i) in subrecord_index {
             cap.index_subrecord(sn, name, i);
         }
-        for (name, header, body) in inserts {
-            cap.dag.insert(name, &header, body);
+        // A fresh record goes in with its own signature, as a replay of the journal does
+        // (signed late otherwise, when a record of the batch proved it first).
+        for (name, header, body, sig) in inserts {
+            cap.dag.insert_signed(name, &header, body, sig);
         }
         for (name, ws) in new_sigs {
             cap.dag.insert_verified_signature(name, ws);

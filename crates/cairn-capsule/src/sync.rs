@@ -1222,9 +1222,13 @@ impl SyncState {
                 let want_page = self.next_want_page(&out);
                 // A round that moved nothing new either way counts against the limit (a
                 // page of wanted names this side sends is progress: it has finitely many).
+                // Records this side sends for the first time are progress too: each goes
+                // once a session, so they cannot keep it going for ever (a side walking a
+                // long branch to a peer that sends nothing back counted every round).
                 if accepted == 0
                     && noted == 0
                     && !was_backlogged
+                    && out.is_empty()
                     && want_page.is_empty()
                     && !new_wants
                 {

@@ -1402,3 +1402,57 @@ fn the_walk_from_a_stale_head_is_bounded_by_depth() {
     sync_pair(&b, &a, &c).unwrap();
     assert_eq!(present(&b, &c), present(&a, &c));
 }
+
+/// A finished session moves the cursor on over records the peer holds, but not over one
+/// signed after a chain proved it: the peer may hold it unsigned (it may have sent it), and
+/// past that entry the signature would never travel.
+#[test]
+fn the_cursor_does_not_pass_a_late_signature() {
+    let Pair { a, b, c, w, seal } = pair("cursor-late");
+    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
+    for i in 1..10 {
+        let prev = chain[i - 1].name();
+        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
+    }
+    let last = chain[9].name();
+    a.write(&c, &chain, &[(last, w.sign(&last))]).unwrap();
+    let peer = b.public_key();
+    // A session comparing the first four records; the peer turns out to hold all of them.
+    let (_, next) = a.since_last_sync_within(&c, &peer, 4).unwrap();
+    let r = chain[6].name();
+    a.sign(&c, &r, w.sign(&r)).unwrap();
+    let all: std::collections::HashSet<RecordName> = chain.iter().map(Record::name).collect();
+    a.finish_sync(&c, &peer, next, &all).unwrap();
+    let (left, _) = a.since_last_sync(&c, &peer).unwrap();
+    assert_eq!(left, vec![r], "the late signature is compared next time");
+}
+
+/// A record that arrives by anti-entropy with its own signature is signed from the start,
+/// not first proven by a chain through the batch's other records and then "signed late"
+/// (which made every such record travel again, unasked, and held finished sessions'
+/// cursors back), and a replay of the journal gives the same proven order.
+#[test]
+fn records_synced_with_their_signatures_are_not_signed_late() {
+    let Pair { a, b, c, w, seal } = pair("synced-signed");
+    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
+    for i in 1..12 {
+        let prev = chain[i - 1].name();
+        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
+    }
+    // Signed in the middle and at the end, in one write.
+    let sigs: Vec<_> = [3, 7, 11]
+        .iter()
+        .map(|&i| (chain[i].name(), w.sign(&chain[i].name())))
+        .collect();
+    a.write(&c, &chain, &sigs).unwrap();
+    assert_eq!(a.with_dag(&c, |d| d.signed_late_count()).unwrap(), 0);
+    sync_pair(&b, &a, &c).unwrap();
+    assert_eq!(present(&b, &c), present(&a, &c));
+    assert_eq!(b.with_dag(&c, |d| d.signed_late_count()).unwrap(), 0);
+    for i in [3, 7, 11] {
+        let n = chain[i].name();
+        assert!(b.with_dag(&c, |d| d.signature(&n).is_some()).unwrap());
+    }
+    // The next session is a quick match at once.
+    assert!(sync_pair(&b, &a, &c).unwrap().0.quick_match);
+}
