@@ -63,7 +63,7 @@ pub struct Node {
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
     /// MiB of memory for request bodies buffered whole and their parsed forms
-    /// ([`Node::buffered_permit`]).
+    /// ([`Node::buffered_memory`]).
     buffered: Arc<tokio::sync::Semaphore>,
 }
 
@@ -75,6 +75,47 @@ pub const BUFFERED_MEMORY_MIB: u32 = 320;
 /// Memory a buffered body takes at its peak, in multiples of its size: the body, the
 /// parsed JSON or text, the values copied out of it and, for JSON, the set of its keys.
 const BUFFERED_FACTOR: u64 = 4;
+
+/// One request's share of the memory for bodies parsed in memory
+/// ([`Node::buffered_memory`]), charged as its bytes arrive: four times what it holds (it
+/// is parsed once whole), so a client holds budget only for bytes it sent, and a body
+/// without a declared length is charged for what it turns out to be.
+pub struct BufferedMemory {
+    pool: Arc<tokio::sync::Semaphore>,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    mib: u32,
+}
+
+impl BufferedMemory {
+    /// Grows the share to cover a body of `bytes`; refused (503 for the caller) when the
+    /// bodies in progress hold the budget.
+    pub fn grow(&mut self, bytes: u64) -> Result<(), Busy> {
+        let want = bytes
+            .saturating_mul(BUFFERED_FACTOR)
+            .div_ceil(1 << 20)
+            .clamp(1, u64::from(BUFFERED_MEMORY_MIB)) as u32;
+        if want <= self.mib {
+            return Ok(());
+        }
+        let more = self
+            .pool
+            .clone()
+            .try_acquire_many_owned(want - self.mib)
+            .map_err(|_| {
+                Busy(format!(
+                    "the request bodies being parsed in memory hold the {BUFFERED_MEMORY_MIB} \
+                     MiB this node keeps for them; retry, or send a blob or a text list, \
+                     which stream"
+                ))
+            })?;
+        match &mut self.held {
+            Some(h) => h.merge(more),
+            None => self.held = Some(more),
+        }
+        self.mib = want;
+        Ok(())
+    }
+}
 
 tokio::task_local! {
     /// The address group ([`cairn_net::peer_group`]) of the peer whose connection the
@@ -223,24 +264,15 @@ impl Node {
         }))
     }
 
-    /// The memory for a request body of up to `bytes` that is buffered whole and parsed,
-    /// from [`BUFFERED_MEMORY_MIB`], held until the request ends; refused when the bodies
-    /// in progress hold it (the caller answers 503 with `Retry-After`). Transfers alone let
-    /// 224 writers each hold a 64 MiB JSON body and about three times as much again parsed.
-    pub fn buffered_permit(&self, bytes: u64) -> Result<tokio::sync::OwnedSemaphorePermit, Busy> {
-        let mib = bytes
-            .saturating_mul(BUFFERED_FACTOR)
-            .div_ceil(1 << 20)
-            .clamp(1, u64::from(BUFFERED_MEMORY_MIB)) as u32;
-        self.buffered
-            .clone()
-            .try_acquire_many_owned(mib)
-            .map_err(|_| {
-                Busy(format!(
-                    "the request bodies being parsed in memory hold the {BUFFERED_MEMORY_MIB} MiB \
-                 this node keeps for them; retry, or send a blob or a text list, which stream"
-                ))
-            })
+    /// An empty share of [`BUFFERED_MEMORY_MIB`] for one request body read whole and
+    /// parsed; it grows with the bytes that arrive ([`BufferedMemory::grow`]) and goes
+    /// back when dropped.
+    pub fn buffered_memory(&self) -> BufferedMemory {
+        BufferedMemory {
+            pool: self.buffered.clone(),
+            held: None,
+            mib: 0,
+        }
     }
 
     /// A permit for one request that reads a body (an upload, a mutation), held until it

@@ -362,57 +362,85 @@ async fn a_signed_request_refused_for_want_of_a_transfer_can_be_sent_again() {
 }
 
 /// Bodies read whole and parsed in memory (JSON, typed values) take their memory, four
-/// times their declared size, from the node's budget for them before they are read: one
-/// of the largest holds most of it, a second is refused with 503 and `Retry-After` (not
-/// read), small ones still pass, and the memory comes back when the request ends. (Only
-/// the transfer count bounded them: 224 writers each holding a 64 MiB JSON body and about
-/// three times as much parsed.)
+/// times what they hold, from the node's budget for them as their bytes arrive: a client
+/// holds budget only for what it sent (charging the declared length let two slow clients
+/// declaring 40 MiB each hold it all, and a chunked body of a few bytes took 256 MiB). A
+/// body that would pass the budget is cut with 503 and `Retry-After`; small ones, chunked
+/// too, still pass; the memory comes back when the request ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_parsed_in_memory_share_a_budget() {
     let s = Server::start(1 << 30).await;
     s.open_bucket("j").await;
     let addr = s.base.trim_start_matches("http://").to_string();
-    let big = 64u64 << 20;
-    // Headers of a 64 MiB JSON put, and the first bytes of its body; the answer's first
-    // line if one comes within `wait`.
-    let start = |wait: Duration| {
+    let declared = 64u64 << 20;
+    // A 64 MiB JSON put that sends `sent` bytes of its body, then waits.
+    let start = |sent: usize| {
         let addr = addr.clone();
         async move {
-            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let (rd, mut wr) = tcp.into_split();
             let req = format!(
                 "PUT /v1/buckets/j/objects/big HTTP/1.1\r\nHost: localhost\r\n\
-                 Content-Type: application/json\r\nContent-Length: {big}\r\n\r\n[\"a\""
+                 Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n[\""
             );
-            tcp.write_all(req.as_bytes()).await.unwrap();
-            let mut buf = [0u8; 512];
-            let line = match tokio::time::timeout(wait, tcp.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => String::from_utf8_lossy(&buf[..n])
-                    .lines()
-                    .next()
-                    .map(str::to_string),
-                _ => None,
-            };
-            (tcp, line)
+            wr.write_all(req.as_bytes()).await.unwrap();
+            let writer = tokio::spawn(async move {
+                let piece = vec![b'a'; 1 << 20];
+                let mut left = sent;
+                while left > 0 {
+                    let n = left.min(piece.len());
+                    if wr.write_all(&piece[..n]).await.is_err() {
+                        break;
+                    }
+                    left -= n;
+                }
+                wr
+            });
+            (writer, rd)
         }
     };
-    let (first, line) = start(Duration::from_millis(300)).await;
-    assert_eq!(line, None, "the first large body is being read");
-    let (_second, line) = start(Duration::from_secs(10)).await;
-    let line = line.expect("an answer before the body");
-    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
-    let (st, _, v) = send(
-        &s,
-        Method::PUT,
-        "/v1/buckets/j/objects/small",
-        &[JSON],
-        r#"["x", "y"]"#,
-    )
-    .await;
-    assert_eq!(st, 201, "{v}");
-    // The first request ends (its client goes away): its memory comes back.
-    drop(first);
+    async fn first_line(rd: &mut tokio::net::tcp::OwnedReadHalf, wait: Duration) -> Option<String> {
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(wait, rd.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .next()
+                .map(str::to_string),
+            _ => None,
+        }
+    }
+    // The first sends 60 MiB: it holds 240 of the 320 MiB.
+    let (w1, mut r1) = start(60 << 20).await;
+    let _w1 = w1.await.unwrap();
     let t0 = Instant::now();
-    while s.node.buffered_permit(big).is_err() {
+    while s.node.buffered_memory().grow(81 << 20).is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the first body never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(first_line(&mut r1, Duration::from_millis(100)).await, None);
+    // A small chunked JSON put still fits.
+    let small = s
+        .req(Method::PUT, "/v1/buckets/j/objects/small")
+        .header(JSON.0, JSON.1)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter([
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(br#"["x", "y"]"#)),
+        ])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status().as_u16(), 201);
+    // A second that sends 30 MiB passes the budget at about 20 MiB: cut with 503.
+    let (_w2, mut r2) = start(30 << 20).await;
+    let line = first_line(&mut r2, Duration::from_secs(20)).await;
+    let line = line.expect("an answer once the budget is passed");
+    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    // The first request ends (its client goes away): its memory comes back.
+    drop((_w1, r1));
+    let t0 = Instant::now();
+    while s.node.buffered_memory().grow(declared).is_err() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the budget never came back"

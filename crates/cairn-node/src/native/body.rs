@@ -330,6 +330,18 @@ impl Check {
 /// cases what the client still sends is drained ([`drain_refused`]), so it reads the 413
 /// rather than a reset connection.
 pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiResult<Bytes> {
+    read_all_within(body, limit, expect, None).await
+}
+
+/// [`read_all`] of a body that is then parsed in memory: `memory` grows with the bytes as
+/// they arrive, and when the node's budget for such bodies is held the read stops with
+/// 503 (`Retry-After: 1`; what the client still sends is drained).
+pub async fn read_all_within(
+    body: Body,
+    limit: u64,
+    expect: Option<[u8; 32]>,
+    mut memory: Option<&mut crate::node::BufferedMemory>,
+) -> ApiResult<Bytes> {
     if http_body::Body::size_hint(&body).lower() > limit {
         drain_refused(body);
         return Err(ApiError::too_large(limit));
@@ -343,6 +355,12 @@ pub async fn read_all(body: Body, limit: u64, expect: Option<[u8; 32]>) -> ApiRe
         if let Err(e) = check.feed(&chunk) {
             tokio::spawn(drain(stream));
             return Err(e);
+        }
+        if let Some(m) = memory.as_deref_mut()
+            && let Err(b) = m.grow((buf.len() + chunk.len()) as u64)
+        {
+            tokio::spawn(drain(stream));
+            return Err(busy(b.0));
         }
         buf.extend_from_slice(&chunk);
     }
@@ -668,22 +686,6 @@ fn busy(message: String) -> ApiError {
 /// sent again as it was.
 pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer, Body)> {
     match node.write_permit() {
-        Ok(p) => Ok((p, body)),
-        Err(b) => {
-            drain_refused(body);
-            Err(busy(b.0))
-        }
-    }
-}
-
-/// [`Node::buffered_permit`] for a body of up to `bytes` read whole; a refused body is
-/// drained, as [`body_permit`] does.
-pub fn buffered_permit(
-    node: &Node,
-    bytes: u64,
-    body: Body,
-) -> ApiResult<(tokio::sync::OwnedSemaphorePermit, Body)> {
-    match node.buffered_permit(bytes) {
         Ok(p) => Ok((p, body)),
         Err(b) => {
             drain_refused(body);

@@ -620,18 +620,9 @@ pub async fn put(
     let small_blob =
         text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
     let streamed = !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob;
-    // The transfer first, and for a body read whole its memory, from the node's budget
-    // for bodies parsed in memory (a declared length, or the most one may hold): a
-    // request refused for want of either has not used its signature.
+    // The transfer first: a request refused for want of one has not used its signature.
     let (permit, body) = body::body_permit(&node, body)?;
     let limit = max.min(BUFFERED_LIMIT);
-    let (memory, body) = if streamed {
-        (None, body)
-    } else {
-        let need = content_length(&headers).unwrap_or(limit).min(limit);
-        let (m, body) = body::buffered_permit(&node, need, body)?;
-        (Some(m), body)
-    };
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions {
@@ -680,7 +671,10 @@ pub async fn put(
             Err(e) => Err(failure.lock().take().unwrap_or_else(|| e.into())),
         };
     }
-    let bytes = body::read_all(body, limit, expect).await?;
+    // A body read whole takes its memory, as it arrives, from the node's budget for
+    // bodies parsed in memory.
+    let mut memory = node.buffered_memory();
+    let bytes = body::read_all_within(body, limit, expect, Some(&mut memory)).await?;
     let n = bytes.len() as u64;
     // Elements are counted before the parse allocates one object per element.
     if json {

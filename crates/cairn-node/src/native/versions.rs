@@ -612,9 +612,17 @@ pub const CONFLICT_SIDE_BYTES: usize = 4 << 10;
 /// to [`CONFLICT_SIDE_BYTES`], with `truncated: true` and the sides' full lengths
 /// (`base_len`, `ours_len`, `theirs_len`) when any was cut.
 pub fn conflict_json(c: &Conflict) -> J {
+    // Cut at a character boundary when the side is text, so it stays a JSON string.
     let cut = |v: &Option<bytes::Bytes>| {
-        v.as_ref()
-            .map(|b| b.slice(..b.len().min(CONFLICT_SIDE_BYTES)))
+        v.as_ref().map(|b| {
+            let mut n = b.len().min(CONFLICT_SIDE_BYTES);
+            if n < b.len() && std::str::from_utf8(b).is_ok() {
+                while n > 0 && (b[n] & 0xC0) == 0x80 {
+                    n -= 1;
+                }
+            }
+            b.slice(..n)
+        })
     };
     let sides = [&c.base, &c.ours, &c.theirs];
     let truncated = sides
@@ -752,10 +760,15 @@ pub async fn merge(
             for c in &cs {
                 // Each side cut to CONFLICT_SIDE_BYTES, at most 6 bytes of JSON a byte (a
                 // control byte is escaped as \u00XX).
+                let key = match &c.at {
+                    ConflictAt::MapKey(k) => k.len(),
+                    _ => 0,
+                };
                 let size = [&c.base, &c.ours, &c.theirs]
                     .iter()
                     .map(|v| v.as_ref().map_or(0, |b| b.len().min(CONFLICT_SIDE_BYTES)))
                     .sum::<usize>()
+                    .saturating_add(key)
                     .saturating_mul(6)
                     .saturating_add(256);
                 if !list.is_empty() && bytes.saturating_add(size) > CONFLICTS_ANSWER_BYTES {
@@ -872,6 +885,41 @@ pub async fn proof(
 mod tests {
     use super::*;
     use cairn_object::{Db, NewValue, Target};
+
+    /// A conflict side over the cut is cut at a character boundary when it is text (so it
+    /// stays a JSON string, not hex), anywhere when it is not, and its length is given.
+    #[test]
+    fn conflict_sides_are_cut_at_a_character() {
+        let text = "é".repeat(CONFLICT_SIDE_BYTES); // two bytes a character
+        let odd = format!("a{text}");
+        let binary = vec![0xFFu8; CONFLICT_SIDE_BYTES + 5];
+        let c = Conflict {
+            at: ConflictAt::Value,
+            base: Some(odd.clone().into()),
+            ours: Some(binary.clone().into()),
+            theirs: Some(bytes::Bytes::from_static(b"short")),
+        };
+        let j = conflict_json(&c);
+        assert_eq!(j["truncated"], true);
+        let base = j["base"].as_str().expect("text stays a string");
+        assert!(odd.starts_with(base) && base.len() == CONFLICT_SIDE_BYTES - 1);
+        assert_eq!(j["base_len"], odd.len());
+        let ours = j["ours"]["hex"].as_str().unwrap();
+        assert_eq!(ours.len(), 2 * CONFLICT_SIDE_BYTES);
+        assert_eq!(j["ours_len"], binary.len());
+        assert_eq!(
+            (j["theirs"].as_str(), &j["theirs_len"]),
+            (Some("short"), &J::from(5))
+        );
+        // Nothing cut: no lengths.
+        let whole = conflict_json(&Conflict {
+            at: ConflictAt::Value,
+            base: None,
+            ours: Some(bytes::Bytes::from_static(b"a")),
+            theirs: Some(bytes::Bytes::from_static(b"b")),
+        });
+        assert!(whole.get("truncated").is_none() && whole.get("ours_len").is_none());
+    }
 
     /// A log answer over its budget stops at a distance boundary and names the next one;
     /// asking again from there gives the rest, every version exactly once.
