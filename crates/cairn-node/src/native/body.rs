@@ -148,17 +148,22 @@ impl BodyReader {
     /// its headers (a bad token, a Content-Length over the limit) must not be invited to
     /// upload (`Expect: 100-continue` is answered when the body is first pulled) nor have
     /// its body buffered first. When the gate is dropped unopened, the body is drained
-    /// (bounded, so a client already sending it reads the answer, not a reset), unless
-    /// `expects_continue`: such a client waits for the answer before sending.
+    /// (bounded, so a client already sending it reads the answer, not a reset); with
+    /// `expects_continue` only after a moment, once the refusal has gone out.
     pub fn gated(body: Body, expects_continue: bool) -> (Self, BodyGate) {
         let (open, opened) = tokio::sync::oneshot::channel::<()>();
         let (tx, rx) = tokio::sync::mpsc::channel(IN_QUEUE);
         tokio::spawn(async move {
             let mut stream = body.into_data_stream();
             if opened.await.is_err() {
-                if !expects_continue {
-                    drain(stream).await;
+                // A client waiting for `100 Continue` is not invited: pulling the body
+                // before the refusal is out would send it. Some send anyway after a
+                // wait (curl after 1 s), so the body is drained once the refusal has
+                // had time to go out (a pull after the response started sends nothing).
+                if expects_continue {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
+                drain(stream).await;
                 return;
             }
             let mut batch = Vec::new();
