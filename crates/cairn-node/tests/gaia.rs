@@ -1397,6 +1397,20 @@ async fn reads_serve_ranges_and_not_modified() {
         let r = get(vec![("if-none-match", "other".into())]).await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
+        // If-Match, as `send` checks it: another version is 412 (a resumed range
+        // included), this one or `*` is served.
+        for other in ["other".to_string(), "\"0000\"".into()] {
+            let r = get(vec![("if-match", other), ("range", "bytes=10-19".into())])
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 412);
+        }
+        for tag in [format!("\"{etag}\""), "*".into(), format!("x, {etag}")] {
+            let r = get(vec![("if-match", tag), ("range", "bytes=10-19".into())])
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 206);
+        }
     }
 }
 

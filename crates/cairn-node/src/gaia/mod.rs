@@ -1792,6 +1792,14 @@ async fn read(
             t == "*" || t == found.etag
         })
     };
+    // An `If-Match` naming another version is 412, checked first, as `send` (behind the
+    // reader's `res.sendFile`) does: a download resumed with the ETag it started from
+    // must not get another version's bytes.
+    if header_str(header::IF_MATCH).is_some_and(|l| !names_this(l))
+        || (headers.contains_key(header::IF_MATCH) && header_str(header::IF_MATCH).is_none())
+    {
+        return (StatusCode::PRECONDITION_FAILED, "Precondition Failed").into_response();
+    }
     let not_modified = header_str(header::IF_NONE_MATCH).is_some_and(names_this);
     // If-Range compares strongly (RFC 9110, 13.1.5): the exact ETag, quoted or not; any
     // other value, a date included, serves the whole file.
