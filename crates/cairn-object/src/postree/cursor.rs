@@ -292,18 +292,9 @@ impl<'a> ElemCursor<'a> {
             return Ok(());
         }
         // Past the elements before `key`, one at a time (the leaf is read lazily).
-        while let Some(e) = self.leaf.peek()? {
-            let before = if after {
-                e.key.as_ref() <= key
-            } else {
-                e.key.as_ref() < key
-            };
-            if !before {
-                break;
-            }
-            self.leaf.skip(1)?;
-            self.idx += 1;
-        }
+        self.idx += self
+            .leaf
+            .skip_while(|k| if after { k <= key } else { k < key })?;
         self.pos = s + self.idx as u64;
         Ok(())
     }

@@ -410,11 +410,6 @@ impl LeafElems {
         Ok(Some((Elem { key, value }, d.position())))
     }
 
-    /// The next element, without moving past it.
-    pub(crate) fn peek(&self) -> Result<Option<Elem>> {
-        Ok(self.decode_next()?.map(|(e, _)| e))
-    }
-
     /// The next element.
     pub(crate) fn next_elem(&mut self) -> Result<Option<Elem>> {
         let next = self.decode_next()?;
@@ -425,13 +420,34 @@ impl LeafElems {
         Ok(next.map(|(e, _)| e))
     }
 
-    /// Moves past the next `n` elements (fewer when the leaf ends first).
-    pub(crate) fn skip(&mut self, n: usize) -> Result<()> {
-        for _ in 0..n {
-            if self.next_elem()?.is_none() {
+    /// Moves past the elements whose key `before` accepts, up to the first it refuses;
+    /// returns how many it moved past. Keys are compared in place (nothing is copied).
+    pub(crate) fn skip_while(&mut self, mut before: impl FnMut(&[u8]) -> bool) -> Result<usize> {
+        let mut skipped = 0;
+        while self.taken < self.len {
+            let rest = self.elems.get(self.pos..).unwrap_or_default();
+            let mut d = Decoder::new(rest, "POS-tree leaf");
+            if !before(d.bytes()?) {
                 break;
             }
+            if self.is_map {
+                d.bytes()?;
+            }
+            self.pos += d.position();
+            self.taken += 1;
+            skipped += 1;
         }
+        Ok(skipped)
+    }
+
+    /// Moves past the next `n` elements (fewer when the leaf ends first).
+    pub(crate) fn skip(&mut self, n: usize) -> Result<()> {
+        let mut left = n;
+        self.skip_while(|_| {
+            let go = left > 0;
+            left = left.saturating_sub(1);
+            go
+        })?;
         Ok(())
     }
 
