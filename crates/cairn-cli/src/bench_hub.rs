@@ -260,9 +260,16 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
     let floor = http_floor(&node_rt, &client_rt, &http, &sizes, args.runs)?;
     let mut files: BTreeMap<(String, usize, bool), Cell> = BTreeMap::new();
     let mut seed = 1u64;
+    // The hubs take turns first from cell to cell, and the dirty pages one leaves are
+    // written back (untimed) before the next starts: with a fixed order, the writeback of
+    // the hubs that do not sync fell into the timed cells of the hubs after them.
+    let mut turn = 0usize;
     for &size in &sizes {
         for encrypt in [false, true] {
-            for h in &hubs {
+            turn += 1;
+            for j in 0..hubs.len() {
+                let h = &hubs[(j + turn) % hubs.len()];
+                settle();
                 seed += 1;
                 let cell = client_rt.block_on(file_cell(
                     &http, h, size, encrypt, args.runs, seed, args.cold,
@@ -291,7 +298,10 @@ pub fn run(args: &HubArgs, durabilities: &[Durability], root: &Path) -> Result<(
     let mut conc: BTreeMap<(String, usize, bool), Conc> = BTreeMap::new();
     for &n in &args.writers {
         for one_path in [true, false] {
-            for h in &hubs {
+            turn += 1;
+            for j in 0..hubs.len() {
+                let h = &hubs[(j + turn) % hubs.len()];
+                settle();
                 seed += 1;
                 let c = client_rt.block_on(conc_cell(
                     &http,
@@ -850,7 +860,16 @@ async fn conc_cell(
     out
 }
 
-/// Raw local disk: per size, (write+fdatasync ms, write without sync ms, read ms) medians.
+/// Writes back every dirty page (`sync`, untimed) so the next hub's cells do not pay for
+/// the writeback of what an earlier hub left unsynced (Linux; elsewhere nothing).
+fn settle() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe {
+        libc::sync()
+    };
+}
+
 /// Writes back dirty pages (`sync`) and empties the page cache (Linux, as root).
 fn drop_caches() -> Result<()> {
     #[cfg(target_os = "linux")]
@@ -864,6 +883,10 @@ fn drop_caches() -> Result<()> {
     bail!("emptying the page cache is only supported on Linux")
 }
 
+/// Raw local disk: per size, (write+fdatasync ms, write without sync ms, read ms) medians.
+/// One thread, one sequential `write` of the whole file (then `fdatasync`), and one
+/// buffered `read` of it (cold after [`drop_caches`] with `--cold`): what a plain program
+/// gets from the disk, not the device's best (parallel or direct I/O may go faster).
 fn raw_disk(
     root: &Path,
     sizes: &[usize],
