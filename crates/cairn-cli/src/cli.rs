@@ -994,11 +994,29 @@ enum PutInput {
     List(Box<dyn Read>, Option<u64>),
 }
 
+/// Most bytes of input a map or set put reads (it is read whole and sorted): what a node
+/// buffers of one body.
+const MAP_SET_INPUT_LIMIT: u64 = cairn_node::native::objects::BUFFERED_LIMIT;
+
+fn too_large_map_set(ty: ValueType) -> Error {
+    Error::invalid(format!(
+        "a {ty} put from a file or stdin is read whole and limited to {} MiB; build a \
+         larger one with `update` in steps",
+        MAP_SET_INPUT_LIMIT >> 20
+    ))
+}
+
 fn prepare_put(a: &PutArgs) -> Result<PutInput> {
     if a.base.is_some() && a.guard.is_some() {
         bail!(Error::invalid(
             "a guard applies to a branch put, not to a put on a base version"
         ));
+    }
+    // Before anything is opened or created: a put refused for its key or branch name
+    // creates no store, key or bucket.
+    cairn_object::fobject::check_key(a.key.as_bytes())?;
+    if let Some(b) = &a.branch {
+        cairn_object::branch::check_branch_name(b)?;
     }
     if let Some(v) = &a.value {
         let ty = a.ty.unwrap_or(ValueType::String);
@@ -1048,15 +1066,28 @@ fn prepare_put(a: &PutArgs) -> Result<PutInput> {
             if inline && len.is_some_and(|n| n > limit) {
                 bail!(too_large());
             }
+            // A map or set is read whole (it is sorted before it is built): at most
+            // MAP_SET_INPUT_LIMIT, as a node buffers (it took all of a file of any size,
+            // and several copies more as it was parsed).
+            if !inline && len.is_some_and(|n| n > MAP_SET_INPUT_LIMIT) {
+                bail!(too_large_map_set(ty));
+            }
             // An inline value is read no further than its limit (a pipe has no length).
             let mut buf = Vec::new();
-            let cap = if inline { limit + 1 } else { u64::MAX };
+            let cap = if inline {
+                limit + 1
+            } else {
+                MAP_SET_INPUT_LIMIT + 1
+            };
             reader
                 .take(cap)
                 .read_to_end(&mut buf)
                 .context("reading the input")?;
             if inline && buf.len() as u64 > limit {
                 bail!(too_large());
+            }
+            if !inline && buf.len() as u64 > MAP_SET_INPUT_LIMIT {
+                bail!(too_large_map_set(ty));
             }
             Ok(PutInput::Value(format::parse_value(ty, buf)?))
         }
@@ -1112,16 +1143,13 @@ fn put(db: &Bucket, a: PutArgs, input: PutInput, out: &mut impl Write) -> Result
         }
         PutInput::List(reader, len) => {
             let pb = progress_bar(len, "put");
-            let lines = io::BufRead::split(
+            // Each element at most an inline value's size, as a node takes them (one
+            // endless line was read into memory whole).
+            let mut lines = cairn_node::native::body::bounded_lines(
                 io::BufReader::with_capacity(1 << 20, pb.wrap_read(reader)),
-                b'\n',
+                cairn_object::db::MAX_INLINE_BYTES,
             );
-            let uid = db.put_list_stream(
-                key,
-                target,
-                &mut lines.map(|l| l.map_err(|e| Error::io("reading the input", e))),
-                &opts,
-            )?;
+            let uid = db.put_list_stream(key, target, &mut lines, &opts)?;
             pb.finish_and_clear();
             uid
         }
@@ -2007,6 +2035,28 @@ pub(crate) fn write_proof_ok(
     }
 }
 
+/// Most bytes `verify-proof` reads of a file: far above any proof or metadata Cairn
+/// writes (a proof names one record and its chain; metadata a few keys and settings).
+const PROOF_FILE_LIMIT: u64 = 64 << 20;
+
+/// The file at `path`, refused past [`PROOF_FILE_LIMIT`] (`/dev/zero` read until memory
+/// ran out).
+fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>> {
+    let f = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut buf = Vec::new();
+    f.take(PROOF_FILE_LIMIT + 1)
+        .read_to_end(&mut buf)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if buf.len() as u64 > PROOF_FILE_LIMIT {
+        bail!(Error::invalid(format!(
+            "{} is larger than {} MiB: not {what}",
+            path.display(),
+            PROOF_FILE_LIMIT >> 20
+        )));
+    }
+    Ok(buf)
+}
+
 /// `cairn verify-proof`: no store, only the proof, the metadata and the trusted name.
 fn verify_proof_file(
     file: &Path,
@@ -2015,8 +2065,7 @@ fn verify_proof_file(
     key: &str,
     uid: &Uid,
 ) -> Result<ExitCode> {
-    let mbytes =
-        std::fs::read(metadata).with_context(|| format!("reading {}", metadata.display()))?;
+    let mbytes = read_bounded(metadata, "capsule metadata")?;
     let meta = CapsuleMetadata::decode(&mbytes)
         .with_context(|| format!("{} is not capsule metadata", metadata.display()))?;
     if meta.name() != *capsule {
@@ -2026,7 +2075,7 @@ fn verify_proof_file(
             meta.name()
         )));
     }
-    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let bytes = read_bounded(file, "a version proof")?;
     let vp = VersionProof::from_bytes(&bytes).with_context(|| {
         format!(
             "{} is not a version proof (`cairn verify --proof KEY --out FILE` writes one)",

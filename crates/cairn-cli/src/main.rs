@@ -7,6 +7,15 @@
 //! exit non-zero (see [`exit_code`]); results go to stdout, so `uid=$(cairn put k --value
 //! v)` works.
 
+/// `eprintln!` that ignores a failed write: with stderr closed early (`cairn verify 2>&1 |
+/// head -n1`), std's panics, and the exit code the scripts read becomes 101.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod bench_capsule;
 mod bench_hub;

@@ -260,6 +260,12 @@ fn a_refused_write_creates_nothing() {
     let uid = "1e20".repeat(17);
     fails(&fresh, &["put", "k", "--value", "v", "--guard", &uid], 4);
     fails(&fresh, &["put", "k", "--value", "v", "--base", &uid], 3);
+    // A bad key or branch name, inline or streamed.
+    fails(&fresh, &["put", "", "--value", "x"], 8);
+    fails(&fresh, &["put", "k", "--branch", "a b", "--value", "x"], 8);
+    let f = d.path().join("input");
+    std::fs::write(&f, b"bytes").unwrap();
+    fails(&fresh, &["put", "", "--file", f.to_str().unwrap()], 8);
     assert!(!fresh.exists(), "nothing created at {}", fresh.display());
     assert!(!d.path().join("fresh/writer.key").exists());
 
@@ -1028,4 +1034,73 @@ fn a_damaged_node_key_stops_writes_only() {
     let e = fails(dir, &["put", "k", "--value", "w"], 6);
     assert!(e.contains("node key"), "{e}");
     assert_eq!(ok(dir, &["get", "k"]), "v");
+}
+
+/// Input that a put reads whole or line by line is bounded as a node bounds it: a list
+/// element (a line) at most an inline value's 16 MiB (one endless line was read into
+/// memory whole), a map or set at most 64 MiB (read whole and sorted, with no limit);
+/// `verify-proof` reads at most 64 MiB of a file (`/dev/zero` until memory ran out); and a
+/// closed stderr does not turn an exit code into a panic's 101.
+#[test]
+fn inputs_read_whole_are_bounded_and_a_closed_stderr_keeps_the_exit_code() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("store");
+    ok(&dir, &["put", "k", "--value", "v"]);
+    let line = d.path().join("line");
+    std::fs::write(&line, vec![b'x'; (16 << 20) + 1]).unwrap();
+    let e = fails(
+        &dir,
+        &[
+            "put",
+            "l",
+            "--type",
+            "list",
+            "--file",
+            line.to_str().unwrap(),
+        ],
+        8,
+    );
+    assert!(e.contains("longer than"), "{e}");
+    let big = d.path().join("map");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len((64 << 20) + 1).unwrap();
+    for ty in ["map", "set"] {
+        let e = fails(
+            &dir,
+            &["put", "m", "--type", ty, "--file", big.to_str().unwrap()],
+            8,
+        );
+        assert!(e.contains("64 MiB"), "{e}");
+    }
+    assert!(fails(&dir, &["get", "l"], 3).contains("not found"));
+    let e = fails(
+        &dir,
+        &[
+            "verify-proof",
+            "/dev/zero",
+            "--capsule",
+            &format!("1e20{}", "00".repeat(32)),
+            "--metadata",
+            "/dev/zero",
+            "--key",
+            "k",
+            "--uid",
+            &"1e20".repeat(17),
+        ],
+        8,
+    );
+    assert!(e.contains("/dev/zero is larger than 64 MiB"), "{e}");
+    // stderr closed before the error line is written.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--data")
+        .arg(&dir)
+        .env("CAIRN_KEY_FILE", dir.join("writer.key"))
+        .args(["get", "missing"])
+        .stdout(Stdio::null())
+        .stderr(writer)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "a closed stderr, not a panic");
 }
