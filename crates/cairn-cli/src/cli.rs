@@ -743,8 +743,37 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         node_key,
         ServerOptions::default(),
     ));
-    let bucket = Bucket::open(db, server, writer)?;
-    let db = bucket.db();
+    // A bucket whose capsule metadata is damaged does not open. A command that writes
+    // nothing goes on over the bucket's Db (verify reporting the damage), so the tools to
+    // diagnose and repair damage, and reads of intact keys, still run.
+    let plain = Db::new(store.clone()).in_bucket(&cli.bucket)?;
+    let opened = match Bucket::open(db, server, writer) {
+        Ok(b) => Ok(b),
+        Err(e @ (Error::Corrupt(_) | Error::Decode(_))) if !writes => {
+            if !matches!(cli.command, Command::Verify { .. }) {
+                eprintln!(
+                    "warning: the capsule of bucket {:?} is damaged ({e}); this command \
+                     writes nothing and goes on without it",
+                    cli.bucket
+                );
+            }
+            Err(e)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let db = match &opened {
+        Ok(b) => b.db(),
+        Err(_) => &plain,
+    };
+    // What needs the bucket's capsule (writes, proofs, the capsule's audit).
+    let bucket = || -> Result<&Bucket> {
+        opened.as_ref().map_err(|e| {
+            anyhow::Error::from(Error::corrupt(format!(
+                "capsule of bucket {:?}: {e}",
+                cli.bucket
+            )))
+        })
+    };
     let out = io::stdout();
     let mut out = out.lock();
     match cli.command {
@@ -752,20 +781,20 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             let input = put_input
                 .take()
                 .ok_or_else(|| anyhow::anyhow!("the put's input was not prepared"))?;
-            put(&bucket, a, input, &mut out)?
+            put(bucket()?, a, input, &mut out)?
         }
         Command::Get(a) => get(db, a, &mut out)?,
-        Command::Update(a) => update(&bucket, a, &mut out)?,
+        Command::Update(a) => update(bucket()?, a, &mut out)?,
         Command::Fork { key, from, to } => {
-            let uid = bucket.fork(key.as_bytes(), &At::parse(&from), &to)?;
+            let uid = bucket()?.fork(key.as_bytes(), &At::parse(&from), &to)?;
             writeln!(out, "{uid}")?;
         }
-        Command::Merge(a) => return merge(&bucket, a, &mut out),
+        Command::Merge(a) => return merge(bucket()?, a, &mut out),
         Command::Rename { key, from, to } => {
-            bucket.rename(key.as_bytes(), &from, &to)?;
+            bucket()?.rename(key.as_bytes(), &from, &to)?;
         }
         Command::Remove { key, branch } => {
-            let uid = bucket.remove(key.as_bytes(), &branch)?;
+            let uid = bucket()?.remove(key.as_bytes(), &branch)?;
             if let Err(Error::NotFound(_)) = db.list_tagged(key.as_bytes()) {
                 eprintln!("{}", last_branch_removed(&key, &branch, &uid.to_string()));
             }
@@ -845,7 +874,7 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             branch,
             out: file,
             ..
-        } => verify_version(&bucket, &key, uid, branch, file.as_deref(), &mut out)?,
+        } => verify_version(bucket()?, &key, uid, branch, file.as_deref(), &mut out)?,
         Command::Verify { key, .. } => {
             let pb = count_bar("verifying", "keys");
             let report = db.verify(key.as_deref().map(str::as_bytes), &mut |done, total| {
@@ -856,21 +885,27 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             // A bucket with nothing in it (a mistyped --bucket) is not "intact": verify checks
             // one bucket, and said so of one that is not there. (Damage the store's crash
             // recovery noted is reported below all the same.)
-            if key.is_none() && report.keys == 0 && report.is_intact() && bucket.capsule().is_none()
+            if key.is_none()
+                && report.keys == 0
+                && report.is_intact()
+                && opened.as_ref().is_ok_and(|b| b.capsule().is_none())
             {
                 bail!(Error::not_found(format!(
                     "bucket {:?}: it holds no key and no capsule (verify checks one bucket; \
                      check --bucket)",
-                    bucket.name()
+                    cli.bucket
                 )));
             }
             // The bucket's capsule: every record header re-hashed, every signature checked.
-            let audit = match bucket.capsule() {
-                Some(c) if key.is_none() => Some(bucket.server().audit(&c)),
-                _ => None,
+            let audit = match &opened {
+                Ok(b) => match b.capsule() {
+                    Some(c) if key.is_none() => Some(b.server().audit(&c)),
+                    _ => None,
+                },
+                Err(e) => Some(Err(Error::corrupt(e))),
             };
             if let Some(Err(e)) = &audit {
-                eprintln!("damaged: capsule of bucket {}: {e}", bucket.name());
+                eprintln!("damaged: capsule of bucket {}: {e}", cli.bucket);
             }
             if report.is_intact() && !matches!(audit, Some(Err(_))) {
                 writeln!(
@@ -882,13 +917,13 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                     writeln!(
                         out,
                         "capsule of bucket {}: {records} records, {sigs} writer signatures re-verified",
-                        bucket.name()
+                        cli.bucket
                     )?;
                 }
             } else if report.is_intact() {
                 bail!(Error::corrupt(format!(
                     "the capsule of bucket {} is damaged",
-                    bucket.name()
+                    cli.bucket
                 )));
             } else {
                 for d in &report.damage {
@@ -923,7 +958,7 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             writeln!(
                 out,
                 "keys in bucket {}: {}",
-                bucket.name(),
+                cli.bucket,
                 db.list_keys()?.len()
             )?;
             writeln!(out, "chunks: {}", s.chunks)?;
@@ -958,9 +993,9 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Bucket { metadata_out } => {
-            show_bucket(&bucket, metadata_out.as_deref(), &mut out)?
+            show_bucket(bucket()?, metadata_out.as_deref(), &mut out)?
         }
-        Command::Demo => crate::demo::run(&bucket, cli.data.as_deref(), &mut out)?,
+        Command::Demo => crate::demo::run(bucket()?, cli.data.as_deref(), &mut out)?,
         Command::Bench(_)
         | Command::Keygen { .. }
         | Command::VerifyProof { .. }

@@ -1104,3 +1104,43 @@ fn inputs_read_whole_are_bounded_and_a_closed_stderr_keeps_the_exit_code() {
         .unwrap();
     assert_eq!(status.code(), Some(3), "a closed stderr, not a panic");
 }
+
+/// A bucket whose capsule metadata is damaged still lets the commands that write nothing
+/// run (reads of intact keys, `verify`, which reports the damage and still checks the
+/// keys, `recovery`); a write refuses with the damage (exit 6). Every command stopped at
+/// the bucket's open before.
+#[test]
+fn a_damaged_capsule_leaves_reads_and_repairs_working() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    ok(&store, &["put", "k", "--value", "v"]);
+    for i in 0..3 {
+        ok(&store, &["put", &format!("k{i}"), "--value", "w"]);
+    }
+    // The metadata names the leaf-size setting; flip a byte of it where the log holds it.
+    let needle = b"cairn.leaf_size";
+    let mut flipped = false;
+    for e in std::fs::read_dir(&store).unwrap() {
+        let p = e.unwrap().path();
+        if !p.is_file() {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + 3] ^= 0x01;
+            std::fs::write(&p, &bytes).unwrap();
+            flipped = true;
+        }
+    }
+    assert!(flipped, "the metadata was found in the data directory");
+    assert_eq!(ok(&store, &["get", "k"]), "v");
+    let err = fails(&store, &["verify"], 6);
+    assert!(err.contains("capsule"), "{err}");
+    fails(&store, &["put", "k3", "--value", "x"], 6);
+    let out = cairn(&store, &["recovery"]);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("does not hash"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
