@@ -199,7 +199,10 @@ impl ObjectChunkStore {
     /// every version as missing and put new chunks where they vanish once the real one
     /// is back.
     pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
-        self.claim_marker(owner, first)?;
+        // The marker's entity tag, which later checks compare: from the read that found
+        // the marker ours (a HEAD after it could see another node's marker written in
+        // between, on a server that ignores conditional creates, and take its tag).
+        let etag = self.claim_marker(owner, first)?;
         if let Some(local) = self.local.clone() {
             // The marker is durable whatever the durability of chunk writes: without it
             // every later start is refused.
@@ -207,21 +210,6 @@ impl ObjectChunkStore {
             // At startup: the file system's own text goes to the operator.
             self.run(async move { local.settle_raw(&owner).await })?;
         }
-        // The marker's entity tag, which later checks compare (a HEAD answers it).
-        let etag = {
-            let (store, path, name) = (
-                self.store.clone(),
-                self.owner.clone(),
-                self.store.to_string(),
-            );
-            self.run(async move {
-                store
-                    .head(&path)
-                    .await
-                    .map(|m| m.e_tag)
-                    .map_err(|e| os_err_startup(&format!("checking {path} in {name}"), e))
-            })?
-        };
         self.claimed.store(true, Ordering::SeqCst);
         {
             let mut check = self.marker_seen.lock();
@@ -308,8 +296,8 @@ impl ObjectChunkStore {
         }
     }
 
-    /// [`Self::claim`]'s marker.
-    fn claim_marker(&self, owner: &str, first: bool) -> Result<()> {
+    /// [`Self::claim`]'s marker; returns its entity tag, where the store gives one.
+    fn claim_marker(&self, owner: &str, first: bool) -> Result<Option<String>> {
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
@@ -323,13 +311,16 @@ impl ObjectChunkStore {
                         "{path} in {name} is not a Cairn owner marker ({} bytes)",
                         got.meta.size
                     ))),
-                    Ok(got) => Ok(Some(got.bytes().await.map_err(ctx)?)),
+                    Ok(got) => {
+                        let etag = got.meta.e_tag.clone();
+                        Ok(Some((got.bytes().await.map_err(ctx)?, etag)))
+                    }
                     Err(object_store::Error::NotFound { .. }) => Ok(None),
                     Err(e) => Err(ctx(e)),
                 }
             };
             match read().await? {
-                Some(got) => return owned_by(&got, &want, &path, &name),
+                Some((got, etag)) => return owned_by(&got, &want, &path, &name).map(|()| etag),
                 None if !first => {
                     return Err(Error::Rejected(format!(
                         "{name} holds no {path}, though this node stored chunks there before: \
@@ -365,7 +356,7 @@ impl ObjectChunkStore {
                 Err(e) => return Err(ctx(e)),
             }
             match read().await? {
-                Some(got) => owned_by(&got, &want, &path, &name),
+                Some((got, etag)) => owned_by(&got, &want, &path, &name).map(|()| etag),
                 None => Err(Error::Unavailable(format!(
                     "{path} in {name} is not there right after it was written; try again"
                 ))),
@@ -1808,11 +1799,13 @@ mod tests {
     /// flight (which may still fail) (`false`), or overwrite, as a server that ignores
     /// `If-None-Match` does (`true`).
     #[derive(Debug)]
-    /// (The third field counts reads.)
+    /// (The third field counts reads; the fourth, when set, is written over the owner
+    /// marker just before the first HEAD of it answers, as another node could.)
     struct ConflictingCreates(
         object_store::memory::InMemory,
         bool,
         std::sync::atomic::AtomicUsize,
+        parking_lot::Mutex<Option<Vec<u8>>>,
     );
 
     impl fmt::Display for ConflictingCreates {
@@ -1853,6 +1846,14 @@ mod tests {
             options: object_store::GetOptions,
         ) -> object_store::Result<object_store::GetResult> {
             self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let other = if options.head && location.as_ref().ends_with("cairn-owner") {
+                self.3.lock().take()
+            } else {
+                None
+            };
+            if let Some(other) = other {
+                self.0.put(location, PutPayload::from(other)).await?;
+            }
             self.0.get_opts(location, options).await
         }
         fn delete_stream(
@@ -2120,6 +2121,7 @@ mod tests {
             object_store::memory::InMemory::new(),
             true,
             Default::default(),
+            Default::default(),
         ));
         let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
         let cids: Vec<Cid> = (0..256u32)
@@ -2200,6 +2202,7 @@ mod tests {
                 object_store::memory::InMemory::new(),
                 false,
                 Default::default(),
+                Default::default(),
             )),
             "",
         )
@@ -2279,6 +2282,7 @@ mod tests {
         let mem = Arc::new(ConflictingCreates(
             object_store::memory::InMemory::new(),
             false,
+            Default::default(),
             Default::default(),
         ));
         let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
@@ -2370,6 +2374,7 @@ mod tests {
             object_store::memory::InMemory::new(),
             true,
             Default::default(),
+            Default::default(),
         ));
         let first = ObjectChunkStore::new(lax.clone(), "shared").unwrap();
         first.claim("cairn node 01\n", true).unwrap();
@@ -2377,5 +2382,25 @@ mod tests {
         let e = second.claim("cairn node 02\n", true).unwrap_err();
         assert!(e.to_string().contains("another Cairn node"), "{e}");
         first.claim("cairn node 01\n", false).unwrap();
+    }
+
+    /// The marker's entity tag is the one of the read that found the marker this node's:
+    /// taken from a HEAD after it, it could be another node's marker written in between
+    /// (on a server that ignores conditional creates), and then no later check would see
+    /// that the prefix had been taken over.
+    #[test]
+    fn a_marker_rewritten_after_the_claim_read_is_detected() {
+        let lax = Arc::new(ConflictingCreates(
+            object_store::memory::InMemory::new(),
+            true,
+            Default::default(),
+            parking_lot::Mutex::new(Some(b"cairn node 02\n".to_vec())),
+        ));
+        let store = ObjectChunkStore::new(lax, "p").unwrap();
+        store.claim("cairn node 01\n", true).unwrap();
+        // The next check of the marker (forced: it is otherwise made at most every 5 s).
+        store.marker_seen.lock().seen = None;
+        let e = store.put(b"a chunk").unwrap_err();
+        assert!(e.to_string().contains("rewritten"), "{e}");
     }
 }
