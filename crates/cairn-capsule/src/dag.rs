@@ -401,7 +401,7 @@ impl CapsuleDag {
     /// start, so it is listed once in the proven order, not first as proven by a chain
     /// through records of its group and then again, as signed late
     /// ([`CapsuleDag::signed_late`]), for its own signature.
-    pub fn insert_signed(
+    pub(crate) fn insert_signed(
         &mut self,
         name: RecordName,
         header: &RecordHeader,

@@ -746,7 +746,17 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
     // A bucket whose capsule metadata is damaged does not open. A command that writes
     // nothing goes on over the bucket's Db (verify reporting the damage), so the tools to
     // diagnose and repair damage, and reads of intact keys, still run.
-    let plain = Db::new(store.clone()).in_bucket(&cli.bucket)?;
+    // Which versions are the bucket's is its capsule's to say: without it, none named
+    // by uid is taken (another bucket's would read as this one's).
+    struct NoneKnown;
+    impl cairn_object::VersionMembership for NoneKnown {
+        fn holds(&self, _: &Uid) -> cairn_core::Result<bool> {
+            Ok(false)
+        }
+    }
+    let plain = Db::new(store.clone())
+        .in_bucket(&cli.bucket)?
+        .with_members(Arc::new(NoneKnown));
     let opened = match Bucket::open(db, server, writer) {
         Ok(b) => Ok(b),
         Err(e @ (Error::Corrupt(_) | Error::Decode(_))) if !writes => {

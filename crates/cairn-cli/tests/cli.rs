@@ -1117,7 +1117,11 @@ fn a_damaged_capsule_leaves_reads_and_repairs_working() {
     for i in 0..3 {
         ok(&store, &["put", &format!("k{i}"), "--value", "w"]);
     }
-    // The metadata names the leaf-size setting; flip a byte of it where the log holds it.
+    let elsewhere = ok(&store, &["--bucket", "other", "put", "k", "--value", "o"])
+        .trim()
+        .to_string();
+    // The metadata names the leaf-size setting; flip a byte of it where the log holds it
+    // (the default bucket's, written first).
     let needle = b"cairn.leaf_size";
     let mut flipped = false;
     for e in std::fs::read_dir(&store).unwrap() {
@@ -1126,7 +1130,7 @@ fn a_damaged_capsule_leaves_reads_and_repairs_working() {
             continue;
         }
         let mut bytes = std::fs::read(&p).unwrap();
-        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+        if !flipped && let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
             bytes[at + 3] ^= 0x01;
             std::fs::write(&p, &bytes).unwrap();
             flipped = true;
@@ -1134,6 +1138,9 @@ fn a_damaged_capsule_leaves_reads_and_repairs_working() {
     }
     assert!(flipped, "the metadata was found in the data directory");
     assert_eq!(ok(&store, &["get", "k"]), "v");
+    // A version named by uid cannot be told to be this bucket's without its capsule: not
+    // found, even another bucket's (which would read as this one's).
+    fails(&store, &["get", "k", "--uid", &elsewhere], 3);
     let err = fails(&store, &["verify"], 6);
     assert!(err.contains("capsule"), "{err}");
     fails(&store, &["put", "k3", "--value", "x"], 6);
