@@ -244,9 +244,20 @@ proptest! {
         let (a, b, c, _) = scenario(n, every, &placement, &branch);
         sync_pair(&a, &b, &c).unwrap();
         for (seed, srv) in [(1u8, &a), (2u8, &b)] {
+            // The orders, and which records are signed, signed late and how far from a
+            // signature each is.
             let orders = |s: &CapsuleServer| {
-                s.with_dag(&c, |d| (d.order().to_vec(), d.proven_order().to_vec()))
-                    .unwrap()
+                s.with_dag(&c, |d| {
+                    let mut late: Vec<RecordName> = d.signed_late_names().copied().collect();
+                    late.sort();
+                    let state: Vec<_> = d
+                        .order()
+                        .iter()
+                        .map(|n| (d.signature(n).copied(), d.witness(n).and_then(|w| w.hops())))
+                        .collect();
+                    (d.order().to_vec(), d.proven_order().to_vec(), late, state)
+                })
+                .unwrap()
             };
             let again = CapsuleServer::new(
                 srv.store().clone(),
