@@ -2336,6 +2336,20 @@ async fn reads_honour_if_match() {
             .0,
         200
     );
+    // The version stream too.
+    let stream = "/v1/buckets/m/stream/f";
+    assert_eq!(
+        read(Method::GET, stream, vec![("if-match", v1.clone())])
+            .await
+            .0,
+        412
+    );
+    assert_eq!(
+        read(Method::GET, stream, vec![("if-match", v2.clone())])
+            .await
+            .0,
+        200
+    );
     let missing = "/v1/buckets/m/objects/none";
     assert_eq!(
         read(Method::GET, missing, vec![("if-match", "*".into())])

@@ -469,6 +469,7 @@ pub async fn stream(
     KeyPath { bucket, key }: KeyPath,
     method: Method,
     uri: Uri,
+    req_headers: HeaderMap,
 ) -> ApiResult<Response> {
     let q = query::<StreamQuery>(&uri)?;
     let at = super::version_at(q.branch, q.uid)?;
@@ -485,8 +486,19 @@ pub async fn stream(
     };
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
-    let v = blocking(move || Ok(bb.db().get(key.as_bytes(), &at)?)).await?;
+    let must_match = req_headers.clone();
+    let v = blocking(move || match bb.db().get(key.as_bytes(), &at) {
+        Err(Error::NotFound(_)) if read_match_fails(&must_match, None) => {
+            Err(read_precondition_failed())
+        }
+        v => Ok(v?),
+    })
+    .await?;
     drop(head_permit);
+    // An `If-Match` naming another version: 412, as for a read of the value.
+    if read_match_fails(&req_headers, Some(&etag(&v.uid))) {
+        return Err(read_precondition_failed());
+    }
     let headers = [
         etag_header(&v.uid)?,
         type_header(v.object.value_type()),
