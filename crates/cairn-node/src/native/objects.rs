@@ -744,7 +744,10 @@ pub async fn remove(
     no_context(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
-    body::read_all(body, control_limit(&node), expect).await?;
+    // Read (and dropped) within the memory budget for bodies held in memory.
+    let mut memory = node.buffered_memory();
+    body::read_all_within(body, control_limit(&node), expect, Some(&mut memory)).await?;
+    drop(memory);
     let b = opened.bucket;
     let br = branch.clone();
     let k = key.clone();
@@ -902,13 +905,16 @@ pub async fn patch(
     no_context(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
-    let bytes = body::read_all(body, control_limit(&node), expect).await?;
+    // Held, parsed and applied within the memory budget for bodies held in memory.
+    let mut memory = node.buffered_memory();
+    let bytes =
+        body::read_all_within(body, control_limit(&node), expect, Some(&mut memory)).await?;
     let p: PatchBody = body::parse_bounded_json(&bytes, "the body must be one operation")?;
     let b = opened.bucket;
     let (k, br) = (key.clone(), branch.clone());
     let n = bytes.len() as u64;
     let uid = blocking(move || {
-        let _permit = permit;
+        let _permit = (permit, memory);
         // A guard names the head it expects: with no branch there it fails (412, as an
         // If-Match on a missing resource), rather than 404. (Checked again with the write,
         // under the key's lock.)

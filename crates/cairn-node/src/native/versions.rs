@@ -526,7 +526,10 @@ async fn control<T: DeserializeOwned>(
     }
     let (permit, body) = body::body_permit(node, body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
-    let bytes = body::read_all(body, control_limit(node), expect).await?;
+    // Read and parsed within the memory budget for bodies held in memory (the parsed
+    // request is small).
+    let mut memory = node.buffered_memory();
+    let bytes = body::read_all_within(body, control_limit(node), expect, Some(&mut memory)).await?;
     let req = body::parse_bounded_json(&bytes, "bad request body")?;
     Ok((permit, opened.bucket, req))
 }
