@@ -39,12 +39,12 @@ use crate::server::{CapsuleServer, SyncRecord};
 /// such rounds end too.
 pub const MAX_ROUNDS: usize = 64;
 
-/// Most rounds of Lu's walk one session runs, whatever they move: a round that sends new
-/// records is progress (each goes once), but a peer could make each send one while it
-/// walks up to [`crate::server::LU_MAX_NAMES`] names. At the largest depth (65,536
-/// records a round) this is some 67 million records; past it the session ends
-/// unavailable, and the next one goes on from what this one stored.
-pub const MAX_SESSION_ROUNDS: usize = 1024;
+/// Most rounds one session runs, whatever they move: a round that sends new records is
+/// progress (each goes once), but a peer could make each send one while it walks up to
+/// [`crate::server::LU_MAX_NAMES`] names. At a full message budget (16 MiB a round) this
+/// is 64 GiB one way; past it the session ends unavailable, and the next one goes on from
+/// what this one stored (the last message's records included).
+pub const MAX_SESSION_ROUNDS: usize = 4096;
 /// Default budget of record bytes per message (see [`SyncState::set_budget`]): far below
 /// the wire protocol's frame limit, so every message fits in a frame.
 pub const SYNC_BUDGET: usize = 16 << 20;
@@ -1212,16 +1212,17 @@ impl SyncState {
                     return Err(Error::invalid("the responder asked for names in a Patch"));
                 }
                 self.report.rounds += 1;
+                let incoming = records.len();
+                let asked = !want.is_empty();
+                let was_backlogged = !self.backlog.is_empty();
+                let (accepted, noted) = self.apply(server, &records)?;
+                // Past the limit, after what this message brought is stored.
                 if self.report.rounds > MAX_SESSION_ROUNDS {
                     return Err(Error::Unavailable(format!(
                         "anti-entropy ran {MAX_SESSION_ROUNDS} rounds; the next session goes \
                          on from what this one stored"
                     )));
                 }
-                let incoming = records.len();
-                let asked = !want.is_empty();
-                let was_backlogged = !self.backlog.is_empty();
-                let (accepted, noted) = self.apply(server, &records)?;
                 let mut names =
                     server.lu_patch(&self.capsule, &heads, &roots, &missing, self.depth())?;
                 // The next page of the initiator's wanted names, of this side's set only. It

@@ -868,9 +868,12 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         }
         Command::Lca { key, a, b } => {
             // Through `get`: a branch head naming no version of the key is damage.
+            // Both versions were admitted by the reads (by branch, or by uid as the
+            // bucket's), so the walk takes them as they are (a bucket whose capsule is
+            // damaged admits no uid, and its branches' heads are still its own).
             let ua = db.get(key.as_bytes(), &At::parse(&a))?.uid;
             let ub = db.get(key.as_bytes(), &At::parse(&b))?.uid;
-            match db.lca(key.as_bytes(), &ua, &ub)? {
+            match cairn_object::history::lca_in(db.chunks(), key.as_bytes(), &ua, &ub)? {
                 Some(u) => writeln!(out, "{u}")?,
                 None => bail!(Error::not_found(
                     "common ancestor (the histories are disjoint)"

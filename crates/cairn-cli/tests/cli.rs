@@ -1141,6 +1141,12 @@ fn a_damaged_capsule_leaves_reads_and_repairs_working() {
     // A version named by uid cannot be told to be this bucket's without its capsule: not
     // found, even another bucket's (which would read as this one's).
     fails(&store, &["get", "k", "--uid", &elsewhere], 3);
+    // Branch heads are the bucket's own: an LCA of branches still runs.
+    assert!(
+        !ok(&store, &["lca", "k", "master", "master"])
+            .trim()
+            .is_empty()
+    );
     let err = fails(&store, &["verify"], 6);
     assert!(err.contains("capsule"), "{err}");
     fails(&store, &["put", "k3", "--value", "x"], 6);

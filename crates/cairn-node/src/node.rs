@@ -83,24 +83,38 @@ const BUFFERED_FACTOR: u64 = 4;
 pub struct BufferedMemory {
     pool: Arc<tokio::sync::Semaphore>,
     held: Option<tokio::sync::OwnedSemaphorePermit>,
-    mib: u32,
+    /// KiB held (the pool counts KiB, so a small body holds little of it).
+    kib: u32,
+}
+
+/// KiB of the budget a body of `bytes` takes.
+fn budget_kib(bytes: u64) -> u32 {
+    bytes
+        .saturating_mul(BUFFERED_FACTOR)
+        .div_ceil(1 << 10)
+        .clamp(1, u64::from(BUFFERED_MEMORY_MIB) << 10) as u32
 }
 
 impl BufferedMemory {
+    /// Whether the budget has room now for a body of `bytes` (taking nothing): asked
+    /// before a signed request's signature is used, so that a request refused for memory
+    /// can be sent again unchanged. (Room can still run out while the body arrives; then
+    /// the request is cut with 503 and must be signed anew.)
+    pub fn has_room_for(&self, bytes: u64) -> bool {
+        u64::from(budget_kib(bytes)) <= u64::from(self.kib) + self.pool.available_permits() as u64
+    }
+
     /// Grows the share to cover a body of `bytes`; refused (503 for the caller) when the
     /// bodies in progress hold the budget.
     pub fn grow(&mut self, bytes: u64) -> Result<(), Busy> {
-        let want = bytes
-            .saturating_mul(BUFFERED_FACTOR)
-            .div_ceil(1 << 20)
-            .clamp(1, u64::from(BUFFERED_MEMORY_MIB)) as u32;
-        if want <= self.mib {
+        let want = budget_kib(bytes);
+        if want <= self.kib {
             return Ok(());
         }
         let more = self
             .pool
             .clone()
-            .try_acquire_many_owned(want - self.mib)
+            .try_acquire_many_owned(want - self.kib)
             .map_err(|_| {
                 Busy(format!(
                     "the request bodies being parsed in memory hold the {BUFFERED_MEMORY_MIB} \
@@ -112,7 +126,7 @@ impl BufferedMemory {
             Some(h) => h.merge(more),
             None => self.held = Some(more),
         }
-        self.mib = want;
+        self.kib = want;
         Ok(())
     }
 }
@@ -260,7 +274,9 @@ impl Node {
             opening: Mutex::new(HashMap::new()),
             peer_transfers: PeerCounts::default(),
             site_transfers: PeerCounts::default(),
-            buffered: Arc::new(tokio::sync::Semaphore::new(BUFFERED_MEMORY_MIB as usize)),
+            buffered: Arc::new(tokio::sync::Semaphore::new(
+                (BUFFERED_MEMORY_MIB as usize) << 10,
+            )),
         }))
     }
 
@@ -271,7 +287,7 @@ impl Node {
         BufferedMemory {
             pool: self.buffered.clone(),
             held: None,
-            mib: 0,
+            kib: 0,
         }
     }
 

@@ -448,3 +448,45 @@ async fn bodies_parsed_in_memory_share_a_budget() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A signed request refused because the memory for bodies held in memory is taken (by its
+/// declared length) is refused before its signature is used, so it can be sent again
+/// unchanged once there is room (it was refused as a replay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_refused_for_memory_can_be_sent_again() {
+    let s = Server::start(1 << 30).await;
+    let owner = SigningKey::from_seed(&[51; 32]);
+    assert_eq!(s.create_owned(&owner, "o").await.0, 201);
+    let body = br#"["a", "b"]"#;
+    let path = "/v1/buckets/o/objects/l";
+    let date = now_secs();
+    // Someone else's bodies hold all but a few MiB of the budget.
+    let mut held = s.node.buffered_memory();
+    held.grow(u64::from(cairn_node::node::BUFFERED_MEMORY_MIB - 2) << 20 >> 2)
+        .unwrap();
+    let send = || s.send_signed(&owner, date, Method::PUT, path, &[JSON], body, body);
+    // Declared small, it fits.
+    let (st, v) = send().await;
+    assert_eq!(st, 201, "{v}");
+    // A large declared length does not fit: 503 before the signature is used.
+    let big = "a".repeat(1 << 20);
+    let big_body = format!(r#"["{big}"]"#);
+    let path2 = "/v1/buckets/o/objects/m";
+    let date2 = now_secs();
+    let send2 = || {
+        s.send_signed(
+            &owner,
+            date2,
+            Method::PUT,
+            path2,
+            &[JSON],
+            big_body.as_bytes(),
+            big_body.as_bytes(),
+        )
+    };
+    let (st, v) = send2().await;
+    assert_eq!(st, 503, "{v}");
+    drop(held);
+    let (st, v) = send2().await;
+    assert_eq!(st, 201, "the same request once there is room: {v}");
+}

@@ -1795,9 +1795,14 @@ async fn read(
     // An `If-Match` naming another version is 412, checked first, as `send` (behind the
     // reader's `res.sendFile`) does: a download resumed with the ETag it started from
     // must not get another version's bytes.
-    if header_str(header::IF_MATCH).is_some_and(|l| !names_this(l))
-        || (headers.contains_key(header::IF_MATCH) && header_str(header::IF_MATCH).is_none())
-    {
+    // Every `If-Match` line counts; an empty one is no condition, as for `send`.
+    let if_match: Vec<&str> = headers
+        .get_all(header::IF_MATCH)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("\u{0}"))
+        .filter(|v| !v.trim().is_empty())
+        .collect();
+    if !if_match.is_empty() && !if_match.iter().any(|l| names_this(l)) {
         return (StatusCode::PRECONDITION_FAILED, "Precondition Failed").into_response();
     }
     let not_modified = header_str(header::IF_NONE_MATCH).is_some_and(names_this);

@@ -699,6 +699,22 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
     }
 }
 
+/// Refuses (503, `Retry-After: 1`, the body drained) a body of up to `bytes` the budget
+/// for bodies held in memory has no room for now, before a signed request's signature is
+/// used ([`crate::node::BufferedMemory::has_room_for`]).
+pub fn memory_room(node: &Node, bytes: u64, body: Body) -> ApiResult<Body> {
+    if node.buffered_memory().has_room_for(bytes) {
+        Ok(body)
+    } else {
+        drain_refused(body);
+        Err(busy(format!(
+            "the request bodies being held in memory hold the {} MiB this node keeps for \
+             them; retry",
+            crate::node::BUFFERED_MEMORY_MIB
+        )))
+    }
+}
+
 /// Largest JSON answer [`json_response`] sends from memory.
 const SMALL_JSON: usize = 16 << 10;
 

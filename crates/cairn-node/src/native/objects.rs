@@ -574,7 +574,8 @@ fn dest(branch: Option<String>, base: Option<String>, guard: Option<Uid>) -> Api
     }
 }
 
-fn content_length(headers: &HeaderMap) -> Option<u64> {
+/// The body length a request declares (`Content-Length`), if it declares one.
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -632,9 +633,19 @@ pub async fn put(
     let small_blob =
         text_ty == ValueType::Blob && content_length(&headers).is_some_and(|n| n <= SMALL_BODY);
     let streamed = !json && matches!(text_ty, ValueType::Blob | ValueType::List) && !small_blob;
-    // The transfer first: a request refused for want of one has not used its signature.
+    // The transfer first, and for a body held in memory room for its declared length:
+    // a request refused for want of either has not used its signature.
     let (permit, body) = body::body_permit(&node, body)?;
     let limit = max.min(BUFFERED_LIMIT);
+    let body = if streamed {
+        body
+    } else {
+        body::memory_room(
+            &node,
+            content_length(&headers).unwrap_or(0).min(limit),
+            body,
+        )?
+    };
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     let b = opened.bucket;
     let opts = PutOptions {
@@ -743,6 +754,7 @@ pub async fn remove(
     let guard = write_guard(&headers)?;
     no_context(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
+    let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     // Read (and dropped) within the memory budget for bodies held in memory.
     let mut memory = node.buffered_memory();
@@ -904,6 +916,7 @@ pub async fn patch(
     let guard = write_guard(&headers)?;
     no_context(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
+    let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     // Held, parsed and applied within the memory budget for bodies held in memory.
     let mut memory = node.buffered_memory();
