@@ -494,6 +494,16 @@ fn a_record_sent_twice_keeps_the_signature_of_either_copy() {
 /// Seals a body for a capsule.
 type Seal = Box<dyn Fn(&str) -> Vec<u8>>;
 
+/// `n` records of capsule `c`, each pointing at the one before (bodies sealed by `seal`).
+fn chain_of(c: CapsuleName, seal: &Seal, n: usize) -> Vec<Record> {
+    let mut chain: Vec<Record> = Vec::with_capacity(n);
+    for i in 0..n {
+        let back = chain.last().map(Record::name).into_iter().collect();
+        chain.push(Record::new(c, seal(&format!("r{i}")), back));
+    }
+    chain
+}
+
 /// Two replicas A and B of a new capsule, its writer, and a function sealing a body for it.
 struct Pair {
     a: CapsuleServer,
@@ -1375,11 +1385,7 @@ fn a_record_unreadable_here_does_not_stop_the_session() {
 #[test]
 fn the_walk_from_a_stale_head_is_bounded_by_depth() {
     let Pair { a, b, c, w, seal } = pair("stale-head");
-    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
-    for i in 1..300 {
-        let prev = chain[i - 1].name();
-        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
-    }
+    let chain = chain_of(c, &seal, 300);
     let last = chain[299].name();
     a.write(&c, &chain, &[(last, w.sign(&last))]).unwrap();
     let first = chain[0].name();
@@ -1400,11 +1406,7 @@ fn the_walk_from_a_stale_head_is_bounded_by_depth() {
 #[test]
 fn the_cursor_does_not_pass_a_late_signature() {
     let Pair { a, b, c, w, seal } = pair("cursor-late");
-    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
-    for i in 1..10 {
-        let prev = chain[i - 1].name();
-        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
-    }
+    let chain = chain_of(c, &seal, 10);
     let last = chain[9].name();
     a.write(&c, &chain, &[(last, w.sign(&last))]).unwrap();
     let peer = b.public_key();
@@ -1425,11 +1427,7 @@ fn the_cursor_does_not_pass_a_late_signature() {
 #[test]
 fn records_synced_with_their_signatures_are_not_signed_late() {
     let Pair { a, b, c, w, seal } = pair("synced-signed");
-    let mut chain = vec![Record::new(c, seal("r0"), vec![])];
-    for i in 1..12 {
-        let prev = chain[i - 1].name();
-        chain.push(Record::new(c, seal(&format!("r{i}")), vec![prev]));
-    }
+    let chain = chain_of(c, &seal, 12);
     // Signed in the middle and at the end, in one write.
     let sigs: Vec<_> = [3, 7, 11]
         .iter()

@@ -114,43 +114,23 @@ impl std::io::Read for Pieces {
 }
 
 fn build_list_of_lines(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {
-    use std::io::{BufRead, Read};
-    // A line is an element, at most as long as the node takes one (it refuses a longer
-    // one): memory stays bounded whatever the input.
-    let max = cairn_object::db::MAX_INLINE_BYTES;
-    let mut text = std::io::BufReader::with_capacity(
+    // The lines as the node splits a streamed list, each at most as long as it takes one
+    // (it refuses a longer one): memory stays bounded whatever the input.
+    let text = std::io::BufReader::with_capacity(
         1 << 16,
         Pieces {
             rx,
             cur: Bytes::new(),
         },
     );
-    let mut too_long = false;
-    let lines = std::iter::from_fn(|| {
-        let mut line = Vec::new();
-        match (&mut text)
-            .take(max as u64 + 1)
-            .read_until(b'\n', &mut line)
-        {
-            Ok(0) | Err(_) => None,
-            Ok(_) => {
-                if line.last() == Some(&b'\n') {
-                    line.pop();
-                } else if line.len() > max {
-                    too_long = true;
-                    return None;
-                }
-                Some(line)
-            }
-        }
-    });
+    let mut failed = None;
+    let lines = cairn_node::native::body::bounded_lines(text, cairn_object::db::MAX_INLINE_BYTES)
+        .map_while(|l| l.map_err(|e| failed = Some(e)).ok());
     let tree = build_list(&DigestStore::new(shape.algo), &shape.cfg, lines)?;
-    anyhow::ensure!(
-        !too_long,
-        "a list element (one line) is longer than {} MiB, more than a node takes",
-        max >> 20
-    );
-    Ok(tree)
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(tree),
+    }
 }
 
 fn build(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {

@@ -62,7 +62,7 @@ pub struct Node {
     site_transfers: PeerCounts,
     /// Signatures of the native API accepted recently, including before a restart.
     pub replay: crate::native::auth::ReplayGuard,
-    /// MiB of memory for request bodies buffered whole and their parsed forms
+    /// KiB of memory for request bodies buffered whole and their parsed forms
     /// ([`Node::buffered_memory`]).
     buffered: Arc<tokio::sync::Semaphore>,
 }
@@ -82,9 +82,8 @@ const BUFFERED_FACTOR: u64 = 4;
 /// without a declared length is charged for what it turns out to be.
 pub struct BufferedMemory {
     pool: Arc<tokio::sync::Semaphore>,
+    /// The KiB held (the pool counts KiB, so a small body holds little of it).
     held: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// KiB held (the pool counts KiB, so a small body holds little of it).
-    kib: u32,
 }
 
 /// KiB of the budget a body of `bytes` takes.
@@ -96,25 +95,18 @@ fn budget_kib(bytes: u64) -> u32 {
 }
 
 impl BufferedMemory {
-    /// Whether the budget has room now for a body of `bytes` (taking nothing): asked
-    /// before a signed request's signature is used, so that a request refused for memory
-    /// can be sent again unchanged. (Room can still run out while the body arrives; then
-    /// the request is cut with 503 and must be signed anew.)
-    pub fn has_room_for(&self, bytes: u64) -> bool {
-        u64::from(budget_kib(bytes)) <= u64::from(self.kib) + self.pool.available_permits() as u64
-    }
-
     /// Grows the share to cover a body of `bytes`; refused (503 for the caller) when the
     /// bodies in progress hold the budget.
     pub fn grow(&mut self, bytes: u64) -> Result<(), Busy> {
         let want = budget_kib(bytes);
-        if want <= self.kib {
+        let kib = self.held.as_ref().map_or(0, |h| h.num_permits() as u32);
+        if want <= kib {
             return Ok(());
         }
         let more = self
             .pool
             .clone()
-            .try_acquire_many_owned(want - self.kib)
+            .try_acquire_many_owned(want - kib)
             .map_err(|_| {
                 Busy(format!(
                     "the request bodies being parsed in memory hold the {BUFFERED_MEMORY_MIB} \
@@ -126,7 +118,6 @@ impl BufferedMemory {
             Some(h) => h.merge(more),
             None => self.held = Some(more),
         }
-        self.kib = want;
         Ok(())
     }
 }
@@ -287,8 +278,15 @@ impl Node {
         BufferedMemory {
             pool: self.buffered.clone(),
             held: None,
-            kib: 0,
         }
+    }
+
+    /// Whether the budget for bodies held in memory has room now for a body of `bytes`
+    /// (taking nothing): asked before a signed request's signature is used, so that a
+    /// request refused for memory can be sent again unchanged. (Room can still run out
+    /// while the body arrives; then the request is cut with 503 and must be signed anew.)
+    pub fn has_buffered_room(&self, bytes: u64) -> bool {
+        budget_kib(bytes) as usize <= self.buffered.available_permits()
     }
 
     /// A permit for one request that reads a body (an upload, a mutation), held until it

@@ -394,7 +394,7 @@ pub fn bounded_lines<R: std::io::BufRead>(
         match read {
             Err(e) => {
                 done = true;
-                Some(Err(cairn_core::Error::io("reading the request body", e)))
+                Some(Err(cairn_core::Error::io("reading a list's lines", e)))
             }
             Ok(0) => {
                 done = true;
@@ -407,8 +407,8 @@ pub fn bounded_lines<R: std::io::BufRead>(
                 } else if line.len() > max {
                     done = true;
                     Some(Err(cairn_core::Error::invalid(format!(
-                        "a list element (one line of the body) is longer than {} MiB; store \
-                         large data as a blob",
+                        "a list element (one line) is longer than {} MiB; store large data \
+                         as a blob",
                         max >> 20
                     ))))
                 } else {
@@ -701,9 +701,9 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
 
 /// Refuses (503, `Retry-After: 1`, the body drained) a body of up to `bytes` the budget
 /// for bodies held in memory has no room for now, before a signed request's signature is
-/// used ([`crate::node::BufferedMemory::has_room_for`]).
+/// used ([`Node::has_buffered_room`]).
 pub fn memory_room(node: &Node, bytes: u64, body: Body) -> ApiResult<Body> {
-    if node.buffered_memory().has_room_for(bytes) {
+    if node.has_buffered_room(bytes) {
         Ok(body)
     } else {
         drain_refused(body);

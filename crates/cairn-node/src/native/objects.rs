@@ -140,19 +140,21 @@ fn if_match(headers: &HeaderMap) -> ApiResult<Option<Uid>> {
 /// `tag` is `None` when there is no representation). A read must answer 412 then: a
 /// client resuming a download with `Range` and the ETag it started from would otherwise be
 /// sent another version's bytes to splice onto the first one's.
-fn read_match_fails(headers: &HeaderMap, tag: Option<&str>) -> bool {
-    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
-    if values.peek().is_none() {
-        return false;
-    }
-    !values.any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',').any(|t| {
-                let t = t.trim();
-                tag.is_some() && (t == "*" || Some(t) == tag)
+fn read_match_fails(if_match: &[HeaderValue], tag: Option<&str>) -> bool {
+    !if_match.is_empty()
+        && !if_match.iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',').any(|t| {
+                    let t = t.trim();
+                    tag.is_some() && (t == "*" || Some(t) == tag)
+                })
             })
         })
-    })
+}
+
+/// A request's `If-Match` values (none, without allocating, when it has none).
+fn if_match_values(headers: &HeaderMap) -> Vec<HeaderValue> {
+    headers.get_all(header::IF_MATCH).iter().cloned().collect()
 }
 
 /// 412 for a read whose `If-Match` names another version (see [`read_match_fails`]).
@@ -288,7 +290,7 @@ async fn get_value(
     // blocking pool as the read, and sent from memory.
     let whole = !head && !json && !headers.contains_key(header::RANGE);
     let conditional = headers.get(header::IF_NONE_MATCH).cloned();
-    let must_match = headers.clone();
+    let must_match = if_match_values(&headers);
     let (v, small) = blocking(move || {
         let v = match bb.db().get(key.as_bytes(), &at) {
             // `If-Match` fails when there is nothing to match (RFC 9110 §13.1.1).
@@ -326,7 +328,7 @@ async fn get_value(
     let value = v.object.value;
     let ty = value.value_type();
     // If-Match first, then If-None-Match (RFC 9110 §13.2.2).
-    if read_match_fails(&headers, Some(&tag)) {
+    if read_match_fails(&if_match_values(&headers), Some(&tag)) {
         return Err(read_precondition_failed());
     }
     if if_none_match_hits(&headers, &tag) {
@@ -486,7 +488,7 @@ pub async fn stream(
     };
     let b = buckets::open(&node, &bucket).await?.bucket;
     let bb = b.clone();
-    let must_match = req_headers.clone();
+    let must_match = if_match_values(&req_headers);
     let v = blocking(move || match bb.db().get(key.as_bytes(), &at) {
         Err(Error::NotFound(_)) if read_match_fails(&must_match, None) => {
             Err(read_precondition_failed())
@@ -496,7 +498,7 @@ pub async fn stream(
     .await?;
     drop(head_permit);
     // An `If-Match` naming another version: 412, as for a read of the value.
-    if read_match_fails(&req_headers, Some(&etag(&v.uid))) {
+    if read_match_fails(&if_match_values(&req_headers), Some(&etag(&v.uid))) {
         return Err(read_precondition_failed());
     }
     let headers = [
