@@ -1988,17 +1988,23 @@ pub const DAMAGE_MARKS: &str = "DAMAGED.log";
 /// is not raised again for the same damage (the same line), while new damage is.
 pub const RECOVERY_CLEARED: &str = "RECOVERY.cleared";
 
-/// The lines of `path`, or nothing when it does not exist.
+/// The text of `path`, or nothing when it does not exist. Read lossily: these files only
+/// hold advice, and an append torn inside a character (or a flipped bit) must not stop the
+/// store from opening, nor the notes from being read or cleared.
 fn read_lines_file(path: &Path) -> Result<String> {
-    match fs::read_to_string(path) {
-        Ok(s) => Ok(s),
+    match fs::read(path) {
+        Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(String::new()),
         Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
     }
 }
 
-/// Appends `text` to `path` and makes it durable (the file and its directory entry).
+/// Appends `text` (whole lines) to `path` after a newline, and makes it durable (the file
+/// and its directory entry): an earlier append a crash cut inside its line stays a line of
+/// its own instead of swallowing the first new one. Readers skip the empty lines this
+/// leaves.
 fn append_durably(dir: &Path, path: &Path, text: &str) -> Result<()> {
+    let text = format!("\n{text}");
     let mut f = OpenOptions::new()
         .create(true)
         .append(true)
@@ -2019,8 +2025,8 @@ fn record_recovery_notes(dir: &Path, report: &RecoveryReport) -> Result<()> {
     let path = dir.join(RECOVERY_NOTES);
     let existing = read_lines_file(&path)?;
     let cleared = read_lines_file(&dir.join(RECOVERY_CLEARED))?;
-    let pending: HashSet<&str> = existing.lines().collect();
-    let cleared: HashSet<&str> = cleared.lines().collect();
+    let pending: HashSet<&str> = existing.lines().filter(|l| !l.is_empty()).collect();
+    let cleared: HashSet<&str> = cleared.lines().filter(|l| !l.is_empty()).collect();
     // A cut is gone from the file once made, so the same text at a later open is a new
     // loss (offsets and sequence numbers are reused after a cut): never suppressed.
     let is_cut = |line: &str| {
@@ -2052,11 +2058,11 @@ impl ChunkStore for LogStore {
 
     fn recovery_notes(&self) -> Result<Vec<String>> {
         let path = self.dir.join(RECOVERY_NOTES);
-        match fs::read_to_string(&path) {
-            Ok(s) => Ok(s.lines().map(str::to_string).collect()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
-        }
+        Ok(read_lines_file(&path)?
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
     }
 
     fn clear_recovery_notes(&self) -> Result<()> {

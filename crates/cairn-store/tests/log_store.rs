@@ -1200,6 +1200,30 @@ fn cleared_damage_stays_cleared_and_new_damage_is_raised() {
     assert_ne!(notes, first);
 }
 
+/// Recovery notes torn inside a character by a crash during an append (or hit by bit rot)
+/// are read lossily: the store opens, the notes are read and cleared, and the new note
+/// goes on a line of its own (it would have been glued to the torn one).
+#[test]
+fn torn_or_garbled_recovery_notes_do_not_stop_the_store() {
+    let g = groups();
+    let mid = &g.chunks[1];
+    let (copy, _p) = hurt_copy(&g, &Hurt::Flip(mid[0].0 + 50 + 1000));
+    let notes = copy.path().join(cairn_store::log::RECOVERY_NOTES);
+    fs::write(&notes, b"an earlier note cut inside \xE2\x82").unwrap();
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    let got = s.recovery_notes().unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got[0].starts_with("an earlier note cut inside"), "{got:?}");
+    assert_eq!(got[1], s.recovery().damage[0]);
+    s.clear_recovery_notes().unwrap();
+    assert!(s.recovery_notes().unwrap().is_empty());
+    drop(s);
+    // The cleared file holds the torn bytes too: the damage stays cleared.
+    let s = LogStore::open(copy.path(), opts(Durability::Group)).unwrap();
+    assert_eq!(s.recovery().damage.len(), 1);
+    assert!(s.recovery_notes().unwrap().is_empty());
+}
+
 /// A segment that held damage when it was opened as the active one is sealed without a
 /// hint: every later open rescans it, so a damaged commit never comes back as if intact,
 /// and its damage is still found.
