@@ -1,5 +1,5 @@
 //! Targets for buckets-as-capsules: `bucket_mutation` (the record body decoder) and
-//! `version_proof` (`VersionProof::from_bytes` + `verify`).
+//! `version_proof` (`VersionProof::from_bytes` + `verify` + `owner_seal`).
 //!
 //! `bucket_mutation`: whatever decodes must re-encode to exactly the input bytes.
 //!
@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 
 use cairn_capsule::bucket::BUCKET_SETTING;
 use cairn_capsule::{
-    BodyCipher, Bucket, CapsuleMetadata, CapsuleServer, Mutation, Record, RecordName,
-    ServerOptions, VersionProof,
+    BodyCipher, Bucket, CapsuleMetadata, CapsuleServer, Mutation, OWNER_SETTING, OwnerSeal, Record,
+    RecordName, SealedPut, ServerOptions, VersionProof,
 };
 use cairn_core::{HashAlgo, SigningKey};
 use cairn_object::{At, BuiltinResolver, Db, MergeOutcome, NewValue, PutOptions, Target, Uid};
@@ -40,6 +40,11 @@ pub struct Fixture {
     pub records: HashSet<RecordName>,
 }
 
+/// The bucket's owner, whose seal one put carries.
+fn owner() -> SigningKey {
+    SigningKey::from_seed(&[0x46; 32])
+}
+
 /// The fixture bucket (built once per process; deterministic).
 pub fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
@@ -56,7 +61,10 @@ fn build() -> Fixture {
         created_ms: 1_700_000_000_000,
         cipher: BodyCipher::Plaintext,
         key_distribution: "none".into(),
-        settings: BTreeMap::from([(BUCKET_SETTING.to_string(), "default".to_string())]),
+        settings: BTreeMap::from([
+            (BUCKET_SETTING.to_string(), "default".to_string()),
+            (OWNER_SETTING.to_string(), owner().public().to_string()),
+        ]),
     };
     let server = Arc::new(CapsuleServer::new(
         store.clone(),
@@ -106,6 +114,41 @@ fn build() -> Fixture {
         b.put(b"n", Target::Branch("master"), NewValue::Integer(7), &o)
             .expect("put"),
     ));
+    // A put its owner sealed (its proof carries the seal and the version).
+    let sealed = s("sealed by the owner");
+    let capsule = meta.name();
+    let digest = {
+        let scratch = Db::new(Arc::new(MemoryStore::new()));
+        let u = scratch
+            .put(b"x", Target::Branch("master"), sealed.clone(), &o)
+            .expect("scratch put");
+        scratch
+            .load(&u)
+            .expect("scratch load")
+            .value_digest(HashAlgo::Blake3)
+    };
+    let seal = OwnerSeal::sign(
+        &owner(),
+        &SealedPut {
+            capsule: &capsule,
+            key: b"owned",
+            branch: Some("master"),
+            base: None,
+            value: &digest,
+            context: b"",
+        },
+        1_700_000_000,
+        [0x45; 16],
+    );
+    let opts = PutOptions {
+        owner_seal: Some(seal.encode()),
+        ..PutOptions::default()
+    };
+    made.push((
+        b"owned".to_vec(),
+        b.put(b"owned", Target::Branch("master"), sealed, &opts)
+            .expect("sealed put"),
+    ));
     b.rename(b"doc", "dev", "old").expect("rename");
     let capsule = b.capsule().expect("capsule");
     let records: HashSet<RecordName> = b
@@ -115,7 +158,13 @@ fn build() -> Fixture {
     let mut versions = Vec::new();
     for (key, uid) in made {
         let p = b.prove(&key, &uid).expect("prove");
-        p.verify(&meta, &key, &uid).expect("fixture proof verifies");
+        let (m, _) = p.verify(&meta, &key, &uid).expect("fixture proof verifies");
+        let sealed = p.owner_seal(&meta, &m, &uid).expect("fixture seal checks");
+        assert_eq!(
+            sealed.is_some(),
+            key == b"owned",
+            "only the owned put is sealed"
+        );
         versions.push((key, uid, p.record.clone(), p.to_bytes()));
     }
     Fixture {
@@ -177,6 +226,17 @@ pub fn run_version_proof(data: &[u8]) {
                 names.iter().all(|n| f.records.contains(n)),
                 "FORGERY: a verified chain holds a record the writer did not write"
             );
+            // The seal verifier, on the genuine record: a seal it accepts is the owner's,
+            // over the version the proof carries, which hashes to the uid.
+            if let Ok(Some((k, _))) = p.owner_seal(&f.meta, &m, uid) {
+                assert_eq!(k, owner().public(), "FORGERY: a seal by another key");
+                let o = p.object.as_deref().expect("a checked seal had its version");
+                assert_eq!(
+                    HashAlgo::Blake3.digest(o),
+                    *uid,
+                    "FORGERY: a seal on another version"
+                );
+            }
         }
     }
 }

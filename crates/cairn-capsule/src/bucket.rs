@@ -28,10 +28,10 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 
-use cairn_core::{Decoder, Encoder, Error, Hash, Result, SigningKey};
+use cairn_core::{Decoder, Encoder, Error, Hash, HashAlgo, PublicKey, Result, SigningKey};
 use cairn_object::{
-    At, Db, HeadChange, HeadChangeKind, HeadRecorder, MergeOutcome, NewValue, Op, PutOptions,
-    Resolver, Target, TreeConfig, Uid, VersionMembership, check_bucket_name,
+    At, Db, FObject, HeadChange, HeadChangeKind, HeadRecorder, MergeOutcome, NewValue, Op,
+    PutOptions, Resolver, Target, TreeConfig, Uid, VersionMembership, check_bucket_name,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -39,6 +39,7 @@ use crate::client::Writer;
 use crate::metadata::{BodyCipher, CapsuleMetadata, CapsuleName};
 use crate::proof::RecordProof;
 use crate::record::{Record, RecordHeader, RecordName};
+use crate::seal::{OwnerSeal, bucket_owner};
 use crate::server::CapsuleServer;
 
 /// Capsule metadata setting that fixes a bucket's average POS-tree leaf size in bytes
@@ -52,10 +53,16 @@ use crate::server::CapsuleServer;
 /// read-only open ignores a value it cannot use: reads need no configuration.
 pub const LEAF_SIZE_SETTING: &str = "cairn.leaf_size";
 
-/// Format version of an encoded [`Mutation`].
+/// Format version of an encoded [`Mutation`] without an owner seal (records written before
+/// seals existed keep it, byte for byte).
 pub const MUTATION_VERSION: u8 = 1;
-/// Format version of an encoded [`VersionProof`].
+/// Format version of an encoded [`Mutation`] that carries an [`OwnerSeal`].
+pub const SEALED_MUTATION_VERSION: u8 = 2;
+/// Format version of an encoded [`VersionProof`] without the version's FObject.
 pub const VERSION_PROOF_VERSION: u8 = 1;
+/// Format version of an encoded [`VersionProof`] that carries the version's FObject (to
+/// check its record's owner seal against).
+pub const OBJECT_VERSION_PROOF_VERSION: u8 = 2;
 /// The metadata setting that names the bucket a capsule backs.
 pub const BUCKET_SETTING: &str = "cairn.bucket";
 /// Longest key a mutation record may name (the Db's own limit is lower).
@@ -133,6 +140,10 @@ pub struct Mutation {
     pub uid: Uid,
     /// The bases of `uid` when the mutation created it (Put, Merge); empty otherwise.
     pub bases: Vec<Uid>,
+    /// The bucket owner's seal over the put's content (Put only; see [`crate::seal`]):
+    /// checked by the node before it recorded the put, and by a reader with
+    /// [`VersionProof::owner_seal`].
+    pub seal: Option<OwnerSeal>,
 }
 
 impl Mutation {
@@ -143,7 +154,10 @@ impl Mutation {
 
     /// The canonical encoding (the record body).
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Encoder::versioned(MUTATION_VERSION);
+        let mut e = Encoder::versioned(match self.seal {
+            Some(_) => SEALED_MUTATION_VERSION,
+            None => MUTATION_VERSION,
+        });
         e.u8(self.kind.code()).bytes(&self.key);
         for s in [&self.branch, &self.from] {
             match s {
@@ -155,13 +169,16 @@ impl Mutation {
         for b in &self.bases {
             e.hash(b);
         }
+        if let Some(seal) = &self.seal {
+            seal.encode_fields(&mut e);
+        }
         e.finish()
     }
 
     /// Decodes and checks an encoding; anything but the canonical bytes is refused.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, "bucket mutation");
-        d.version(&[MUTATION_VERSION])?;
+        let version = d.version(&[MUTATION_VERSION, SEALED_MUTATION_VERSION])?;
         let kind = MutationKind::from_code(d.u8()?)?;
         let key = d.bytes()?;
         if key.is_empty() || key.len() > MAX_KEY {
@@ -192,6 +209,10 @@ impl Mutation {
         for _ in 0..n {
             bases.push(d.hash()?);
         }
+        let seal = match version {
+            SEALED_MUTATION_VERSION => Some(OwnerSeal::decode_fields(&mut d)?),
+            _ => None,
+        };
         d.finish()?;
         let m = Mutation {
             kind,
@@ -200,6 +221,7 @@ impl Mutation {
             from,
             uid,
             bases,
+            seal,
         };
         m.check_shape()?;
         Ok(m)
@@ -211,6 +233,12 @@ impl Mutation {
             return Err(Error::decode(format!(
                 "a mutation with {} bases (at most {MAX_BASES})",
                 self.bases.len()
+            )));
+        }
+        if self.seal.is_some() && self.kind != MutationKind::Put {
+            return Err(Error::decode(format!(
+                "a {} mutation with an owner seal (only puts are sealed)",
+                self.kind.name()
             )));
         }
         let ok = match self.kind {
@@ -243,6 +271,9 @@ pub struct VersionProof {
     pub record: Record,
     /// The chain from that record to a signed one.
     pub proof: RecordProof,
+    /// The version's FObject (its Meta chunk, which hashes to the uid), carried when the
+    /// record has an owner seal so that a reader can check the seal against the value.
+    pub object: Option<Vec<u8>>,
 }
 
 impl VersionProof {
@@ -280,29 +311,96 @@ impl VersionProof {
             )));
         }
         let names = self.proof.verify(meta, &name, |_| false)?;
+        if let Some(chunk) = &self.object
+            && meta.algo.digest(chunk) != *uid
+        {
+            return Err(Error::Rejected(format!(
+                "the FObject this proof carries does not hash to version {uid}"
+            )));
+        }
         Ok((m, names))
+    }
+
+    /// The bucket owner's seal on the put that made version `uid`, checked, when its
+    /// record carries one: `Ok(Some((owner, seal)))` when the owner `meta` names
+    /// ([`crate::seal::OWNER_SETTING`]) sealed exactly the version's key, value, context
+    /// and branch (and base, when the seal names one); `Ok(None)` when the record has no
+    /// seal (the node recorded the version alone). Call after [`Self::verify`] accepted
+    /// the proof for `key` and `uid`, with the mutation it returned. A seal that does not
+    /// verify, or a sealed record whose proof carries no FObject, is [`Error::Rejected`].
+    pub fn owner_seal(
+        &self,
+        meta: &CapsuleMetadata,
+        m: &Mutation,
+        uid: &Uid,
+    ) -> Result<Option<(PublicKey, OwnerSeal)>> {
+        let Some(seal) = m.seal else {
+            return Ok(None);
+        };
+        let owner = bucket_owner(meta)?.ok_or_else(|| {
+            Error::Rejected(format!(
+                "version {uid}'s record carries an owner seal, but capsule {} names no owner                  key",
+                meta.name()
+            ))
+        })?;
+        let chunk = self.object.as_deref().ok_or_else(|| {
+            Error::Rejected(format!(
+                "version {uid}'s record carries an owner seal, but the proof does not carry                  the version to check it against"
+            ))
+        })?;
+        if meta.algo.digest(chunk) != *uid {
+            return Err(Error::Rejected(format!(
+                "the FObject this proof carries does not hash to version {uid}"
+            )));
+        }
+        let object = FObject::from_chunk(chunk)
+            .map_err(|e| Error::Rejected(format!("the FObject of version {uid}: {e}")))?;
+        if object.key[..] != m.key[..] || object.bases != m.bases {
+            return Err(Error::Rejected(format!(
+                "version {uid} has another key or other bases than its record names"
+            )));
+        }
+        seal.verify_put(
+            &owner,
+            &meta.name(),
+            m.branch.as_deref(),
+            &object,
+            meta.algo,
+        )?;
+        Ok(Some((owner, seal)))
     }
 
     /// The canonical encoding (what `cairn verify --proof --out` writes).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut e = Encoder::versioned(VERSION_PROOF_VERSION);
+        let mut e = Encoder::versioned(match self.object {
+            Some(_) => OBJECT_VERSION_PROOF_VERSION,
+            None => VERSION_PROOF_VERSION,
+        });
         e.bytes(&self.record.header.encode())
             .bytes(&self.record.body)
             .bytes(&self.proof.to_bytes());
+        if let Some(o) = &self.object {
+            e.bytes(o);
+        }
         e.finish()
     }
 
     /// Decodes an encoding (checks nothing but the format: call [`VersionProof::verify`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, "version proof");
-        d.version(&[VERSION_PROOF_VERSION])?;
+        let version = d.version(&[VERSION_PROOF_VERSION, OBJECT_VERSION_PROOF_VERSION])?;
         let header = RecordHeader::decode(d.bytes()?)?;
         let body = d.bytes()?.to_vec();
         let proof = RecordProof::from_bytes(d.bytes()?)?;
+        let object = match version {
+            OBJECT_VERSION_PROOF_VERSION => Some(d.bytes()?.to_vec()),
+            _ => None,
+        };
         d.finish()?;
         Ok(VersionProof {
             record: Record { header, body },
             proof,
+            object,
         })
     }
 }
@@ -455,26 +553,31 @@ struct Journal {
     written: Condvar,
     /// The bucket's versions, told of each group written.
     versions: Arc<BucketVersions>,
+    /// The owner key the capsule's metadata names ([`crate::seal::OWNER_SETTING`]),
+    /// whose seals a put may carry; `Err` (its message) when the setting is not a key.
+    owner: std::result::Result<Option<PublicKey>, String>,
+    /// The bucket's hash algorithm (of the value digests seals name).
+    algo: HashAlgo,
 }
 
 impl HeadRecorder for Journal {
     fn record(&self, c: &HeadChange<'_>) -> Result<()> {
-        self.append(Self::mutation(c)?).map(|_| ())
+        self.append(self.mutation(c)?).map(|_| ())
     }
 
     /// The records go out in one group (one capsule write), so all or none are written.
     fn record_all(&self, changes: &[HeadChange<'_>]) -> Result<()> {
         let ms = changes
             .iter()
-            .map(Self::mutation)
+            .map(|c| self.mutation(c))
             .collect::<Result<Vec<_>>>()?;
         self.append_all(ms).map(|_| ())
     }
 }
 
 impl Journal {
-    /// The record body of `c`.
-    fn mutation(c: &HeadChange<'_>) -> Result<Mutation> {
+    /// The record body of `c`, with its owner seal checked.
+    fn mutation(&self, c: &HeadChange<'_>) -> Result<Mutation> {
         let kind = match c.kind {
             HeadChangeKind::Put => MutationKind::Put,
             HeadChangeKind::Fork => MutationKind::Fork,
@@ -489,10 +592,42 @@ impl Journal {
             from: c.from.map(str::to_string),
             uid: c.uid,
             bases: c.bases.to_vec(),
+            seal: match c.owner_seal {
+                Some(bytes) => Some(self.check_seal(c, bytes)?),
+                None => None,
+            },
         };
         // A record that would not decode must not be written (the change is refused).
         m.check_shape()?;
         Ok(m)
+    }
+
+    /// The owner seal `bytes` a put carries, checked against the version it made
+    /// ([`Error::InvalidInput`] when malformed, [`Error::Rejected`] when it is not the
+    /// owner's seal of this put): nothing is recorded or committed otherwise.
+    fn check_seal(&self, c: &HeadChange<'_>, bytes: &[u8]) -> Result<OwnerSeal> {
+        let seal = OwnerSeal::decode(bytes)
+            .map_err(|e| Error::invalid(format!("the owner seal is malformed: {e}")))?;
+        let object = match (c.kind, c.object) {
+            (HeadChangeKind::Put, Some(o)) => o,
+            _ => {
+                return Err(Error::invalid(
+                    "an owner seal can only be given with a put of a new version",
+                ));
+            }
+        };
+        let owner = match &self.owner {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                return Err(Error::Rejected(format!(
+                    "the bucket's capsule {} names no owner key, so no owner seal can be                      checked",
+                    self.capsule
+                )));
+            }
+            Err(why) => return Err(Error::Rejected(why.clone())),
+        };
+        seal.verify_put(owner, &self.capsule, c.branch, object, self.algo)?;
+        Ok(seal)
     }
 
     /// Appends the record of `m` and returns once it is durable (or failed). Records queued
@@ -800,6 +935,8 @@ impl Bucket {
                     }),
                     written: Condvar::new(),
                     versions: versions.clone(),
+                    owner: bucket_owner(meta).map_err(|e| e.to_string()),
+                    algo: meta.algo,
                 }))
             }
             _ => None,
@@ -996,7 +1133,16 @@ impl Bucket {
             )));
         }
         let proof = self.server.prove(&capsule, &name, None)?.proof;
-        Ok(VersionProof { record, proof })
+        // A sealed put's proof carries the version, to check the seal against.
+        let object = match m.seal {
+            Some(_) => Some(self.db().load(uid)?.to_chunk()),
+            None => None,
+        };
+        Ok(VersionProof {
+            record,
+            proof,
+            object,
+        })
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`server`]: the capsule server over a Cairn store (verify, persist, ack, prove);
 //! - [`client`]: the writer and reader sides;
 //! - [`bucket`]: every bucket is a capsule: object mutations as signed records, version proofs;
+//! - [`seal`]: a bucket owner's seal over what a put stores, kept in the put's record;
 //! - [`wire`]: the versioned wire protocol (requests, responses, sync messages), a sans-IO
 //!   dispatcher and the TCP glue over `cairn-net`.
 //!
@@ -30,6 +31,7 @@ pub mod metadata;
 pub mod proof;
 pub mod record;
 pub mod riblt;
+pub mod seal;
 pub mod server;
 pub mod sync;
 pub mod wire;
@@ -44,6 +46,7 @@ pub use proof::{
     WriterSignature,
 };
 pub use record::{BodyKey, BodyRef, Record, RecordHeader, RecordName, SealedSubrecords};
+pub use seal::{OWNER_SETTING, OwnerSeal, SealedPut, bucket_owner};
 pub use server::{
     Ack, AckKind, ApplyReport, CapsuleServer, Checkpoint, DEFAULT_MAX_PROOF_BYTES,
     MAX_BATCH_ANSWER_BYTES, MAX_PROOF_BYTES, ServerOptions, SessionId, SyncBody, SyncCursor,

@@ -257,8 +257,9 @@ fn mutation_strategy() -> impl Strategy<Value = Mutation> {
         uid.clone(),
         proptest::collection::vec(uid, 0..4),
         any::<bool>(),
+        (any::<bool>(), any::<u64>(), any::<u8>(), any::<bool>()),
     )
-        .prop_map(|(k, key, branch, from, uid, bases, tagged)| {
+        .prop_map(|(k, key, branch, from, uid, bases, tagged, seal)| {
             let kind = [
                 MutationKind::Put,
                 MutationKind::Fork,
@@ -274,6 +275,13 @@ fn mutation_strategy() -> impl Strategy<Value = Mutation> {
                 from: (kind == MutationKind::Rename).then_some(from),
                 uid,
                 bases: if creates { bases } else { Vec::new() },
+                // Only puts carry seals (any bytes: decoding checks the format only).
+                seal: (kind == MutationKind::Put && seal.0).then(|| OwnerSeal {
+                    date: seal.1,
+                    nonce: [seal.2; 16],
+                    names_base: seal.3,
+                    signature: cairn_core::Signature::from_raw(&[seal.2; 64]).unwrap(),
+                }),
             }
         })
 }
@@ -733,6 +741,7 @@ fn a_non_writers_unsigned_record_never_gets_the_writers_signature() {
         from: None,
         uid: fake_uid,
         bases: vec![],
+        seal: None,
     };
     let rec = Record::new(capsule, forged.encode(), vec![]);
     srv.write(&capsule, std::slice::from_ref(&rec), &[])

@@ -2031,24 +2031,42 @@ pub(crate) fn print_verified_proof(
             names[names.len() - 1]
         )?;
     }
+    // A seal that does not verify fails the whole proof (exit 11).
+    if let Some((owner, seal)) = vp.owner_seal(meta, m, uid)? {
+        writeln!(
+            out,
+            "sealed   by owner {owner} at {} (unix seconds, the owner's clock){}: valid",
+            seal.date,
+            if seal.names_base {
+                ", on the base it names"
+            } else {
+                ""
+            }
+        )?;
+    }
     Ok(())
 }
 
+/// Whether the owner sealed the put proof `vp` proves (checked; a seal that does not
+/// verify is no seal).
+fn owner_sealed(vp: &VersionProof, meta: &CapsuleMetadata) -> bool {
+    cairn_capsule::Mutation::decode(&vp.record.body)
+        .is_ok_and(|m| matches!(vp.owner_seal(meta, &m, &m.uid), Ok(Some(_))))
+}
+
 /// The bucket owner a capsule's metadata names (`cairn.native.owner`: a key, or `open`),
-/// when the key that signed proof `vp` is not it: the records of a bucket written through
-/// a node's API are signed by the node's key, so such a proof shows that the node recorded
-/// the version, not that the owner wrote it (a node that lies can record a version it made
-/// up). `None` when no owner is named (the writer is then the bucket's) or the owner
-/// signed.
+/// when the key that signed proof `vp` is not it and the owner did not seal the put: the
+/// records of a bucket written through a node's API are signed by the node's key, so such
+/// a proof shows that the node recorded the version, not that the owner wrote it (a node
+/// that lies can record a version it made up). `None` when no owner is named (the writer
+/// is then the bucket's), the owner signed, or the owner sealed the put.
 pub(crate) fn signer_caveat(vp: &VersionProof, meta: &CapsuleMetadata) -> Option<String> {
-    let owner = meta
-        .settings
-        .get(cairn_node::native::buckets::OWNER_SETTING)?;
+    let owner = meta.settings.get(cairn_capsule::OWNER_SETTING)?;
     let cairn_capsule::Anchor::Signed(ws) = &vp.proof.anchor else {
         return None;
     };
     let signer = meta.writers.get(ws.writer as usize)?.to_string();
-    if *owner == signer {
+    if *owner == signer || owner_sealed(vp, meta) {
         return None;
     }
     let whose = if owner == "open" {
@@ -2071,6 +2089,12 @@ pub(crate) fn write_proof_ok(
     meta: &CapsuleMetadata,
     out: &mut impl Write,
 ) -> io::Result<()> {
+    if owner_sealed(vp, meta) {
+        return writeln!(
+            out,
+            "proof OK (content sealed by the owner's key, recorded by the node's)"
+        );
+    }
     match signer_caveat(vp, meta) {
         Some(c) => {
             eprintln!("note: {c}");

@@ -37,6 +37,7 @@ use anyhow::{Context, Result, bail};
 use cairn_capsule::{CapsuleMetadata, CapsuleName, VersionProof};
 use cairn_core::{Error, SigningKey};
 use cairn_node::native::auth::{CONTEXT_HEADER, RequestToSign, now_secs};
+use cairn_node::native::objects::OWNER_SEAL_HEADER;
 use cairn_node::native::values::json_bytes;
 use cairn_node::native::versions::CHUNKS_TYPE;
 use cairn_object::evidence;
@@ -769,6 +770,64 @@ impl Client {
                 ))),
             },
         };
+        // An owned bucket's put carries the owner's seal over the value it makes (docs/
+        // node.md, "Owner seals"), built here from the bytes to send before they are sent,
+        // so that its proof shows the owner wrote the content, not only that the node
+        // recorded it.
+        let sealer = match (&signer, self.capsule.borrow().as_deref()) {
+            (Some(k), Some(c)) => Some((
+                k.clone(),
+                c.parse::<CapsuleName>().map_err(|e| {
+                    Error::Rejected(format!("the node names the bucket's capsule {c:?}: {e}"))
+                })?,
+            )),
+            (Some(_), None) => {
+                eprintln!(
+                    "note: the node does not name bucket {}'s capsule: this put is not sealed                      by its owner",
+                    self.bucket
+                );
+                None
+            }
+            (None, _) => None,
+        };
+        let value_shape = match ty {
+            ValueType::Blob => shape,
+            _ => text_shape.flatten(),
+        };
+        let seal_branch = match a.base {
+            Some(_) => None,
+            None => Some(
+                a.branch
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_BRANCH.to_string()),
+            ),
+        };
+        let seal_base = a.base.or(a.guard);
+        let seal_context = a.context.clone();
+        let seal_key = a.key.clone();
+        let seal_of = |value: &cairn_object::Value| -> Result<(&'static str, String)> {
+            let Some((k, capsule)) = &sealer else {
+                bail!(Error::invalid("no owner key to seal the put with"));
+            };
+            let digest = value.digest(capsule.hash().algo());
+            let mut nonce = [0u8; cairn_capsule::seal::SEAL_NONCE_LEN];
+            getrandom::fill(&mut nonce)
+                .map_err(|e| anyhow::anyhow!("the system random source failed: {e}"))?;
+            let seal = cairn_capsule::OwnerSeal::sign(
+                k,
+                &cairn_capsule::SealedPut {
+                    capsule,
+                    key: seal_key.as_bytes(),
+                    branch: seal_branch.as_deref(),
+                    base: seal_base.as_ref(),
+                    value: &digest,
+                    context: seal_context.as_bytes(),
+                },
+                now_secs(),
+                nonce,
+            );
+            Ok((OWNER_SEAL_HEADER, hex::encode(seal.encode())))
+        };
         let (list_tx, list_digest) = match (ty, text_shape) {
             (ValueType::List, Some(Some(s))) => {
                 let (tx, d) = TreeDigest::list(s)?;
@@ -823,6 +882,13 @@ impl Client {
             if let Some(s) = shape {
                 sent_tree = Some(s.tree_of(&body)?);
             }
+            if sealer.is_some() {
+                let value = match &sent_tree {
+                    Some(t) => cairn_object::Value::Tree(*t),
+                    None => crate::digest::value_of_text(ty, body.clone(), value_shape)?,
+                };
+                headers.push(seal_of(&value)?);
+            }
             read_json(self.send(Method::PUT, url, body, &headers, signer.as_ref())?)?
         } else if let (Some(k), Some(_)) = (&key, &signer) {
             // Signed and encrypted: encrypted once, into a spool of ciphertext hashed as it
@@ -849,6 +915,11 @@ impl Client {
             let pb = progress_bar(len, "encrypting");
             let mut enc = crypt::EncryptReader::new(pb.wrap_read(input), k, &place)?;
             let mut h = blake3::Hasher::new();
+            // The ciphertext's tree, for the seal (the blob the node stores).
+            let mut built = sealer
+                .as_ref()
+                .map(|_| crate::digest::ValueBuilder::new(ValueType::Blob, shape, u64::MAX))
+                .transpose()?;
             let mut buf = vec![0u8; 1 << 16];
             loop {
                 let n = enc.read(&mut buf).context("reading the input")?;
@@ -856,6 +927,9 @@ impl Client {
                     break;
                 }
                 h.update(&buf[..n]);
+                if let Some(b) = &mut built {
+                    b.update(&buf[..n]);
+                }
                 spool
                     .write_all(&buf[..n])
                     .context("writing the ciphertext to a temporary file")?;
@@ -873,6 +947,14 @@ impl Client {
             let f = spool
                 .reopen()
                 .context("reading the ciphertext's temporary file")?;
+            // The tree built for the seal is the one to check the answer against.
+            let pre_tree = match built.map(|b| b.finish()).transpose()?.flatten() {
+                Some(cairn_object::Value::Tree(t)) => {
+                    headers.push(seal_of(&cairn_object::Value::Tree(t))?);
+                    Some(t)
+                }
+                _ => None,
+            };
             let pb = progress_bar(Some(n), "put");
             let reader: Box<dyn Read + Send> = tee(Box::new(pb.wrap_read(ExactLen::new(
                 io::BufReader::with_capacity(1 << 20, f),
@@ -887,11 +969,11 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 Some(*h.finalize().as_bytes()),
-                shape,
+                if pre_tree.is_some() { None } else { shape },
             );
             pb.finish_and_clear();
             let (answer, tree) = answer?;
-            sent_tree = tree;
+            sent_tree = tree.or(pre_tree);
             answer
         } else {
             // A signed upload hashes its body first, which needs a second read: spool stdin,
@@ -958,14 +1040,37 @@ impl Client {
                     n
                 }
             };
+            // Hashed (and, to seal it, the value it makes built) in one read.
+            let mut pre_tree = None;
             let hash = match (&path, &signer) {
                 (Some(p), Some(_)) => {
                     let (f, len) = open(p)?;
                     let pb = progress_bar(len, "hashing");
-                    let r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
+                    let mut r = body_reader(Box::new(pb.wrap_read(io::BufReader::new(f))));
                     let mut h = blake3::Hasher::new();
-                    h.update_reader(r).context("reading the input")?;
+                    let mut built = sealer
+                        .as_ref()
+                        .map(|_| crate::digest::ValueBuilder::new(ty, value_shape, BUFFERED_LIMIT))
+                        .transpose()?;
+                    let mut buf = vec![0u8; 1 << 16];
+                    loop {
+                        let n = r.read(&mut buf).context("reading the input")?;
+                        if n == 0 {
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                        if let Some(b) = &mut built {
+                            b.update(&buf[..n]);
+                        }
+                    }
                     pb.finish_and_clear();
+                    // (None: a text past what a node buffers, which it refuses anyway.)
+                    if let Some(v) = built.map(|b| b.finish()).transpose()?.flatten() {
+                        headers.push(seal_of(&v)?);
+                        if let (ValueType::Blob, cairn_object::Value::Tree(t)) = (ty, &v) {
+                            pre_tree = Some(*t);
+                        }
+                    }
                     Some(*h.finalize().as_bytes())
                 }
                 _ => None,
@@ -1004,12 +1109,12 @@ impl Client {
                 &headers,
                 signer.as_ref(),
                 hash,
-                shape,
+                if pre_tree.is_some() { None } else { shape },
             );
             pb.finish_and_clear();
             drop(spooled);
             let (answer, tree) = answer?;
-            sent_tree = tree;
+            sent_tree = tree.or(pre_tree);
             answer
         };
         let (uid, o) = self.written_version(&a.key, &r, "put")?;
@@ -1212,8 +1317,12 @@ impl Client {
                     eprintln!("note: {c}");
                 }
                 eprintln!(
-                    "version {uid} (depth {}), proven recorded in capsule {cap}",
-                    version.object().depth
+                    "version {uid} (depth {}), proven recorded in capsule {cap}{}",
+                    version.object().depth,
+                    match &p.sealed {
+                        Some((owner, _)) => format!(", its content sealed by owner {owner}"),
+                        None => String::new(),
+                    }
                 );
                 if a.meta {
                     (uid, version)
@@ -1885,11 +1994,13 @@ impl Client {
                 "version {uid} has bases the writer's record does not name"
             )));
         }
+        let sealed = vp.owner_seal(&meta, &record, uid)?;
         Ok(Proven {
             proof: vp,
             meta,
             record,
             names,
+            sealed,
         })
     }
 
@@ -2327,6 +2438,8 @@ struct Proven {
     meta: CapsuleMetadata,
     record: cairn_capsule::Mutation,
     names: Vec<cairn_capsule::RecordName>,
+    /// The owner's seal on the put, checked (`None`: the node recorded it alone).
+    sealed: Option<(cairn_core::PublicKey, cairn_capsule::OwnerSeal)>,
 }
 
 /// A current-thread runtime and reqwest's async client on it, for one streamed transfer

@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use cairn_core::HashAlgo;
-use cairn_object::TreeConfig;
 use cairn_object::postree::{BlobWriter, TreeRef, build_blob, build_list};
+use cairn_object::{TreeConfig, Value, ValueType};
 use cairn_store::DigestStore;
 
 /// Pieces queued ahead of the tree builder (each an upload piece, shared, not copied).
@@ -140,6 +140,141 @@ fn build(shape: TreeShape, rx: Receiver<Bytes>) -> Result<TreeRef> {
         w.write_bytes(&piece)?;
     }
     Ok(w.finish()?)
+}
+
+/// The value a put of `text` as type `ty` makes in a bucket of `shape` (needed for the
+/// tree types), parsed and built as the node does: a blob's tree, a list's tree of its
+/// lines, a map's or set's tree of its text form, or the inline value.
+pub fn value_of_text(ty: ValueType, text: Vec<u8>, shape: Option<TreeShape>) -> Result<Value> {
+    use cairn_object::{NewValue, postree};
+    let need_shape = || {
+        shape.ok_or_else(|| {
+            anyhow::anyhow!(
+                "the node does not say how the bucket builds trees (hash_algo, leaf_size)"
+            )
+        })
+    };
+    Ok(match ty {
+        ValueType::String => Value::String(text.into()),
+        ValueType::Blob => Value::Tree(need_shape()?.tree_of(&text)?),
+        ValueType::List => {
+            let (tx, d) = TreeDigest::list(need_shape()?)?;
+            // The builder thread takes the text while this one waits for it.
+            let _ = tx.send(Bytes::from(text));
+            drop(tx);
+            Value::Tree(d.finish()?)
+        }
+        _ => match crate::format::parse_value(ty, text)? {
+            NewValue::Integer(i) => Value::Integer(i),
+            NewValue::Tuple(t) => Value::Tuple(t.into_iter().map(Bytes::from).collect()),
+            NewValue::Map(m) => {
+                let s = need_shape()?;
+                Value::Tree(postree::build_map(
+                    &DigestStore::new(s.algo),
+                    &s.cfg,
+                    m.iter(),
+                )?)
+            }
+            NewValue::Set(m) => {
+                let s = need_shape()?;
+                Value::Tree(postree::build_set(
+                    &DigestStore::new(s.algo),
+                    &s.cfg,
+                    m.iter(),
+                )?)
+            }
+            other => anyhow::bail!(
+                "text parsed as a {} is not a {}",
+                other.value_type().name(),
+                ty.name()
+            ),
+        },
+    })
+}
+
+/// The value a put will make, built from its body's bytes as they are read, before the put
+/// is sent (to seal it): blobs and lists through a tree builder in constant memory, other
+/// types from their text, kept up to `limit` bytes (past it `finish` gives `None`: the
+/// node refuses such a text anyway).
+pub enum ValueBuilder {
+    /// A blob or list: its tree, built on its own thread.
+    Tree(Option<SyncSender<Bytes>>, TreeDigest),
+    /// Any other type: its text, parsed at the end.
+    Text {
+        /// The type the text is parsed as.
+        ty: ValueType,
+        /// The text so far (`None` once past the limit).
+        text: Option<Vec<u8>>,
+        /// Most bytes kept.
+        limit: u64,
+        /// The bucket's tree shape (maps and sets).
+        shape: Option<TreeShape>,
+    },
+}
+
+impl ValueBuilder {
+    /// A builder of a value of type `ty` in a bucket of `shape`.
+    pub fn new(ty: ValueType, shape: Option<TreeShape>, limit: u64) -> Result<Self> {
+        let need = || {
+            shape.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the node does not say how the bucket builds trees (hash_algo, leaf_size)"
+                )
+            })
+        };
+        Ok(match ty {
+            ValueType::Blob => {
+                let (tx, d) = TreeDigest::blob(need()?)?;
+                ValueBuilder::Tree(Some(tx), d)
+            }
+            ValueType::List => {
+                let (tx, d) = TreeDigest::list(need()?)?;
+                ValueBuilder::Tree(Some(tx), d)
+            }
+            _ => ValueBuilder::Text {
+                ty,
+                text: Some(Vec::new()),
+                limit,
+                shape,
+            },
+        })
+    }
+
+    /// Takes the next bytes of the body.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            ValueBuilder::Tree(tx, _) => {
+                // A builder that stopped (a line too long) says why in `finish`.
+                if let Some(t) = tx
+                    && t.send(Bytes::copy_from_slice(bytes)).is_err()
+                {
+                    *tx = None;
+                }
+            }
+            ValueBuilder::Text { text, limit, .. } => {
+                if let Some(t) = text {
+                    if (t.len() + bytes.len()) as u64 > *limit {
+                        *text = None;
+                    } else {
+                        t.extend_from_slice(bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The value of every byte taken; `None` for a text past the limit.
+    pub fn finish(self) -> Result<Option<Value>> {
+        match self {
+            ValueBuilder::Tree(tx, d) => {
+                drop(tx);
+                Ok(Some(Value::Tree(d.finish()?)))
+            }
+            ValueBuilder::Text {
+                ty, text, shape, ..
+            } => text.map(|t| value_of_text(ty, t, shape)).transpose(),
+        }
+    }
 }
 
 #[cfg(test)]

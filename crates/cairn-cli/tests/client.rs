@@ -384,9 +384,12 @@ fn proofs_buckets_and_owner_keys() {
         ],
     );
     // The bucket was made through the node's API: the node's key signs its records, and
-    // the verdict says so (the owner's key is only named in the metadata).
+    // the owner's key seals what each put stores: the verdict says both.
     assert!(
-        out.ends_with("proof OK (recorded by the node's key, not the owner's)\n"),
+        out.contains(&format!("sealed   by owner {writer} at "))
+            && out.ends_with(
+                "proof OK (content sealed by the owner's key, recorded by the node's)\n"
+            ),
         "{out}"
     );
     // The files verify offline.
@@ -406,9 +409,48 @@ fn proofs_buckets_and_owner_keys() {
         ],
     );
     assert!(
-        out.ends_with("proof OK (recorded by the node's key, not the owner's)\n"),
+        out.contains(&format!("sealed   by owner {writer} at "))
+            && out.ends_with(
+                "proof OK (content sealed by the owner's key, recorded by the node's)\n"
+            ),
         "{out}"
     );
+    // A merge is the node's work, not a put the owner sealed: its verdict says the node
+    // recorded it.
+    u.ok(srv, &["fork", "k", "--from", "master", "--to", "dev"]);
+    u.ok(srv, &["put", "k", "--branch", "dev", "--value", "v3"]);
+    u.ok(srv, &["put", "k", "--value", "v4"]);
+    let merged = u.ok(
+        srv,
+        &[
+            "merge",
+            "k",
+            "--into",
+            "master",
+            "--from",
+            "dev",
+            "--resolve",
+            "ours",
+        ],
+    );
+    let out = u.ok(
+        srv,
+        &[
+            "verify",
+            "--proof",
+            "k",
+            "--uid",
+            merged.trim(),
+            "--capsule",
+            &capsule,
+        ],
+    );
+    assert!(
+        !out.contains("sealed")
+            && out.ends_with("proof OK (recorded by the node's key, not the owner's)\n"),
+        "{out}"
+    );
+    u.ok(srv, &["put", "k", "--value", "v2"]);
     // A pinned name the node's metadata does not hash to: exit 11.
     let other = "c".to_string() + &capsule[1..].replace('a', "b");
     let wrong = if other == capsule {
@@ -1511,11 +1553,18 @@ fn get_refuses_what_a_lying_node_sends() {
         .to_string();
     let back = u.run(srv, &["get", "k", "--capsule", &capsule]);
     assert!(back.status.success() && back.stdout == value);
-    // It names the version it proved, and says whose key recorded it (the node's: the
-    // bucket was made through its API).
+    // It names the version it proved, and says who sealed it: the node's key recorded it
+    // (the bucket was made through its API), the owner's key sealed the content.
     let said = String::from_utf8_lossy(&back.stderr);
     assert!(said.contains(&format!("version {uid} (depth")), "{said}");
-    assert!(said.contains("not by the bucket's owner"), "{said}");
+    let owner = cairn_node::keys::read(&u.path().join("writer.key"))
+        .unwrap()
+        .public();
+    assert!(
+        said.contains(&format!("its content sealed by owner {owner}"))
+            && !said.contains("not by the bucket's owner"),
+        "{said}"
+    );
     let meta = u.ok(srv, &["get", "k2", "--meta", "--capsule", &capsule]);
     assert!(meta.starts_with(&format!("uid: {other}\n")), "{meta}");
     let mut wrong = capsule.clone();

@@ -189,6 +189,10 @@ pub struct HeadChange<'a> {
     pub uid: Uid,
     /// The version's bases (for puts and merges; empty otherwise).
     pub bases: &'a [Uid],
+    /// The new version a put made (`None` for other changes).
+    pub object: Option<&'a FObject>,
+    /// The put's [`PutOptions::owner_seal`], for the recorder to check and keep.
+    pub owner_seal: Option<&'a [u8]>,
 }
 
 /// Records every head-moving commit of a [`Db`] before it happens (a bucket's capsule
@@ -230,6 +234,11 @@ pub struct PutOptions {
     /// this version of the key as the new version's base (without it such a put is refused:
     /// use fork). Ignored when the branch exists.
     pub branch_from: Option<Uid>,
+    /// Opaque bytes handed to the Db's [`HeadRecorder`] with the put's [`HeadChange`]: a
+    /// bucket owner's seal over the version's content, which a bucket checks before it
+    /// records the put and keeps in the record (`cairn_capsule::OwnerSeal`). A Db without
+    /// a recorder ignores it.
+    pub owner_seal: Option<Vec<u8>>,
 }
 
 /// A version and its uid.
@@ -1335,6 +1344,8 @@ impl Db {
             from: None,
             uid,
             bases: &object.bases,
+            object: Some(&object),
+            owner_seal: opts.owner_seal.as_deref(),
         })?;
         self.store.commit(&updates)?;
         Ok(uid)
@@ -1434,6 +1445,8 @@ impl Db {
             from: None,
             uid,
             bases: &[],
+            object: None,
+            owner_seal: None,
         })?;
         self.store.commit(&[RefUpdate::Set {
             name,
@@ -1465,6 +1478,8 @@ impl Db {
             from: Some(from),
             uid,
             bases: &[],
+            object: None,
+            owner_seal: None,
         })?;
         self.commit_table(key, &t)?;
         Ok(uid)
@@ -1509,6 +1524,8 @@ impl Db {
             from: None,
             uid,
             bases: &[],
+            object: None,
+            owner_seal: None,
         })?;
         self.commit_table(key, &t)?;
         Ok(uid)

@@ -76,6 +76,11 @@ impl FObject {
         chunk::frame(ChunkKind::Meta, &self.encode())
     }
 
+    /// [`Value::digest`] of the version's value: what a bucket owner's seal names of it.
+    pub fn value_digest(&self, algo: HashAlgo) -> cairn_core::Hash {
+        self.value.digest(algo)
+    }
+
     /// The uid this version has under `algo`.
     pub fn uid(&self, algo: HashAlgo) -> Uid {
         algo.digest(&self.to_chunk())

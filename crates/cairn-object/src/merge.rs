@@ -603,6 +603,8 @@ impl Db {
                         from: None,
                         uid: ours,
                         bases: &[],
+                        object: None,
+                        owner_seal: None,
                     });
                 }
                 changes.push(HeadChange {
@@ -612,6 +614,8 @@ impl Db {
                     from: None,
                     uid: *u,
                     bases: &bases,
+                    object: None,
+                    owner_seal: None,
                 });
                 // Together, all or none.
                 self.record_heads(&changes)?;
@@ -628,6 +632,8 @@ impl Db {
                         from: None,
                         uid: theirs,
                         bases: &[],
+                        object: None,
+                        owner_seal: None,
                     })?;
                     self.commit_table(key, &table)?;
                 }
@@ -744,6 +750,8 @@ impl Db {
                 from: None,
                 uid: *u,
                 bases: &[],
+                object: None,
+                owner_seal: None,
             })
             .collect();
         if merges > 0 {
@@ -754,6 +762,8 @@ impl Db {
                 from: None,
                 uid: acc,
                 bases: &bases,
+                object: None,
+                owner_seal: None,
             });
         }
         // Together (one group of records for a journal), all or none.

@@ -163,6 +163,15 @@ impl Value {
         self.len() == 0
     }
 
+    /// The hash under `algo` of the value's canonical encoding (its type byte and
+    /// payload, as in the FObject): what a bucket owner's seal names of a version's
+    /// content. It binds the value alone: inline bytes, or a tree's kind, root and size.
+    pub fn digest(&self, algo: cairn_core::HashAlgo) -> cairn_core::Hash {
+        let mut e = Encoder::new();
+        self.encode(&mut e);
+        algo.digest(&e.finish())
+    }
+
     /// Writes the value's type byte and payload.
     pub(crate) fn encode(&self, e: &mut Encoder) {
         e.u8(self.value_type() as u8);

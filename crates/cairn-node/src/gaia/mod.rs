@@ -1078,6 +1078,8 @@ fn store_blocking<R: Read>(
                         Some(_) => None,
                         None => archived_head(&bucket, &key)?,
                     },
+                    // Gaia clients sign tokens, not content.
+                    owner_seal: None,
                 })
             })();
             checked.map_err(|e| {

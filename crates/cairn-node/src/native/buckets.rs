@@ -32,8 +32,8 @@ const REGISTRY: &[u8] = b"native/bucket/";
 const ENTRY_VERSION: u8 = 1;
 /// The capsule metadata setting that names a bucket's owner key (`ed25519:<hex>`), or
 /// [`OPEN`]: bound into the capsule name, so a reader who trusts the name knows who may
-/// write through the native API.
-pub const OWNER_SETTING: &str = "cairn.native.owner";
+/// write through the native API (and whose seals count: `cairn_capsule::seal`).
+pub const OWNER_SETTING: &str = cairn_capsule::OWNER_SETTING;
 /// [`OWNER_SETTING`]'s value for an open bucket.
 pub const OPEN: &str = "open";
 /// Largest `POST /v1/buckets` body.

@@ -576,6 +576,32 @@ fn dest(branch: Option<String>, base: Option<String>, guard: Option<Uid>) -> Api
     }
 }
 
+/// The owner seal a put carries ([`OWNER_SEAL_HEADER`]: the hex of
+/// `cairn_capsule::OwnerSeal::encode`), checked for form here and against the version by
+/// the bucket before the put is recorded. One copy at most.
+fn owner_seal(headers: &HeaderMap) -> ApiResult<Option<Vec<u8>>> {
+    let mut all = headers.get_all(OWNER_SEAL_HEADER).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{OWNER_SEAL_HEADER} is given more than once"
+        )));
+    }
+    let bytes = v
+        .to_str()
+        .ok()
+        .and_then(|s| hex::decode(s.trim()).ok())
+        .ok_or_else(|| ApiError::bad_request(format!("{OWNER_SEAL_HEADER} is not hex")))?;
+    cairn_capsule::OwnerSeal::decode(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("{OWNER_SEAL_HEADER}: {e}")))?;
+    Ok(Some(bytes))
+}
+
+/// The header of a put that carries its owner seal (see `docs/node.md`, "Owner seals").
+pub const OWNER_SEAL_HEADER: &str = "x-cairn-owner-seal";
+
 /// The body length a request declares (`Content-Length`), if it declares one.
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
@@ -617,6 +643,7 @@ pub async fn put(
         .get(super::auth::CONTEXT_HEADER)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
+    let owner_seal = owner_seal(&headers)?;
     let json = is_json_body(&headers);
     if json && ty == Some(ValueType::Blob) {
         return Err(ApiError::bad_request(
@@ -653,6 +680,7 @@ pub async fn put(
     let opts = PutOptions {
         guard,
         context,
+        owner_seal,
         ..PutOptions::default()
     };
     if streamed {

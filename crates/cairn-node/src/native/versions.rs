@@ -808,8 +808,9 @@ pub async fn merge(
 /// `GET /v1/buckets/{bucket}/proof/{key}?uid=|branch=`: the proof that the bucket's
 /// writer created the version: `VersionProof::to_bytes()` as `application/octet-stream`
 /// (what `cairn verify-proof` reads), or with `Accept: application/json` a JSON view of the
-/// mutation, the hash chain and the signature, with the same bytes in hex. The node checks
-/// the proof against the bucket's metadata before sending it.
+/// mutation, the hash chain, the signature and the owner seal (`null` for a put the node
+/// recorded without one), with the same bytes in hex. The node checks the proof, and the
+/// seal, against the bucket's metadata before sending it.
 pub async fn proof(
     State(node): State<Arc<Node>>,
     KeyPath { bucket, key }: KeyPath,
@@ -821,7 +822,7 @@ pub async fn proof(
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let k = key.clone();
-    let (vp, meta, uid, mutation, names) = blocking(move || {
+    let (vp, meta, uid, mutation, names, sealed) = blocking(move || {
         // Through `get`: a branch head naming no version of the key is damage.
         let uid = b.db().get(k.as_bytes(), &at)?.uid;
         let vp = b.prove(k.as_bytes(), &uid)?;
@@ -832,7 +833,12 @@ pub async fn proof(
         let (m, names) = vp
             .verify(&meta, k.as_bytes(), &uid)
             .map_err(|e| Error::corrupt(format!("the node's own proof does not verify: {e}")))?;
-        Ok((vp, meta, uid, m, names))
+        let sealed = vp.owner_seal(&meta, &m, &uid).map_err(|e| {
+            Error::corrupt(format!(
+                "the owner seal in the node's own proof does not verify: {e}"
+            ))
+        })?;
+        Ok((vp, meta, uid, m, names, sealed))
     })
     .await?;
     drop(permit);
@@ -880,6 +886,13 @@ pub async fn proof(
             },
             "chain": names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
             "anchor": anchor,
+            "owner_seal": sealed.map(|(owner, seal)| json!({
+                "owner": owner.to_string(),
+                "date": seal.date,
+                "nonce": hex::encode(seal.nonce),
+                "names_base": seal.names_base,
+                "signature": hex::encode(seal.signature.raw()),
+            })),
             "proof": hex::encode(vp.to_bytes()),
         })),
     )
