@@ -493,15 +493,18 @@ impl BucketVersions {
         if index.is_none() {
             // Proven records only: an unsigned record (anyone may write one) claiming a
             // uid must not stand for the writer's.
-            let order = self.server.with_dag(&capsule, |d| {
-                d.order()
-                    .iter()
-                    .filter(|n| d.is_proven(n))
-                    .copied()
-                    .collect::<Vec<_>>()
+            let (order, mut damaged) = self.server.with_dag(&capsule, |d| {
+                (
+                    d.order()
+                        .iter()
+                        .filter(|n| d.is_proven(n))
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    // Records whose header could not be read back at load are damaged too.
+                    d.damaged().copied().collect::<Vec<_>>(),
+                )
             })?;
             let mut map = HashMap::with_capacity(order.len());
-            let mut damaged = Vec::new();
             for name in order {
                 // A damaged record is left out (and named when a uid is not found), not
                 // the end of the build: one flipped bit made every lookup by uid, and

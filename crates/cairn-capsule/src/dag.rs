@@ -129,6 +129,11 @@ pub struct CapsuleDag {
     /// [`CapsuleDag::signed_late`]).
     signed_late: foldhash::HashSet<RecordName>,
     order: Vec<RecordName>,
+    /// Records journaled here whose header (or subrecord list) could not be read back
+    /// when the capsule was loaded, each with the place it holds in the log and the order:
+    /// not present (a hole their children point to), so one damaged chunk costs the
+    /// records it names, not the capsule. A copy that arrives again takes that place.
+    damaged: foldhash::HashMap<RecordName, u64>,
     log: MerkleLog,
     unproven: usize,
     /// What the unproven records hold in memory, by [`unproven_cost`].
@@ -182,6 +187,7 @@ impl CapsuleDag {
             signatures: Default::default(),
             signed_late: Default::default(),
             order: Vec::new(),
+            damaged: Default::default(),
             log,
             unproven: 0,
             unproven_bytes: 0,
@@ -411,8 +417,16 @@ impl CapsuleDag {
         if self.nodes.contains_key(&name) {
             return false;
         }
-        let index = self.log.push(Self::log_leaf(&name));
-        self.order.push(name);
+        // A damaged record whose copy came back keeps the place it was journaled at, as a
+        // replay (which then reads its header at that place) gives it.
+        let index = match self.damaged.remove(&name) {
+            Some(i) => i,
+            None => {
+                let i = self.log.push(Self::log_leaf(&name));
+                self.order.push(name);
+                i
+            }
+        };
         let mut root = true;
         self.missing.remove(&name);
         for p in &header.backpointers {
@@ -472,6 +486,31 @@ impl CapsuleDag {
             self.propagate(name, h);
         }
         true
+    }
+
+    /// Notes a record journaled at this place whose header could not be read back (see
+    /// [`CapsuleDag::damaged`]): it takes its place in the log and the order, so every later
+    /// record keeps its position, but it is not present.
+    pub(crate) fn insert_damaged(&mut self, name: RecordName) {
+        if self.nodes.contains_key(&name) || self.damaged.contains_key(&name) {
+            return;
+        }
+        let index = self.log.push(Self::log_leaf(&name));
+        self.order.push(name);
+        self.damaged.insert(name, index);
+    }
+
+    /// Records journaled here that could not be read back when the capsule was loaded
+    /// (their header or subrecord list missing or damaged), in no particular order. They
+    /// are holes: reads and proofs of them, and of records whose only chain to a signature
+    /// passes through them, fail; anti-entropy asks peers for them like any hole.
+    pub fn damaged(&self) -> impl Iterator<Item = &RecordName> {
+        self.damaged.keys()
+    }
+
+    /// Whether any record is [`CapsuleDag::damaged`].
+    pub fn has_damage(&self) -> bool {
+        !self.damaged.is_empty()
     }
 
     /// Records a writer signature on a present record after checking it; returns false if

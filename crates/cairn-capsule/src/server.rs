@@ -1152,6 +1152,14 @@ impl CapsuleServer {
     /// exists is acknowledged again, with its current log size, and changes nothing.
     pub fn create(&self, meta: &CapsuleMetadata) -> Result<Ack> {
         let bytes = meta.encode();
+        // As decoding refuses it: every loaded capsule holds its metadata in memory.
+        if bytes.len() > crate::metadata::MAX_METADATA_BYTES {
+            return Err(Error::invalid(format!(
+                "capsule metadata of {} bytes (at most {})",
+                bytes.len(),
+                crate::metadata::MAX_METADATA_BYTES
+            )));
+        }
         let name = meta.name();
         cairn_store::check_cid_algo(name.hash(), self.store.algo()).map_err(|_| {
             Error::invalid(format!(
@@ -1343,18 +1351,45 @@ impl CapsuleServer {
             for en in entries {
                 match en {
                     JournalEntry::Record { name: rn, body } => {
-                        let hb = self.store.get(rn.hash())?.ok_or_else(|| {
-                            Error::corrupt(format!(
-                                "header of record {rn} in capsule {name} is missing"
-                            ))
-                        })?;
-                        let header = RecordHeader::decode(&hb)?;
-                        cap.dag.check_header(&header)?;
-                        if let StoredBody::Subrecords { list, .. } = body {
-                            let leaves = self.subrecord_list(&list)?;
-                            for (i, s) in leaves.iter().enumerate() {
-                                cap.index_subrecord(*s, rn, i as u32);
+                        // A header or subrecord list that is missing or fails its checks
+                        // costs that record (a hole at its place), not the capsule: every
+                        // other record stays readable, provable and writable after.
+                        // Other failures (the store unavailable) fail the load.
+                        let read = (|| -> Result<(RecordHeader, Vec<Hash>)> {
+                            let hb = self.store.get(rn.hash())?.ok_or_else(|| {
+                                Error::corrupt(format!(
+                                    "header of record {rn} in capsule {name} is missing"
+                                ))
+                            })?;
+                            let header = RecordHeader::decode(&hb)
+                                .map_err(|e| Error::corrupt(format!("header of {rn}: {e}")))?;
+                            cap.dag.check_header(&header)?;
+                            if header.name() != rn {
+                                return Err(Error::corrupt(format!(
+                                    "header of record {rn} reads back as another"
+                                )));
                             }
+                            let leaves = match &body {
+                                StoredBody::Subrecords { list, .. } => {
+                                    self.subrecord_list(list).map_err(|e| match e {
+                                        Error::Decode(m) => Error::corrupt(m),
+                                        e => e,
+                                    })?
+                                }
+                                _ => Vec::new(),
+                            };
+                            Ok((header, leaves))
+                        })();
+                        let (header, leaves) = match read {
+                            Ok(r) => r,
+                            Err(Error::Corrupt(_)) => {
+                                cap.dag.insert_damaged(rn);
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        for (i, s) in leaves.iter().enumerate() {
+                            cap.index_subrecord(*s, rn, i as u32);
                         }
                         cap.dag
                             .insert_signed(rn, &header, body, own_sig.get(&rn).copied());
@@ -1365,6 +1400,10 @@ impl CapsuleServer {
                         // it was journaled, so replay does not pay for Ed25519 again;
                         // `audit` re-verifies them all.
                         if !cap.dag.contains(&rn) {
+                            // The signature of a record found damaged above goes with it.
+                            if cap.dag.damaged().any(|d| *d == rn) {
+                                continue;
+                            }
                             return Err(Error::corrupt(format!(
                                 "journal of capsule {name} signs record {rn}, which it lacks"
                             )));
@@ -2646,9 +2685,15 @@ pub struct ApplyReport {
 
 impl SyncRecord {
     /// Checks everything that needs no other record: capsule, body or subrecord root,
-    /// signature. Returns the record name and, for a subrecord record, the subrecord names.
-    fn check(&self, meta: &CapsuleMetadata) -> Result<(RecordName, Vec<Hash>)> {
-        if self.header.capsule != meta.name() {
+    /// signature, against the capsule `capsule` (whose metadata is `meta`: its name is
+    /// passed, not hashed again for every record). Returns the record name and, for a
+    /// subrecord record, the subrecord names.
+    fn check(
+        &self,
+        capsule: &CapsuleName,
+        meta: &CapsuleMetadata,
+    ) -> Result<(RecordName, Vec<Hash>)> {
+        if self.header.capsule != *capsule {
             return Err(Error::Rejected("record names another capsule".into()));
         }
         // A header built in memory (not decoded from the wire) may break what the
@@ -2715,6 +2760,14 @@ impl CapsuleServer {
         let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
+        // A capsule loaded with damaged records has a shorter proven order than the one
+        // the stored cursors count in: every session compares from the start, so that no
+        // record is passed over.
+        let cursor = if cap.dag.has_damage() {
+            SyncCursor::default()
+        } else {
+            cursor
+        };
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
         let from = (cursor.pos as usize).min(proven.len());
         let to = from.saturating_add(max).min(proven.len());
@@ -2732,8 +2785,11 @@ impl CapsuleServer {
     pub fn sync_backlog(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<usize> {
         let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
-        let proven = cap.lock().dag.proven_order().len();
-        Ok(proven.saturating_sub(cursor.pos.min(proven as u64) as usize))
+        let cap = cap.lock();
+        let proven = cap.dag.proven_order().len();
+        // As `since_last_sync_within` takes it with damaged records: from the start.
+        let pos = if cap.dag.has_damage() { 0 } else { cursor.pos };
+        Ok(proven.saturating_sub(pos.min(proven as u64) as usize))
     }
 
     /// Where the next sync of `capsule` with `peer` starts.
@@ -3071,7 +3127,7 @@ impl CapsuleServer {
                     .map_or(Ok(()), |ws| ws.verify(&meta, name))
                     .map(|()| Vec::new())
             } else {
-                r.check(&meta).map(|(_, sub_names)| sub_names)
+                r.check(capsule, &meta).map(|(_, sub_names)| sub_names)
             };
             t.2 |= with_sig && verdict.is_ok();
             verdicts.push(Some(verdict));

@@ -824,6 +824,34 @@ fn a_damaged_record_costs_only_its_own_version() {
     assert!(e.to_string().contains("damaged"), "{e}");
 }
 
+/// The same with the record's header chunk lost (bit rot in a ~100-byte chunk, or a record
+/// the store's recovery skipped): the bucket still opens for writing, other versions stay
+/// proven, and a lookup of the lost one names the damage. (The whole capsule refused to
+/// load, so every version lost its proof and the bucket took no more writes.)
+#[test]
+fn a_lost_record_header_costs_only_its_own_version() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b
+        .put(b"k1", Target::Branch("master"), s("one"), &o)
+        .unwrap();
+    let v2 = b
+        .put(b"k2", Target::Branch("master"), s("two"), &o)
+        .unwrap();
+    let r1 = b.record_of(&v1).unwrap().unwrap();
+    drop(b);
+    store.remove(&[*r1.hash()]).unwrap();
+    let b = open(&store, Some(writer())).unwrap();
+    assert_eq!(proven(&b, b"k2", &v2).uid, v2);
+    let e = b.record_of(&v1).unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    let v3 = b
+        .put(b"k3", Target::Branch("master"), s("three"), &o)
+        .unwrap();
+    assert_eq!(proven(&b, b"k3", &v3).uid, v3);
+}
+
 /// An untagged head that a merge of several finds contained in another (a fast forward or
 /// an up-to-date step) leaves the heads recorded, as a Remove without a branch; a merge
 /// that makes no version writes no merge record. The head left the heads unrecorded.

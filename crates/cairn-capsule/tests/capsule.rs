@@ -2301,3 +2301,117 @@ fn a_records_subrecords_fit_one_sync_message() {
     assert!(matches!(e, Error::InvalidInput(_)), "{e}");
     assert!(server.read(&c, &name).is_err(), "nothing stored");
 }
+
+/// Metadata is bounded: anyone who may create a capsule chooses it, and every loaded
+/// capsule holds it in memory (a 60 MiB description was taken over the wire).
+#[test]
+fn capsule_metadata_is_bounded() {
+    let (server, _, _, _) = setup();
+    let key = SigningKey::from_seed(&[77; 32]);
+    let big = CapsuleMetadata::new(
+        HashAlgo::Blake3,
+        key.public(),
+        "x".repeat(metadata::MAX_METADATA_BYTES),
+    );
+    assert!(big.encode().len() > metadata::MAX_METADATA_BYTES);
+    assert!(matches!(
+        CapsuleMetadata::decode(&big.encode()),
+        Err(Error::Decode(_))
+    ));
+    assert!(matches!(server.create(&big), Err(Error::InvalidInput(_))));
+    assert!(server.metadata(&big.name()).is_err());
+    // Over the wire: refused as the request is decoded, nothing created.
+    let service = CapsuleService::new(Arc::new(server));
+    let req = Request::Create { meta: big.clone() };
+    let answer = service.handle_bytes(&req.to_bytes());
+    assert!(matches!(
+        Response::from_bytes(&answer),
+        Ok(Response::Error(_))
+    ));
+    // Below the bound, as before.
+    let fits = CapsuleMetadata::new(HashAlgo::Blake3, key.public(), "x".repeat(60_000));
+    assert_eq!(CapsuleMetadata::decode(&fits.encode()).unwrap(), fits);
+}
+
+/// A record whose header chunk is lost (bit rot, or a record the store's recovery skipped)
+/// costs that record, not the capsule: after a reload every other record is read and
+/// proven, the capsule takes writes, the damaged one is a hole at its old place in the
+/// log, and a copy from a peer fills it there (so a replay gives the same log).
+#[test]
+fn a_lost_record_header_costs_that_record_not_the_capsule() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let on = |s: &Arc<dyn Store>| {
+        CapsuleServer::new(
+            s.clone(),
+            SigningKey::from_seed(&[9; 32]),
+            ServerOptions::default(),
+        )
+    };
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "t");
+    let c = meta.name();
+    let mut w = Writer::new(meta.clone(), wk.clone(), Some(BodyKey([7; 32]))).unwrap();
+    let mut records = Vec::new();
+    let (log_before, root_before) = {
+        let s = on(&store);
+        s.create(&meta).unwrap();
+        for i in 0..10 {
+            let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+            let n = r.name();
+            s.write(&c, std::slice::from_ref(&r), &[(n, w.sign(&n))])
+                .unwrap();
+            records.push(r);
+        }
+        s.with_dag(&c, |d| (d.log().size(), d.log().root()))
+            .unwrap()
+    };
+    let names: Vec<RecordName> = records.iter().map(Record::name).collect();
+    store.remove(&[*names[3].hash()]).unwrap();
+    let s = on(&store);
+    for (i, n) in names.iter().enumerate() {
+        if i == 3 {
+            assert!(s.read(&c, n).is_err());
+            assert!(s.prove(&c, n, None).is_err());
+        } else {
+            assert_eq!(s.read(&c, n).unwrap().name(), *n, "record {i}");
+            s.prove(&c, n, None).unwrap();
+        }
+    }
+    s.with_dag(&c, |d| {
+        assert_eq!(d.damaged().copied().collect::<Vec<_>>(), vec![names[3]]);
+        // Every record keeps its place in the log.
+        assert_eq!((d.log().size(), d.log().root()), (log_before, root_before));
+        assert!(d.missing().contains(&names[3]));
+    })
+    .unwrap();
+    // An audit names the damage.
+    assert!(s.audit(&c).is_err());
+    // The capsule takes writes.
+    let r = w.record(b"after", &[]).unwrap();
+    let n = r.name();
+    s.write(&c, std::slice::from_ref(&r), &[(n, w.sign(&n))])
+        .unwrap();
+    // A copy from a peer fills the hole at its old place.
+    let copy = SyncRecord {
+        header: records[3].header.clone(),
+        body: SyncBody::Plain(records[3].body.clone()),
+        signature: Some(w.sign(&names[3])),
+    };
+    s.apply_sync(&c, &[copy]).unwrap();
+    let live = s
+        .with_dag(&c, |d| {
+            assert!(!d.has_damage() && d.contains(&names[3]));
+            (d.log().size(), d.log().root(), d.order().to_vec())
+        })
+        .unwrap();
+    assert_eq!(live.0, log_before + 1);
+    s.read(&c, &names[3]).unwrap();
+    drop(s);
+    // A replay reads the header back at its first place and builds the same log.
+    let s = on(&store);
+    let replayed = s
+        .with_dag(&c, |d| (d.log().size(), d.log().root(), d.order().to_vec()))
+        .unwrap();
+    assert_eq!(replayed, live);
+    s.audit(&c).unwrap();
+}
