@@ -93,6 +93,7 @@ pub fn run_wire_request(data: &[u8]) {
         Request::Prove { session, .. }
         | Request::ProveSubrecord { session, .. }
         | Request::ProveSubrecords { session, .. }
+        | Request::ProveRecordSubrecords { session, .. }
         | Request::ReadProve { session, .. } => session.is_none(),
         _ => false,
     };
@@ -332,6 +333,11 @@ pub fn requests() -> Vec<Request> {
         Request::ProveSubrecords {
             capsule: c,
             subs: vec![f.subs[4], f.subs[0], f.subs[2]],
+            session: None,
+        },
+        Request::ProveRecordSubrecords {
+            capsule: c,
+            record: f.records[f.records.len() - 1].name(),
             session: None,
         },
         Request::ReadSubrecords {

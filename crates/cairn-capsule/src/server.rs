@@ -2544,6 +2544,47 @@ impl CapsuleServer {
             };
             groups[g].1.push((index as u64, pos_of(pos)?));
         }
+        self.prove_groups(capsule, &mut cap, groups, subs, session)
+    }
+
+    /// Prove(the whole of one record's subrecords): one multiproof of every index of
+    /// `record`'s subrecord tree, in order (the list [`CapsuleServer::subrecords`]
+    /// answers), then the record's proof, as [`CapsuleServer::prove_subrecords`] builds
+    /// them: what [`crate::Reader::verify_record_subrecords`] checks. By index, not by
+    /// name, so a record that repeats a subrecord, or shares one with an earlier record
+    /// (equal plaintext gives an equal name), is proven too: asking by name proved such a
+    /// subrecord under the first record holding it, or refused it as named twice. At most
+    /// [`MAX_BATCH_SUBRECORDS`] subrecords.
+    pub fn prove_record_subrecords(
+        &self,
+        capsule: &CapsuleName,
+        record: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordsProof>> {
+        let subs = self.subrecords(capsule, record)?;
+        if subs.len() > MAX_BATCH_SUBRECORDS {
+            return Err(Error::invalid(format!(
+                "record {record} has {} subrecords; a proof of them all takes at most \
+                 {MAX_BATCH_SUBRECORDS}: ask for them by name in parts",
+                subs.len()
+            )));
+        }
+        let cap = self.capsule(capsule)?;
+        let mut cap = cap.lock();
+        let leaves = (0..subs.len()).map(|i| (i as u64, i as u32)).collect();
+        self.prove_groups(capsule, &mut cap, vec![(*record, leaves)], &subs, session)
+    }
+
+    /// The multiproof of `groups` (per record, its (index, position in `subs`) leaves),
+    /// issued in `session` when given.
+    fn prove_groups(
+        &self,
+        capsule: &CapsuleName,
+        cap: &mut parking_lot::MutexGuard<'_, Capsule>,
+        groups: Vec<(RecordName, Vec<(u64, u32)>)>,
+        subs: &[Hash],
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordsProof>> {
         let algo = cap.dag.meta().algo;
         let sess = match session {
             Some(id) => Some(self.session(id, capsule)?),
@@ -2572,13 +2613,13 @@ impl CapsuleServer {
                     subs[w[1].1 as usize]
                 )));
             }
-            let tree = self.tree(&mut cap, &record)?;
+            let tree = self.tree(cap, &record)?;
             let count = tree.size();
             indices.clear();
             indices.extend(leaves.iter().map(|l| l.0));
             let siblings = tree.multi_proof(&indices, count)?;
             let (rp, mut names) = self.record_proof(
-                &cap,
+                cap,
                 &record,
                 guard.as_deref().map(|s| &s.mirror),
                 None,

@@ -852,6 +852,16 @@ pub enum Request {
         /// The reader session whose cache may shorten the record proofs.
         session: Option<SessionId>,
     },
+    /// [`CapsuleServer::prove_record_subrecords`]: one multiproof of all of one record's
+    /// subrecords, by index.
+    ProveRecordSubrecords {
+        /// The capsule.
+        capsule: CapsuleName,
+        /// The subrecord record.
+        record: RecordName,
+        /// The reader session whose cache may shorten the record proof.
+        session: Option<SessionId>,
+    },
     /// [`CapsuleServer::read_and_prove`]: a record's body and its proof in one response.
     ReadProve {
         /// The capsule.
@@ -909,6 +919,7 @@ const REQ_SYNC: u8 = 18;
 const REQ_READ_PROVE: u8 = 19;
 const REQ_PROVE_SUBS: u8 = 20;
 const REQ_READ_SUBS: u8 = 21;
+const REQ_PROVE_RECORD_SUBS: u8 = 22;
 
 /// Encodes a [`Request::Write`] from borrowed parts (no copy of the records).
 pub fn encode_write(
@@ -1082,6 +1093,16 @@ impl Request {
                 enc_hashes(e, subs);
                 enc_session(e, session);
             }
+            Request::ProveRecordSubrecords {
+                capsule,
+                record,
+                session,
+            } => {
+                e.u8(REQ_PROVE_RECORD_SUBS);
+                enc_capsule(e, capsule);
+                e.hash(record.hash());
+                enc_session(e, session);
+            }
             Request::ReadProve {
                 capsule,
                 name,
@@ -1201,6 +1222,11 @@ impl Request {
                 name: dec_name(d)?,
                 session: dec_session(d)?,
             },
+            REQ_PROVE_RECORD_SUBS => Request::ProveRecordSubrecords {
+                capsule: dec_capsule(d)?,
+                record: dec_name(d)?,
+                session: dec_session(d)?,
+            },
             REQ_ACK => Request::Ack {
                 session: SessionId(d.varint()?),
                 proof_id: d.varint()?,
@@ -1265,6 +1291,7 @@ impl Request {
             Request::Prove { .. } => "prove",
             Request::ProveSubrecord { .. } => "prove_subrecord",
             Request::ProveSubrecords { .. } => "prove_subrecords",
+            Request::ProveRecordSubrecords { .. } => "prove_record_subrecords",
             Request::ReadProve { .. } => "read_prove",
             Request::Ack { .. } => "ack",
             Request::Sync { .. } => "sync",
@@ -1731,6 +1758,15 @@ fn run(
             session,
         } => {
             let Issued { proof_id, proof } = server.prove_subrecords(&capsule, &subs, session)?;
+            Response::SubrecordsProof { proof_id, proof }
+        }
+        Request::ProveRecordSubrecords {
+            capsule,
+            record,
+            session,
+        } => {
+            let Issued { proof_id, proof } =
+                server.prove_record_subrecords(&capsule, &record, session)?;
             Response::SubrecordsProof { proof_id, proof }
         }
         Request::ReadProve {
@@ -2439,6 +2475,23 @@ impl RemoteCapsule {
         }
     }
 
+    /// [`CapsuleServer::prove_record_subrecords`].
+    pub fn prove_record_subrecords(
+        &mut self,
+        capsule: &CapsuleName,
+        record: &RecordName,
+        session: Option<SessionId>,
+    ) -> Result<Issued<SubrecordsProof>> {
+        match self.call(&Request::ProveRecordSubrecords {
+            capsule: *capsule,
+            record: *record,
+            session,
+        })? {
+            Response::SubrecordsProof { proof_id, proof } => Ok(Issued { proof_id, proof }),
+            other => unexpected("prove_record_subrecords", &other),
+        }
+    }
+
     /// [`CapsuleServer::read_and_prove`]: the sealed body and the issued proof.
     pub fn read_and_prove(
         &mut self,
@@ -2837,6 +2890,11 @@ mod tests {
                 subs: vec![],
                 session: None,
             },
+            Request::ProveRecordSubrecords {
+                capsule: c,
+                record: name(2),
+                session: Some(SessionId(3)),
+            },
             Request::ReadSubrecords {
                 capsule: c,
                 subs: vec![h([5; 32]), h([6; 32]), h([5; 32])],
@@ -3033,7 +3091,7 @@ mod tests {
         }
         let reqs = requests();
         let tags: std::collections::HashSet<&str> = reqs.iter().map(Request::op).collect();
-        assert_eq!(tags.len(), 22, "every request kind is exercised");
+        assert_eq!(tags.len(), 23, "every request kind is exercised");
         for r in &reqs {
             check(r, Request::to_bytes, Request::from_bytes);
             // The generic encoder agrees with the borrowed fast paths.

@@ -1606,6 +1606,75 @@ fn a_whole_record_of_subrecords_is_checked_complete() {
     );
 }
 
+/// The whole of a genuine record's subrecords is proven even when the record repeats a
+/// subrecord or shares one with an earlier record (a plaintext capsule: equal content,
+/// equal name): proven by index, in process and over the wire. Asked by name, the shared
+/// one was proven under the earlier record (two groups, refused) and the repeated one was
+/// refused as named twice.
+#[test]
+fn whole_records_with_shared_or_repeated_subrecords_are_proven() {
+    let server = Arc::new(server_with(ServerOptions::default()));
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "plain");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta.clone(), wk, None).unwrap();
+    let mut commit = |parts: &[&[u8]]| {
+        for p in parts {
+            w.write_subrecord(p).unwrap();
+        }
+        let (h, subs, sig) = w.commit_subrecords(&[]).unwrap();
+        server.commit_subrecords(&c, &h, &subs, Some(sig)).unwrap();
+        h.name()
+    };
+    let _first = commit(&[b"a", b"b"]);
+    let shared = commit(&[b"c", b"a"]);
+    let repeated = commit(&[b"x", b"x", b"y"]);
+    let service = CapsuleService::new(server.clone());
+    for record in [shared, repeated] {
+        let list = server.subrecords(&c, &record).unwrap();
+        let proof = server
+            .prove_record_subrecords(&c, &record, None)
+            .unwrap()
+            .proof;
+        let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+        reader
+            .verify_record_subrecords(&record, &list, &proof)
+            .unwrap();
+        // Over the wire, the same answer.
+        let req = Request::ProveRecordSubrecords {
+            capsule: c,
+            record,
+            session: None,
+        };
+        let Ok(Response::SubrecordsProof { proof: remote, .. }) =
+            Response::from_bytes(&service.handle_bytes(&req.to_bytes()))
+        else {
+            panic!("no proof over the wire");
+        };
+        assert_eq!(remote, proof);
+        // It is of this record only: offered for another it is refused.
+        let mut reader = Reader::new(c, meta.clone(), CachePolicy::Off, None).unwrap();
+        let other = if record == shared { repeated } else { shared };
+        assert!(
+            reader
+                .verify_record_subrecords(&other, &list, &proof)
+                .is_err()
+        );
+    }
+    // A record with no subrecords is not one to prove this way.
+    let plain = {
+        let r = w.record(b"body", &[]).unwrap();
+        let n = r.name();
+        server
+            .write(&c, std::slice::from_ref(&r), &[(n, w.sign(&n))])
+            .unwrap();
+        n
+    };
+    assert!(server.prove_record_subrecords(&c, &plain, None).is_err());
+}
+
 /// Session ids cannot be guessed from one's own: closing the ids next to a session's does
 /// not end a session opened just before or after it.
 #[test]
