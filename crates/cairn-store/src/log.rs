@@ -1140,8 +1140,46 @@ impl LogStore {
                             format::SEG_VERSION_UNBOUND
                         };
                     }
-                    format::check_segment_header(&h, id, algo)
-                        .map_err(|why| Error::corrupt(format!("{}: {why}", path.display())))?;
+                    if let Err(why) = format::check_segment_header(&h, id, algo) {
+                        // The file name gives the id and the manifest the algorithm: a
+                        // header hit by bit rot is rewritten when the segment's first
+                        // record, whose checksum binds it to this segment and place, says
+                        // the file is this segment (or when no record follows, so nothing
+                        // rests on it). Otherwise the store does not open: the bytes may
+                        // be another file's.
+                        let mut first = [0u8; FRAME_HEADER_LEN];
+                        let bound_first = len >= SEG_HEADER_LEN + FRAME_HEADER_LEN as u64
+                            && file.read_exact_at(&mut first, SEG_HEADER_LEN).is_ok()
+                            && format::parse_frame_header(
+                                &first,
+                                format::SegPlace { id, bound: true }.at(SEG_HEADER_LEN),
+                            )
+                            .is_ok();
+                        let empty = segment::all_zeros(&file, &path, SEG_HEADER_LEN, len)?;
+                        if !(bound_first || empty) {
+                            return Err(Error::corrupt(format!("{}: {why}", path.display())));
+                        }
+                        let mut fresh = format::segment_header(id, algo);
+                        // In the format the segment's records are written in (and go on
+                        // being written in: `bound` below).
+                        fresh[12] = if bound {
+                            format::SEG_VERSION
+                        } else {
+                            format::SEG_VERSION_UNBOUND
+                        };
+                        file.write_all_at(&fresh, 0)
+                            .and_then(|()| file.sync_data())
+                            .ctx(|| format!("rewriting the header of {}", path.display()))?;
+                        report.damage.push(format!(
+                            "{}: the header was damaged ({why}); {}: rewritten",
+                            path.display(),
+                            if bound_first {
+                                "its first record is bound to this segment"
+                            } else {
+                                "no record follows it"
+                            }
+                        ));
+                    }
                     let before = SeqBefore {
                         max: max_seq,
                         floor: snap_seq,

@@ -1787,3 +1787,112 @@ fn a_rotted_compaction_copy_loses_only_itself() {
     assert_eq!(lost, 1, "only the rotted copy is lost");
     assert_eq!(s.get_ref(b"root").unwrap().as_deref(), Some(&b"r"[..]));
 }
+
+/// Bit rot in the active segment's header (magic, id or hash code) no longer keeps the
+/// store from opening: the first record, bound to this segment and place, shows the file
+/// is the segment, so the header is rewritten (and reported) and every write is there. A
+/// file whose first record does not read as this segment's is still refused.
+#[test]
+fn a_damaged_active_segment_header_is_rewritten() {
+    for at in [0u64, 9, 13] {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, want) = {
+            let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+            let c = s.put(&[7u8; 3000]).unwrap();
+            s.commit(&[set("a", &c.to_bytes())]).unwrap();
+            (c, all_refs(&s))
+        };
+        let seg = dir.path().join("seg-000001.log");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&seg)
+            .unwrap();
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x21], at).unwrap();
+        drop(f);
+        let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+        let r = s.recovery().clone();
+        assert!(
+            r.damage.iter().any(|d| d.contains("header was damaged")),
+            "byte {at}: {r:?}"
+        );
+        assert_eq!(all_refs(&s), want, "byte {at}");
+        assert_eq!(s.get(&c).unwrap().unwrap(), vec![7u8; 3000]);
+        // Writes go on, and the next open finds nothing to mend.
+        let c2 = s.put(b"after").unwrap();
+        s.commit(&[set("b", &c2.to_bytes())]).unwrap();
+        drop(s);
+        let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+        assert!(
+            s.recovery().damage.is_empty(),
+            "byte {at}: {:?}",
+            s.recovery()
+        );
+        assert!(s.get(&c2).unwrap().is_some());
+        drop(s);
+        // Not a segment of this store at all: the same damage and a first record that
+        // does not read here (another file's bytes) is refused, as before.
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&seg)
+            .unwrap();
+        f.write_all_at(b"X", 0).unwrap();
+        f.write_all_at(&[0xAB; 8], SEG_HEADER_LEN_FOR_TEST).unwrap();
+        drop(f);
+        assert!(LogStore::open(dir.path(), opts(Durability::Group)).is_err());
+    }
+}
+
+/// The segment header's length (magic 8, id 4, format 1, hash code 1, reserved 2).
+const SEG_HEADER_LEN_FOR_TEST: u64 = 16;
+
+/// The note of a cut group names the first refs its commits changed and counts the rest: a
+/// group of thousands made one line of megabytes, printed by every command.
+#[test]
+fn a_cut_groups_note_names_a_few_refs_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = {
+        let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+        s.commit(&[set("first", b"1")]).unwrap();
+        // The last group: a chunk and the commit of 40 refs.
+        let c = s.put(&payload(77, 3000)).unwrap();
+        let many: Vec<RefUpdate> = (0..40)
+            .map(|i| set(&format!("k{i:02}"), &c.to_bytes()))
+            .collect();
+        s.commit(&many).unwrap();
+        s.segment_paths()[0].clone()
+    };
+    // The chunk of the last group is damaged: the group is cut.
+    let chunk = segment_records(&seg)
+        .into_iter()
+        .filter(|r| r.1 == 1)
+        .map(|r| r.0)
+        .next_back()
+        .unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    let at = chunk + 60 + 1000;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    drop(f);
+    let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+    let note = s
+        .recovery()
+        .damage
+        .iter()
+        .find(|d| d.contains("refs they changed"))
+        .cloned()
+        .unwrap_or_else(|| panic!("{:?}", s.recovery()));
+    assert!(
+        note.contains("k00, k01") && note.ends_with(", and 8 more)"),
+        "{note}"
+    );
+    assert!(!note.contains("k32"), "{note}");
+}

@@ -604,8 +604,12 @@ pub(crate) fn scan(
                     .filter(|c| c.off >= at && c.off < last_commit_end)
                     .map(|c| c.seq)
                     .collect();
-                // Name what the lost commits changed, so the loss can be traced to keys.
+                // Name what the lost commits changed, so the loss can be traced to keys:
+                // the first few, and how many more (a group of thousands of commits made
+                // a note of megabytes, printed by every command).
+                const NAMED: usize = 32;
                 let mut names: Vec<String> = Vec::new();
+                let mut seen: std::collections::HashSet<bytes::Bytes> = Default::default();
                 for c in out
                     .commits
                     .iter()
@@ -615,17 +619,26 @@ pub(crate) fn scan(
                         && let Ok(ops) = super::refs::decode_ops(body)
                     {
                         for (name, _) in ops {
-                            let n = String::from_utf8_lossy(&name).into_owned();
-                            if !names.contains(&n) {
-                                names.push(n);
+                            if names.len() < NAMED && !seen.contains(&name) {
+                                names.push(String::from_utf8_lossy(&name).into_owned());
                             }
+                            seen.insert(name);
                         }
                     }
                 }
                 let touched = if names.is_empty() {
                     String::new()
                 } else {
-                    format!(" (refs they changed: {})", names.join(", "))
+                    let more = seen.len() - names.len();
+                    format!(
+                        " (refs they changed: {}{})",
+                        names.join(", "),
+                        if more > 0 {
+                            format!(", and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    )
                 };
                 let seqs = match (lost.first(), lost.last()) {
                     (Some(a), Some(b)) if a != b => format!("commits {a}..={b}"),
