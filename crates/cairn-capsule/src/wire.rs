@@ -1670,12 +1670,18 @@ fn run(
             // The ack names every record and signature: its memory is taken before the
             // write, so that once stored the write's answer is not dropped for the want
             // of it (its client could not tell whether the write happened).
+            // Each body is held twice more while the write runs (decoded from the frame,
+            // and framed as a chunk for the store): up to three times the frame in all.
+            let bodies = records
+                .iter()
+                .fold(0usize, |n, r| n.saturating_add(r.body.len()));
             reserve(
                 records
                     .len()
                     .saturating_add(signatures.len())
                     .saturating_mul(48)
-                    .saturating_add(256),
+                    .saturating_add(256)
+                    .saturating_add(bodies.saturating_mul(2)),
             )?;
             Response::Ack(server.write(&capsule, &records, &signatures)?)
         }
@@ -1996,8 +2002,11 @@ impl CapsuleService {
             })?;
         // A later answer may fill a frame (a batch of coded symbols, records up to the
         // message budget with the shape lists): taken for a session that exists (before
-        // its seal moves on, so that a refusal leaves the session as it was).
-        reserve(MAX_FRAME)?;
+        // its seal moves on, so that a refusal leaves the session as it was). So does
+        // applying the message's records: their decoded bodies, and per subrecord its
+        // name, leaf, index and list entries (a few MiB of empty subrecords on the wire
+        // took hundreds of MiB, counted as one frame).
+        reserve(MAX_FRAME.saturating_add(sync_apply_bytes(&msg)))?;
         let mut open = state.lock();
         // A message the initiator did not sign as its next one is refused and leaves the
         // session as it was: someone who saw the session number cannot end it.
@@ -2059,6 +2068,28 @@ pub fn client_config() -> ClientConfig {
         ..ClientConfig::default()
     }
 }
+
+/// Memory applying the records of `msg` takes beyond its frame: each body decoded, and per
+/// subrecord about [`SYNC_SUBRECORD_BYTES`] (its name and leaf while it is checked, then
+/// its index and list entries once taken).
+fn sync_apply_bytes(msg: &SyncMsg) -> usize {
+    let records = match msg {
+        SyncMsg::Exchange { records, .. } | SyncMsg::Patch { records, .. } => records,
+        _ => return 0,
+    };
+    records.iter().fold(0usize, |n, r| {
+        n.saturating_add(match &r.body {
+            SyncBody::Plain(b) => b.len(),
+            SyncBody::Subrecords(s) => s
+                .heap_bytes()
+                .saturating_add(s.len().saturating_mul(SYNC_SUBRECORD_BYTES)),
+        })
+    })
+}
+
+/// Bytes [`sync_apply_bytes`] counts per subrecord (a 33-byte name and a 32-byte leaf while
+/// checked, a 72-byte index entry and a 34-byte list entry once taken, with overheads).
+const SYNC_SUBRECORD_BYTES: usize = 200;
 
 /// Serves `server` over TCP on `addr` (e.g. `"127.0.0.1:0"`; see
 /// [`ServerHandle::local_addr`]) until the handle is shut down or dropped.

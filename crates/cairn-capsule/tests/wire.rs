@@ -1101,3 +1101,54 @@ fn large_answers_reserve_their_memory_first() {
         other => panic!("answered {}", other.kind()),
     }
 }
+
+/// A write's bodies are counted against the request's memory: each is held twice more
+/// while the write runs (decoded, and framed as a chunk), which the ack's share alone left
+/// out (sixteen 64 MiB writes fit a budget meant for five).
+#[test]
+fn a_write_takes_memory_for_its_bodies() {
+    let server = Arc::new(CapsuleServer::new(
+        Arc::new(MemoryStore::new()),
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    ));
+    let wk = SigningKey::from_seed(&[1; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "mem");
+    let c = meta.name();
+    server.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, Some(BodyKey([7; 32]))).unwrap();
+    let r = w.record(&vec![5u8; 1 << 20], &[]).unwrap();
+    let n = r.name();
+    let body = r.body.len();
+    let req = Request::Write {
+        capsule: c,
+        records: vec![r],
+        signatures: vec![(n, w.sign(&n))],
+    }
+    .to_bytes();
+    let service = CapsuleService::new(server.clone());
+    // Refused for want of it: nothing is written.
+    let answer = service.handle_bytes_within(&req, &mut |want| {
+        if want >= 2 * body {
+            Err(Error::Unavailable("busy".into()))
+        } else {
+            Ok(())
+        }
+    });
+    assert!(matches!(
+        Response::from_bytes(&answer),
+        Ok(Response::Error(_))
+    ));
+    assert!(!server.with_dag(&c, |d| d.contains(&n)).unwrap());
+    // With room, taken.
+    let mut taken = 0usize;
+    let answer = service.handle_bytes_within(&req, &mut |want| {
+        taken += want;
+        Ok(())
+    });
+    assert!(matches!(
+        Response::from_bytes(&answer),
+        Ok(Response::Ack(_))
+    ));
+    assert!(taken >= 2 * body, "{taken}");
+}
