@@ -241,6 +241,12 @@ impl Mutation {
                 self.kind.name()
             )));
         }
+        if self.seal.is_some_and(|s| s.names_base) && self.bases.len() != 1 {
+            return Err(Error::decode(format!(
+                "a put sealed on its one base names {} bases",
+                self.bases.len()
+            )));
+        }
         let ok = match self.kind {
             MutationKind::Put | MutationKind::Merge => self.from.is_none(),
             MutationKind::Fork => {
@@ -339,13 +345,15 @@ impl VersionProof {
         };
         let owner = bucket_owner(meta)?.ok_or_else(|| {
             Error::Rejected(format!(
-                "version {uid}'s record carries an owner seal, but capsule {} names no owner                  key",
+                "version {uid}'s record carries an owner seal, but capsule {} names no owner \
+                 key",
                 meta.name()
             ))
         })?;
         let chunk = self.object.as_deref().ok_or_else(|| {
             Error::Rejected(format!(
-                "version {uid}'s record carries an owner seal, but the proof does not carry                  the version to check it against"
+                "version {uid}'s record carries an owner seal, but the proof does not carry \
+                 the version to check it against"
             ))
         })?;
         if meta.algo.digest(chunk) != *uid {
@@ -450,7 +458,7 @@ struct BucketVersions {
 /// [`BucketVersions`]' index.
 struct VersionIndex {
     /// uid → the record that created it.
-    map: HashMap<Uid, RecordName>,
+    map: HashMap<Uid, (RecordName, bool)>,
     /// Proven records found damaged when the index was built (left out of it, so that one
     /// flipped bit does not cost every lookup: a uid not found then may be one of theirs).
     damaged: Vec<RecordName>,
@@ -463,7 +471,7 @@ impl BucketVersions {
         if let Some(index) = self.index.lock().as_mut() {
             for (m, name) in records {
                 if m.creates_version() {
-                    index.map.entry(m.uid).or_insert(name);
+                    offer(&mut index.map, m, name);
                 }
             }
         }
@@ -519,7 +527,7 @@ impl BucketVersions {
                     Err(e) => return Err(e),
                 };
                 if m.creates_version() {
-                    map.entry(m.uid).or_insert(name);
+                    offer(&mut map, &m, name);
                 }
             }
             *index = Some(VersionIndex { map, damaged });
@@ -528,7 +536,7 @@ impl BucketVersions {
             return Ok(None);
         };
         match index.map.get(uid) {
-            Some(name) => Ok(Some(*name)),
+            Some((name, _)) => Ok(Some(*name)),
             None if !index.damaged.is_empty() => Err(Error::corrupt(format!(
                 "no record of bucket {} names version {uid}, but {} of its records are \
                  damaged (the first {}): it may be one of theirs",
@@ -538,6 +546,22 @@ impl BucketVersions {
             ))),
             None => Ok(None),
         }
+    }
+}
+
+/// Takes record `name` of mutation `m` as the one that made its version: the first, unless
+/// a later one carries the owner's seal and the first does not (the same put made again,
+/// sealed, makes the same uid; its proof should show the seal).
+fn offer(map: &mut HashMap<Uid, (RecordName, bool)>, m: &Mutation, name: RecordName) {
+    let sealed = m.seal.is_some();
+    match map.entry(m.uid) {
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert((name, sealed));
+        }
+        std::collections::hash_map::Entry::Occupied(mut e) if sealed && !e.get().1 => {
+            e.insert((name, true));
+        }
+        std::collections::hash_map::Entry::Occupied(_) => {}
     }
 }
 
@@ -623,7 +647,8 @@ impl Journal {
             Ok(Some(k)) => k,
             Ok(None) => {
                 return Err(Error::Rejected(format!(
-                    "the bucket's capsule {} names no owner key, so no owner seal can be                      checked",
+                    "the bucket's capsule {} names no owner key, so no owner seal can be \
+                     checked",
                     self.capsule
                 )));
             }

@@ -9,12 +9,14 @@
 //! of the value ([`cairn_object::FObject::value_digest`]) and the context, with the time
 //! and a random nonce. The node checks the seal against the version it built before it
 //! records the put, and keeps it in the put's record ([`crate::Mutation::seal`]); a reader
-//! checks it again from the proof ([`crate::VersionProof::check_seal`]), trusting only
+//! checks it again from the proof ([`crate::VersionProof::owner_seal`]), trusting only
 //! the capsule name. A valid seal shows that the owner wrote that content under that key
 //! and branch. It does not show which version the node chose as the base of a put that
-//! named none, nor that the version is still the branch's head (freshness), and the same
-//! seal can be recorded twice by a node that replays it (a reader sees the same date and
-//! nonce again).
+//! named none, nor that the version is still the branch's head (freshness). A node that
+//! lies can record the same seal again later (on a newer head, rolling the content back):
+//! a reader of one proof cannot tell; the seal's date (when the owner sealed it) is the
+//! hint, and only a scan of the capsule finds the same date and nonce twice. An honest
+//! node refuses a seal dated far from its clock.
 
 use cairn_core::{Decoder, Encoder, Error, Hash, PublicKey, Result, Signature, SigningKey};
 use cairn_object::{FObject, Uid};

@@ -268,18 +268,21 @@ fn mutation_strategy() -> impl Strategy<Value = Mutation> {
                 MutationKind::Remove,
             ][k as usize];
             let creates = matches!(kind, MutationKind::Put | MutationKind::Merge);
+            let bases = if creates { bases } else { Vec::new() };
+            // A seal names a base only on a put with one.
+            let names_base = seal.3 && bases.len() == 1;
             Mutation {
                 kind,
                 key,
                 branch: (tagged || !creates).then_some(branch),
                 from: (kind == MutationKind::Rename).then_some(from),
                 uid,
-                bases: if creates { bases } else { Vec::new() },
+                bases,
                 // Only puts carry seals (any bytes: decoding checks the format only).
                 seal: (kind == MutationKind::Put && seal.0).then(|| OwnerSeal {
                     date: seal.1,
                     nonce: [seal.2; 16],
-                    names_base: seal.3,
+                    names_base,
                     signature: cairn_core::Signature::from_raw(&[seal.2; 64]).unwrap(),
                 }),
             }

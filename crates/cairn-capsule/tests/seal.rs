@@ -373,3 +373,46 @@ fn seals_and_sealed_mutations_round_trip_canonically() {
     let plain = Mutation { seal: None, ..m };
     assert_eq!(plain.encode()[0], bucket::MUTATION_VERSION);
 }
+
+/// The same put made again, sealed, makes the same version (same base, value and
+/// context): its proof shows the sealed record, not the first, unsealed one. A record
+/// sealed on its one base that names another number of bases does not decode.
+#[test]
+fn a_sealed_record_of_an_existing_version_is_the_one_proven() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = owned_bucket(&store);
+    let base = b
+        .put(
+            b"k",
+            Target::Branch("master"),
+            NewValue::String(b"one".to_vec()),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    let v = NewValue::String(b"two".to_vec());
+    let plain = b
+        .put(b"k", Target::Base(base), v.clone(), &PutOptions::default())
+        .unwrap();
+    assert!(reader_check(&b, b"k", &plain).unwrap().is_none());
+    let s = seal(&b, b"k", None, Some(&base), &v, b"", &owner());
+    let sealed = b
+        .put(b"k", Target::Base(base), v, &with_seal(s, b""))
+        .unwrap();
+    assert_eq!(sealed, plain, "the same version");
+    assert!(reader_check(&b, b"k", &sealed).unwrap().is_some());
+    // After a reload (the index built from the capsule) too.
+    drop(b);
+    let srv = Arc::new(CapsuleServer::new(
+        store.clone(),
+        SigningKey::from_seed(&[9; 32]),
+        ServerOptions::default(),
+    ));
+    let b = Bucket::open(Db::new(store.clone()), srv, Some(node_key())).unwrap();
+    assert!(reader_check(&b, b"k", &sealed).unwrap().is_some());
+
+    let p = b.prove(b"k", &sealed).unwrap();
+    let mut m = Mutation::decode(&p.record.body).unwrap();
+    assert!(m.seal.unwrap().names_base);
+    m.bases.clear();
+    assert!(Mutation::decode(&m.encode()).is_err());
+}

@@ -188,6 +188,9 @@ struct Client {
     /// How the bucket chunks blobs, learned with the signer: a blob put's version must
     /// hold the tree of the bytes sent ([`crate::digest`]).
     shape: std::cell::Cell<Option<TreeShape>>,
+    /// The bucket's capsule metadata as the node described it (checked before a put is
+    /// sealed for the capsule it names).
+    metadata: std::cell::RefCell<Option<CapsuleMetadata>>,
 }
 
 impl Client {
@@ -208,6 +211,7 @@ impl Client {
             signer: None,
             capsule: std::cell::RefCell::new(None),
             shape: std::cell::Cell::new(None),
+            metadata: std::cell::RefCell::new(None),
         })
     }
 
@@ -667,6 +671,58 @@ impl Client {
     fn note_bucket(&self, info: &J) {
         *self.capsule.borrow_mut() = info.get("capsule").and_then(J::as_str).map(str::to_string);
         self.shape.set(TreeShape::from_info(info));
+        *self.metadata.borrow_mut() = info
+            .get("metadata")
+            .and_then(J::as_str)
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| CapsuleMetadata::decode(&b).ok());
+    }
+
+    /// The capsule a put to this bucket by `owner` is sealed for: the one the node named,
+    /// once its metadata (as the node sent it) hashes to that name, names this bucket and
+    /// names `owner` as the bucket's owner; a node naming another bucket's capsule (of
+    /// the same owner key, say) would have the owner seal a put into that bucket. `None`
+    /// (with a note) when no seal can be made: the node names no capsule or sends no
+    /// metadata, or the capsule names no owner key (a bucket made before owner keys were
+    /// bound into capsules).
+    fn sealing_capsule(&self, owner: &SigningKey) -> Result<Option<CapsuleName>> {
+        let unsealed = |why: &str| {
+            eprintln!(
+                "note: {why}: this put to bucket {} is not sealed by its owner",
+                self.bucket
+            );
+            Ok(None)
+        };
+        let Some(named) = self.capsule.borrow().clone() else {
+            return unsealed("the node does not name the bucket's capsule");
+        };
+        let capsule: CapsuleName = named.parse().map_err(|e| {
+            Error::Rejected(format!(
+                "the node names the bucket's capsule {named:?}: {e}"
+            ))
+        })?;
+        let meta = self.metadata.borrow();
+        let Some(meta) = meta.as_ref() else {
+            return unsealed("the node does not send the bucket's capsule metadata");
+        };
+        if meta.name() != capsule {
+            bail!(Error::Rejected(format!(
+                "the node's metadata for bucket {} hashes to capsule {}, not the {capsule} it \
+                 names",
+                self.bucket,
+                meta.name()
+            )));
+        }
+        check_bucket_named(meta, &self.bucket)?;
+        match cairn_capsule::bucket_owner(meta)? {
+            Some(k) if k == owner.public() => Ok(Some(capsule)),
+            Some(k) => bail!(Error::Rejected(format!(
+                "bucket {}'s capsule names owner {k}, not {}",
+                self.bucket,
+                owner.public()
+            ))),
+            None => unsealed("the bucket's capsule names no owner key"),
+        }
     }
 
     /// A signed JSON POST to `/{op}/{key}`.
@@ -774,21 +830,9 @@ impl Client {
         // node.md, "Owner seals"), built here from the bytes to send before they are sent,
         // so that its proof shows the owner wrote the content, not only that the node
         // recorded it.
-        let sealer = match (&signer, self.capsule.borrow().as_deref()) {
-            (Some(k), Some(c)) => Some((
-                k.clone(),
-                c.parse::<CapsuleName>().map_err(|e| {
-                    Error::Rejected(format!("the node names the bucket's capsule {c:?}: {e}"))
-                })?,
-            )),
-            (Some(_), None) => {
-                eprintln!(
-                    "note: the node does not name bucket {}'s capsule: this put is not sealed                      by its owner",
-                    self.bucket
-                );
-                None
-            }
-            (None, _) => None,
+        let sealer = match &signer {
+            Some(k) => self.sealing_capsule(k)?.map(|c| (k.clone(), c)),
+            None => None,
         };
         let value_shape = match ty {
             ValueType::Blob => shape,
@@ -1197,6 +1241,23 @@ impl Client {
                 want.root,
                 shape.map_or(0, |s| s.cfg.leaf_target)
             )));
+        }
+        // A sealed put is recorded with its seal, or the owner is told: a node (or anyone
+        // on the way) leaving the seal out would leave a version that only the node
+        // vouches for, while the owner believed it sealed.
+        let sent_seal = headers
+            .iter()
+            .find(|(n, _)| *n == OWNER_SEAL_HEADER)
+            .and_then(|(_, v)| hex::decode(v).ok());
+        if let (Some(sent), Some((_, capsule))) = (&sent_seal, &sealer) {
+            let p = self.proven(&a.key, &uid, &o, Some(capsule))?;
+            if p.sealed.as_ref().map(|(_, s)| s.encode()).as_ref() != Some(sent) {
+                return Err(lied(
+                    "was recorded without the owner seal sent with it (its proof shows none, \
+                     or another)"
+                        .into(),
+                ));
+            }
         }
         writeln!(out, "{uid}")?;
         Ok(())
@@ -3076,6 +3137,7 @@ mod tests {
             signer: None,
             capsule: std::cell::RefCell::new(None),
             shape: std::cell::Cell::new(None),
+            metadata: std::cell::RefCell::new(None),
         }
     }
 

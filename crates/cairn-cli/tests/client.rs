@@ -1297,14 +1297,20 @@ fn typed_puts_refuse_a_version_holding_another_value() {
             "{ty}: {err}"
         );
         assert!(out.stdout.is_empty(), "{ty}");
-        // The same value again is taken (the check is not refusing everything).
+        // The same value again passes the value check, but the node answered for a put it
+        // never recorded: the owner's seal sent with it is in no record (the first put's
+        // record carries that put's own seal), and that is refused too.
         let out = u.run(Some(&node), &["put", &key, "--type", ty, "--value", first]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{ty}: {err}");
         assert!(
-            out.status.success(),
-            "{ty}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            err.contains("recorded without the owner seal sent with it"),
+            "{ty}: {err}"
         );
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), v1, "{ty}");
+        // Through the node itself, the put is taken, sealed.
+        let v = u.ok(srv, &["put", &key, "--type", ty, "--value", second]);
+        let out = u.ok(srv, &["verify", "--proof", &key, "--uid", v.trim()]);
+        assert!(out.contains("sealed   by owner"), "{ty}: {out}");
     }
 }
 
@@ -2647,4 +2653,35 @@ fn bucket_metadata_out_prints_nothing_before_its_check() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(!file.exists());
+}
+
+/// A node that names another bucket's capsule (of the same owner key: one key owns every
+/// bucket the CLI creates) cannot have the owner seal a put for that bucket: the CLI checks
+/// that the capsule's metadata names this bucket and this owner before sealing (exit 11,
+/// nothing sent).
+#[test]
+fn a_put_is_not_sealed_for_a_capsule_the_node_names_falsely() {
+    let s = Server::start();
+    let u = User::new();
+    let srv = Some(s.base.as_str());
+    u.ok(srv, &["--bucket", "photos", "put", "a", "--value", "1"]);
+    u.ok(srv, &["--bucket", "backups", "put", "b", "--value", "2"]);
+    let other: serde_json::Value = serde_json::from_slice(
+        &reqwest::blocking::get(format!("{}/v1/buckets/backups", s.base))
+            .unwrap()
+            .bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    let liar = intercepting_node(s.base.clone(), "GET", other.to_string());
+    let out = u.run(
+        Some(&liar),
+        &["--bucket", "photos", "put", "k", "--value", "x"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("for bucket \"backups\""), "{err}");
+    for bucket in ["photos", "backups"] {
+        u.fails(srv, &["--bucket", bucket, "get", "k"], 3);
+    }
 }

@@ -2376,7 +2376,7 @@ async fn owner_seals_are_checked_and_kept_in_the_proof() {
     let meta =
         CapsuleMetadata::decode(&hex::decode(info["metadata"].as_str().unwrap()).unwrap()).unwrap();
     let path = "/v1/buckets/sealed/objects/k?type=string";
-    let seal = |by: &SigningKey, text: &[u8]| {
+    let seal_dated = |by: &SigningKey, text: &[u8], date: u64| {
         let digest = Value::String(text.to_vec().into()).digest(cairn_core::HashAlgo::Blake3);
         hex::encode(
             OwnerSeal::sign(
@@ -2389,12 +2389,13 @@ async fn owner_seals_are_checked_and_kept_in_the_proof() {
                     value: &digest,
                     context: b"",
                 },
-                now_secs(),
+                date,
                 [8; 16],
             )
             .encode(),
         )
     };
+    let seal = |by: &SigningKey, text: &[u8]| seal_dated(by, text, now_secs());
     let good = seal(&owner, b"hello");
     let (st, w) = s
         .send_now(
@@ -2445,7 +2446,9 @@ async fn owner_seals_are_checked_and_kept_in_the_proof() {
     // repeated header. Each request is signed by the owner (the seal is checked after).
     let bad_key = seal(&other, b"evil");
     let other_value = seal(&owner, b"something else");
-    let cases: [(&[(&str, &str)], u16); 5] = [
+    let stale = seal_dated(&owner, b"evil 5", now_secs() - 3600);
+    let cases: [(&[(&str, &str)], u16); 6] = [
+        (&[("x-cairn-owner-seal", &stale)], 400),
         (&[("x-cairn-owner-seal", &bad_key)], 403),
         (&[("x-cairn-owner-seal", &other_value)], 403),
         (&[("x-cairn-owner-seal", "zz")], 400),
@@ -2469,6 +2472,30 @@ async fn owner_seals_are_checked_and_kept_in_the_proof() {
             "{v}"
         );
     }
+    // Only a PUT is sealed: a seal on a PATCH is refused, not dropped.
+    let (st, e) = s
+        .send_now(
+            &owner,
+            Method::PATCH,
+            "/v1/buckets/sealed/objects/k",
+            &[("x-cairn-owner-seal", &good), JSON],
+            br#"{"append": "x"}"#,
+        )
+        .await;
+    assert_eq!(st, 400, "{e}");
+    // A seal on an open bucket is refused before its body is read.
+    s.open_bucket("open").await;
+    let (st, e) = s
+        .send(
+            Method::PUT,
+            "/v1/buckets/open/objects/k?type=string",
+            &[("x-cairn-owner-seal", &good)],
+            "hello",
+        )
+        .await;
+    assert_eq!((st, kind(&e)), (403, "rejected"), "{e}");
+    let (st, _) = s.get_json("/v1/buckets/open/meta/k").await;
+    assert_eq!(st, 404);
     // An unsealed put is still taken; its proof says it carries no seal.
     let (st, w) = s.send_now(&owner, Method::PUT, path, &[], b"plain").await;
     assert_eq!(st, 201, "{w}");

@@ -594,8 +594,19 @@ fn owner_seal(headers: &HeaderMap) -> ApiResult<Option<Vec<u8>>> {
         .ok()
         .and_then(|s| hex::decode(s.trim()).ok())
         .ok_or_else(|| ApiError::bad_request(format!("{OWNER_SEAL_HEADER} is not hex")))?;
-    cairn_capsule::OwnerSeal::decode(&bytes)
+    let seal = cairn_capsule::OwnerSeal::decode(&bytes)
         .map_err(|e| ApiError::bad_request(format!("{OWNER_SEAL_HEADER}: {e}")))?;
+    // Dated as a signed request is: an honest node records no seal made long before (a
+    // replay of an old one, which a reader of one proof could not tell from a new one).
+    let now = super::auth::now_secs();
+    if seal.date.abs_diff(now) > super::auth::WINDOW_SECS {
+        return Err(ApiError::bad_request(format!(
+            "the owner seal is dated {}, more than {} s from the node's clock ({now}): seal \
+             the put anew",
+            seal.date,
+            super::auth::WINDOW_SECS
+        )));
+    }
     Ok(Some(bytes))
 }
 
@@ -676,6 +687,21 @@ pub async fn put(
         )?
     };
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
+    // A seal on a bucket whose capsule names no owner key is refused before the body is
+    // read (the bucket would refuse it once the body is stored).
+    if owner_seal.is_some()
+        && !matches!(
+            opened.bucket.metadata().map(cairn_capsule::bucket_owner),
+            Some(Ok(Some(_)))
+        )
+    {
+        body::drain_refused(body);
+        return Err(Error::Rejected(format!(
+            "bucket {bucket}'s capsule names no owner key: a put to it cannot carry an owner \
+             seal"
+        ))
+        .into());
+    }
     let b = opened.bucket;
     let opts = PutOptions {
         guard,
@@ -757,12 +783,18 @@ struct BranchQuery {
     branch: Option<String>,
 }
 
-/// Refuses an `X-Cairn-Context` header on a request that does not set a context (`what`):
-/// it would be signed and then silently dropped.
-pub(super) fn no_context(headers: &HeaderMap, what: &str) -> ApiResult<()> {
+/// Refuses the headers only a PUT takes on another write (`what`): an `X-Cairn-Context`
+/// would be signed and then silently dropped, and an owner seal would leave the version
+/// unsealed without a word.
+pub(super) fn no_put_headers(headers: &HeaderMap, what: &str) -> ApiResult<()> {
     if headers.contains_key(super::auth::CONTEXT_HEADER) {
         return Err(ApiError::bad_request(format!(
             "{what} sets no context: send X-Cairn-Context with a PUT"
+        )));
+    }
+    if headers.contains_key(OWNER_SEAL_HEADER) {
+        return Err(ApiError::bad_request(format!(
+            "{what} is not sealed by its owner: only a PUT carries {OWNER_SEAL_HEADER}"
         )));
     }
     Ok(())
@@ -782,7 +814,7 @@ pub async fn remove(
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     // `If-Match` guards the removal: checked with it, under the key's lock.
     let guard = write_guard(&headers)?;
-    no_context(&headers, "a removal")?;
+    no_put_headers(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
@@ -944,7 +976,7 @@ pub async fn patch(
     let q: BranchQuery = query(&uri)?;
     let branch = q.branch.unwrap_or_else(|| DEFAULT_BRANCH.to_string());
     let guard = write_guard(&headers)?;
-    no_context(&headers, "a PATCH (it keeps the version's context)")?;
+    no_put_headers(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
     let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;

@@ -520,7 +520,7 @@ async fn control<T: DeserializeOwned>(
         ));
     }
     // Nor a context, which would be signed and then dropped (a merge's version keeps none).
-    super::objects::no_context(headers, "a fork, rename or merge")?;
+    super::objects::no_put_headers(headers, "a fork, rename or merge")?;
     if !super::objects::is_json_body(headers) {
         return Err(ApiError::json_required());
     }
