@@ -462,6 +462,9 @@ struct VersionIndex {
     /// Proven records found damaged when the index was built (left out of it, so that one
     /// flipped bit does not cost every lookup: a uid not found then may be one of theirs).
     damaged: Vec<RecordName>,
+    /// Those among `damaged` that were holes in the capsule (header lost at load): a copy
+    /// from a peer may fill one, and then the index is built again.
+    holes: Vec<RecordName>,
 }
 
 impl BucketVersions {
@@ -512,6 +515,7 @@ impl BucketVersions {
                     d.damaged().copied().collect::<Vec<_>>(),
                 )
             })?;
+            let holes = damaged.clone();
             let mut map = HashMap::with_capacity(order.len());
             for name in order {
                 // A damaged record is left out (and named when a uid is not found), not
@@ -530,7 +534,24 @@ impl BucketVersions {
                     offer(&mut map, &m, name);
                 }
             }
-            *index = Some(VersionIndex { map, damaged });
+            *index = Some(VersionIndex {
+                map,
+                damaged,
+                holes,
+            });
+        }
+        // A record left out as damaged may have been filled since (a copy from a peer):
+        // then the index is built again, once, before a miss is answered.
+        if let Some(ix) = index.as_ref()
+            && !ix.map.contains_key(uid)
+            && !ix.holes.is_empty()
+            && self
+                .server
+                .with_dag(&capsule, |d| ix.holes.iter().any(|n| d.contains(n)))?
+        {
+            *index = None;
+            drop(index);
+            return self.record_of(uid);
         }
         let Some(index) = index.as_ref() else {
             return Ok(None);

@@ -130,10 +130,11 @@ pub struct CapsuleDag {
     signed_late: foldhash::HashSet<RecordName>,
     order: Vec<RecordName>,
     /// Records journaled here whose header (or subrecord list) could not be read back
-    /// when the capsule was loaded, each with the place it holds in the log and the order:
-    /// not present (a hole their children point to), so one damaged chunk costs the
-    /// records it names, not the capsule. A copy that arrives again takes that place.
-    damaged: foldhash::HashMap<RecordName, u64>,
+    /// when the capsule was loaded, each with the place it holds in the log and the order
+    /// and the signature the journal holds for it: not present (a hole their children
+    /// point to), so one damaged chunk costs the records it names, not the capsule. A copy
+    /// that arrives again takes that place, with that signature.
+    damaged: foldhash::HashMap<RecordName, (u64, Option<WriterSignature>)>,
     log: MerkleLog,
     unproven: usize,
     /// What the unproven records hold in memory, by [`unproven_cost`].
@@ -412,15 +413,19 @@ impl CapsuleDag {
         name: RecordName,
         header: &RecordHeader,
         body: StoredBody,
-        sig: Option<WriterSignature>,
+        mut sig: Option<WriterSignature>,
     ) -> bool {
         if self.nodes.contains_key(&name) {
             return false;
         }
         // A damaged record whose copy came back keeps the place it was journaled at, as a
-        // replay (which then reads its header at that place) gives it.
+        // replay (which then reads its header at that place) gives it, and the signature
+        // journaled for it.
         let index = match self.damaged.remove(&name) {
-            Some(i) => i,
+            Some((i, saved)) => {
+                sig = sig.or(saved);
+                i
+            }
             None => {
                 let i = self.log.push(Self::log_leaf(&name));
                 self.order.push(name);
@@ -497,7 +502,28 @@ impl CapsuleDag {
         }
         let index = self.log.push(Self::log_leaf(&name));
         self.order.push(name);
-        self.damaged.insert(name, index);
+        self.damaged.insert(name, (index, None));
+    }
+
+    /// Keeps a signature the journal holds for a [`CapsuleDag::damaged`] record, to apply
+    /// when its copy arrives; false when `name` is not damaged.
+    pub(crate) fn note_damaged_signature(
+        &mut self,
+        name: &RecordName,
+        sig: WriterSignature,
+    ) -> bool {
+        match self.damaged.get_mut(name) {
+            Some((_, saved)) => {
+                saved.get_or_insert(sig);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `name` is [`CapsuleDag::damaged`].
+    pub fn is_damaged(&self, name: &RecordName) -> bool {
+        self.damaged.contains_key(name)
     }
 
     /// Records journaled here that could not be read back when the capsule was loaded

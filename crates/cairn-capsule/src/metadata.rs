@@ -16,9 +16,9 @@ use crate::record::TAG_METADATA;
 pub const METADATA_VERSION: u8 = 1;
 /// Most writer keys one capsule may list.
 pub const MAX_WRITERS: usize = 256;
-/// Longest encoded metadata (writer keys, description, settings): every loaded capsule
-/// keeps its metadata in memory, and anyone who may create a capsule chooses it, so it is
-/// bounded (256 writers take 8.5 KiB).
+/// Longest encoded metadata (writer keys, description, settings) a capsule is created with
+/// or that travels on the wire: every loaded capsule keeps its metadata in memory, and
+/// anyone who may create a capsule chooses it, so it is bounded (256 writers take 8.5 KiB).
 pub const MAX_METADATA_BYTES: usize = 64 << 10;
 
 /// A capsule's name: the hash of its encoded metadata.
@@ -140,15 +140,11 @@ impl CapsuleMetadata {
         e.finish()
     }
 
-    /// Parses and checks an encoding: at most [`MAX_METADATA_BYTES`], known versions, at
-    /// least one writer, no duplicate writer, settings strictly sorted, nothing trailing.
+    /// Parses and checks an encoding: known versions, at least one writer, no duplicate
+    /// writer, settings strictly sorted, nothing trailing. (Not [`MAX_METADATA_BYTES`]:
+    /// creation and the wire refuse more, and a capsule made before the bound stays
+    /// readable.)
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() > MAX_METADATA_BYTES {
-            return Err(Error::decode(format!(
-                "capsule metadata of {} bytes (at most {MAX_METADATA_BYTES})",
-                bytes.len()
-            )));
-        }
         let mut d = Decoder::new(bytes, "capsule metadata");
         if d.raw(2)? != TAG_METADATA {
             return Err(Error::decode("not capsule metadata (bad tag)"));

@@ -1321,6 +1321,11 @@ impl CapsuleServer {
             cur = prev;
         }
         let mut cap = self.new_capsule(meta, head);
+        // Whether this replay's proven order may differ from the one the stored sync
+        // cursors count positions in: records lost (holes), or a record journaled twice (a
+        // hole filled in an earlier run: live, its copy became proven after the records
+        // that followed it; replayed, at its first place).
+        let mut reorders = false;
         for (seq, entries) in chunks.into_iter().rev() {
             if seq != cap.journal_seq {
                 return Err(Error::corrupt(format!(
@@ -1384,10 +1389,12 @@ impl CapsuleServer {
                             Ok(r) => r,
                             Err(Error::Corrupt(_)) => {
                                 cap.dag.insert_damaged(rn);
+                                reorders = true;
                                 continue;
                             }
                             Err(e) => return Err(e),
                         };
+                        reorders |= cap.dag.contains(&rn);
                         for (i, s) in leaves.iter().enumerate() {
                             cap.index_subrecord(*s, rn, i as u32);
                         }
@@ -1400,8 +1407,9 @@ impl CapsuleServer {
                         // it was journaled, so replay does not pay for Ed25519 again;
                         // `audit` re-verifies them all.
                         if !cap.dag.contains(&rn) {
-                            // The signature of a record found damaged above goes with it.
-                            if cap.dag.damaged().any(|d| *d == rn) {
+                            // The signature of a record found damaged above is kept for
+                            // its copy.
+                            if cap.dag.note_damaged_signature(&rn, sig) {
                                 continue;
                             }
                             return Err(Error::corrupt(format!(
@@ -1419,7 +1427,42 @@ impl CapsuleServer {
                 }
             }
         }
+        if reorders {
+            self.forget_cursors(name)?;
+        }
         Ok(cap)
+    }
+
+    /// Drops every sync cursor of `capsule`, cached and stored: its sessions compare from
+    /// the start once, then go on as usual (a cursor counts positions in the proven order,
+    /// which a load with holes, or after a hole was filled, rebuilds otherwise).
+    fn forget_cursors(&self, capsule: &CapsuleName) -> Result<()> {
+        {
+            let mut cursors = self.cursors.lock();
+            let keys: Vec<(CapsuleName, PublicKey)> = cursors
+                .iter()
+                .filter(|(k, _)| k.0 == *capsule)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                cursors.pop(&k);
+            }
+        }
+        let mut prefix = SYNC_CURSOR_PREFIX.to_vec();
+        prefix.extend_from_slice(capsule.hash().to_hex().as_bytes());
+        prefix.push(b'/');
+        let deletes: Vec<RefUpdate> = self
+            .store
+            .list_refs(&prefix)?
+            .into_iter()
+            .map(|(name, _)| RefUpdate::Delete {
+                name: name.to_vec(),
+            })
+            .collect();
+        if !deletes.is_empty() {
+            self.store.commit(&deletes)?;
+        }
+        Ok(())
     }
 
     fn subrecord_list(&self, list: &Hash) -> Result<Vec<Hash>> {
@@ -2561,14 +2604,35 @@ impl CapsuleServer {
         record: &RecordName,
         session: Option<SessionId>,
     ) -> Result<Issued<SubrecordsProof>> {
-        let subs = self.subrecords(capsule, record)?;
-        if subs.len() > MAX_BATCH_SUBRECORDS {
+        self.prove_record_subrecords_within(capsule, record, session, &mut |_| Ok(()))
+    }
+
+    /// [`CapsuleServer::prove_record_subrecords`], taking the memory of the record's name
+    /// list from `reserve` before reading it (and refusing a record of more than
+    /// [`MAX_BATCH_SUBRECORDS`] before that).
+    pub fn prove_record_subrecords_within(
+        &self,
+        capsule: &CapsuleName,
+        record: &RecordName,
+        session: Option<SessionId>,
+        reserve: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Issued<SubrecordsProof>> {
+        let count = {
+            let cap = self.capsule(capsule)?;
+            let cap = cap.lock();
+            cap.dag
+                .node(record)
+                .ok_or_else(|| Error::NotFound(format!("record {record} in capsule {capsule}")))?
+                .body
+                .subrecords()
+        };
+        if count > MAX_BATCH_SUBRECORDS as u64 {
             return Err(Error::invalid(format!(
-                "record {record} has {} subrecords; a proof of them all takes at most \
-                 {MAX_BATCH_SUBRECORDS}: ask for them by name in parts",
-                subs.len()
+                "record {record} has {count} subrecords; a proof of them all takes at most \
+                 {MAX_BATCH_SUBRECORDS}: ask for them by name in parts"
             )));
         }
+        let subs = self.subrecords_within(capsule, record, reserve)?;
         let cap = self.capsule(capsule)?;
         let mut cap = cap.lock();
         let leaves = (0..subs.len()).map(|i| (i as u64, i as u32)).collect();
@@ -2798,17 +2862,10 @@ impl CapsuleServer {
         peer: &PublicKey,
         max: usize,
     ) -> Result<(Vec<RecordName>, SyncCursor)> {
-        let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
+        // (After the load, which may drop the capsule's cursors.)
+        let cursor = self.sync_cursor(capsule, peer)?;
         let cap = cap.lock();
-        // A capsule loaded with damaged records has a shorter proven order than the one
-        // the stored cursors count in: every session compares from the start, so that no
-        // record is passed over.
-        let cursor = if cap.dag.has_damage() {
-            SyncCursor::default()
-        } else {
-            cursor
-        };
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
         let from = (cursor.pos as usize).min(proven.len());
         let to = from.saturating_add(max).min(proven.len());
@@ -2824,13 +2881,10 @@ impl CapsuleServer {
     /// before building it). A record signed after a chain proved it comes twice in the
     /// proven order, so the count (like the names handed out) can exceed the records.
     pub fn sync_backlog(&self, capsule: &CapsuleName, peer: &PublicKey) -> Result<usize> {
-        let cursor = self.sync_cursor(capsule, peer)?;
         let cap = self.capsule(capsule)?;
-        let cap = cap.lock();
-        let proven = cap.dag.proven_order().len();
-        // As `since_last_sync_within` takes it with damaged records: from the start.
-        let pos = if cap.dag.has_damage() { 0 } else { cursor.pos };
-        Ok(proven.saturating_sub(pos.min(proven as u64) as usize))
+        let cursor = self.sync_cursor(capsule, peer)?;
+        let proven = cap.lock().dag.proven_order().len();
+        Ok(proven.saturating_sub(cursor.pos.min(proven as u64) as usize))
     }
 
     /// Where the next sync of `capsule` with `peer` starts.

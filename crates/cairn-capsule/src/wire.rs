@@ -413,7 +413,15 @@ fn enc_metadata(e: &mut Encoder, m: &CapsuleMetadata) {
 }
 
 fn dec_metadata(d: &mut Decoder<'_>) -> Result<CapsuleMetadata> {
-    CapsuleMetadata::decode(d.bytes()?)
+    let bytes = d.bytes()?;
+    if bytes.len() > crate::metadata::MAX_METADATA_BYTES {
+        return Err(Error::decode(format!(
+            "capsule metadata of {} bytes (at most {})",
+            bytes.len(),
+            crate::metadata::MAX_METADATA_BYTES
+        )));
+    }
+    CapsuleMetadata::decode(bytes)
 }
 
 fn enc_ack(e: &mut Encoder, a: &Ack) {
@@ -1772,7 +1780,7 @@ fn run(
             session,
         } => {
             let Issued { proof_id, proof } =
-                server.prove_record_subrecords(&capsule, &record, session)?;
+                server.prove_record_subrecords_within(&capsule, &record, session, reserve)?;
             Response::SubrecordsProof { proof_id, proof }
         }
         Request::ReadProve {

@@ -961,3 +961,30 @@ fn history_operations_take_only_this_buckets_versions() {
         assert!(matches!(d.diff(&x, &y), Err(Error::NotFound(_))));
     }
 }
+
+/// Once a lost record header is filled again (a copy from a peer), the bucket's versions
+/// index sees it: the version's lookup and proof work without a restart.
+#[test]
+fn a_filled_hole_is_seen_by_the_bucket_index() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b
+        .put(b"k1", Target::Branch("master"), s("one"), &o)
+        .unwrap();
+    b.put(b"k2", Target::Branch("master"), s("two"), &o)
+        .unwrap();
+    let capsule = b.capsule().unwrap();
+    let r1 = b.record_of(&v1).unwrap().unwrap();
+    let rec = b.server().read(&capsule, &r1).unwrap();
+    drop(b);
+    store.remove(&[*r1.hash()]).unwrap();
+    let b = open(&store, Some(writer())).unwrap();
+    assert!(matches!(b.record_of(&v1), Err(Error::Corrupt(_))));
+    // The copy comes back (as a peer's sync, or the writer, would bring it).
+    b.server()
+        .write(&capsule, std::slice::from_ref(&rec), &[])
+        .unwrap();
+    assert_eq!(b.record_of(&v1).unwrap(), Some(r1));
+    assert_eq!(proven(&b, b"k1", &v1).uid, v1);
+}

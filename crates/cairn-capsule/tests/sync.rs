@@ -1489,3 +1489,70 @@ fn a_record_lost_at_one_replica_comes_back_from_its_peer() {
     assert_eq!(proven(&a, &c), all);
     a.audit(&c).unwrap();
 }
+
+/// A load that finds a hole drops the capsule's stored sync cursors (they count positions
+/// in a proven order the load rebuilds otherwise), so the next session compares from the
+/// start and nothing is passed over; later sessions go on from where they stopped, hole
+/// or not. A copy arriving without its signature gets the one the journal kept.
+#[test]
+fn a_load_with_holes_drops_the_sync_cursors_and_a_copy_gets_its_signature_back() {
+    let (ka, kb) = (
+        SigningKey::from_seed(&[1; 32]),
+        SigningKey::from_seed(&[2; 32]),
+    );
+    let opts = |peer: &SigningKey| ServerOptions {
+        sync_peers: Some(vec![peer.public()]),
+        ..ServerOptions::default()
+    };
+    let (sa, sb): (Arc<dyn Store>, Arc<dyn Store>) =
+        (Arc::new(MemoryStore::new()), Arc::new(MemoryStore::new()));
+    let a = CapsuleServer::new(sa, ka.clone(), opts(&kb));
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "holes");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let mut records = Vec::new();
+    for i in 0..50 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let sig = vec![(r.name(), w.sign(&r.name()))];
+        a.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+        records.push(r);
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    let refs = |s: &Arc<dyn Store>| s.list_refs(b"capsule-sync/").unwrap();
+    assert_eq!(refs(&sb).len(), 1);
+    // B loses a header and restarts: its stored cursor goes.
+    drop(b);
+    let lost = records[20].name();
+    sb.remove(&[*lost.hash()]).unwrap();
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    assert!(b.with_dag(&c, |d| d.is_damaged(&lost)).unwrap());
+    assert!(refs(&sb).is_empty());
+    // The copy comes back unsigned (a writer resending it): the journal's signature is
+    // put back on it, so it is proven by its own signature, as before.
+    let r = &records[20];
+    b.write(&c, std::slice::from_ref(r), &[]).unwrap();
+    b.with_dag(&c, |d| {
+        assert!(d.contains(&lost) && !d.has_damage());
+        assert!(d.signature(&lost).is_some());
+        assert!(d.is_proven(&lost));
+    })
+    .unwrap();
+    // Sessions go on, and converge.
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+    assert_eq!(a.heads_roots(&c).unwrap(), b.heads_roots(&c).unwrap());
+    // After a restart the replay (the record journaled twice now) drops the cursors
+    // again, and the replicas still agree.
+    drop(b);
+    let b = CapsuleServer::new(sb.clone(), kb, opts(&ka));
+    assert!(!refs(&sb).is_empty(), "the sessions stored a cursor again");
+    assert!(b.with_dag(&c, |d| d.signature(&lost).is_some()).unwrap());
+    assert!(refs(&sb).is_empty(), "dropped as the capsule loaded");
+    let (ra, _) = sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+    assert!(ra.quick_match || ra.symbols > 0);
+}

@@ -1155,8 +1155,14 @@ impl LogStore {
                                 format::SegPlace { id, bound: true }.at(SEG_HEADER_LEN),
                             )
                             .is_ok();
-                        let empty = segment::all_zeros(&file, &path, SEG_HEADER_LEN, len)?;
-                        if !(bound_first || empty) {
+                        let empty =
+                            !bound_first && segment::all_zeros(&file, &path, SEG_HEADER_LEN, len)?;
+                        // Magic and id intact with another store's hash algorithm is a
+                        // segment of another store, not bit rot: refused.
+                        let foreign = h.starts_with(format::SEG_MAGIC)
+                            && h[8..12] == id.to_le_bytes()
+                            && HashAlgo::from_code(h[13]).is_ok_and(|a| a != algo);
+                        if foreign || !(bound_first || empty) {
                             return Err(Error::corrupt(format!("{}: {why}", path.display())));
                         }
                         let mut fresh = format::segment_header(id, algo);
@@ -1167,10 +1173,7 @@ impl LogStore {
                         } else {
                             format::SEG_VERSION_UNBOUND
                         };
-                        file.write_all_at(&fresh, 0)
-                            .and_then(|()| file.sync_data())
-                            .ctx(|| format!("rewriting the header of {}", path.display()))?;
-                        report.damage.push(format!(
+                        let note = format!(
                             "{}: the header was damaged ({why}); {}: rewritten",
                             path.display(),
                             if bound_first {
@@ -1178,7 +1181,19 @@ impl LogStore {
                             } else {
                                 "no record follows it"
                             }
-                        ));
+                        );
+                        // The note first: a crash after the rewrite would leave no word.
+                        record_recovery_notes(
+                            &dir,
+                            &RecoveryReport {
+                                damage: vec![note.clone()],
+                                ..Default::default()
+                            },
+                        )?;
+                        file.write_all_at(&fresh, 0)
+                            .and_then(|()| file.sync_data())
+                            .ctx(|| format!("rewriting the header of {}", path.display()))?;
+                        report.damage.push(note);
                     }
                     let before = SeqBefore {
                         max: max_seq,

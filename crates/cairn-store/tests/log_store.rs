@@ -1896,3 +1896,32 @@ fn a_cut_groups_note_names_a_few_refs_and_counts_the_rest() {
     );
     assert!(!note.contains("k32"), "{note}");
 }
+
+/// A segment whose header is whole but names another hash algorithm is another store's
+/// segment, not bit rot: the store refuses to open rather than take it as its own.
+#[test]
+fn a_segment_of_another_hash_algorithm_is_refused_not_mended() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = LogStore::open(dir.path(), opts(Durability::Group)).unwrap();
+        let c = s.put(&[7u8; 3000]).unwrap();
+        s.commit(&[set("a", &c.to_bytes())]).unwrap();
+    }
+    let seg = dir.path().join("seg-000001.log");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    // The SHA-256 code where the store's BLAKE3 code stood.
+    f.write_all_at(&[0x12], 13).unwrap();
+    drop(f);
+    let e = LogStore::open(dir.path(), opts(Durability::Group))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("hash code"), "{e}");
+    let mut b = [0u8];
+    let f = OpenOptions::new().read(true).open(&seg).unwrap();
+    f.read_exact_at(&mut b, 13).unwrap();
+    assert_eq!(b[0], 0x12, "the header was left as found");
+}
