@@ -2871,3 +2871,41 @@ fn damaged_head_refs_can_be_dropped() {
         "fine"
     );
 }
+
+/// Many untagged heads merge as a balanced tree of pairwise merges (neighbours first), in
+/// the order named: an order-sensitive resolver (append) gives what merging them one by one
+/// in that order gives, every head's change once.
+#[test]
+fn many_untagged_heads_merge_in_the_order_named() {
+    let (db, _) = db();
+    for n in [2usize, 3, 5, 8, 200] {
+        let key = format!("k{n}");
+        let b = put_str(&db, &key, Target::Branch("master"), "S");
+        let heads: Vec<cairn_object::Uid> = (0..n)
+            .map(|i| put_str(&db, &key, Target::Base(b), &format!("S+{i}")))
+            .collect();
+        // Named in reverse: the merge follows the order given.
+        let named: Vec<cairn_object::Uid> = heads.iter().rev().copied().collect();
+        let MergeOutcome::Merged(m) = db
+            .merge_untagged(
+                key.as_bytes(),
+                &named,
+                &BuiltinResolver::Append,
+                &PutOptions::default(),
+            )
+            .unwrap()
+        else {
+            panic!("{n} heads")
+        };
+        let v = db.get(key.as_bytes(), &At::Uid(m)).unwrap().object;
+        let Value::String(got) = &v.value else {
+            panic!()
+        };
+        let want: String = std::iter::once("S".to_string())
+            .chain((0..n).rev().map(|i| format!("+{i}")))
+            .collect();
+        assert_eq!(String::from_utf8_lossy(got), want, "{n} heads");
+        assert_eq!(v.bases, named, "{n} heads: every head a base, in order");
+        assert_eq!(db.list_untagged(key.as_bytes()).unwrap(), vec![m]);
+    }
+}
