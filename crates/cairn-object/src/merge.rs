@@ -310,42 +310,6 @@ fn merge_region<T: PartialEq + Clone>(base: &[T], ours: &[T], theirs: &[T]) -> O
 /// are never resolved automatically ([`diff3`] says when it was).
 const DIFF3_DEADLINE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Merges `items` (at least one) pairwise as a balanced tree, neighbours first: each level
-/// merges the results of the one below two by two, so every merge's sides hold about as
-/// many of the items as each other. Folding them one by one into a running result makes
-/// merge `i` diff against everything the `i - 1` before it brought, quadratic in the items
-/// when each brings much; a balanced tree diffs each change about log2(items) times. The
-/// order of the items is
-/// kept (the left side of every merge comes first), so an order-sensitive resolver
-/// (append) gives what folding in order gives. `step` merges two (or stops with the
-/// outcome to return, a conflict); `after_level` sees each level's results.
-fn merge_balanced(
-    mut items: Vec<Uid>,
-    mut step: impl FnMut(Uid, Uid) -> Result<std::result::Result<Uid, MergeOutcome>>,
-    mut after_level: impl FnMut(&[Uid]) -> Result<()>,
-) -> Result<std::result::Result<Uid, MergeOutcome>> {
-    while items.len() > 1 {
-        let mut up = Vec::with_capacity(items.len().div_ceil(2));
-        for pair in items.chunks(2) {
-            match *pair {
-                [a, b] => match step(a, b)? {
-                    Ok(u) => up.push(u),
-                    Err(stop) => return Ok(Err(stop)),
-                },
-                [a] => up.push(a),
-                _ => {}
-            }
-        }
-        after_level(&up)?;
-        items = up;
-    }
-    items
-        .first()
-        .copied()
-        .map(Ok)
-        .ok_or_else(|| Error::invalid("nothing to merge"))
-}
-
 #[cfg(test)]
 thread_local! {
     /// A test's stand-in for [`DIFF3_DEADLINE`].
@@ -737,26 +701,20 @@ impl Db {
         // Chunks held until every pair merged: one that conflicts leaves nothing written
         // (the pairwise merges before it included).
         let (view, staged) = self.staged_view();
+        let mut acc = inputs[0];
         let mut merges = 0;
-        let folded = merge_balanced(
-            inputs.clone(),
-            |a, b| {
-                Ok(match view.merge_pair(key, a, b, resolver, opts)? {
-                    MergeOutcome::Merged(u) => {
-                        merges += 1;
-                        Ok(u)
-                    }
-                    MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => Ok(u),
-                    c @ MergeOutcome::Conflicts(_) => Err(c),
-                })
-            },
-            // The earlier pairs' chunks the level's results no longer reach.
-            |level| staged.retain_reachable_from(level),
-        )?;
-        let mut acc = match folded {
-            Ok(u) => u,
-            Err(c) => return Ok(c),
-        };
+        for next in &inputs[1..] {
+            match view.merge_pair(key, acc, *next, resolver, opts)? {
+                MergeOutcome::Merged(u) => {
+                    acc = u;
+                    merges += 1;
+                    // The earlier pairs' chunks the running result no longer reaches.
+                    staged.retain_reachable(&acc)?;
+                }
+                MergeOutcome::FastForward(u) | MergeOutcome::UpToDate(u) => acc = u,
+                c @ MergeOutcome::Conflicts(_) => return Ok(c),
+            }
+        }
         if merges > 1 {
             // The pairwise merges made intermediate versions: the new head is one version of
             // the merged value whose bases are all the heads merged, so every version in its
@@ -871,34 +829,23 @@ impl Db {
                          {MAX_LEVELS} levels deep"
                     )));
                 }
-                let mut all = Vec::with_capacity(rest.len() + 1);
-                all.push(*first);
-                all.extend_from_slice(rest);
-                let folded = merge_balanced(
-                    all,
-                    |a, b| {
-                        Ok(
-                            match self.merge_pair_at(
-                                key,
-                                a,
-                                b,
-                                &BaseOfBases,
-                                &PutOptions::default(),
-                                level + 1,
-                            )? {
-                                MergeOutcome::Merged(u)
-                                | MergeOutcome::FastForward(u)
-                                | MergeOutcome::UpToDate(u) => Ok(u),
-                                c @ MergeOutcome::Conflicts(_) => Err(c),
-                            },
-                        )
-                    },
-                    |_| Ok(()),
-                )?;
-                match folded {
-                    Ok(u) => Some(u),
-                    Err(c) => return Ok(c),
+                let mut acc = *first;
+                for next in rest {
+                    acc = match self.merge_pair_at(
+                        key,
+                        acc,
+                        *next,
+                        &BaseOfBases,
+                        &PutOptions::default(),
+                        level + 1,
+                    )? {
+                        MergeOutcome::Merged(u)
+                        | MergeOutcome::FastForward(u)
+                        | MergeOutcome::UpToDate(u) => u,
+                        c @ MergeOutcome::Conflicts(_) => return Ok(c),
+                    };
                 }
+                Some(acc)
             }
         };
         // Ours is a branch head and the base an ancestor (reached: another key's version

@@ -88,13 +88,10 @@ impl Staged {
         Ok(out)
     }
 
-    /// Drops every staged chunk none of `roots` reaches (between the levels of a balanced
-    /// merge of several heads, what the level's results no longer need).
-    pub(crate) fn retain_reachable_from(&self, roots: &[Cid]) -> Result<()> {
-        let mut keep: std::collections::HashSet<Cid> = std::collections::HashSet::new();
-        for root in roots {
-            keep.extend(self.reachable(root)?);
-        }
+    /// Drops every staged chunk `root` does not reach (between the pairwise merges of
+    /// several heads, what the running result no longer needs).
+    pub(crate) fn retain_reachable(&self, root: &Cid) -> Result<()> {
+        let keep: std::collections::HashSet<Cid> = self.reachable(root)?.into_iter().collect();
         let mut s = self.chunks.lock();
         let StagedChunks { map, bytes, .. } = &mut *s;
         map.retain(|cid, _| keep.contains(cid));
@@ -298,9 +295,7 @@ mod tests {
             "nothing written while staged"
         );
         assert!(view.load(&dropped).is_ok(), "reads see staged chunks");
-        staged
-            .retain_reachable_from(std::slice::from_ref(&kept))
-            .unwrap();
+        staged.retain_reachable(&kept).unwrap();
         assert!(view.load(&dropped).is_err(), "dropped");
         let n = staged.flush_reachable(&kept).unwrap();
         assert_eq!(store.cids().unwrap().len(), n);

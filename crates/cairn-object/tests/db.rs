@@ -2872,9 +2872,8 @@ fn damaged_head_refs_can_be_dropped() {
     );
 }
 
-/// Many untagged heads merge as a balanced tree of pairwise merges (neighbours first), in
-/// the order named: an order-sensitive resolver (append) gives what merging them one by one
-/// in that order gives, every head's change once.
+/// Many untagged heads merge in the order named: an order-sensitive resolver (append)
+/// takes every head's change once, in that order, and every head is a base of the result.
 #[test]
 fn many_untagged_heads_merge_in_the_order_named() {
     let (db, _) = db();
