@@ -327,8 +327,24 @@ fn common_ancestors(
     // each version is read once: a chunk source that hands each chunk out once (a
     // stream, see `crate::evidence`) serves this walk.
     let mut pending: HashMap<Uid, (u64, Vec<Uid>)> = HashMap::new();
-    // Versions waiting in the heap that are not stale.
+    // Versions waiting in the heap that are not stale; of them, those reached from `a`
+    // and those reached from `b`. A new answer needs a version reached from both sides
+    // that is not stale, so once no live version carries one side the walk is over: a
+    // history with a long branch merged in on one side since the fork used to be walked
+    // to the branch's start below the answer, and disjoint histories to their roots.
     let mut live = 0usize;
+    let mut live_sides = [0usize; 2];
+    let count = |sides: &mut [usize; 2], f: u8, add: bool| {
+        for (i, side) in [A, B].into_iter().enumerate() {
+            if f & side != 0 {
+                if add {
+                    sides[i] += 1;
+                } else {
+                    sides[i] -= 1;
+                }
+            }
+        }
+    };
     // Bases the versions of `pending` name, together.
     let mut pending_bases = 0usize;
     for (u, f) in [(*a, A), (*b, B)] {
@@ -340,6 +356,10 @@ fn common_ancestors(
             e.insert((o.depth, o.bases));
             live += 1;
         }
+    }
+    let starts: &[Uid] = if a == b { &[*a] } else { &[*a, *b] };
+    for u in starts {
+        count(&mut live_sides, flags.get(u).copied().unwrap_or(0), true);
     }
     let mut found = Vec::new();
     let mut done = HashSet::new();
@@ -361,6 +381,7 @@ fn common_ancestors(
         let mut f = flags.get(&uid).copied().unwrap_or(0);
         if f & STALE == 0 {
             live -= 1;
+            count(&mut live_sides, f, false);
         }
         if f == A | B {
             found.push(uid);
@@ -390,6 +411,7 @@ fn common_ancestors(
                 pending.insert(*base, (bo.depth, bo.bases));
                 if f & STALE == 0 {
                     live += 1;
+                    count(&mut live_sides, f, true);
                 }
                 // The frontier, not the history, is held; a history wider than any real
                 // one (versions naming thousands of bases each, all different: what a
@@ -409,10 +431,15 @@ fn common_ancestors(
             } else if before & STALE == 0 && f & STALE != 0 {
                 // Waiting in the heap, and stale from now on.
                 live -= 1;
+                count(&mut live_sides, before, false);
+            } else if before & STALE == 0 {
+                // Waiting in the heap, live, and now reached from another side too.
+                count(&mut live_sides, f & !before, true);
             }
         }
-        // Only stale versions left: none of them, nor anything below, is an answer.
-        if !found.is_empty() && live == 0 {
+        // Only stale versions left, or none reached from one of the sides: none of them,
+        // nor anything below, is an answer.
+        if live == 0 || live_sides.contains(&0) {
             break;
         }
     }
