@@ -1459,18 +1459,18 @@ impl Db {
     pub fn rename(&self, key: &[u8], from: &str, to: &str) -> Result<Uid> {
         check_branch_name(to)?;
         let _k = self.lock_key(key);
-        let mut t = self.existing_table(key)?;
-        if t.tagged.contains_key(to) {
+        // The two refs involved only: a key with many branches (a Gaia file deleted under
+        // archival scopes many times, each a rename) made every rename read them all.
+        let uid = match self.branch_head(key, from)? {
+            Some(u) => u,
+            None => return Err(self.missing_branch(key, from)),
+        };
+        if self.branch_head(key, to)?.is_some() {
             return Err(Error::AlreadyExists(format!(
                 "branch {to:?} of key {}",
                 show_key(key)
             )));
         }
-        let uid = t
-            .tagged
-            .remove(from)
-            .ok_or_else(|| Error::not_found(format!("branch {from:?} of key {}", show_key(key))))?;
-        t.tagged.insert(to.to_string(), uid);
         self.record_head(HeadChange {
             kind: HeadChangeKind::Rename,
             key,
@@ -1481,8 +1481,27 @@ impl Db {
             object: None,
             owner_seal: None,
         })?;
-        self.commit_table(key, &t)?;
+        let prefix = self.key_prefix(key);
+        self.store.commit(&[
+            RefUpdate::Delete {
+                name: Self::head_name(&prefix, b't', from.as_bytes()),
+            },
+            RefUpdate::Set {
+                name: Self::head_name(&prefix, b't', to.as_bytes()),
+                value: uid.to_bytes().to_vec(),
+            },
+        ])?;
         Ok(uid)
+    }
+
+    /// The error for branch `branch` of `key` not being there: the key's, when the key has
+    /// no head at all.
+    fn missing_branch(&self, key: &[u8], branch: &str) -> Error {
+        match self.heads_page(key, None, 1) {
+            Err(Error::NotFound(_)) => Error::not_found(format!("key {}", show_key(key))),
+            Err(e) => e,
+            Ok(_) => Error::not_found(format!("branch {branch:?} of key {}", show_key(key))),
+        }
     }
 
     /// M14: removes a tagged branch (its versions stay until no head reaches them and GC
@@ -1496,8 +1515,8 @@ impl Db {
     /// changes.
     pub fn remove_guarded(&self, key: &[u8], branch: &str, guard: Option<&Uid>) -> Result<Uid> {
         let _k = self.lock_key(key);
-        let mut t = self.table(key)?;
-        let Some(uid) = t.tagged.remove(branch) else {
+        // The branch's ref only (see `rename`).
+        let Some(uid) = self.branch_head(key, branch)? else {
             // A guard names the head it expects: with none there, the guard fails (as an
             // HTTP If-Match on a missing resource does), rather than "not found".
             return Err(match guard {
@@ -1505,8 +1524,7 @@ impl Db {
                     "branch {branch:?} of key {} is at nothing, not {g}",
                     show_key(key)
                 )),
-                None if t.is_empty() => Error::not_found(format!("key {}", show_key(key))),
-                None => Error::not_found(format!("branch {branch:?} of key {}", show_key(key))),
+                None => self.missing_branch(key, branch),
             });
         };
         if let Some(g) = guard
@@ -1527,7 +1545,9 @@ impl Db {
             object: None,
             owner_seal: None,
         })?;
-        self.commit_table(key, &t)?;
+        self.store.commit(&[RefUpdate::Delete {
+            name: Self::head_name(&self.key_prefix(key), b't', branch.as_bytes()),
+        }])?;
         Ok(uid)
     }
 }

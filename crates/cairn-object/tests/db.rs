@@ -2976,3 +2976,116 @@ fn merge_base_walks_stop_when_a_side_runs_out() {
         "{reads} versions read for a merge base 6 versions down"
     );
 }
+
+/// A store that counts the listings of its refs (a table read lists a key's heads).
+struct CountingLists(MemoryStore, std::sync::atomic::AtomicUsize);
+
+impl ChunkStore for CountingLists {
+    fn algo(&self) -> cairn_store::HashAlgo {
+        self.0.algo()
+    }
+    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
+        self.0.put_hashed(c, b)
+    }
+    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.0.get(c)
+    }
+    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
+        self.0.has(c)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
+        self.0.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
+        self.0.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.0.stats()
+    }
+}
+
+impl cairn_store::RefStore for CountingLists {
+    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.0.get_ref(n)
+    }
+    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.list_refs(p)
+    }
+    fn list_refs_from(
+        &self,
+        p: &[u8],
+        f: &[u8],
+        l: usize,
+    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.list_refs_from(p, f, l)
+    }
+    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        self.0.commit(u)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.0.durability()
+    }
+}
+
+/// A rename or a removal reads and writes the refs of the branches involved only, not the
+/// key's whole table (a Gaia file deleted under archival scopes keeps a branch per delete,
+/// each a rename: every delete read them all, twice); the errors are as before.
+#[test]
+fn renames_and_removals_touch_only_their_branches() {
+    let store = Arc::new(CountingLists(MemoryStore::new(), 0.into()));
+    let db = Db::new(store.clone());
+    let v = put_str(&db, "k", Target::Branch("master"), "v");
+    for i in 0..50 {
+        db.fork(b"k", &At::Uid(v), &format!("b{i}")).unwrap();
+    }
+    let lists = || store.1.load(std::sync::atomic::Ordering::Relaxed);
+    let before = lists();
+    db.rename(b"k", "b3", "renamed").unwrap();
+    db.remove(b"k", "b4").unwrap();
+    db.remove_guarded(b"k", "b5", Some(&v)).unwrap();
+    assert_eq!(lists(), before, "no listing of the key's heads");
+    let names: Vec<String> = db
+        .list_tagged(b"k")
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains(&"renamed".to_string()));
+    for gone in ["b3", "b4", "b5"] {
+        assert!(!names.contains(&gone.to_string()), "{gone}");
+    }
+    assert_eq!(names.len(), 51 - 3 + 1);
+    // The errors, as before.
+    assert!(matches!(
+        db.rename(b"k", "b6", "b7"),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        db.rename(b"k", "nothing", "x"),
+        Err(Error::NotFound(m)) if m.contains("branch")
+    ));
+    assert!(matches!(
+        db.rename(b"none", "master", "x"),
+        Err(Error::NotFound(m)) if m.starts_with("key")
+    ));
+    assert!(matches!(
+        db.remove(b"none", "master"),
+        Err(Error::NotFound(m)) if m.starts_with("key")
+    ));
+    assert!(matches!(
+        db.remove_guarded(
+            b"k",
+            "b6",
+            Some(&put_str(&db, "j", Target::Branch("master"), "o"))
+        ),
+        Err(Error::GuardMismatch(_))
+    ));
+    // Removing every branch removes the key.
+    for (n, _) in db.list_tagged(b"k").unwrap() {
+        db.remove(b"k", &n).unwrap();
+    }
+    assert!(matches!(db.table(b"k"), Ok(t) if t.is_empty()));
+    assert!(!db.list_keys().unwrap().iter().any(|k| &k[..] == b"k"));
+}
