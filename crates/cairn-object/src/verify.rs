@@ -149,29 +149,62 @@ impl Db {
                 .map(|u| (*u, "untagged head".to_string(), None)),
         );
         let mut seen: BTreeSet<Uid> = BTreeSet::new();
-        for (head, label, branch) in heads {
-            let mark = report.damage.len();
-            let mut walked = Vec::new();
-            self.verify_history(
-                key,
-                head,
-                &label,
-                report,
-                trees_done,
-                &mut seen,
-                &mut walked,
-            );
-            // A put or a remove, then a GC, between reading the table and walking this
-            // head collect what the walk then finds missing: not damage, once the head is
-            // no longer one. Its walk is forgotten (a version it shares with a head still
-            // there is walked again from that head).
-            if report.damage.len() > mark && !self.is_still_head(key, &head, branch) {
-                report.damage.truncate(mark);
-                report.versions -= walked.len() as u64;
-                for u in walked {
-                    seen.remove(&u);
+        let mut heads: Vec<(Uid, String, Option<String>)> = heads
+            .into_iter()
+            .map(|(u, l, b)| (u, l, b.map(str::to_string)))
+            .collect();
+        let mut walked_heads: HashSet<Uid> = HashSet::new();
+        // A head that moved while its damage was found is walked again from the key's
+        // heads as they are then, a few times at most (a key written without pause).
+        for _pass in 0..3 {
+            let mut moved = false;
+            for (head, label, branch) in heads {
+                walked_heads.insert(head);
+                let mark = report.damage.len();
+                let mut walked = Vec::new();
+                self.verify_history(
+                    key,
+                    head,
+                    &label,
+                    report,
+                    trees_done,
+                    &mut seen,
+                    &mut walked,
+                );
+                // A put or a remove, then a GC, between reading the table and walking this
+                // head collect what the walk then finds missing: not damage, once the head
+                // is no longer one. Its walk is forgotten (a version it shares with a head
+                // still there is walked again from that head), and the heads the key has
+                // now are walked: a put moved the head, and the new one still reaches the
+                // damage (it was dropped for good before: verify said intact).
+                if report.damage.len() > mark && !self.is_still_head(key, &head, branch.as_deref())
+                {
+                    report.damage.truncate(mark);
+                    report.versions -= walked.len() as u64;
+                    for u in walked {
+                        seen.remove(&u);
+                    }
+                    moved = true;
                 }
             }
+            if !moved {
+                break;
+            }
+            let Ok((table, _)) = self.table_lenient(key) else {
+                break;
+            };
+            heads = table
+                .tagged
+                .iter()
+                .map(|(n, u)| (*u, format!("branch {n:?}"), Some(n.clone())))
+                .chain(
+                    table
+                        .untagged
+                        .iter()
+                        .map(|u| (*u, "untagged head".to_string(), None)),
+                )
+                .filter(|(u, _, _)| !walked_heads.contains(u))
+                .collect();
         }
     }
 

@@ -3089,3 +3089,120 @@ fn renames_and_removals_touch_only_their_branches() {
     assert!(matches!(db.table(b"k"), Ok(t) if t.is_empty()));
     assert!(!db.list_keys().unwrap().iter().any(|k| &k[..] == b"k"));
 }
+
+/// A store that runs a hook the first time a given chunk is read.
+struct Hooked {
+    inner: MemoryStore,
+    trigger: std::sync::Mutex<Option<cairn_store::Hash>>,
+    hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl ChunkStore for Hooked {
+    fn algo(&self) -> cairn_store::HashAlgo {
+        self.inner.algo()
+    }
+    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
+        self.inner.put_hashed(c, b)
+    }
+    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
+        let fire = {
+            let mut t = self.trigger.lock().unwrap();
+            let fire = t.as_ref() == Some(c);
+            if fire {
+                *t = None;
+            }
+            fire
+        };
+        if fire && let Some(h) = self.hook.get() {
+            h();
+        }
+        self.inner.get(c)
+    }
+    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
+        self.inner.has(c)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
+        self.inner.cids()
+    }
+    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
+        self.inner.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.inner.stats()
+    }
+}
+
+impl cairn_store::RefStore for Hooked {
+    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.inner.get_ref(n)
+    }
+    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.inner.list_refs(p)
+    }
+    fn list_refs_from(
+        &self,
+        p: &[u8],
+        f: &[u8],
+        l: usize,
+    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.inner.list_refs_from(p, f, l)
+    }
+    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        self.inner.commit(u)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.inner.durability()
+    }
+}
+
+/// Damage in a head's history is still reported when a put moves the branch on while
+/// verify walks it (the old head stays in the new head's history): the walk is taken
+/// again from the key's heads as they are then. Before, the damage was dropped as if GC
+/// had collected the version, and verify said the store was intact.
+#[test]
+fn verify_keeps_damage_a_moving_head_still_reaches() {
+    let store = Arc::new(Hooked {
+        inner: MemoryStore::new(),
+        trigger: std::sync::Mutex::new(None),
+        hook: std::sync::OnceLock::new(),
+    });
+    let cfg = TreeConfig {
+        leaf_target: 128,
+        index_target: 256,
+    };
+    let db = Arc::new(Db::with_config(store.clone(), cfg));
+    let blob: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    db.put(
+        b"a",
+        Target::Branch("master"),
+        NewValue::Blob(blob),
+        &PutOptions::default(),
+    )
+    .unwrap();
+    let root = db
+        .get(b"a", &master())
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap()
+        .root;
+    store.inner.remove(&[root]).unwrap();
+    assert!(!db.verify(None, &mut |_, _| {}).unwrap().is_intact());
+    // A put on master lands while verify reads the (missing) root.
+    let db2 = db.clone();
+    let _ = store.hook.set(Box::new(move || {
+        db2.put(
+            b"a",
+            Target::Branch("master"),
+            NewValue::Blob(b"new".to_vec()),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    }));
+    *store.trigger.lock().unwrap() = Some(root);
+    let during = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(!during.is_intact(), "{:?}", during.damage);
+    // After it, as before.
+    assert!(!db.verify(None, &mut |_, _| {}).unwrap().is_intact());
+}
