@@ -1249,12 +1249,14 @@ impl Client {
             .iter()
             .find(|(n, _)| *n == OWNER_SEAL_HEADER)
             .and_then(|(_, v)| hex::decode(v).ok());
-        if let (Some(sent), Some((_, capsule))) = (&sent_seal, &sealer) {
+        if let (Some(_), Some((_, capsule))) = (&sent_seal, &sealer) {
+            // The owner's seal (checked against the owner the pinned metadata names):
+            // this put's, or an earlier one of the same put (the same base, value and
+            // context make the same version, whose proof shows the first sealed record).
             let p = self.proven(&a.key, &uid, &o, Some(capsule))?;
-            if p.sealed.as_ref().map(|(_, s)| s.encode()).as_ref() != Some(sent) {
+            if p.sealed.is_none() {
                 return Err(lied(
-                    "was recorded without the owner seal sent with it (its proof shows none, \
-                     or another)"
+                    "was recorded without the owner seal sent with it (its proof shows none)"
                         .into(),
                 ));
             }

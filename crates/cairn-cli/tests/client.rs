@@ -451,6 +451,17 @@ fn proofs_buckets_and_owner_keys() {
         "{out}"
     );
     u.ok(srv, &["put", "k", "--value", "v2"]);
+    // The same put twice (same base, value and context: the same version) is taken both
+    // times, the version sealed by its owner either way.
+    let twice = |args: &[&str]| {
+        let mut all = vec!["--bucket", "twice"];
+        all.extend_from_slice(args);
+        u.ok(srv, &all)
+    };
+    let base = twice(&["put", "t", "--value", "a"]);
+    let first = twice(&["put", "t", "--base", base.trim(), "--value", "b"]);
+    let again = twice(&["put", "t", "--base", base.trim(), "--value", "b"]);
+    assert_eq!(first, again);
     // A pinned name the node's metadata does not hash to: exit 11.
     let other = "c".to_string() + &capsule[1..].replace('a', "b");
     let wrong = if other == capsule {

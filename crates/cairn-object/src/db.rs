@@ -1461,16 +1461,17 @@ impl Db {
         let _k = self.lock_key(key);
         // The two refs involved only: a key with many branches (a Gaia file deleted under
         // archival scopes many times, each a rename) made every rename read them all.
-        let uid = match self.branch_head(key, from)? {
-            Some(u) => u,
-            None => return Err(self.missing_branch(key, from)),
-        };
+        // (The target first, as before: a rename onto a taken name is refused as such.)
         if self.branch_head(key, to)?.is_some() {
             return Err(Error::AlreadyExists(format!(
                 "branch {to:?} of key {}",
                 show_key(key)
             )));
         }
+        let uid = match self.branch_head(key, from)? {
+            Some(u) => u,
+            None => return Err(self.missing_branch(key, from)),
+        };
         self.record_head(HeadChange {
             kind: HeadChangeKind::Rename,
             key,

@@ -159,7 +159,6 @@ impl Db {
         for _pass in 0..3 {
             let mut moved = false;
             for (head, label, branch) in heads {
-                walked_heads.insert(head);
                 let mark = report.damage.len();
                 let mut walked = Vec::new();
                 self.verify_history(
@@ -185,6 +184,10 @@ impl Db {
                         seen.remove(&u);
                     }
                     moved = true;
+                } else {
+                    // Kept: not walked again (a head dropped above is, under any name the
+                    // key now gives it: a rename moves a branch to another name).
+                    walked_heads.insert(head);
                 }
             }
             if !moved {

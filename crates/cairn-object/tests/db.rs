@@ -3057,9 +3057,13 @@ fn renames_and_removals_touch_only_their_branches() {
         assert!(!names.contains(&gone.to_string()), "{gone}");
     }
     assert_eq!(names.len(), 51 - 3 + 1);
-    // The errors, as before.
+    // The errors, as before (a taken target first).
     assert!(matches!(
         db.rename(b"k", "b6", "b7"),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        db.rename(b"k", "nothing", "b7"),
         Err(Error::AlreadyExists(_))
     ));
     assert!(matches!(
@@ -3205,4 +3209,37 @@ fn verify_keeps_damage_a_moving_head_still_reaches() {
     assert!(!during.is_intact(), "{:?}", during.damage);
     // After it, as before.
     assert!(!db.verify(None, &mut |_, _| {}).unwrap().is_intact());
+
+    // A rename while the head is walked (what a Gaia delete under an archival scope
+    // does): the head is the same version under another name, walked again there.
+    let store = Arc::new(Hooked {
+        inner: MemoryStore::new(),
+        trigger: std::sync::Mutex::new(None),
+        hook: std::sync::OnceLock::new(),
+    });
+    let db = Arc::new(Db::with_config(store.clone(), cfg));
+    let blob: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    db.put(
+        b"a",
+        Target::Branch("master"),
+        NewValue::Blob(blob),
+        &PutOptions::default(),
+    )
+    .unwrap();
+    let root = db
+        .get(b"a", &master())
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap()
+        .root;
+    store.inner.remove(&[root]).unwrap();
+    let db2 = db.clone();
+    let _ = store.hook.set(Box::new(move || {
+        db2.rename(b"a", "master", "kept").unwrap();
+    }));
+    *store.trigger.lock().unwrap() = Some(root);
+    let during = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(!during.is_intact(), "renamed: {:?}", during.damage);
 }
