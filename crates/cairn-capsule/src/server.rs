@@ -2105,6 +2105,17 @@ impl CapsuleServer {
         self.subrecords_within(capsule, record, &mut |_| Ok(()))
     }
 
+    /// How record `record` of `capsule` keeps its body (NotFound when it is not present).
+    fn record_body(&self, capsule: &CapsuleName, record: &RecordName) -> Result<StoredBody> {
+        let cap = self.capsule(capsule)?;
+        let cap = cap.lock();
+        Ok(cap
+            .dag
+            .node(record)
+            .ok_or_else(|| Error::NotFound(format!("record {record} in capsule {capsule}")))?
+            .body)
+    }
+
     /// [`CapsuleServer::subrecords`], taking the memory the list and its answer hold (the
     /// stored list, the names, their encoding: about 100 bytes a subrecord, 100 MiB for
     /// the largest record) from `reserve` before reading the list.
@@ -2114,15 +2125,7 @@ impl CapsuleServer {
         record: &RecordName,
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<Vec<Hash>> {
-        let body = {
-            let cap = self.capsule(capsule)?;
-            let cap = cap.lock();
-            cap.dag
-                .node(record)
-                .ok_or_else(|| Error::NotFound(format!("record {record} in capsule {capsule}")))?
-                .body
-        };
-        match body {
+        match self.record_body(capsule, record)? {
             StoredBody::Subrecords { list, count } => {
                 let each = 2 * 34 + std::mem::size_of::<Hash>();
                 reserve(
@@ -2617,15 +2620,7 @@ impl CapsuleServer {
         session: Option<SessionId>,
         reserve: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<Issued<SubrecordsProof>> {
-        let count = {
-            let cap = self.capsule(capsule)?;
-            let cap = cap.lock();
-            cap.dag
-                .node(record)
-                .ok_or_else(|| Error::NotFound(format!("record {record} in capsule {capsule}")))?
-                .body
-                .subrecords()
-        };
+        let count = self.record_body(capsule, record)?.subrecords();
         if count > MAX_BATCH_SUBRECORDS as u64 {
             return Err(Error::invalid(format!(
                 "record {record} has {count} subrecords; a proof of them all takes at most \

@@ -2909,31 +2909,92 @@ fn many_untagged_heads_merge_in_the_order_named() {
     }
 }
 
-/// A chunk store that counts its reads.
-struct CountingReads(Arc<MemoryStore>, std::sync::atomic::AtomicUsize);
+/// A store that counts its chunk reads and ref listings, and runs a hook the first time a
+/// given chunk is read.
+struct Spy {
+    inner: Arc<MemoryStore>,
+    gets: std::sync::atomic::AtomicUsize,
+    lists: std::sync::atomic::AtomicUsize,
+    trigger: std::sync::Mutex<Option<cairn_store::Hash>>,
+    hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
 
-impl ChunkStore for CountingReads {
+impl Spy {
+    fn over(inner: Arc<MemoryStore>) -> Self {
+        Spy {
+            inner,
+            gets: 0.into(),
+            lists: 0.into(),
+            trigger: std::sync::Mutex::new(None),
+            hook: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn count(n: &std::sync::atomic::AtomicUsize) -> usize {
+        n.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl ChunkStore for Spy {
     fn algo(&self) -> cairn_store::HashAlgo {
-        self.0.algo()
+        self.inner.algo()
     }
     fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
-        self.0.put_hashed(c, b)
+        self.inner.put_hashed(c, b)
     }
     fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
-        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.0.get(c)
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fire = {
+            let mut t = self.trigger.lock().unwrap();
+            let fire = t.as_ref() == Some(c);
+            if fire {
+                *t = None;
+            }
+            fire
+        };
+        if fire && let Some(h) = self.hook.get() {
+            h();
+        }
+        self.inner.get(c)
     }
     fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
-        self.0.has(c)
+        self.inner.has(c)
     }
     fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
-        self.0.cids()
+        self.inner.cids()
     }
     fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
-        self.0.remove(cids)
+        self.inner.remove(cids)
     }
     fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.0.stats()
+        self.inner.stats()
+    }
+}
+
+impl cairn_store::RefStore for Spy {
+    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
+        self.inner.get_ref(n)
+    }
+    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.lists
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.list_refs(p)
+    }
+    fn list_refs_from(
+        &self,
+        p: &[u8],
+        f: &[u8],
+        l: usize,
+    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+        self.lists
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.list_refs_from(p, f, l)
+    }
+    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        self.inner.commit(u)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.inner.durability()
     }
 }
 
@@ -2967,66 +3028,14 @@ fn merge_base_walks_stop_when_a_side_runs_out() {
     for i in 0..5 {
         head = put_str(&db, "k", Target::Branch("master"), &format!("n{i}"));
     }
-    let counting = CountingReads(store.clone(), 0.into());
+    let counting = Spy::over(store.clone());
     let bases = cairn_object::history::merge_bases_in(&counting, b"k", &head, &dev).unwrap();
     assert_eq!(bases, vec![fork]);
-    let reads = counting.1.load(std::sync::atomic::Ordering::Relaxed);
+    let reads = Spy::count(&counting.gets);
     assert!(
         reads < 40,
         "{reads} versions read for a merge base 6 versions down"
     );
-}
-
-/// A store that counts the listings of its refs (a table read lists a key's heads).
-struct CountingLists(MemoryStore, std::sync::atomic::AtomicUsize);
-
-impl ChunkStore for CountingLists {
-    fn algo(&self) -> cairn_store::HashAlgo {
-        self.0.algo()
-    }
-    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
-        self.0.put_hashed(c, b)
-    }
-    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
-        self.0.get(c)
-    }
-    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
-        self.0.has(c)
-    }
-    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
-        self.0.cids()
-    }
-    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
-        self.0.remove(cids)
-    }
-    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.0.stats()
-    }
-}
-
-impl cairn_store::RefStore for CountingLists {
-    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
-        self.0.get_ref(n)
-    }
-    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
-        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.0.list_refs(p)
-    }
-    fn list_refs_from(
-        &self,
-        p: &[u8],
-        f: &[u8],
-        l: usize,
-    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
-        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.0.list_refs_from(p, f, l)
-    }
-    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
-        self.0.commit(u)
-    }
-    fn durability(&self) -> cairn_store::Durability {
-        self.0.durability()
-    }
 }
 
 /// A rename or a removal reads and writes the refs of the branches involved only, not the
@@ -3034,13 +3043,13 @@ impl cairn_store::RefStore for CountingLists {
 /// each a rename: every delete read them all, twice); the errors are as before.
 #[test]
 fn renames_and_removals_touch_only_their_branches() {
-    let store = Arc::new(CountingLists(MemoryStore::new(), 0.into()));
+    let store = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
     let db = Db::new(store.clone());
     let v = put_str(&db, "k", Target::Branch("master"), "v");
     for i in 0..50 {
         db.fork(b"k", &At::Uid(v), &format!("b{i}")).unwrap();
     }
-    let lists = || store.1.load(std::sync::atomic::Ordering::Relaxed);
+    let lists = || Spy::count(&store.lists);
     let before = lists();
     db.rename(b"k", "b3", "renamed").unwrap();
     db.remove(b"k", "b4").unwrap();
@@ -3094,82 +3103,13 @@ fn renames_and_removals_touch_only_their_branches() {
     assert!(!db.list_keys().unwrap().iter().any(|k| &k[..] == b"k"));
 }
 
-/// A store that runs a hook the first time a given chunk is read.
-struct Hooked {
-    inner: MemoryStore,
-    trigger: std::sync::Mutex<Option<cairn_store::Hash>>,
-    hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
-}
-
-impl ChunkStore for Hooked {
-    fn algo(&self) -> cairn_store::HashAlgo {
-        self.inner.algo()
-    }
-    fn put_hashed(&self, c: cairn_store::Hash, b: &[u8]) -> cairn_core::Result<bool> {
-        self.inner.put_hashed(c, b)
-    }
-    fn get(&self, c: &cairn_store::Hash) -> cairn_core::Result<Option<bytes::Bytes>> {
-        let fire = {
-            let mut t = self.trigger.lock().unwrap();
-            let fire = t.as_ref() == Some(c);
-            if fire {
-                *t = None;
-            }
-            fire
-        };
-        if fire && let Some(h) = self.hook.get() {
-            h();
-        }
-        self.inner.get(c)
-    }
-    fn has(&self, c: &cairn_store::Hash) -> cairn_core::Result<bool> {
-        self.inner.has(c)
-    }
-    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Hash>> {
-        self.inner.cids()
-    }
-    fn remove(&self, cids: &[cairn_store::Hash]) -> cairn_core::Result<()> {
-        self.inner.remove(cids)
-    }
-    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.inner.stats()
-    }
-}
-
-impl cairn_store::RefStore for Hooked {
-    fn get_ref(&self, n: &[u8]) -> cairn_core::Result<Option<bytes::Bytes>> {
-        self.inner.get_ref(n)
-    }
-    fn list_refs(&self, p: &[u8]) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
-        self.inner.list_refs(p)
-    }
-    fn list_refs_from(
-        &self,
-        p: &[u8],
-        f: &[u8],
-        l: usize,
-    ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
-        self.inner.list_refs_from(p, f, l)
-    }
-    fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
-        self.inner.commit(u)
-    }
-    fn durability(&self) -> cairn_store::Durability {
-        self.inner.durability()
-    }
-}
-
 /// Damage in a head's history is still reported when a put moves the branch on while
 /// verify walks it (the old head stays in the new head's history): the walk is taken
 /// again from the key's heads as they are then. Before, the damage was dropped as if GC
 /// had collected the version, and verify said the store was intact.
 #[test]
 fn verify_keeps_damage_a_moving_head_still_reaches() {
-    let store = Arc::new(Hooked {
-        inner: MemoryStore::new(),
-        trigger: std::sync::Mutex::new(None),
-        hook: std::sync::OnceLock::new(),
-    });
+    let store = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
     let cfg = TreeConfig {
         leaf_target: 128,
         index_target: 256,
@@ -3212,11 +3152,7 @@ fn verify_keeps_damage_a_moving_head_still_reaches() {
 
     // A rename while the head is walked (what a Gaia delete under an archival scope
     // does): the head is the same version under another name, walked again there.
-    let store = Arc::new(Hooked {
-        inner: MemoryStore::new(),
-        trigger: std::sync::Mutex::new(None),
-        hook: std::sync::OnceLock::new(),
-    });
+    let store = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
     let db = Arc::new(Db::with_config(store.clone(), cfg));
     let blob: Vec<u8> = (0..20_000u32).map(|i| (i * 7919 % 251) as u8).collect();
     db.put(
