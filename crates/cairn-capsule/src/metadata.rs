@@ -198,6 +198,17 @@ impl CapsuleMetadata {
         CapsuleName(self.algo.digest(&self.encode()))
     }
 
+    /// Refuses an encoding of `len` bytes past [`MAX_METADATA_BYTES`] (the message; creation
+    /// and the wire each make it their error).
+    pub fn check_encoded_len(len: usize) -> std::result::Result<(), String> {
+        if len > MAX_METADATA_BYTES {
+            return Err(format!(
+                "capsule metadata of {len} bytes (at most {MAX_METADATA_BYTES})"
+            ));
+        }
+        Ok(())
+    }
+
     /// The index of `key` among the writers.
     pub fn writer_index(&self, key: &PublicKey) -> Option<u32> {
         self.writers.iter().position(|w| w == key).map(|i| i as u32)

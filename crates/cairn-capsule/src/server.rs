@@ -1152,14 +1152,8 @@ impl CapsuleServer {
     /// exists is acknowledged again, with its current log size, and changes nothing.
     pub fn create(&self, meta: &CapsuleMetadata) -> Result<Ack> {
         let bytes = meta.encode();
-        // As decoding refuses it: every loaded capsule holds its metadata in memory.
-        if bytes.len() > crate::metadata::MAX_METADATA_BYTES {
-            return Err(Error::invalid(format!(
-                "capsule metadata of {} bytes (at most {})",
-                bytes.len(),
-                crate::metadata::MAX_METADATA_BYTES
-            )));
-        }
+        // As the wire refuses it: every loaded capsule holds its metadata in memory.
+        CapsuleMetadata::check_encoded_len(bytes.len()).map_err(Error::invalid)?;
         let name = meta.name();
         cairn_store::check_cid_algo(name.hash(), self.store.algo()).map_err(|_| {
             Error::invalid(format!(

@@ -414,13 +414,7 @@ fn enc_metadata(e: &mut Encoder, m: &CapsuleMetadata) {
 
 fn dec_metadata(d: &mut Decoder<'_>) -> Result<CapsuleMetadata> {
     let bytes = d.bytes()?;
-    if bytes.len() > crate::metadata::MAX_METADATA_BYTES {
-        return Err(Error::decode(format!(
-            "capsule metadata of {} bytes (at most {})",
-            bytes.len(),
-            crate::metadata::MAX_METADATA_BYTES
-        )));
-    }
+    CapsuleMetadata::check_encoded_len(bytes.len()).map_err(Error::decode)?;
     CapsuleMetadata::decode(bytes)
 }
 

@@ -1225,16 +1225,25 @@ fn copies_of_a_record_are_checked_once_a_kind() {
     assert_eq!((report.corrupt, report.duplicate), (1, 2), "{report:?}");
 }
 
-/// A replica listed in `sync_peers` keeps its sync cursor across a restart: after one
-/// side restarts, the next session compares only the records proven since, as before the
-/// restart (a stranger's cursor stays in memory only, and the store holds no ref of it).
-#[test]
-fn listed_replicas_keep_their_sync_cursor_across_a_restart() {
+/// Two replicas A and B of one capsule, each listing the other in `sync_peers` (so their
+/// sync cursors are kept in their stores), and the capsule's writer.
+struct Listed {
+    ka: SigningKey,
+    kb: SigningKey,
+    opts: fn(&SigningKey) -> ServerOptions,
+    sb: Arc<dyn Store>,
+    a: CapsuleServer,
+    b: CapsuleServer,
+    c: CapsuleName,
+    w: Writer,
+}
+
+fn listed_pair(description: &str) -> Listed {
     let (ka, kb) = (
         SigningKey::from_seed(&[1; 32]),
         SigningKey::from_seed(&[2; 32]),
     );
-    let opts = |peer: &SigningKey| ServerOptions {
+    let opts: fn(&SigningKey) -> ServerOptions = |peer| ServerOptions {
         sync_peers: Some(vec![peer.public()]),
         ..ServerOptions::default()
     };
@@ -1243,11 +1252,38 @@ fn listed_replicas_keep_their_sync_cursor_across_a_restart() {
     let a = CapsuleServer::new(sa, ka.clone(), opts(&kb));
     let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
     let wk = SigningKey::from_seed(&[7; 32]);
-    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "cursor");
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), description);
     let c = meta.name();
     a.create(&meta).unwrap();
     b.create(&meta).unwrap();
-    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    Listed {
+        ka,
+        kb,
+        opts,
+        sb,
+        a,
+        b,
+        c,
+        w,
+    }
+}
+
+/// A replica listed in `sync_peers` keeps its sync cursor across a restart: after one
+/// side restarts, the next session compares only the records proven since, as before the
+/// restart (a stranger's cursor stays in memory only, and the store holds no ref of it).
+#[test]
+fn listed_replicas_keep_their_sync_cursor_across_a_restart() {
+    let Listed {
+        ka,
+        kb,
+        opts,
+        sb,
+        a,
+        b,
+        c,
+        mut w,
+    } = listed_pair("cursor");
     let mut write = |s: &CapsuleServer, n: usize| {
         for i in 0..n {
             let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
@@ -1496,24 +1532,16 @@ fn a_record_lost_at_one_replica_comes_back_from_its_peer() {
 /// or not. A copy arriving without its signature gets the one the journal kept.
 #[test]
 fn a_load_with_holes_drops_the_sync_cursors_and_a_copy_gets_its_signature_back() {
-    let (ka, kb) = (
-        SigningKey::from_seed(&[1; 32]),
-        SigningKey::from_seed(&[2; 32]),
-    );
-    let opts = |peer: &SigningKey| ServerOptions {
-        sync_peers: Some(vec![peer.public()]),
-        ..ServerOptions::default()
-    };
-    let (sa, sb): (Arc<dyn Store>, Arc<dyn Store>) =
-        (Arc::new(MemoryStore::new()), Arc::new(MemoryStore::new()));
-    let a = CapsuleServer::new(sa, ka.clone(), opts(&kb));
-    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "holes");
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    b.create(&meta).unwrap();
-    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let Listed {
+        ka,
+        kb,
+        opts,
+        sb,
+        a,
+        b,
+        c,
+        mut w,
+    } = listed_pair("holes");
     let mut records = Vec::new();
     for i in 0..50 {
         let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();

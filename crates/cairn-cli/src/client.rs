@@ -1245,11 +1245,8 @@ impl Client {
         // A sealed put is recorded with its seal, or the owner is told: a node (or anyone
         // on the way) leaving the seal out would leave a version that only the node
         // vouches for, while the owner believed it sealed.
-        let sent_seal = headers
-            .iter()
-            .find(|(n, _)| *n == OWNER_SEAL_HEADER)
-            .and_then(|(_, v)| hex::decode(v).ok());
-        if let (Some(_), Some((_, capsule))) = (&sent_seal, &sealer) {
+        let sealed = headers.iter().any(|(n, _)| *n == OWNER_SEAL_HEADER);
+        if let (true, Some((_, capsule))) = (sealed, &sealer) {
             // The owner's seal (checked against the owner the pinned metadata names):
             // this put's, or an earlier one of the same put (the same base, value and
             // context make the same version, whose proof shows the first sealed record).

@@ -137,22 +137,8 @@ impl Db {
                 return;
             }
         };
-        let mut heads: Vec<(Uid, String, Option<&str>)> = table
-            .tagged
-            .iter()
-            .map(|(n, u)| (*u, format!("branch {n:?}"), Some(n.as_str())))
-            .collect();
-        heads.extend(
-            table
-                .untagged
-                .iter()
-                .map(|u| (*u, "untagged head".to_string(), None)),
-        );
         let mut seen: BTreeSet<Uid> = BTreeSet::new();
-        let mut heads: Vec<(Uid, String, Option<String>)> = heads
-            .into_iter()
-            .map(|(u, l, b)| (u, l, b.map(str::to_string)))
-            .collect();
+        let mut heads = heads_of(&table);
         let mut walked_heads: HashSet<Uid> = HashSet::new();
         // A head that moved while its damage was found is walked again from the key's
         // heads as they are then, a few times at most (a key written without pause).
@@ -196,18 +182,8 @@ impl Db {
             let Ok((table, _)) = self.table_lenient(key) else {
                 break;
             };
-            heads = table
-                .tagged
-                .iter()
-                .map(|(n, u)| (*u, format!("branch {n:?}"), Some(n.clone())))
-                .chain(
-                    table
-                        .untagged
-                        .iter()
-                        .map(|u| (*u, "untagged head".to_string(), None)),
-                )
-                .filter(|(u, _, _)| !walked_heads.contains(u))
-                .collect();
+            heads = heads_of(&table);
+            heads.retain(|(u, _, _)| !walked_heads.contains(u));
         }
     }
 
@@ -293,4 +269,20 @@ impl Db {
             }
         }
     }
+}
+
+/// The heads of a key's branch `table`, each with how a report names it and its branch
+/// (`None` for an untagged head).
+fn heads_of(table: &crate::branch::BranchTable) -> Vec<(Uid, String, Option<String>)> {
+    table
+        .tagged
+        .iter()
+        .map(|(n, u)| (*u, format!("branch {n:?}"), Some(n.clone())))
+        .chain(
+            table
+                .untagged
+                .iter()
+                .map(|u| (*u, "untagged head".to_string(), None)),
+        )
+        .collect()
 }
