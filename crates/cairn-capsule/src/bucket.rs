@@ -462,8 +462,9 @@ struct VersionIndex {
     /// Proven records found damaged when the index was built (left out of it, so that one
     /// flipped bit does not cost every lookup: a uid not found then may be one of theirs).
     damaged: Vec<RecordName>,
-    /// Those among `damaged` that were holes in the capsule (header lost at load): a copy
-    /// from a peer may fill one, and then the index is built again.
+    /// Those among `damaged` a copy from a peer (or written again) may repair: holes in the
+    /// capsule (header lost at load) and records whose body was found damaged. Once one
+    /// is readable again, the index is built again.
     holes: Vec<RecordName>,
 }
 
@@ -515,7 +516,7 @@ impl BucketVersions {
                     d.damaged().copied().collect::<Vec<_>>(),
                 )
             })?;
-            let holes = damaged.clone();
+            let mut holes = damaged.clone();
             let mut map = HashMap::with_capacity(order.len());
             for name in order {
                 // A damaged record is left out (and named when a uid is not found), not
@@ -534,20 +535,34 @@ impl BucketVersions {
                     offer(&mut map, &m, name);
                 }
             }
+            // The read above noted a damaged body with the capsule (see
+            // `CapsuleDag::body_damaged`); any other failure (a body that does not decode)
+            // no copy will change.
+            let body_damaged: Vec<RecordName> = self.server.with_dag(&capsule, |d| {
+                damaged
+                    .iter()
+                    .filter(|n| d.is_body_damaged(n))
+                    .copied()
+                    .collect()
+            })?;
+            holes.extend(body_damaged);
             *index = Some(VersionIndex {
                 map,
                 damaged,
                 holes,
             });
         }
-        // A record left out as damaged may have been filled since (a copy from a peer):
+        // A record left out as damaged may have been filled or repaired since (a copy
+        // from a peer):
         // then the index is built again, once, before a miss is answered.
         if let Some(ix) = index.as_ref()
             && !ix.map.contains_key(uid)
             && !ix.holes.is_empty()
-            && self
-                .server
-                .with_dag(&capsule, |d| ix.holes.iter().any(|n| d.contains(n)))?
+            && self.server.with_dag(&capsule, |d| {
+                ix.holes
+                    .iter()
+                    .any(|n| d.contains(n) && !d.is_body_damaged(n))
+            })?
         {
             *index = None;
             drop(index);

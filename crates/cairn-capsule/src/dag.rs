@@ -135,6 +135,11 @@ pub struct CapsuleDag {
     /// point to), so one damaged chunk costs the records it names, not the capsule. A copy
     /// that arrives again takes that place, with that signature.
     damaged: foldhash::HashMap<RecordName, (u64, Option<WriterSignature>)>,
+    /// Present records whose body (a plain body chunk, a subrecord list or one of its
+    /// subrecords) was found missing or failing its hash when read: the header, place and
+    /// signature stand, the body does not. Anti-entropy asks peers for them like holes,
+    /// and a checked copy (from a peer, or written again) stores the body anew.
+    body_damaged: BTreeSet<RecordName>,
     log: MerkleLog,
     unproven: usize,
     /// What the unproven records hold in memory, by [`unproven_cost`].
@@ -189,6 +194,7 @@ impl CapsuleDag {
             signed_late: Default::default(),
             order: Vec::new(),
             damaged: Default::default(),
+            body_damaged: BTreeSet::new(),
             log,
             unproven: 0,
             unproven_bytes: 0,
@@ -537,6 +543,46 @@ impl CapsuleDag {
     /// Whether any record is [`CapsuleDag::damaged`].
     pub fn has_damage(&self) -> bool {
         !self.damaged.is_empty()
+    }
+
+    /// Notes that present record `name`'s stored body was found missing or damaged (see
+    /// [`CapsuleDag::body_damaged`]); false when `name` is not present or already noted.
+    pub(crate) fn note_body_damaged(&mut self, name: &RecordName) -> bool {
+        self.nodes.contains_key(name) && self.body_damaged.insert(*name)
+    }
+
+    /// Clears [`CapsuleDag::note_body_damaged`] once a checked copy of the body is stored;
+    /// false when `name` was not noted.
+    pub(crate) fn clear_body_damaged(&mut self, name: &RecordName) -> bool {
+        self.body_damaged.remove(name)
+    }
+
+    /// Present records whose body was found missing or failing its hash when read (since
+    /// the capsule was loaded; a read, an export to a peer or `audit` finds them), sorted.
+    /// Anti-entropy asks peers for them as it asks for holes, and a checked copy stores
+    /// the body again.
+    pub fn body_damaged(&self) -> impl Iterator<Item = &RecordName> {
+        self.body_damaged.iter()
+    }
+
+    /// Whether `name`'s body is [`CapsuleDag::body_damaged`].
+    pub fn is_body_damaged(&self, name: &RecordName) -> bool {
+        self.body_damaged.contains(name)
+    }
+
+    /// What this replica asks its peers for: the holes a proven record points to and the
+    /// proven records whose body is damaged, sorted (what the sync's quick check hashes
+    /// and its shape lists name as missing).
+    pub fn wanted(&self) -> Vec<RecordName> {
+        let mut out: Vec<RecordName> = self
+            .missing
+            .iter()
+            .filter(|m| self.has_proven_child(m))
+            .copied()
+            .collect();
+        out.extend(self.body_damaged.iter().filter(|n| self.is_proven(n)));
+        out.sort_unstable();
+        out
     }
 
     /// Records a writer signature on a present record after checking it; returns false if

@@ -1459,6 +1459,24 @@ impl CapsuleServer {
         Ok(())
     }
 
+    /// Passes `r` on, first noting record `name`'s body damaged (see
+    /// [`CapsuleDag::body_damaged`]) when it failed as a missing or damaged stored chunk
+    /// does ([`Error::Corrupt`]), so anti-entropy asks peers for a good copy. Called with
+    /// the capsule's lock not held.
+    fn noting_body_damage<T>(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        r: Result<T>,
+    ) -> Result<T> {
+        if let Err(Error::Corrupt(_)) = &r
+            && let Ok(cap) = self.capsule(capsule)
+        {
+            cap.lock().dag.note_body_damaged(name);
+        }
+        r
+    }
+
     fn subrecord_list(&self, list: &Hash) -> Result<Vec<Hash>> {
         let bytes = self
             .store
@@ -1660,6 +1678,17 @@ impl CapsuleServer {
                 body: StoredBody::Plain { cid },
             });
         }
+        // A record held here whose body was found damaged, written again: its checked body
+        // is stored anew (the record keeps its place; nothing is journaled for it).
+        let mut repaired = Vec::new();
+        for (r, n) in records.iter().zip(&names) {
+            // (A second copy in the batch finds the chunk sound and costs a lookup.)
+            if let (true, BodyRef::Plain { hash, .. }) = (cap.dag.is_body_damaged(n), r.header.body)
+            {
+                self.store.put_hashed(hash, &body_chunk(&r.body))?;
+                repaired.push(*n);
+            }
+        }
         for (n, ws) in signatures {
             if cap.dag.signature(n).is_none() {
                 entries.push(JournalEntry::Signature { name: *n, sig: *ws });
@@ -1669,6 +1698,11 @@ impl CapsuleServer {
             // Every fresh record becomes one leaf of the capsule's log below.
             committing(&names, cap.dag.log().size() + fresh.len() as u64);
             self.append_journal(capsule, &mut cap, &entries)?;
+        } else if !repaired.is_empty() {
+            self.store.commit(&[])?;
+        }
+        for n in &repaired {
+            cap.dag.clear_body_damaged(n);
         }
         // A fresh record's own signature (the first the write carries for it, as the
         // journal's first entry for it) goes in with it, as a replay of the journal does.
@@ -1696,13 +1730,61 @@ impl CapsuleServer {
     }
 
     /// Re-verifies a capsule from its stored state: every record header is re-read (and
-    /// re-hashed) and checked against the capsule, and every writer signature is checked
-    /// again. Returns (records, signatures) checked.
+    /// re-hashed) and checked against the capsule, every writer signature is checked
+    /// again, and every body chunk (a plain body, a subrecord list and its subrecords) is
+    /// re-read, which re-hashes it. Returns (records, signatures) checked. A body found
+    /// missing or damaged is noted ([`CapsuleDag::body_damaged`], so anti-entropy asks
+    /// peers for it) and the audit goes on through the rest, then fails naming how many.
     pub fn audit(&self, capsule: &CapsuleName) -> Result<(u64, u64)> {
+        let (records, signatures, bodies) = self.audit_headers(capsule)?;
+        // Bodies are read without the capsule's lock (writers and readers go on).
+        let mut damaged: Vec<RecordName> = Vec::new();
+        for (name, body) in bodies {
+            let read = match body {
+                StoredBody::Plain { cid } => self.store.get(&cid).and_then(|c| {
+                    c.map(|_| ())
+                        .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing")))
+                }),
+                StoredBody::Subrecords { list, .. } => {
+                    self.subrecord_list(&list).and_then(|subs| {
+                        for s in subs {
+                            self.store.get(&s)?.ok_or_else(|| {
+                                Error::corrupt(format!("subrecord {s} of record {name} is missing"))
+                            })?;
+                        }
+                        Ok(())
+                    })
+                }
+            };
+            match read {
+                Ok(()) => {}
+                Err(Error::Corrupt(_) | Error::Decode(_)) => damaged.push(name),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(first) = damaged.first() {
+            let cap = self.capsule(capsule)?;
+            let mut cap = cap.lock();
+            for n in &damaged {
+                cap.dag.note_body_damaged(n);
+            }
+            return Err(Error::corrupt(format!(
+                "capsule {capsule}: the body of {} record(s) is missing or damaged (first: \
+                 {first}); anti-entropy with a replica holding them stores them again",
+                damaged.len()
+            )));
+        }
+        Ok((records, signatures))
+    }
+
+    /// The header and signature part of [`CapsuleServer::audit`], under the capsule's
+    /// lock; also returns how each record keeps its body.
+    fn audit_headers(&self, capsule: &CapsuleName) -> Result<(u64, u64, RecordBodies)> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
         let mut records = 0;
         let mut signatures = 0;
+        let mut bodies = Vec::with_capacity(cap.dag.order().len());
         for n in cap.dag.order() {
             let header = self.header(n)?;
             cap.dag.check_header(&header)?;
@@ -1715,8 +1797,11 @@ impl CapsuleServer {
                     .map_err(|e| Error::corrupt(format!("stored signature on record {n}: {e}")))?;
                 signatures += 1;
             }
+            if let Some(node) = cap.dag.node(n) {
+                bodies.push((*n, node.body));
+            }
         }
-        Ok((records, signatures))
+        Ok((records, signatures, bodies))
     }
 
     /// Sign(record name, signature): stores a writer signature on a present record.
@@ -1897,6 +1982,18 @@ impl CapsuleServer {
         body: StoredBody,
         header: &RecordHeader,
     ) -> Result<Vec<u8>> {
+        let read = self.stored_body_unnoted(capsule, name, body, header);
+        self.noting_body_damage(capsule, name, read)
+    }
+
+    /// [`CapsuleServer::stored_body`] without noting damage.
+    fn stored_body_unnoted(
+        &self,
+        capsule: &CapsuleName,
+        name: &RecordName,
+        body: StoredBody,
+        header: &RecordHeader,
+    ) -> Result<Vec<u8>> {
         let mismatch = || body_mismatch(name);
         match (body, &header.body) {
             (StoredBody::Plain { cid }, BodyRef::Plain { hash, len }) => {
@@ -2035,18 +2132,40 @@ impl CapsuleServer {
                 )));
             }
         }
-        let len = self
-            .store
-            .chunk_len(sub)?
-            .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
+        let missing = || Error::corrupt(format!("subrecord {sub} is missing"));
+        let len = match self.store.chunk_len(sub) {
+            Ok(Some(len)) => len,
+            Ok(None) => return Err(self.subrecord_damaged(capsule, sub, missing())),
+            Err(e) => return Err(e),
+        };
         reserve(usize::try_from(len.saturating_sub(2)).unwrap_or(usize::MAX))?;
-        let chunk = self
-            .store
-            .get(sub)?
-            .ok_or_else(|| Error::corrupt(format!("subrecord {sub} is missing")))?;
+        let chunk = match self.store.get(sub) {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return Err(self.subrecord_damaged(capsule, sub, missing())),
+            Err(e) => return Err(self.subrecord_damaged(capsule, sub, e)),
+        };
         let sealed = chunk.get(2..).unwrap_or_default();
         self.bodies.insert(capsule, *sub, true, sealed);
         Ok(sealed.to_vec())
+    }
+
+    /// Passes on `e`, a failed read of subrecord `sub`'s chunk, first noting the bodies of
+    /// the records holding `sub` damaged when the chunk is missing or damaged.
+    fn subrecord_damaged(&self, capsule: &CapsuleName, sub: &Hash, e: Error) -> Error {
+        if matches!(e, Error::Corrupt(_))
+            && let Ok(cap) = self.capsule(capsule)
+        {
+            let mut cap = cap.lock();
+            let mut holders: Vec<RecordName> =
+                cap.subrecords.get(sub).map(|h| h.0).into_iter().collect();
+            if let Some(more) = cap.more_subrecords.get(sub) {
+                holders.extend(more.iter().map(|h| h.0));
+            }
+            for h in holders {
+                cap.dag.note_body_damaged(&h);
+            }
+        }
+        e
     }
 
     /// Read(many subrecord names): their bytes, in the order named; all or nothing (a name
@@ -2127,7 +2246,8 @@ impl CapsuleServer {
                         .unwrap_or(usize::MAX)
                         .saturating_mul(each),
                 )?;
-                self.subrecord_list(&list)
+                let read = self.subrecord_list(&list);
+                self.noting_body_damage(capsule, record, read)
             }
             StoredBody::Plain { .. } => Err(Error::TypeMismatch(format!(
                 "record {record} has no subrecords"
@@ -2463,7 +2583,12 @@ impl CapsuleServer {
             }
         };
         let mut t = MerkleLog::new(cap.dag.meta().algo);
-        for s in self.subrecord_list(&list)? {
+        let leaves = self.subrecord_list(&list).inspect_err(|e| {
+            if matches!(e, Error::Corrupt(_)) {
+                cap.dag.note_body_damaged(record);
+            }
+        })?;
+        for s in leaves {
             t.push(subrecord_leaf(&s));
         }
         let t = Arc::new(t);
@@ -2764,6 +2889,9 @@ pub enum SyncBody {
     Subrecords(SealedSubrecords),
 }
 
+/// Records and how each keeps its body.
+type RecordBodies = Vec<(RecordName, StoredBody)>;
+
 /// What [`CapsuleServer::apply_sync`] did with a batch from a peer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApplyReport {
@@ -2771,6 +2899,9 @@ pub struct ApplyReport {
     pub accepted: usize,
     /// Records already present.
     pub duplicate: usize,
+    /// Present records with a damaged body whose body a checked copy replaced (counted
+    /// in `duplicate` too).
+    pub repaired: usize,
     /// Records refused because they failed a check (body, capsule, subrecords, signature).
     pub corrupt: usize,
     /// Records refused because no writer signature reaches them.
@@ -3150,7 +3281,8 @@ impl CapsuleServer {
                 StoredBody::Plain { .. } => SyncBody::Plain(self.read(capsule, &name)?.body),
                 StoredBody::Subrecords { list, .. } => {
                     let mut subs = SealedSubrecords::new();
-                    for s in self.subrecord_list(&list)? {
+                    let leaves = self.subrecord_list(&list);
+                    for s in self.noting_body_damage(capsule, &name, leaves)? {
                         subs.push(&self.read_subrecord(capsule, &s)?);
                     }
                     SyncBody::Subrecords(subs)
@@ -3163,6 +3295,38 @@ impl CapsuleServer {
             });
         }
         Ok(out)
+    }
+
+    /// Stores the body of present record `name` again from `copy`, a copy checked whole
+    /// against its header (`sub_names`: its subrecord names, for a subrecord record): the
+    /// body chunk, or the subrecord chunks and their list. The store takes a chunk it
+    /// holds damaged or lacks and keeps a sound one. Commits nothing.
+    fn store_body_again(
+        &self,
+        cap: &Capsule,
+        name: &RecordName,
+        copy: &SyncRecord,
+        sub_names: &[Hash],
+    ) -> Result<()> {
+        let stored = cap
+            .dag
+            .node(name)
+            .ok_or_else(|| Error::NotFound(format!("record {name}")))?
+            .body;
+        match (&copy.body, stored) {
+            (SyncBody::Plain(b), StoredBody::Plain { cid }) => {
+                self.store.put_hashed(cid, &body_chunk(b))?;
+            }
+            (SyncBody::Subrecords(subs), StoredBody::Subrecords { list, .. }) => {
+                if self.store_subrecords(subs, sub_names)? != list {
+                    return Err(Error::corrupt(format!(
+                        "record {name}: the copy's subrecord list is not the one journaled"
+                    )));
+                }
+            }
+            _ => return Err(body_mismatch(name)),
+        }
+        Ok(())
     }
 
     /// Stores what a peer sent, after verifying every record: a record is taken only if it
@@ -3180,22 +3344,30 @@ impl CapsuleServer {
         // lacks there: copies of one record, each with a signature to verify, took the
         // capsule's lock for seconds.
         let names: Vec<RecordName> = batch.iter().map(|r| r.header.name()).collect();
-        let held: Vec<(bool, bool)> = {
+        // (present, signed, present with a damaged body: checked whole, to store anew).
+        let held: Vec<(bool, bool, bool)> = {
             let cap = cap.lock();
             names
                 .iter()
-                .map(|n| (cap.dag.contains(n), cap.dag.signature(n).is_some()))
+                .map(|n| {
+                    (
+                        cap.dag.contains(n),
+                        cap.dag.signature(n).is_some(),
+                        cap.dag.is_body_damaged(n),
+                    )
+                })
                 .collect()
         };
         let mut verdicts: Vec<Option<Result<Vec<Hash>>>> = Vec::with_capacity(batch.len());
         // Per name: (a copy with a signature was tried, one without was, one with a
         // signature passed).
         let mut tried: HashMap<RecordName, (bool, bool, bool)> = HashMap::new();
-        for ((r, name), &(present, signed)) in batch.iter().zip(&names).zip(&held) {
+        for ((r, name), &(present, signed, repair)) in batch.iter().zip(&names).zip(&held) {
             let with_sig = r.signature.is_some();
             let t = tried.entry(*name).or_default();
-            let skip =
-                t.2 || if with_sig { t.0 } else { t.1 } || (present && (signed || !with_sig));
+            let skip = t.2
+                || if with_sig { t.0 } else { t.1 }
+                || (present && !repair && (signed || !with_sig));
             if skip {
                 verdicts.push(None);
                 continue;
@@ -3205,7 +3377,7 @@ impl CapsuleServer {
             } else {
                 t.1 = true;
             }
-            let verdict = if present {
+            let verdict = if present && !repair {
                 r.signature
                     .as_ref()
                     .map_or(Ok(()), |ws| ws.verify(&meta, name))
@@ -3222,7 +3394,10 @@ impl CapsuleServer {
         let mut checked: Vec<(RecordName, &SyncRecord, Vec<Hash>)> = Vec::new();
         let mut new_sigs: Vec<(RecordName, WriterSignature)> = Vec::new();
         let mut late_sigs: HashMap<RecordName, WriterSignature> = HashMap::new();
-        for ((r, &name), verdict) in batch.iter().zip(&names).zip(verdicts) {
+        let mut repaired: Vec<RecordName> = Vec::new();
+        for (((r, &name), verdict), &(_, _, repair)) in
+            batch.iter().zip(&names).zip(verdicts).zip(&held)
+        {
             let sub_names = match verdict {
                 // A copy not checked again: of a record held (as before, a duplicate), or
                 // of one earlier in the batch (kept once).
@@ -3244,6 +3419,20 @@ impl CapsuleServer {
                     && cap.dag.signature(&name).is_none()
                 {
                     new_sigs.push((name, ws));
+                }
+                // A copy checked whole (body, subrecords) of a record whose body is damaged
+                // here: its body is stored again, the record keeping its place.
+                // (A copy that does not rebuild the journaled list leaves the damage for
+                // another peer's copy; the store failing ends the batch.)
+                if repair && cap.dag.is_body_damaged(&name) {
+                    match self.store_body_again(&cap, &name, r, &sub_names) {
+                        Ok(()) => {
+                            cap.dag.clear_body_damaged(&name);
+                            repaired.push(name);
+                        }
+                        Err(Error::Corrupt(_)) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 continue;
             }
@@ -3351,7 +3540,12 @@ impl CapsuleServer {
                 sig: *ws,
             });
         }
+        report.repaired = repaired.len();
         if entries.is_empty() {
+            // Repaired bodies are made as durable as a commit makes anything.
+            if !repaired.is_empty() {
+                self.store.commit(&[])?;
+            }
             return Ok(report);
         }
         self.append_journal(capsule, &mut cap, &entries)?;

@@ -161,6 +161,9 @@ pub struct SyncReport {
     pub accepted: usize,
     /// Records received that were already here.
     pub duplicate: usize,
+    /// Records held here with a damaged body whose body a checked copy from the peer
+    /// replaced (counted in `duplicate` too).
+    pub repaired: usize,
     /// Records received that failed verification.
     pub corrupt: usize,
     /// Records received that no signature reaches.
@@ -702,14 +705,9 @@ impl SyncState {
         // Of the proven part only: a record no signature reaches never travels, so an
         // unsigned head (anyone may write one) or a hole only it points at would make the
         // check fail in every later session, each of which would then walk the capsule.
-        let (heads, holes) = server.with_dag(&self.capsule, |d| {
-            let holes: Vec<RecordName> = d
-                .missing()
-                .into_iter()
-                .filter(|m| d.has_proven_child(m))
-                .collect();
-            (d.proven_heads(), holes)
-        })?;
+        // Proven records whose body is damaged here count as holes: the check fails while
+        // one is, so the session walks and the peer sends the copy it has.
+        let (heads, holes) = server.with_dag(&self.capsule, |d| (d.proven_heads(), d.wanted()))?;
         Ok(quick_hash(
             self.capsule.hash().algo(),
             &self.since,
@@ -757,6 +755,7 @@ impl SyncState {
         }
         self.report.accepted += r.accepted;
         self.report.duplicate += r.duplicate;
+        self.report.repaired += r.repaired;
         self.report.corrupt += r.corrupt;
         self.report.unproven += r.unproven;
         Ok((r.accepted, noted))
@@ -904,12 +903,18 @@ impl SyncState {
                 names
             };
             let proven = |n: &RecordName| d.is_proven(n);
-            // A hole matters when a proven record points at it.
-            let wanted_hole = |n: &RecordName| d.has_proven_child(n);
+            // A hole matters when a proven record points at it. A proven record whose body
+            // is damaged here is listed as missing too: the peer's walk sends a proven
+            // record it is asked for, and this side stores its checked body again (an
+            // older peer does the same, so the repair needs no new message).
+            let wanted_hole = |n: &RecordName| d.has_proven_child(n) || d.is_body_damaged(n);
+            let mut missing = d.missing();
+            missing.extend(d.body_damaged().filter(|n| d.is_proven(n)));
+            missing.sort_unstable();
             (
                 cut(d.heads(), &proven),
                 cut(d.roots(), &proven),
-                cut(d.missing(), &wanted_hole),
+                cut(missing, &wanted_hole),
             )
         })
     }

@@ -988,3 +988,33 @@ fn a_filled_hole_is_seen_by_the_bucket_index() {
     assert_eq!(b.record_of(&v1).unwrap(), Some(r1));
     assert_eq!(proven(&b, b"k1", &v1).uid, v1);
 }
+
+/// Once a damaged record body is stored again (a copy from a peer, or the writer's), the
+/// bucket's versions index sees the version again without a restart.
+#[test]
+fn a_repaired_body_is_seen_by_the_bucket_index() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let b = open(&store, Some(writer())).unwrap();
+    let o = PutOptions::default();
+    let v1 = b
+        .put(b"k1", Target::Branch("master"), s("one"), &o)
+        .unwrap();
+    b.put(b"k2", Target::Branch("master"), s("two"), &o)
+        .unwrap();
+    let capsule = b.capsule().unwrap();
+    let r1 = b.record_of(&v1).unwrap().unwrap();
+    let rec = b.server().read(&capsule, &r1).unwrap();
+    let BodyRef::Plain { hash, .. } = rec.header.body else {
+        panic!("a plain record")
+    };
+    drop(b);
+    store.remove(&[hash]).unwrap();
+    store.put_hashed(hash, b"damaged").unwrap();
+    let b = open(&store, Some(writer())).unwrap();
+    assert!(matches!(b.record_of(&v1), Err(Error::Corrupt(_))));
+    b.server()
+        .write(&capsule, std::slice::from_ref(&rec), &[])
+        .unwrap();
+    assert_eq!(b.record_of(&v1).unwrap(), Some(r1));
+    assert_eq!(proven(&b, b"k1", &v1).uid, v1);
+}

@@ -118,7 +118,9 @@ pub trait ChunkStore: Send + Sync {
     /// Stores `chunk` under `cid`, which the caller has already computed as the hash of
     /// `chunk` with [`ChunkStore::algo`] (saves hashing twice on the write path). Returns
     /// true when the chunk was new. A wrong cid is a caller bug: reads would report the
-    /// chunk corrupt.
+    /// chunk corrupt. A chunk a read found damaged counts as absent (the put stores it
+    /// again, and reads then find the new copy), as it does for [`ChunkStore::has`]: that
+    /// is how a good copy from elsewhere repairs it.
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool>;
 
     /// Stores several chunks; returns their cids in order.
@@ -137,7 +139,8 @@ pub trait ChunkStore: Send + Sync {
         cids.iter().map(|c| self.get(c)).collect()
     }
 
-    /// True when the chunk is present (no verification).
+    /// True when the chunk is present (no verification), and not known to be damaged (a
+    /// read found it failing its hash).
     fn has(&self, cid: &Cid) -> Result<bool>;
 
     /// The length of chunk `cid` if present, learned without reading it where the backend

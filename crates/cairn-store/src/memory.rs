@@ -3,7 +3,7 @@
 //! [`DigestStore`], which names chunks and keeps none (for computing what a tree's root
 //! would be).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use parking_lot::RwLock;
 
@@ -17,6 +17,8 @@ pub struct MemoryStore {
     algo: HashAlgo,
     chunks: RwLock<HashMap<Cid, Bytes>>,
     refs: RwLock<BTreeMap<Vec<u8>, Bytes>>,
+    /// Chunks a read found failing their hash: a put of the chunk stores it again.
+    damaged: RwLock<HashSet<Cid>>,
 }
 
 impl MemoryStore {
@@ -54,10 +56,11 @@ impl ChunkStore for MemoryStore {
     fn put_hashed(&self, cid: Cid, chunk: &[u8]) -> Result<bool> {
         crate::check_cid_algo(&cid, self.algo)?;
         let mut map = self.chunks.write();
-        if map.contains_key(&cid) {
+        if map.contains_key(&cid) && !self.damaged.read().contains(&cid) {
             return Ok(false);
         }
         map.insert(cid, Bytes::copy_from_slice(chunk));
+        self.damaged.write().remove(&cid);
         Ok(true)
     }
 
@@ -66,6 +69,7 @@ impl ChunkStore for MemoryStore {
             return Ok(None);
         };
         if !cid.matches(&bytes) {
+            self.damaged.write().insert(*cid);
             return Err(Error::corrupt(format!(
                 "chunk {cid} does not match its hash"
             )));
@@ -74,7 +78,7 @@ impl ChunkStore for MemoryStore {
     }
 
     fn has(&self, cid: &Cid) -> Result<bool> {
-        Ok(self.chunks.read().contains_key(cid))
+        Ok(self.chunks.read().contains_key(cid) && !self.damaged.read().contains(cid))
     }
 
     fn chunk_len(&self, cid: &Cid) -> Result<Option<u64>> {
@@ -87,8 +91,10 @@ impl ChunkStore for MemoryStore {
 
     fn remove(&self, cids: &[Cid]) -> Result<()> {
         let mut map = self.chunks.write();
+        let mut damaged = self.damaged.write();
         for c in cids {
             map.remove(c);
+            damaged.remove(c);
         }
         Ok(())
     }
