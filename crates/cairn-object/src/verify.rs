@@ -43,7 +43,8 @@ pub struct VerifyReport {
     pub keys: u64,
     /// Versions checked.
     pub versions: u64,
-    /// POS-tree chunks re-hashed (a chunk shared by several values counts once per value).
+    /// POS-tree chunks re-hashed. A subtree of a blob or list that several versions share
+    /// is read once (see [`postree::walk_sharing`]); a repeated leaf counts once per value.
     pub chunks: u64,
     /// Everything found damaged; empty when the store is intact.
     pub damage: Vec<Damage>,
@@ -98,21 +99,16 @@ impl Db {
                 what: note,
             });
         }
-        let mut trees_done = HashSet::new();
+        let mut trees = TreesDone::default();
         let total = keys.len() as u64;
         for (i, k) in keys.iter().enumerate() {
-            self.verify_key(k, &mut report, &mut trees_done);
+            self.verify_key(k, &mut report, &mut trees);
             progress(i as u64 + 1, total);
         }
         Ok(report)
     }
 
-    fn verify_key(
-        &self,
-        key: &Bytes,
-        report: &mut VerifyReport,
-        trees_done: &mut HashSet<postree::TreeRef>,
-    ) {
+    fn verify_key(&self, key: &Bytes, report: &mut VerifyReport, trees: &mut TreesDone) {
         report.keys += 1;
         // Each damaged head ref is reported, and the key's other heads are still walked.
         let table = match self.table_lenient(key) {
@@ -147,15 +143,7 @@ impl Db {
             for (head, label, branch) in heads {
                 let mark = report.damage.len();
                 let mut walked = Vec::new();
-                self.verify_history(
-                    key,
-                    head,
-                    &label,
-                    report,
-                    trees_done,
-                    &mut seen,
-                    &mut walked,
-                );
+                self.verify_history(key, head, &label, report, trees, &mut seen, &mut walked);
                 // A put or a remove, then a GC, between reading the table and walking this
                 // head collect what the walk then finds missing: not damage, once the head
                 // is no longer one. Its walk is forgotten (a version it shares with a head
@@ -210,7 +198,7 @@ impl Db {
         head: Uid,
         label: &str,
         report: &mut VerifyReport,
-        trees_done: &mut HashSet<postree::TreeRef>,
+        trees: &mut TreesDone,
         seen: &mut BTreeSet<Uid>,
         walked: &mut Vec<Uid>,
     ) {
@@ -254,21 +242,40 @@ impl Db {
                 }));
             }
             if let Some(t) = o.value.tree()
-                && trees_done.insert(*t)
+                && trees.roots.insert(*t)
             {
                 let mut n = 0u64;
-                let r = postree::walk(self.chunks(), t, &mut |_, _| {
-                    n += 1;
-                    Ok(())
-                });
+                let r = postree::walk_sharing(
+                    self.chunks(),
+                    t,
+                    &mut trees.subtrees,
+                    MAX_SHARED_SUBTREES,
+                    &mut |_, _| {
+                        n += 1;
+                        Ok(())
+                    },
+                );
                 report.chunks += n;
                 if let Err(e) = r {
-                    trees_done.remove(t);
+                    trees.roots.remove(t);
                     report.damage.push(damage(format!("value: {e}")));
                 }
             }
         }
     }
+}
+
+/// Most index nodes [`Db::verify`] remembers as checked across values (about 64 MiB): a
+/// store holding more is verified all the same, re-reading what values share past it.
+const MAX_SHARED_SUBTREES: usize = 1 << 20;
+
+/// What a verification has checked of the values so far.
+#[derive(Default)]
+struct TreesDone {
+    /// Whole trees checked intact.
+    roots: HashSet<postree::TreeRef>,
+    /// Index nodes of blobs and lists checked whole (see [`postree::walk_sharing`]).
+    subtrees: std::collections::HashMap<(cairn_store::Cid, u8), u64>,
 }
 
 /// The heads of a key's branch `table`, each with how a report names it and its branch

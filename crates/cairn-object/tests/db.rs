@@ -3179,3 +3179,82 @@ fn verify_keeps_damage_a_moving_head_still_reaches() {
     let during = db.verify(None, &mut |_, _| {}).unwrap();
     assert!(!during.is_intact(), "renamed: {:?}", during.damage);
 }
+
+/// `verify` reads what versions of a blob share once: 31 versions of a 2 MB blob, each a
+/// small edit of the one before, cost about the chunks the store holds, not 31 trees; a
+/// damaged leaf they all share is still reported in every version.
+#[test]
+fn verify_reads_what_versions_share_once() {
+    let (db, store) = db();
+    let o = PutOptions::default();
+    let data = noise(2 << 20, 11);
+    let mut uids = vec![
+        db.put(b"doc", Target::Branch("master"), NewValue::Blob(data), &o)
+            .unwrap(),
+    ];
+    for i in 0..30u64 {
+        uids.push(
+            db.update(
+                b"doc",
+                Target::Branch("master"),
+                Op::BlobSplice {
+                    offset: (1 << 20) + i * 20_000,
+                    delete: 3,
+                    insert: vec![i as u8; 7],
+                },
+                &o,
+            )
+            .unwrap(),
+        );
+    }
+    let tree_chunks = |uid| {
+        let t = *db
+            .get(b"doc", &At::Uid(uid))
+            .unwrap()
+            .object
+            .value
+            .tree()
+            .unwrap();
+        let mut n = 0u64;
+        postree::walk(db.chunks(), &t, &mut |_, _| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        n
+    };
+    let whole: u64 = uids.iter().map(|u| tree_chunks(*u)).sum();
+    let report = db.verify(None, &mut |_, _| {}).unwrap();
+    assert!(report.is_intact());
+    assert_eq!(report.versions, 31);
+    let stored = store.stats().unwrap().chunks;
+    assert!(
+        // (The leaves beside an edit, under an index node it changed, are read again.)
+        report.chunks < 2 * stored && report.chunks * 10 < whole,
+        "{} chunks read, {stored} stored, {whole} in the 31 trees",
+        report.chunks
+    );
+    // The first leaf is in every version.
+    let t = *db
+        .get(b"doc", &At::Uid(uids[0]))
+        .unwrap()
+        .object
+        .value
+        .tree()
+        .unwrap();
+    let mut first_leaf = None;
+    postree::walk(db.chunks(), &t, &mut |cid, bytes| {
+        if first_leaf.is_none() && postree::child_cids(bytes)?.is_empty() {
+            first_leaf = Some(*cid);
+        }
+        Ok(())
+    })
+    .unwrap();
+    let victim = first_leaf.unwrap();
+    let mut bytes = store.get(&victim).unwrap().unwrap().to_vec();
+    bytes[10] ^= 1;
+    assert!(store.tamper(&victim, bytes));
+    let report = db.verify(None, &mut |_, _| {}).unwrap();
+    let damaged: BTreeSet<_> = report.damage.iter().filter_map(|d| d.uid).collect();
+    assert_eq!(damaged, uids.iter().copied().collect::<BTreeSet<_>>());
+}

@@ -58,6 +58,9 @@ pub struct TreeCheck {
     max_leaf_elements: usize,
     /// The error that stopped the check: every later call fails with it.
     failed: Option<String>,
+    /// Entries this check added to `done` (kept only for [`walk_sharing`], which takes
+    /// back those of a walk that failed).
+    added: Option<Vec<(Cid, u8)>>,
 }
 
 impl TreeCheck {
@@ -79,6 +82,7 @@ impl TreeCheck {
             max_pending: usize::MAX,
             max_leaf_elements: usize::MAX,
             failed: None,
+            added: None,
         }
     }
 
@@ -115,7 +119,9 @@ impl TreeCheck {
     pub fn next_cid(&mut self) -> Result<Option<Cid>> {
         self.check_failed()?;
         while let Some(task) = self.stack.last() {
-            let Some(done) = &self.done else {
+            // The root is always checked: a subtree checked elsewhere (in another tree of
+            // a [`walk_sharing`]) was not checked as a root.
+            let Some(done) = self.done.as_ref().filter(|_| !self.first) else {
                 return Ok(Some(task.cid));
             };
             // A subtree checked before counts only at the same level: the same chunk
@@ -313,8 +319,11 @@ impl TreeCheck {
                 }
             }
         };
-        if let Some(done) = &mut self.done {
-            done.insert((task.cid, task.level), task.count);
+        if let Some(done) = &mut self.done
+            && done.insert((task.cid, task.level), task.count).is_none()
+            && let Some(added) = &mut self.added
+        {
+            added.push((task.cid, task.level));
         }
         Ok(out)
     }
@@ -354,6 +363,47 @@ pub fn walk(
         check.check(&bytes)?;
     }
     Ok(())
+}
+
+/// [`walk`] of many trees that share subtrees (versions of one value): an index node of an
+/// unsorted tree (Blob, List) that an earlier call checked whole at the same level, with
+/// the same count, is not read again, nor anything below it. `shared` carries those
+/// subtrees from call to call: a call that succeeds adds its index nodes (never its
+/// leaves, so the map holds about one entry per index-node fanout of leaves), one that
+/// fails adds nothing, and at most `max_shared` entries are kept. A tree's root is always
+/// read and checked. Sorted trees (Set, Map) are walked whole, as [`walk`] does: their key
+/// order runs across subtrees.
+pub fn walk_sharing(
+    store: &dyn ChunkStore,
+    t: &TreeRef,
+    shared: &mut HashMap<(Cid, u8), u64>,
+    max_shared: usize,
+    visit: &mut dyn FnMut(&Cid, &[u8]) -> Result<()>,
+) -> Result<()> {
+    if t.kind.is_sorted() {
+        return walk(store, t, visit);
+    }
+    let mut check = TreeCheck::new(t, true);
+    check.done = Some(std::mem::take(shared));
+    check.added = Some(Vec::new());
+    let r = (|| {
+        while let Some(cid) = check.next_cid()? {
+            let bytes = load(store, &cid)?;
+            visit(&cid, &bytes)?;
+            check.check(&bytes)?;
+        }
+        Ok(())
+    })();
+    let mut done = check.done.take().unwrap_or_default();
+    for (cid, level) in check.added.take().unwrap_or_default() {
+        // Leaves are left out (one entry a leaf would be a map as large as the store's
+        // index), and everything a failed walk added: its subtrees were not all checked.
+        if level == 0 || r.is_err() || done.len() > max_shared {
+            done.remove(&(cid, level));
+        }
+    }
+    *shared = done;
+    r
 }
 
 /// The children named by a chunk: the child cids of an index node (UIndex or SIndex),
@@ -420,5 +470,76 @@ mod tests {
         let bad = put(encode_index(TreeKind::Blob, 3, &[entry(y), entry(x)]));
         let e = walk(&s, &tree(bad), &mut |_, _| Ok(())).unwrap_err();
         assert!(e.to_string().contains("level"), "{e}");
+    }
+
+    /// Across the trees of a [`walk_sharing`], a subtree checked in one tree is not read
+    /// again in another, but a root always is: a node that was sound below a root (an
+    /// index node of one child) is refused as a root; and a walk that failed leaves
+    /// nothing behind.
+    #[test]
+    fn shared_subtrees_are_read_once_but_a_root_always_is() {
+        let s = MemoryStore::new();
+        let put = |bytes: Vec<u8>| s.put(&bytes).unwrap();
+        let entry = |cid, count| Entry {
+            cid,
+            count,
+            key: None,
+        };
+        let l1 = put(chunk::frame(ChunkKind::Blob, b"hello"));
+        let l2 = put(chunk::frame(ChunkKind::Blob, b"world"));
+        let x = put(encode_index(TreeKind::Blob, 1, &[entry(l1, 5)]));
+        let y = put(encode_index(
+            TreeKind::Blob,
+            1,
+            &[entry(l1, 5), entry(l2, 5)],
+        ));
+        let tree = |root, count, height| TreeRef {
+            kind: TreeKind::Blob,
+            root,
+            count,
+            height,
+        };
+        let a = put(encode_index(
+            TreeKind::Blob,
+            2,
+            &[entry(x, 5), entry(y, 10)],
+        ));
+        let b = put(encode_index(
+            TreeKind::Blob,
+            2,
+            &[entry(y, 10), entry(x, 5)],
+        ));
+        let mut shared = HashMap::new();
+        let mut read = Vec::new();
+        walk_sharing(&s, &tree(a, 15, 2), &mut shared, 16, &mut |c, _| {
+            read.push(*c);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read.len(), 5, "a, x, l1, y, l2 (l1 again skipped)");
+        read.clear();
+        walk_sharing(&s, &tree(b, 15, 2), &mut shared, 16, &mut |c, _| {
+            read.push(*c);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read, vec![b], "x and y were checked whole in a");
+        // X checked below a root: as a root of one child it is refused all the same.
+        let e = walk_sharing(&s, &tree(x, 5, 1), &mut shared, 16, &mut |_, _| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("single child"), "{e}");
+        // A failed walk adds nothing: z's subtree under a root whose count is wrong.
+        let z = put(encode_index(
+            TreeKind::Blob,
+            1,
+            &[entry(l2, 5), entry(l1, 5)],
+        ));
+        let c = put(encode_index(
+            TreeKind::Blob,
+            2,
+            &[entry(z, 10), entry(x, 4)],
+        ));
+        assert!(walk_sharing(&s, &tree(c, 14, 2), &mut shared, 16, &mut |_, _| Ok(())).is_err());
+        assert!(!shared.contains_key(&(z, 1)));
+        assert!(shared.keys().all(|(_, level)| *level > 0), "no leaves kept");
     }
 }
