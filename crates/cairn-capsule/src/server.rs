@@ -942,6 +942,11 @@ pub struct CapsuleServer {
     /// Per (capsule, peer server): where in the order this server's records became proven
     /// the next sync with that peer starts (see [`CapsuleServer::since_last_sync`]).
     cursors: Mutex<LruCache<(CapsuleName, PublicKey), SyncCursor>>,
+    /// Capsules whose stored sync cursors a load had to drop but could not (the store
+    /// refused the commit): until the process ends, sessions of theirs ignore stored
+    /// cursors (compare from the start, or from a cursor this run kept) instead of the
+    /// capsule failing to load.
+    stale_cursors: Mutex<HashSet<CapsuleName>>,
     /// The stamp of the last Hello this server signed ([`CapsuleServer::sign_sync_hello`]).
     hello_stamp: AtomicU64,
     /// Per (capsule, initiator): the stamp of the last Hello accepted, while it is within
@@ -1107,6 +1112,7 @@ impl CapsuleServer {
             unproven_reserved: AtomicU64::new(0),
             hello_stamp: AtomicU64::new(0),
             hello_stamps: Mutex::new(HelloStamps::default()),
+            stale_cursors: Mutex::new(HashSet::new()),
             cursors: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
                     .unwrap_or(std::num::NonZeroUsize::MIN),
@@ -1421,8 +1427,10 @@ impl CapsuleServer {
                 }
             }
         }
-        if reorders {
-            self.forget_cursors(name)?;
+        // A store that refuses the commit (full, or failed) does not cost the capsule's
+        // reads: its stored cursors are ignored instead, until one is dropped for good.
+        if reorders && self.forget_cursors(name).is_err() {
+            self.stale_cursors.lock().insert(*name);
         }
         Ok(cap)
     }
@@ -3012,6 +3020,7 @@ impl CapsuleServer {
         let cached = self.cursors.lock().get(&(*capsule, *peer)).cloned();
         Ok(match cached {
             Some(c) => c,
+            None if self.stale_cursors.lock().contains(capsule) => SyncCursor::default(),
             None => self.stored_cursor(capsule, peer)?.unwrap_or_default(),
         })
     }

@@ -1755,3 +1755,101 @@ fn a_damaged_body_is_stored_again_by_a_write_and_a_subrecord_from_a_peer() {
     a.audit(&c).unwrap();
     assert_eq!(a.read_subrecord(&c, &subs[5]).unwrap(), sub(5));
 }
+
+/// A store that refuses every commit while `refuse` is set (a full disk, a failed store).
+struct RefusingCommits {
+    inner: MemoryStore,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl cairn_store::ChunkStore for RefusingCommits {
+    fn algo(&self) -> HashAlgo {
+        self.inner.algo()
+    }
+    fn put_hashed(&self, cid: cairn_core::Hash, chunk: &[u8]) -> cairn_core::Result<bool> {
+        self.inner.put_hashed(cid, chunk)
+    }
+    fn get(&self, cid: &cairn_core::Hash) -> cairn_core::Result<Option<cairn_store::Bytes>> {
+        self.inner.get(cid)
+    }
+    fn has(&self, cid: &cairn_core::Hash) -> cairn_core::Result<bool> {
+        self.inner.has(cid)
+    }
+    fn cids(&self) -> cairn_core::Result<Vec<cairn_core::Hash>> {
+        self.inner.cids()
+    }
+    fn remove(&self, cids: &[cairn_core::Hash]) -> cairn_core::Result<()> {
+        self.inner.remove(cids)
+    }
+    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
+        self.inner.stats()
+    }
+}
+
+impl cairn_store::RefStore for RefusingCommits {
+    fn get_ref(&self, name: &[u8]) -> cairn_core::Result<Option<cairn_store::Bytes>> {
+        self.inner.get_ref(name)
+    }
+    fn list_refs(
+        &self,
+        prefix: &[u8],
+    ) -> cairn_core::Result<Vec<(cairn_store::Bytes, cairn_store::Bytes)>> {
+        self.inner.list_refs(prefix)
+    }
+    fn commit(&self, updates: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(cairn_core::Error::Unavailable("the disk is full".into()));
+        }
+        self.inner.commit(updates)
+    }
+    fn durability(&self) -> cairn_store::Durability {
+        self.inner.durability()
+    }
+}
+
+/// A capsule whose load must drop its stored sync cursors (a hole) still loads when the
+/// store refuses that commit (a full disk): its records stay readable, and its sessions
+/// ignore the stored cursors instead (the capsule failed to load, every read with it).
+#[test]
+fn a_store_refusing_to_drop_cursors_costs_the_cursors_not_the_capsule() {
+    use cairn_store::{ChunkStore, RefStore};
+    let (ka, kb) = (
+        SigningKey::from_seed(&[1; 32]),
+        SigningKey::from_seed(&[2; 32]),
+    );
+    let opts = |peer: &SigningKey| ServerOptions {
+        sync_peers: Some(vec![peer.public()]),
+        ..ServerOptions::default()
+    };
+    let sb = Arc::new(RefusingCommits {
+        inner: MemoryStore::new(),
+        refuse: false.into(),
+    });
+    let a = CapsuleServer::new(Arc::new(MemoryStore::new()), ka.clone(), opts(&kb));
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "refused");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let mut names = Vec::new();
+    for i in 0..30 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let sig = vec![(r.name(), w.sign(&r.name()))];
+        a.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+        names.push(r.name());
+    }
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(b.sync_backlog(&c, &ka.public()).unwrap(), 0);
+    assert_eq!(sb.inner.list_refs(b"capsule-sync/").unwrap().len(), 1);
+    drop(b);
+    sb.inner.remove(&[*names[12].hash()]).unwrap();
+    sb.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
+    b.read(&c, &names[3]).unwrap();
+    assert!(b.with_dag(&c, |d| d.is_damaged(&names[12])).unwrap());
+    // The stored cursor is still there, and ignored: the next session compares all.
+    assert_eq!(sb.inner.list_refs(b"capsule-sync/").unwrap().len(), 1);
+    assert_eq!(b.sync_backlog(&c, &ka.public()).unwrap(), 29);
+}
