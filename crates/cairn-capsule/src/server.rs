@@ -621,6 +621,8 @@ struct Capsule {
     /// a repeated plaintext subrecord, or one copied into an unsigned record by anyone).
     more_subrecords: foldhash::HashMap<Hash, Vec<(RecordName, u32)>>,
     trees: LruCache<RecordName, Arc<MerkleLog>>,
+    /// Which load of this server's this is (unique, from 1; see [`SyncCursor::load`]).
+    load: u64,
     /// Leaves across `trees`.
     tree_leaves: usize,
 }
@@ -842,6 +844,11 @@ pub struct SyncCursor {
     /// Position in the order this server's records became proven
     /// ([`CapsuleDag::proven_order`]): records proven from here on are compared.
     pub pos: u64,
+    /// Which load of the capsule (journal replay) `pos` counts in, for a position a session
+    /// took ([`CapsuleServer::since_last_sync`]); 0 for a kept cursor. A replay that finds
+    /// a hole (or a filled one) builds another proven order, so a session whose capsule
+    /// was unloaded and loaded again meanwhile does not move the cursor.
+    pub load: u64,
 }
 
 /// How far a Hello's stamp may be from the responder's clock (5 minutes, in microseconds):
@@ -947,6 +954,8 @@ pub struct CapsuleServer {
     /// cursors (compare from the start, or from a cursor this run kept) instead of the
     /// capsule failing to load.
     stale_cursors: Mutex<HashSet<CapsuleName>>,
+    /// Capsule loads so far (each [`Capsule`] gets the next number).
+    loads: AtomicU64,
     /// The stamp of the last Hello this server signed ([`CapsuleServer::sign_sync_hello`]).
     hello_stamp: AtomicU64,
     /// Per (capsule, initiator): the stamp of the last Hello accepted, while it is within
@@ -1113,6 +1122,7 @@ impl CapsuleServer {
             hello_stamp: AtomicU64::new(0),
             hello_stamps: Mutex::new(HelloStamps::default()),
             stale_cursors: Mutex::new(HashSet::new()),
+            loads: AtomicU64::new(0),
             cursors: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(MAX_SYNC_CURSORS)
                     .unwrap_or(std::num::NonZeroUsize::MIN),
@@ -1219,6 +1229,7 @@ impl CapsuleServer {
             more_subrecords: Default::default(),
             trees: LruCache::new(trees),
             tree_leaves: 0,
+            load: self.loads.fetch_add(1, Ordering::Relaxed) + 1,
         }
     }
 
@@ -3001,7 +3012,13 @@ impl CapsuleServer {
             .iter()
             .filter_map(|&i| order.get(i as usize).copied())
             .collect();
-        Ok((names, SyncCursor { pos: to as u64 }))
+        Ok((
+            names,
+            SyncCursor {
+                pos: to as u64,
+                load: cap.load,
+            },
+        ))
     }
 
     /// How many names [`CapsuleServer::since_last_sync`] would hand a session with `peer`
@@ -3039,6 +3056,11 @@ impl CapsuleServer {
     ) -> Result<()> {
         let cap = self.capsule(capsule)?;
         let cap = cap.lock();
+        // The capsule was loaded again since the session took its position: the position
+        // may count in another order (see `SyncCursor::load`), so it is not kept.
+        if next.load != 0 && next.load != cap.load {
+            return Ok(());
+        }
         let (order, proven) = (cap.dag.order(), cap.dag.proven_order());
         // Not over a record signed after a chain proved it: the peer holding the record
         // (it may have sent it, unsigned) does not tell that it holds the signature, and
@@ -3055,7 +3077,13 @@ impl CapsuleServer {
         let moved = self
             .cursors
             .lock()
-            .put((*capsule, *peer), SyncCursor { pos: p as u64 })
+            .put(
+                (*capsule, *peer),
+                SyncCursor {
+                    pos: p as u64,
+                    load: 0,
+                },
+            )
             .is_none_or(|old| old.pos != p as u64);
         if moved && self.keeps_cursor_of(peer) {
             // Kept in the store for the replicas this server is told to sync with (a
@@ -3100,6 +3128,7 @@ impl CapsuleServer {
         ) {
             (Some(&SYNC_CURSOR_VERSION), Some(pos)) => Ok(Some(SyncCursor {
                 pos: u64::from_le_bytes(pos),
+                load: 0,
             })),
             _ => Ok(None),
         }

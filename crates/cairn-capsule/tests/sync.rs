@@ -1853,3 +1853,59 @@ fn a_store_refusing_to_drop_cursors_costs_the_cursors_not_the_capsule() {
     assert_eq!(sb.inner.list_refs(b"capsule-sync/").unwrap().len(), 1);
     assert_eq!(b.sync_backlog(&c, &ka.public()).unwrap(), 29);
 }
+
+/// A session whose capsule is unloaded and loaded again while it runs, the reload finding
+/// a hole (so another proven order), does not keep the position it took in the old order:
+/// the next session compares from the start.
+#[test]
+fn a_session_across_a_reload_keeps_no_cursor_of_the_old_order() {
+    let opts = ServerOptions {
+        max_loaded_capsules: 1,
+        ..ServerOptions::default()
+    };
+    let sb: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = server(1);
+    let b = CapsuleServer::new(sb.clone(), SigningKey::from_seed(&[2; 32]), opts);
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "reloaded");
+    let other = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "other");
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    b.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, Some(BodyKey([3; 32]))).unwrap();
+    let mut names = Vec::new();
+    for i in 0..40 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let sig = vec![(r.name(), w.sign(&r.name()))];
+        for s in [&a, &b] {
+            s.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+        }
+        names.push(r.name());
+    }
+    // A writes more, so the session has something to move.
+    for i in 40..45 {
+        let r = w.record(format!("r{i}").as_bytes(), &[]).unwrap();
+        let sig = vec![(r.name(), w.sign(&r.name()))];
+        a.write(&c, std::slice::from_ref(&r), &sig).unwrap();
+    }
+    let mut sa = SyncSession::new(&a, c, b.public_key()).unwrap();
+    let mut sbs = SyncSession::new(&b, c, a.public_key()).unwrap();
+    let hello = sa.start().unwrap();
+    let mut msg = sbs.handle(hello).unwrap();
+    // B's capsule is pushed out by another, and loads again with a hole.
+    b.create(&other).unwrap();
+    b.with_dag(&other.name(), |_| ()).unwrap();
+    sb.remove(&[*names[10].hash()]).unwrap();
+    assert!(b.with_dag(&c, |d| d.is_damaged(&names[10])).unwrap());
+    let mut to_a = true;
+    while let Some(m) = msg {
+        msg = if to_a { sa.handle(m) } else { sbs.handle(m) }.unwrap();
+        to_a = !to_a;
+    }
+    assert!(sbs.is_finished());
+    let proven = b.with_dag(&c, |d| d.proven_order().len()).unwrap();
+    assert_eq!(b.sync_backlog(&c, &a.public_key()).unwrap(), proven);
+    // And the replicas agree after another session.
+    sync_pair(&a, &b, &c).unwrap();
+    assert_eq!(present(&a, &c), present(&b, &c));
+}
