@@ -386,7 +386,7 @@ pub struct UpdateArgs {
     #[arg(long, requires = "text", conflicts_with_all = ["add", "multiply", "splice_at", "set", "unset"])]
     pub insert_at: Option<u64>,
     /// Text inserted by --insert-at or --splice-at.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["append", "add", "multiply", "set", "unset"])]
     pub text: Option<String>,
     /// Integer: add.
     #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["multiply", "splice_at", "set", "unset"])]
@@ -398,9 +398,9 @@ pub struct UpdateArgs {
     /// (List: one element per line).
     #[arg(long, conflicts_with_all = ["set", "unset"])]
     pub splice_at: Option<u64>,
-    /// Bytes/elements removed by --splice-at.
-    #[arg(long, default_value_t = 0)]
-    pub delete: u64,
+    /// Bytes/elements removed by --splice-at (0 when not given).
+    #[arg(long)]
+    pub delete: Option<u64>,
     /// Map: set key=value (repeatable). Set: add a member (repeatable).
     #[arg(long = "set")]
     pub set: Vec<String>,
@@ -593,6 +593,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             check_merge_args(a)?;
             None
         }
+        Command::Update(a) => {
+            check_update_args(a)?;
+            None
+        }
         _ => None,
     };
     // Nor is anything created for a write that names what cannot be there: a refused
@@ -711,11 +715,33 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         _ => {}
     }
     let writer = if writes {
-        Some(cairn_node::keys::read_or_create(
-            &writer_key_path(&cli)?,
-            "writer",
-            true,
-        )?)
+        let path = writer_key_path(&cli)?;
+        // A key is made only for a bucket that has no writer yet (the write makes the
+        // bucket's capsule with it): for one that has, a missing key file is a wrong path,
+        // and a new key could not write there anyway.
+        if !path.exists()
+            && let Some(capsule) =
+                cairn_capsule::bucket::bucket_capsule(store.as_ref(), &cli.bucket)?
+        {
+            let writers = store
+                .get(capsule.hash())?
+                .and_then(|m| cairn_capsule::CapsuleMetadata::decode(&m).ok())
+                .map(|m| {
+                    m.writers
+                        .iter()
+                        .map(|w| w.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_else(|| "its capsule's writers".into());
+            bail!(Error::Rejected(format!(
+                "bucket {:?} is written by {writers}; no writer key at {} (--key-file or \
+                 CAIRN_KEY_FILE)",
+                cli.bucket,
+                path.display()
+            )));
+        }
+        Some(cairn_node::keys::read_or_create(&path, "writer", true)?)
     } else {
         None
     };
@@ -1467,12 +1493,14 @@ fn copy_over(from: &mut File, to: &Path, dest: &Path) -> Result<()> {
         written += n as u64;
     }
     f.set_len(written)
+        .and_then(|()| f.sync_data())
         .with_context(|| format!("writing {}", dest.display()))?;
     Ok(())
 }
 
 /// Writes `dest` whole or not at all: `fill` writes into a temporary file beside it, which
-/// replaces `dest` only once `fill` succeeded and everything is flushed. The result keeps
+/// replaces `dest` only once `fill` succeeded and everything is flushed and synced (so a
+/// crash or power loss leaves the old file or the new one). The result keeps
 /// the permissions of the file it replaces; a new file gets `new_mode` (less the umask).
 /// On failure `dest` is left as it was and the temporary file is removed. A `dest` that is
 /// not a regular file (`/dev/null`, a pipe) is written in place. An existing `dest` in a
@@ -1563,11 +1591,22 @@ pub fn write_whole_file(
             .with_context(|| format!("writing {}", dest.display()))?;
         n
     };
-    if let Err(e) = tmp.persist(&real) {
-        // The file cannot be replaced (sticky directory, bind mount, ...): the content is
-        // complete and checked, so copy it in place.
-        let mut from = e.file.reopen().context("reading the temporary file")?;
-        copy_over(&mut from, &real, dest)?;
+    // On the disk before it takes the name: renamed unsynced, a crash soon after could
+    // leave `dest` empty or cut short, its old content gone.
+    tmp.as_file()
+        .sync_data()
+        .with_context(|| format!("writing {}", dest.display()))?;
+    match tmp.persist(&real) {
+        // And the rename itself (best effort: some file systems refuse to sync a directory).
+        Ok(_) => {
+            let _ = File::open(dir).and_then(|d| d.sync_all());
+        }
+        Err(e) => {
+            // The file cannot be replaced (sticky directory, bind mount, ...): the content
+            // is complete and checked, so copy it in place.
+            let mut from = e.file.reopen().context("reading the temporary file")?;
+            copy_over(&mut from, &real, dest)?;
+        }
     }
     Ok(n)
 }
@@ -1620,6 +1659,7 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
         .db()
         .get(a.key.as_bytes(), &At::Branch(a.branch.clone()))?;
     let ty = head.object.value_type();
+    check_update_elements(&a, ty)?;
     let text = a.text.clone().unwrap_or_default().into_bytes();
     let op = if let Some(x) = a.append {
         Op::Append(x.into_bytes())
@@ -1633,12 +1673,12 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
         match ty {
             ValueType::List => Op::ListSplice {
                 index: at,
-                delete: a.delete,
+                delete: a.delete.unwrap_or(0),
                 insert: format::lines(&text),
             },
             _ => Op::BlobSplice {
                 offset: at,
-                delete: a.delete,
+                delete: a.delete.unwrap_or(0),
                 insert: text,
             },
         }
@@ -1664,9 +1704,7 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
             }
         }
     } else {
-        bail!(Error::invalid(
-            "nothing to do: give --append, --insert-at, --add, --multiply, --splice-at, --set or --unset"
-        ));
+        bail!(Error::invalid(NOTHING_TO_DO));
     };
     let opts = PutOptions {
         guard: a.guard,
@@ -1674,6 +1712,78 @@ fn update(bucket: &Bucket, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
     };
     let uid = bucket.update(a.key.as_bytes(), Target::Branch(&a.branch), op, &opts)?;
     writeln!(out, "{uid}")?;
+    Ok(())
+}
+
+/// What `update` says when it is given no operation.
+pub const NOTHING_TO_DO: &str =
+    "nothing to do: give --append, --insert-at, --add, --multiply, --splice-at, --set or --unset";
+
+/// An update names one operation, and `--text` goes with `--insert-at` or `--splice-at`,
+/// `--delete` with `--splice-at` (clap checks the rest): checked before anything is opened
+/// or created.
+pub fn check_update_args(a: &UpdateArgs) -> Result<()> {
+    if a.append.is_none()
+        && a.insert_at.is_none()
+        && a.add.is_none()
+        && a.multiply.is_none()
+        && a.splice_at.is_none()
+        && a.set.is_empty()
+        && a.unset.is_empty()
+    {
+        bail!(Error::invalid(NOTHING_TO_DO));
+    }
+    if a.delete.is_some() && a.splice_at.is_none() {
+        bail!(Error::invalid("--delete goes with --splice-at"));
+    }
+    if a.text.is_some() && a.insert_at.is_none() && a.splice_at.is_none() {
+        bail!(Error::invalid(
+            "--text goes with --insert-at or --splice-at"
+        ));
+    }
+    Ok(())
+}
+
+/// Elements of a tuple, set or map are lines of `get`'s text (and of `put`'s): one holding
+/// a newline would print as two and read back as another value, so `update` refuses it
+/// (as `put` cannot make one). A string's text, a blob's bytes and a list splice's lines
+/// are not elements here.
+pub fn check_update_elements(a: &UpdateArgs, ty: ValueType) -> Result<()> {
+    let element = |what: &str, x: &str| -> Result<()> {
+        if x.contains('\n') || x.contains('\r') {
+            bail!(Error::invalid(format!(
+                "{what} {x:?} holds a line break: a {} element is one line of text (`get` \
+                 prints one per line, and `put` reads them back that way)",
+                ty.name()
+            )));
+        }
+        Ok(())
+    };
+    match ty {
+        ValueType::Tuple => {
+            if let Some(x) = &a.append {
+                element("--append", x)?;
+            }
+            if a.insert_at.is_some()
+                && let Some(x) = &a.text
+            {
+                element("--text", x)?;
+            }
+        }
+        ValueType::Set | ValueType::Map => {
+            for x in a.set.iter().chain(&a.unset) {
+                element(
+                    if a.set.contains(x) {
+                        "--set"
+                    } else {
+                        "--unset"
+                    },
+                    x,
+                )?;
+            }
+        }
+        _ => {}
+    }
     Ok(())
 }
 

@@ -1436,15 +1436,27 @@ impl Client {
     }
 
     fn update(&mut self, a: UpdateArgs, out: &mut impl Write) -> Result<()> {
+        crate::cli::check_update_args(&a)?;
         let text = a.text.clone().unwrap_or_default();
         let needs_type = a.splice_at.is_some() || !a.set.is_empty() || !a.unset.is_empty();
-        let ty = if needs_type {
+        // A tuple element with a line break is refused (`check_update_elements`): the
+        // type is asked for only then.
+        let line_break =
+            |x: &Option<String>| x.as_deref().is_some_and(|x| x.contains(['\n', '\r']));
+        let ty = if needs_type || line_break(&a.append) || line_break(&a.text) {
             let m =
                 self.get_json(self.url("meta", Some(&a.key), &[("branch", a.branch.clone())])?)?;
             Some(str_field(&m, "type")?.to_string())
         } else {
             None
         };
+        if let Some(t) = ty.as_deref().and_then(|t| {
+            cairn_object::ValueType::ALL
+                .into_iter()
+                .find(|v| v.name() == t)
+        }) {
+            crate::cli::check_update_elements(&a, t)?;
+        }
         let op = if let Some(x) = &a.append {
             json!({ "op": "append", "value": x })
         } else if let Some(pos) = a.insert_at {
@@ -1459,9 +1471,9 @@ impl Client {
                     .into_iter()
                     .map(|l| J::String(String::from_utf8_lossy(&l).into_owned()))
                     .collect();
-                json!({ "op": "splice", "at": at, "delete": a.delete, "insert": lines })
+                json!({ "op": "splice", "at": at, "delete": a.delete.unwrap_or(0), "insert": lines })
             } else {
-                json!({ "op": "splice", "at": at, "delete": a.delete, "insert": text })
+                json!({ "op": "splice", "at": at, "delete": a.delete.unwrap_or(0), "insert": text })
             }
         } else if needs_type {
             if ty.as_deref() == Some("set") {
@@ -1477,9 +1489,7 @@ impl Client {
                 json!({ "op": "update", "set": set, "unset": a.unset })
             }
         } else {
-            bail!(Error::invalid(
-                "nothing to do: give --append, --insert-at, --add, --multiply, --splice-at, --set or --unset"
-            ));
+            bail!(Error::invalid(crate::cli::NOTHING_TO_DO));
         };
         let url = self.url("objects", Some(&a.key), &[("branch", a.branch.clone())])?;
         let mut headers = vec![("content-type", "application/json".to_string())];

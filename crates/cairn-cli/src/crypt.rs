@@ -166,6 +166,8 @@ pub fn load_or_create_key(path: &Path, create: bool) -> Result<DataKey> {
         }
     }
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // The data key keeps the content secret: warned about as the writer key is.
+    cairn_node::keys::warn_if_readable_by_others(path);
     let line = text
         .lines()
         .map(str::trim)
@@ -366,7 +368,8 @@ pub fn decrypt(
     let mut header = [0u8; HEADER];
     let n = read_full(input, &mut header).context("reading the encrypted value")?;
     if n < 8 || &header[..8] != MAGIC {
-        bail!(Error::decode(
+        // Not damage (exit 6): the wrong command for this value (exit 8).
+        bail!(Error::invalid(
             "the value is not Cairn-encrypted (no CAIRNENC header); was it put with --encrypt?"
         ));
     }
@@ -469,7 +472,17 @@ pub fn decrypt_to_file(
         // A device or pipe: nothing may reach it before the whole value verified.
         crate::cli::OutTarget::InPlace => {
             let mut f = crate::cli::open_in_place(dest)?;
-            decrypt_to_writer(input, key, binding, &mut f)
+            // A file behind a descriptor (`--out /dev/stdout >> log`) is cut back to where
+            // it was should the second pass fail part way (a full disk), so nothing of the
+            // plaintext is left appended.
+            let before = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+            let r = decrypt_to_writer(input, key, binding, &mut f);
+            if r.is_err()
+                && let Some(len) = before
+            {
+                let _ = f.set_len(len);
+            }
+            r
         }
         // A new plaintext file is private (0600), as the data key is.
         crate::cli::OutTarget::File(_) => {

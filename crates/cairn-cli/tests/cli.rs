@@ -798,15 +798,24 @@ fn bucket_mutations_are_signed_records_with_proofs() {
     }
     // Another key may read the bucket but not write it.
     let stranger = dir.join("stranger.key");
-    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--data")
-        .arg(dir)
-        .arg("--key-file")
-        .arg(&stranger)
-        .args(["put", "doc", "--value", "forged"])
-        .output()
-        .unwrap();
+    let forge = || {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(dir)
+            .arg("--key-file")
+            .arg(&stranger)
+            .args(["put", "doc", "--value", "forged"])
+            .output()
+            .unwrap()
+    };
+    // No key there: refused, and none made (it could not write here).
+    let out = forge();
+    assert_eq!(out.status.code(), Some(11));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no writer key at"));
+    assert!(!stranger.exists());
+    cairn_node::keys::create(&stranger, "writer", false).unwrap();
     // As against a node: a key the bucket does not accept is a rejected signer (11).
+    let out = forge();
     assert_eq!(out.status.code(), Some(11));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a writer of bucket default"));
     assert_eq!(ok(dir, &["get", "doc"]), "two");
@@ -1156,4 +1165,73 @@ fn a_damaged_capsule_leaves_reads_and_repairs_working() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A write run with a writer key file that does not exist makes a key only for a bucket
+/// that has no writer yet: for one another key writes, it is refused (exit 11) naming the
+/// bucket's writers, and no key is left behind (it could never write there). Arguments an
+/// update cannot use are refused (exit 8) before any key is looked at.
+#[test]
+fn a_missing_writer_key_is_not_made_for_a_bucket_with_a_writer() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ok(dir, &["put", "k", "--value", "v"]);
+    let stray = dir.join("elsewhere").join("writer.key");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("--data")
+            .arg(dir)
+            .env("CAIRN_KEY_FILE", &stray)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["put", "k", "--value", "w"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(
+        err.contains("no writer key at") && err.contains("ed25519:"),
+        "{err}"
+    );
+    assert!(!stray.exists(), "a useless writer key was made: {err}");
+    for args in [
+        &["update", "k"][..],
+        &["update", "k", "--append", "!", "--delete", "3"],
+        &["update", "k", "--add", "1", "--text", "x"],
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(8), "{args:?}: {out:?}");
+        assert!(!stray.exists());
+    }
+    // Another bucket, with no writer yet, gets the key made.
+    let out = run(&["--bucket", "mine", "put", "k", "--value", "w"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stray.exists());
+}
+
+/// `update` refuses a tuple, set or map element holding a line break (exit 8, nothing
+/// written): `get` prints one element a line and `put` reads them back so, and such an
+/// element printed as two and read back as another value. Other types keep them.
+#[test]
+fn update_refuses_elements_that_would_not_read_back() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let t = ok(dir, &["put", "t", "--type", "tuple", "--value", "a"]);
+    ok(dir, &["put", "s", "--type", "set", "--value", "a"]);
+    ok(dir, &["put", "m", "--type", "map", "--value", "a=1"]);
+    fails(dir, &["update", "t", "--append", "x\ny"], 8);
+    fails(
+        dir,
+        &["update", "t", "--insert-at", "0", "--text", "x\ny"],
+        8,
+    );
+    fails(dir, &["update", "s", "--set", "x\ny"], 8);
+    fails(dir, &["update", "m", "--set", "k=v\nz"], 8);
+    assert_eq!(ok(dir, &["log", "t"]).lines().count(), 1, "nothing written");
+    assert_eq!(ok(dir, &["get", "t"]), "a\n");
+    assert!(ok(dir, &["log", "t"]).starts_with(t.trim()));
+    // A string may hold line breaks.
+    ok(dir, &["put", "str", "--value", "one"]);
+    ok(dir, &["update", "str", "--append", "\ntwo"]);
+    assert_eq!(ok(dir, &["get", "str"]), "one\ntwo");
 }

@@ -590,6 +590,38 @@ fn encrypted_round_trip_tampering_and_truncation() {
     let out = u.run(srv, &["get", "secret", "--decrypt"]);
     assert!(out.status.success());
     assert!(out.stdout == plain);
+    // `--out /dev/stdout >> FILE` whose write fails part way (here past a file size
+    // limit, set above the ciphertext spool's size): FILE is cut back, no plaintext left.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let log = p("log");
+        std::fs::write(&log, vec![b'.'; 4 << 20]).unwrap();
+        let f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let mut cmd = u.command(srv, &["get", "secret", "--decrypt", "--out", "/dev/stdout"]);
+        cmd.stdout(f);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 5 << 20,
+                    rlim_max: 5 << 20,
+                };
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().len(),
+            4 << 20,
+            "plaintext left appended: {out:?}"
+        );
+    }
     // From stdin (chunked upload; the bucket is owned, so stdin is spooled and signed).
     let mut child = u
         .command(srv, &["put", "piped", "--encrypt"])
@@ -704,10 +736,10 @@ fn encrypted_round_trip_tampering_and_truncation() {
         11,
     );
     assert!(err.contains("another data key"), "{err}");
-    // Decrypting a value that was never encrypted: a decode error (exit 6).
+    // Decrypting a value that was never encrypted: bad input (exit 8), not damage.
     u.fails(srv, &["get", "small2", "--decrypt"], 3);
     u.ok(srv, &["put", "clear", "--value", "not encrypted"]);
-    u.fails(srv, &["get", "clear", "--decrypt"], 6);
+    u.fails(srv, &["get", "clear", "--decrypt"], 8);
 }
 
 /// An unsigned upload of unknown length (stdin into an open bucket) goes out chunked, in

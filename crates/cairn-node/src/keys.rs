@@ -71,8 +71,9 @@ pub fn read(path: &Path) -> Result<SigningKey> {
     })
 }
 
+/// Warns on stderr when the key file `path` is readable by other users (chmod 600 it).
 #[cfg(unix)]
-fn warn_if_readable_by_others(path: &Path) {
+pub fn warn_if_readable_by_others(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = fs::metadata(path)
         && m.permissions().mode() & 0o077 != 0
@@ -84,8 +85,10 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
+/// Warns on stderr when the key file `path` is readable by other users (not on Unix:
+/// nothing to check).
 #[cfg(not(unix))]
-fn warn_if_readable_by_others(_path: &Path) {}
+pub fn warn_if_readable_by_others(_path: &Path) {}
 
 /// Creates the file `path` holding `text`, readable by its owner only (0600), whole or not
 /// at all and only if it does not exist: the text is written and synced to a temporary
