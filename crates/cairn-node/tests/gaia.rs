@@ -1581,3 +1581,79 @@ async fn a_store_refused_on_its_headers_is_not_invited_to_upload() {
     }
     assert_eq!(hub.read(&a, "f").await.3, b"hello");
 }
+
+/// A `list-files` page reads a bounded number of the store's refs, whatever the bucket's
+/// archival history: a run of 20,000 files deleted under an archival scope (each key left
+/// with a `.history.` branch and no file) ends a page early with a cursor, and a file
+/// with 2,000 archived versions costs a lookup, not its versions. Every file is listed
+/// once over the pages. (One page read every ref before the first file past them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_files_pages_read_past_archives_in_bounded_steps() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(92);
+    let (a, auth) = (k.address(), k.bearer());
+    for f in ["0-first", "m-archived", "zz-last"] {
+        assert_eq!(hub.store(&auth, &a, f, b"x", &[]).await.0, 202);
+    }
+    let bucket = hub
+        .node
+        .bucket(&cairn_node::gaia::bucket_name(&a).unwrap())
+        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        let head = bucket
+            .db()
+            .branch_head(b"m-archived", "master")
+            .unwrap()
+            .unwrap();
+        for i in 0..2000 {
+            bucket
+                .fork(
+                    b"m-archived",
+                    &cairn_object::At::Uid(head),
+                    &format!(".history.1700000000000.{i:012}"),
+                )
+                .unwrap();
+        }
+        for i in 0..20_000 {
+            let key = format!("n/{i:07}");
+            bucket
+                .put(
+                    key.as_bytes(),
+                    cairn_object::Target::Branch("master"),
+                    cairn_object::NewValue::Blob(vec![1]),
+                    &cairn_object::PutOptions::default(),
+                )
+                .unwrap();
+            bucket
+                .rename(
+                    key.as_bytes(),
+                    "master",
+                    &format!(".history.1700000000000.{i:012}"),
+                )
+                .unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let (st, v) = hub.list(&auth, &a, json!({})).await;
+    assert_eq!(st, 202);
+    assert_eq!(v["entries"], json!(["0-first", "m-archived"]));
+    assert!(
+        v["page"].is_string(),
+        "the page ended in the archived run: {v}"
+    );
+    let mut all = vec!["0-first".to_string(), "m-archived".to_string()];
+    let mut page = v["page"].clone();
+    let mut pages = 1;
+    while !page.is_null() {
+        let (st, v) = hub.list(&auth, &a, json!({ "page": page })).await;
+        assert_eq!(st, 202);
+        pages += 1;
+        for e in v["entries"].as_array().unwrap() {
+            all.push(e.as_str().unwrap().to_string());
+        }
+        page = v["page"].clone();
+    }
+    assert_eq!(all, ["0-first", "m-archived", "zz-last"]);
+    assert!((2..=4).contains(&pages), "{pages} pages");
+}

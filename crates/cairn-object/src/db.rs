@@ -880,22 +880,60 @@ impl Db {
         limit: usize,
         branch: Option<&str>,
     ) -> Result<(Vec<Bytes>, bool)> {
+        let (keys, next) = self.list_keys_page_bounded(after, limit, branch, usize::MAX)?;
+        Ok((keys, next.is_some()))
+    }
+
+    /// [`Db::list_keys_page_on`] reading about `max_refs` head refs at most (and at least
+    /// one batch of the store's listing), whatever the keys hold: returns the keys found
+    /// and, when more may follow, the key to go on after (the last one listed, or past
+    /// `max_refs` the last one looked at: every key up to it was looked at whole). A key's
+    /// refs past its first few are not read one by one: its `branch` head is looked up and
+    /// the rest of the key skipped, so a key with a long archive of branches costs a
+    /// lookup and a batch, not its branches; and a run of keys without `branch` (deleted
+    /// files whose history is kept) ends the call near `max_refs`.
+    pub fn list_keys_page_bounded(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        branch: Option<&str>,
+        max_refs: usize,
+    ) -> Result<(Vec<Bytes>, Option<Bytes>)> {
+        /// Refs of one key read before its branch is looked up and the key skipped.
+        const SKIP_AFTER: usize = 8;
+        /// The key being read.
+        struct Current {
+            key: Vec<u8>,
+            refs: usize,
+            listed: bool,
+            /// Looked at whole (looked up): its other refs are passed over.
+            skipping: bool,
+        }
         let limit = limit.max(1);
         // All refs of key K start with `key_prefix(K)`, which ends with the terminator
         // 0x00 0x01; ending it with 0x00 0x02 instead gives the least name above all of
         // them and below every later key (a longer key continues with a byte above 0x00,
         // or with the escape 0x00 0xFF).
-        let mut from = match after {
-            Some(k) => {
-                let mut p = self.key_prefix(k);
-                if let Some(last) = p.last_mut() {
-                    *last = 2;
-                }
-                p
+        let past = |k: &[u8]| {
+            let mut p = self.key_prefix(k);
+            if let Some(last) = p.last_mut() {
+                *last = 2;
             }
+            p
+        };
+        let mut from = match after {
+            Some(k) => past(k),
             None => self.prefix.clone(),
         };
+        let wanted = |head: &[u8]| match branch {
+            None => true,
+            Some(b) => head.first() == Some(&b't') && &head[1..] == b.as_bytes(),
+        };
         let mut keys: Vec<Bytes> = Vec::with_capacity(limit.min(4096) + 1);
+        let mut cur: Option<Current> = None;
+        // The last key looked at whole.
+        let mut done: Option<Vec<u8>> = None;
+        let mut seen = 0usize;
         // A key has one ref per head, so a page of refs holds at most that many keys.
         let batch = limit.saturating_add(1).clamp(64, 4096);
         loop {
@@ -908,25 +946,75 @@ impl Db {
                             String::from_utf8_lossy(name)
                         ))
                     })?;
-                if let Some(b) = branch
-                    && (head.first() != Some(&b't') || &head[1..] != b.as_bytes())
-                {
+                if cur.as_ref().is_none_or(|c| c.key != key) {
+                    if let Some(c) = cur.take() {
+                        done = Some(c.key);
+                    }
+                    if seen > max_refs
+                        && let Some(d) = &done
+                    {
+                        return Ok((keys, Some(d.clone().into())));
+                    }
+                    cur = Some(Current {
+                        key,
+                        refs: 0,
+                        listed: false,
+                        skipping: false,
+                    });
+                }
+                seen += 1;
+                let Some(c) = cur.as_mut() else { continue };
+                if c.skipping {
                     continue;
                 }
-                if keys.last().is_none_or(|k| k[..] != key[..]) {
+                c.refs += 1;
+                if !c.listed && wanted(head) {
                     if keys.len() == limit {
-                        return Ok((keys, true));
+                        let last = keys.last().cloned();
+                        return Ok((keys, last));
                     }
-                    keys.push(key.into());
+                    c.listed = true;
+                    keys.push(c.key.clone().into());
+                }
+                if c.refs > SKIP_AFTER {
+                    if !c.listed
+                        && let Some(b) = branch
+                    {
+                        let mut tagged = self.key_prefix(&c.key);
+                        tagged.push(b't');
+                        tagged.extend_from_slice(b.as_bytes());
+                        if self.store.get_ref(&tagged)?.is_some() {
+                            if keys.len() == limit {
+                                let last = keys.last().cloned();
+                                return Ok((keys, last));
+                            }
+                            c.listed = true;
+                            keys.push(c.key.clone().into());
+                        }
+                    }
+                    c.skipping = true;
                 }
             }
-            match refs.last() {
-                Some((name, _)) if refs.len() == batch => {
+            let Some((last, _)) = refs.last().filter(|_| refs.len() == batch) else {
+                return Ok((keys, None));
+            };
+            match cur.take_if(|c| c.skipping) {
+                // The rest of a key looked at whole is not read.
+                Some(c) => {
+                    from = past(&c.key);
+                    done = Some(c.key);
+                }
+                None => {
                     // The least name above the last one read.
-                    from = name.to_vec();
+                    from = last.to_vec();
                     from.push(0);
                 }
-                _ => return Ok((keys, false)),
+            }
+            if seen > max_refs
+                && let Some(d) = &done
+                && cur.is_none()
+            {
+                return Ok((keys, Some(d.clone().into())));
             }
         }
     }

@@ -2915,6 +2915,8 @@ struct Spy {
     inner: Arc<MemoryStore>,
     gets: std::sync::atomic::AtomicUsize,
     lists: std::sync::atomic::AtomicUsize,
+    /// Refs the listings returned.
+    listed: std::sync::atomic::AtomicUsize,
     trigger: std::sync::Mutex<Option<cairn_store::Hash>>,
     hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
@@ -2925,6 +2927,7 @@ impl Spy {
             inner,
             gets: 0.into(),
             lists: 0.into(),
+            listed: 0.into(),
             trigger: std::sync::Mutex::new(None),
             hook: std::sync::OnceLock::new(),
         }
@@ -2988,7 +2991,10 @@ impl cairn_store::RefStore for Spy {
     ) -> cairn_core::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
         self.lists
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.list_refs_from(p, f, l)
+        let refs = self.inner.list_refs_from(p, f, l)?;
+        self.listed
+            .fetch_add(refs.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(refs)
     }
     fn commit(&self, u: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
         self.inner.commit(u)
@@ -3257,4 +3263,66 @@ fn verify_reads_what_versions_share_once() {
     let report = db.verify(None, &mut |_, _| {}).unwrap();
     let damaged: BTreeSet<_> = report.damage.iter().filter_map(|d| d.uid).collect();
     assert_eq!(damaged, uids.iter().copied().collect::<BTreeSet<_>>());
+}
+
+/// A listing of the keys with a branch reads past a key's long archive of other branches
+/// with one lookup, and a bounded listing stops after about its budget of refs at a key
+/// boundary, going on from there: every key with the branch is listed once, however the
+/// pages fall.
+#[test]
+fn a_branch_listing_skips_archives_and_keeps_to_its_budget() {
+    let spy = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
+    let db = Db::new(spy.clone());
+    let first = put_str(&db, "a-file", Target::Branch("master"), "a");
+    let b = put_str(&db, "b-file", Target::Branch("master"), "b");
+    for i in 0..2000 {
+        db.fork(b"b-file", &At::Uid(b), &format!(".history.{i:05}"))
+            .unwrap();
+    }
+    for i in 0..300 {
+        put_str(
+            &db,
+            &format!("c-gone-{i:03}"),
+            Target::Branch(".history.1"),
+            "c",
+        );
+    }
+    put_str(&db, "d-file", Target::Branch("master"), "d");
+    let _ = first;
+    let files: Vec<bytes::Bytes> = ["a-file", "b-file", "d-file"]
+        .iter()
+        .map(|k| bytes::Bytes::copy_from_slice(k.as_bytes()))
+        .collect();
+    let listed = || Spy::count(&spy.listed);
+    let before = listed();
+    let (keys, more) = db.list_keys_page_on(None, 100, Some("master")).unwrap();
+    assert_eq!((keys, more), (files.clone(), false));
+    let read = listed() - before;
+    assert!(read < 700, "{read} refs read for 2302 stored");
+    // Bounded: pages of at most about 50 refs each, ending at key boundaries.
+    let mut all = Vec::new();
+    let mut after: Option<bytes::Bytes> = None;
+    let mut calls = 0;
+    loop {
+        let before = listed();
+        let (keys, next) = db
+            .list_keys_page_bounded(after.as_deref(), 100, Some("master"), 50)
+            .unwrap();
+        calls += 1;
+        assert!(
+            listed() - before <= 50 + 101 + 9,
+            "{} refs read",
+            listed() - before
+        );
+        all.extend(keys);
+        match next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(all, files);
+    assert!(
+        calls > 3,
+        "the run of 300 keys without master took {calls} calls"
+    );
 }

@@ -520,6 +520,11 @@ const MAX_CONTENT_TYPE: usize = 1024;
 const LIST_PAGE_BYTES: usize = 1 << 20;
 /// Keys a listing reads from the store at a time.
 const LIST_READ_KEYS: usize = 256;
+/// Most head refs one `list-files` request reads (about a millisecond's work): keys that
+/// are not files (a file deleted under an archival scope keeps its history on other
+/// branches of its key) are read past, and a run of more of them than this ends the page
+/// early, with a cursor after the last key read, instead of every page reading them all.
+const LIST_READ_REFS: usize = 16 * 1024;
 
 /// What a stored version's context holds: the upload's content type and time.
 #[derive(Serialize, Deserialize)]
@@ -1139,8 +1144,19 @@ async fn remove(
     if !valid_address(&address) {
         return StatusCode::NOT_FOUND.into_response();
     }
+    // A delete commits (and may wait for the path's turn on a blocking thread): counted
+    // with the writes, so `max_transfers` and `max_transfers_per_ip` bound them too.
+    let permit = match hub.node.write_permit() {
+        Ok(p) => p,
+        Err(b) => return GaiaError::Busy(b.0).into_response(),
+    };
     let h = hub.clone();
-    match blocking(move || remove_blocking(&h, &address, &raw_path, &headers)).await {
+    match blocking(move || {
+        let _permit = permit;
+        remove_blocking(&h, &address, &raw_path, &headers)
+    })
+    .await
+    {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
         Err(e) => e.into_response(),
     }
@@ -1408,15 +1424,23 @@ fn list_blocking(
     // read a few hundred at a time, so the names read past the cut are few too.
     let worst = |n: &String| 6 * n.len() + if stat { 6 * MAX_CONTENT_TYPE + 256 } else { 8 };
     let mut bytes = 0usize;
+    let mut reads = 0usize;
     'pages: while more && names.len() < hub.cfg.page_size {
         // Files are keys with a `master` head: a file deleted under an archival scope keeps
         // its history on another branch of its key, and is not listed.
-        let (keys, m) = bucket.db().list_keys_page_on(
+        let want = (hub.cfg.page_size - names.len()).min(LIST_READ_KEYS);
+        let (keys, next) = bucket.db().list_keys_page_bounded(
             after.as_deref(),
-            (hub.cfg.page_size - names.len()).min(LIST_READ_KEYS),
+            want,
             Some(DEFAULT_BRANCH),
+            LIST_READ_REFS / 4,
         )?;
-        more = m;
+        reads += 1;
+        more = next.is_some();
+        // Past the budget (four calls' worth of refs), the page ends here: the cursor
+        // goes on after the last key read, listed or not.
+        let spent = reads >= 4 && more;
+        let listed_all = keys.len();
         for k in keys {
             after = Some(k.to_vec());
             if k.starts_with(b"\0") {
@@ -1433,6 +1457,15 @@ fn list_blocking(
                 break 'pages;
             }
             names.push(name);
+        }
+        // A call that stopped at its budget goes on after the key it stopped at.
+        if let Some(n) = next
+            && listed_all < want
+        {
+            after = Some(n.to_vec());
+        }
+        if spent {
+            break;
         }
     }
     let next = if more {
@@ -1590,8 +1623,18 @@ async fn revoke_all_at(hub: Arc<Hub>, address: String, headers: HeaderMap, body:
         ))
         .into_response();
     }
+    // Counted with the writes, as a delete is.
+    let permit = match hub.node.write_permit() {
+        Ok(p) => p,
+        Err(b) => return GaiaError::Busy(b.0).into_response(),
+    };
     let h = hub.clone();
-    match blocking(move || revoke_blocking(&h, &address, &headers, ts)).await {
+    match blocking(move || {
+        let _permit = permit;
+        revoke_blocking(&h, &address, &headers, ts)
+    })
+    .await
+    {
         Ok(()) => json(StatusCode::ACCEPTED, &Success { status: "success" }),
         Err(e) => e.into_response(),
     }
