@@ -131,6 +131,14 @@ pub trait ChunkStore: Send + Sync {
     /// Fetches a chunk, verified against `cid`. `Ok(None)` when absent.
     fn get(&self, cid: &Cid) -> Result<Option<Bytes>>;
 
+    /// Checks, before a commit names them, that the chunks put so far went where they will
+    /// stay: for a backend whose storage can be replaced under it (an object store's
+    /// bucket wiped, a volume unmounted), a check made after every put acknowledged
+    /// before this call. Nothing to do for the others.
+    fn fence(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Fetches several chunks, in order (`None` for an absent one), each verified against
     /// its cid exactly as [`ChunkStore::get`] does. Backends that keep chunks written
     /// together side by side read such neighbours with one request (a blob's leaves, read

@@ -225,6 +225,13 @@ impl ObjectChunkStore {
     /// node's (its owner marker is there, seen within [`MARKER_RECHECK`]), or the store is
     /// [`Error::Unavailable`].
     fn check_prefix_present(&self) -> Result<()> {
+        self.check_marker(None)
+    }
+
+    /// The marker check: with `since`, a sighting counts only if its request was sent at
+    /// or after `since` (see [`ChunkStore::fence`]); without, one within
+    /// [`MARKER_RECHECK`] does.
+    fn check_marker(&self, since: Option<std::time::Instant>) -> Result<()> {
         if !self.claimed.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -235,7 +242,7 @@ impl ObjectChunkStore {
         // them.
         let mut check = self.marker_seen.lock();
         if let Some(t) = check.seen
-            && t.elapsed() < MARKER_RECHECK
+            && since.map_or(t.elapsed() < MARKER_RECHECK, |s| t >= s)
         {
             return Ok(());
         }
@@ -244,6 +251,8 @@ impl ObjectChunkStore {
         {
             return Err(e.error());
         }
+        // When this check's request goes out: it vouches for what was written before.
+        let sent = std::time::Instant::now();
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
@@ -285,7 +294,7 @@ impl ObjectChunkStore {
         });
         match answer {
             Ok(()) => {
-                check.seen = Some(std::time::Instant::now());
+                check.seen = Some(sent);
                 check.failed = None;
                 Ok(())
             }
@@ -993,7 +1002,9 @@ fn cid_of(root: &ObjectPath, path: &ObjectPath) -> Option<Cid> {
     let bytes = hex_decode(name)?;
     let cid = Hash::from_bytes(&bytes).ok()?;
     let fan = path.parts().rev().nth(1)?;
-    (fan.as_ref() == hex_byte(cid.digest()[0])).then_some(cid)
+    // Only the name a put writes (lower-case hex): a copy under another spelling (upper
+    // case, a `+`) is not the object `get` reads, and listed it counted a chunk twice.
+    (fan.as_ref() == hex_byte(cid.digest()[0]) && name == cid.to_hex()).then_some(cid)
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
@@ -1007,6 +1018,12 @@ fn hex_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 impl ChunkStore for ObjectChunkStore {
+    /// The owner marker checked by a request sent after this call began (one HEAD, shared
+    /// by the commits that wait for it).
+    fn fence(&self) -> Result<()> {
+        self.check_marker(Some(std::time::Instant::now()))
+    }
+
     fn algo(&self) -> HashAlgo {
         self.algo
     }
@@ -1353,6 +1370,10 @@ impl<C: ChunkStore, R: ChunkStore + RefStore> RefStore for SplitStore<C, R> {
         self.refs.list_refs_from(prefix, from, limit)
     }
     fn commit(&self, updates: &[RefUpdate]) -> Result<()> {
+        // The chunks this commit names are where they will stay: the prefix was still this
+        // node's after they were put (a wipe or an unmount since the last sighting, within
+        // its 5 s window, let puts be acknowledged into storage that was not the node's).
+        self.chunks.fence()?;
         self.refs.commit(updates)
     }
     fn durability(&self) -> Durability {
@@ -2239,6 +2260,64 @@ mod tests {
             Some(&cid.to_bytes()[..])
         );
         assert_eq!(split.durability(), split.refs().durability());
+    }
+
+    /// A commit checks the owner marker after the chunks it names were put, whatever the
+    /// last sighting: a prefix wiped (or a volume unmounted) within the 5 s a sighting
+    /// counts for reads refuses the commit (unavailable), so no version is acknowledged
+    /// naming chunks put where they will not stay. Commits right after one another share
+    /// nothing stale: each is checked after its own puts.
+    #[test]
+    fn a_commit_after_the_prefix_was_wiped_is_refused() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let chunks = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        chunks.claim("cairn node 01\n", true).unwrap();
+        let owner = chunks.owner.clone();
+        let split = SplitStore::new(chunks, crate::MemoryStore::new(), Durability::PerWrite);
+        let set = |cid: Cid| {
+            vec![RefUpdate::Set {
+                name: b"branch/main".to_vec(),
+                value: cid.to_bytes().to_vec(),
+            }]
+        };
+        let first = split.put(b"first").unwrap();
+        split.commit(&set(first)).unwrap();
+        split
+            .chunks()
+            .run(async move { mem.delete(&owner).await.map_err(|e| os_err("wiping", e)) })
+            .unwrap();
+        // The sighting is fresh: the chunk put goes through, and the commit does not.
+        let second = split.put(b"after the wipe").unwrap();
+        let e = split.commit(&set(second)).unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        assert_eq!(
+            split.get_ref(b"branch/main").unwrap().as_deref(),
+            Some(&first.to_bytes()[..])
+        );
+    }
+
+    /// Chunks are listed under the name a put gives them only: a copy of one under an
+    /// upper-case name (a sync tool, a case-folding gateway) is not a second chunk.
+    #[test]
+    fn only_canonical_names_are_listed_as_chunks() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let store = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        let c = store.put(b"chunk").unwrap();
+        let upper = ObjectPath::from(format!(
+            "p/chunks/{:02x}/{}",
+            c.digest()[0],
+            c.to_hex().to_uppercase()
+        ));
+        store
+            .run(async move {
+                mem.put(&upper, object_store::PutPayload::from_static(b"stray"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| os_err("writing", e))
+            })
+            .unwrap();
+        assert_eq!(store.cids().unwrap(), vec![c]);
+        assert_eq!(store.stats().unwrap().chunks, 1);
     }
 
     /// A chunk object replaced in the bucket by one over the limit is reported corrupt
