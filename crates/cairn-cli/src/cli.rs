@@ -1576,6 +1576,14 @@ pub fn write_whole_file(
             copy_over(&mut spool, &real, dest)?;
             return Ok(n);
         }
+        // Said of the directory, not of the hidden temporary file the error names.
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
+            bail!(Error::NotFound(format!(
+                "cannot write {}: directory {} does not exist",
+                dest.display(),
+                dir.display()
+            )))
+        }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
     };
     if let Some(mode) = keep {
