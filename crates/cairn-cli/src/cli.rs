@@ -497,6 +497,21 @@ pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
     pb
 }
 
+/// A spinner on stderr (hidden when it is not a terminal) for work of unknown length, with
+/// its message and the time it has taken.
+pub fn spinner(what: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
+}
+
 /// A progress bar on stderr counting items (not bytes), hidden when stderr is not a
 /// terminal; the total is set with `set_length` once known.
 pub fn count_bar(what: &str, unit: &str) -> ProgressBar {
@@ -976,7 +991,10 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Gc => {
-            let r = db.gc()?;
+            let pb = spinner("gc");
+            let r = db.gc_with_progress(&mut |phase| pb.set_message(format!("gc: {phase}")));
+            pb.finish_and_clear();
+            let r = r?;
             writeln!(
                 out,
                 "gc: {} chunks examined, {} live, {} removed, {} bytes reclaimed",

@@ -38,6 +38,13 @@ pub struct GcReport {
 impl Db {
     /// Runs a full GC (see the module documentation).
     pub fn gc(&self) -> Result<GcReport> {
+        self.gc_with_progress(&mut |_| {})
+    }
+
+    /// [`Db::gc`], naming each phase to `progress` as it starts (listing, marking, reading
+    /// what is unreachable, marking again with writers held off, removing, compacting), so
+    /// a long collection can be shown.
+    pub fn gc_with_progress(&self, progress: &mut dyn FnMut(&str)) -> Result<GcReport> {
         // GC waits for every writer to let go: one called while this thread writes (from
         // a write's callback) would wait for itself for ever.
         if crate::db::holds_writer() {
@@ -53,9 +60,18 @@ impl Db {
                 notes.join("; ")
             )));
         }
+        progress("listing the store's chunks");
         let candidates: HashSet<Uid> = self.store().cids()?.into_iter().collect();
         let mut marked = HashSet::new();
+        progress(&format!(
+            "marking what the heads reach (of {} chunks)",
+            candidates.len()
+        ));
         self.mark_all(&mut marked)?;
+        progress(&format!(
+            "reading the {} chunks no head reaches",
+            candidates.len().saturating_sub(marked.len())
+        ));
         // Only object-layer chunks (framed with CHUNK_FORMAT) are this GC's to reclaim;
         // chunks of other layers sharing the store (capsule records, journals, metadata:
         // they start with 0xCA) are append-only and kept. A chunk's bytes never change, so
@@ -73,6 +89,7 @@ impl Db {
         // never a version a fork or a put could bring back whose tree or bases are gone.
         unmarked.sort_unstable();
         let removed = {
+            progress("marking again, writers held off");
             let _excl = self.gc_write_lock();
             self.mark_all(&mut marked)?;
             // One group per rank: chunks of one rank never point at each other, and a
@@ -93,9 +110,14 @@ impl Db {
             // cut short) must not leave the cache vouching for versions it deleted (a fork
             // or a put on a base trusts it and skips loading the version).
             self.forget_recent_versions();
+            progress(&format!(
+                "removing {} chunks",
+                groups.iter().map(Vec::len).sum::<usize>()
+            ));
             self.store().remove_in_order(&groups)?;
             groups.iter().map(|g| g.len() as u64).sum()
         };
+        progress("compacting the store");
         let bytes_reclaimed = self.store().compact()?;
         Ok(GcReport {
             candidates: candidates.len() as u64,

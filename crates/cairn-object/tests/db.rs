@@ -3326,3 +3326,35 @@ fn a_branch_listing_skips_archives_and_keeps_to_its_budget() {
         "the run of 300 keys without master took {calls} calls"
     );
 }
+
+/// `gc_with_progress` names each phase as it starts, in order, with the counts it knows
+/// (what the CLI's spinner shows on a long collection), and collects as `gc` does.
+#[test]
+fn gc_names_its_phases() {
+    let (db, _store) = db();
+    put_str(&db, "keep", Target::Branch("master"), "kept");
+    put_str(&db, "tmp", Target::Branch("master"), "garbage soon");
+    db.remove(b"tmp", "master").unwrap();
+    let mut phases = Vec::new();
+    let r = db
+        .gc_with_progress(&mut |p| phases.push(p.to_string()))
+        .unwrap();
+    assert_eq!(r.removed, 1);
+    let starts: Vec<&str> = phases
+        .iter()
+        .map(|p| p.split_whitespace().next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "listing",
+            "marking",
+            "reading",
+            "marking",
+            "removing",
+            "compacting"
+        ],
+        "{phases:?}"
+    );
+    assert_eq!(phases[4], "removing 1 chunks");
+}
