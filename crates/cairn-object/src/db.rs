@@ -667,6 +667,85 @@ impl Db {
         }
     }
 
+    /// The tagged branch of `key` whose name is the greatest (in byte order) of those
+    /// starting with `prefix`, with its head; `None` when there is none. Reads a few refs
+    /// however many branches the key has: past a page of them, the greatest name is found
+    /// byte by byte, each byte by a binary search of "is there a name at or above this",
+    /// one ref read each.
+    pub fn last_tagged_with_prefix(
+        &self,
+        key: &[u8],
+        prefix: &str,
+    ) -> Result<Option<(String, Uid)>> {
+        check_key(key)?;
+        let mut base = self.key_prefix(key);
+        base.push(b't');
+        base.extend_from_slice(prefix.as_bytes());
+        let head_of = |name: &[u8], value: &[u8]| -> Result<(String, Uid)> {
+            let branch = String::from_utf8_lossy(&name[base.len() - prefix.len()..]).into_owned();
+            let uid = Uid::from_bytes(value).map_err(|e| {
+                Error::corrupt(format!(
+                    "head ref of branch {branch:?} of key {}: {e}",
+                    show_key(key)
+                ))
+            })?;
+            Ok((branch, uid))
+        };
+        const PAGE: usize = 64;
+        let page = self.store.list_refs_from(&base, &base, PAGE)?;
+        if page.len() < PAGE {
+            return page.last().map(|(n, v)| head_of(n, v)).transpose();
+        }
+        // The least name at or above `from` under `base`.
+        let first_from = |from: &[u8]| -> Result<Option<(Bytes, Bytes)>> {
+            Ok(self
+                .store
+                .list_refs_from(&base, from, 1)?
+                .into_iter()
+                .next())
+        };
+        // `known` is a name present; `at` the prefix of the greatest name found so far.
+        let mut at = base.clone();
+        let mut known = page.last().map(|(n, _)| n.to_vec()).unwrap_or_default();
+        loop {
+            if known == at {
+                // `at` itself is a name: the greatest only if no longer one follows.
+                let mut next = at.clone();
+                next.push(0);
+                match first_from(&next)? {
+                    Some((n, _)) if n.starts_with(&at) => known = n.to_vec(),
+                    _ => break,
+                }
+            }
+            // The greatest next byte b with a name at or above `at ‖ b` that still starts
+            // with `at` (every name of this set that follows it starts with `at`).
+            let (mut lo, mut hi) = (0u16, 255u16);
+            let mut found = known.clone();
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                let mut probe = at.clone();
+                probe.push(mid as u8);
+                match first_from(&probe)? {
+                    Some((n, _)) if n.starts_with(&at) => {
+                        lo = mid;
+                        found = n.to_vec();
+                    }
+                    _ => hi = mid - 1,
+                }
+            }
+            at.push(lo as u8);
+            known = found;
+            if !known.starts_with(&at) {
+                // (Cannot happen: `known` came from a probe at or below `at`.)
+                break;
+            }
+        }
+        match self.store.get_ref(&at)? {
+            Some(v) => head_of(&at, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The branch table of `key`; [`Error::NotFound`] when the key does not exist.
     pub fn existing_table(&self, key: &[u8]) -> Result<BranchTable> {
         let t = self.table(key)?;

@@ -3358,3 +3358,53 @@ fn gc_names_its_phases() {
     );
     assert_eq!(phases[4], "removing 1 chunks");
 }
+
+/// `last_tagged_with_prefix` finds the greatest branch name under a prefix, with its head,
+/// reading a few refs however many branches the key has; names of other prefixes (before
+/// and after it) are not taken, and a name that is a prefix of another is handled.
+#[test]
+fn the_last_tagged_branch_under_a_prefix_is_found_without_reading_all() {
+    let spy = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
+    let db = Db::new(spy.clone());
+    let u = put_str(&db, "f", Target::Branch("master"), "x");
+    assert_eq!(db.last_tagged_with_prefix(b"f", ".history.").unwrap(), None);
+    for b in ["zzz", ".hist", ".historz", ".history"] {
+        db.fork(b"f", &At::Uid(u), b).unwrap();
+    }
+    assert_eq!(db.last_tagged_with_prefix(b"f", ".history.").unwrap(), None);
+    let mut names = Vec::new();
+    let mut x: u64 = 12345;
+    for n in [1usize, 5, 63, 64, 65, 300] {
+        while names.len() < n {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let name = format!(
+                ".history.{}.{:x}",
+                1_700_000_000_000 + (x >> 44),
+                x & 0xffff
+            );
+            if !names.contains(&name) {
+                db.fork(b"f", &At::Uid(u), &name).unwrap();
+                names.push(name);
+            }
+        }
+        let max = names.iter().max().unwrap().clone();
+        let before = Spy::count(&spy.listed);
+        let got = db.last_tagged_with_prefix(b"f", ".history.").unwrap();
+        assert_eq!(got, Some((max.clone(), u)), "{n} names");
+        let read = Spy::count(&spy.listed) - before;
+        assert!(read <= 64 + 20 * 9, "{read} refs read for {n} names");
+    }
+    // A name that is a prefix of the others, and the greatest under a longer prefix.
+    db.fork(b"f", &At::Uid(u), ".history.9").unwrap();
+    db.fork(b"f", &At::Uid(u), ".history.9.1").unwrap();
+    assert_eq!(
+        db.last_tagged_with_prefix(b"f", ".history.").unwrap(),
+        Some((".history.9.1".to_string(), u))
+    );
+    assert_eq!(
+        db.last_tagged_with_prefix(b"f", ".history.9").unwrap(),
+        Some((".history.9.1".to_string(), u))
+    );
+}

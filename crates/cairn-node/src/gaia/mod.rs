@@ -943,6 +943,23 @@ fn history_branch(uid: &Uid) -> String {
 /// The head of the newest `.history.` branch of `key` (left by a delete under an archival
 /// scope), if the key has one.
 fn archived_head(bucket: &Bucket, key: &[u8]) -> HubResult<Option<Uid>> {
+    // The hub names them with 13-digit times (2001 to 2286), so the newest has the greatest
+    // name: found with a few ref reads, however many versions the file's archive holds.
+    // Any other name (not the hub's) falls back to reading the whole table.
+    match bucket.db().last_tagged_with_prefix(key, ".history.") {
+        Ok(None) => return Ok(None),
+        Ok(Some((b, u)))
+            if b.strip_prefix(".history.")
+                .and_then(|r| r.split_once('.'))
+                .is_some_and(|(ms, _)| {
+                    ms.len() == 13 && ms.bytes().all(|c| c.is_ascii_digit())
+                }) =>
+        {
+            return Ok(Some(u));
+        }
+        Ok(Some(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
     let table = match bucket.db().existing_table(key) {
         Ok(t) => t,
         Err(cairn_core::Error::NotFound(_)) => return Ok(None),
