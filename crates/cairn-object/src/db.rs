@@ -520,6 +520,33 @@ impl Db {
         n
     }
 
+    /// The ref update that sets tagged branch `branch` of `key` to `uid`.
+    pub(crate) fn tagged_update(&self, key: &[u8], branch: &str, uid: &Uid) -> RefUpdate {
+        RefUpdate::Set {
+            name: Self::head_name(&self.key_prefix(key), b't', branch.as_bytes()),
+            value: uid.to_bytes().to_vec(),
+        }
+    }
+
+    /// The ref update that removes untagged head `uid` of `key`.
+    pub(crate) fn untagged_delete(&self, key: &[u8], uid: &Uid) -> RefUpdate {
+        RefUpdate::Delete {
+            name: Self::head_name(&self.key_prefix(key), b'u', &uid.to_bytes()),
+        }
+    }
+
+    /// Whether `uid` is an untagged head of `key` (one ref read).
+    pub(crate) fn is_untagged_head(&self, key: &[u8], uid: &Uid) -> Result<bool> {
+        Ok(self
+            .store
+            .get_ref(&Self::head_name(
+                &self.key_prefix(key),
+                b'u',
+                &uid.to_bytes(),
+            ))?
+            .is_some())
+    }
+
     /// The head of one tagged branch, read without loading the key's whole table.
     fn tagged_head(&self, prefix: &[u8], branch: &str) -> Result<Option<Uid>> {
         match self
@@ -1664,7 +1691,7 @@ impl Db {
 
     /// The error for branch `branch` of `key` not being there: the key's, when the key has
     /// no head at all.
-    fn missing_branch(&self, key: &[u8], branch: &str) -> Error {
+    pub(crate) fn missing_branch(&self, key: &[u8], branch: &str) -> Error {
         match self.heads_page(key, None, 1) {
             Err(Error::NotFound(_)) => Error::not_found(format!("key {}", show_key(key))),
             Err(e) => e,

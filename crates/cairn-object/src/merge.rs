@@ -544,8 +544,10 @@ impl Db {
     ) -> Result<MergeOutcome> {
         let _w = self.writer_guard();
         let _k = self.lock_key(key);
-        let mut table = self.table(key)?;
-        let Some(&ours) = table.tagged.get(into) else {
+        // Only the refs involved are read and written (the target branch, and the untagged
+        // heads the merge retires): a key's table may hold very many branches (a Gaia
+        // file's archive), and each merge read all of them twice.
+        let Some(ours) = self.branch_head(key, into)? else {
             // A guarded merge into a branch that is not there fails its guard (as a guarded
             // put does).
             return Err(match opts.guard {
@@ -553,8 +555,7 @@ impl Db {
                     "branch {into:?} of key {} is at nothing, not {g}",
                     show_key(key)
                 )),
-                None if table.is_empty() => Error::not_found(format!("key {}", show_key(key))),
-                None => Error::not_found(format!("branch {into:?} of key {}", show_key(key))),
+                None => self.missing_branch(key, into),
             });
         };
         // A guarded merge (compare-and-set on the target's head), checked under the key's
@@ -588,14 +589,20 @@ impl Db {
                 // What the new head reaches (not a virtual base): nothing for a fast
                 // forward, whose head is there already.
                 staged.flush_reachable(u)?;
-                table.tagged.insert(into.to_string(), *u);
-                table.untagged.remove(&theirs);
+                let mut updates = vec![self.tagged_update(key, into, u)];
+                if self.is_untagged_head(key, &theirs)? {
+                    updates.push(self.untagged_delete(key, &theirs));
+                }
                 // The old head, if it was an untagged head too, now has a descendant: it
                 // leaves the heads, recorded unless the merge record names it as a base
                 // (a fast forward past it does not).
                 let bases = self.load(u)?.bases;
                 let mut changes = Vec::with_capacity(2);
-                if table.untagged.remove(&ours) && ours != *u && !bases.contains(&ours) {
+                let ours_untagged = ours != theirs && self.is_untagged_head(key, &ours)?;
+                if ours_untagged {
+                    updates.push(self.untagged_delete(key, &ours));
+                }
+                if ours_untagged && ours != *u && !bases.contains(&ours) {
                     changes.push(HeadChange {
                         kind: HeadChangeKind::Remove,
                         key,
@@ -619,12 +626,12 @@ impl Db {
                 });
                 // Together, all or none.
                 self.record_heads(&changes)?;
-                self.commit_table(key, &table)?;
+                self.store().commit(&updates)?;
             }
             MergeOutcome::UpToDate(_) => {
                 // `from` is contained in the target: an untagged head it was is now derived,
                 // and leaves the heads (recorded, as every head change is).
-                if table.untagged.remove(&theirs) {
+                if self.is_untagged_head(key, &theirs)? {
                     self.record_head(HeadChange {
                         kind: HeadChangeKind::Remove,
                         key,
@@ -635,7 +642,7 @@ impl Db {
                         object: None,
                         owner_seal: None,
                     })?;
-                    self.commit_table(key, &table)?;
+                    self.store().commit(&[self.untagged_delete(key, &theirs)])?;
                 }
             }
             MergeOutcome::Conflicts(_) => {}

@@ -3408,3 +3408,60 @@ fn the_last_tagged_branch_under_a_prefix_is_found_without_reading_all() {
         Some((".history.9.1".to_string(), u))
     );
 }
+
+/// A merge into a branch reads and writes the refs involved only (the target branch, and
+/// the untagged heads it retires), not the key's whole table; outcomes and errors are as
+/// before.
+#[test]
+fn merges_into_a_branch_touch_only_their_refs() {
+    let store = Arc::new(Spy::over(Arc::new(MemoryStore::new())));
+    let db = Db::new(store.clone());
+    let o = PutOptions::default();
+    let v = put_str(&db, "k", Target::Branch("master"), "v");
+    for i in 0..50 {
+        db.fork(b"k", &At::Uid(v), &format!("b{i}")).unwrap();
+    }
+    put_str(&db, "k", Target::Branch("b1"), "v1");
+    // An untagged head from a put on a base.
+    let loose = db
+        .put(
+            b"k",
+            Target::Base(v),
+            NewValue::String(b"loose".to_vec()),
+            &o,
+        )
+        .unwrap();
+    let lists = || Spy::count(&store.lists);
+    let before = lists();
+    let ff = db
+        .merge_into(
+            b"k",
+            "master",
+            &At::Branch("b1".into()),
+            &BuiltinResolver::Manual,
+            &o,
+        )
+        .unwrap();
+    assert!(matches!(ff, MergeOutcome::FastForward(_)), "{ff:?}");
+    // Up to date, from the untagged head's ancestor: nothing to do.
+    let same = db
+        .merge_into(b"k", "b2", &At::Uid(v), &BuiltinResolver::Manual, &o)
+        .unwrap();
+    assert!(matches!(same, MergeOutcome::UpToDate(_)), "{same:?}");
+    // The untagged head merged into master: it leaves the heads.
+    let merged = db
+        .merge_into(b"k", "master", &At::Uid(loose), &BuiltinResolver::Ours, &o)
+        .unwrap();
+    assert!(matches!(merged, MergeOutcome::Merged(_)), "{merged:?}");
+    assert_eq!(lists(), before, "no listing of the key's heads");
+    assert!(db.list_untagged(b"k").unwrap().is_empty());
+    assert_eq!(db.list_tagged(b"k").unwrap().len(), 51);
+    assert!(matches!(
+        db.merge_into(b"k", "nothing", &At::Uid(v), &BuiltinResolver::Manual, &o),
+        Err(Error::NotFound(m)) if m.contains("branch")
+    ));
+    assert!(matches!(
+        db.merge_into(b"none", "master", &At::Uid(v), &BuiltinResolver::Manual, &o),
+        Err(Error::NotFound(m)) if m.starts_with("key")
+    ));
+}
