@@ -1595,12 +1595,13 @@ pub fn write_whole_file(
             return Ok(n);
         }
         // Said of the directory, not of the hidden temporary file the error names.
+        // (An I/O error, exit 10, as before: not a missing key or version.)
         Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
-            bail!(Error::NotFound(format!(
-                "cannot write {}: directory {} does not exist",
-                dest.display(),
-                dir.display()
-            )))
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("directory {} does not exist", dir.display()),
+            ))
+            .with_context(|| format!("cannot write {}", dest.display()));
         }
         Err(e) => return Err(e).with_context(|| format!("creating {}", dest.display())),
     };

@@ -860,9 +860,9 @@ fn get_out_replaces_files_whole_and_writes_other_paths_in_place() {
             .file_type()
             .is_char_device()
     );
-    // Into a directory that does not exist: said so (exit 3), not of a temporary file.
+    // Into a directory that does not exist: said so (exit 10), not of a temporary file.
     let missing = dir.join("nodir").join("x");
-    let err = fails(dir, &["get", "k", "--out", missing.to_str().unwrap()], 3);
+    let err = fails(dir, &["get", "k", "--out", missing.to_str().unwrap()], 10);
     assert!(
         err.contains("does not exist") && !err.contains(".cairn-out"),
         "{err}"

@@ -98,7 +98,20 @@ impl BufferedMemory {
     /// Grows the share to cover a body of `bytes`; refused (503 for the caller) when the
     /// bodies in progress hold the budget.
     pub fn grow(&mut self, bytes: u64) -> Result<(), Busy> {
-        let want = budget_kib(bytes);
+        self.grow_kib(budget_kib(bytes))
+    }
+
+    /// Grows the share to `bytes` of memory held as they are (not a body to parse: a
+    /// streamed list's long line and its leaf); refused as [`BufferedMemory::grow`] is.
+    pub fn hold(&mut self, bytes: u64) -> Result<(), Busy> {
+        self.grow_kib(
+            bytes
+                .div_ceil(1 << 10)
+                .clamp(1, u64::from(BUFFERED_MEMORY_MIB) << 10) as u32,
+        )
+    }
+
+    fn grow_kib(&mut self, want: u32) -> Result<(), Busy> {
         let kib = self.held.as_ref().map_or(0, |h| h.num_permits() as u32);
         if want <= kib {
             return Ok(());

@@ -377,45 +377,96 @@ pub async fn read_all_within(
 /// at most `max` bytes: a longer one ends the iteration with [`Error::InvalidInput`] after
 /// reading at most `max + 1` of its bytes, so one endless line cannot fill memory.
 pub fn bounded_lines<R: std::io::BufRead>(
+    r: R,
+    max: usize,
+) -> impl Iterator<Item = cairn_core::Result<Vec<u8>>> {
+    bounded_lines_within(r, max, |_| Ok(()))
+}
+
+/// Bytes of a line [`bounded_lines_within`] reads before it asks `charge` for the memory
+/// the line holds: shorter lines live in the reader's buffer's shadow.
+const LINE_CHARGE_FROM: usize = 1 << 20;
+
+/// [`bounded_lines`], calling `charge` with the memory a line past 1 MiB holds (its buffer,
+/// and as much again for the leaf it is copied into) as it grows, before more of it is
+/// read: an error from `charge` (a memory budget with no room) ends the iteration with it.
+/// A line's buffer grows by at most 1 MiB at a time, never to twice its length.
+pub fn bounded_lines_within<R: std::io::BufRead>(
     mut r: R,
     max: usize,
+    mut charge: impl FnMut(usize) -> cairn_core::Result<()>,
 ) -> impl Iterator<Item = cairn_core::Result<Vec<u8>>> {
     let mut done = false;
     std::iter::from_fn(move || {
         if done {
             return None;
         }
-        let mut line = Vec::new();
-        let read = std::io::BufRead::read_until(
-            &mut std::io::Read::take(&mut r, max as u64 + 1),
-            b'\n',
-            &mut line,
-        );
-        match read {
-            Err(e) => {
-                done = true;
-                Some(Err(cairn_core::Error::io("reading a list's lines", e)))
-            }
-            Ok(0) => {
-                done = true;
-                None
-            }
-            Ok(_) => {
-                if line.last() == Some(&b'\n') {
-                    line.pop();
-                    Some(Ok(line))
-                } else if line.len() > max {
+        let mut line: Vec<u8> = Vec::new();
+        let mut ended = false;
+        let mut read_any = false;
+        loop {
+            let buf = match r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
                     done = true;
-                    Some(Err(cairn_core::Error::invalid(format!(
-                        "a list element (one line) is longer than {} MiB; store large data \
-                         as a blob",
-                        max >> 20
-                    ))))
-                } else {
-                    Some(Ok(line))
+                    return Some(Err(cairn_core::Error::io("reading a list's lines", e)));
+                }
+            };
+            if buf.is_empty() {
+                break;
+            }
+            read_any = true;
+            let (take, newline) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (buf.len(), false),
+            };
+            // At most `max + 1` bytes of a line are kept: past `max` it is refused.
+            let room = (max + 1).saturating_sub(line.len());
+            let keep = take.min(room);
+            if line.len() + keep > LINE_CHARGE_FROM {
+                // Grown by at most a MiB at a time, and charged before it grows.
+                let want = (line.len() + keep).min(max + 1);
+                if line.capacity() < want {
+                    let grow = want.max(line.capacity() + LINE_CHARGE_FROM).min(max + 1);
+                    if let Err(e) = charge(2 * grow) {
+                        done = true;
+                        return Some(Err(e));
+                    }
+                    line.reserve_exact(grow - line.len());
                 }
             }
+            line.extend_from_slice(&buf[..keep]);
+            let consumed = if newline && keep == take {
+                take + 1
+            } else {
+                keep
+            };
+            r.consume(consumed);
+            if newline && keep == take {
+                ended = true;
+                break;
+            }
+            if line.len() > max {
+                break;
+            }
         }
+        if !read_any {
+            done = true;
+            return None;
+        }
+        if line.len() > max {
+            done = true;
+            return Some(Err(cairn_core::Error::invalid(format!(
+                "a list element (one line) is longer than {} MiB; store large data as a blob",
+                max >> 20
+            ))));
+        }
+        if !ended {
+            // The last line, without a newline: the input ends here.
+            done = true;
+        }
+        Some(Ok(line))
     })
 }
 
@@ -696,6 +747,24 @@ pub fn body_permit(node: &Node, body: Body) -> ApiResult<(crate::node::Transfer,
             drain_refused(body);
             Err(busy(b.0))
         }
+    }
+}
+
+/// [`memory_room`] for a body of at most `limit` bytes that declared `declared`: one
+/// declared over the limit is refused with 413 first (a 503 for want of room would tell the
+/// client to send again what can never be taken).
+pub fn declared_room(
+    node: &Node,
+    declared: Option<u64>,
+    limit: u64,
+    body: Body,
+) -> ApiResult<Body> {
+    match declared {
+        Some(n) if n > limit => {
+            drain_refused(body);
+            Err(ApiError::too_large(limit))
+        }
+        n => memory_room(node, n.unwrap_or(0), body),
     }
 }
 

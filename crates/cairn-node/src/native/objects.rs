@@ -680,11 +680,7 @@ pub async fn put(
     let body = if streamed {
         body
     } else {
-        body::memory_room(
-            &node,
-            content_length(&headers).unwrap_or(0).min(limit),
-            body,
-        )?
+        body::declared_room(&node, content_length(&headers), limit, body)?
     };
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     // A seal on a bucket whose capsule names no owner key is refused before the body is
@@ -727,6 +723,7 @@ pub async fn put(
         let failure = reader.failure();
         let d = dest.clone();
         let k = key.clone();
+        let list_memory = node.buffered_memory();
         let (result, n) = blocking(move || {
             let _permit = permit;
             let target = d.target();
@@ -734,10 +731,21 @@ pub async fn put(
                 b.put_blob_stream(k.as_bytes(), target, &mut reader, &opts, &mut |_| {})
             } else {
                 let lines = std::io::BufReader::with_capacity(1 << 20, &mut reader);
+                // A line past a MiB (up to 16) is held whole, with the leaf it is copied
+                // into: from the budget for bodies held in memory, 503 when it is full.
+                let mut memory = list_memory;
                 b.put_list_stream(
                     k.as_bytes(),
                     target,
-                    &mut body::bounded_lines(lines, cairn_object::db::MAX_INLINE_BYTES),
+                    &mut body::bounded_lines_within(
+                        lines,
+                        cairn_object::db::MAX_INLINE_BYTES,
+                        |bytes| {
+                            memory
+                                .hold(bytes as u64)
+                                .map_err(|b| cairn_core::Error::Unavailable(b.0))
+                        },
+                    ),
                     &opts,
                 )
             };
@@ -816,7 +824,7 @@ pub async fn remove(
     let guard = write_guard(&headers)?;
     no_put_headers(&headers, "a removal")?;
     let (permit, body) = body::body_permit(&node, body)?;
-    let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
+    let body = body::declared_room(&node, content_length(&headers), control_limit(&node), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     // Read (and dropped) within the memory budget for bodies held in memory.
     let mut memory = node.buffered_memory();
@@ -978,7 +986,7 @@ pub async fn patch(
     let guard = write_guard(&headers)?;
     no_put_headers(&headers, "a PATCH (it keeps the version's context)")?;
     let (permit, body) = body::body_permit(&node, body)?;
-    let body = body::memory_room(&node, content_length(&headers).unwrap_or(0), body)?;
+    let body = body::declared_room(&node, content_length(&headers), control_limit(&node), body)?;
     let (opened, expect) = open_for_write(&node, &bucket, &method, &uri, &headers).await?;
     // Held, parsed and applied within the memory budget for bodies held in memory.
     let mut memory = node.buffered_memory();

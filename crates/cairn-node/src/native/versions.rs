@@ -525,8 +525,8 @@ async fn control<T: DeserializeOwned>(
         return Err(ApiError::json_required());
     }
     let (permit, body) = body::body_permit(node, body)?;
-    let declared = super::objects::content_length(headers).unwrap_or(0);
-    let body = body::memory_room(node, declared, body)?;
+    let declared = super::objects::content_length(headers);
+    let body = body::declared_room(node, declared, control_limit(node), body)?;
     let (opened, expect) = open_for_write(node, bucket, method, uri, headers).await?;
     // Read and parsed within the memory budget for bodies held in memory (the parsed
     // request is small).
