@@ -588,3 +588,29 @@ async fn a_streamed_list_takes_its_long_lines_from_the_memory_budget() {
     drop(held);
     assert_eq!(put("long", long).await, 201);
 }
+
+/// A bucket's details, its metadata and an LCA open the bucket (which may replay its
+/// capsule's journal) only under a read transfer: with every read transfer taken they get
+/// 503, as the other reads do, and a free one serves them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_details_wait_for_a_read_transfer() {
+    let s = Server::start_with(|c| {
+        c.max_transfers = 4;
+        c.max_open_buckets = 1;
+    })
+    .await;
+    s.open_bucket("a").await;
+    s.open_bucket("b").await;
+    // Every read transfer taken (reads may hold three of four).
+    let held: Vec<_> = (0..3).map(|_| s.node.read_permit().unwrap()).collect();
+    for path in [
+        "/v1/buckets/a",
+        "/v1/buckets/b/metadata",
+        "/v1/buckets/a/lca/k?a=master&b=master",
+    ] {
+        assert_eq!(s.get(path).await.status(), 503, "{path}");
+    }
+    drop(held);
+    assert_eq!(s.get("/v1/buckets/a").await.status(), 200);
+    assert_eq!(s.get("/v1/buckets/b/metadata").await.status(), 200);
+}

@@ -418,6 +418,9 @@ pub async fn show(
     uri: Uri,
 ) -> ApiResult<Json<serde_json::Value>> {
     let _: super::NoQuery = super::query(&uri)?;
+    // Opening a bucket may replay its capsule's journal: under a read transfer, as every
+    // read is (held until the answer is built).
+    let _permit = body::transfer_permit(&node)?;
     let o = open(&node, &name).await?;
     Ok(Json(info(&name, &o.entry, &o.bucket)))
 }
@@ -430,6 +433,8 @@ pub async fn metadata(
     uri: Uri,
 ) -> ApiResult<Response> {
     let _: super::NoQuery = super::query(&uri)?;
+    // As `show`.
+    let _permit = body::transfer_permit(&node)?;
     let o = open(&node, &name).await?;
     let meta = o.bucket.metadata().ok_or_else(|| {
         ApiError::from(Error::not_found(format!("the capsule of bucket {name:?}")))

@@ -65,23 +65,34 @@ pub async fn keys(
     let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     let page = blocking(move || {
-        let (page, more) = b
-            .db()
-            .list_keys_page(q.after.as_deref().map(str::as_bytes), limit)?;
         // At most KEYS_ANSWER_BYTES of keys in one answer (10,000 keys of 4 KiB held
         // about 80 MiB while it was sent): a page cut short goes on from its last key.
-        let mut keys = Vec::with_capacity(page.len());
+        // Read from the store 256 keys at a time, so what is read past the cut is little
+        // (a whole page of long keys was read, then most of it dropped).
+        let mut keys = Vec::with_capacity(limit.min(4096));
+        let mut last: Option<bytes::Bytes> = None;
         let mut bytes = 0usize;
-        for k in &page {
-            if !keys.is_empty() && bytes + k.len() > KEYS_ANSWER_BYTES {
-                break;
+        let mut more = true;
+        let mut cut = false;
+        let mut after = q.after.map(|a| bytes::Bytes::from(a.into_bytes()));
+        'read: while more && keys.len() < limit {
+            let (page, m) = b
+                .db()
+                .list_keys_page(after.as_deref(), (limit - keys.len()).min(256))?;
+            more = m;
+            for k in page {
+                if !keys.is_empty() && bytes + k.len() > KEYS_ANSWER_BYTES {
+                    cut = true;
+                    break 'read;
+                }
+                bytes += k.len();
+                keys.push(bytes_json(&k));
+                last = Some(k.clone());
+                after = Some(k);
             }
-            bytes += k.len();
-            keys.push(bytes_json(k));
         }
-        let cut = keys.len() < page.len();
         let next = if more || cut {
-            page.get(keys.len().wrapping_sub(1)).map(|k| bytes_json(k))
+            last.as_deref().map(bytes_json)
         } else {
             None
         };
@@ -459,9 +470,10 @@ pub async fn lca(
     uri: Uri,
 ) -> ApiResult<Response> {
     let q: PairQuery = query(&uri)?;
+    // The transfer before the bucket is opened (which may replay its capsule).
+    let permit = body::transfer_permit(&node)?;
     let b = buckets::open(&node, &bucket).await?.bucket;
     if q.chunks {
-        let permit = body::transfer_permit(&node)?;
         // Both versions are looked up first, so a bad request answers 4xx; the search
         // then streams its Meta chunks as it reads them.
         let bb = b.clone();
@@ -479,7 +491,6 @@ pub async fn lca(
     }
     // The search reads as much history as lies between the versions: it holds a read
     // transfer while it runs, as the listings do.
-    let permit = body::transfer_permit(&node)?;
     let answer = blocking(move || {
         let _permit = permit;
         let db = b.db();
