@@ -71,6 +71,10 @@ pub struct Node {
 /// [`crate::native::objects::BUFFERED_LIMIT`] each) and their parsed forms may take at
 /// once: one of the largest and some small ones.
 pub const BUFFERED_MEMORY_MIB: u32 = 320;
+/// Most MiB one merge through the node may hold in memory ([`cairn_object::Db::with_merge_memory`]),
+/// taken whole from the budget of [`BUFFERED_MEMORY_MIB`] while it runs: at most five
+/// merges at once when nothing else holds any.
+pub const MERGE_MEMORY_MIB: u64 = 64;
 
 /// Memory a buffered body takes at its peak, in multiples of its size: the body, the
 /// parsed JSON or text, the values copied out of it and, for JSON, the set of its keys.
@@ -269,7 +273,10 @@ impl Node {
                 config.max_transfers,
             ))),
             config,
-            db: Db::new(store.clone()),
+            // A merge holds at most this much (the changes of both sides, the regions they
+            // touch, the conflicts), taken from the budget for bodies held in memory while
+            // it runs (see `native::versions::merge`).
+            db: Db::new(store.clone()).with_merge_memory(MERGE_MEMORY_MIB << 20),
             store,
             capsules,
             metrics: Metrics::new()?,

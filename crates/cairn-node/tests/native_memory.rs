@@ -614,3 +614,45 @@ async fn bucket_details_wait_for_a_read_transfer() {
     assert_eq!(s.get("/v1/buckets/a").await.status(), 200);
     assert_eq!(s.get("/v1/buckets/b/metadata").await.status(), 200);
 }
+
+/// A merge takes what it may hold (`node::MERGE_MEMORY_MIB`) from the node's budget for
+/// memory held by requests, before its signature is checked: while the budget cannot
+/// give it, the merge gets 503 with `Retry-After`, and once it can, the same merge runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_takes_its_memory_from_the_budget() {
+    let s = Server::start(1 << 30).await;
+    s.open_bucket("b").await;
+    let json = ("content-type", "application/json");
+    let (st, _) = s
+        .send(Method::PUT, "/v1/buckets/b/objects/k?type=string", &[], "x")
+        .await;
+    assert_eq!(st, 201);
+    let (st, _) = s
+        .send(
+            Method::POST,
+            "/v1/buckets/b/fork/k",
+            &[json],
+            r#"{"branch":"dev"}"#,
+        )
+        .await;
+    assert_eq!(st, 201);
+    let merge = || async {
+        let (st, retry, v) = send(
+            &s,
+            Method::POST,
+            "/v1/buckets/b/merge/k",
+            &[json],
+            r#"{"from":"dev"}"#,
+        )
+        .await;
+        (st, retry, v)
+    };
+    let mut held = s.node.buffered_memory();
+    held.hold(300 << 20).unwrap();
+    let (st, retry, _) = merge().await;
+    assert_eq!((st, retry), (503, true));
+    drop(held);
+    let (st, _, v) = merge().await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "up_to_date", "{v}");
+}

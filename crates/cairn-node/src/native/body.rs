@@ -723,7 +723,7 @@ pub fn transfer_permit(node: &Node) -> ApiResult<crate::node::Transfer> {
 }
 
 /// A 503 with `Retry-After: 1`.
-fn busy(message: String) -> ApiError {
+pub(crate) fn busy(message: String) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",

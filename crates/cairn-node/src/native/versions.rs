@@ -721,6 +721,15 @@ pub async fn merge(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<J>> {
+    // What the merge may hold, from the node's budget for memory held by requests, until
+    // it ends (a merge that ends in conflicts writes nothing, and may be sent again and
+    // again: without it, as many as there are write transfers held 256 MiB each). Taken
+    // before the signature is checked, so a request refused for it can be sent again.
+    let mut _merge_memory = node.buffered_memory();
+    if let Err(b) = _merge_memory.hold(crate::node::MERGE_MEMORY_MIB << 20) {
+        body::drain_refused(body);
+        return Err(body::busy(b.0));
+    }
     let (_permit, b, req): (_, _, MergeBody) =
         control(&node, &bucket, &method, &uri, &headers, body).await?;
     let resolver: BuiltinResolver = req.resolver.as_deref().unwrap_or("manual").parse()?;
