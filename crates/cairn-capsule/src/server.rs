@@ -1491,7 +1491,17 @@ impl CapsuleServer {
         if let Err(Error::Corrupt(_)) = &r
             && let Ok(cap) = self.capsule(capsule)
         {
-            cap.lock().dag.note_body_damaged(name);
+            // Read again under the lock: a copy stored since (a peer's, a write's) is not
+            // taken for damage.
+            let mut cap = cap.lock();
+            if let Some(body) = cap.dag.node(name).map(|n| n.body)
+                && matches!(
+                    self.read_body_chunks(name, body),
+                    Err(Error::Corrupt(_) | Error::Decode(_))
+                )
+            {
+                cap.dag.note_body_damaged(name);
+            }
         }
         r
     }
@@ -1759,34 +1769,29 @@ impl CapsuleServer {
         // Bodies are read without the capsule's lock (writers and readers go on).
         let mut damaged: Vec<RecordName> = Vec::new();
         for (name, body) in bodies {
-            let read = match body {
-                StoredBody::Plain { cid } => self.store.get(&cid).and_then(|c| {
-                    c.map(|_| ())
-                        .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing")))
-                }),
-                StoredBody::Subrecords { list, .. } => {
-                    self.subrecord_list(&list).and_then(|subs| {
-                        for s in subs {
-                            self.store.get(&s)?.ok_or_else(|| {
-                                Error::corrupt(format!("subrecord {s} of record {name} is missing"))
-                            })?;
-                        }
-                        Ok(())
-                    })
-                }
-            };
-            match read {
+            match self.read_body_chunks(&name, body) {
                 Ok(()) => {}
                 Err(Error::Corrupt(_) | Error::Decode(_)) => damaged.push(name),
                 Err(e) => return Err(e),
             }
         }
-        if let Some(first) = damaged.first() {
+        if !damaged.is_empty() {
             let cap = self.capsule(capsule)?;
             let mut cap = cap.lock();
+            // Read again under the lock before noting: a copy may have been stored since.
+            damaged.retain(|n| {
+                cap.dag.node(n).map(|node| node.body).is_some_and(|body| {
+                    matches!(
+                        self.read_body_chunks(n, body),
+                        Err(Error::Corrupt(_) | Error::Decode(_))
+                    )
+                })
+            });
             for n in &damaged {
                 cap.dag.note_body_damaged(n);
             }
+        }
+        if let Some(first) = damaged.first() {
             return Err(Error::corrupt(format!(
                 "capsule {capsule}: the body of {} record(s) is missing or damaged (first: \
                  {first}); anti-entropy with a replica holding them stores them again",
@@ -1794,6 +1799,27 @@ impl CapsuleServer {
             )));
         }
         Ok((records, signatures))
+    }
+
+    /// Reads every chunk of record `name`'s body (`body`), which re-hashes it: the body
+    /// chunk, or the subrecord list and each subrecord. [`Error::Corrupt`] when one is
+    /// missing or damaged.
+    fn read_body_chunks(&self, name: &RecordName, body: StoredBody) -> Result<()> {
+        match body {
+            StoredBody::Plain { cid } => self
+                .store
+                .get(&cid)?
+                .map(|_| ())
+                .ok_or_else(|| Error::corrupt(format!("body of record {name} is missing"))),
+            StoredBody::Subrecords { list, .. } => {
+                for s in self.subrecord_list(&list)? {
+                    self.store.get(&s)?.ok_or_else(|| {
+                        Error::corrupt(format!("subrecord {s} of record {name} is missing"))
+                    })?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The header and signature part of [`CapsuleServer::audit`], under the capsule's
@@ -1905,6 +1931,18 @@ impl CapsuleServer {
         if cap.dag.contains(&name) {
             // Present already (committed unsigned, or received by anti-entropy): a signature
             // sent now is kept, as `write` keeps one on a present record, before the ack.
+            // A body found damaged is stored again from these subrecords, checked above
+            // against the header's root (the list they make is the one journaled).
+            let repair = cap.dag.is_body_damaged(&name);
+            if repair {
+                let stored = cap.dag.node(&name).map(|n| n.body);
+                let list = self.store_subrecords(subrecords, &names)?;
+                if !matches!(stored, Some(StoredBody::Subrecords { list: l, .. }) if l == list) {
+                    return Err(Error::corrupt(format!(
+                        "record {name}: its subrecords make another list than the one journaled"
+                    )));
+                }
+            }
             if let Some(ws) = sig
                 && cap.dag.signature(&name).is_none()
             {
@@ -1914,6 +1952,12 @@ impl CapsuleServer {
                     &[JournalEntry::Signature { name, sig: ws }],
                 )?;
                 cap.dag.insert_verified_signature(name, ws);
+            } else if repair {
+                // The stored copies made durable, as a commit makes anything.
+                self.store.commit(&[])?;
+            }
+            if repair {
+                cap.dag.clear_body_damaged(&name);
             }
             let size = cap.dag.log().size();
             let signed = sig.map(|_| name).into_iter().collect();
@@ -2175,6 +2219,10 @@ impl CapsuleServer {
             && let Ok(cap) = self.capsule(capsule)
         {
             let mut cap = cap.lock();
+            // Read again under the lock, as `noting_body_damage` does.
+            if matches!(self.store.get(sub), Ok(Some(_))) {
+                return e;
+            }
             let mut holders: Vec<RecordName> =
                 cap.subrecords.get(sub).map(|h| h.0).into_iter().collect();
             if let Some(more) = cap.more_subrecords.get(sub) {

@@ -1909,3 +1909,54 @@ fn a_session_across_a_reload_keeps_no_cursor_of_the_old_order() {
     sync_pair(&a, &b, &c).unwrap();
     assert_eq!(present(&a, &c), present(&b, &c));
 }
+
+/// A subrecord record whose subrecord rotted is stored again when the writer commits its
+/// subrecords again (no peer needed), its place and list kept.
+#[test]
+fn a_damaged_subrecord_is_stored_again_by_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = log_replica(dir.path());
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "recommit");
+    meta.cipher = BodyCipher::Plaintext;
+    let c = meta.name();
+    a.create(&meta).unwrap();
+    let mut w = Writer::new(meta, wk, None).unwrap();
+    let sub = |i: usize| format!("subrecord-{i:03}-recommitted-after-rot").into_bytes();
+    let subs: Vec<cairn_core::Hash> = (0..4)
+        .map(|i| w.write_subrecord(&sub(i)).unwrap())
+        .collect();
+    let (header, sealed, sig) = w.commit_subrecords(&[]).unwrap();
+    a.commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    let last = w.record(b"last", &[]).unwrap();
+    let ws = w.sign(&last.name());
+    a.write(&c, std::slice::from_ref(&last), &[(last.name(), ws)])
+        .unwrap();
+    let log_before = a
+        .with_dag(&c, |d| (d.log().size(), d.log().root()))
+        .unwrap();
+    drop(a);
+    rot(dir.path(), &sub(2));
+    let a = log_replica(dir.path());
+    assert!(a.read_subrecord(&c, &subs[2]).is_err());
+    assert!(
+        a.with_dag(&c, |d| d.is_body_damaged(&header.name()))
+            .unwrap()
+    );
+    a.commit_subrecords(&c, &header, &sealed, Some(sig))
+        .unwrap();
+    assert_eq!(a.read_subrecord(&c, &subs[2]).unwrap(), sub(2));
+    assert!(
+        !a.with_dag(&c, |d| d.is_body_damaged(&header.name()))
+            .unwrap()
+    );
+    assert_eq!(
+        a.with_dag(&c, |d| (d.log().size(), d.log().root()))
+            .unwrap(),
+        log_before
+    );
+    drop(a);
+    let a = log_replica(dir.path());
+    a.audit(&c).unwrap();
+}

@@ -1657,3 +1657,42 @@ async fn list_files_pages_read_past_archives_in_bounded_steps() {
     assert_eq!(all, ["0-first", "m-archived", "zz-last"]);
     assert!((2..=4).contains(&pages), "{pages} pages");
 }
+
+/// A page of plain files holds `page_size` names whatever the page size: the ref budget
+/// cuts a page short only where it read past keys that are not files (a page stopped at
+/// 1,024 names, four reads of 256, whatever the size configured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_files_holds_page_size_names() {
+    let gaia = GaiaConfig {
+        page_size: 4096,
+        ..GaiaConfig::default()
+    };
+    let hub = Hub::with(1 << 20, 256, gaia).await;
+    let k = Key::new(93);
+    let (a, auth) = (k.address(), k.bearer());
+    assert_eq!(hub.store(&auth, &a, "seed", b"x", &[]).await.0, 202);
+    let bucket = hub.node.bucket(&bucket_name(&a).unwrap()).unwrap();
+    tokio::task::spawn_blocking(move || {
+        for i in 0..1499 {
+            bucket
+                .put(
+                    format!("f{i:07}").as_bytes(),
+                    cairn_object::Target::Branch("master"),
+                    cairn_object::NewValue::Blob(vec![1]),
+                    &cairn_object::PutOptions::default(),
+                )
+                .unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let (st, v) = hub.list(&auth, &a, json!({})).await;
+    assert_eq!(st, 202);
+    assert_eq!(
+        v["entries"].as_array().unwrap().len(),
+        1500,
+        "{}",
+        v["page"]
+    );
+    assert!(v["page"].is_null());
+}

@@ -245,16 +245,11 @@ impl Db {
                 && trees.roots.insert(*t)
             {
                 let mut n = 0u64;
-                let r = postree::walk_sharing(
-                    self.chunks(),
-                    t,
-                    &mut trees.subtrees,
-                    MAX_SHARED_SUBTREES,
-                    &mut |_, _| {
+                let r =
+                    postree::walk_sharing(self.chunks(), t, &mut trees.subtrees, &mut |_, _| {
                         n += 1;
                         Ok(())
-                    },
-                );
+                    });
                 report.chunks += n;
                 if let Err(e) = r {
                     trees.roots.remove(t);
@@ -270,12 +265,20 @@ impl Db {
 const MAX_SHARED_SUBTREES: usize = 1 << 20;
 
 /// What a verification has checked of the values so far.
-#[derive(Default)]
 struct TreesDone {
     /// Whole trees checked intact.
     roots: HashSet<postree::TreeRef>,
-    /// Index nodes of blobs and lists checked whole (see [`postree::walk_sharing`]).
-    subtrees: std::collections::HashMap<(cairn_store::Cid, u8), u64>,
+    /// Index nodes of blobs and of lists checked whole (see [`postree::walk_sharing`]).
+    subtrees: postree::SharedSubtrees,
+}
+
+impl Default for TreesDone {
+    fn default() -> Self {
+        TreesDone {
+            roots: HashSet::new(),
+            subtrees: postree::SharedSubtrees::new(MAX_SHARED_SUBTREES),
+        }
+    }
 }
 
 /// The heads of a key's branch `table`, each with how a report names it and its branch

@@ -1441,7 +1441,9 @@ fn list_blocking(
     // read a few hundred at a time, so the names read past the cut are few too.
     let worst = |n: &String| 6 * n.len() + if stat { 6 * MAX_CONTENT_TYPE + 256 } else { 8 };
     let mut bytes = 0usize;
-    let mut reads = 0usize;
+    // Calls that stopped at their share of the ref budget (a call that filled its want
+    // of names read what it listed: pages of many names are not cut short).
+    let mut spent_calls = 0usize;
     'pages: while more && names.len() < hub.cfg.page_size {
         // Files are keys with a `master` head: a file deleted under an archival scope keeps
         // its history on another branch of its key, and is not listed.
@@ -1452,12 +1454,14 @@ fn list_blocking(
             Some(DEFAULT_BRANCH),
             LIST_READ_REFS / 4,
         )?;
-        reads += 1;
         more = next.is_some();
-        // Past the budget (four calls' worth of refs), the page ends here: the cursor
-        // goes on after the last key read, listed or not.
-        let spent = reads >= 4 && more;
         let listed_all = keys.len();
+        // Past the budget (four calls stopped at their share of refs), the page ends
+        // here: the cursor goes on after the last key read, listed or not.
+        if more && listed_all < want {
+            spent_calls += 1;
+        }
+        let spent = spent_calls >= 4;
         for k in keys {
             after = Some(k.to_vec());
             if k.starts_with(b"\0") {

@@ -70,7 +70,7 @@ pub use read::{
     BlobReader, COPY_BLOB_MAX_WORKERS, Element, Iter, blob_read, copy_blob, copy_blob_into,
     copy_blob_workers, iter, list_get, list_range, map_get, map_range, set_contains,
 };
-pub use walk::{CheckedNode, TreeCheck, child_cids, walk, walk_sharing};
+pub use walk::{CheckedNode, SharedSubtrees, TreeCheck, child_cids, walk, walk_sharing};
 
 /// Target node sizes of new POS-trees. Changing them changes every boundary, so all
 /// versions that should share chunks must use the same configuration.

@@ -365,26 +365,55 @@ pub fn walk(
     Ok(())
 }
 
+/// Subtrees [`walk_sharing`] found whole and sound, carried from tree to tree: index nodes
+/// of blobs and of lists (kept apart: their index nodes are alike, their leaves are not),
+/// at most a given number in all.
+pub struct SharedSubtrees {
+    by_kind: HashMap<TreeKind, HashMap<(Cid, u8), u64>>,
+    held: usize,
+    max: usize,
+}
+
+impl SharedSubtrees {
+    /// Remembers at most `max` index nodes (about 64 bytes each).
+    pub fn new(max: usize) -> Self {
+        SharedSubtrees {
+            by_kind: HashMap::new(),
+            held: 0,
+            max,
+        }
+    }
+
+    /// Index nodes remembered.
+    pub fn len(&self) -> usize {
+        self.held
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+}
+
 /// [`walk`] of many trees that share subtrees (versions of one value): an index node of an
 /// unsorted tree (Blob, List) that an earlier call checked whole at the same level, with
-/// the same count, is not read again, nor anything below it. `shared` carries those
-/// subtrees from call to call: a call that succeeds adds its index nodes (never its
-/// leaves, so the map holds about one entry per index-node fanout of leaves), one that
-/// fails adds nothing, and at most `max_shared` entries are kept. A tree's root is always
-/// read and checked. Sorted trees (Set, Map) are walked whole, as [`walk`] does: their key
-/// order runs across subtrees.
+/// the same count, in a tree of the same kind, is not read again, nor anything below it.
+/// `shared` carries those subtrees from call to call: a call that succeeds adds its index
+/// nodes (never its leaves, so it holds about one entry per index-node fanout of leaves),
+/// one that fails adds nothing, and past its `max` nothing more is added. A tree's root is
+/// always read and checked. Sorted trees (Set, Map) are walked whole, as [`walk`] does:
+/// their key order runs across subtrees.
 pub fn walk_sharing(
     store: &dyn ChunkStore,
     t: &TreeRef,
-    shared: &mut HashMap<(Cid, u8), u64>,
-    max_shared: usize,
+    shared: &mut SharedSubtrees,
     visit: &mut dyn FnMut(&Cid, &[u8]) -> Result<()>,
 ) -> Result<()> {
     if t.kind.is_sorted() {
         return walk(store, t, visit);
     }
     let mut check = TreeCheck::new(t, true);
-    check.done = Some(std::mem::take(shared));
+    check.done = Some(shared.by_kind.remove(&t.kind).unwrap_or_default());
     check.added = Some(Vec::new());
     let r = (|| {
         while let Some(cid) = check.next_cid()? {
@@ -398,11 +427,13 @@ pub fn walk_sharing(
     for (cid, level) in check.added.take().unwrap_or_default() {
         // Leaves are left out (one entry a leaf would be a map as large as the store's
         // index), and everything a failed walk added: its subtrees were not all checked.
-        if level == 0 || r.is_err() || done.len() > max_shared {
+        if level == 0 || r.is_err() || shared.held >= shared.max {
             done.remove(&(cid, level));
+        } else {
+            shared.held += 1;
         }
     }
-    *shared = done;
+    shared.by_kind.insert(t.kind, done);
     r
 }
 
@@ -472,6 +503,53 @@ mod tests {
         assert!(e.to_string().contains("level"), "{e}");
     }
 
+    /// A subtree checked whole in a blob does not count as checked in a list: their index
+    /// nodes are alike, but a list of blob leaves is refused as `walk` refuses it.
+    #[test]
+    fn a_blob_subtree_is_not_a_checked_list_subtree() {
+        let s = MemoryStore::new();
+        let put = |bytes: Vec<u8>| s.put(&bytes).unwrap();
+        let entry = |cid, count| Entry {
+            cid,
+            count,
+            key: None,
+        };
+        let l1 = put(chunk::frame(ChunkKind::Blob, b"hello"));
+        let l2 = put(chunk::frame(ChunkKind::Blob, b"world"));
+        let x = put(encode_index(
+            TreeKind::Blob,
+            1,
+            &[entry(l1, 5), entry(l2, 5)],
+        ));
+        let a = put(encode_index(
+            TreeKind::Blob,
+            2,
+            &[entry(x, 10), entry(x, 10)],
+        ));
+        let tree = |kind, root| TreeRef {
+            kind,
+            root,
+            count: 20,
+            height: 2,
+        };
+        let mut shared = SharedSubtrees::new(1 << 20);
+        walk_sharing(
+            &s,
+            &tree(TreeKind::Blob, a),
+            &mut shared,
+            &mut |_, _| Ok(()),
+        )
+        .unwrap();
+        let root = put(encode_index(
+            TreeKind::List,
+            2,
+            &[entry(x, 10), entry(x, 10)],
+        ));
+        let list = tree(TreeKind::List, root);
+        assert!(walk(&s, &list, &mut |_, _| Ok(())).is_err());
+        assert!(walk_sharing(&s, &list, &mut shared, &mut |_, _| Ok(())).is_err());
+    }
+
     /// Across the trees of a [`walk_sharing`], a subtree checked in one tree is not read
     /// again in another, but a root always is: a node that was sound below a root (an
     /// index node of one child) is refused as a root; and a walk that failed leaves
@@ -509,23 +587,23 @@ mod tests {
             2,
             &[entry(y, 10), entry(x, 5)],
         ));
-        let mut shared = HashMap::new();
+        let mut shared = SharedSubtrees::new(16);
         let mut read = Vec::new();
-        walk_sharing(&s, &tree(a, 15, 2), &mut shared, 16, &mut |c, _| {
+        walk_sharing(&s, &tree(a, 15, 2), &mut shared, &mut |c, _| {
             read.push(*c);
             Ok(())
         })
         .unwrap();
         assert_eq!(read.len(), 5, "a, x, l1, y, l2 (l1 again skipped)");
         read.clear();
-        walk_sharing(&s, &tree(b, 15, 2), &mut shared, 16, &mut |c, _| {
+        walk_sharing(&s, &tree(b, 15, 2), &mut shared, &mut |c, _| {
             read.push(*c);
             Ok(())
         })
         .unwrap();
         assert_eq!(read, vec![b], "x and y were checked whole in a");
         // X checked below a root: as a root of one child it is refused all the same.
-        let e = walk_sharing(&s, &tree(x, 5, 1), &mut shared, 16, &mut |_, _| Ok(())).unwrap_err();
+        let e = walk_sharing(&s, &tree(x, 5, 1), &mut shared, &mut |_, _| Ok(())).unwrap_err();
         assert!(e.to_string().contains("single child"), "{e}");
         // A failed walk adds nothing: z's subtree under a root whose count is wrong.
         let z = put(encode_index(
@@ -538,8 +616,10 @@ mod tests {
             2,
             &[entry(z, 10), entry(x, 4)],
         ));
-        assert!(walk_sharing(&s, &tree(c, 14, 2), &mut shared, 16, &mut |_, _| Ok(())).is_err());
-        assert!(!shared.contains_key(&(z, 1)));
-        assert!(shared.keys().all(|(_, level)| *level > 0), "no leaves kept");
+        assert!(walk_sharing(&s, &tree(c, 14, 2), &mut shared, &mut |_, _| Ok(())).is_err());
+        let blobs = &shared.by_kind[&TreeKind::Blob];
+        assert!(!blobs.contains_key(&(z, 1)));
+        assert!(blobs.keys().all(|(_, level)| *level > 0), "no leaves kept");
+        assert_eq!(shared.len(), blobs.len());
     }
 }
