@@ -931,9 +931,11 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         } => verify_version(bucket()?, &key, uid, branch, file.as_deref(), &mut out)?,
         Command::Verify { key, .. } => {
             let pb = count_bar("verifying", "keys");
-            let report = db.verify(key.as_deref().map(str::as_bytes), &mut |done, total| {
-                pb.set_length(total);
-                pb.set_position(done);
+            let report = db.verify_with_progress(key.as_deref().map(str::as_bytes), &mut |p| {
+                pb.set_length(p.keys_total);
+                pb.set_position(p.keys_done);
+                // A single large value moves the count of chunks, not of keys.
+                pb.set_message(format!("verifying ({} chunks re-hashed)", p.chunks));
             })?;
             pb.finish_and_clear();
             // A bucket with nothing in it (a mistyped --bucket) is not "intact": verify checks
@@ -1334,18 +1336,20 @@ pub fn emit_text(text: &[u8], dest: Option<&Path>, out: &mut impl Write) -> Resu
 
 /// What `cairn branches KEY` adds (on stderr) when the key also has untagged heads.
 pub fn untagged_note(key: &str, n: usize) -> String {
+    let k = format::shell_word(key);
     format!(
         "note: {key:?} also has {n} untagged head(s) (concurrent puts on one base): \
-         `cairn branches {key} --untagged` lists them, `cairn merge {key} --untagged` merges them"
+         `cairn branches {k} --untagged` lists them, `cairn merge {k} --untagged` merges them"
     )
 }
 
 /// What `cairn remove` tells when it removed a key's last branch: the key is gone from
 /// `keys`, and how to bring it back while its versions are still in the store.
 pub fn last_branch_removed(key: &str, branch: &str, uid: &str) -> String {
+    let (k, b) = (format::shell_word(key), format::shell_word(branch));
     format!(
         "note: {key:?} has no branch left, so it is no longer listed; its versions stay until \
-         `cairn gc` reclaims them: `cairn fork {key} --from {uid} --to {branch}` restores it"
+         `cairn gc` reclaims them: `cairn fork {k} --from {uid} --to {b}` restores it"
     )
 }
 

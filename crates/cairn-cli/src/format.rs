@@ -31,19 +31,39 @@ pub fn show(b: &[u8]) -> String {
     s
 }
 
-/// `s` with every control character (newlines and terminal escapes included) written as
+/// `s` with every control character (newlines and terminal escapes included), and every
+/// character that reorders or breaks a line (bidirectional overrides, U+2028), written as
 /// its Rust escape, such as `\n` or `\u{1b}`: for text from a node or a store that is
 /// printed among checked output.
 pub fn escape_controls(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
+        // Bidirectional overrides and isolates, and the Unicode line and paragraph
+        // separators, reorder or break a terminal's line as control characters do.
+        let steers = matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        );
+        if c.is_control() || steers {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// `s` as one shell word: as it is when it holds only characters no shell treats
+/// specially, else in single quotes (a `'` written `'\''`), control characters escaped
+/// (for commands a note suggests).
+pub fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-./:@%+=,".contains(&b));
+    if plain {
+        return s.to_string();
+    }
+    format!("'{}'", escape_controls(s).replace('\'', "'\\''"))
 }
 
 /// Prints an inline value (string, integer, tuple) as `cairn get` does; `false` for a
@@ -88,5 +108,20 @@ mod tests {
         assert_eq!(show("été".as_bytes()), "été");
         let long = vec![b'x'; 81];
         assert_eq!(show(&long), format!("{}…", "x".repeat(80)));
+        // Characters that reorder or break a terminal's line.
+        assert_eq!(
+            escape_controls("a\u{202E}b\u{2028}c\u{2067}d"),
+            "a\\u{202e}b\\u{2028}c\\u{2067}d"
+        );
+    }
+
+    /// A key in a suggested command is one shell word, whatever it holds.
+    #[test]
+    fn shell_words_quote_what_a_shell_would_split_or_expand() {
+        assert_eq!(shell_word("docs/report.pdf"), "docs/report.pdf");
+        assert_eq!(shell_word("my file"), "'my file'");
+        assert_eq!(shell_word("it's $HOME"), "'it'\\''s $HOME'");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("a\nb"), "'a\\nb'");
     }
 }

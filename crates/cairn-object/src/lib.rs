@@ -35,4 +35,4 @@ pub use history::{Diff, DiffCursor, TrackEntry};
 pub use merge::{BuiltinResolver, Conflict, ConflictAt, MergeOutcome, Resolution, Resolver};
 pub use postree::{TreeConfig, TreeKind, TreeRef};
 pub use value::{NewValue, Op, Value, ValueType, text_lines};
-pub use verify::{Damage, VerifyReport};
+pub use verify::{Damage, VerifyProgress, VerifyReport};

@@ -57,6 +57,20 @@ impl VerifyReport {
     }
 }
 
+/// Where a [`Db::verify_with_progress`] stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerifyProgress {
+    /// Keys checked whole.
+    pub keys_done: u64,
+    /// Keys to check.
+    pub keys_total: u64,
+    /// POS-tree chunks re-hashed so far.
+    pub chunks: u64,
+}
+
+/// Chunks re-hashed between two progress calls inside one key.
+const PROGRESS_CHUNKS: u64 = 4096;
+
 impl Db {
     /// Verifies one key, or every key when `key` is `None`. `progress` is called after each
     /// key with (keys done, keys total).
@@ -64,6 +78,22 @@ impl Db {
         &self,
         key: Option<&[u8]>,
         progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<VerifyReport> {
+        let mut last = None;
+        self.verify_with_progress(key, &mut |p| {
+            if last != Some(p.keys_done) {
+                last = Some(p.keys_done);
+                progress(p.keys_done, p.keys_total);
+            }
+        })
+    }
+
+    /// [`Db::verify`], calling `progress` after each key and every few thousand chunks
+    /// re-hashed within one (a single large value shows its progress too).
+    pub fn verify_with_progress(
+        &self,
+        key: Option<&[u8]>,
+        progress: &mut dyn FnMut(&VerifyProgress),
     ) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         let keys: Vec<Bytes> = match key {
@@ -99,11 +129,19 @@ impl Db {
                 what: note,
             });
         }
-        let mut trees = TreesDone::default();
         let total = keys.len() as u64;
+        let done = std::cell::Cell::new(0u64);
+        let mut trees = TreesDone::new(Box::new(|chunks| {
+            progress(&VerifyProgress {
+                keys_done: done.get(),
+                keys_total: total,
+                chunks,
+            })
+        }));
         for (i, k) in keys.iter().enumerate() {
             self.verify_key(k, &mut report, &mut trees);
-            progress(i as u64 + 1, total);
+            done.set(i as u64 + 1);
+            (trees.tick)(report.chunks);
         }
         Ok(report)
     }
@@ -198,7 +236,7 @@ impl Db {
         head: Uid,
         label: &str,
         report: &mut VerifyReport,
-        trees: &mut TreesDone,
+        trees: &mut TreesDone<'_>,
         seen: &mut BTreeSet<Uid>,
         walked: &mut Vec<Uid>,
     ) {
@@ -245,9 +283,14 @@ impl Db {
                 && trees.roots.insert(*t)
             {
                 let mut n = 0u64;
+                let before = report.chunks;
+                let tick = &mut trees.tick;
                 let r =
                     postree::walk_sharing(self.chunks(), t, &mut trees.subtrees, &mut |_, _| {
                         n += 1;
+                        if n.is_multiple_of(PROGRESS_CHUNKS) {
+                            tick(before + n);
+                        }
                         Ok(())
                     });
                 report.chunks += n;
@@ -264,17 +307,20 @@ impl Db {
 /// store holding more is verified all the same, re-reading what values share past it.
 const MAX_SHARED_SUBTREES: usize = 1 << 20;
 
-/// What a verification has checked of the values so far.
-struct TreesDone {
+/// What a verification has checked of the values so far, and whom it tells.
+struct TreesDone<'a> {
+    /// Called with the chunks re-hashed so far.
+    tick: Box<dyn FnMut(u64) + 'a>,
     /// Whole trees checked intact.
     roots: HashSet<postree::TreeRef>,
     /// Index nodes of blobs and of lists checked whole (see [`postree::walk_sharing`]).
     subtrees: postree::SharedSubtrees,
 }
 
-impl Default for TreesDone {
-    fn default() -> Self {
+impl<'a> TreesDone<'a> {
+    fn new(tick: Box<dyn FnMut(u64) + 'a>) -> Self {
         TreesDone {
+            tick,
             roots: HashSet::new(),
             subtrees: postree::SharedSubtrees::new(MAX_SHARED_SUBTREES),
         }

@@ -9,7 +9,7 @@ use cairn_core::Error;
 use cairn_object::postree::{self, TreeConfig};
 use cairn_object::{
     At, BuiltinResolver, Db, Diff, DiffCursor, MergeOutcome, NewValue, Op, PutOptions, Target,
-    Value,
+    Value, VerifyProgress,
 };
 use cairn_store::{ChunkStore, MemoryStore};
 use proptest::prelude::*;
@@ -3464,4 +3464,42 @@ fn merges_into_a_branch_touch_only_their_refs() {
         db.merge_into(b"none", "master", &At::Uid(v), &BuiltinResolver::Manual, &o),
         Err(Error::NotFound(m)) if m.starts_with("key")
     ));
+}
+
+/// `verify_with_progress` reports within a large value (every 4096 chunks), then after
+/// each key, with counts that only grow and end at the report's.
+#[test]
+fn verify_reports_progress_within_a_large_value() {
+    let (db, _store) = db();
+    let o = PutOptions::default();
+    db.put(
+        b"big",
+        Target::Branch("master"),
+        NewValue::Blob(noise(24 << 20, 5)),
+        &o,
+    )
+    .unwrap();
+    put_str(&db, "small", Target::Branch("master"), "s");
+    let mut seen: Vec<VerifyProgress> = Vec::new();
+    let report = db
+        .verify_with_progress(None, &mut |p| seen.push(*p))
+        .unwrap();
+    assert!(report.is_intact());
+    assert!(
+        seen.iter().any(|p| p.keys_done == 0 && p.chunks >= 4096),
+        "no progress inside the large value: {:?}",
+        &seen[..seen.len().min(4)]
+    );
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].chunks <= w[1].chunks && w[0].keys_done <= w[1].keys_done)
+    );
+    assert_eq!(
+        seen.last().copied(),
+        Some(VerifyProgress {
+            keys_done: 2,
+            keys_total: 2,
+            chunks: report.chunks
+        })
+    );
 }
