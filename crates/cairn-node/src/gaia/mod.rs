@@ -1048,13 +1048,32 @@ fn store_blocking<R: Read>(
         _ => None,
     };
     let turn = ticket.turn.clone();
+    // An archival scope keeps what a store replaces, as the hub's rename of the old file
+    // to a `.history.` name does: a branch of its own at the head being replaced, made
+    // under this writer's turn before the commit, so a failure to keep it fails the store
+    // (nothing written) rather than leaving the replaced version to a later plain delete
+    // and GC with a 202.
+    let archival = v.scopes.archival_restricted();
+    let kept: Arc<parking_lot::Mutex<Option<Uid>>> = Arc::default();
+    let (kept_at_end, ab, ak) = (kept.clone(), bucket.clone(), key.clone());
     let mut upload = Upload {
         inner: reader,
         limit,
         max_mb,
         seen: 0,
         // The body ended: this writer's turn, through the last leaves and the commit.
-        at_end: Some(Box::new(move || Ok(turn.blocking_lock_owned()))),
+        at_end: Some(Box::new(move || {
+            let turn = turn.blocking_lock_owned();
+            if archival && let Some(old) = head(&ab, &ak)? {
+                match ab.fork(&ak, &At::Uid(old), &history_branch(&old)) {
+                    Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {
+                        *kept_at_end.lock() = Some(old);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(turn)
+        })),
         turn: None,
         failed: None,
     };
@@ -1114,14 +1133,13 @@ fn store_blocking<R: Read>(
     if let Some(e) = refused {
         upload.failed.get_or_insert(e);
     }
-    // An archival scope keeps what a store replaces, as the hub's rename of the old file to
-    // a `.history.` name does: a branch of its own at the replaced head, made under this
-    // writer's turn right after the commit. Without it the replaced versions stayed only in
-    // the file's history, and a later plain delete (which drops the file's head) left them
-    // to GC. Should it fail, the store stands (it is committed) and the replaced version
-    // is still in the new one's history.
+    // The head replaced was not the one kept before the commit (another API's writer moved
+    // it between the turn and the commit): kept now, right after the commit. Should this
+    // fail, the store stands (it is committed) and the replaced version is still in the
+    // new one's history.
     if let (Ok(_), None, Some(old)) = (&result, &upload.failed, replaced)
-        && v.scopes.archival_restricted()
+        && archival
+        && *kept.lock() != Some(old)
     {
         let branch = history_branch(&old);
         match bucket.fork(&key, &At::Uid(old), &branch) {
