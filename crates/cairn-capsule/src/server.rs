@@ -1157,9 +1157,19 @@ impl CapsuleServer {
     pub fn capsule_names(&self) -> Result<Vec<CapsuleName>> {
         let mut out = Vec::new();
         for (k, _) in self.store.list_refs(REF_PREFIX)? {
-            let hexname = std::str::from_utf8(&k[REF_PREFIX.len()..])
-                .map_err(|_| Error::corrupt("capsule ref name is not UTF-8"))?;
-            out.push(hexname.parse()?);
+            // A ref whose name is not a capsule name (damage, or another program's) is left
+            // out and logged, not the end of the listing: every other capsule is still
+            // named.
+            let parsed = std::str::from_utf8(&k[REF_PREFIX.len()..])
+                .ok()
+                .and_then(|h| h.parse::<CapsuleName>().ok());
+            match parsed {
+                Some(name) => out.push(name),
+                None => tracing::warn!(
+                    "capsule ref {:?} does not name a capsule; left out of the listing",
+                    String::from_utf8_lossy(&k)
+                ),
+            }
         }
         Ok(out)
     }

@@ -845,6 +845,16 @@ fn journal_replays_after_reopen() {
         ServerOptions::default(),
     );
     assert_eq!(server.capsule_names().unwrap(), vec![c]);
+    // A ref under the capsules' prefix that names no capsule (damage, another program's)
+    // is left out of the listing, not the end of it.
+    server
+        .store()
+        .commit(&[cairn_store::RefUpdate::Set {
+            name: b"capsule/not-a-capsule".to_vec(),
+            value: vec![1],
+        }])
+        .unwrap();
+    assert_eq!(server.capsule_names().unwrap(), vec![c]);
     let cp = server.query_fresh(&c, [1; 16]).unwrap();
     assert_eq!(cp.heads, heads);
     assert_eq!(cp.root, root);

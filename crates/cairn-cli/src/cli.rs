@@ -1002,6 +1002,14 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
                 "gc: {} chunks examined, {} live, {} removed, {} bytes reclaimed",
                 r.candidates, r.live, r.removed, r.bytes_reclaimed
             )?;
+            if r.damaged_kept > 0 {
+                eprintln!(
+                    "warning: {} chunk(s) no head reaches failed their hash when read and were \
+                     kept (damaged: a bucket capsule's record among them comes back from a \
+                     replica by anti-entropy); `cairn verify` checks what heads reach",
+                    r.damaged_kept
+                );
+            }
             if r.removed > 0 && r.bytes_reclaimed == 0 {
                 eprintln!(
                     "note: compaction rewrites only segment files that are at least half \

@@ -33,6 +33,10 @@ pub struct GcReport {
     pub removed: u64,
     /// Disk bytes the store reclaimed by compaction.
     pub bytes_reclaimed: u64,
+    /// Chunks no head reaches that failed their hash when read (kept: a damaged chunk
+    /// cannot be told an object's from a capsule's, and no version can be brought back
+    /// through it, since loading it fails).
+    pub damaged_kept: u64,
 }
 
 impl Db {
@@ -77,10 +81,20 @@ impl Db {
         // they start with 0xCA) are append-only and kept. A chunk's bytes never change, so
         // this is read (and each chunk's hash checked) before writers are held off.
         let mut unmarked: Vec<((u8, u64), Uid)> = Vec::new();
+        // A damaged one is kept and counted: it stopped every later GC for good (no tool
+        // removes it, and a capsule's chunk comes back only from a peer).
+        let mut damaged_kept = 0u64;
         for c in candidates.iter().filter(|c| !marked.contains(*c)) {
-            if let Some(bytes) = self.store().get(c)?
-                && bytes.first() == Some(&crate::chunk::CHUNK_FORMAT)
-            {
+            let bytes = match self.store().get(c) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => continue,
+                Err(Error::Corrupt(_)) => {
+                    damaged_kept += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if bytes.first() == Some(&crate::chunk::CHUNK_FORMAT) {
                 unmarked.push((removal_rank(&bytes), *c));
             }
         }
@@ -124,6 +138,7 @@ impl Db {
             live: candidates.len() as u64 - removed,
             removed,
             bytes_reclaimed,
+            damaged_kept,
         })
     }
 

@@ -902,7 +902,10 @@ impl Db {
         })
     }
 
-    /// Three-way merge of values; `Ok(Err(conflicts))` when some stay unresolved.
+    /// Three-way merge of values; `Ok(Err(conflicts))` when some stay unresolved. The
+    /// merged value's new chunks are written without the writers' lock, so until a version
+    /// names them a GC may collect them: commit it through a put (as the merges of
+    /// branches do, holding the lock) before a GC can run.
     pub fn merge_values(
         &self,
         base: &Value,

@@ -3503,3 +3503,44 @@ fn verify_reports_progress_within_a_large_value() {
         })
     );
 }
+
+/// A chunk no head reaches that fails its hash (a dead version's leaf, a capsule's chunk
+/// sharing the store) is kept and counted, and the collection goes on: it stopped every
+/// later GC for good (no tool removes it).
+#[test]
+fn gc_keeps_and_counts_damaged_chunks_no_head_reaches() {
+    let (db, store) = db();
+    let o = PutOptions::default();
+    put_str(&db, "keep", Target::Branch("master"), "kept");
+    let u = db
+        .put(
+            b"dead",
+            Target::Branch("master"),
+            NewValue::Blob(noise(20_000, 7)),
+            &o,
+        )
+        .unwrap();
+    db.remove(b"dead", "master").unwrap();
+    let mut leaf = db.load(&u).unwrap().value.tree().unwrap().root;
+    loop {
+        let bytes = store.get(&leaf).unwrap().unwrap();
+        match postree::child_cids(&bytes).unwrap().first() {
+            Some(child) => leaf = *child,
+            None => break,
+        }
+    }
+    let mut other = vec![0xCA, 0x02];
+    other.extend_from_slice(b"a capsule's chunk");
+    let other = store.put(&other).unwrap();
+    for c in [leaf, other] {
+        let mut bytes = store.get(&c).unwrap().unwrap().to_vec();
+        bytes[5] ^= 1;
+        assert!(store.tamper(&c, bytes));
+    }
+    let r = db.gc().unwrap();
+    assert_eq!(r.damaged_kept, 2);
+    assert!(r.removed > 0, "the dead version's sound chunks go");
+    assert!(store.cids().unwrap().contains(&leaf));
+    assert!(store.cids().unwrap().contains(&other));
+    assert_eq!(string_at(&db, "keep", &master()), "kept");
+}
