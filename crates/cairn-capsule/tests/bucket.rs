@@ -10,6 +10,8 @@ use cairn_object::{At, BuiltinResolver, Db, MergeOutcome, NewValue, PutOptions, 
 use cairn_store::{LogStore, LogStoreOptions, MemoryStore, Store};
 use proptest::prelude::*;
 
+mod support;
+
 fn server(store: &Arc<dyn Store>) -> Arc<CapsuleServer> {
     Arc::new(CapsuleServer::new(
         store.clone(),
@@ -535,77 +537,30 @@ fn a_bucket_without_a_leaf_size_setting_keeps_4_kib_and_a_bad_one_is_refused() {
     assert_eq!(t, blob_root(4096, &data));
 }
 
-/// A store whose commits of capsule journals fail while `fail` is set (1: a broken disk,
-/// 2: a full one, under the capsule, nothing else).
-struct JournalFails {
-    inner: MemoryStore,
-    fail: std::sync::atomic::AtomicU8,
-}
-
-impl cairn_store::ChunkStore for JournalFails {
-    fn algo(&self) -> cairn_core::HashAlgo {
-        self.inner.algo()
-    }
-    fn put_hashed(&self, cid: cairn_store::Cid, chunk: &[u8]) -> cairn_core::Result<bool> {
-        self.inner.put_hashed(cid, chunk)
-    }
-    fn get(&self, cid: &cairn_store::Cid) -> cairn_core::Result<Option<cairn_store::Bytes>> {
-        self.inner.get(cid)
-    }
-    fn has(&self, cid: &cairn_store::Cid) -> cairn_core::Result<bool> {
-        self.inner.has(cid)
-    }
-    fn cids(&self) -> cairn_core::Result<Vec<cairn_store::Cid>> {
-        self.inner.cids()
-    }
-    fn remove(&self, cids: &[cairn_store::Cid]) -> cairn_core::Result<()> {
-        self.inner.remove(cids)
-    }
-    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.inner.stats()
-    }
-}
-
-impl cairn_store::RefStore for JournalFails {
-    fn get_ref(&self, name: &[u8]) -> cairn_core::Result<Option<cairn_store::Bytes>> {
-        self.inner.get_ref(name)
-    }
-    fn list_refs(
-        &self,
-        prefix: &[u8],
-    ) -> cairn_core::Result<Vec<(cairn_store::Bytes, cairn_store::Bytes)>> {
-        self.inner.list_refs(prefix)
-    }
-    fn commit(&self, updates: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
-        let journal = updates.iter().any(|u| match u {
-            cairn_store::RefUpdate::Set { name, .. } | cairn_store::RefUpdate::Delete { name } => {
-                name.starts_with(b"capsule/")
-            }
-        });
-        match self.fail.load(std::sync::atomic::Ordering::SeqCst) {
-            1 if journal => Err(Error::Unavailable("journal disk failed (injected)".into())),
-            2 if journal => Err(Error::io(
-                "writing the journal",
-                std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full (injected)"),
-            )),
-            _ => self.inner.commit(updates),
-        }
-    }
-    fn durability(&self) -> cairn_store::Durability {
-        self.inner.durability()
-    }
-}
-
 /// The record comes before the head: a mutation whose record cannot be written fails and
 /// leaves every head as it was, and the bucket goes on (its chain continues from what the
 /// capsule holds, so later versions are proven).
 #[test]
 fn a_mutation_whose_record_fails_changes_no_head() {
-    let js = Arc::new(JournalFails {
-        inner: MemoryStore::new(),
-        fail: std::sync::atomic::AtomicU8::new(0),
-    });
-    let store: Arc<dyn Store> = js.clone();
+    // Fails the journal's commits (the capsule's ref moves) while `fail` is 1 (unavailable)
+    // or 2 (a full disk).
+    let fail = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let gate = fail.clone();
+    let store: Arc<dyn Store> = Arc::new(support::GatedCommits::new(move |updates| {
+        let journal = updates.iter().any(|u| match u {
+            cairn_store::RefUpdate::Set { name, .. } | cairn_store::RefUpdate::Delete { name } => {
+                name.starts_with(b"capsule/")
+            }
+        });
+        match gate.load(std::sync::atomic::Ordering::SeqCst) {
+            1 if journal => Err(Error::Unavailable("journal disk failed (injected)".into())),
+            2 if journal => Err(Error::io(
+                "writing the journal",
+                std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full (injected)"),
+            )),
+            _ => Ok(()),
+        }
+    }));
     let b = open(&store, Some(writer())).unwrap();
     let o = PutOptions::default();
     let v1 = b.put(b"k", Target::Branch("master"), s("one"), &o).unwrap();
@@ -621,7 +576,7 @@ fn a_mutation_whose_record_fails_changes_no_head() {
     let before = heads(&b);
 
     for mode in [1, 2] {
-        js.fail.store(mode, std::sync::atomic::Ordering::SeqCst);
+        fail.store(mode, std::sync::atomic::Ordering::SeqCst);
         let failures: Vec<cairn_core::Error> = vec![
             b.put(b"k", Target::Branch("master"), s("two"), &o)
                 .unwrap_err(),
@@ -655,7 +610,7 @@ fn a_mutation_whose_record_fails_changes_no_head() {
     assert_eq!(b.server().with_dag(&capsule, |d| d.len()).unwrap(), records);
 
     // The disk is back: writing goes on, and the new version is proven.
-    js.fail.store(0, std::sync::atomic::Ordering::SeqCst);
+    fail.store(0, std::sync::atomic::Ordering::SeqCst);
     let v2 = b.put(b"k", Target::Branch("master"), s("two"), &o).unwrap();
     assert_eq!(proven(&b, b"k", &v2).bases, vec![v1]);
     let reopened = open(&store, Some(writer())).unwrap();
@@ -962,59 +917,40 @@ fn history_operations_take_only_this_buckets_versions() {
     }
 }
 
-/// Once a lost record header is filled again (a copy from a peer), the bucket's versions
-/// index sees it: the version's lookup and proof work without a restart.
+/// Once a damaged record is whole again (its lost header filled, or its damaged body
+/// stored anew, by a copy from a peer or the writer), the bucket's versions index sees
+/// it: the version's lookup and proof work without a restart.
 #[test]
-fn a_filled_hole_is_seen_by_the_bucket_index() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let b = open(&store, Some(writer())).unwrap();
-    let o = PutOptions::default();
-    let v1 = b
-        .put(b"k1", Target::Branch("master"), s("one"), &o)
-        .unwrap();
-    b.put(b"k2", Target::Branch("master"), s("two"), &o)
-        .unwrap();
-    let capsule = b.capsule().unwrap();
-    let r1 = b.record_of(&v1).unwrap().unwrap();
-    let rec = b.server().read(&capsule, &r1).unwrap();
-    drop(b);
-    store.remove(&[*r1.hash()]).unwrap();
-    let b = open(&store, Some(writer())).unwrap();
-    assert!(matches!(b.record_of(&v1), Err(Error::Corrupt(_))));
-    // The copy comes back (as a peer's sync, or the writer, would bring it).
-    b.server()
-        .write(&capsule, std::slice::from_ref(&rec), &[])
-        .unwrap();
-    assert_eq!(b.record_of(&v1).unwrap(), Some(r1));
-    assert_eq!(proven(&b, b"k1", &v1).uid, v1);
-}
-
-/// Once a damaged record body is stored again (a copy from a peer, or the writer's), the
-/// bucket's versions index sees the version again without a restart.
-#[test]
-fn a_repaired_body_is_seen_by_the_bucket_index() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let b = open(&store, Some(writer())).unwrap();
-    let o = PutOptions::default();
-    let v1 = b
-        .put(b"k1", Target::Branch("master"), s("one"), &o)
-        .unwrap();
-    b.put(b"k2", Target::Branch("master"), s("two"), &o)
-        .unwrap();
-    let capsule = b.capsule().unwrap();
-    let r1 = b.record_of(&v1).unwrap().unwrap();
-    let rec = b.server().read(&capsule, &r1).unwrap();
-    let BodyRef::Plain { hash, .. } = rec.header.body else {
-        panic!("a plain record")
-    };
-    drop(b);
-    store.remove(&[hash]).unwrap();
-    store.put_hashed(hash, b"damaged").unwrap();
-    let b = open(&store, Some(writer())).unwrap();
-    assert!(matches!(b.record_of(&v1), Err(Error::Corrupt(_))));
-    b.server()
-        .write(&capsule, std::slice::from_ref(&rec), &[])
-        .unwrap();
-    assert_eq!(b.record_of(&v1).unwrap(), Some(r1));
-    assert_eq!(proven(&b, b"k1", &v1).uid, v1);
+fn a_record_whole_again_is_seen_by_the_bucket_index() {
+    for header in [true, false] {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let b = open(&store, Some(writer())).unwrap();
+        let o = PutOptions::default();
+        let v1 = b
+            .put(b"k1", Target::Branch("master"), s("one"), &o)
+            .unwrap();
+        b.put(b"k2", Target::Branch("master"), s("two"), &o)
+            .unwrap();
+        let capsule = b.capsule().unwrap();
+        let r1 = b.record_of(&v1).unwrap().unwrap();
+        let rec = b.server().read(&capsule, &r1).unwrap();
+        let BodyRef::Plain { hash, .. } = rec.header.body else {
+            panic!("a plain record")
+        };
+        drop(b);
+        if header {
+            store.remove(&[*r1.hash()]).unwrap();
+        } else {
+            store.remove(&[hash]).unwrap();
+            store.put_hashed(hash, b"damaged").unwrap();
+        }
+        let b = open(&store, Some(writer())).unwrap();
+        assert!(matches!(b.record_of(&v1), Err(Error::Corrupt(_))));
+        // The copy comes back (as a peer's sync, or the writer, would bring it).
+        b.server()
+            .write(&capsule, std::slice::from_ref(&rec), &[])
+            .unwrap();
+        assert_eq!(b.record_of(&v1).unwrap(), Some(r1), "header lost: {header}");
+        assert_eq!(proven(&b, b"k1", &v1).uid, v1);
+    }
 }

@@ -9,6 +9,8 @@ use cairn_core::{HashAlgo, SigningKey};
 use cairn_store::{MemoryStore, Store};
 use proptest::prelude::*;
 
+mod support;
+
 fn server(seed: u8) -> CapsuleServer {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     CapsuleServer::new(
@@ -1756,57 +1758,6 @@ fn a_damaged_body_is_stored_again_by_a_write_and_a_subrecord_from_a_peer() {
     assert_eq!(a.read_subrecord(&c, &subs[5]).unwrap(), sub(5));
 }
 
-/// A store that refuses every commit while `refuse` is set (a full disk, a failed store).
-struct RefusingCommits {
-    inner: MemoryStore,
-    refuse: std::sync::atomic::AtomicBool,
-}
-
-impl cairn_store::ChunkStore for RefusingCommits {
-    fn algo(&self) -> HashAlgo {
-        self.inner.algo()
-    }
-    fn put_hashed(&self, cid: cairn_core::Hash, chunk: &[u8]) -> cairn_core::Result<bool> {
-        self.inner.put_hashed(cid, chunk)
-    }
-    fn get(&self, cid: &cairn_core::Hash) -> cairn_core::Result<Option<cairn_store::Bytes>> {
-        self.inner.get(cid)
-    }
-    fn has(&self, cid: &cairn_core::Hash) -> cairn_core::Result<bool> {
-        self.inner.has(cid)
-    }
-    fn cids(&self) -> cairn_core::Result<Vec<cairn_core::Hash>> {
-        self.inner.cids()
-    }
-    fn remove(&self, cids: &[cairn_core::Hash]) -> cairn_core::Result<()> {
-        self.inner.remove(cids)
-    }
-    fn stats(&self) -> cairn_core::Result<cairn_store::StoreStats> {
-        self.inner.stats()
-    }
-}
-
-impl cairn_store::RefStore for RefusingCommits {
-    fn get_ref(&self, name: &[u8]) -> cairn_core::Result<Option<cairn_store::Bytes>> {
-        self.inner.get_ref(name)
-    }
-    fn list_refs(
-        &self,
-        prefix: &[u8],
-    ) -> cairn_core::Result<Vec<(cairn_store::Bytes, cairn_store::Bytes)>> {
-        self.inner.list_refs(prefix)
-    }
-    fn commit(&self, updates: &[cairn_store::RefUpdate]) -> cairn_core::Result<()> {
-        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(cairn_core::Error::Unavailable("the disk is full".into()));
-        }
-        self.inner.commit(updates)
-    }
-    fn durability(&self) -> cairn_store::Durability {
-        self.inner.durability()
-    }
-}
-
 /// A capsule whose load must drop its stored sync cursors (a hole) still loads when the
 /// store refuses that commit (a full disk): its records stay readable, and its sessions
 /// ignore the stored cursors instead (the capsule failed to load, every read with it).
@@ -1821,10 +1772,14 @@ fn a_store_refusing_to_drop_cursors_costs_the_cursors_not_the_capsule() {
         sync_peers: Some(vec![peer.public()]),
         ..ServerOptions::default()
     };
-    let sb = Arc::new(RefusingCommits {
-        inner: MemoryStore::new(),
-        refuse: false.into(),
-    });
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gate = refuse.clone();
+    let sb = Arc::new(support::GatedCommits::new(move |_| {
+        if gate.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(cairn_core::Error::Unavailable("the disk is full".into()));
+        }
+        Ok(())
+    }));
     let a = CapsuleServer::new(Arc::new(MemoryStore::new()), ka.clone(), opts(&kb));
     let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
     let wk = SigningKey::from_seed(&[7; 32]);
@@ -1845,7 +1800,7 @@ fn a_store_refusing_to_drop_cursors_costs_the_cursors_not_the_capsule() {
     assert_eq!(sb.inner.list_refs(b"capsule-sync/").unwrap().len(), 1);
     drop(b);
     sb.inner.remove(&[*names[12].hash()]).unwrap();
-    sb.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    refuse.store(true, std::sync::atomic::Ordering::SeqCst);
     let b = CapsuleServer::new(sb.clone(), kb.clone(), opts(&ka));
     b.read(&c, &names[3]).unwrap();
     assert!(b.with_dag(&c, |d| d.is_damaged(&names[12])).unwrap());
