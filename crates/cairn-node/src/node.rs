@@ -588,10 +588,20 @@ fn with_backend(
         .probe()
         .with_context(|| format!("[backend] kind = \"{kind}\": the chunk store does not answer"))?;
     // A first start (no record of this backend in data_dir, no refs in the log) claims
-    // the prefix; any later one must find its own claim there.
+    // the prefix; any later one must find its own claim there. The claim names the node's
+    // key and this data directory's instance id, so a second node started with a copy of
+    // the key file and another data_dir is refused (it would count the first one's
+    // half-written chunks as stored). A node that claimed the prefix before instance ids
+    // (its marker names the key alone) takes its marker over once.
     let first = first && log.list_refs_from(b"", b"", 1)?.is_empty();
+    let instance = instance_id(&config.data_dir)?;
+    let older = format!("cairn node {}\n", key.public());
     chunks
-        .claim(&format!("cairn node {}\n", key.public()), first)
+        .claim_replacing(
+            &format!("cairn node {} instance {instance}\n", key.public()),
+            (!first).then_some(older.as_str()),
+            first,
+        )
         .with_context(|| format!("[backend] kind = \"{kind}\", prefix {:?}", os.prefix))?;
     tracing::info!(backend = kind, store = %chunks.object_store(), prefix = %os.prefix, "chunks in an object store");
     let durability = os.chunk_durability(config.durability);
@@ -609,6 +619,43 @@ fn with_backend(
 ) -> Result<Arc<dyn Store>> {
     config.backend.check()?;
     Ok(Arc::new(log))
+}
+
+/// The file in `data_dir` holding its instance id (32 hex digits, made at the first start
+/// with an object-store backend), which the owner marker of the chunks' prefix names.
+pub const INSTANCE_FILE: &str = "INSTANCE";
+
+/// This data directory's instance id ([`INSTANCE_FILE`]), made (random, written durably)
+/// if it has none.
+#[cfg(feature = "object-store")]
+fn instance_id(data_dir: &std::path::Path) -> Result<String> {
+    let path = data_dir.join(INSTANCE_FILE);
+    let read = |path: &std::path::Path| -> Result<Option<String>> {
+        match std::fs::read_to_string(path) {
+            Ok(s) => {
+                let id = s.trim();
+                anyhow::ensure!(
+                    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{} does not hold an instance id (32 hex digits); it is damaged",
+                    path.display()
+                );
+                Ok(Some(id.to_string()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    };
+    if let Some(id) = read(&path)? {
+        return Ok(id);
+    }
+    let mut raw = [0u8; 16];
+    getrandom::fill(&mut raw).map_err(|e| anyhow::anyhow!("making an instance id: {e}"))?;
+    let id = hex::encode(raw);
+    // Another process making it at the same moment: its id is read back.
+    if !crate::keys::create_private_file(&path, &format!("{id}\n"))? {
+        return read(&path)?.with_context(|| format!("reading {}", path.display()));
+    }
+    Ok(id)
 }
 
 /// The file in `data_dir` that records where its chunks live (written by the first start

@@ -243,6 +243,46 @@ fn a_node_refuses_another_backend_or_another_nodes_prefix() {
         read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
         body
     );
+    // A copy of the first node's key file in another data directory, on its prefix: refused
+    // as another instance of that key (it would count the first one's half-written chunks
+    // as stored).
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(copy.path().join("data")).unwrap();
+    std::fs::copy(
+        dir.path()
+            .join("data")
+            .join(cairn_node::node::NODE_KEY_FILE),
+        copy.path()
+            .join("data")
+            .join(cairn_node::node::NODE_KEY_FILE),
+    )
+    .unwrap();
+    let e = Node::open(Config {
+        data_dir: copy.path().join("data"),
+        ..config.clone()
+    })
+    .err()
+    .expect("refused");
+    assert!(format!("{e:#}").contains("another instance"), "{e:#}");
+    // A marker naming the key alone (claimed before instance ids) is taken over by its node.
+    let key = cairn_node::keys::read(
+        &dir.path()
+            .join("data")
+            .join(cairn_node::node::NODE_KEY_FILE),
+    )
+    .unwrap();
+    let marker = chunks.path().join("a/cairn-owner");
+    std::fs::write(&marker, format!("cairn node {}\n", key.public())).unwrap();
+    std::fs::remove_file(dir.path().join("data/INSTANCE")).unwrap();
+    assert_eq!(
+        read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
+        body
+    );
+    assert!(
+        std::fs::read_to_string(&marker)
+            .unwrap()
+            .contains(" instance ")
+    );
     // The chunk directory comes back empty (a volume that did not mount, a bucket
     // replaced): the node that used it before refuses to start rather than claim it afresh
     // and serve every version as missing; nothing is written there.

@@ -199,10 +199,17 @@ impl ObjectChunkStore {
     /// every version as missing and put new chunks where they vanish once the real one
     /// is back.
     pub fn claim(&self, owner: &str, first: bool) -> Result<()> {
+        self.claim_replacing(owner, None, first)
+    }
+
+    /// [`Self::claim`], taking over a marker that holds exactly `replaces` (this node's
+    /// marker in an older form) by writing `owner` over it: from then on the older form is
+    /// another owner's.
+    pub fn claim_replacing(&self, owner: &str, replaces: Option<&str>, first: bool) -> Result<()> {
         // The marker's entity tag, which later checks compare: from the read that found
         // the marker ours (a HEAD after it could see another node's marker written in
         // between, on a server that ignores conditional creates, and take its tag).
-        let etag = self.claim_marker(owner, first)?;
+        let etag = self.claim_marker(owner, replaces, first)?;
         if let Some(local) = self.local.clone() {
             // The marker is durable whatever the durability of chunk writes: without it
             // every later start is refused.
@@ -306,11 +313,17 @@ impl ObjectChunkStore {
     }
 
     /// [`Self::claim`]'s marker; returns its entity tag, where the store gives one.
-    fn claim_marker(&self, owner: &str, first: bool) -> Result<Option<String>> {
+    fn claim_marker(
+        &self,
+        owner: &str,
+        replaces: Option<&str>,
+        first: bool,
+    ) -> Result<Option<String>> {
         let store = self.store.clone();
         let path = self.owner.clone();
         let name = self.store.to_string();
         let want = Bytes::from(owner.as_bytes().to_vec());
+        let older = replaces.map(|r| r.as_bytes().to_vec());
         self.run(async move {
             let ctx = |e| os_err_startup(&format!("claiming {path} in {name}"), e);
             // The marker as it is now, if there is one.
@@ -329,6 +342,39 @@ impl ObjectChunkStore {
                 }
             };
             match read().await? {
+                // This node's marker in its older form: written over with the new one, then
+                // read back as a fresh one is.
+                Some((got, etag)) if older.as_deref() == Some(&got[..]) => {
+                    let mode = match etag {
+                        Some(e) => PutMode::Update(object_store::UpdateVersion {
+                            e_tag: Some(e),
+                            version: None,
+                        }),
+                        None => PutMode::Overwrite,
+                    };
+                    match store
+                        .put_opts(&path, PutPayload::from(want.clone()), mode.into())
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(
+                            object_store::Error::NotImplemented { .. }
+                            | object_store::Error::NotSupported { .. },
+                        ) => {
+                            store
+                                .put(&path, PutPayload::from(want.clone()))
+                                .await
+                                .map_err(ctx)?;
+                        }
+                        Err(e) => return Err(ctx(e)),
+                    }
+                    return match read().await? {
+                        Some((got, etag)) => owned_by(&got, &want, &path, &name).map(|()| etag),
+                        None => Err(Error::Unavailable(format!(
+                            "{path} in {name} is not there right after it was written; try again"
+                        ))),
+                    };
+                }
                 Some((got, etag)) => return owned_by(&got, &want, &path, &name).map(|()| etag),
                 None if !first => {
                     return Err(Error::Rejected(format!(
@@ -1635,6 +1681,20 @@ fn owned_by(got: &[u8], want: &[u8], path: &impl std::fmt::Display, name: &str) 
              it ({:?})",
             String::from_utf8_lossy(want).trim()
         )))
+    } else if got
+        .split(|b| b.is_ascii_whitespace())
+        .take(3)
+        .eq(want.split(|b| b.is_ascii_whitespace()).take(3))
+    {
+        // The same node key, another instance: its key file copied to a second data
+        // directory, whose process would count the other's half-written chunks as stored.
+        Err(Error::Rejected(format!(
+            "the prefix of {path} in {name} belongs to another instance of this node's key \
+             ({:?}; this one is {:?}): a node started with a copy of the key file and \
+             another data_dir. Stop the other instance, or give this one its own prefix",
+            String::from_utf8_lossy(got).trim(),
+            String::from_utf8_lossy(want).trim()
+        )))
     } else {
         Err(Error::Rejected(format!(
             "the prefix of {path} in {name} belongs to another Cairn node ({:?}; this one is \
@@ -2260,6 +2320,43 @@ mod tests {
             Some(&cid.to_bytes()[..])
         );
         assert_eq!(split.durability(), split.refs().durability());
+    }
+
+    /// A second instance of a node's key (its key file copied to another data directory)
+    /// is refused the prefix the first one claimed, naming the case; a node whose marker
+    /// names its key alone (claimed before instance ids) takes it over once, and from then
+    /// on the older form is refused.
+    #[test]
+    fn another_instance_of_a_key_is_refused_and_an_older_marker_taken_over() {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let a = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        a.claim("cairn node 01 instance aa\n", true).unwrap();
+        let b = ObjectChunkStore::new(mem.clone(), "p").unwrap();
+        let e = b.claim("cairn node 01 instance bb\n", true).unwrap_err();
+        assert!(e.to_string().contains("another instance"), "{e}");
+        // An older marker, taken over by its node (not a first start).
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let old = ObjectChunkStore::new(mem.clone(), "q").unwrap();
+        old.claim("cairn node 01\n", true).unwrap();
+        let new = ObjectChunkStore::new(mem.clone(), "q").unwrap();
+        new.claim_replacing(
+            "cairn node 01 instance aa\n",
+            Some("cairn node 01\n"),
+            false,
+        )
+        .unwrap();
+        let again = ObjectChunkStore::new(mem.clone(), "q").unwrap();
+        assert!(again.claim("cairn node 01\n", false).is_err());
+        // A first start does not take an older marker over (another data directory).
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let old = ObjectChunkStore::new(mem.clone(), "r").unwrap();
+        old.claim("cairn node 01\n", true).unwrap();
+        let fresh = ObjectChunkStore::new(mem.clone(), "r").unwrap();
+        assert!(
+            fresh
+                .claim_replacing("cairn node 01 instance bb\n", None, true)
+                .is_err()
+        );
     }
 
     /// A commit checks the owner marker after the chunks it names were put, whatever the
