@@ -388,9 +388,9 @@ pub fn bounded_lines<R: std::io::BufRead>(
 const LINE_CHARGE_FROM: usize = 1 << 20;
 
 /// [`bounded_lines`], calling `charge` with the memory a line past 1 MiB holds (its buffer,
-/// and as much again for the leaf it is copied into) as it grows, before more of it is
-/// read: an error from `charge` (a memory budget with no room) ends the iteration with it.
-/// A line's buffer grows by at most 1 MiB at a time, never to twice its length.
+/// and as much again for the leaf it is copied into) before its buffer grows: an error
+/// from `charge` (a memory budget with no room) ends the iteration with it. A line's
+/// buffer doubles by at most 1 MiB at a time and never past `max + 1` bytes.
 pub fn bounded_lines_within<R: std::io::BufRead>(
     mut r: R,
     max: usize,
@@ -424,17 +424,24 @@ pub fn bounded_lines_within<R: std::io::BufRead>(
             // At most `max + 1` bytes of a line are kept: past `max` it is refused.
             let room = (max + 1).saturating_sub(line.len());
             let keep = take.min(room);
-            if line.len() + keep > LINE_CHARGE_FROM {
-                // Grown by at most a MiB at a time, and charged before it grows.
-                let want = (line.len() + keep).min(max + 1);
-                if line.capacity() < want {
-                    let grow = want.max(line.capacity() + LINE_CHARGE_FROM).min(max + 1);
-                    if let Err(e) = charge(2 * grow) {
-                        done = true;
-                        return Some(Err(e));
-                    }
-                    line.reserve_exact(grow - line.len());
+            // The buffer grows here only (doubling, by at most a MiB at a time, never past
+            // `max + 1`), and past a MiB it is charged before it grows: a vector left to
+            // grow itself could double past the threshold uncharged.
+            let need = line.len() + keep;
+            if need > line.capacity() {
+                let grown = line
+                    .capacity()
+                    .saturating_mul(2)
+                    .min(line.capacity() + LINE_CHARGE_FROM)
+                    .min(max + 1)
+                    .max(need);
+                if grown > LINE_CHARGE_FROM
+                    && let Err(e) = charge(2 * grown)
+                {
+                    done = true;
+                    return Some(Err(e));
                 }
+                line.reserve_exact(grown - line.len());
             }
             line.extend_from_slice(&buf[..keep]);
             let consumed = if newline && keep == take {
@@ -1073,6 +1080,91 @@ mod tests {
             "{e}"
         );
         assert_eq!(src.position(), 3 + 5);
+    }
+
+    /// On random inputs, read through buffers of every small size (lines across buffer
+    /// boundaries) and with long lines past the charging threshold: the lines are those
+    /// `split` gives up to the first one over `max`, which ends the iteration with an
+    /// error; `charge` is asked before a line's buffer grows past the threshold, never for
+    /// more than twice `max + 1`, and its refusal ends the iteration.
+    #[test]
+    fn bounded_lines_within_match_split_across_buffers_and_charges() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..400 {
+            let long = case % 4 == 0;
+            let n = (next() % if long { 3 } else { 40 }) as usize;
+            let mut text = Vec::new();
+            for _ in 0..n {
+                let len = if long {
+                    (next() % (3 << 20)) as usize
+                } else {
+                    (next() % 9) as usize
+                };
+                text.extend(std::iter::repeat_n(b'a' + (next() % 3) as u8, len));
+                if next() % 5 != 0 {
+                    text.push(b'\n');
+                }
+            }
+            let max = if long {
+                2 << 20
+            } else {
+                1 + (next() % 8) as usize
+            };
+            let cap = 1 + (next() % 64) as usize;
+            let mut want: Vec<Vec<u8>> = Vec::new();
+            let mut too_long = false;
+            for l in std::io::BufRead::split(&text[..], b'\n') {
+                let l = l.unwrap();
+                if l.len() > max {
+                    too_long = true;
+                    break;
+                }
+                want.push(l);
+            }
+            let mut asked = 0usize;
+            let reader = std::io::BufReader::with_capacity(cap, &text[..]);
+            let mut got = Vec::new();
+            let mut failed = false;
+            for l in bounded_lines_within(reader, max, |bytes| {
+                assert!(bytes <= 2 * (max + 1), "charged {bytes} for max {max}");
+                asked = asked.max(bytes);
+                Ok(())
+            }) {
+                match l {
+                    Ok(l) => got.push(l),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            assert_eq!(got, want, "case {case}");
+            assert_eq!(failed, too_long, "case {case}");
+            let longest = want.iter().map(Vec::len).max().unwrap_or(0);
+            if longest > LINE_CHARGE_FROM {
+                assert!(
+                    asked >= longest,
+                    "case {case}: a {longest}-byte line charged {asked}"
+                );
+            }
+        }
+        // A refused charge ends the lines with its error.
+        let mut text = vec![b'x'; LINE_CHARGE_FROM + 10];
+        text.push(b'\n');
+        let mut it = bounded_lines_within(&text[..], 4 << 20, |_| {
+            Err(cairn_core::Error::Unavailable("no room".into()))
+        });
+        assert!(matches!(
+            it.next(),
+            Some(Err(cairn_core::Error::Unavailable(_)))
+        ));
+        assert!(it.next().is_none());
     }
 
     #[test]
