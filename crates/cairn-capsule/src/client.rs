@@ -70,8 +70,15 @@ impl Writer {
     /// the order given), so the next record stays within the limit with its skip pointers
     /// and a merge's extra backpointers; the others stay heads, for a later record.
     pub fn continue_from(&mut self, heads: &[RecordName]) {
-        let n = heads.len().min(crate::record::MAX_BACKPOINTERS / 2);
-        self.recent = heads[..n].to_vec();
+        // Each once (a header with a repeated backpointer is refused by every server, and
+        // the chain would have gone on from it).
+        let mut seen = std::collections::HashSet::with_capacity(heads.len());
+        self.recent = heads
+            .iter()
+            .filter(|h| seen.insert(**h))
+            .take(crate::record::MAX_BACKPOINTERS / 2)
+            .copied()
+            .collect();
         self.count = 0;
     }
 
@@ -124,6 +131,10 @@ impl Writer {
         let sealed = self.crypto.seal(plaintext)?;
         let bp = self.backpointers(extra);
         let r = Record::new(self.capsule, sealed, bp);
+        // Checked before the chain moves on: a record every server refuses (too large a
+        // body, too many backpointers) would otherwise be the next one's only backpointer,
+        // a hole no write can fill.
+        r.header.check_well_formed()?;
         self.advance(r.name());
         Ok(r)
     }
@@ -203,17 +214,19 @@ impl Writer {
             return Err(Error::invalid("commit with no subrecords written"));
         }
 
-        let subs = std::mem::take(&mut self.pending);
-        let (root, _) = subrecord_root(self.meta.algo, &subs);
+        let (root, _) = subrecord_root(self.meta.algo, &self.pending);
         let bp = self.backpointers(extra);
         let header = RecordHeader {
             capsule: self.capsule,
             body: BodyRef::Subrecords {
                 root,
-                count: subs.len() as u64,
+                count: self.pending.len() as u64,
             },
             backpointers: bp,
         };
+        // As in `record`: checked before the chain moves on (the subrecords stay buffered).
+        header.check_well_formed()?;
+        let subs = std::mem::take(&mut self.pending);
         let name = header.name();
         self.advance(name);
         let sig = self.sign(&name);
@@ -348,8 +361,29 @@ impl Reader {
     }
 
     fn note_verified(&mut self, names: impl IntoIterator<Item = Hash>) {
+        let capacity = match self.cache.policy() {
+            // No cache: nothing is inserted, so nothing is staged either (a reader without
+            // acks to send kept every name it ever verified).
+            CachePolicy::Off => return,
+            CachePolicy::Lru { capacity } => capacity as usize,
+        };
         match self.mode {
-            MirrorMode::OnAck => self.staged.extend(names),
+            MirrorMode::OnAck => {
+                self.staged.extend(names);
+                // Past twice the capacity, only the suffix that decides the cache's final
+                // state is kept (inserting names in order leaves the last `capacity`
+                // distinct ones): a reader that never commits (no session, no acks) no
+                // longer grows without bound, and a commit inserts the same names.
+                if self.staged.len() > 2 * capacity + 1024 {
+                    let mut seen = std::collections::HashSet::with_capacity(capacity);
+                    let mut start = self.staged.len();
+                    while start > 0 && seen.len() < capacity {
+                        start -= 1;
+                        seen.insert(self.staged[start]);
+                    }
+                    self.staged.drain(..start);
+                }
+            }
             MirrorMode::OnIssue => {
                 let names: Vec<Hash> = names.into_iter().collect();
                 self.cache.insert_all(&names);

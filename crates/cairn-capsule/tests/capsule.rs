@@ -2493,3 +2493,59 @@ fn a_lost_record_header_costs_that_record_not_the_capsule() {
     assert_eq!(replayed, live);
     s.audit(&c).unwrap();
 }
+
+/// A reader that never commits its staged names (no session, no acks to send) holds no
+/// more of them than decide its cache's final state, and none with the cache off; a commit
+/// after the trim leaves the cache as inserting every name would.
+#[test]
+fn a_reader_without_acks_stages_a_bounded_number_of_names() {
+    let (server, mut w, meta, bk) = setup();
+    let c = meta.name();
+    let names = write_chain(&server, &mut w, 50, 1);
+    let mut off = Reader::new(c, meta.clone(), CachePolicy::Off, Some(bk.clone())).unwrap();
+    let mut small = Reader::new(
+        c,
+        meta.clone(),
+        CachePolicy::Lru { capacity: 8 },
+        Some(bk.clone()),
+    )
+    .unwrap();
+    let mut whole = Reader::new(c, meta, CachePolicy::Lru { capacity: 8 }, Some(bk)).unwrap();
+    let mut every = Vec::new();
+    for _ in 0..40 {
+        for n in &names {
+            let p = server.prove(&c, n, None).unwrap().proof;
+            off.verify_record(n, &p).unwrap();
+            let got = small.verify_record(n, &p).unwrap();
+            every.extend(got.iter().map(|r| *r.hash()));
+        }
+    }
+    assert_eq!(off.staged(), 0);
+    assert!(small.staged() <= 2 * 8 + 1024, "{} staged", small.staged());
+    small.commit_staged();
+    whole.discard_staged();
+    // The same final cache as inserting every verified name in order.
+    let mut reference = VerificationCache::new(CachePolicy::Lru { capacity: 8 }).unwrap();
+    reference.insert_all(&every);
+    assert_eq!(small.cache().names(), reference.names());
+}
+
+/// The writer's chain does not move on past a record every server refuses (a repeated
+/// head, too many backpointers): `record` fails and the next record points where the
+/// refused one would have.
+#[test]
+fn a_writer_does_not_chain_past_a_record_no_server_takes() {
+    let (server, mut w, _meta, _bk) = setup();
+    let names = write_chain(&server, &mut w, 2, 1);
+    // A head given twice is taken once.
+    w.continue_from(&[names[1], names[1]]);
+    let r = w.record(b"merge", &[]).unwrap();
+    assert_eq!(r.header.backpointers, vec![names[1]]);
+    r.header.check_well_formed().unwrap();
+    let extra: Vec<RecordName> = (0..1025u32)
+        .map(|i| RecordName(HashAlgo::Blake3.digest(&i.to_le_bytes())))
+        .collect();
+    assert!(w.record(b"fat", &extra).is_err());
+    let after = w.record(b"after", &[]).unwrap();
+    assert_eq!(after.header.backpointers, vec![r.name()]);
+}
