@@ -477,7 +477,9 @@ impl Checkpoint {
     /// and `self.size`): the same capsule, a size no smaller, and the earlier root a prefix
     /// of this one (RFC 9162 §2.1.4). A server that rewrote, dropped or forked what it
     /// showed before cannot pass. Both checkpoints must have passed
-    /// [`Checkpoint::verify`] first: this checks their logs, not their signatures.
+    /// [`Checkpoint::verify`] first, against the same server's key: this checks their
+    /// logs, not their signatures or who signed them (each replica orders its own log, so
+    /// only one server's checkpoints extend each other).
     pub fn verify_extends(&self, earlier: &Checkpoint, proof: &[Digest]) -> Result<()> {
         if self.capsule != earlier.capsule {
             return Err(Error::Rejected(format!(
