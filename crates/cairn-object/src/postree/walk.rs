@@ -503,19 +503,31 @@ mod tests {
         assert!(e.to_string().contains("level"), "{e}");
     }
 
+    /// An entry of an unsorted tree's index node.
+    fn unsorted_entry(cid: Cid, count: u64) -> Entry {
+        Entry {
+            cid,
+            count,
+            key: None,
+        }
+    }
+
+    /// Two blob leaves of 5 bytes each ("hello", "world"), stored in `s`.
+    fn two_blob_leaves(s: &MemoryStore) -> (Cid, Cid) {
+        (
+            s.put(&chunk::frame(ChunkKind::Blob, b"hello")).unwrap(),
+            s.put(&chunk::frame(ChunkKind::Blob, b"world")).unwrap(),
+        )
+    }
+
     /// A subtree checked whole in a blob does not count as checked in a list: their index
     /// nodes are alike, but a list of blob leaves is refused as `walk` refuses it.
     #[test]
     fn a_blob_subtree_is_not_a_checked_list_subtree() {
         let s = MemoryStore::new();
         let put = |bytes: Vec<u8>| s.put(&bytes).unwrap();
-        let entry = |cid, count| Entry {
-            cid,
-            count,
-            key: None,
-        };
-        let l1 = put(chunk::frame(ChunkKind::Blob, b"hello"));
-        let l2 = put(chunk::frame(ChunkKind::Blob, b"world"));
+        let entry = unsorted_entry;
+        let (l1, l2) = two_blob_leaves(&s);
         let x = put(encode_index(
             TreeKind::Blob,
             1,
@@ -558,13 +570,8 @@ mod tests {
     fn shared_subtrees_are_read_once_but_a_root_always_is() {
         let s = MemoryStore::new();
         let put = |bytes: Vec<u8>| s.put(&bytes).unwrap();
-        let entry = |cid, count| Entry {
-            cid,
-            count,
-            key: None,
-        };
-        let l1 = put(chunk::frame(ChunkKind::Blob, b"hello"));
-        let l2 = put(chunk::frame(ChunkKind::Blob, b"world"));
+        let entry = unsorted_entry;
+        let (l1, l2) = two_blob_leaves(&s);
         let x = put(encode_index(TreeKind::Blob, 1, &[entry(l1, 5)]));
         let y = put(encode_index(
             TreeKind::Blob,
