@@ -370,18 +370,25 @@ impl Reader {
         match self.mode {
             MirrorMode::OnAck => {
                 self.staged.extend(names);
-                // Past twice the capacity, only the suffix that decides the cache's final
-                // state is kept (inserting names in order leaves the last `capacity`
-                // distinct ones): a reader that never commits (no session, no acks) no
-                // longer grows without bound, and a commit inserts the same names.
+                // Past twice the capacity, only each name's last occurrence is kept, of the
+                // newest `capacity` names, in order: inserting those leaves the cache as
+                // inserting every staged name would (an insert moves a name to the front,
+                // so only its last one counts, and older names are evicted or stay behind
+                // them alike). A reader that never commits (no session, no acks) holds at
+                // most about twice its capacity, whatever it verifies again and again.
                 if self.staged.len() > 2 * capacity + 1024 {
                     let mut seen = std::collections::HashSet::with_capacity(capacity);
-                    let mut start = self.staged.len();
-                    while start > 0 && seen.len() < capacity {
-                        start -= 1;
-                        seen.insert(self.staged[start]);
+                    let mut kept: Vec<Hash> = Vec::with_capacity(capacity);
+                    for n in self.staged.iter().rev() {
+                        if kept.len() == capacity {
+                            break;
+                        }
+                        if seen.insert(*n) {
+                            kept.push(*n);
+                        }
                     }
-                    self.staged.drain(..start);
+                    kept.reverse();
+                    self.staged = kept;
                 }
             }
             MirrorMode::OnIssue => {

@@ -2522,6 +2522,19 @@ fn a_reader_without_acks_stages_a_bounded_number_of_names() {
     }
     assert_eq!(off.staged(), 0);
     assert!(small.staged() <= 2 * 8 + 1024, "{} staged", small.staged());
+    // Fewer distinct names than the capacity, verified again and again: bounded too.
+    let mut hot = Reader::new(
+        c,
+        small.meta().clone(),
+        CachePolicy::Lru { capacity: 64 },
+        None,
+    )
+    .unwrap();
+    let p = server.prove(&c, &names[3], None).unwrap().proof;
+    for _ in 0..5000 {
+        hot.verify_record(&names[3], &p).unwrap();
+    }
+    assert!(hot.staged() <= 2 * 64 + 1024, "{} staged", hot.staged());
     small.commit_staged();
     whole.discard_staged();
     // The same final cache as inserting every verified name in order.

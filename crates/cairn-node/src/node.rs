@@ -590,16 +590,20 @@ fn with_backend(
     // A first start (no record of this backend in data_dir, no refs in the log) claims
     // the prefix; any later one must find its own claim there. The claim names the node's
     // key and this data directory's instance id, so a second node started with a copy of
-    // the key file and another data_dir is refused (it would count the first one's
-    // half-written chunks as stored). A node that claimed the prefix before instance ids
-    // (its marker names the key alone) takes its marker over once.
+    // the key file and a fresh data_dir is refused (it would count the first one's
+    // half-written chunks as stored).
     let first = first && log.list_refs_from(b"", b"", 1)?.is_empty();
+    // A node that used this backend before takes over a marker naming its key in another
+    // form: the key alone (claimed before instance ids), or another instance id (its
+    // `INSTANCE` file lost, say with a `data_dir` restored from a backup made before it).
+    // Only a first start, in a data directory that never used the backend, is refused
+    // another instance's prefix.
     let instance = instance_id(&config.data_dir)?;
-    let older = format!("cairn node {}\n", key.public());
+    let this_key = format!("cairn node {}", key.public());
     chunks
         .claim_replacing(
-            &format!("cairn node {} instance {instance}\n", key.public()),
-            (!first).then_some(older.as_str()),
+            &format!("{this_key} instance {instance}\n"),
+            (!first).then_some(this_key.as_str()),
             first,
         )
         .with_context(|| format!("[backend] kind = \"{kind}\", prefix {:?}", os.prefix))?;

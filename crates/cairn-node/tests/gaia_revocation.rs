@@ -388,3 +388,47 @@ async fn a_file_deleted_while_a_write_uploads_is_written() {
         .unwrap();
     assert_eq!(all.len(), 2, "the write goes on from the archived version");
 }
+
+/// An archival store refused at its commit (its token revoked while the body was on its
+/// way) keeps nothing, not even the `.history.` branch of the head it would have replaced:
+/// that branch is made once every check passed, before the commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_archival_store_leaves_no_history_branch() {
+    let hub = Hub::start(1 << 20).await;
+    let k = Key::new(61);
+    let a = k.address();
+    let t = now() as i64;
+    assert_eq!(
+        hub.store(&token_at(&k, t), &a, "arch/f", b"1", &[]).await.0,
+        202
+    );
+    let mut p = k.payload();
+    p["iat"] = json!(t);
+    p["scopes"] = json!([{"scope": "putFileArchivalPrefix", "domain": "arch/"}]);
+    let arch = k.bearer_with(&p);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = hub
+        .http
+        .post(hub.url(&format!("/store/{a}/arch/f")))
+        .header("authorization", &arch)
+        .body(reqwest::Body::wrap_stream(tokio_stream(rx)))
+        .send();
+    let slow = tokio::spawn(slow);
+    tx.send(Ok(b"part one ".to_vec())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!slow.is_finished());
+    let (st, v) = revoke(&hub, &a, &token_at(&k, t), json!(t + 1)).await;
+    assert_eq!(st, 202, "{v}");
+    tx.send(Ok(b"part two".to_vec())).await.unwrap();
+    drop(tx);
+    assert_eq!(slow.await.unwrap().unwrap().status(), 401);
+    assert_eq!(hub.read(&a, "arch/f").await.3, b"1");
+    let bucket = hub.node.bucket(&bucket_name(&a).unwrap()).unwrap();
+    let table = bucket.db().existing_table(b"arch/f").unwrap();
+    let history: Vec<&String> = table
+        .tagged
+        .keys()
+        .filter(|b| b.starts_with(".history."))
+        .collect();
+    assert!(history.is_empty(), "a refused store forked {history:?}");
+}

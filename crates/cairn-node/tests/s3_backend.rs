@@ -283,6 +283,13 @@ fn a_node_refuses_another_backend_or_another_nodes_prefix() {
             .unwrap()
             .contains(" instance ")
     );
+    // Its INSTANCE file lost (a data_dir restored from an older backup): the node, which
+    // used this backend before, takes its key's marker over again.
+    std::fs::remove_file(dir.path().join("data/INSTANCE")).unwrap();
+    assert_eq!(
+        read_blob(&Node::open(config.clone()).unwrap(), b"k").unwrap(),
+        body
+    );
     // The chunk directory comes back empty (a volume that did not mount, a bucket
     // replaced): the node that used it before refuses to start rather than claim it afresh
     // and serve every version as missing; nothing is written there.

@@ -202,9 +202,11 @@ impl ObjectChunkStore {
         self.claim_replacing(owner, None, first)
     }
 
-    /// [`Self::claim`], taking over a marker that holds exactly `replaces` (this node's
-    /// marker in an older form) by writing `owner` over it: from then on the older form is
-    /// another owner's.
+    /// [`Self::claim`], taking over a marker that names this node in another form by
+    /// writing `owner` over it: `replaces` is the marker's first line up to what may
+    /// differ (`cairn node <key>`), and a marker that is that line alone, or that line
+    /// followed by ` instance ...`, is taken over. From then on the other form is another
+    /// owner's.
     pub fn claim_replacing(&self, owner: &str, replaces: Option<&str>, first: bool) -> Result<()> {
         // The marker's entity tag, which later checks compare: from the read that found
         // the marker ours (a HEAD after it could see another node's marker written in
@@ -323,7 +325,19 @@ impl ObjectChunkStore {
         let path = self.owner.clone();
         let name = self.store.to_string();
         let want = Bytes::from(owner.as_bytes().to_vec());
-        let older = replaces.map(|r| r.as_bytes().to_vec());
+        // The forms of this node's marker that are taken over (owned: the claim runs on the
+        // store's runtime).
+        let other_forms: Option<(Vec<u8>, Vec<u8>)> = replaces.map(|r| {
+            (
+                format!("{r}\n").into_bytes(),
+                format!("{r} instance ").into_bytes(),
+            )
+        });
+        let takes_over = move |got: &[u8]| {
+            other_forms
+                .as_ref()
+                .is_some_and(|(alone, instance)| got == &alone[..] || got.starts_with(instance))
+        };
         self.run(async move {
             let ctx = |e| os_err_startup(&format!("claiming {path} in {name}"), e);
             // The marker as it is now, if there is one.
@@ -344,7 +358,7 @@ impl ObjectChunkStore {
             match read().await? {
                 // This node's marker in its older form: written over with the new one, then
                 // read back as a fresh one is.
-                Some((got, etag)) if older.as_deref() == Some(&got[..]) => {
+                Some((got, etag)) if got != want && takes_over(&got) => {
                     let mode = match etag {
                         Some(e) => PutMode::Update(object_store::UpdateVersion {
                             e_tag: Some(e),
@@ -2339,14 +2353,23 @@ mod tests {
         let old = ObjectChunkStore::new(mem.clone(), "q").unwrap();
         old.claim("cairn node 01\n", true).unwrap();
         let new = ObjectChunkStore::new(mem.clone(), "q").unwrap();
-        new.claim_replacing(
-            "cairn node 01 instance aa\n",
-            Some("cairn node 01\n"),
-            false,
-        )
-        .unwrap();
+        new.claim_replacing("cairn node 01 instance aa\n", Some("cairn node 01"), false)
+            .unwrap();
         let again = ObjectChunkStore::new(mem.clone(), "q").unwrap();
         assert!(again.claim("cairn node 01\n", false).is_err());
+        // Its instance id lost (a data directory restored from an older backup): a node
+        // that used the prefix before takes over its key's marker of another instance.
+        let restored = ObjectChunkStore::new(mem.clone(), "q").unwrap();
+        restored
+            .claim_replacing("cairn node 01 instance cc\n", Some("cairn node 01"), false)
+            .unwrap();
+        // Another key's marker is never taken over.
+        let other = ObjectChunkStore::new(mem.clone(), "q").unwrap();
+        assert!(
+            other
+                .claim_replacing("cairn node 02 instance dd\n", Some("cairn node 02"), false)
+                .is_err()
+        );
         // A first start does not take an older marker over (another data directory).
         let mem = Arc::new(object_store::memory::InMemory::new());
         let old = ObjectChunkStore::new(mem.clone(), "r").unwrap();

@@ -1048,40 +1048,20 @@ fn store_blocking<R: Read>(
         _ => None,
     };
     let turn = ticket.turn.clone();
-    // An archival scope keeps what a store replaces, as the hub's rename of the old file
-    // to a `.history.` name does: a branch of its own at the head being replaced, made
-    // under this writer's turn before the commit, so a failure to keep it fails the store
-    // (nothing written) rather than leaving the replaced version to a later plain delete
-    // and GC with a 202.
     let archival = v.scopes.archival_restricted();
-    let kept: Arc<parking_lot::Mutex<Option<Uid>>> = Arc::default();
-    let (kept_at_end, ab, ak) = (kept.clone(), bucket.clone(), key.clone());
     let mut upload = Upload {
         inner: reader,
         limit,
         max_mb,
         seen: 0,
         // The body ended: this writer's turn, through the last leaves and the commit.
-        at_end: Some(Box::new(move || {
-            let turn = turn.blocking_lock_owned();
-            if archival && let Some(old) = head(&ab, &ak)? {
-                match ab.fork(&ak, &At::Uid(old), &history_branch(&old)) {
-                    Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {
-                        *kept_at_end.lock() = Some(old);
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Ok(turn)
-        })),
+        at_end: Some(Box::new(move || Ok(turn.blocking_lock_owned()))),
         turn: None,
         failed: None,
     };
     // Held from the last revocation check through the commit (see Hub::revocation_locks).
     let mut revocation_held = None;
     let mut refused = None;
-    // The head this store replaces, as read under this writer's turn at the commit.
-    let mut replaced: Option<Uid> = None;
     let lock = hub.revocation_lock(address);
     let result = bucket.put_blob_stream_then(
         &key,
@@ -1098,7 +1078,18 @@ fn store_blocking<R: Read>(
                 v.check_expiry(now_secs())?;
                 let current = head(&bucket, &key)?;
                 cond.check(current)?;
-                replaced = current;
+                // An archival scope keeps what a store replaces, as the hub's rename of the
+                // old file to a `.history.` name does: a branch of its own at the head being
+                // replaced, made here, once every check passed (a store refused at commit
+                // keeps nothing) and before the commit, so a failure to keep it fails the
+                // store (nothing written) rather than leaving the replaced version to a
+                // later plain delete and GC with a 202.
+                if archival && let Some(old) = current {
+                    match bucket.fork(&key, &At::Uid(old), &history_branch(&old)) {
+                        Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 Ok(PutOptions {
                     guard,
                     // Modified when committed, as the hub's disk driver reports the file's
@@ -1132,22 +1123,6 @@ fn store_blocking<R: Read>(
     drop(revocation_held);
     if let Some(e) = refused {
         upload.failed.get_or_insert(e);
-    }
-    // The head replaced was not the one kept before the commit (another API's writer moved
-    // it between the turn and the commit): kept now, right after the commit. Should this
-    // fail, the store stands (it is committed) and the replaced version is still in the
-    // new one's history.
-    if let (Ok(_), None, Some(old)) = (&result, &upload.failed, replaced)
-        && archival
-        && *kept.lock() != Some(old)
-    {
-        let branch = history_branch(&old);
-        match bucket.fork(&key, &At::Uid(old), &branch) {
-            Ok(_) | Err(cairn_core::Error::AlreadyExists(_)) => {}
-            Err(e) => {
-                tracing::warn!("keeping the replaced version {old} of {path:?} on {branch}: {e}")
-            }
-        }
     }
     drop(upload.turn.take());
     drop(ticket);
