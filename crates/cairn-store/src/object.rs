@@ -371,6 +371,13 @@ impl ObjectChunkStore {
                         .await
                     {
                         Ok(_) => {}
+                        Err(object_store::Error::Precondition { .. }) => {
+                            return Err(Error::Rejected(format!(
+                                "{path} in {name} changed while this node took it over: \
+                                 another instance of this node's key is starting or running \
+                                 on this prefix; stop it, then start this one again"
+                            )));
+                        }
                         Err(
                             object_store::Error::NotImplemented { .. }
                             | object_store::Error::NotSupported { .. },
