@@ -909,8 +909,10 @@ impl SyncState {
             // older peer does the same, so the repair needs no new message).
             let wanted_hole = |n: &RecordName| d.has_proven_child(n) || d.is_body_damaged(n);
             let mut missing = d.missing();
-            missing.extend(d.body_damaged().filter(|n| d.is_proven(n)));
-            missing.sort_unstable();
+            if d.body_damaged().next().is_some() {
+                missing.extend(d.body_damaged().filter(|n| d.is_proven(n)));
+                missing.sort_unstable();
+            }
             (
                 cut(d.heads(), &proven),
                 cut(d.roots(), &proven),

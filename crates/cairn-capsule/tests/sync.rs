@@ -1623,6 +1623,18 @@ fn log_replica(dir: &std::path::Path) -> CapsuleServer {
     )
 }
 
+/// A plaintext capsule named `label` created on every server of `on`, and its writer
+/// (bodies stored as written, so a test can find and rot them on disk).
+fn plaintext_capsule(label: &str, on: &[&CapsuleServer]) -> (CapsuleName, Writer) {
+    let wk = SigningKey::from_seed(&[7; 32]);
+    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), label);
+    meta.cipher = BodyCipher::Plaintext;
+    for s in on {
+        s.create(&meta).unwrap();
+    }
+    (meta.name(), Writer::new(meta, wk, None).unwrap())
+}
+
 /// A record whose body rotted on one replica (its header, place and signature sound) is
 /// found by a read or by `audit`, asked for in the next anti-entropy session like a hole,
 /// and its body stored again from the peer's checked copy: readable, durable across a
@@ -1633,13 +1645,7 @@ fn a_damaged_body_comes_back_from_a_peer() {
     let dir = tempfile::tempdir().unwrap();
     let a = log_replica(dir.path());
     let b = server(2);
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "body rot");
-    meta.cipher = BodyCipher::Plaintext;
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    b.create(&meta).unwrap();
-    let mut w = Writer::new(meta, wk, None).unwrap();
+    let (c, mut w) = plaintext_capsule("body rot", &[&a, &b]);
     let body = |i: usize| format!("body-of-record-{i:04}-with-room-to-rot").into_bytes();
     let mut names = Vec::new();
     for i in 0..20 {
@@ -1704,13 +1710,7 @@ fn a_damaged_body_is_stored_again_by_a_write_and_a_subrecord_from_a_peer() {
     let dir = tempfile::tempdir().unwrap();
     let a = log_replica(dir.path());
     let b = server(2);
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "subrecord rot");
-    meta.cipher = BodyCipher::Plaintext;
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    b.create(&meta).unwrap();
-    let mut w = Writer::new(meta, wk, None).unwrap();
+    let (c, mut w) = plaintext_capsule("subrecord rot", &[&a, &b]);
     let plain = w
         .record(b"a plain body that will rot on disk", &[])
         .unwrap();
@@ -1871,12 +1871,7 @@ fn a_session_across_a_reload_keeps_no_cursor_of_the_old_order() {
 fn a_damaged_subrecord_is_stored_again_by_a_commit() {
     let dir = tempfile::tempdir().unwrap();
     let a = log_replica(dir.path());
-    let wk = SigningKey::from_seed(&[7; 32]);
-    let mut meta = CapsuleMetadata::new(HashAlgo::Blake3, wk.public(), "recommit");
-    meta.cipher = BodyCipher::Plaintext;
-    let c = meta.name();
-    a.create(&meta).unwrap();
-    let mut w = Writer::new(meta, wk, None).unwrap();
+    let (c, mut w) = plaintext_capsule("recommit", &[&a]);
     let sub = |i: usize| format!("subrecord-{i:03}-recommitted-after-rot").into_bytes();
     let subs: Vec<cairn_core::Hash> = (0..4)
         .map(|i| w.write_subrecord(&sub(i)).unwrap())

@@ -355,47 +355,10 @@ impl ObjectChunkStore {
                     Err(e) => Err(ctx(e)),
                 }
             };
-            match read().await? {
-                // This node's marker in its older form: written over with the new one, then
-                // read back as a fresh one is.
-                Some((got, etag)) if got != want && takes_over(&got) => {
-                    let mode = match etag {
-                        Some(e) => PutMode::Update(object_store::UpdateVersion {
-                            e_tag: Some(e),
-                            version: None,
-                        }),
-                        None => PutMode::Overwrite,
-                    };
-                    match store
-                        .put_opts(&path, PutPayload::from(want.clone()), mode.into())
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(object_store::Error::Precondition { .. }) => {
-                            return Err(Error::Rejected(format!(
-                                "{path} in {name} changed while this node took it over: \
-                                 another instance of this node's key is starting or running \
-                                 on this prefix; stop it, then start this one again"
-                            )));
-                        }
-                        Err(
-                            object_store::Error::NotImplemented { .. }
-                            | object_store::Error::NotSupported { .. },
-                        ) => {
-                            store
-                                .put(&path, PutPayload::from(want.clone()))
-                                .await
-                                .map_err(ctx)?;
-                        }
-                        Err(e) => return Err(ctx(e)),
-                    }
-                    return match read().await? {
-                        Some((got, etag)) => owned_by(&got, &want, &path, &name).map(|()| etag),
-                        None => Err(Error::Unavailable(format!(
-                            "{path} in {name} is not there right after it was written; try again"
-                        ))),
-                    };
-                }
+            // This node's marker in another form is written over (conditionally on the tag
+            // read, where the store gives one); none is created if still absent.
+            let takeover = match read().await? {
+                Some((got, etag)) if got != want && takes_over(&got) => Some(etag),
                 Some((got, etag)) => return owned_by(&got, &want, &path, &name).map(|()| etag),
                 None if !first => {
                     return Err(Error::Rejected(format!(
@@ -405,25 +368,41 @@ impl ObjectChunkStore {
                          read as missing. Point the [backend] at the node's chunks"
                     )));
                 }
-                None => {}
-            }
-            // Created if still absent; on a server without conditional creates, written
-            // plainly. Either way it is read back: a server that ignores the condition
-            // lets two nodes starting at once overwrite each other's marker, and the one
-            // whose marker did not stay is refused.
+                None => None,
+            };
+            let mode = match &takeover {
+                None => PutMode::Create,
+                Some(Some(e)) => PutMode::Update(object_store::UpdateVersion {
+                    e_tag: Some(e.clone()),
+                    version: None,
+                }),
+                Some(None) => PutMode::Overwrite,
+            };
+            // On a server without conditional writes, written plainly. Either way it is read
+            // back: a server that ignores the condition lets two nodes starting at once
+            // overwrite each other's marker, and the one whose marker did not stay is
+            // refused.
             match store
-                .put_opts(
-                    &path,
-                    PutPayload::from(want.clone()),
-                    PutMode::Create.into(),
-                )
+                .put_opts(&path, PutPayload::from(want.clone()), mode.into())
                 .await
             {
-                Ok(_)
-                | Err(object_store::Error::AlreadyExists { .. })
-                | Err(object_store::Error::Precondition { .. }) => {}
-                Err(object_store::Error::NotImplemented { .. })
-                | Err(object_store::Error::NotSupported { .. }) => {
+                Ok(_) => {}
+                // Created by another node meanwhile: the read back says whose it is.
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) if takeover.is_none() => {}
+                Err(object_store::Error::Precondition { .. }) => {
+                    return Err(Error::Rejected(format!(
+                        "{path} in {name} changed while this node took it over: another \
+                         instance of this node's key is starting or running on this prefix; \
+                         stop it, then start this one again"
+                    )));
+                }
+                Err(
+                    object_store::Error::NotImplemented { .. }
+                    | object_store::Error::NotSupported { .. },
+                ) => {
                     store
                         .put(&path, PutPayload::from(want.clone()))
                         .await
